@@ -1,0 +1,62 @@
+//! Argument dispatch for the binary's faces, and the small tools (`genkey`, `pubkey`).
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use crate::core::key::Key;
+
+const USAGE: &str = "usage:
+  riceguard [-f|--foreground] IFNAME    userspace WireGuard, drop-in for wireguard-go
+  riceguard up --config FILE            appliance daemon from a config file
+  riceguard genkey | pubkey             like `wg genkey` / `wg pubkey`
+  riceguard console --root DIR          the configuration console
+  riceguard init                        PID 1 of the appliance image
+  riceguard --version";
+
+pub fn main(args: Vec<String>) -> ExitCode {
+    let argv0 = args.first().map(String::as_str).unwrap_or("riceguard");
+    // As PID 1 (or when exec'd as /init) the binary is the appliance's init.
+    if std::process::id() == 1 || argv0.ends_with("/init") || argv0 == "init" {
+        return crate::init::main(&args[1..]);
+    }
+    let rest = &args[1.min(args.len())..];
+    match rest.first().map(String::as_str) {
+        None | Some("-h") | Some("--help") | Some("help") => {
+            println!("{USAGE}");
+            if rest.is_empty() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Some("--version") | Some("-v") => {
+            println!("riceguard {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Some("genkey") => {
+            println!("{}", Key::generate_private().to_base64());
+            ExitCode::SUCCESS
+        }
+        Some("pubkey") => pubkey(),
+        Some("console") => crate::console::main(&rest[1..]),
+        Some("init") => crate::init::main(&rest[1..]),
+        _ => crate::driver::main(rest),
+    }
+}
+
+fn pubkey() -> ExitCode {
+    let mut s = String::new();
+    if std::io::stdin().take(4096).read_to_string(&mut s).is_err() {
+        eprintln!("error: could not read a private key from standard input");
+        return ExitCode::from(1);
+    }
+    match Key::from_base64(s.trim()) {
+        Ok(k) => {
+            let _ = writeln!(std::io::stdout(), "{}", k.public().to_base64());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: key is not the correct length or format: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Allowed-IPs longest-prefix-match table. (Skeleton.)

@@ -1,0 +1,11 @@
+//! The sans-IO core: protocol state, wire formats and file formats. Nothing here
+//! does I/O or reads a clock of its own (boringtun's `Tunn` is the one exception,
+//! see `device`), and nothing here uses `unsafe`.
+#![forbid(unsafe_code)]
+
+pub mod allowed_ips;
+pub mod config;
+pub mod ini;
+pub mod key;
+pub mod net;
+pub mod uapi;

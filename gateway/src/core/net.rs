@@ -1,0 +1,119 @@
+//! Address types shared by the configuration, the UAPI and the allowed-IPs table.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+/// An IP prefix such as `10.0.0.0/24` or `fd00::1/128`.
+///
+/// Host bits are kept as written (wg-quick's `Address = 10.0.0.1/24` means "address
+/// 10.0.0.1 on a /24"); use [`Cidr::network`] where the masked prefix is wanted.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrError(pub String);
+
+impl fmt::Display for CidrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` is not an address or prefix (expected e.g. 10.0.0.1/24 or fd00::1/64)", self.0)
+    }
+}
+
+impl std::error::Error for CidrError {}
+
+impl Cidr {
+    pub fn new(addr: IpAddr, prefix: u8) -> Option<Cidr> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (prefix <= max).then_some(Cidr { addr, prefix })
+    }
+
+    pub fn max_prefix(&self) -> u8 {
+        if self.addr.is_ipv4() {
+            32
+        } else {
+            128
+        }
+    }
+
+    /// The prefix with its host bits cleared.
+    pub fn network(&self) -> Cidr {
+        let addr = match self.addr {
+            IpAddr::V4(a) => {
+                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & m))
+            }
+            IpAddr::V6(a) => {
+                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix) };
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & m))
+            }
+        };
+        Cidr { addr, prefix: self.prefix }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network().addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
+                u32::from(a) & m == u32::from(n)
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix) };
+                u128::from(a) & m == u128::from(n)
+            }
+            _ => false,
+        }
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    /// `ADDR/PREFIX`, or a bare address meaning a host prefix (/32 or /128).
+    fn from_str(s: &str) -> Result<Cidr, CidrError> {
+        let err = || CidrError(s.chars().take(64).collect());
+        let t = s.trim();
+        let (a, p) = match t.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (t, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| err())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            None => max,
+            Some(p) if !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()) => {
+                p.parse::<u8>().map_err(|_| err())?
+            }
+            Some(_) => return Err(err()),
+        };
+        Cidr::new(addr, prefix).ok_or_else(err)
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_mask() {
+        let c: Cidr = "10.1.2.3/24".parse().unwrap();
+        assert_eq!(c.network().to_string(), "10.1.2.0/24");
+        assert!(c.contains("10.1.2.200".parse().unwrap()));
+        assert!(!c.contains("10.1.3.1".parse().unwrap()));
+        let h: Cidr = "fd00::1".parse().unwrap();
+        assert_eq!(h.prefix, 128);
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("10.0.0.0/".parse::<Cidr>().is_err());
+        assert!("10.0.0.0/+1".parse::<Cidr>().is_err());
+        assert!("0.0.0.0/0".parse::<Cidr>().unwrap().contains("1.2.3.4".parse().unwrap()));
+    }
+}

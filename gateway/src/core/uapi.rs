@@ -1,0 +1,1 @@
+//! The cross-platform userspace API (wireguard-go's UAPI). (Skeleton.)

@@ -1,0 +1,14 @@
+//! RiceGuard: the WireGuard gateway appliance in one static binary.
+//!
+//! Layers (see ARCHITECTURE.md): `core` is the sans-IO protocol and format code,
+//! `sys` is the only place `unsafe` lives (kernel interfaces), `driver` runs the
+//! loops that join the two. `init`, `console` and `cli` are the binary's other faces.
+#![deny(unsafe_code)]
+
+pub mod cli;
+pub mod console;
+pub mod core;
+pub mod driver;
+pub mod init;
+pub mod logger;
+pub mod sys;
