@@ -84,8 +84,13 @@ pub struct GatewayConfig {
     pub tcp_fallback: bool,
     /// Smoothed RTT (ms) above which TCP connections switch to `bbr`.
     pub bbr_rtt_ms: u32,
-    /// Egress NIC whose offloads are inspected; empty: the one with the default route.
+    /// Egress NIC whose offloads are inspected and which init configures; empty: the
+    /// one with the default route (on the appliance: the first Ethernet NIC).
     pub uplink: String,
+    /// Static addresses for the uplink (`UplinkAddress = 192.0.2.2/24`); empty: leave as is.
+    pub uplink_addresses: Vec<Cidr>,
+    /// Default gateway for the uplink (`UplinkGateway = 192.0.2.1`).
+    pub uplink_gateway: Option<std::net::IpAddr>,
 }
 
 impl Default for GatewayConfig {
@@ -102,6 +107,8 @@ impl Default for GatewayConfig {
             tcp_fallback: true,
             bbr_rtt_ms: 40,
             uplink: String::new(),
+            uplink_addresses: Vec::new(),
+            uplink_gateway: None,
         }
     }
 }
