@@ -5,7 +5,11 @@
 
 pub mod allowed_ips;
 pub mod config;
+pub mod device;
 pub mod ini;
 pub mod key;
 pub mod net;
 pub mod uapi;
+
+#[cfg(test)]
+mod sim_tests;
