@@ -99,7 +99,8 @@ fn number<T: std::str::FromStr>(v: &str, what: &str) -> Result<T, String> {
     if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("expected {what}, got {}", shown(v)));
     }
-    v.parse::<T>().map_err(|_| format!("expected {what}, got {}", shown(v)))
+    v.parse::<T>()
+        .map_err(|_| format!("expected {what}, got {}", shown(v)))
 }
 
 fn on_off(v: &str) -> Result<bool, String> {
@@ -119,11 +120,18 @@ fn items(v: &str) -> impl Iterator<Item = &str> {
 }
 
 fn cidrs(v: &str) -> Result<Vec<Cidr>, String> {
-    items(v).map(|s| s.parse::<Cidr>().map_err(|e| e.to_string())).collect()
+    items(v)
+        .map(|s| s.parse::<Cidr>().map_err(|e| e.to_string()))
+        .collect()
 }
 
 fn fwmark(v: &str) -> Result<Option<u32>, String> {
-    let err = || format!("expected a number (decimal or 0x hex) or off, got {}", shown(v));
+    let err = || {
+        format!(
+            "expected a number (decimal or 0x hex) or off, got {}",
+            shown(v)
+        )
+    };
     if v.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
@@ -146,7 +154,10 @@ fn cores(v: &str) -> Result<Vec<usize>, String> {
     let mut out: Vec<usize> = Vec::new();
     for it in items(v) {
         let (lo, hi) = match it.split_once('-') {
-            Some((a, b)) => (number::<usize>(a.trim(), &what)?, number::<usize>(b.trim(), &what)?),
+            Some((a, b)) => (
+                number::<usize>(a.trim(), &what)?,
+                number::<usize>(b.trim(), &what)?,
+            ),
             None => {
                 let n = number::<usize>(it, &what)?;
                 (n, n)
@@ -213,7 +224,10 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         return Err(err(
             0,
             "file",
-            format!("is {} bytes; at most {MAX_FILE_BYTES} are accepted", text.len()),
+            format!(
+                "is {} bytes; at most {MAX_FILE_BYTES} are accepted",
+                text.len()
+            ),
         ));
     }
 
@@ -227,7 +241,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
 
     let finish_peer = |d: PeerDraft, cfg: &mut Config| -> Result<(), ConfigError> {
         let public_key = d.public_key.ok_or_else(|| {
-            err(d.line, "[Peer]", "has no PublicKey; every [Peer] needs `PublicKey = ...`".into())
+            err(
+                d.line,
+                "[Peer]",
+                "has no PublicKey; every [Peer] needs `PublicKey = ...`".into(),
+            )
         })?;
         cfg.peers.push(PeerConfig {
             public_key,
@@ -243,7 +261,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
     for (i, raw) in text.split('\n').enumerate() {
         let ln = i + 1;
         if raw.len() > MAX_LINE_CHARS && raw.chars().count() > MAX_LINE_CHARS {
-            return Err(err(ln, "line", format!("is longer than {MAX_LINE_CHARS} characters")));
+            return Err(err(
+                ln,
+                "line",
+                format!("is longer than {MAX_LINE_CHARS} characters"),
+            ));
         }
         let line = raw.strip_suffix('\r').unwrap_or(raw);
         let line = match line.find(['#', ';']) {
@@ -257,7 +279,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
 
         if let Some(rest) = line.strip_prefix('[') {
             let name = rest.strip_suffix(']').ok_or_else(|| {
-                err(ln, line, "a section header must look like `[Interface]`, `[Peer]` or `[Gateway]`".into())
+                err(
+                    ln,
+                    line,
+                    "a section header must look like `[Interface]`, `[Peer]` or `[Gateway]`".into(),
+                )
             })?;
             if let Some(d) = peer.take() {
                 finish_peer(d, &mut cfg)?;
@@ -266,14 +292,22 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             section = match name.trim().to_ascii_lowercase().as_str() {
                 "interface" => {
                     if let Some(first) = seen_interface {
-                        return Err(err(ln, "[Interface]", format!("appears twice (first on line {first}); merge them")));
+                        return Err(err(
+                            ln,
+                            "[Interface]",
+                            format!("appears twice (first on line {first}); merge them"),
+                        ));
                     }
                     seen_interface = Some(ln);
                     Section::Interface
                 }
                 "gateway" => {
                     if let Some(first) = seen_gateway {
-                        return Err(err(ln, "[Gateway]", format!("appears twice (first on line {first}); merge them")));
+                        return Err(err(
+                            ln,
+                            "[Gateway]",
+                            format!("appears twice (first on line {first}); merge them"),
+                        ));
                     }
                     seen_gateway = Some(ln);
                     Section::Gateway
@@ -302,7 +336,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         }
 
         let (k, v) = line.split_once('=').ok_or_else(|| {
-            err(ln, &shown(line), "expected `Key = Value` or a `[Section]` header".into())
+            err(
+                ln,
+                &shown(line),
+                "expected `Key = Value` or a `[Section]` header".into(),
+            )
         })?;
         let k = k.trim();
         let v = v.trim();
@@ -337,14 +375,19 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         };
         if let Some(name) = single {
             if let Some((_, first)) = seen.iter().find(|(n, _)| *n == name) {
-                return Err(e(format!("is given twice in this section (first on line {first})")));
+                return Err(e(format!(
+                    "is given twice in this section (first on line {first})"
+                )));
             }
             seen.push((name, ln));
         }
 
         match section {
             Section::None => {
-                return Err(e("comes before any section; put it under [Interface], [Peer] or [Gateway]".into()))
+                return Err(e(
+                    "comes before any section; put it under [Interface], [Peer] or [Gateway]"
+                        .into(),
+                ))
             }
             Section::Interface => {
                 let ic = &mut cfg.interface;
@@ -354,16 +397,23 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                     "fwmark" => ic.fwmark = fwmark(v).map_err(e)?,
                     "address" => ic.addresses.extend(cidrs(v).map_err(e)?),
                     "mtu" => {
-                        let m: u16 = number(v, &format!("a number {MIN_MTU}-65535"))
-                            .map_err(e)?;
+                        let m: u16 = number(v, &format!("a number {MIN_MTU}-65535")).map_err(e)?;
                         if m < MIN_MTU {
-                            return Err(e(format!("expected a number {MIN_MTU}-65535, got {}", shown(v))));
+                            return Err(e(format!(
+                                "expected a number {MIN_MTU}-65535, got {}",
+                                shown(v)
+                            )));
                         }
                         ic.mtu = Some(m);
                     }
                     // wg-quick-only: see the module comment.
-                    "dns" | "table" | "preup" | "postup" | "predown" | "postdown" | "saveconfig" => {}
-                    _ => return Err(e(format!("unknown key in [Interface]; allowed are {INTERFACE_KEYS}"))),
+                    "dns" | "table" | "preup" | "postup" | "predown" | "postdown"
+                    | "saveconfig" => {}
+                    _ => {
+                        return Err(e(format!(
+                            "unknown key in [Interface]; allowed are {INTERFACE_KEYS}"
+                        )))
+                    }
                 }
             }
             Section::Peer => {
@@ -381,7 +431,9 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                     "allowedips" => d
                         .allowed_ips
                         .extend(cidrs(v).map_err(e)?.into_iter().map(|c| c.network())),
-                    "endpoint" => d.endpoint = Some(v.parse::<Endpoint>().map_err(|x| e(x.to_string()))?),
+                    "endpoint" => {
+                        d.endpoint = Some(v.parse::<Endpoint>().map_err(|x| e(x.to_string()))?)
+                    }
                     "persistentkeepalive" => {
                         d.persistent_keepalive = if v.eq_ignore_ascii_case("off") {
                             None
@@ -413,9 +465,15 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                     }
                     "tcplisten" => g.tcp_listen = tcp_listen(v).map_err(e)?,
                     "tcpfallback" => g.tcp_fallback = on_off(v).map_err(e)?,
-                    "bbrrttms" => g.bbr_rtt_ms = number(v, "milliseconds 0-4294967295").map_err(e)?,
+                    "bbrrttms" => {
+                        g.bbr_rtt_ms = number(v, "milliseconds 0-4294967295").map_err(e)?
+                    }
                     "uplink" => {
-                        g.uplink = if v.is_empty() { String::new() } else { ifname(v).map_err(e)? }
+                        g.uplink = if v.is_empty() {
+                            String::new()
+                        } else {
+                            ifname(v).map_err(e)?
+                        }
                     }
                     "uplinkaddress" => g.uplink_addresses.extend(cidrs(v).map_err(e)?),
                     "uplinkgateway" => {
@@ -423,11 +481,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                             None
                         } else {
                             Some(v.parse::<IpAddr>().map_err(|_| {
-                                e(format!("expected an IP address such as 192.0.2.1, got {}", shown(v)))
+                                e(format!(
+                                    "expected an IP address such as 192.0.2.1, got {}",
+                                    shown(v)
+                                ))
                             })?)
                         }
                     }
-                    _ => return Err(e(format!("unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"))),
+                    _ => {
+                        return Err(e(format!(
+                            "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
+                        )))
+                    }
                 }
             }
         }
@@ -636,13 +701,21 @@ pub(crate) mod tests {
             }
             for _ in 0..rng.below(4) {
                 let ip = rng.cidr(true);
-                if !c.peers.iter().any(|q| q.allowed_ips.contains(&ip)) && !p.allowed_ips.contains(&ip) {
+                if !c.peers.iter().any(|q| q.allowed_ips.contains(&ip))
+                    && !p.allowed_ips.contains(&ip)
+                {
                     p.allowed_ips.push(ip);
                 }
             }
             p.endpoint = match rng.below(4) {
-                0 => Some(Endpoint::Addr(SocketAddr::new(rng.cidr(false).addr, rng.port()))),
-                1 => Some(Endpoint::Name { host: format!("h{}.example.net", rng.below(1000)), port: rng.port() }),
+                0 => Some(Endpoint::Addr(SocketAddr::new(
+                    rng.cidr(false).addr,
+                    rng.port(),
+                ))),
+                1 => Some(Endpoint::Name {
+                    host: format!("h{}.example.net", rng.below(1000)),
+                    port: rng.port(),
+                }),
                 _ => None,
             };
             if rng.chance(2) {
@@ -662,7 +735,12 @@ pub(crate) mod tests {
             g.cores = (0..n as usize).map(|i| i * 2 + 1).collect();
         }
         g.io_uring = !rng.chance(3);
-        g.offload = [OffloadMode::Auto, OffloadMode::Gso, OffloadMode::Mmsg, OffloadMode::Off][rng.below(4) as usize];
+        g.offload = [
+            OffloadMode::Auto,
+            OffloadMode::Gso,
+            OffloadMode::Mmsg,
+            OffloadMode::Off,
+        ][rng.below(4) as usize];
         g.tun_offload = !rng.chance(3);
         g.hugepages = !rng.chance(3);
         if rng.chance(3) {
@@ -740,10 +818,19 @@ pub(crate) mod tests {
         assert_eq!(p.public_key.to_base64(), PUB);
         let ips: Vec<String> = p.allowed_ips.iter().map(|c| c.to_string()).collect();
         assert_eq!(ips, ["10.0.0.0/24", "fd00::2/128", "192.168.0.0/16"]);
-        assert_eq!(p.endpoint.as_ref().unwrap().to_string(), "[2001:db8::1]:51820");
+        assert_eq!(
+            p.endpoint.as_ref().unwrap().to_string(),
+            "[2001:db8::1]:51820"
+        );
         assert_eq!(p.persistent_keepalive, Some(25));
         assert_eq!(p.tcp_port, Some(443));
-        assert_eq!(c.peers[1].endpoint, Some(Endpoint::Name { host: "vpn.example.com".into(), port: 51820 }));
+        assert_eq!(
+            c.peers[1].endpoint,
+            Some(Endpoint::Name {
+                host: "vpn.example.com".into(),
+                port: 51820
+            })
+        );
         assert_eq!(c.peers[1].persistent_keepalive, None);
         assert_eq!(c.gateway.interface_name, "wg7");
         assert_eq!(c.gateway.cores, vec![0, 1, 2, 5]);
@@ -763,11 +850,17 @@ pub(crate) mod tests {
     fn errors_name_line_key_and_what_is_allowed() {
         let e = err_of("[Interface]\nListenPort = x\n");
         assert_eq!((e.line, e.key.as_str()), (2, "ListenPort"));
-        assert_eq!(e.to_string(), "f.conf:2: ListenPort: expected a port number 1-65535, got `x`");
+        assert_eq!(
+            e.to_string(),
+            "f.conf:2: ListenPort: expected a port number 1-65535, got `x`"
+        );
         let e = err_of("[Interface]\nListenPort = 0\n");
         assert!(e.msg.contains("1-65535"));
         let e = err_of("[Interface]\nBogus = 1\n");
-        assert!(e.msg.contains("unknown key") && e.msg.contains("PrivateKey"), "{e}");
+        assert!(
+            e.msg.contains("unknown key") && e.msg.contains("PrivateKey"),
+            "{e}"
+        );
         let e = err_of("\n[Nope]\n");
         assert_eq!((e.line, e.key.as_str()), (2, "[Nope]"));
         let e = err_of("ListenPort = 1\n");
@@ -782,9 +875,13 @@ pub(crate) mod tests {
         assert!(e.msg.contains("576-65535"));
         let e = err_of("[Interface]\nPrivateKey = abc\n");
         assert!(e.msg.contains("base64"), "{e}");
-        let e = err_of(&format!("[Peer]\nPublicKey = {PUB}\nEndpoint = fd00::1:51820\n"));
+        let e = err_of(&format!(
+            "[Peer]\nPublicKey = {PUB}\nEndpoint = fd00::1:51820\n"
+        ));
         assert!(e.msg.contains("[IPv6]:PORT"), "{e}");
-        let e = err_of(&format!("[Peer]\nPublicKey = {PUB}\nPersistentKeepalive = 70000\n"));
+        let e = err_of(&format!(
+            "[Peer]\nPublicKey = {PUB}\nPersistentKeepalive = 70000\n"
+        ));
         assert!(e.msg.contains("0-65535 or off"), "{e}");
         let e = err_of("[Gateway]\nCores = 3-1\n");
         assert!(e.msg.contains("0-3"), "{e}");
