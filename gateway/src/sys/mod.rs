@@ -2,4 +2,5 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod process;
 pub mod tun;
