@@ -90,13 +90,14 @@ def impl_path(name):
 IMPLS = ("riceguard", "wireguard-go", "boringtun")
 
 
-def impl_argv(name, ifname):
-    """argv that runs implementation `name` in the foreground for interface `ifname`."""
+def impl_argv(name, ifname, extra_args=()):
+    """argv that runs implementation `name` in the foreground for interface `ifname`;
+    riceguard also gets $RG_ARGS and `extra_args`."""
     path = impl_path(name)
     if path is None:
         raise LabError(f"{name} is not available (see ci/deps.sh; riceguard: $RG_BIN)")
     if name == "riceguard":
-        return [path, "-f", ifname] + os.environ.get("RG_ARGS", "").split()
+        return [path, "-f", ifname] + os.environ.get("RG_ARGS", "").split() + list(extra_args)
     if name == "wireguard-go":
         return [path, "-f", ifname]
     # boringtun-cli drops to the invoking sudo user unless told not to; its log goes to a
@@ -240,11 +241,11 @@ class Lab:
         self.procs = []
 
     # -- daemons ---------------------------------------------------------------------
-    def start(self, side, impl):
+    def start(self, side, impl, extra_args=()):
         """Start `impl` for `side` in the foreground and wait (bounded) until its UAPI socket
         answers and the TUN interface exists."""
         side.impl = impl
-        argv = impl_argv(impl, side.ifname)
+        argv = impl_argv(impl, side.ifname, extra_args)
         env = dict(os.environ)
         env.setdefault("WG_PROCESS_FOREGROUND", "1")
         if impl == "boringtun":
