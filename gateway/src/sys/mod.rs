@@ -2,5 +2,7 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod netlink;
+pub mod os;
 pub mod process;
 pub mod tun;
