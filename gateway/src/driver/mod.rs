@@ -365,6 +365,13 @@ fn run(opts: Opts) -> Result<(), String> {
     });
     rt.apply_config(&cfg).map_err(|e| e.to_string())?;
     log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
+    let report = vec![
+        format!("interface: {ifname}"),
+        format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
+        format!("workers: {workers} on cores {cores:?}"),
+        "io: poll(2) loop, one datagram per syscall".to_string(),
+    ];
+    write_status_file(&ifname, &report);
 
     let mut handles = Vec::new();
     for (i, q) in tun.into_queues().into_iter().enumerate() {
@@ -436,6 +443,7 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     shared.stop.store(true, Ordering::Relaxed);
     let _ = std::fs::remove_file(uapi::socket_path(&ifname));
+    let _ = std::fs::remove_file(status_path(&ifname));
     if appliance {
         let _ = std::fs::remove_file(PIDFILE);
     }
@@ -443,6 +451,118 @@ fn run(opts: Opts) -> Result<(), String> {
         let _ = h.join();
     }
     Ok(())
+}
+
+const STATUS_DIR: &str = "/run/riceguard";
+
+fn status_path(ifname: &str) -> std::path::PathBuf {
+    std::path::Path::new(STATUS_DIR).join(format!("{ifname}.status"))
+}
+
+/// The data-plane decisions made at start, for `riceguard status` and the console.
+fn write_status_file(ifname: &str, lines: &[String]) {
+    let _ = std::fs::create_dir_all(STATUS_DIR);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    if let Err(e) = std::fs::write(status_path(ifname), text) {
+        log::warn!("cannot write {}: {e}", status_path(ifname).display());
+    }
+}
+
+/// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.
+pub fn status_main(args: &[String]) -> ExitCode {
+    let names: Vec<String> = match args.first() {
+        Some(n) => vec![n.clone()],
+        None => std::fs::read_dir(uapi::SOCKET_DIR)
+            .map(|d| {
+                let mut v: Vec<String> = d
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".sock"))
+                            .map(String::from)
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    };
+    if names.is_empty() {
+        eprintln!(
+            "no running riceguard interface (no sockets in {})",
+            uapi::SOCKET_DIR
+        );
+        return ExitCode::from(1);
+    }
+    let mut rc = ExitCode::SUCCESS;
+    for n in names {
+        match std::fs::read_to_string(status_path(&n)) {
+            Ok(t) => print!("{t}"),
+            Err(_) => println!("interface: {n}"),
+        }
+        match query(&n) {
+            Ok(st) => print!("{}", format_status(&st)),
+            Err(e) => {
+                println!("  (daemon not answering: {e})");
+                rc = ExitCode::from(1);
+            }
+        }
+        println!();
+    }
+    rc
+}
+
+fn query(ifname: &str) -> Result<crate::core::uapi::DeviceStatus, String> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(uapi::socket_path(ifname))
+        .map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.write_all(b"get=1\n\n").map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::new(s);
+    crate::core::uapi::read_get_response(&mut r).map_err(|e| e.to_string())
+}
+
+fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if let Some(k) = st.private_key {
+        let _ = writeln!(o, "public key: {}", k.public().to_base64());
+    }
+    let _ = writeln!(o, "listening port: {}", st.listen_port);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for p in &st.peers {
+        let _ = writeln!(o, "peer: {}", p.public_key.to_base64());
+        if let Some(e) = p.endpoint {
+            let _ = writeln!(o, "  endpoint: {e}");
+        }
+        let ips: Vec<String> = p.allowed_ips.iter().map(|c| c.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "  allowed ips: {}",
+            if ips.is_empty() {
+                "(none)".into()
+            } else {
+                ips.join(", ")
+            }
+        );
+        match p.last_handshake {
+            Some((s, _)) if s > 0 => {
+                let _ = writeln!(o, "  latest handshake: {} s ago", now.saturating_sub(s));
+            }
+            _ => {}
+        }
+        let _ = writeln!(
+            o,
+            "  transfer: {} B received, {} B sent",
+            p.rx_bytes, p.tx_bytes
+        );
+    }
+    o
 }
 
 /// SIGHUP in appliance mode: re-read the file; a bad file changes nothing.
