@@ -5,6 +5,7 @@
 
 pub mod allowed_ips;
 pub mod config;
+pub mod gso;
 pub mod ini;
 pub mod key;
 pub mod net;
