@@ -9,4 +9,5 @@ pub mod gso;
 pub mod ini;
 pub mod key;
 pub mod net;
+pub mod offload;
 pub mod uapi;

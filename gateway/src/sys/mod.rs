@@ -2,5 +2,6 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod ethtool;
 pub mod tun;
 pub mod udp;
