@@ -148,10 +148,17 @@ union RawAddr {
     v6: libc::sockaddr_in6,
 }
 
-/// Control-message space per message: one UDP_SEGMENT/UDP_GRO int with headroom.
+/// Control-message space for one message (a `UDP_SEGMENT`/`UDP_GRO` int with headroom),
+/// aligned as cmsgs must be. Public so io_uring sendmsg/recvmsg ops can own one per op.
 #[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct Cmsg([u8; 64]);
+#[derive(Clone, Copy, Debug)]
+pub struct CmsgBuf(pub [u8; 64]);
+
+impl Default for CmsgBuf {
+    fn default() -> Self {
+        CmsgBuf([0; 64])
+    }
+}
 
 impl UdpSocket {
     /// Bind `addr`. `[::]:port` gives a dual-stack socket that also takes IPv4.
@@ -251,9 +258,10 @@ impl UdpSocket {
         self.gro
     }
 
-    /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does).
+    /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does). Logged at most
+    /// once a minute per process, however many worker sockets demote.
     pub fn disable_gso(&self) {
-        if self.gso.swap(false, Ordering::Relaxed) {
+        if self.gso.swap(false, Ordering::Relaxed) && demotion_log_due() {
             log::warn!(
                 "udp {}: GSO send failed (no checksum offload on the route?): sending datagrams one by one on this socket",
                 self.local
@@ -365,7 +373,7 @@ impl UdpSocket {
         }
         let mut addrs = [MaybeUninit::<RawAddr>::uninit(); BATCH];
         let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
-        let mut ctrls = [Cmsg([0; 64]); BATCH];
+        let mut ctrls = [CmsgBuf([0; 64]); BATCH];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         for (i, m) in msgs[..n].iter().enumerate() {
@@ -383,17 +391,7 @@ impl UdpSocket {
             if let Some(seg) = m.segment_size {
                 let ctrl = &mut ctrls[i];
                 h.msg_control = ctrl.0.as_mut_ptr().cast();
-                // SAFETY: CMSG_SPACE only computes a size.
-                h.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-                // SAFETY: msg_control points at 64 writable, 8-aligned bytes, more than
-                // CMSG_SPACE(2) = 24, so the first header and its 2 data bytes fit.
-                unsafe {
-                    let c = libc::CMSG_FIRSTHDR(h);
-                    (*c).cmsg_level = SOL_UDP;
-                    (*c).cmsg_type = UDP_SEGMENT;
-                    (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
-                }
+                h.msg_controllen = write_gso_cmsg(&mut ctrl.0, seg) as _;
             }
         }
         // SAFETY: hdrs[..n] point at addresses, iovecs and control buffers on this stack
@@ -430,7 +428,7 @@ impl UdpSocket {
         // SAFETY: RawAddr is plain old data; zero is a valid value.
         let mut addrs: [RawAddr; BATCH] = unsafe { std::mem::zeroed() };
         let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
-        let mut ctrls = [Cmsg([0; 64]); BATCH];
+        let mut ctrls = [CmsgBuf([0; 64]); BATCH];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         for i in 0..n {
@@ -462,7 +460,7 @@ impl UdpSocket {
         }
         let got = rc as usize;
         for i in 0..got {
-            match parse_received(&hdrs[i], &addrs[i]) {
+            match parse_received(&hdrs[i], &addrs[i], &ctrls[i]) {
                 Ok(m) => metas[i] = m,
                 Err(e) if i == 0 => return Err(e),
                 // Later bad messages are dropped with the rest of the batch: the caller
@@ -486,6 +484,22 @@ impl AsFd for UdpSocket {
     }
 }
 
+/// Rate limit for the demotion warning: true at most once per 60 s.
+fn demotion_log_due() -> bool {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static START: OnceLock<Instant> = OnceLock::new();
+    static LAST: AtomicU64 = AtomicU64::new(u64::MAX);
+    let now = START.get_or_init(Instant::now).elapsed().as_secs();
+    let last = LAST.load(Ordering::Relaxed);
+    if last != u64::MAX && now < last + 60 {
+        return false;
+    }
+    LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
 fn is_gso_error(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL))
 }
@@ -495,7 +509,7 @@ fn invalid(msg: &'static str) -> io::Error {
 }
 
 /// Check one received header: not truncated, known address, valid GRO size.
-fn parse_received(h: &libc::mmsghdr, addr: &RawAddr) -> io::Result<RecvMeta> {
+fn parse_received(h: &libc::mmsghdr, addr: &RawAddr, ctrl: &CmsgBuf) -> io::Result<RecvMeta> {
     let len = h.msg_len as usize;
     let m = &h.msg_hdr;
     if m.msg_flags & libc::MSG_TRUNC != 0 {
@@ -506,37 +520,76 @@ fn parse_received(h: &libc::mmsghdr, addr: &RawAddr) -> io::Result<RecvMeta> {
     }
     let src = from_raw(addr, m.msg_namelen)
         .ok_or_else(|| invalid("unknown UDP source address family"))?;
-    let mut segment_size = len;
-    // SAFETY: msg_control/msg_controllen are what the kernel left after filling our
-    // 64-byte control buffer; CMSG_FIRSTHDR/NXTHDR stay within msg_controllen and return
-    // null at its end.
-    let mut c = unsafe { libc::CMSG_FIRSTHDR(m) };
-    while !c.is_null() {
-        // SAFETY: c is non-null and points at a complete cmsghdr inside the buffer.
-        let (level, ty, clen) =
-            unsafe { ((*c).cmsg_level, (*c).cmsg_type, (*c).cmsg_len as usize) };
-        if level == SOL_UDP && ty == UDP_GRO {
-            // SAFETY: CMSG_LEN only computes a size.
-            let need = unsafe { libc::CMSG_LEN(size_of::<libc::c_int>() as u32) } as usize;
-            if clen < need {
-                return Err(invalid("short UDP_GRO control message"));
-            }
-            // SAFETY: the cmsg is at least CMSG_LEN(int) long, so its data holds an int;
-            // it may be unaligned in principle, hence read_unaligned.
-            let v = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>()) };
-            if v <= 0 || v > 65535 {
-                return Err(invalid("bogus UDP_GRO segment size"));
-            }
-            segment_size = (v as usize).min(len.max(1));
-        }
-        // SAFETY: as above; m is the header the kernel filled.
-        c = unsafe { libc::CMSG_NXTHDR(m, c) };
-    }
+    // size_t on glibc, socklen_t on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let clen = (m.msg_controllen as usize).min(ctrl.0.len());
+    let segment_size = match gro_segment_size(&ctrl.0[..clen])? {
+        Some(s) => s.min(len.max(1)),
+        None => len,
+    };
     Ok(RecvMeta {
         len,
         src,
         segment_size,
     })
+}
+
+/// `struct cmsghdr` as the kernel lays it out: `size_t cmsg_len; int level; int type;`,
+/// data aligned to `size_t`.
+const CMSG_ALIGN_TO: usize = size_of::<usize>();
+const CMSG_HDR: usize = (size_of::<usize>() + 8).next_multiple_of(CMSG_ALIGN_TO);
+
+fn cmsg_align(n: usize) -> usize {
+    n.next_multiple_of(CMSG_ALIGN_TO)
+}
+
+/// Find the `UDP_GRO` segment size in received control bytes (`msg_control[..msg_controllen]`,
+/// e.g. from an io_uring recvmsg completion). `Ok(None)`: no GRO cmsg (a single datagram).
+/// A cmsg that overruns the buffer or carries a size outside 1..=65535 is `InvalidData`.
+pub fn gro_segment_size(control: &[u8]) -> io::Result<Option<usize>> {
+    let mut at = 0;
+    let mut found = None;
+    while at + CMSG_HDR <= control.len() {
+        let h = &control[at..at + CMSG_HDR];
+        let (lenb, rest) = h.split_at(size_of::<usize>());
+        let clen = usize::from_ne_bytes(lenb.try_into().map_err(|_| invalid("cmsg"))?);
+        let level = i32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        let ty = i32::from_ne_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        if clen < CMSG_HDR || at + clen > control.len() {
+            return Err(invalid("malformed control message"));
+        }
+        if level == SOL_UDP && ty == UDP_GRO {
+            let d = &control[at + CMSG_HDR..at + clen];
+            if d.len() < 4 {
+                return Err(invalid("short UDP_GRO control message"));
+            }
+            let v = i32::from_ne_bytes([d[0], d[1], d[2], d[3]]);
+            if !(1..=65535).contains(&v) {
+                return Err(invalid("bogus UDP_GRO segment size"));
+            }
+            found = Some(v as usize);
+        }
+        at += cmsg_align(clen);
+    }
+    Ok(found)
+}
+
+/// Write a `UDP_SEGMENT` cmsg carrying `segment_size` at the start of `control` (which
+/// must be aligned to `size_t`, as [`CmsgBuf`] is); returns the `msg_controllen` to use, or 0
+/// when `control` is too small. For io_uring sendmsg as well as `send_batch`.
+pub fn write_gso_cmsg(control: &mut [u8], segment_size: u16) -> usize {
+    let clen = CMSG_HDR + size_of::<u16>();
+    let space = cmsg_align(clen);
+    let Some(c) = control.get_mut(..space) else {
+        return 0;
+    };
+    c.fill(0);
+    c[..size_of::<usize>()].copy_from_slice(&clen.to_ne_bytes());
+    let rest = &mut c[size_of::<usize>()..];
+    rest[..4].copy_from_slice(&SOL_UDP.to_ne_bytes());
+    rest[4..8].copy_from_slice(&UDP_SEGMENT.to_ne_bytes());
+    c[CMSG_HDR..clen].copy_from_slice(&segment_size.to_ne_bytes());
+    space
 }
 
 fn to_raw(addr: SocketAddr, v6_socket: bool) -> (RawAddr, libc::socklen_t) {
@@ -832,28 +885,76 @@ mod tests {
     }
 
     #[test]
-    fn bogus_gro_cmsg_is_an_error() {
-        // Build a received header by hand with a GRO size of 0 and of 70000.
-        for bad in [0 as libc::c_int, 70_000] {
-            let mut ctrl = Cmsg([0; 64]);
-            // SAFETY: mmsghdr is plain old data.
-            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            h.msg_len = 100;
-            h.msg_hdr.msg_control = ctrl.0.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE only computes a size.
-            h.msg_hdr.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
-            // SAFETY: the control buffer is 64 aligned bytes, larger than CMSG_SPACE(4).
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                (*c).cmsg_level = SOL_UDP;
-                (*c).cmsg_type = UDP_GRO;
-                (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), bad);
-            }
-            let (addr, len) = to_raw("127.0.0.1:5".parse().expect("addr"), false);
-            h.msg_hdr.msg_namelen = len;
-            let e = parse_received(&h, &addr).expect_err("bogus size");
+    fn cmsg_layout_matches_libc() {
+        let mut ctrl = CmsgBuf([0; 64]);
+        let n = write_gso_cmsg(&mut ctrl.0, 1200);
+        // SAFETY: CMSG_SPACE only computes a size.
+        assert_eq!(n, unsafe { libc::CMSG_SPACE(2) } as usize);
+        // SAFETY: mmsghdr is plain old data.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_control = ctrl.0.as_mut_ptr().cast();
+        h.msg_controllen = n as _;
+        // SAFETY: the control buffer holds the cmsg we just wrote, within msg_controllen.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&h);
+            assert!(!c.is_null());
+            assert_eq!((*c).cmsg_level, SOL_UDP);
+            assert_eq!((*c).cmsg_type, UDP_SEGMENT);
+            assert_eq!((*c).cmsg_len as usize, libc::CMSG_LEN(2) as usize);
+            assert_eq!(
+                std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u16>()),
+                1200
+            );
+        }
+        assert_eq!(write_gso_cmsg(&mut [0u8; 8], 1200), 0, "too small");
+    }
+
+    /// A GRO cmsg built by hand: `size_t len; int level; int type; int value` + padding.
+    fn gro_cmsg(value: i32, len_override: Option<usize>) -> Vec<u8> {
+        let clen = CMSG_HDR + 4;
+        let mut v = vec![0u8; cmsg_align(clen)];
+        v[..size_of::<usize>()].copy_from_slice(&len_override.unwrap_or(clen).to_ne_bytes());
+        let o = size_of::<usize>();
+        v[o..o + 4].copy_from_slice(&SOL_UDP.to_ne_bytes());
+        v[o + 4..o + 8].copy_from_slice(&UDP_GRO.to_ne_bytes());
+        v[CMSG_HDR..CMSG_HDR + 4].copy_from_slice(&value.to_ne_bytes());
+        v
+    }
+
+    #[test]
+    fn gro_cmsg_parsing() {
+        assert_eq!(gro_segment_size(&[]).expect("empty"), None);
+        assert_eq!(
+            gro_segment_size(&gro_cmsg(1200, None)).expect("ok"),
+            Some(1200)
+        );
+        // Another cmsg first, then GRO.
+        let mut two = gro_cmsg(5, None);
+        two[size_of::<usize>() + 4] = 99; // not UDP_GRO
+        two.extend_from_slice(&gro_cmsg(1400, None));
+        assert_eq!(gro_segment_size(&two).expect("ok"), Some(1400));
+        for bad in [0, -1, 70_000] {
+            let e = gro_segment_size(&gro_cmsg(bad, None)).expect_err("bogus size");
             assert_eq!(e.kind(), io::ErrorKind::InvalidData);
         }
+        // Lengths that run past the buffer or are shorter than a header.
+        assert!(gro_segment_size(&gro_cmsg(1200, Some(500))).is_err());
+        assert!(gro_segment_size(&gro_cmsg(1200, Some(3))).is_err());
+        assert!(gro_segment_size(&gro_cmsg(1200, Some(CMSG_HDR + 2))).is_err());
+    }
+
+    #[test]
+    fn bogus_gro_in_a_received_header_is_an_error() {
+        let mut ctrl = CmsgBuf([0; 64]);
+        let c = gro_cmsg(0, None);
+        ctrl.0[..c.len()].copy_from_slice(&c);
+        // SAFETY: mmsghdr is plain old data.
+        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        h.msg_len = 100;
+        h.msg_hdr.msg_controllen = c.len() as _;
+        let (addr, len) = to_raw("127.0.0.1:5".parse().expect("addr"), false);
+        h.msg_hdr.msg_namelen = len;
+        let e = parse_received(&h, &addr, &ctrl).expect_err("bogus size");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
     }
 }
