@@ -6,9 +6,11 @@
 pub mod allowed_ips;
 pub mod config;
 pub mod device;
+pub mod gso;
 pub mod ini;
 pub mod key;
 pub mod net;
+pub mod offload;
 pub mod uapi;
 
 #[cfg(test)]

@@ -5,4 +5,6 @@
 pub mod netlink;
 pub mod os;
 pub mod process;
+pub mod ethtool;
 pub mod tun;
+pub mod udp;
