@@ -5,6 +5,9 @@
 
 pub mod allowed_ips;
 pub mod config;
+pub mod congestion;
+pub mod fallback;
+pub mod framing;
 pub mod ini;
 pub mod key;
 pub mod net;
