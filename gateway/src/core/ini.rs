@@ -19,12 +19,7 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 pub fn parse(file: &str, _text: &str) -> Result<Config, ConfigError> {
-    Err(ConfigError {
-        file: file.into(),
-        line: 0,
-        key: String::new(),
-        msg: "not implemented".into(),
-    })
+    Err(ConfigError { file: file.into(), line: 0, key: String::new(), msg: "not implemented".into() })
 }
 
 pub fn emit(_cfg: &Config) -> String {
