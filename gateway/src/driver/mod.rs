@@ -2,6 +2,8 @@
 
 use std::process::ExitCode;
 
+pub mod tcp;
+
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
 pub fn main(_args: &[String]) -> ExitCode {
     eprintln!("driver: not built yet");

@@ -1,3 +1,5 @@
 //! The OS-facing layer: every `unsafe` block of the crate lives below this module,
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
+
+pub mod tcp;
