@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 pub mod tcp;
+pub mod udptcp;
 
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
 pub fn main(_args: &[String]) -> ExitCode {
