@@ -609,6 +609,47 @@ mod tests {
         assert_eq!(dec.buffered(), 0);
     }
 
+    /// Seeded random streams (garbage, and valid streams with random corruption)
+    /// never panic, never hand out an invalid message, and keep the buffer bounded.
+    #[test]
+    fn random_input_is_safe() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..2000 {
+            let mut stream: Vec<u8> = Vec::new();
+            if round % 2 == 0 {
+                stream.extend((0..(rnd() % 4096)).map(|_| rnd() as u8));
+            } else {
+                for _ in 0..(rnd() % 20) {
+                    stream.extend(frame(&data_msg(32 + (rnd() % 3000) as usize, 1)));
+                }
+                if !stream.is_empty() {
+                    let i = (rnd() as usize) % stream.len();
+                    stream[i] = rnd() as u8;
+                }
+            }
+            let mut dec = FrameDecoder::new(MAX_MESSAGE_LEN);
+            let mut pos = 0;
+            while pos < stream.len() {
+                let n = 1 + (rnd() as usize) % 1500;
+                let end = (pos + n).min(stream.len());
+                let r = dec.feed(&stream[pos..end], |m| {
+                    assert!(check_message(m, MAX_MESSAGE_LEN).is_ok());
+                });
+                assert!(dec.buffered() <= HEADER_LEN + MAX_MESSAGE_LEN);
+                if r.is_err() {
+                    break;
+                }
+                pos = end;
+            }
+        }
+    }
+
     #[test]
     fn encode_batch_budget_and_roundtrip() {
         let msgs: Vec<Vec<u8>> = (0..10).map(|i| data_msg(100 + i, i as u8)).collect();

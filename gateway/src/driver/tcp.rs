@@ -92,6 +92,22 @@ impl Default for TcpConfig {
     }
 }
 
+impl TcpConfig {
+    /// The transport for a `[Gateway]` section: listen on `[::]:port` (IPv4 and IPv6)
+    /// for each `TcpListen` port, bbr above `BbrRttMs`.
+    pub fn from_gateway(g: &crate::core::config::GatewayConfig) -> Self {
+        TcpConfig {
+            listen: g
+                .tcp_listen
+                .iter()
+                .map(|p| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, *p)))
+                .collect(),
+            cc: CcPolicy::with_threshold_ms(g.bbr_rtt_ms),
+            ..TcpConfig::default()
+        }
+    }
+}
+
 /// Why a send did not queue anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -977,6 +993,77 @@ mod tests {
         assert!(id2 > id, "ids are never reused");
         client.shutdown();
         server.shutdown();
+    }
+
+    #[test]
+    fn congestion_control_rechecked_once_rtt_known() {
+        // A zero threshold: any measured RTT counts as "long", so the re-check must
+        // move both ends from the initial cubic to bbr once data has flowed.
+        let policy = CcPolicy {
+            threshold: Duration::ZERO,
+            ..CcPolicy::default()
+        };
+        let echo = Arc::new(Echo(Mutex::new(None)));
+        let server = TcpTransport::start(
+            TcpConfig {
+                cc: policy,
+                ..listen_cfg()
+            },
+            echo.clone(),
+        )
+        .unwrap();
+        *lock(&echo.0) = Some(server.handle());
+        let (tx, rx) = mpsc::channel();
+        let client = TcpTransport::start(
+            TcpConfig {
+                cc: policy,
+                ..TcpConfig::default()
+            },
+            Arc::new(Chan(Mutex::new(tx))),
+        )
+        .unwrap();
+        let h = client.handle();
+        let id = h.connect(server.local_addrs()[0]).unwrap();
+        assert_eq!(recv(&rx), Ev::Connected(id));
+        assert_eq!(
+            h.stats(id).unwrap().cc,
+            Some(Algo::Cubic),
+            "before any RTT: the low one"
+        );
+        h.send(id, &msg(100, 1)).unwrap();
+        assert_eq!(recv(&rx), Ev::Msg(id, msg(100, 1)));
+        let mut cc = None;
+        for _ in 0..40 {
+            std::thread::sleep(Duration::from_millis(100));
+            cc = h.stats(id).unwrap().cc;
+            if cc == Some(Algo::Bbr) {
+                break;
+            }
+        }
+        let available =
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_congestion_control")
+                .unwrap_or_default();
+        if available.split_whitespace().any(|a| a == "bbr") {
+            assert_eq!(cc, Some(Algo::Bbr));
+        } else {
+            eprintln!("bbr not available here: fell back to {cc:?}");
+            assert!(cc.is_some());
+        }
+    }
+
+    #[test]
+    fn from_gateway_config() {
+        let g = crate::core::config::GatewayConfig {
+            tcp_listen: vec![443, 80],
+            bbr_rtt_ms: 70,
+            ..Default::default()
+        };
+        let c = TcpConfig::from_gateway(&g);
+        assert_eq!(
+            c.listen,
+            vec!["[::]:443".parse().unwrap(), "[::]:80".parse().unwrap()]
+        );
+        assert_eq!(c.cc.threshold, Duration::from_millis(70));
     }
 
     #[test]
