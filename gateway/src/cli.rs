@@ -41,6 +41,8 @@ pub fn main(args: Vec<String>) -> ExitCode {
         Some("status") => crate::driver::status_main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
+        Some("udp2tcp") => crate::driver::udptcp::udp2tcp_main(&rest[1..]),
+        Some("tcp2udp") => crate::driver::udptcp::tcp2udp_main(&rest[1..]),
         _ => crate::driver::main(rest),
     }
 }

@@ -37,6 +37,9 @@ struct Opts {
 const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] IFNAME
        riceguard up --config FILE [--workers N]";
 
+pub mod tcp;
+pub mod udptcp;
+
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
 pub fn main(args: &[String]) -> ExitCode {
     crate::logger::init();

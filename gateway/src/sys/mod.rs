@@ -2,9 +2,10 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod ethtool;
 pub mod netlink;
 pub mod os;
 pub mod process;
-pub mod ethtool;
+pub mod tcp;
 pub mod tun;
 pub mod udp;
