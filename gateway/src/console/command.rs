@@ -525,7 +525,9 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 tcp_port: None,
             });
             match *field {
-                "allowed-ips" => push_unique(&mut p.allowed_ips, v::cidr_list(val)?),
+                // Stored masked (10.0.0.1/24 -> 10.0.0.0/24), as the kernel, `wg` and the
+                // INI reader keep allowed IPs.
+                "allowed-ips" => push_unique(&mut p.allowed_ips, v::prefix_list(val)?),
                 "endpoint" => p.endpoint = Some(v::endpoint(val)?),
                 "persistent-keepalive" => {
                     p.persistent_keepalive =
@@ -559,7 +561,10 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "tun-offload" => g.tun_offload = v::boolean(val()?, &what)?,
                 "hugepages" => g.hugepages = v::boolean(val()?, &what)?,
                 "buffers" => g.buffers = v::number(val()?, "number of buffers", 64, 1 << 20)?,
-                "tcp-listen" => g.tcp_listen = v::port_list(val()?, "TCP listen port")?,
+                "tcp-listen" => {
+                    g.tcp_listen.clear();
+                    push_unique(&mut g.tcp_listen, v::port_list(val()?, "TCP listen port")?)
+                }
                 "tcp-fallback" => g.tcp_fallback = v::boolean(val()?, &what)?,
                 "bbr-rtt-ms" => g.bbr_rtt_ms = v::number(val()?, "RTT in milliseconds", 1, 60_000)?,
                 "uplink" => g.uplink = v::ifname(val()?, "uplink interface name")?,
@@ -630,7 +635,7 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 }
                 ["allowed-ips"] => !std::mem::take(&mut p.allowed_ips).is_empty(),
                 ["allowed-ips", list] => {
-                    let del = v::cidr_list(list)?;
+                    let del = v::prefix_list(list)?;
                     for c in &del {
                         if !p.allowed_ips.contains(c) {
                             return not_set(&format!("allowed IP {c} of this peer"));
@@ -774,7 +779,18 @@ mod tests {
             .contains("not set"));
         apply_delete(&mut c, &s(&format!("peer {pk} endpoint"))).unwrap();
         assert!(c.peers[0].endpoint.is_none());
-        apply_delete(&mut c, &s(&format!("peer {pk} allowed-ips 10.0.0.2/32"))).unwrap();
+        apply_set(&mut c, &s(&format!("peer {pk} allowed-ips 10.1.2.3/16"))).unwrap();
+        assert_eq!(
+            c.peers[0].allowed_ips[1].to_string(),
+            "10.1.0.0/16",
+            "allowed IPs are stored masked"
+        );
+        apply_delete(
+            &mut c,
+            &s(&format!("peer {pk} allowed-ips 10.0.0.2/32,10.1.9.9/16")),
+        )
+        .unwrap();
+        assert!(c.peers[0].allowed_ips.is_empty());
         apply_delete(&mut c, &s(&format!("peer {pk}"))).unwrap();
         assert!(c.peers.is_empty());
     }

@@ -182,6 +182,17 @@ impl Session {
             pending: None,
             question: None,
         };
+        if loaded.fresh {
+            // A new appliance starts as after factory-reset: with its own key, so the
+            // first `commit` works without knowing about `genkey`.
+            let k = Key::generate_private();
+            s.candidate.interface.private_key = Some(k);
+            let _ = writeln!(
+                text,
+                "new appliance: the candidate has a newly generated private key (public key {});\n`commit` saves it",
+                k.public().to_base64()
+            );
+        }
         if let Some(deadline_unix) = s.store.pending_confirm() {
             match s.store.history(1) {
                 Ok(prev) => {

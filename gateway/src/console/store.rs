@@ -98,6 +98,8 @@ pub struct Loaded {
     pub config: Config,
     /// Set when the saved file was missing or unusable and something else was used.
     pub warning: Option<String>,
+    /// Nothing was ever saved here (no file, no history): a new appliance.
+    pub fresh: bool,
 }
 
 impl<F: Format> Store<F> {
@@ -146,6 +148,7 @@ impl<F: Format> Store<F> {
                 return Loaded {
                     config,
                     warning: None,
+                    fresh: false,
                 }
             }
             Err(StoreError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
@@ -162,6 +165,7 @@ impl<F: Format> Store<F> {
                 return Loaded {
                     config,
                     warning: Some(warning),
+                    fresh: false,
                 };
             }
         }
@@ -174,6 +178,7 @@ impl<F: Format> Store<F> {
         Loaded {
             config: Config::default(),
             warning: Some(warning),
+            fresh: !any_history && !conf.exists(),
         }
     }
 
@@ -386,8 +391,10 @@ pub(crate) mod tests {
         let s = Store::new(&d.0, TableFormat);
         let l = s.load();
         assert_eq!(l.config, Config::default());
+        assert!(l.fresh);
         assert!(l.warning.unwrap().contains("no saved configuration"));
         std::fs::write(s.conf_path(), "garbage").unwrap();
+        assert!(!s.load().fresh);
         assert!(s.load().warning.unwrap().contains("defaults"));
         // A config without a private key does not validate: fall back past it.
         save(&s, &Config::default());

@@ -80,6 +80,11 @@ pub fn cidr_list(s: &str) -> Result<Vec<Cidr>, String> {
     s.split(',').map(|p| cidr(p.trim())).collect()
 }
 
+/// [`cidr_list`] with host bits cleared: allowed IPs are prefixes, not addresses.
+pub fn prefix_list(s: &str) -> Result<Vec<Cidr>, String> {
+    Ok(cidr_list(s)?.iter().map(Cidr::network).collect())
+}
+
 pub fn port_list(s: &str, what: &str) -> Result<Vec<u16>, String> {
     s.split(',').map(|p| port(p.trim(), what)).collect()
 }

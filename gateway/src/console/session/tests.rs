@@ -122,8 +122,10 @@ fn peer_key() -> String {
 #[test]
 fn set_commit_saves_and_signals() {
     let mut r = Rig::new();
-    assert_eq!(r.s.prompt(), "riceguard# ");
-    r.ok("genkey");
+    // A new appliance: the candidate already holds a generated key.
+    assert_eq!(r.s.prompt(), "riceguard(edit)# ");
+    assert!(r.s.candidate().interface.private_key.is_some());
+    assert!(r.s.running().interface.private_key.is_none());
     r.ok("set interface listen-port 51820");
     assert_eq!(r.s.prompt(), "riceguard(edit)# ");
     assert!(r.ok("show candidate").starts_with("[edit]"));
@@ -284,6 +286,7 @@ fn factory_reset_asks_and_keeps_history() {
 #[test]
 fn password_set_login_and_remove() {
     let mut r = Rig::new();
+    r.ok("commit");
     r.ok("set system console-password");
     assert!(r.s.secret_input());
     r.err("short");
@@ -316,6 +319,7 @@ fn password_set_login_and_remove() {
 #[test]
 fn reboot_exit_save_pubkey() {
     let mut r = Rig::new();
+    r.ok("discard");
     r.err("pubkey");
     r.ok("genkey");
     assert!(r.ok("pubkey").contains("candidate (after commit)"));
