@@ -157,7 +157,7 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
     out.prompt(&session, editor.pending());
     'outer: loop {
         if let Some(r) = session.poll() {
-            out.raw(b"\r\n");
+            out.raw(b"\n");
             out.reply(&r);
             failed |= !r.ok;
             out.prompt(&session, editor.pending());
@@ -199,7 +199,7 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
                     }
                 }
                 Event::Line(l) => {
-                    out.raw(b"\r\n");
+                    out.raw(b"\n");
                     let r = session.handle_line(&l);
                     out.reply(&r);
                     failed |= !r.ok;
@@ -209,7 +209,7 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
                     out.prompt(&session, editor.pending());
                 }
                 Event::Empty => {
-                    out.raw(b"\r\n");
+                    out.raw(b"\n");
                     if session.secret_input() {
                         // An empty answer is an answer (it cancels a new password).
                         let r = session.handle_line("");
@@ -219,12 +219,12 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
                     out.prompt(&session, editor.pending());
                 }
                 Event::Cancelled => {
-                    out.raw(b"^C\r\n");
+                    out.raw(b"^C\n");
                     out.prompt(&session, editor.pending());
                 }
                 Event::TooLong => {
                     failed = true;
-                    out.raw(b"\r\n");
+                    out.raw(b"\n");
                     out.reply(&Reply {
                         text: format!("error: line longer than {MAX_LINE} characters ignored"),
                         ok: false,
@@ -234,7 +234,7 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
                 }
                 Event::Garbage(k) => {
                     failed = true;
-                    out.raw(b"\r\n");
+                    out.raw(b"\n");
                     out.reply(&Reply {
                         text: format!(
                             "error: line ignored: it held {k} byte(s) that are not plain text (line noise, or a wrong baud rate?)"
@@ -270,7 +270,7 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
             }
         }
     }
-    out.raw(b"\r\n");
+    out.raw(b"\n");
     if failed {
         ExitCode::from(1)
     } else {

@@ -94,11 +94,15 @@ const MIN_PASSWORD: usize = 8;
 fn mask_secrets(text: &str) -> String {
     text.lines()
         .map(|l| match l.split_once('=') {
+            // Diff lines carry a `+ `/`- ` mark before the key.
             Some((k, _))
-                if k.trim().eq_ignore_ascii_case("PrivateKey")
-                    || k.trim().eq_ignore_ascii_case("PresharedKey") =>
+                if ["PrivateKey", "PresharedKey"].iter().any(|s| {
+                    k.trim_start_matches(['+', '-', ' '])
+                        .trim()
+                        .eq_ignore_ascii_case(s)
+                }) =>
             {
-                format!("{} = (hidden)\n", k.trim())
+                format!("{} = (hidden)\n", k.trim_end())
             }
             _ => format!("{l}\n"),
         })
@@ -131,7 +135,7 @@ pub fn diff(old: &str, new: &str) -> String {
             }
             *shown = true;
         }
-        let _ = writeln!(out, "{sign} {line}");
+        let _ = writeln!(out, "{}", format!("{sign} {line}").trim_end());
     };
     let is_ctx = |l: &str| {
         l.trim_start().starts_with('[')
@@ -170,7 +174,7 @@ impl Session {
     ) -> (Session, Reply) {
         let loaded = store.load();
         let mut text = String::new();
-        if let Some(w) = &loaded.warning {
+        if let (Some(w), false) = (&loaded.warning, loaded.fresh) {
             let _ = writeln!(text, "warning: {w}");
         }
         let mut s = Session {

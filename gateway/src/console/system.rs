@@ -80,8 +80,10 @@ impl SystemHooks {
     /// make us signal whatever process reused the number).
     fn daemon_pid(&self) -> Result<i32, String> {
         let p = &self.pidfile;
-        let text = std::fs::read_to_string(p)
-            .map_err(|e| format!("no daemon pid ({}: {e})", p.display()))?;
+        let text = std::fs::read_to_string(p).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => format!("no daemon running (no {})", p.display()),
+            _ => format!("cannot read the daemon's pid from {}: {e}", p.display()),
+        })?;
         let pid: i32 = match text.trim().parse() {
             Ok(n) if n > 1 => n,
             _ => return Err(format!("{} does not hold a daemon pid", p.display())),
@@ -181,7 +183,7 @@ impl Hooks for SystemHooks {
         });
         out.push(match self.daemon_pid() {
             Ok(pid) => format!("daemon: running (pid {pid})"),
-            Err(e) => format!("daemon: not running ({e})"),
+            Err(e) => format!("daemon: {e}"),
         });
         match std::fs::read_to_string(&self.status_file) {
             Ok(t) => out.extend(t.lines().take(64).map(|l| l.chars().take(200).collect())),
@@ -259,7 +261,7 @@ mod tests {
             socket: Some("/nonexistent/x.sock".into()),
             status_file: "/nonexistent/status".into(),
         };
-        assert!(h.reload().unwrap_err().contains("no daemon pid"));
+        assert!(h.reload().unwrap_err().contains("no daemon running"));
         assert!(h
             .peers("wg0")
             .unwrap_err()
@@ -267,6 +269,6 @@ mod tests {
         assert!(h
             .status()
             .iter()
-            .any(|l| l.starts_with("daemon: not running")));
+            .any(|l| l.starts_with("daemon: no daemon running")));
     }
 }

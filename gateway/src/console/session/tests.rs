@@ -354,4 +354,8 @@ fn diff_shows_section_context() {
         mask_secrets("[Interface]\nPrivateKey = abc\nListenPort = 1"),
         "[Interface]\nPrivateKey = (hidden)\nListenPort = 1\n"
     );
+    assert_eq!(
+        mask_secrets("+ PrivateKey = abc\n-  PresharedKey=x\n+ Endpoint = a:1"),
+        "+ PrivateKey = (hidden)\n-  PresharedKey = (hidden)\n+ Endpoint = a:1\n"
+    );
 }
