@@ -10,6 +10,9 @@ use crate::core::key::Key;
 
 use super::validate as v;
 
+/// The longest `commit-confirm` wait (a day).
+pub const MAX_CONFIRM_MINUTES: u32 = 1440;
+
 /// A parsed command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {

@@ -200,7 +200,12 @@ impl Session {
         if let Some(deadline_unix) = s.store.pending_confirm() {
             match s.store.history(1) {
                 Ok(prev) => {
-                    let left = deadline_unix.saturating_sub(s.clock.unix());
+                    // Bounded by the longest commit-confirm: a wall clock set backwards must
+                    // not postpone the rollback for ever (set forwards, it rolls back early,
+                    // the safe side).
+                    let left = deadline_unix
+                        .saturating_sub(s.clock.unix())
+                        .min(u64::from(command::MAX_CONFIRM_MINUTES) * 60);
                     s.pending = Some(PendingConfirm {
                         deadline: s.clock.now() + Duration::from_secs(left),
                         revert_to: prev,

@@ -359,3 +359,106 @@ fn diff_shows_section_context() {
         "+ PrivateKey = (hidden)\n-  PresharedKey = (hidden)\n+ Endpoint = a:1\n"
     );
 }
+
+/// Seeded random command lines, built from real words, real values and junk: the session
+/// never panics, and a command that fails leaves candidate and running as they were.
+#[test]
+fn random_commands_never_panic_and_failures_change_nothing() {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let peers = [peer_key(), peer_key()];
+    let mut words: Vec<String> = [
+        "set",
+        "delete",
+        "show",
+        "commit",
+        "compare",
+        "discard",
+        "rollback",
+        "genkey",
+        "pubkey",
+        "help",
+        "commit-confirm",
+        "confirm",
+        "save",
+        "exit",
+        "interface",
+        "peer",
+        "gateway",
+        "system",
+        "private-key",
+        "listen-port",
+        "address",
+        "mtu",
+        "fwmark",
+        "allowed-ips",
+        "endpoint",
+        "persistent-keepalive",
+        "preshared-key",
+        "tcp-port",
+        "cores",
+        "offload",
+        "io-uring",
+        "tcp-listen",
+        "uplink-address",
+        "uplink-gateway",
+        "interface-name",
+        "buffers",
+        "1",
+        "0",
+        "65536",
+        "51820",
+        "10.0.0.2/32",
+        "10.0.0.0/8,fd00::/64",
+        "0.0.0.0/0",
+        "192.0.2.7:51820",
+        "host.example:1",
+        "on",
+        "off",
+        "gso",
+        "0-3",
+        "wg0",
+        "-1",
+        "",
+        ",",
+        "candidate",
+        "private",
+        "history",
+        "status",
+        "x/y",
+        "[::1]:0",
+        "0x10",
+        "yes",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    words.extend(peers.iter().cloned());
+    let mut r = Rig::new();
+    r.ok("commit");
+    for _ in 0..3000 {
+        let n = 1 + (next() % 6) as usize;
+        let line: Vec<&str> = (0..n)
+            .map(|_| words[(next() % words.len() as u64) as usize].as_str())
+            .collect();
+        let line = line.join(" ");
+        let (cand, run) = (r.s.candidate().clone(), r.s.running().clone());
+        let rep = r.s.handle_line(&line);
+        if !rep.ok {
+            assert_eq!(
+                *r.s.candidate(),
+                cand,
+                "`{line}` failed but changed the candidate"
+            );
+            assert_eq!(*r.s.running(), run, "`{line}` failed but changed running");
+        }
+        if let Some(rep) = r.advance(next() % 30) {
+            assert!(rep.ok, "{}", rep.text);
+        }
+    }
+}
