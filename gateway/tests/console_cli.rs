@@ -161,3 +161,44 @@ fn show_peers_asks_the_daemon_over_uapi() {
     let (ok, out) = console(&d.0, &["--socket", "/nonexistent/x.sock"], b"show peers\n");
     assert!(!ok && out.contains("no answer from the daemon"), "{out}");
 }
+
+/// The reload hook signals the pid in `--pidfile` with SIGHUP, and only a riceguard
+/// process (a stale pid file must not hit whatever reused the number).
+#[test]
+fn commit_signals_the_daemon_with_sighup() {
+    use riceguard::console::system::{Hooks, SystemHooks};
+    let d = Tmp::new("hup");
+    let flag = d.0.join("got-hup");
+    // A stand-in daemon whose command line says riceguard, recording SIGHUP in a file.
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg("trap 'echo hup > \"$1\"' HUP; while :; do sleep 0.05; done")
+        .arg("riceguard-fake-daemon")
+        .arg(&flag)
+        .spawn()
+        .expect("spawn bash");
+    let pidfile = d.0.join("riceguard.pid");
+    std::fs::write(&pidfile, format!("{}\n", child.id())).expect("pidfile");
+    let mut h = SystemHooks { pidfile: pidfile.clone(), ..SystemHooks::default() };
+    // bash installs the trap a moment after starting; retry the signal until it is seen.
+    let mut seen = false;
+    for _ in 0..100 {
+        let r = h.reload();
+        assert!(r.is_ok(), "{r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if flag.exists() {
+            seen = true;
+            break;
+        }
+    }
+    assert!(h.status().iter().any(|l| l.starts_with("daemon: running")));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen, "the stand-in daemon never saw SIGHUP");
+    // Its pid is gone now: reported, not signalled.
+    assert!(h.reload().unwrap_err().contains("not running"));
+    // A pid that is not riceguard is refused.
+    std::fs::write(&pidfile, format!("{}\n", std::process::id())).expect("pidfile");
+    let e = h.reload().unwrap_err();
+    assert!(e.contains("not a riceguard process") || e.contains("not running"), "{e}");
+}
