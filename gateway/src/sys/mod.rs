@@ -3,3 +3,5 @@
 #![allow(unsafe_code)]
 
 pub mod tun;
+pub mod hugepage;
+pub mod uring;
