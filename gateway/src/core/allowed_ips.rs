@@ -96,7 +96,13 @@ fn join(v4: bool, key: u128, len: u8) -> Cidr {
 
 impl<T> AllowedIps<T> {
     pub fn new() -> Self {
-        AllowedIps { nodes: Vec::new(), free: Vec::new(), root4: NONE, root6: NONE, len: 0 }
+        AllowedIps {
+            nodes: Vec::new(),
+            free: Vec::new(),
+            root4: NONE,
+            root6: NONE,
+            len: 0,
+        }
     }
 
     /// Number of prefixes in the table.
@@ -159,7 +165,12 @@ impl<T> AllowedIps<T> {
         loop {
             let cur = self.get_slot(slot);
             if cur == NONE {
-                let n = self.alloc(Node { key, len, value: Some(value), child: [NONE, NONE] });
+                let n = self.alloc(Node {
+                    key,
+                    len,
+                    value: Some(value),
+                    child: [NONE, NONE],
+                });
                 self.set_slot(slot, n);
                 self.len += 1;
                 return None;
@@ -168,7 +179,9 @@ impl<T> AllowedIps<T> {
                 let n = &self.nodes[cur as usize];
                 (n.key, n.len)
             };
-            let common = ((nkey ^ key).leading_zeros().min(128) as u8).min(nlen).min(len);
+            let common = ((nkey ^ key).leading_zeros().min(128) as u8)
+                .min(nlen)
+                .min(len);
             if common == nlen && nlen == len {
                 let old = self.nodes[cur as usize].value.replace(value);
                 if old.is_none() {
@@ -185,17 +198,32 @@ impl<T> AllowedIps<T> {
                 // The new key is a strict prefix of this node: it becomes its parent.
                 let mut child = [NONE, NONE];
                 child[bit(nkey, len)] = cur;
-                let n = self.alloc(Node { key, len, value: Some(value), child });
+                let n = self.alloc(Node {
+                    key,
+                    len,
+                    value: Some(value),
+                    child,
+                });
                 self.set_slot(slot, n);
                 self.len += 1;
                 return None;
             }
             // They diverge below both lengths: a valueless fork holds both.
-            let leaf = self.alloc(Node { key, len, value: Some(value), child: [NONE, NONE] });
+            let leaf = self.alloc(Node {
+                key,
+                len,
+                value: Some(value),
+                child: [NONE, NONE],
+            });
             let mut child = [NONE, NONE];
             child[bit(key, common)] = leaf;
             child[bit(nkey, common)] = cur;
-            let fork = self.alloc(Node { key: key & mask(common), len: common, value: None, child });
+            let fork = self.alloc(Node {
+                key: key & mask(common),
+                len: common,
+                value: None,
+                child,
+            });
             self.set_slot(slot, fork);
             self.len += 1;
             return None;
@@ -256,7 +284,11 @@ impl<T> AllowedIps<T> {
                 if let (Some(ps), Slot::Child(p, _)) = (parent_slot, slot) {
                     let pn = &self.nodes[p as usize];
                     if pn.value.is_none() {
-                        let other = if pn.child[0] != NONE { pn.child[0] } else { pn.child[1] };
+                        let other = if pn.child[0] != NONE {
+                            pn.child[0]
+                        } else {
+                            pn.child[1]
+                        };
                         self.set_slot(ps, other);
                         self.release(p);
                     }
@@ -318,7 +350,11 @@ impl<T> AllowedIps<T> {
 
     /// Keep only the entries for which `f` returns true.
     pub fn retain(&mut self, mut f: impl FnMut(Cidr, &T) -> bool) {
-        let drop: Vec<Cidr> = self.iter().filter(|(c, v)| !f(*c, v)).map(|(c, _)| c).collect();
+        let drop: Vec<Cidr> = self
+            .iter()
+            .filter(|(c, v)| !f(*c, v))
+            .map(|(c, _)| c)
+            .collect();
         for c in drop {
             self.remove(c);
         }
@@ -390,12 +426,18 @@ mod tests {
         assert_eq!(t.lookup(ip("::ffff:1.2.3.4")), Some(&1));
         let mut all: Vec<_> = t.iter().map(|(c, v)| (c.to_string(), *v)).collect();
         all.sort();
-        assert_eq!(all, vec![("0.0.0.0/0".to_string(), 2), ("::/0".to_string(), 1)]);
+        assert_eq!(
+            all,
+            vec![("0.0.0.0/0".to_string(), 2), ("::/0".to_string(), 1)]
+        );
     }
 
     /// Reference: a list of masked prefixes, scanned in full for the longest match.
     fn reference_lookup(r: &HashMap<Cidr, u32>, a: IpAddr) -> Option<u32> {
-        r.iter().filter(|(c, _)| c.contains(a)).max_by_key(|(c, _)| c.prefix).map(|(_, v)| *v)
+        r.iter()
+            .filter(|(c, _)| c.contains(a))
+            .max_by_key(|(c, _)| c.prefix)
+            .map(|(_, v)| *v)
     }
 
     fn random_addr(rng: &mut Rng, v4: bool, near: &[Cidr]) -> IpAddr {
@@ -410,7 +452,8 @@ mod tests {
         } else {
             0
         };
-        let noise = (u128::from(rng.next()) << 64 | u128::from(rng.next())) >> rng.below(129).min(127);
+        let noise =
+            (u128::from(rng.next()) << 64 | u128::from(rng.next())) >> rng.below(129).min(127);
         let k = base ^ (noise >> rng.below(64));
         if v4 {
             IpAddr::V4(Ipv4Addr::from((k >> 96) as u32))
@@ -434,8 +477,7 @@ mod tests {
                 let plen = match rng.below(4) {
                     0 => rng.below(max + 1) as u8,
                     1 => max as u8,
-                    _ => [0u8, 8, 16, 24, 31, 32, 48, 64, 96, 127, 128]
-                        [rng.below(11) as usize]
+                    _ => [0u8, 8, 16, 24, 31, 32, 48, 64, 96, 127, 128][rng.below(11) as usize]
                         .min(max as u8),
                 };
                 let cidr = Cidr::new(a, plen).unwrap().network();
@@ -463,7 +505,11 @@ mod tests {
                 for _ in 0..8 {
                     let fam = rng.below(2) == 0;
                     let q = random_addr(&mut rng, fam, &known);
-                    assert_eq!(t.lookup(q).copied(), reference_lookup(&r, q), "lookup {q} seed {seed}");
+                    assert_eq!(
+                        t.lookup(q).copied(),
+                        reference_lookup(&r, q),
+                        "lookup {q} seed {seed}"
+                    );
                 }
             }
             let mut got: Vec<(Cidr, u32)> = t.iter().map(|(c, v)| (c, *v)).collect();
@@ -473,7 +519,11 @@ mod tests {
             assert_eq!(got, want);
             // Node count stays bounded by 2 * len (forks are cleaned up on removal).
             let live = t.nodes.len() - t.free.len();
-            assert!(live <= 2 * t.len().max(1), "{live} nodes for {} entries", t.len());
+            assert!(
+                live <= 2 * t.len().max(1),
+                "{live} nodes for {} entries",
+                t.len()
+            );
         }
     }
 }

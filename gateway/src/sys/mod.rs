@@ -2,6 +2,7 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod process;
 pub mod tun;
 pub mod hugepage;
 pub mod uring;
