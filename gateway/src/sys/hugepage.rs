@@ -192,29 +192,8 @@ impl BufPool {
         // SAFETY: [base, base + map_len) is the mapping just created and owned by us.
         let locked = unsafe { libc::mlock(base.as_ptr().cast(), map_len) } == 0;
 
-        let mib = map_len as f64 / f64::from(1u32 << 20);
-        match &backing {
-            Backing::Huge { pages, page_size } => log::info!(
-                "buffer pool: {} buffers x {stride} B ({mib:.1} MiB) on {pages} hugepages of {} KiB{}",
-                cfg.count,
-                page_size >> 10,
-                if locked { "" } else { " (not locked)" }
-            ),
-            Backing::Normal(Fallback::Disabled) => log::info!(
-                "buffer pool: {} buffers x {stride} B ({mib:.1} MiB) on ordinary pages: {}",
-                cfg.count,
-                Fallback::Disabled
-            ),
-            Backing::Normal(why) => log::warn!(
-                "buffer pool: {} buffers x {stride} B ({mib:.1} MiB) on ordinary pages, not hugepages: {why} \
-                 (reserve them with `sysctl vm.nr_hugepages=N`){}",
-                cfg.count,
-                if locked { "" } else { "; memory not locked" }
-            ),
-        }
-
         let free: Box<[Cell<u32>]> = (0..cfg.count).rev().map(Cell::new).collect();
-        Ok(BufPool {
+        let pool = BufPool {
             base,
             map_len,
             stride,
@@ -224,7 +203,38 @@ impl BufPool {
             locked,
             top: Cell::new(free.len()),
             free,
-        })
+        };
+        let (level, line) = pool.summary();
+        log::log!(level, "{line}");
+        Ok(pool)
+    }
+
+    /// The one log line about this pool: what backs it and, on ordinary pages, why
+    /// (a warning unless the configuration asked for it).
+    pub fn summary(&self) -> (log::Level, String) {
+        let mib = self.map_len as f64 / f64::from(1u32 << 20);
+        let (n, stride) = (self.count, self.stride);
+        let unlocked = if self.locked { "" } else { "; memory not locked (RLIMIT_MEMLOCK)" };
+        match &self.backing {
+            Backing::Huge { pages, page_size } => (
+                log::Level::Info,
+                format!(
+                    "buffer pool: {n} buffers x {stride} B ({mib:.1} MiB) on {pages} hugepages of {} KiB{unlocked}",
+                    page_size >> 10
+                ),
+            ),
+            Backing::Normal(Fallback::Disabled) => (
+                log::Level::Info,
+                format!("buffer pool: {n} buffers x {stride} B ({mib:.1} MiB) on ordinary pages: {}{unlocked}", Fallback::Disabled),
+            ),
+            Backing::Normal(why) => (
+                log::Level::Warn,
+                format!(
+                    "buffer pool: {n} buffers x {stride} B ({mib:.1} MiB) on ordinary pages, not hugepages: {why} \
+                     (reserve them with `sysctl vm.nr_hugepages=N`){unlocked}"
+                ),
+            ),
+        }
     }
 
     /// Take a free buffer; `None` when all are in use (the caller drops the packet).
@@ -473,6 +483,8 @@ pub(crate) mod tests {
         // 40 buffers of 68 KiB = 2.7 MiB: two 2 MiB pages.
         let pool = BufPool::new(&PoolConfig::new(40)).expect("pool");
         assert_eq!(pool.backing(), &Backing::Huge { pages: 2, page_size: 2 << 20 });
+        assert_eq!(pool.summary().0, log::Level::Info);
+        assert!(pool.summary().1.contains("on 2 hugepages of 2048 KiB"), "{}", pool.summary().1);
         let during = huge_info().expect("meminfo");
         assert_eq!(before.free - during.free, 2, "free hugepages {before:?} -> {during:?}");
         let mut id = pool.alloc().expect("buf");
@@ -501,6 +513,9 @@ pub(crate) mod tests {
         }
         let pool = BufPool::new(&PoolConfig::new(2)).expect("pool");
         assert_eq!(pool.backing(), &Backing::Normal(Fallback::NoneReserved));
+        let (level, line) = pool.summary();
+        assert_eq!(level, log::Level::Warn);
+        assert!(line.contains("not hugepages") && line.contains("vm.nr_hugepages = 0"), "{line}");
         assert!(Fallback::NoneReserved.to_string().contains("vm.nr_hugepages"));
         // Too few free pages is its own reason.
         let msg = Fallback::NotEnoughFree { needed: 3, free: 1 }.to_string();

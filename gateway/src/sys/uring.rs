@@ -456,6 +456,30 @@ pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
     }
 }
 
+/// The `UDP_GRO` segment size in received control data, if the kernel coalesced
+/// several datagrams into one receive. Parsed from bytes, trusting no length.
+pub fn gro_segment_size(control: &[u8]) -> Option<usize> {
+    let hdr = std::mem::size_of::<libc::cmsghdr>();
+    let align = std::mem::size_of::<usize>();
+    let mut off = 0usize;
+    while let Some(h) = control.get(off..off + hdr) {
+        let (len_b, rest) = h.split_at(std::mem::size_of::<usize>());
+        let len = usize::from_ne_bytes(len_b.try_into().ok()?);
+        let level = i32::from_ne_bytes(rest.get(..4)?.try_into().ok()?);
+        let ty = i32::from_ne_bytes(rest.get(4..8)?.try_into().ok()?);
+        if len < hdr {
+            return None;
+        }
+        let data = control.get(off + hdr..off + len)?;
+        if level == libc::SOL_UDP && ty == libc::UDP_GRO {
+            let v = i32::from_ne_bytes(data.get(..4)?.try_into().ok()?);
+            return usize::try_from(v).ok().filter(|&v| v > 0);
+        }
+        off = off.checked_add(len.checked_add(align - 1)? & !(align - 1))?;
+    }
+    None
+}
+
 /// Encode `a` into `out`; returns the length to put in `msg_namelen`.
 fn write_sockaddr(a: SocketAddr, out: &mut libc::sockaddr_storage) -> u32 {
     // SAFETY: sockaddr_storage is large and aligned enough for either; all-zero is valid.
@@ -987,6 +1011,28 @@ mod tests {
         eprintln!("io_uring features: {f}");
         assert!(f.multishot_recvmsg && f.buf_ring && f.rw_fixed && f.sendmsg);
         assert_eq!(check(), Ok(f));
+    }
+
+    #[test]
+    fn gro_cmsg_parsing() {
+        let mut c = Vec::new();
+        // An IP_PKTINFO-sized cmsg first, then UDP_GRO = 1400.
+        c.extend_from_slice(&(16usize + 12).to_ne_bytes());
+        c.extend_from_slice(&libc::IPPROTO_IP.to_ne_bytes());
+        c.extend_from_slice(&libc::IP_PKTINFO.to_ne_bytes());
+        c.extend_from_slice(&[0u8; 16]);
+        c.extend_from_slice(&(16usize + 4).to_ne_bytes());
+        c.extend_from_slice(&libc::SOL_UDP.to_ne_bytes());
+        c.extend_from_slice(&libc::UDP_GRO.to_ne_bytes());
+        c.extend_from_slice(&1400i32.to_ne_bytes());
+        assert_eq!(gro_segment_size(&c), Some(1400));
+        assert_eq!(gro_segment_size(&c[..32]), None);
+        assert_eq!(gro_segment_size(&[]), None);
+        let mut bad = c.clone();
+        bad[..8].copy_from_slice(&3usize.to_ne_bytes());
+        assert_eq!(gro_segment_size(&bad), None);
+        bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
+        assert_eq!(gro_segment_size(&bad), None);
     }
 
     #[test]
