@@ -3,6 +3,7 @@
 //! `riceguard up --config FILE`).
 
 pub mod uapi;
+pub mod uring_worker;
 pub mod worker;
 
 use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};

@@ -8,4 +8,6 @@ pub mod os;
 pub mod process;
 pub mod tcp;
 pub mod tun;
+pub mod hugepage;
 pub mod udp;
+pub mod uring;
