@@ -152,6 +152,13 @@ pub struct TunQueue {
 }
 
 impl TunQueue {
+    /// Another handle on the same queue (a dup'd fd), for a second writer thread.
+    pub fn try_clone(&self) -> io::Result<TunQueue> {
+        Ok(TunQueue {
+            fd: self.fd.try_clone()?,
+        })
+    }
+
     /// Read one packet (with the virtio header in front if the device has one).
     /// `WouldBlock` when none is waiting. The buffer should hold 65535 + header bytes
     /// when TSO/USO is on, else MTU + header.
