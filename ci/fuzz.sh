@@ -59,7 +59,8 @@ for t in "${TARGETS[@]}"; do
         :
     else
         failed+=("$t")
-        tail -n 40 "$log"
+        grep -E -A8 "panicked at|ERROR: (libFuzzer|AddressSanitizer)" "$log" | head -n 40 || true
+        tail -n 25 "$log"
     fi
     done_line="$(grep -E '^Done [0-9]+ runs in' "$log" | tail -n 1 || true)"
     summary+=("$t: ${done_line:-no result (see above)}")
