@@ -59,7 +59,10 @@ pub fn parse(text: &str) -> (Board, Vec<BoardError>) {
     let mut b = Board::default();
     let mut errs = Vec::new();
     let text = if text.len() > MAX_BYTES {
-        errs.push(BoardError { line: 0, msg: format!("file longer than {MAX_BYTES} bytes; rest ignored") });
+        errs.push(BoardError {
+            line: 0,
+            msg: format!("file longer than {MAX_BYTES} bytes; rest ignored"),
+        });
         let mut end = MAX_BYTES;
         while !text.is_char_boundary(end) {
             end -= 1;
@@ -76,14 +79,28 @@ pub fn parse(text: &str) -> (Board, Vec<BoardError>) {
         }
         let line = line.strip_prefix("export ").unwrap_or(line);
         let Some((k, v)) = line.split_once('=') else {
-            errs.push(BoardError { line: n, msg: "expected KEY=VALUE".into() });
+            errs.push(BoardError {
+                line: n,
+                msg: "expected KEY=VALUE".into(),
+            });
             continue;
         };
         let v = unquote(v.trim());
-        let mut bad = |m: String| errs.push(BoardError { line: n, msg: format!("{}: {m}", k.trim()) });
+        let mut bad = |m: String| {
+            errs.push(BoardError {
+                line: n,
+                msg: format!("{}: {m}", k.trim()),
+            })
+        };
         match k.trim() {
             "BOARD" => b.name = v.to_string(),
-            "MODULES" => b.modules = v.split_whitespace().take(MAX_LIST).map(str::to_string).collect(),
+            "MODULES" => {
+                b.modules = v
+                    .split_whitespace()
+                    .take(MAX_LIST)
+                    .map(str::to_string)
+                    .collect()
+            }
             "DATAPLANE_CORES" => match parse_cpus(v) {
                 Ok(c) => b.dataplane_cores = c,
                 Err(m) => bad(m),
@@ -123,7 +140,9 @@ pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
             None => (part, part),
         };
         let (Ok(a), Ok(z)) = (a.parse::<usize>(), z.parse::<usize>()) else {
-            return Err(format!("`{part}` is not a CPU number or range (e.g. 1-3,5)"));
+            return Err(format!(
+                "`{part}` is not a CPU number or range (e.g. 1-3,5)"
+            ));
         };
         if a > z || z > MAX_CPU {
             return Err(format!("`{part}` is not a CPU range within 0-{MAX_CPU}"));
@@ -141,7 +160,9 @@ pub fn parse_cpus(s: &str) -> Result<Vec<usize>, String> {
 /// The hex mask `/sys/class/net/*/queues/rx-*/rps_cpus` takes, in 32-bit groups
 /// separated by commas (most significant first), as the kernel prints it.
 pub fn cpu_mask(cpus: &[usize]) -> String {
-    let Some(&max) = cpus.iter().max() else { return "0".into() };
+    let Some(&max) = cpus.iter().max() else {
+        return "0".into();
+    };
     let mut words = vec![0u32; max / 32 + 1];
     for &c in cpus {
         words[c / 32] |= 1 << (c % 32);
@@ -171,7 +192,9 @@ mod tests {
 
     #[test]
     fn bad_lines_are_reported_and_skipped() {
-        let (b, errs) = parse("HUGEPAGES=lots\nnonsense\nWATCHDOG_TIMEOUT=0\nDATAPLANE_CORES=3-1\nCONSOLE=ttyAMA0\n");
+        let (b, errs) = parse(
+            "HUGEPAGES=lots\nnonsense\nWATCHDOG_TIMEOUT=0\nDATAPLANE_CORES=3-1\nCONSOLE=ttyAMA0\n",
+        );
         assert_eq!(errs.len(), 4);
         assert_eq!(errs[1].line, 2);
         assert_eq!(b.hugepages, 0);

@@ -7,10 +7,15 @@ use std::path::Path;
 /// The block device (`/dev/vda2`) whose GPT partition name is `label`, from sysfs uevents.
 pub fn find_partition(label: &str) -> Option<String> {
     let rd = std::fs::read_dir("/sys/class/block").ok()?;
-    let mut names: Vec<String> = rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     names.sort();
     for n in names {
-        let Ok(ue) = std::fs::read_to_string(format!("/sys/class/block/{n}/uevent")) else { continue };
+        let Ok(ue) = std::fs::read_to_string(format!("/sys/class/block/{n}/uevent")) else {
+            continue;
+        };
         if uevent_partname(&ue) == Some(label) {
             return Some(format!("/dev/{n}"));
         }
@@ -25,11 +30,15 @@ pub fn uevent_partname(ue: &str) -> Option<&str> {
 
 /// The boot-counted entry of `slot` among file names, and the name it gets once good.
 /// Matching is case-insensitive: systemd-boot writes entry ids back lowercased.
-pub fn counted_entry<'a>(names: impl IntoIterator<Item = &'a str>, slot: char) -> Option<(&'a str, String)> {
+pub fn counted_entry<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+    slot: char,
+) -> Option<(&'a str, String)> {
     let prefix = format!("riceguard-{slot}+");
     names.into_iter().find_map(|n| {
         let l = n.to_ascii_lowercase();
-        (l.starts_with(&prefix) && l.ends_with(".conf")).then(|| (n, format!("riceguard-{slot}.conf")))
+        (l.starts_with(&prefix) && l.ends_with(".conf"))
+            .then(|| (n, format!("riceguard-{slot}.conf")))
     })
 }
 
@@ -52,7 +61,10 @@ pub fn mark_good(esp: &Path, slot: char) -> std::io::Result<Marked> {
     };
     std::fs::rename(dir.join(from), dir.join(&to))?;
     crate::sys::os::sync();
-    Ok(Marked::Renamed { from: from.to_string(), to })
+    Ok(Marked::Renamed {
+        from: from.to_string(),
+        to,
+    })
 }
 
 #[cfg(test)]
@@ -62,9 +74,15 @@ mod tests {
     #[test]
     fn finds_counted_entry() {
         let names = ["riceguard-b.conf", "RICEGUARD-A+2-1.CONF", "other.conf"];
-        assert_eq!(counted_entry(names, 'a'), Some(("RICEGUARD-A+2-1.CONF", "riceguard-a.conf".to_string())));
+        assert_eq!(
+            counted_entry(names, 'a'),
+            Some(("RICEGUARD-A+2-1.CONF", "riceguard-a.conf".to_string()))
+        );
         assert_eq!(counted_entry(names, 'b'), None);
-        assert_eq!(uevent_partname("MAJOR=254\nDEVNAME=vda4\nPARTNAME=perm\n"), Some("perm"));
+        assert_eq!(
+            uevent_partname("MAJOR=254\nDEVNAME=vda4\nPARTNAME=perm\n"),
+            Some("perm")
+        );
     }
 
     #[test]
@@ -75,7 +93,10 @@ mod tests {
         std::fs::write(e.join("riceguard-a+2-1.conf"), "title x\n").unwrap();
         assert_eq!(
             mark_good(&d, 'a').unwrap(),
-            Marked::Renamed { from: "riceguard-a+2-1.conf".into(), to: "riceguard-a.conf".into() }
+            Marked::Renamed {
+                from: "riceguard-a+2-1.conf".into(),
+                to: "riceguard-a.conf".into()
+            }
         );
         assert!(e.join("riceguard-a.conf").exists());
         assert_eq!(mark_good(&d, 'a').unwrap(), Marked::AlreadyGood);

@@ -30,7 +30,9 @@ pub fn parse(s: &str) -> Cmdline {
             match v {
                 "a" | "A" => c.slot = Some('a'),
                 "b" | "B" => c.slot = Some('b'),
-                _ => c.errors.push(format!("riceguard.slot=`{v}`: expected a or b")),
+                _ => c
+                    .errors
+                    .push(format!("riceguard.slot=`{v}`: expected a or b")),
             }
         } else if let Some(v) = word.strip_prefix("riceguard.uplink=") {
             match parse_uplink(v) {
@@ -46,10 +48,17 @@ fn parse_uplink(v: &str) -> Result<UplinkSpec, String> {
     let mut parts = v.split(',');
     let addr = parts.next().unwrap_or_default();
     let address = parse_cidr(addr)?;
-    let mut u = UplinkSpec { address, gateway: None, dev: None };
+    let mut u = UplinkSpec {
+        address,
+        gateway: None,
+        dev: None,
+    };
     for p in parts {
         if let Some(g) = p.strip_prefix("gw=") {
-            u.gateway = Some(g.parse().map_err(|_| format!("gateway `{g}` is not an IP address"))?);
+            u.gateway = Some(
+                g.parse()
+                    .map_err(|_| format!("gateway `{g}` is not an IP address"))?,
+            );
         } else if let Some(d) = p.strip_prefix("dev=") {
             if d.is_empty() || d.len() > 15 || d.contains('/') {
                 return Err(format!("`{d}` is not an interface name"));
@@ -63,9 +72,15 @@ fn parse_uplink(v: &str) -> Result<UplinkSpec, String> {
 }
 
 pub fn parse_cidr(s: &str) -> Result<Cidr, String> {
-    let (a, p) = s.split_once('/').ok_or_else(|| format!("`{s}` needs a prefix length (ADDR/PFX)"))?;
-    let ip: IpAddr = a.parse().map_err(|_| format!("`{a}` is not an IP address"))?;
-    let pfx: u8 = p.parse().map_err(|_| format!("`{p}` is not a prefix length"))?;
+    let (a, p) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}` needs a prefix length (ADDR/PFX)"))?;
+    let ip: IpAddr = a
+        .parse()
+        .map_err(|_| format!("`{a}` is not an IP address"))?;
+    let pfx: u8 = p
+        .parse()
+        .map_err(|_| format!("`{p}` is not a prefix length"))?;
     Cidr::new(ip, pfx).ok_or_else(|| format!("prefix /{pfx} is too long for {ip}"))
 }
 

@@ -94,9 +94,19 @@ fn mkdir(p: &str) {
 
 fn mount_basics() {
     mkdir("/dev");
-    let _ = os::mount("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=0755"));
+    let _ = os::mount(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    );
     // The kernel opened no console if the initramfs had no /dev/console; open it now.
-    if let Ok(c) = OpenOptions::new().read(true).write(true).open("/dev/console") {
+    if let Ok(c) = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/console")
+    {
         let _ = os::set_stdio(&c);
     }
     mkdir("/proc");
@@ -105,7 +115,13 @@ fn mount_basics() {
     let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let _ = os::mount("proc", "/proc", "proc", nodev, None);
     let _ = os::mount("sysfs", "/sys", "sysfs", nodev, None);
-    let _ = os::mount("tmpfs", "/run", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755"));
+    let _ = os::mount(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    );
 }
 
 fn read_board() -> Board {
@@ -171,15 +187,21 @@ fn stage1() -> String {
 /// Delete the initramfs's files (it is RAM that nothing will use again), staying on its
 /// filesystem so mounts below it (the new root) are not touched.
 fn empty_initramfs() {
-    let Ok(root) = std::fs::metadata("/") else { return };
+    let Ok(root) = std::fs::metadata("/") else {
+        return;
+    };
     fn rm(dir: &Path, dev: u64, depth: u32) {
         if depth > 32 {
             return;
         }
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
         for e in rd.flatten() {
             let p = e.path();
-            let Ok(md) = std::fs::symlink_metadata(&p) else { continue };
+            let Ok(md) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
             if md.dev() != dev {
                 continue;
             }
@@ -196,7 +218,9 @@ fn empty_initramfs() {
 
 /// Load each module with its dependencies first, as `modules.dep` lists them.
 fn load_modules(names: &[String]) {
-    let rel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let rel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
     let base = PathBuf::from(format!("/lib/modules/{rel}"));
     let dep = std::fs::read_to_string(base.join("modules.dep")).unwrap_or_default();
     let builtin = std::fs::read_to_string(base.join("modules.builtin")).unwrap_or_default();
@@ -225,7 +249,15 @@ fn load_modules(names: &[String]) {
             }
         }
     }
-    say!("{} modules loaded{}", loaded.len(), if failed > 0 { format!(", {failed} failed") } else { String::new() });
+    say!(
+        "{} modules loaded{}",
+        loaded.len(),
+        if failed > 0 {
+            format!(", {failed} failed")
+        } else {
+            String::new()
+        }
+    );
 }
 
 /// `modules.dep`: `kernel/x/y.ko: dep1.ko dep2.ko` (deps listed dependents-first).
@@ -270,7 +302,13 @@ impl<'a> ModDeps<'a> {
 fn stage2() -> ! {
     let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mkdir("/dev/pts");
-    let _ = os::mount("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("gid=5,mode=620,ptmxmode=666"));
+    let _ = os::mount(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("gid=5,mode=620,ptmxmode=666"),
+    );
     mkdir("/dev/shm");
     let _ = os::mount("tmpfs", "/dev/shm", "tmpfs", nodev, None);
     let _ = os::mount("tmpfs", "/tmp", "tmpfs", nodev, Some("mode=1777"));
@@ -280,22 +318,43 @@ fn stage2() -> ! {
     let board = read_board();
     let slot = cmd.slot.unwrap_or('a');
     let rootdev = std::fs::read_to_string("/run/riceguard-root").unwrap_or_default();
-    let kernel = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
-    say!("slot {slot} booted (board {}, root {} squashfs, kernel {kernel})", board.name, rootdev.trim());
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    say!(
+        "slot {slot} booted (board {}, root {} squashfs, kernel {kernel})",
+        board.name,
+        rootdev.trim()
+    );
     let _ = nix::unistd::sethostname("riceguard");
     os::soft_ctrl_alt_del();
 
     // Signals are taken synchronously from a signalfd; block them before any thread
     // starts so every thread inherits the mask (children get a clean mask from std).
     let mut mask = SigSet::empty();
-    for s in [Signal::SIGCHLD, Signal::SIGTERM, Signal::SIGINT, Signal::SIGUSR1, Signal::SIGUSR2, Signal::SIGPWR, Signal::SIGHUP] {
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPWR,
+        Signal::SIGHUP,
+    ] {
         mask.add(s);
     }
     let _ = mask.thread_block();
     let mut sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok();
 
     let (n, problems) = sysctl::apply(Path::new("/etc/sysctl.d"));
-    say!("sysctl: {n} settings applied{}", if problems.is_empty() { String::new() } else { format!(", {} problems", problems.len()) });
+    say!(
+        "sysctl: {n} settings applied{}",
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(", {} problems", problems.len())
+        }
+    );
     for p in problems.iter().take(20) {
         say!("sysctl: {p}");
     }
@@ -306,7 +365,10 @@ fn stage2() -> ! {
     steer_rps(gw.as_ref(), &board);
     let mut dog = Watchdog::open(&board);
 
-    let ifname = gw.as_ref().map(|g| g.interface_name.clone()).unwrap_or_else(|| "wg0".into());
+    let ifname = gw
+        .as_ref()
+        .map(|g| g.interface_name.clone())
+        .unwrap_or_else(|| "wg0".into());
     let mut sup = Supervisor::default();
     let now = Instant::now();
     sup.add(
@@ -348,7 +410,10 @@ fn stage2() -> ! {
                 mark_boot_good(slot);
             } else if !warned_unhealthy && now.duration_since(started) > HEALTH_DEADLINE {
                 warned_unhealthy = true;
-                say!("gateway not healthy after {}s; boot left unmarked (it counts down)", HEALTH_DEADLINE.as_secs());
+                say!(
+                    "gateway not healthy after {}s; boot left unmarked (it counts down)",
+                    HEALTH_DEADLINE.as_secs()
+                );
             }
         }
         // Wait for a signal, a due restart, the watchdog or the next health probe.
@@ -380,7 +445,9 @@ fn wait_signal(sfd: &mut Option<SignalFd>, wait: Duration, halt: &mut Option<os:
     while let Ok(Some(info)) = fd.read_signal() {
         let sig = Signal::try_from(info.ssi_signo as i32).ok();
         match sig {
-            Some(Signal::SIGTERM) | Some(Signal::SIGINT) | Some(Signal::SIGUSR1) => *halt = Some(os::Halt::Reboot),
+            Some(Signal::SIGTERM) | Some(Signal::SIGINT) | Some(Signal::SIGUSR1) => {
+                *halt = Some(os::Halt::Reboot)
+            }
             Some(Signal::SIGUSR2) | Some(Signal::SIGPWR) => *halt = Some(os::Halt::PowerOff),
             _ => {}
         }
@@ -399,8 +466,20 @@ fn reap(sup: &mut Supervisor) {
     }
 }
 
-fn shutdown(sup: &mut Supervisor, sfd: &mut Option<SignalFd>, how: os::Halt, dog: &mut Watchdog) -> ! {
-    say!("{} requested: stopping services", if how == os::Halt::Reboot { "reboot" } else { "poweroff" });
+fn shutdown(
+    sup: &mut Supervisor,
+    sfd: &mut Option<SignalFd>,
+    how: os::Halt,
+    dog: &mut Watchdog,
+) -> ! {
+    say!(
+        "{} requested: stopping services",
+        if how == os::Halt::Reboot {
+            "reboot"
+        } else {
+            "poweroff"
+        }
+    );
     sup.stop_all(Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut ignore = None;
@@ -421,7 +500,14 @@ fn shutdown(sup: &mut Supervisor, sfd: &mut Option<SignalFd>, how: os::Halt, dog
         }
     }
     os::sync();
-    say!("{}", if how == os::Halt::Reboot { "rebooting" } else { "powering off" });
+    say!(
+        "{}",
+        if how == os::Halt::Reboot {
+            "rebooting"
+        } else {
+            "powering off"
+        }
+    );
     let e = os::halt(how);
     say!("halt failed: {e}");
     emergency();
@@ -459,7 +545,9 @@ fn mount_perm() -> bool {
         Err(e) => {
             // No mkfs on the appliance: the image builder formats perm; a damaged one
             // needs re-flashing or `factory-reset` from a host. Keep running without it.
-            say!("perm: mounting {dev} as ext4 failed: {e}; configuration will not survive a reboot");
+            say!(
+                "perm: mounting {dev} as ext4 failed: {e}; configuration will not survive a reboot"
+            );
             false
         }
     }
@@ -486,12 +574,20 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
     if !perm_ok {
         // Run from a tmpfs copy so the gateway still starts; nothing is kept.
         mkdir("/run/perm");
-        let _ = os::mount("tmpfs", PERM, "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0700"));
+        let _ = os::mount(
+            "tmpfs",
+            PERM,
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0700"),
+        );
     }
     let path = Path::new(CONFIG);
     if !path.exists() {
         let key = Key::generate_private();
-        let template = std::fs::read_to_string(DEFAULT_CONFIG).unwrap_or_else(|_| "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into());
+        let template = std::fs::read_to_string(DEFAULT_CONFIG).unwrap_or_else(|_| {
+            "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
+        });
         let text = template.replace("@PRIVATE_KEY@", &key.to_base64());
         match write_atomic(path, text.as_bytes()) {
             Ok(()) => say!("first boot: generated a private key into {CONFIG}"),
@@ -548,15 +644,29 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
         say!("network: lo: {e}");
     }
     let spec = cmd.uplink.as_ref();
-    let named = spec.and_then(|s| s.dev.clone()).or_else(|| gw.map(|g| g.uplink.clone()).filter(|u| !u.is_empty()));
+    let named = spec
+        .and_then(|s| s.dev.clone())
+        .or_else(|| gw.map(|g| g.uplink.clone()).filter(|u| !u.is_empty()));
     let deadline = Instant::now() + Duration::from_secs(5);
     let dev = loop {
-        let d = named.clone().filter(|n| Path::new("/sys/class/net").join(n).exists()).or_else(|| if named.is_none() { first_ethernet() } else { None });
+        let d = named
+            .clone()
+            .filter(|n| Path::new("/sys/class/net").join(n).exists())
+            .or_else(|| {
+                if named.is_none() {
+                    first_ethernet()
+                } else {
+                    None
+                }
+            });
         if let Some(d) = d {
             break d;
         }
         if Instant::now() > deadline {
-            say!("network: no uplink interface{} found", named.map(|n| format!(" `{n}`")).unwrap_or_default());
+            say!(
+                "network: no uplink interface{} found",
+                named.map(|n| format!(" `{n}`")).unwrap_or_default()
+            );
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -567,7 +677,9 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
     }
     let (addrs, gateway): (Vec<Cidr>, _) = match spec {
         Some(s) => (vec![s.address], s.gateway),
-        None => gw.map(|g| (g.uplink_addresses.clone(), g.uplink_gateway)).unwrap_or_default(),
+        None => gw
+            .map(|g| (g.uplink_addresses.clone(), g.uplink_gateway))
+            .unwrap_or_default(),
     };
     for a in &addrs {
         if let Err(e) = nl.add_address(&dev, *a) {
@@ -575,18 +687,33 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
         }
     }
     if let Some(g) = gateway {
-        let any = if g.is_ipv4() { Cidr::new([0, 0, 0, 0].into(), 0) } else { Cidr::new([0u16; 8].into(), 0) };
+        let any = if g.is_ipv4() {
+            Cidr::new([0, 0, 0, 0].into(), 0)
+        } else {
+            Cidr::new([0u16; 8].into(), 0)
+        };
         let idx = Netlink::ifindex(&dev).ok();
         if let Some(dst) = any {
-            if let Err(e) = nl.add_route(Route { dst, gateway: Some(g), ifindex: idx }) {
+            if let Err(e) = nl.add_route(Route {
+                dst,
+                gateway: Some(g),
+                ifindex: idx,
+            }) {
                 say!("network: default route: {e}");
             }
         }
     }
-    let list: Vec<String> = addrs.iter().map(|a| format!("{}/{}", a.addr, a.prefix)).collect();
+    let list: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{}/{}", a.addr, a.prefix))
+        .collect();
     say!(
         "uplink {dev} up{}{}",
-        if list.is_empty() { " (no address configured: set UplinkAddress)".to_string() } else { format!(" {}", list.join(" ")) },
+        if list.is_empty() {
+            " (no address configured: set UplinkAddress)".to_string()
+        } else {
+            format!(" {}", list.join(" "))
+        },
         gateway.map(|g| format!(" via {g}")).unwrap_or_default()
     );
 }
@@ -600,15 +727,25 @@ fn steer_rps(gw: Option<&GatewayConfig>, board: &Board) {
     if cores.is_empty() {
         return;
     }
-    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").ok().and_then(|s| board::parse_cpus(s.trim()).ok()).unwrap_or_default();
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| board::parse_cpus(s.trim()).ok())
+        .unwrap_or_default();
     let cores: Vec<usize> = cores.into_iter().filter(|c| online.contains(c)).collect();
-    let dev = gw.map(|g| g.uplink.clone()).filter(|u| !u.is_empty()).or_else(first_ethernet);
-    let (Some(dev), false) = (dev, cores.is_empty()) else { return };
+    let dev = gw
+        .map(|g| g.uplink.clone())
+        .filter(|u| !u.is_empty())
+        .or_else(first_ethernet);
+    let (Some(dev), false) = (dev, cores.is_empty()) else {
+        return;
+    };
     let mask = board::cpu_mask(&cores);
     let mut n = 0;
     if let Ok(rd) = std::fs::read_dir(format!("/sys/class/net/{dev}/queues")) {
         for q in rd.flatten() {
-            if q.file_name().to_string_lossy().starts_with("rx-") && std::fs::write(q.path().join("rps_cpus"), &mask).is_ok() {
+            if q.file_name().to_string_lossy().starts_with("rx-")
+                && std::fs::write(q.path().join("rps_cpus"), &mask).is_ok()
+            {
                 n += 1;
             }
         }
@@ -619,7 +756,9 @@ fn steer_rps(gw: Option<&GatewayConfig>, board: &Board) {
 /// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
 fn uapi_healthy(ifname: &str) -> bool {
     use std::os::unix::net::UnixStream;
-    let Ok(mut s) = UnixStream::connect(format!("/var/run/wireguard/{ifname}.sock")) else { return false };
+    let Ok(mut s) = UnixStream::connect(format!("/var/run/wireguard/{ifname}.sock")) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
     if s.write_all(b"get=1\n\n").is_err() {
@@ -638,7 +777,9 @@ fn uapi_healthy(ifname: &str) -> bool {
             }
         }
     }
-    String::from_utf8_lossy(&buf).lines().any(|l| l == "errno=0")
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .any(|l| l == "errno=0")
 }
 
 fn mark_boot_good(slot: char) {
@@ -647,13 +788,21 @@ fn mark_boot_good(slot: char) {
         return;
     };
     mkdir(ESP_MNT);
-    if let Err(e) = os::mount(&dev, ESP_MNT, "vfat", MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("umask=0077")) {
+    if let Err(e) = os::mount(
+        &dev,
+        ESP_MNT,
+        "vfat",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("umask=0077"),
+    ) {
         say!("mounting esp {dev}: {e}; boot not marked");
         return;
     }
     match boot::mark_good(Path::new(ESP_MNT), slot) {
         Ok(boot::Marked::Renamed { from, to }) => say!("boot marked good ({from} -> {to})"),
-        Ok(boot::Marked::AlreadyGood) => say!("boot marked good (entry riceguard-{slot}.conf already had no counter)"),
+        Ok(boot::Marked::AlreadyGood) => {
+            say!("boot marked good (entry riceguard-{slot}.conf already had no counter)")
+        }
         Err(e) => say!("marking boot good on {dev}: {e}"),
     }
     os::sync();
@@ -673,13 +822,21 @@ struct Watchdog {
 impl Watchdog {
     fn open(board: &Board) -> Watchdog {
         let every = Duration::from_secs(u64::from(board.watchdog_timeout / 3).max(1));
-        let mut w = Watchdog { f: None, every, last: Instant::now() };
+        let mut w = Watchdog {
+            f: None,
+            every,
+            last: Instant::now(),
+        };
         if board.watchdog.is_empty() {
             return w;
         }
         match OpenOptions::new().write(true).open(&board.watchdog) {
             Ok(f) => {
-                say!("watchdog {} armed, petted every {}s", board.watchdog, every.as_secs());
+                say!(
+                    "watchdog {} armed, petted every {}s",
+                    board.watchdog,
+                    every.as_secs()
+                );
                 w.f = Some(f);
             }
             Err(e) => say!("watchdog {}: {e}; running without", board.watchdog),
@@ -708,17 +865,30 @@ mod tests {
         let db = ModDeps::parse(dep);
         assert_eq!(
             db.order("virtio_net").unwrap(),
-            ["kernel/net/core/failover.ko", "kernel/drivers/net/net_failover.ko", "kernel/drivers/net/virtio_net.ko"]
+            [
+                "kernel/net/core/failover.ko",
+                "kernel/drivers/net/net_failover.ko",
+                "kernel/drivers/net/virtio_net.ko"
+            ]
         );
-        assert_eq!(db.order("nls_iso8859_1").unwrap(), ["kernel/fs/nls/nls_iso8859-1.ko"]);
+        assert_eq!(
+            db.order("nls_iso8859_1").unwrap(),
+            ["kernel/fs/nls/nls_iso8859-1.ko"]
+        );
         assert!(db.order("nope").is_none());
-        assert!(ModDeps::is_builtin("kernel/drivers/virtio/virtio_pci.ko\n", "virtio_pci"));
+        assert!(ModDeps::is_builtin(
+            "kernel/drivers/virtio/virtio_pci.ko\n",
+            "virtio_pci"
+        ));
     }
 
     #[test]
     fn private_key_from_text() {
         let k = Key::generate_private();
-        let t = format!("[Interface]\n PrivateKey = {}\nAddress = x\n", k.to_base64());
+        let t = format!(
+            "[Interface]\n PrivateKey = {}\nAddress = x\n",
+            k.to_base64()
+        );
         assert_eq!(private_key_line(&t), Some(k));
         assert_eq!(private_key_line("PrivateKey = junk"), None);
     }

@@ -90,7 +90,10 @@ pub struct Supervisor {
 fn describe(st: &WaitStatus) -> String {
     match st {
         WaitStatus::Exited(_, c) => format!("exit status {c}"),
-        WaitStatus::Signaled(_, s, core) => format!("killed by {s:?}{}", if *core { " (core dumped)" } else { "" }),
+        WaitStatus::Signaled(_, s, core) => format!(
+            "killed by {s:?}{}",
+            if *core { " (core dumped)" } else { "" }
+        ),
         other => format!("{other:?}"),
     }
 }
@@ -99,7 +102,13 @@ impl Supervisor {
     /// Add a service; it starts at the next [`Supervisor::tick`].
     pub fn add(&mut self, spec: Spec, now: Instant) {
         let ring = Arc::new(Mutex::new(Ring::default()));
-        self.services.push(Service { spec, state: State::Waiting(now), starts: 0, ring, last_status: None });
+        self.services.push(Service {
+            spec,
+            state: State::Waiting(now),
+            starts: 0,
+            ring,
+            last_status: None,
+        });
     }
 
     pub fn find(&self, name: &str) -> Option<&Service> {
@@ -139,25 +148,39 @@ impl Supervisor {
 
     /// A child ended; returns true if it was one of ours.
     pub fn on_exit(&mut self, status: WaitStatus, now: Instant) -> bool {
-        let Some(pid) = status.pid() else { return false };
+        let Some(pid) = status.pid() else {
+            return false;
+        };
         let stopping = self.stopping;
-        let Some(s) = self.services.iter_mut().find(|s| s.state == State::Running(pid)) else {
+        let Some(s) = self
+            .services
+            .iter_mut()
+            .find(|s| s.state == State::Running(pid))
+        else {
             return false;
         };
         let why = describe(&status);
-        s.state = if stopping { State::Stopped } else { after_exit(&status, s.spec.restart_delay, now) };
+        s.state = if stopping {
+            State::Stopped
+        } else {
+            after_exit(&status, s.spec.restart_delay, now)
+        };
         match s.state {
             State::Waiting(_) => eprintln!(
                 "riceguard-init: {} exited ({why}); restarting in {}s",
                 s.spec.name,
                 s.spec.restart_delay.as_secs()
             ),
-            _ => eprintln!("riceguard-init: {} exited ({why}); not restarting", s.spec.name),
+            _ => eprintln!(
+                "riceguard-init: {} exited ({why}); not restarting",
+                s.spec.name
+            ),
         }
         s.last_status = Some(why);
         if let Ok(r) = s.ring.lock() {
             // Kept for `riceguard status` and post-mortems; /run is a tmpfs.
-            if let Ok(mut f) = std::fs::File::create(format!("/run/riceguard/{}.log", s.spec.name)) {
+            if let Ok(mut f) = std::fs::File::create(format!("/run/riceguard/{}.log", s.spec.name))
+            {
                 for l in r.lines() {
                     let _ = writeln!(f, "{l}");
                 }
@@ -183,27 +206,37 @@ impl Supervisor {
     }
 
     pub fn running(&self) -> usize {
-        self.services.iter().filter(|s| matches!(s.state, State::Running(_))).count()
+        self.services
+            .iter()
+            .filter(|s| matches!(s.state, State::Running(_)))
+            .count()
     }
 }
 
 fn spawn(spec: &Spec, ring: &Arc<Mutex<Ring>>) -> std::io::Result<Pid> {
     let Some((prog, args)) = spec.argv.split_first() else {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "empty command",
+        ));
     };
     let mut cmd = Command::new(prog);
     cmd.args(args);
     let reader: Option<OwnedFd> = match &spec.tty {
         Some(tty) => {
             let f = OpenOptions::new().read(true).write(true).open(tty)?;
-            cmd.stdin(Stdio::from(f.try_clone()?)).stdout(Stdio::from(f.try_clone()?)).stderr(Stdio::from(f));
+            cmd.stdin(Stdio::from(f.try_clone()?))
+                .stdout(Stdio::from(f.try_clone()?))
+                .stderr(Stdio::from(f));
             crate::sys::os::new_session(&mut cmd, true);
             None
         }
         None => {
             let (r, w) = nix::unistd::pipe().map_err(std::io::Error::from)?;
             let w2 = w.try_clone()?;
-            cmd.stdin(Stdio::null()).stdout(Stdio::from(w)).stderr(Stdio::from(w2));
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::from(w))
+                .stderr(Stdio::from(w2));
             crate::sys::os::new_session(&mut cmd, false);
             Some(r)
         }
@@ -258,9 +291,18 @@ mod tests {
         let now = Instant::now();
         let d = Duration::from_secs(5);
         let p = Pid::from_raw(10);
-        assert_eq!(after_exit(&WaitStatus::Exited(p, 1), d, now), State::Waiting(now + d));
-        assert_eq!(after_exit(&WaitStatus::Exited(p, DONT_RESTART), d, now), State::Stopped);
-        assert_eq!(after_exit(&WaitStatus::Signaled(p, Signal::SIGKILL, false), d, now), State::Waiting(now + d));
+        assert_eq!(
+            after_exit(&WaitStatus::Exited(p, 1), d, now),
+            State::Waiting(now + d)
+        );
+        assert_eq!(
+            after_exit(&WaitStatus::Exited(p, DONT_RESTART), d, now),
+            State::Stopped
+        );
+        assert_eq!(
+            after_exit(&WaitStatus::Signaled(p, Signal::SIGKILL, false), d, now),
+            State::Waiting(now + d)
+        );
     }
 
     fn wait_for(pid: Pid) -> WaitStatus {
@@ -273,27 +315,50 @@ mod tests {
         let t0 = Instant::now();
         let spec = Spec {
             name: "t".into(),
-            argv: vec!["/bin/sh".into(), "-c".into(), "echo hello-from-child; exit 3".into()],
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo hello-from-child; exit 3".into(),
+            ],
             tty: None,
             restart_delay: Duration::from_secs(5),
         };
         sup.add(spec, t0);
         assert_eq!(sup.tick(t0), None);
-        let State::Running(pid) = sup.services[0].state else { panic!("not started") };
+        let State::Running(pid) = sup.services[0].state else {
+            panic!("not started")
+        };
         assert!(sup.on_exit(wait_for(pid), t0));
-        assert_eq!(sup.services[0].state, State::Waiting(t0 + Duration::from_secs(5)));
-        assert_eq!(sup.services[0].last_status.as_deref(), Some("exit status 3"));
+        assert_eq!(
+            sup.services[0].state,
+            State::Waiting(t0 + Duration::from_secs(5))
+        );
+        assert_eq!(
+            sup.services[0].last_status.as_deref(),
+            Some("exit status 3")
+        );
         // Not due yet; then due.
-        assert_eq!(sup.tick(t0 + Duration::from_secs(1)), Some(t0 + Duration::from_secs(5)));
+        assert_eq!(
+            sup.tick(t0 + Duration::from_secs(1)),
+            Some(t0 + Duration::from_secs(5))
+        );
         sup.tick(t0 + Duration::from_secs(5));
         assert_eq!(sup.services[0].starts, 2);
-        let State::Running(pid) = sup.services[0].state else { panic!("not restarted") };
+        let State::Running(pid) = sup.services[0].state else {
+            panic!("not restarted")
+        };
         sup.stop_all(Signal::SIGTERM);
         assert!(sup.on_exit(wait_for(pid), t0));
         assert_eq!(sup.services[0].state, State::Stopped);
         // The reader thread may still be draining; the first run's line is there by now.
         for _ in 0..100 {
-            if sup.services[0].ring.lock().unwrap().lines().any(|l| l == "hello-from-child") {
+            if sup.services[0]
+                .ring
+                .lock()
+                .unwrap()
+                .lines()
+                .any(|l| l == "hello-from-child")
+            {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -308,14 +373,20 @@ mod tests {
         sup.add(
             Spec {
                 name: "once".into(),
-                argv: vec!["/bin/sh".into(), "-c".into(), format!("exit {DONT_RESTART}")],
+                argv: vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    format!("exit {DONT_RESTART}"),
+                ],
                 tty: None,
                 restart_delay: Duration::from_secs(1),
             },
             t0,
         );
         sup.tick(t0);
-        let State::Running(pid) = sup.services[0].state else { panic!() };
+        let State::Running(pid) = sup.services[0].state else {
+            panic!()
+        };
         sup.on_exit(wait_for(pid), t0);
         assert_eq!(sup.services[0].state, State::Stopped);
         assert!(!sup.on_exit(WaitStatus::Exited(Pid::from_raw(1), 0), t0));

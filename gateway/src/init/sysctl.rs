@@ -32,12 +32,18 @@ pub fn parse(text: &str) -> (Vec<Setting>, Vec<String>) {
         let ok = !key.is_empty()
             && !key.contains("..")
             && !key.contains('/')
-            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
         if !ok {
             errs.push(format!("line {}: `{key}` is not a sysctl name", i + 1));
             continue;
         }
-        out.push(Setting { key: key.to_string(), value: v.trim().to_string(), optional });
+        out.push(Setting {
+            key: key.to_string(),
+            value: v.trim().to_string(),
+            optional,
+        });
     }
     (out, errs)
 }
@@ -49,7 +55,10 @@ pub fn proc_path(key: &str) -> PathBuf {
 /// Apply every `*.conf` in `dir`, in name order. Returns (applied, problems).
 pub fn apply(dir: &Path) -> (usize, Vec<String>) {
     let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "conf")).collect(),
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "conf"))
+            .collect(),
         Err(_) => return (0, Vec::new()),
     };
     files.sort();
@@ -79,12 +88,17 @@ mod tests {
 
     #[test]
     fn parses_sysctl_d() {
-        let (s, e) = parse("# c\nnet.core.rmem_max = 7340032\n-net.core.busy_poll=50\nbad line\nx/../y = 1\n");
+        let (s, e) = parse(
+            "# c\nnet.core.rmem_max = 7340032\n-net.core.busy_poll=50\nbad line\nx/../y = 1\n",
+        );
         assert_eq!(s.len(), 2);
         assert_eq!(s[0].key, "net.core.rmem_max");
         assert_eq!(s[0].value, "7340032");
         assert!(s[1].optional);
         assert_eq!(e.len(), 2);
-        assert_eq!(proc_path("net.ipv4.ip_forward"), Path::new("/proc/sys/net/ipv4/ip_forward"));
+        assert_eq!(
+            proc_path("net.ipv4.ip_forward"),
+            Path::new("/proc/sys/net/ipv4/ip_forward")
+        );
     }
 }

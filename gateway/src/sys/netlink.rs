@@ -11,7 +11,8 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::sys::socket::{
-    bind, recv, send, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+    bind, recv, send, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
+    SockType,
 };
 
 use crate::core::net::Cidr;
@@ -63,7 +64,10 @@ pub enum NetlinkError {
 impl fmt::Display for NetlinkError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            NetlinkError::Socket(e) => write!(f, "netlink socket: {e} (is this Linux, with CAP_NET_ADMIN?)"),
+            NetlinkError::Socket(e) => write!(
+                f,
+                "netlink socket: {e} (is this Linux, with CAP_NET_ADMIN?)"
+            ),
             NetlinkError::NoSuchInterface(n) => write!(f, "no network interface named `{n}`"),
             NetlinkError::Kernel { what, errno } => write!(f, "{what}: the kernel said {errno}"),
             NetlinkError::Malformed => f.write_str("malformed netlink answer from the kernel"),
@@ -98,7 +102,11 @@ impl Netlink {
         )
         .map_err(NetlinkError::Socket)?;
         bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).map_err(NetlinkError::Socket)?;
-        Ok(Netlink { fd, seq: 1, buf: vec![0u8; 32 * 1024] })
+        Ok(Netlink {
+            fd,
+            seq: 1,
+            buf: vec![0u8; 32 * 1024],
+        })
     }
 
     /// The interface index of `name`.
@@ -111,7 +119,10 @@ impl Netlink {
         let idx = Self::ifindex(name)?;
         let mut m = Vec::with_capacity(64);
         link_msg(&mut m, self.next_seq(), idx, up, None);
-        self.request(&m, &format!("set {name} {}", if up { "up" } else { "down" }))
+        self.request(
+            &m,
+            &format!("set {name} {}", if up { "up" } else { "down" }),
+        )
     }
 
     pub fn set_mtu(&mut self, name: &str, mtu: u32) -> Result<(), NetlinkError> {
@@ -125,8 +136,18 @@ impl Netlink {
     pub fn add_address(&mut self, name: &str, addr: Cidr) -> Result<(), NetlinkError> {
         let idx = Self::ifindex(name)?;
         let mut m = Vec::with_capacity(64);
-        addr_msg(&mut m, RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, self.next_seq(), idx, addr);
-        self.request(&m, &format!("add address {}/{} to {name}", addr.addr, addr.prefix))
+        addr_msg(
+            &mut m,
+            RTM_NEWADDR,
+            NLM_F_CREATE | NLM_F_REPLACE,
+            self.next_seq(),
+            idx,
+            addr,
+        );
+        self.request(
+            &m,
+            &format!("add address {}/{} to {name}", addr.addr, addr.prefix),
+        )
     }
 
     /// Remove every address of `name` (both families), as `ip addr flush dev` does.
@@ -136,9 +157,15 @@ impl Netlink {
         for a in &found {
             let mut m = Vec::with_capacity(64);
             addr_msg(&mut m, RTM_DELADDR, 0, self.next_seq(), idx, *a);
-            match self.request(&m, &format!("delete address {}/{} from {name}", a.addr, a.prefix)) {
+            match self.request(
+                &m,
+                &format!("delete address {}/{} from {name}", a.addr, a.prefix),
+            ) {
                 // Deleting an IPv4 primary also drops its secondaries: already gone is fine.
-                Err(NetlinkError::Kernel { errno: nix::Error::EADDRNOTAVAIL, .. }) => {}
+                Err(NetlinkError::Kernel {
+                    errno: nix::Error::EADDRNOTAVAIL,
+                    ..
+                }) => {}
                 r => r?,
             }
         }
@@ -156,7 +183,10 @@ impl Netlink {
         let mut m = Vec::with_capacity(80);
         route_msg(&mut m, self.next_seq(), r);
         let via = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-        self.request(&m, &format!("add route {}/{}{via}", r.dst.addr, r.dst.prefix))
+        self.request(
+            &m,
+            &format!("add route {}/{}{via}", r.dst.addr, r.dst.prefix),
+        )
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -177,7 +207,8 @@ impl Netlink {
         self.send_all(msg)?;
         let seq = u32::from_ne_bytes([msg[8], msg[9], msg[10], msg[11]]);
         loop {
-            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()).map_err(NetlinkError::Socket)?;
+            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
+                .map_err(NetlinkError::Socket)?;
             for m in Messages::new(&self.buf[..n]) {
                 let m = m?;
                 if m.seq != seq {
@@ -188,7 +219,10 @@ impl Netlink {
                     return if errno == 0 {
                         Ok(())
                     } else {
-                        Err(NetlinkError::Kernel { what: what.into(), errno: nix::Error::from_raw(-errno) })
+                        Err(NetlinkError::Kernel {
+                            what: what.into(),
+                            errno: nix::Error::from_raw(-errno),
+                        })
                     };
                 }
             }
@@ -204,7 +238,8 @@ impl Netlink {
         self.send_all(&m)?;
         let mut out = Vec::new();
         loop {
-            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()).map_err(NetlinkError::Socket)?;
+            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
+                .map_err(NetlinkError::Socket)?;
             for msg in Messages::new(&self.buf[..n]) {
                 let msg = msg?;
                 if msg.seq != seq {
@@ -305,10 +340,28 @@ fn addr_msg(m: &mut Vec<u8>, kind: u16, extra: u16, seq: u32, ifindex: u32, a: C
 }
 
 fn route_msg(m: &mut Vec<u8>, seq: u32, r: Route) {
-    put_hdr(m, RTM_NEWROUTE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, seq);
-    let scope = if r.gateway.is_some() { RT_SCOPE_UNIVERSE } else { RT_SCOPE_LINK };
+    put_hdr(
+        m,
+        RTM_NEWROUTE,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        seq,
+    );
+    let scope = if r.gateway.is_some() {
+        RT_SCOPE_UNIVERSE
+    } else {
+        RT_SCOPE_LINK
+    };
     // struct rtmsg { family, dst_len, src_len, tos, table, protocol, scope, type, u32 flags }
-    m.extend_from_slice(&[family(&r.dst.addr), r.dst.prefix, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, scope, RTN_UNICAST]);
+    m.extend_from_slice(&[
+        family(&r.dst.addr),
+        r.dst.prefix,
+        0,
+        0,
+        RT_TABLE_MAIN,
+        RTPROT_BOOT,
+        scope,
+        RTN_UNICAST,
+    ]);
     m.extend_from_slice(&0u32.to_ne_bytes());
     if r.dst.prefix > 0 {
         put_attr(m, RTA_DST, &ip_bytes(&r.dst.network().addr));
@@ -355,8 +408,16 @@ impl<'a> Iterator for Messages<'a> {
         let kind = u16::from_ne_bytes([r[4], r[5]]);
         let seq = u32::from_ne_bytes([r[8], r[9], r[10], r[11]]);
         let aligned = (len + 3) & !3;
-        self.rest = if aligned >= r.len() { &[] } else { &r[aligned..] };
-        Some(Ok(Msg { kind, seq, payload: &r[NLMSG_HDRLEN..len] }))
+        self.rest = if aligned >= r.len() {
+            &[]
+        } else {
+            &r[aligned..]
+        };
+        Some(Ok(Msg {
+            kind,
+            seq,
+            payload: &r[NLMSG_HDRLEN..len],
+        }))
     }
 }
 
@@ -401,7 +462,11 @@ fn parse_addr(p: &[u8]) -> Option<(u32, Cidr)> {
             _ => {}
         }
         let aligned = (len + 3) & !3;
-        rest = if aligned >= rest.len() { &[] } else { &rest[aligned..] };
+        rest = if aligned >= rest.len() {
+            &[]
+        } else {
+            &rest[aligned..]
+        };
     }
     let ip = local.or(address)?;
     Cidr::new(ip, prefix).map(|c| (idx, c))
@@ -432,7 +497,14 @@ mod tests {
     #[test]
     fn v4_address_has_local_and_address() {
         let mut m = Vec::new();
-        addr_msg(&mut m, RTM_NEWADDR, NLM_F_CREATE, 1, 2, cidr("192.0.2.2/24"));
+        addr_msg(
+            &mut m,
+            RTM_NEWADDR,
+            NLM_F_CREATE,
+            1,
+            2,
+            cidr("192.0.2.2/24"),
+        );
         assert_eq!(m.len(), 16 + 8 + 8 + 8);
         assert_eq!(&m[16..20], &[AF_INET, 24, 0, 0]);
         // The message parses back to what we put in (the dump path reads the same layout).
@@ -442,7 +514,11 @@ mod tests {
     #[test]
     fn v6_route_via_gateway() {
         let mut m = Vec::new();
-        let r = Route { dst: cidr("::/0"), gateway: Some("fd00::1".parse().unwrap()), ifindex: Some(4) };
+        let r = Route {
+            dst: cidr("::/0"),
+            gateway: Some("fd00::1".parse().unwrap()),
+            ifindex: Some(4),
+        };
         route_msg(&mut m, 1, r);
         // Default route: no RTA_DST; gateway (4+16) and oif (4+4).
         assert_eq!(m.len(), 16 + 12 + 20 + 8);
@@ -453,7 +529,15 @@ mod tests {
     #[test]
     fn device_route_is_link_scope_and_masked() {
         let mut m = Vec::new();
-        route_msg(&mut m, 1, Route { dst: cidr("10.1.2.3/16"), gateway: None, ifindex: Some(1) });
+        route_msg(
+            &mut m,
+            1,
+            Route {
+                dst: cidr("10.1.2.3/16"),
+                gateway: None,
+                ifindex: Some(1),
+            },
+        );
         assert_eq!(m[22], RT_SCOPE_LINK);
         assert_eq!(&m[28..32], &[8, 0, RTA_DST as u8, 0]);
         assert_eq!(&m[32..36], &[10, 1, 0, 0]);
@@ -463,7 +547,10 @@ mod tests {
     fn bad_input_is_an_error_not_a_panic() {
         let mut bad = vec![0u8; 20];
         bad[0] = 200; // length past the end
-        assert!(matches!(Messages::new(&bad).next(), Some(Err(NetlinkError::Malformed))));
+        assert!(matches!(
+            Messages::new(&bad).next(),
+            Some(Err(NetlinkError::Malformed))
+        ));
         assert_eq!(parse_addr(&[2, 24, 0, 0, 1, 0, 0, 0, 0xff, 0xff]), None);
         assert!(parse_error(&[1]).is_err());
         assert_eq!(Messages::new(&[1, 2, 3]).count(), 0);
@@ -482,8 +569,12 @@ mod tests {
             nl.set_mtu("lo", 9000).unwrap();
             nl.add_address("lo", cidr("10.9.9.1/24")).unwrap();
             nl.add_address("lo", cidr("fd99::1/64")).unwrap();
-            nl.add_route(Route { dst: cidr("10.77.0.0/16"), gateway: Some("10.9.9.2".parse().unwrap()), ifindex: None })
-                .unwrap();
+            nl.add_route(Route {
+                dst: cidr("10.77.0.0/16"),
+                gateway: Some("10.9.9.2".parse().unwrap()),
+                ifindex: None,
+            })
+            .unwrap();
             let got = nl.addresses("lo").unwrap();
             assert!(got.contains(&cidr("10.9.9.1/24")), "{got:?}");
             assert!(got.contains(&cidr("fd99::1/64")), "{got:?}");
@@ -494,9 +585,19 @@ mod tests {
             let _ = mtu;
             assert!(nl.flush_addresses("lo").unwrap() >= 2);
             assert!(!nl.addresses("lo").unwrap().contains(&cidr("10.9.9.1/24")));
-            assert!(matches!(nl.set_link_up("nope0", true), Err(NetlinkError::NoSuchInterface(_))));
-            let e = nl.add_route(Route { dst: cidr("10.78.0.0/16"), gateway: Some("10.200.0.1".parse().unwrap()), ifindex: None });
-            assert!(matches!(e, Err(NetlinkError::Kernel { .. })), "unreachable gateway must be refused");
+            assert!(matches!(
+                nl.set_link_up("nope0", true),
+                Err(NetlinkError::NoSuchInterface(_))
+            ));
+            let e = nl.add_route(Route {
+                dst: cidr("10.78.0.0/16"),
+                gateway: Some("10.200.0.1".parse().unwrap()),
+                ifindex: None,
+            });
+            assert!(
+                matches!(e, Err(NetlinkError::Kernel { .. })),
+                "unreachable gateway must be refused"
+            );
         });
         r.join().unwrap();
     }

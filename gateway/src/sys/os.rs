@@ -13,13 +13,20 @@ use std::process::Command;
 use nix::mount::{MntFlags, MsFlags};
 
 /// `mount(2)`; `data` is the filesystem's option string.
-pub fn mount(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> io::Result<()> {
+pub fn mount(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> io::Result<()> {
     nix::mount::mount(Some(src), target, Some(fstype), flags, data).map_err(io::Error::from)
 }
 
 /// Move an existing mount (`mount --move`).
 pub fn mount_move(from: &str, to: &str) -> io::Result<()> {
-    nix::mount::mount(Some(from), to, None::<&str>, MsFlags::MS_MOVE, None::<&str>).map_err(io::Error::from)
+    nix::mount::mount(Some(from), to, None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(io::Error::from)
 }
 
 pub fn umount(target: &str) -> io::Result<()> {
