@@ -42,7 +42,7 @@ cp "$FIRMWARE_VARS" "$run/vars.fd"
 args=(-accel "${RG_QEMU_ACCEL:-tcg}" $QEMU_ARGS -nographic -no-reboot
       -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
       -drive "if=pflash,format=raw,unit=1,file=$run/vars.fd"
-      -drive "if=none,id=disk0,format=raw,file=$disk" -device virtio-blk-pci,drive=disk0)
+      -drive "if=none,id=disk0,format=raw,file=$disk" -device "${QEMU_DISK:-virtio-blk-pci},drive=disk0")
 # AAVMF's pflash images must be exactly 64 MiB (they are, as shipped).
 nic="$QEMU_NIC,netdev=n0,mac=52:54:00:12:34:56"
 case ${RG_QEMU_NET:-user} in
