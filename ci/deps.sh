@@ -34,7 +34,14 @@ APT_PKGS=(
 # entry for bookworm-backports is added, its URIs copied from the machine's own
 # debian.sources (no mirror host is written into the repository).
 BACKPORTS_PKGS=(
+    # QEMU 10 (USO on virtio-net over a tap: host_uso/guest_uso4/6) for make qemu and
+    # ci/test-image.sh, with UEFI firmware for both boards
+    qemu-system-x86 qemu-system-arm ovmf qemu-efi-aarch64
+    # objcopy/objdump that know pei-aarch64-little (the arm64 UKI), GPT checks in tests
+    binutils-aarch64-linux-gnu jq
 )
+# (Kernels and systemd-boot-efi are not installed on the host: image/fetch.sh downloads
+# them into .cache/ with a private apt state.)
 # ---- end of image helper's packages ----------------------------------------------------
 
 RUST_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)

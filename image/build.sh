@@ -145,6 +145,16 @@ while read -r _ _ size vma _; do
     e=$((16#$vma + 16#$size)); [ $e -gt $end ] && end=$e
 done < <($OBJDUMP -h "$stub" | awk 'NF==7 && $1 ~ /^[0-9]+$/')
 cp "$rfs/etc/os-release" "$work/os-release"
+# objcopy stamps the PE header with the current time and recomputes its checksum: set
+# TimeDateStamp (COFF header + 4) to SOURCE_DATE_EPOCH and CheckSum (optional header + 64)
+# to 0 (UEFI firmware ignores it) so the UKI is byte-for-byte reproducible.
+le32() { printf '\\x%02x\\x%02x\\x%02x\\x%02x' $(($1 & 255)) $((($1 >> 8) & 255)) $((($1 >> 16) & 255)) $((($1 >> 24) & 255)); }
+pe_fix() {
+    local pe
+    pe=$(od -An -tu4 -j 60 -N4 "$1" | tr -d ' ')
+    printf "$(le32 "$E")" | dd of="$1" bs=1 seek=$((pe + 8)) conv=notrunc status=none
+    printf "$(le32 0)" | dd of="$1" bs=1 seek=$((pe + 24 + 64)) conv=notrunc status=none
+}
 for slot in a b; do
     printf '%s riceguard.slot=%s%s' "$CMDLINE" "$slot" "${RG_CMDLINE_EXTRA:+ $RG_CMDLINE_EXTRA}" >"$work/cmdline-$slot"
     args=()
@@ -156,6 +166,7 @@ for slot in a b; do
         at=$((at + $(stat -c %s "$f")))
     done
     $OBJCOPY "${args[@]}" "$stub" "$out/slot-$slot.efi"
+    pe_fix "$out/slot-$slot.efi"
 done
 
 STEP "ESP (FAT32: systemd-boot, UKIs, boot-counted entry)"

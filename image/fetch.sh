@@ -3,10 +3,10 @@
 # with a private apt state under .cache/apt/<debarch>/ (the host's apt configuration and
 # dpkg database are never touched, no root needed). Sources: the URIs of the host's own
 # /etc/apt/sources.list.d/debian.sources (no mirror is written into the repository),
-# suites bookworm and bookworm-backports (6.12 kernel, systemd-boot 254), backports
-# preferred
-# (APT::Default-Release). Offline: packages already in the cache are not fetched again; with all of them
-# present, apt is not run at all.
+# suites bookworm and bookworm-backports, backports preferred (APT::Default-Release:
+# the 6.12 kernel and systemd-boot 254). Offline: a package already in the cache is not
+# fetched again; with all of them present, apt is not run at all. The cached .debs pin the
+# image's inputs; RG_APT_UPDATE=1 refreshes the lists and downloads the packages again.
 #
 # usage: image/fetch.sh DEBARCH PKG...     prints one .deb path per PKG (in order)
 set -euo pipefail
@@ -19,7 +19,7 @@ mkdir -p "$debs"
 
 need=()
 for p in "$@"; do
-    if [ ! -s "$debs/$p.deb" ]; then need+=("$p"); fi
+    if [ ! -s "$debs/$p.deb" ] || [ -n "${RG_APT_UPDATE:-}" ]; then need+=("$p"); fi
 done
 
 apt_opts() {

@@ -31,7 +31,7 @@ command -v "$QEMU" >/dev/null || { echo "qemu: $QEMU missing (ci/deps.sh install
 run=$(mktemp -d /tmp/rg-qemu.XXXXXX)
 ns="" qpid="" hookpid=""
 cleanup() {
-    [ -n "$hookpid" ] && kill "$hookpid" 2>/dev/null || true
+    [ -n "$hookpid" ] && kill -TERM -- "-$hookpid" 2>/dev/null || true
     [ -n "$qpid" ] && kill "$qpid" 2>/dev/null && wait "$qpid" 2>/dev/null || true
     [ -n "$ns" ] && ip netns del "$ns" 2>/dev/null || true
     rm -rf "$run"
@@ -42,7 +42,7 @@ cp "$FIRMWARE_VARS" "$run/vars.fd"
 args=(-accel "${RG_QEMU_ACCEL:-tcg}" $QEMU_ARGS -nographic -no-reboot
       -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
       -drive "if=pflash,format=raw,unit=1,file=$run/vars.fd"
-      -drive "if=none,id=disk0,format=raw,file=$disk" -device virtio-blk-pci,drive=disk0)
+      -drive "if=none,id=disk0,format=raw,file=$disk" -device "${QEMU_DISK:-virtio-blk-pci},drive=disk0")
 # AAVMF's pflash images must be exactly 64 MiB (they are, as shipped).
 nic="$QEMU_NIC,netdev=n0,mac=52:54:00:12:34:56"
 case ${RG_QEMU_NET:-user} in
@@ -60,7 +60,8 @@ case ${RG_QEMU_NET:-user} in
         fi
         args+=(-netdev tap,id=n0,ifname=rgtap0,script=no,downscript=no,vhost=off -device "$nic")
         if [ -n "${RG_QEMU_NS_HOOK:-}" ]; then
-            ip netns exec "$ns" sh -c "$RG_QEMU_NS_HOOK" &
+            # Own process group (setsid), so cleanup ends the hook and all it started.
+            setsid ip netns exec "$ns" sh -c "$RG_QEMU_NS_HOOK" &
             hookpid=$!
         fi
         ;;

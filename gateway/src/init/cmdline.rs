@@ -12,6 +12,9 @@ pub struct Cmdline {
     pub slot: Option<char>,
     /// `riceguard.uplink=ADDR/PFX[,gw=GW][,dev=IF]`.
     pub uplink: Option<UplinkSpec>,
+    /// `riceguard.selftest=restart`: once the gateway is up, kill it once so the image
+    /// test sees the supervisor restart it (never set on a shipped image).
+    pub selftest_restart: bool,
     /// Problems found, for the console; a bad option is ignored, never fatal.
     pub errors: Vec<String>,
 }
@@ -34,6 +37,8 @@ pub fn parse(s: &str) -> Cmdline {
                     .errors
                     .push(format!("riceguard.slot=`{v}`: expected a or b")),
             }
+        } else if word == "riceguard.selftest=restart" {
+            c.selftest_restart = true;
         } else if let Some(v) = word.strip_prefix("riceguard.uplink=") {
             match parse_uplink(v) {
                 Ok(u) => c.uplink = Some(u),
@@ -97,6 +102,8 @@ mod tests {
         assert_eq!(u.gateway, Some("192.0.2.1".parse().unwrap()));
         assert_eq!(u.dev.as_deref(), Some("eth0"));
         assert!(c.errors.is_empty());
+        assert!(!c.selftest_restart);
+        assert!(parse("riceguard.selftest=restart").selftest_restart);
     }
 
     #[test]

@@ -407,7 +407,17 @@ fn stage2() -> ! {
             if uapi_healthy(&ifname) {
                 healthy_for = Some(starts);
                 say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers)");
-                mark_boot_good(slot);
+                if starts == 1 {
+                    mark_boot_good(slot);
+                }
+                if cmd.selftest_restart && starts == 1 {
+                    if let Some(supervise::State::Running(pid)) =
+                        sup.find("gateway").map(|s| s.state)
+                    {
+                        say!("selftest: killing the gateway (pid {pid}) to check it is restarted");
+                        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+                    }
+                }
             } else if !warned_unhealthy && now.duration_since(started) > HEALTH_DEADLINE {
                 warned_unhealthy = true;
                 say!(

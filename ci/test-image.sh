@@ -1,0 +1,216 @@
+#!/usr/bin/env bash
+# Image tests: build each QEMU board's image twice (identical sha256), check the disk
+# layout and contents, boot the real disk images under TCG with UEFI firmware and fresh
+# variable stores, and watch the serial console:
+#   - both boards: slot booted, perm mounted, gateway up, console prompt, boot marked good
+#     (the ESP entry renamed, read back with mtools after QEMU exits)
+#   - x86_64 with a tap in a namespace and a pre-seeded perm: uplink address over netlink,
+#     WireGuard through the image with a wireguard-go peer, a killed gateway restarted by
+#     the supervisor, USO on (boot 1) and off (boot 2), perm surviving the second boot.
+# Any "Kernel panic|Oops|BUG:|Call Trace" on the console fails that boot at once.
+#
+# usage: ci/test-image.sh [BOARD...]   (default: qemu-x86_64 qemu-aarch64)
+# env:   RG_IMAGE_BOOT_TIMEOUT (s per boot, default 240), RG_IMAGE_KEEP=1 keeps out/test-image
+set -uo pipefail
+cd "$(dirname "$0")/.."
+boards=("$@")
+[ ${#boards[@]} -gt 0 ] || boards=(qemu-x86_64 qemu-aarch64)
+T=${RG_IMAGE_BOOT_TIMEOUT:-240}
+work=$PWD/out/test-image
+rm -rf "$work"
+mkdir -p "$work"
+passed=0 failed=0 fails=() notes=()
+ok() { passed=$((passed + 1)); echo "PASS $*"; }
+ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
+check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
+note() { notes+=("$*"); echo "     $*"; }
+t_all=$SECONDS
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
+
+# sha256 lines of a manifest (what must match between two builds).
+shas() { awk 'length($1) == 64 {print $1, $3}' "$1"; }
+# Byte offset of partition NAME in an image (from the GPT).
+part_off() {
+    sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable as $t | $t.partitions[] | select(.name == $n) | .start * ($t.sectorsize // 512)'
+}
+entries() { mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort; }
+
+# boot NAME DISK BOARD UNTIL_FN [qemu env...]: boot in the background, poll the serial
+# log until the function UNTIL_FN says done, a panic shows, or the timeout. Sets
+# boot_status (0 done, 3 panic, 4 timeout) and the log in $work/NAME.log.
+boot() {
+    local name=$1 disk=$2 board=$3 until=$4; shift 4
+    local log=$work/$name.log t0=$SECONDS pid
+    : >"$log"
+    env "$@" RG_QEMU_DISK="$disk" RG_QEMU_LOG="$log" RG_QEMU_TIMEOUT="$T" RG_QEMU_UNTIL='^RG-NEVER$' \
+        image/qemu.sh "$board" >"$work/$name.qemu" 2>&1 &
+    pid=$!
+    boot_status=4
+    while kill -0 "$pid" 2>/dev/null; do
+        if grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then boot_status=3; break; fi
+        if "$until" "$log"; then boot_status=0; break; fi
+        if [ $((SECONDS - t0)) -gt $((T + 10)) ]; then break; fi
+        sleep 0.5
+        # Seconds from QEMU start to the first `gateway up`, for the report.
+        if [ -z "${up_at[$name]:-}" ] && grep -qa 'riceguard-init: gateway up' "$log"; then
+            up_at[$name]=$((SECONDS - t0))
+        fi
+    done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    tr -d '\r' <"$log" >"$log.txt"
+    echo "     $name: $((SECONDS - t0))s, serial log $log.txt"
+}
+declare -A up_at
+
+have() { grep -qaE "$2" "$1"; }
+count() { grep -caE "$2" "$1"; }
+basic_done() { have "$1" 'riceguard-init: (boot marked good|FATAL)' && have "$1" 'riceguard(\(edit\))?# '; }
+
+# ---------------------------------------------------------------------------------------
+echo "== build: each board twice, SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"
+for b in "${boards[@]}"; do
+    for i in 1 2; do
+        t0=$SECONDS
+        if RG_OUT=$work/$b-$i image/build.sh "$b" >"$work/$b-$i.build" 2>&1; then
+            echo "     $b build $i: $((SECONDS - t0))s"
+        else
+            tail -20 "$work/$b-$i.build"
+            ko "$b: image build $i"
+            continue 2
+        fi
+    done
+    ok "$b: image builds"
+    if diff <(shas "$work/$b-1/manifest.txt") <(shas "$work/$b-2/manifest.txt"); then
+        ok "$b: two builds byte-identical (sha256 of image, UKIs, root, initramfs)"
+    else
+        ko "$b: two builds differ"
+    fi
+    img=$work/$b-1/riceguard-$b.img
+    labels=$(sfdisk --json "$img" | jq -r '[.partitiontable.partitions[].name] | join(",")')
+    check "$b: GPT labels esp,root-a,root-b,perm ($labels)" test "$labels" = "esp,root-a,root-b,perm"
+    esp_type=$(sfdisk --json "$img" | jq -r '.partitiontable.partitions[0].type')
+    check "$b: esp has the EFI System type" test "$esp_type" = C12A7328-F81F-11D2-BA4B-00A0C93EC93B
+    aligned=$(sfdisk --json "$img" | jq '[.partitiontable.partitions[].start % 2048] | add')
+    check "$b: partitions 1 MiB aligned" test "$aligned" = 0
+    magic=$(dd if="$img" bs=1 skip="$(part_off "$img" root-a)" count=4 status=none)
+    check "$b: root-a holds a squashfs" test "$magic" = hsqs
+    magic=$(dd if="$img" bs=1 skip="$(part_off "$img" root-b)" count=4 status=none)
+    check "$b: root-b holds a squashfs" test "$magic" = hsqs
+    unsquashfs -q -cat "$work/$b-1/root.squashfs" usr/bin/riceguard >"$work/$b.bin" 2>/dev/null
+    check "$b: riceguard in the root is a static binary" sh -c "file '$work/$b.bin' | grep -q 'statically linked'"
+    check "$b: factory boot entry riceguard-a+3.conf" test "$(entries "$img")" = "riceguard-a+3.conf"
+    sz=$(awk -v f="riceguard-$b.img" '$3 == f {print $2}' "$work/$b-1/manifest.txt")
+    note "$b: image $((sz / 1048576)) MiB ($(du -m "$img" | cut -f1) MiB allocated), UKI $(( $(stat -c %s "$work/$b-1/slot-a.efi") / 1048576 )) MiB, root $(( $(stat -c %s "$work/$b-1/root.squashfs") / 1024 )) KiB"
+done
+
+# ---------------------------------------------------------------------------------------
+echo "== boot: each board's factory image, user networking"
+for b in "${boards[@]}"; do
+    [ -f "$work/$b-1/riceguard-$b.img" ] || continue
+    disk=$work/$b-boot.img
+    cp --sparse=always "$work/$b-1/riceguard-$b.img" "$disk"
+    boot "$b" "$disk" "$b" basic_done
+    log=$work/$b.log.txt
+    check "$b: no kernel panic/oops" test "$boot_status" != 3
+    check "$b: 'slot a booted'" have "$log" 'riceguard-init: slot a booted'
+    check "$b: 'perm mounted'" have "$log" 'riceguard-init: perm mounted'
+    check "$b: first-boot public key printed" have "$log" '^riceguard: public key [A-Za-z0-9+/]{43}='
+    check "$b: 'gateway up'" have "$log" 'riceguard-init: gateway up'
+    check "$b: console prompt on the serial line" have "$log" 'riceguard(\(edit\))?# '
+    check "$b: 'boot marked good'" have "$log" 'riceguard-init: boot marked good'
+    check "$b: ESP entry renamed to riceguard-a.conf" test "$(entries "$disk")" = "riceguard-a.conf"
+    if have "$log" 'gateway: .*(offload|USO|GSO|sendmmsg)'; then
+        note "$b: offload: $(grep -aE 'gateway: .*(offload|USO|GSO|sendmmsg)' "$log" | head -3 | tr '\n' ' ')"
+    fi
+    note "$b: gateway up ${up_at[$b]:-never} s after QEMU start (TCG)"
+    [ "$boot_status" = 0 ] || { echo "---- last serial lines ($b)"; tail -25 "$log"; }
+done
+
+# ---------------------------------------------------------------------------------------
+# x86_64 on a tap in a namespace: uplink by netlink, WireGuard with a wireguard-go peer,
+# supervisor restart, USO on then off, second boot keeps perm.
+b=qemu-x86_64
+if [[ " ${boards[*]} " == *" $b "* ]] && command -v wireguard-go >/dev/null && command -v wg >/dev/null; then
+    echo "== boot: $b on a tap, WireGuard peer, restart, USO on/off, second boot"
+    seed=$work/perm-seed
+    mkdir -p "$seed"
+    gpriv=$(wg genkey) hpriv=$(wg genkey)
+    gpub=$(echo "$gpriv" | wg pubkey) hpub=$(echo "$hpriv" | wg pubkey)
+    cat >"$seed/riceguard.conf" <<EOF
+[Interface]
+PrivateKey = $gpriv
+ListenPort = 51820
+Address = 10.100.0.1/24
+
+[Peer]
+PublicKey = $hpub
+AllowedIPs = 10.100.0.2/32
+
+[Gateway]
+InterfaceName = wg0
+EOF
+    chmod 600 "$seed/riceguard.conf"
+    if RG_OUT=$work/$b-net RG_PERM_SEED=$seed \
+        RG_CMDLINE_EXTRA="riceguard.uplink=192.0.2.2/24,gw=192.0.2.1 riceguard.selftest=restart" \
+        image/build.sh "$b" >"$work/$b-net.build" 2>&1; then
+        # The peer, inside the namespace qemu.sh makes; its result lands in a file.
+        wgif=rgi$$
+        echo "$hpriv" >"$work/peer.key"
+        cat >"$work/peer.sh" <<EOF
+#!/bin/sh
+res=\$1
+WG_PROCESS_FOREGROUND=1 wireguard-go $wgif >/dev/null 2>&1 & wgp=\$!
+trap 'kill \$wgp 2>/dev/null; rm -f /var/run/wireguard/$wgif.sock; exit 0' TERM INT EXIT
+for i in \$(seq 50); do [ -S /var/run/wireguard/$wgif.sock ] && break; sleep 0.1; done
+wg set $wgif private-key $work/peer.key peer $gpub endpoint 192.0.2.2:51820 allowed-ips 10.100.0.1/32 persistent-keepalive 5
+ip addr add 10.100.0.2/24 dev $wgif
+ip link set $wgif up
+: >\$res.uplink; : >\$res.wg
+while :; do
+    [ -s \$res.uplink ] || { ping -c1 -W1 192.0.2.2 >/dev/null 2>&1 && echo ok >\$res.uplink; }
+    [ -s \$res.wg ] || { ping -c1 -W1 10.100.0.1 >/dev/null 2>&1 && echo ok >\$res.wg; }
+    sleep 1
+done
+EOF
+        chmod +x "$work/peer.sh"
+        disk=$work/$b-net.img
+        cp --sparse=always "$work/$b-net/riceguard-$b.img" "$disk"
+        net_done() {
+            [ -s "$res.wg" ] && [ "$(count "$1" 'riceguard-init: gateway up')" -ge 2 ] && have "$1" 'boot marked good'
+        }
+        for run in 1 2; do
+            uso=on; [ $run = 2 ] && uso=off
+            res=$work/net$run
+            boot "$b-net$run" "$disk" "$b" net_done RG_QEMU_NET=tap RG_QEMU_USO=$uso \
+                RG_QEMU_NS_HOOK="$work/peer.sh $res"
+            log=$work/$b-net$run.log.txt
+            check "$b net boot $run (USO $uso): no kernel panic/oops" test "$boot_status" != 3
+            check "$b net boot $run: uplink 192.0.2.2/24 set over netlink" have "$log" 'uplink eth0 up 192.0.2.2/24 via 192.0.2.1'
+            check "$b net boot $run: guest answers ping on the tap" test -s "$res.uplink"
+            check "$b net boot $run: WireGuard ping through the image (wireguard-go peer)" test -s "$res.wg"
+            check "$b net boot $run: killed gateway restarted by the supervisor" \
+                test "$(count "$log" 'riceguard-init: gateway up')" -ge 2
+            grep -aiE 'gateway: .*(uso|gso|offload)' "$log" | head -3 | sed "s/^/     $b net $run (USO $uso): /"
+            [ "$boot_status" = 0 ] || { echo "---- last serial lines"; tail -25 "$log"; }
+        done
+        l1=$work/$b-net1.log.txt l2=$work/$b-net2.log.txt
+        check "$b: perm survived the second boot (boot 2)" have "$l2" 'perm mounted \(.*, boot 2\)'
+        k1=$(grep -a '^riceguard: public key' "$l1" | head -1) k2=$(grep -a '^riceguard: public key' "$l2" | head -1)
+        check "$b: pre-seeded key kept ($gpub)" test "$k1" = "riceguard: public key $gpub" -a "$k2" = "$k1"
+        check "$b: entry stays good after the second boot" test "$(entries "$disk")" = "riceguard-a.conf"
+    else
+        tail -20 "$work/$b-net.build"
+        ko "$b: net test image build"
+    fi
+else
+    note "skipped the tap/WireGuard boots (needs $b, wireguard-go and wg)"
+fi
+
+echo
+for n in "${notes[@]}"; do echo "note: $n"; done
+for f in "${fails[@]}"; do echo "failed: $f"; done
+echo "image tests took $((SECONDS - t_all))s"
+[ -n "${RG_IMAGE_KEEP:-}" ] || rm -f "$work"/*.img "$work"/*/riceguard-*.img
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
