@@ -314,9 +314,12 @@ def main(argv=None):
                           "ping v6 loss a→b / b→a", "iperf3 Mbit/s", "roaming", "result"], rows))
     print()
     for r in runs:
+        unreached = [c for c, (ok, d) in r.results.items() if ok is False and d == "not reached"]
         for c, (ok, detail) in r.results.items():
-            if ok is False:
+            if ok is False and c not in unreached:
                 print(f"- {r.pair['spec']} {c}: {detail}")
+        if unreached:
+            print(f"- {r.pair['spec']} not reached: {', '.join(unreached)}")
     line = f"{passed} passed, {failed} failed"
     if skipped:
         line += f", {skipped} skipped"
