@@ -337,6 +337,8 @@ pub struct OutQueue {
     buf: Box<[u8]>,
     head: usize,
     len: usize,
+    /// Bytes of the newest frame (0 when unknown or partly written).
+    last_frame: usize,
 }
 
 impl OutQueue {
@@ -346,6 +348,7 @@ impl OutQueue {
             buf: vec![0; capacity.max(HEADER_LEN + MAX_MESSAGE_LEN)].into_boxed_slice(),
             head: 0,
             len: 0,
+            last_frame: 0,
         }
     }
 
@@ -372,6 +375,7 @@ impl OutQueue {
         }
         self.put(&len.to_be_bytes());
         self.put(msg);
+        self.last_frame = HEADER_LEN + msg.len();
         Ok(())
     }
 
@@ -382,6 +386,11 @@ impl OutQueue {
         self.buf[tail..tail + first].copy_from_slice(&data[..first]);
         self.buf[..data.len() - first].copy_from_slice(&data[first..]);
         self.len += data.len();
+    }
+
+    /// Bytes of the newest queued frame, if it is wholly queued.
+    pub fn last_frame(&self) -> usize {
+        self.last_frame
     }
 
     /// Up to `budget` queued bytes, in order, as (first, second) slices.
@@ -400,10 +409,23 @@ impl OutQueue {
         let n = n.min(self.len);
         self.head = (self.head + n) % self.buf.len();
         self.len -= n;
+        self.last_frame = self.last_frame.min(self.len);
         if self.len == 0 {
             self.head = 0;
         }
     }
+}
+
+/// Where to split one write of `total` bytes whose last frame is `last_frame` bytes so
+/// that TCP does not cut off a tail smaller than any WireGuard message: a write pushed
+/// onto an idle connection leaves as `total / mss` full segments plus `total % mss`
+/// bytes. When that remainder is tiny (1..32 bytes) and sending the last frame as a
+/// second write avoids it, returns the length of the first write.
+pub fn tail_split(total: usize, last_frame: usize, mss: usize) -> Option<usize> {
+    let tiny = |n: usize| mss > 0 && (1..MIN_MESSAGE_LEN).contains(&(n % mss));
+    (total > mss && tiny(total) && last_frame > 0 && last_frame < total)
+        .then(|| total - last_frame)
+        .filter(|first| !tiny(*first) && !tiny(last_frame))
 }
 
 /// When to write what has been queued. Interactive traffic (a lone small packet after
@@ -721,6 +743,25 @@ mod tests {
         assert_eq!(a.len() + b.len(), 10);
         q.consume(40003);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn tail_split_avoids_tiny_tails() {
+        // 22 frames of 98 bytes = 2156 = 1448 + 708: fine as it is.
+        assert_eq!(tail_split(2156, 98, 1448), None);
+        // 1450 = 1448 + 2: a 2-byte tail; sending the last 98-byte frame apart fixes it.
+        assert_eq!(tail_split(1450, 98, 1448), Some(1352));
+        // A single frame cannot be split; a small write has no tail.
+        assert_eq!(tail_split(1450, 1450, 1448), None);
+        assert_eq!(tail_split(100, 50, 1448), None);
+        // Never trade one tiny tail for another.
+        assert_eq!(tail_split(2 * 1448 + 5, 1448 + 10, 1448), None);
+        let mut q = OutQueue::new(0);
+        q.push(&data_msg(96, 0)).unwrap();
+        q.push(&data_msg(40, 0)).unwrap();
+        assert_eq!(q.last_frame(), 42);
+        q.consume(120);
+        assert_eq!(q.last_frame(), 20, "partly written: only what is left");
     }
 
     #[test]

@@ -28,7 +28,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::core::congestion::{apply_with_fallback, Algo, CcPolicy};
 use crate::core::framing::{
-    check_message, CoalescePolicy, FrameDecoder, FrameError, OutQueue, MAX_MESSAGE_LEN,
+    check_message, tail_split, CoalescePolicy, FrameDecoder, FrameError, OutQueue, MAX_MESSAGE_LEN,
 };
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
@@ -391,7 +391,13 @@ impl TcpHandle {
         }
         let budget = self.shared.cfg.coalesce.write_budget(out.mss);
         while !out.q.is_empty() {
-            let (a, b) = out.q.slices(budget);
+            let mut limit = budget;
+            if out.q.len() <= budget {
+                if let Some(first) = tail_split(out.q.len(), out.q.last_frame(), out.mss) {
+                    limit = first;
+                }
+            }
+            let (a, b) = out.q.slices(limit);
             let want = a.len() + b.len();
             match systcp::send_slices(&c.stream, &[IoSlice::new(a), IoSlice::new(b)]) {
                 Ok(n) => {

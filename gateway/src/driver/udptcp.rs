@@ -28,7 +28,7 @@ use nix::sys::socket::{self, MsgFlags};
 
 use crate::core::congestion::{apply_with_fallback, CcPolicy};
 use crate::core::framing::{
-    check_message, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
+    check_message, tail_split, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
 };
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
@@ -333,7 +333,7 @@ fn pump_udp_to_tcp(
         .unwrap_or(1448);
     while !stop.load(Ordering::Relaxed) {
         let budget = policy.write_budget(mss);
-        let mut len = 0;
+        let (mut len, mut last) = (0, 0);
         // First datagram: block (bounded by the read timeout so `stop` is seen).
         let mut flags = MsgFlags::empty();
         loop {
@@ -348,6 +348,7 @@ fn pump_udp_to_tcp(
             if check_message(&slot[..n], MAX_MESSAGE_LEN).is_ok() {
                 buf[len..len + HEADER_LEN].copy_from_slice(&(n as u16).to_be_bytes());
                 len += HEADER_LEN + n;
+                last = HEADER_LEN + n;
             }
             if len >= budget {
                 break;
@@ -355,7 +356,13 @@ fn pump_udp_to_tcp(
             flags = MsgFlags::MSG_DONTWAIT;
         }
         if len > 0 {
-            systcp::send_all(tcp, &buf[..len])?;
+            match tail_split(len, last, mss) {
+                Some(first) => {
+                    systcp::send_all(tcp, &buf[..first])?;
+                    systcp::send_all(tcp, &buf[first..len])?;
+                }
+                None => systcp::send_all(tcp, &buf[..len])?,
+            }
             cc.maybe(tcp);
             if let Ok(i) = systcp::tcp_info(tcp) {
                 mss = (i.snd_mss as usize).max(536);
