@@ -121,9 +121,6 @@ table inet rgt {
 }
 EOF
 
-ip netns exec $B tcpdump -i rgtb0 -nn -s 128 -w "$WORK/path.pcap" tcp port 443 2>"$WORK/tcpdump.log" &
-TCPDUMP_PID=$!   # `ip netns exec` execs tcpdump: this is tcpdump's own PID
-PIDS+=($TCPDUMP_PID)
 ip netns exec $B "$RG" tcp2udp --tcp-listen 192.168.77.2:443 --udp-forward 127.0.0.1:51820 --nodelay \
     2>"$WORK/t2u.log" &
 PIDS+=($!)
@@ -153,43 +150,58 @@ else
     bad "ping through the TCP-carried tunnel"; cat "$WORK/ping.log" "$WORK/u2t.log" "$WORK/t2u.log"
 fi
 
-ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s.log" 2>&1 &
-PIDS+=($!)
-sleep 0.5
-if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 -J >"$WORK/iperf.json" 2>&1; then
-    mbps=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$WORK/iperf.json" 2>/dev/null || echo "?")
-    ok "iperf3 5 s through the TCP-carried tunnel: $mbps Mbit/s"
-else
-    bad "iperf3 through the TCP-carried tunnel"; tail -5 "$WORK/iperf.json"
-fi
 if ip netns exec $A nft list chain inet rgt out >/dev/null 2>&1; then
     ok "UDP is blocked on the path (the tunnel can only use TCP)"
 else
     bad "could not install the UDP-blocking rule"
 fi
 
-sleep 0.5
-kill -INT "$TCPDUMP_PID" 2>/dev/null   # flush the capture file
-wait "$TCPDUMP_PID" 2>/dev/null
+mbps_of() {
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$1" 2>/dev/null || echo "?"
+}
 
-# ---- 3. the capture: no bare headers, bulk at the MSS ----------------------------------
-python3 ci/tcp-capture-stats.py "$WORK/path.pcap" 192.168.77.1 >"$WORK/stats" || echo "segs_c2s=0" >"$WORK/stats"
-sed 's/^/     /' "$WORK/stats"
-eval "$(tr ' ' '\n' <"$WORK/stats" | grep -E '^[a-z_0-9]+=[0-9]+$')"
-if [ "${segs_c2s:-0}" -gt 100 ] && [ "${bare_headers:-1}" -eq 0 ]; then
-    ok "capture: $((segs_c2s + segs_s2c)) data segments, no length header alone in a segment" \
-        "(2-byte message tails cut by TCP segmentation: ${two_byte_tails:-?})"
-else
-    bad "capture: segments carrying only a 2-byte length header: ${bare_headers:-?} (data segments: ${segs_c2s:-0})"
-fi
-if [ "${segs_c2s:-0}" -gt 0 ]; then
-    pct=$((100 * nearmss_c2s / segs_c2s))
-    if [ "$pct" -ge 80 ]; then
-        ok "capture: bulk direction: $pct% of data segments within 48 bytes of the MSS ($max_c2s), mean $mean_c2s"
+# ---- 3. 5 s of iperf3 each way, captured on the path ------------------------------------
+# $1: name, $2: bulk direction in the capture (c2s: written by udp2tcp's relay; s2c:
+# written by the gateway's TcpTransport inside tcp2udp), $3: extra iperf3 flags.
+iperf_capture() {
+    local name=$1 d=$2 flags=${3:-} tp mbps
+    ip netns exec $B tcpdump -i rgtb0 -nn -s 128 -w "$WORK/$name.pcap" tcp port 443 2>"$WORK/tcpdump-$name.log" &
+    tp=$!   # `ip netns exec` execs tcpdump: this is tcpdump's own PID
+    PIDS+=($tp)
+    ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s-$name.log" 2>&1 &
+    PIDS+=($!)
+    sleep 1
+    if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 $flags -J >"$WORK/iperf-$name.json" 2>&1; then
+        mbps=$(mbps_of "$WORK/iperf-$name.json")
+        eval "mbps_$name=$mbps"
+        ok "iperf3 5 s through the TCP-carried tunnel, $name: $mbps Mbit/s"
     else
-        bad "capture: bulk direction: only $pct% of data segments near the MSS ($max_c2s), mean $mean_c2s"
+        bad "iperf3 through the TCP-carried tunnel, $name"; tail -5 "$WORK/iperf-$name.json"
     fi
-fi
+    sleep 0.5
+    kill -INT "$tp" 2>/dev/null   # flush the capture file
+    wait "$tp" 2>/dev/null
+    python3 ci/tcp-capture-stats.py "$WORK/$name.pcap" 192.168.77.1 >"$WORK/stats-$name" ||
+        echo "segs_c2s=0" >"$WORK/stats-$name"
+    sed 's/^/     /' "$WORK/stats-$name"
+    local segs_c2s=0 segs_s2c=0 bare_headers=1 two_byte_tails=0 nearmss_c2s=0 nearmss_s2c=0 \
+        max_c2s=0 max_s2c=0 mean_c2s=0 mean_s2c=0 bytes_c2s=0 bytes_s2c=0
+    eval "$(tr ' ' '\n' <"$WORK/stats-$name" | grep -E '^[a-z_0-9]+=[0-9]+$')"
+    if [ $((segs_c2s + segs_s2c)) -gt 100 ] && [ "$bare_headers" -eq 0 ]; then
+        ok "capture $name: $((segs_c2s + segs_s2c)) data segments, no length header alone in a segment" \
+            "(2-byte message tails cut by TCP segmentation: $two_byte_tails)"
+    else
+        bad "capture $name: segments carrying only a 2-byte length header: $bare_headers"
+    fi
+    local segs=$((segs_$d)) near=$((nearmss_$d)) max=$((max_$d)) mean=$((mean_$d))
+    if [ "$segs" -gt 0 ] && [ $((100 * near / segs)) -ge 80 ]; then
+        ok "capture $name: bulk ($d) $((100 * near / segs))% of $segs data segments within 48 bytes of the MSS ($max), mean $mean"
+    else
+        bad "capture $name: bulk ($d) segments near the MSS: $near of $segs (max $max, mean $mean)"
+    fi
+}
+iperf_capture upload c2s
+iperf_capture download s2c -R
 
 # ---- 4. reference: the same pair over plain UDP, for the TCP/UDP throughput ratio -------
 ip netns exec $A nft delete table inet rgt
@@ -199,8 +211,8 @@ ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s2.log" 2>&1 &
 PIDS+=($!)
 sleep 0.5
 if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 -J >"$WORK/iperf-udp.json" 2>&1; then
-    umbps=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$WORK/iperf-udp.json" 2>/dev/null || echo "?")
-    ok "reference: same wireguard-go pair over plain UDP (MTU 1366): $umbps Mbit/s (TCP path: ${mbps:-?} Mbit/s)"
+    umbps=$(mbps_of "$WORK/iperf-udp.json")
+    ok "reference: same wireguard-go pair over plain UDP (MTU 1366): $umbps Mbit/s (TCP path: ${mbps_upload:-?} Mbit/s)"
 else
     bad "reference iperf3 over plain UDP"
 fi

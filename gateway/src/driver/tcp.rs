@@ -59,9 +59,12 @@ pub struct TcpConfig {
     pub max_per_source: usize,
     /// No frame received for this long: close.
     pub idle_timeout: Duration,
-    /// An inbound connection must deliver a complete valid frame, and an outbound one
-    /// must connect, within this (half-open / silent connections).
-    pub establish_timeout: Duration,
+    /// An outbound connection must be established within this.
+    pub connect_timeout: Duration,
+    /// An inbound connection must deliver a complete valid frame within this (silent
+    /// and half-open connections). Not shorter: Mullvad's udp2tcp connects when it
+    /// starts, before the WireGuard client behind it says anything.
+    pub first_message_timeout: Duration,
     /// A frame once started must complete within this (slowloris).
     pub partial_timeout: Duration,
     /// Bytes of each connection's send queue.
@@ -81,8 +84,9 @@ impl Default for TcpConfig {
             cc: CcPolicy::default(),
             max_conns: 256,
             max_per_source: 8,
-            idle_timeout: Duration::from_secs(300),
-            establish_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(10),
+            first_message_timeout: Duration::from_secs(60),
             partial_timeout: Duration::from_secs(10),
             send_queue: 128 * 1024,
             connecting_queue: 16 * 1024,
@@ -822,9 +826,9 @@ impl EventLoop {
         for (id, l) in self.local.iter_mut() {
             let state = lock(&l.conn.out).state;
             let age = now.duration_since(l.created);
-            let why = if state == State::Connecting && age > cfg.establish_timeout {
+            let why = if state == State::Connecting && age > cfg.connect_timeout {
                 Some("connect timed out")
-            } else if l.conn.inbound && !l.got_frame && age > cfg.establish_timeout {
+            } else if l.conn.inbound && !l.got_frame && age > cfg.first_message_timeout {
                 Some("no WireGuard message after connecting")
             } else if l
                 .partial_since
@@ -1105,7 +1109,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let cfg = TcpConfig {
             max_per_source: 2,
-            establish_timeout: Duration::from_millis(600),
+            first_message_timeout: Duration::from_millis(600),
             partial_timeout: Duration::from_millis(600),
             ..listen_cfg()
         };

@@ -13,13 +13,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -30,6 +28,7 @@ use crate::core::congestion::{apply_with_fallback, CcPolicy};
 use crate::core::framing::{
     check_message, tail_split, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
 };
+use crate::driver::tcp::{ConnId, SendError, TcpConfig, TcpHandle, TcpSink, TcpTransport};
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
 const UDP2TCP_USAGE: &str =
@@ -466,129 +465,165 @@ fn relay(udp: UdpSocket, tcp: TcpStream, cc: CcCheck) -> io::Result<()> {
     r.and(up)
 }
 
-/// The server-side relay: many TCP clients, each with its own UDP socket.
+/// The server-side relay, built on the gateway's own [`TcpTransport`] (same limits,
+/// timeouts, congestion-control policy and coalescing writer): each TCP connection
+/// gets its own UDP socket towards `--udp-forward`, created with its first message.
 pub struct Tcp2Udp {
-    listeners: Vec<TcpListener>,
-    opts: Tcp2UdpOptions,
+    transport: TcpTransport,
+}
+
+struct UdpSide {
+    udp: UdpSocket,
+    stop: AtomicBool,
+}
+
+struct Tcp2UdpSink {
+    udp_forward: SocketAddr,
+    udp_bind: IpAddr,
+    handle: OnceLock<TcpHandle>,
+    sides: Mutex<HashMap<ConnId, Arc<UdpSide>>>,
+}
+
+impl Tcp2UdpSink {
+    fn side(&self, conn: ConnId, remote: SocketAddr) -> Option<Arc<UdpSide>> {
+        let mut sides = self.sides.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = sides.get(&conn) {
+            return Some(s.clone());
+        }
+        let handle = self.handle.get()?.clone();
+        let udp = UdpSocket::bind(SocketAddr::new(self.udp_bind, 0))
+            .and_then(|u| u.connect(self.udp_forward).map(|_| u))
+            .map_err(|e| log::warn!("tcp2udp: {remote}: no UDP socket: {e}"))
+            .ok()?;
+        let side = Arc::new(UdpSide {
+            udp,
+            stop: AtomicBool::new(false),
+        });
+        let s2 = side.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tcp2udp-udp".into())
+            .spawn(move || udp_to_transport(&s2, &handle, conn));
+        if let Err(e) = spawned {
+            log::warn!("tcp2udp: {remote}: cannot start a thread: {e}");
+            handle_close(self.handle.get(), conn);
+            return None;
+        }
+        log::debug!(
+            "tcp2udp: conn {conn} from {remote} -> {}/UDP",
+            self.udp_forward
+        );
+        sides.insert(conn, side.clone());
+        Some(side)
+    }
+}
+
+fn handle_close(h: Option<&TcpHandle>, conn: ConnId) {
+    if let Some(h) = h {
+        h.close(conn);
+    }
+}
+
+impl TcpSink for Tcp2UdpSink {
+    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) {
+        if let Some(side) = self.side(conn, remote) {
+            // A lost datagram is what UDP allows; the relay keeps going.
+            let _ = side.udp.send(msg);
+        }
+    }
+
+    fn on_closed(&self, conn: ConnId) {
+        let side = self
+            .sides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&conn);
+        if let Some(s) = side {
+            s.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// UDP replies back onto the connection: every datagram already waiting is queued and
+/// the lot written with one flush (the transport splits at its write budget).
+fn udp_to_transport(side: &UdpSide, h: &TcpHandle, conn: ConnId) {
+    let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+    if side
+        .udp
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .is_err()
+    {
+        return h.close(conn);
+    }
+    while !side.stop.load(Ordering::Relaxed) {
+        let mut flags = MsgFlags::empty();
+        let mut queued = false;
+        loop {
+            match socket::recv(side.udp.as_raw_fd(), &mut buf, flags) {
+                Ok(n) => match h.queue(conn, &buf[..n]) {
+                    Ok(()) => queued = true,
+                    Err(SendError::UnknownConn) | Err(SendError::Closed) => return,
+                    // Full: dropped whole. Invalid: not WireGuard, not forwarded.
+                    Err(_) => {}
+                },
+                Err(Errno::EAGAIN) | Err(Errno::EINTR) => break,
+                Err(Errno::ECONNREFUSED) => break,
+                Err(e) => {
+                    log::debug!("tcp2udp: conn {conn}: UDP receive failed: {e}");
+                    return h.close(conn);
+                }
+            }
+            flags = MsgFlags::MSG_DONTWAIT;
+        }
+        if queued && h.flush(conn).is_err() {
+            return;
+        }
+    }
 }
 
 impl Tcp2Udp {
     pub fn bind(opts: Tcp2UdpOptions) -> io::Result<Tcp2Udp> {
-        let mut listeners = Vec::new();
-        for a in &opts.tcp_listen {
-            let l = systcp::listen(*a, 1024)
-                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {a}/TCP: {e}")))?;
-            l.set_nonblocking(false)?;
-            log::info!(
-                "tcp2udp: listening on {}/TCP -> {}/UDP",
-                l.local_addr()?,
-                opts.udp_forward
-            );
-            listeners.push(l);
+        let udp_bind = opts.udp_bind.unwrap_or(if opts.udp_forward.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        });
+        let sink = Arc::new(Tcp2UdpSink {
+            udp_forward: opts.udp_forward,
+            udp_bind,
+            handle: OnceLock::new(),
+            sides: Mutex::new(HashMap::new()),
+        });
+        let cfg = TcpConfig {
+            listen: opts.tcp_listen.clone(),
+            tuning: opts.tcp.tuning(),
+            cc: opts.tcp.cc(),
+            max_conns: opts.max_connections,
+            max_per_source: opts.max_per_source,
+            // Mullvad's tcp2udp has no receive timeout unless asked for one.
+            idle_timeout: opts
+                .tcp
+                .recv_timeout
+                .unwrap_or(Duration::from_secs(10 * 365 * 86400)),
+            ..TcpConfig::default()
+        };
+        let transport = TcpTransport::start(cfg, sink.clone())?;
+        let _ = sink.handle.set(transport.handle());
+        for a in transport.local_addrs() {
+            log::info!("tcp2udp: listening on {a}/TCP -> {}/UDP", opts.udp_forward);
         }
-        Ok(Tcp2Udp { listeners, opts })
+        Ok(Tcp2Udp { transport })
     }
 
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect()
+        self.transport.local_addrs().to_vec()
     }
 
-    /// Accept forever; returns only when no listener can accept any more.
+    /// Serve until the process ends.
     pub fn run(self) -> io::Error {
-        let opts = Arc::new(self.opts);
-        let total = Arc::new(AtomicUsize::new(0));
-        let per_source: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
-        let mut threads = Vec::new();
-        for l in self.listeners {
-            let (opts, total, per_source) = (opts.clone(), total.clone(), per_source.clone());
-            threads.push(std::thread::spawn(move || {
-                accept_loop(l, &opts, &total, &per_source)
-            }));
-        }
-        let mut last = io::Error::other("no listeners");
-        for t in threads {
-            if let Ok(e) = t.join() {
-                last = e;
-            }
-        }
-        last
-    }
-}
-
-fn accept_loop(
-    l: TcpListener,
-    opts: &Arc<Tcp2UdpOptions>,
-    total: &Arc<AtomicUsize>,
-    per_source: &Arc<Mutex<HashMap<IpAddr, usize>>>,
-) -> io::Error {
-    loop {
-        let (tcp, remote) = match l.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if e.raw_os_error() == Some(libc::EMFILE)
-                    || e.raw_os_error() == Some(libc::ENFILE) =>
-            {
-                log::warn!("tcp2udp: accept: {e}; pausing");
-                std::thread::sleep(Duration::from_millis(500));
-                continue;
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
-            Err(e) => return e,
-        };
-        let ip = remote.ip().to_canonical();
-        {
-            let mut ps = per_source.lock().unwrap_or_else(|p| p.into_inner());
-            let n = ps.entry(ip).or_insert(0);
-            if total.load(Ordering::SeqCst) >= opts.max_connections || *n >= opts.max_per_source {
-                log::debug!("tcp2udp: refusing {remote}: connection limit");
-                continue;
-            }
-            *n += 1;
-            total.fetch_add(1, Ordering::SeqCst);
-        }
-        let (opts, total, per_source) = (opts.clone(), total.clone(), per_source.clone());
-        let spawned = std::thread::Builder::new()
-            .name("tcp2udp".into())
-            .spawn(move || {
-                if let Err(e) = serve(tcp, remote, &opts) {
-                    log::debug!("tcp2udp: {remote}: {e}");
-                }
-                total.fetch_sub(1, Ordering::SeqCst);
-                let mut ps = per_source.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(n) = ps.get_mut(&ip) {
-                    *n -= 1;
-                    if *n == 0 {
-                        ps.remove(&ip);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            log::warn!("tcp2udp: cannot start a thread for {remote}: {e}");
+        loop {
+            std::thread::park();
         }
     }
-}
-
-fn serve(tcp: TcpStream, remote: SocketAddr, o: &Tcp2UdpOptions) -> io::Result<()> {
-    systcp::apply(&tcp, &o.tcp.tuning()).map_err(io::Error::other)?;
-    tcp.set_read_timeout(o.tcp.recv_timeout)?;
-    let bind_ip = o.udp_bind.unwrap_or(if o.udp_forward.is_ipv4() {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-    } else {
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-    });
-    let udp = UdpSocket::bind(SocketAddr::new(bind_ip, 0))?;
-    udp.connect(o.udp_forward)?;
-    log::debug!(
-        "tcp2udp: {remote}/TCP <-> {}/UDP -> {}",
-        udp.local_addr()?,
-        o.udp_forward
-    );
-    let cc = CcCheck::start(&tcp, o.tcp.cc());
-    relay(udp, tcp, cc)
 }
 
 #[cfg(test)]
