@@ -12,6 +12,16 @@
 //! - The connection table lock is never held while calling the sink, and the sink may
 //!   call back into the handle (send a reply, close) from `on_message`.
 //! - `ConnId`s are never reused. No heap allocation per packet once connections exist.
+//!
+//! Wiring with the WireGuard device: the device implements [`TcpSink`] and treats
+//! `(ConnId, remote)` as one more kind of endpoint: `on_message` feeds the message to
+//! the same path as a UDP datagram, and a peer whose latest authenticated packet came
+//! over a connection is answered with [`TcpHandle::send`] (one packet) or
+//! [`TcpHandle::queue`] + [`TcpHandle::flush`] (a batch from one TUN read), on
+//! `SendError::Full` counting a drop as for a full UDP socket. `on_closed` forgets the
+//! endpoint. For peers with an `Endpoint`, `core::fallback::Fallback` decides when to
+//! [`TcpHandle::connect`] (to the endpoint's IP and `TcpPort`) and `on_connected` /
+//! `on_closed` become its `tcp_connected` / `tcp_failed`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -536,7 +546,7 @@ static CC_FALLBACK_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// Set `want` (or the first available fallback); one log line per process when an
 /// algorithm is missing.
-fn set_cc(fd: &impl AsFd, want: Algo) -> Option<Algo> {
+pub(crate) fn set_cc(fd: &impl AsFd, want: Algo) -> Option<Algo> {
     let (got, fell_back) = apply_with_fallback(want, |a| systcp::set_congestion(fd, a.name()))?;
     if fell_back && !CC_FALLBACK_LOGGED.swap(true, Ordering::Relaxed) {
         log::warn!(

@@ -6,9 +6,11 @@
 //!
 //! Both carry only WireGuard messages: a datagram that is not one is not forwarded
 //! (the far side would have to close the connection), and a frame that is not one
-//! closes the connection. Writes follow the transport's rules: a batch of datagrams
-//! waiting on the UDP socket is framed into one buffer and leaves in one `send`, never
-//! a bare header; back-pressure stops reading UDP, so the kernel drops whole datagrams.
+//! closes the connection. `tcp2udp` runs on the gateway's own [`TcpTransport`]
+//! (limits, timeouts, congestion control, coalescing writer). `udp2tcp` is one
+//! connection with blocking sockets and the same write rules: the datagrams waiting on
+//! the UDP socket are framed into one buffer and leave in one `send`, never a bare
+//! header; back-pressure stops reading UDP, so the kernel drops whole datagrams.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -24,11 +26,11 @@ use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{self, MsgFlags};
 
-use crate::core::congestion::{apply_with_fallback, CcPolicy};
+use crate::core::congestion::CcPolicy;
 use crate::core::framing::{
     check_message, tail_split, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
 };
-use crate::driver::tcp::{ConnId, SendError, TcpConfig, TcpHandle, TcpSink, TcpTransport};
+use crate::driver::tcp::{set_cc, ConnId, SendError, TcpConfig, TcpHandle, TcpSink, TcpTransport};
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
 const UDP2TCP_USAGE: &str =
@@ -37,7 +39,8 @@ const UDP2TCP_USAGE: &str =
   to --tcp-forward (u16 big-endian length framing, as Mullvad's udp2tcp).";
 const TCP2UDP_USAGE: &str =
     "usage: riceguard tcp2udp --tcp-listen ADDR [--tcp-listen ADDR ...] --udp-forward ADDR
-                         [--udp-bind IP] [--max-connections N] [TCP OPTIONS]
+                         [--udp-bind IP] [--max-connections N] [--max-per-source N]
+                         [TCP OPTIONS]
   Accept TCP connections and forward each one's frames to --udp-forward from its own
   UDP socket (as Mullvad's tcp2udp).";
 const TCP_OPTIONS_USAGE: &str = "TCP OPTIONS:
@@ -268,7 +271,7 @@ struct CcCheck {
 
 impl CcCheck {
     fn start(tcp: &TcpStream, policy: CcPolicy) -> Self {
-        set_cc(tcp, policy.choose(None));
+        let _ = set_cc(tcp, policy.choose(None));
         CcCheck {
             policy,
             at: Some(Instant::now() + Duration::from_secs(1)),
@@ -280,18 +283,11 @@ impl CcCheck {
             self.at = None;
             if let Ok(info) = systcp::tcp_info(tcp) {
                 if let Some(want) = self.policy.recheck(self.policy.low, info.srtt) {
-                    set_cc(tcp, want);
+                    let _ = set_cc(tcp, want);
                     log::debug!("srtt {:?}: congestion control {want}", info.srtt);
                 }
             }
         }
-    }
-}
-
-fn set_cc(tcp: &TcpStream, want: crate::core::congestion::Algo) {
-    if let Some((got, true)) = apply_with_fallback(want, |a| systcp::set_congestion(tcp, a.name()))
-    {
-        log::warn!("TCP congestion control {want} unavailable; using {got}");
     }
 }
 
@@ -490,7 +486,7 @@ impl Tcp2UdpSink {
         if let Some(s) = sides.get(&conn) {
             return Some(s.clone());
         }
-        let handle = self.handle.get()?.clone();
+        let handle = self.handle.get()?;
         let udp = UdpSocket::bind(SocketAddr::new(self.udp_bind, 0))
             .and_then(|u| u.connect(self.udp_forward).map(|_| u))
             .map_err(|e| log::warn!("tcp2udp: {remote}: no UDP socket: {e}"))
@@ -499,13 +495,13 @@ impl Tcp2UdpSink {
             udp,
             stop: AtomicBool::new(false),
         });
-        let s2 = side.clone();
+        let (s2, h2) = (side.clone(), handle.clone());
         let spawned = std::thread::Builder::new()
             .name("tcp2udp-udp".into())
-            .spawn(move || udp_to_transport(&s2, &handle, conn));
+            .spawn(move || udp_to_transport(&s2, &h2, conn));
         if let Err(e) = spawned {
             log::warn!("tcp2udp: {remote}: cannot start a thread: {e}");
-            handle_close(self.handle.get(), conn);
+            handle.close(conn);
             return None;
         }
         log::debug!(
@@ -514,12 +510,6 @@ impl Tcp2UdpSink {
         );
         sides.insert(conn, side.clone());
         Some(side)
-    }
-}
-
-fn handle_close(h: Option<&TcpHandle>, conn: ConnId) {
-    if let Some(h) = h {
-        h.close(conn);
     }
 }
 
