@@ -121,13 +121,14 @@ table inet rgt {
 }
 EOF
 
-ip netns exec $B "$RG" tcp2udp --tcp-listen 192.168.77.2:443 --udp-forward 127.0.0.1:51820 --nodelay \
+RG_LOG=debug ip netns exec $B "$RG" tcp2udp --tcp-listen 192.168.77.2:443 --udp-forward 127.0.0.1:51820 --nodelay \
     2>"$WORK/t2u.log" &
 PIDS+=($!)
 wait_listen $B 443
 ip netns exec $A "$RG" udp2tcp --udp-listen 127.0.0.1:51900 --tcp-forward 192.168.77.2:443 --nodelay \
     2>"$WORK/u2t.log" &
-PIDS+=($!)
+U2T_PID=$!
+PIDS+=($U2T_PID)
 
 KA=$(wg genkey) KB=$(wg genkey)
 PA=$(echo "$KA" | wg pubkey) PB=$(echo "$KB" | wg pubkey)
@@ -202,6 +203,17 @@ iperf_capture() {
 }
 iperf_capture upload c2s
 iperf_capture download s2c -R
+
+# The gateway-side writer's syscall count: closing the client makes tcp2udp log it.
+kill "$U2T_PID" 2>/dev/null
+sleep 1
+w=$(grep -o 'sent [0-9]* bytes in [0-9]* writes.*' "$WORK/t2u.log" | tail -1)
+if [ -n "$w" ]; then
+    set -- $w
+    ok "TcpTransport writer (tcp2udp, per-packet send): $2 bytes in $5 writes = $(( $2 / ($5 > 0 ? $5 : 1) )) bytes per syscall"
+else
+    bad "tcp2udp did not report its write count"; tail -5 "$WORK/t2u.log"
+fi
 
 # ---- 4. reference: the same pair over plain UDP, for the TCP/UDP throughput ratio -------
 ip netns exec $A nft delete table inet rgt

@@ -14,6 +14,7 @@
 //! (types 1–3) have exact lengths and are checked for them.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Bytes of the length prefix.
 pub const HEADER_LEN: usize = 2;
@@ -428,14 +429,18 @@ pub fn tail_split(total: usize, last_frame: usize, mss: usize) -> Option<usize> 
         .filter(|first| !tiny(*first) && !tiny(last_frame))
 }
 
-/// When to write what has been queued. Interactive traffic (a lone small packet after
-/// the connection was idle) goes out at once; bulk is written once per batch, or as
-/// soon as a full write budget (a multiple of the MSS) has gathered.
+/// When to write what has been queued. Interactive traffic (a packet arriving with
+/// nothing queued, `interactive_gap` or more after the previous write) goes out at
+/// once; packets that follow closely are bulk: they gather and are written once per
+/// batch, or as soon as a full write budget (a multiple of the MSS) has gathered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoalescePolicy {
     /// Bytes per write syscall: `mss_multiple` segments' worth, at most `max_write`.
     pub mss_multiple: usize,
     pub max_write: usize,
+    /// A packet this long after the previous write, with nothing queued, is
+    /// interactive.
+    pub interactive_gap: Duration,
 }
 
 impl Default for CoalescePolicy {
@@ -443,6 +448,7 @@ impl Default for CoalescePolicy {
         CoalescePolicy {
             mss_multiple: 44,
             max_write: 64 * 1024,
+            interactive_gap: Duration::from_micros(500),
         }
     }
 }
@@ -461,6 +467,14 @@ impl CoalescePolicy {
     /// (`batch_done` false) or at its end.
     pub fn flush_now(&self, queued: usize, batch_done: bool, mss: usize) -> bool {
         batch_done || queued >= self.write_budget(mss)
+    }
+
+    /// For a single packet sent without batch boundaries: write it at once
+    /// (interactive) or let it gather behind a deferred flush (bulk)?
+    /// `queued_before`: bytes already waiting; `since_write`: time since the last
+    /// write (`None`: never written).
+    pub fn is_interactive(&self, queued_before: usize, since_write: Option<Duration>) -> bool {
+        queued_before == 0 && since_write.map_or(true, |d| d >= self.interactive_gap)
     }
 }
 
@@ -773,5 +787,10 @@ mod tests {
         assert!(p.flush_now(10, true, 1448));
         assert!(!p.flush_now(10, false, 1448));
         assert!(p.flush_now(p.write_budget(1448), false, 1448));
+        // A lone packet after a pause goes at once; one right behind another gathers.
+        assert!(p.is_interactive(0, None));
+        assert!(p.is_interactive(0, Some(Duration::from_millis(20))));
+        assert!(!p.is_interactive(0, Some(Duration::from_micros(50))));
+        assert!(!p.is_interactive(1400, Some(Duration::from_secs(1))));
     }
 }

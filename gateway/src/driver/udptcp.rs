@@ -533,10 +533,12 @@ impl TcpSink for Tcp2UdpSink {
     }
 }
 
-/// UDP replies back onto the connection: every datagram already waiting is queued and
-/// the lot written with one flush (the transport splits at its write budget).
+/// UDP replies back onto the connection, one `send` per datagram as the gateway's
+/// device does: the transport tells interactive packets from bulk and coalesces the
+/// latter itself (so the helper test exercises that path).
 fn udp_to_transport(side: &UdpSide, h: &TcpHandle, conn: ConnId) {
     let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+    // Bounded waits so that `stop` is seen once the connection is gone.
     if side
         .udp
         .set_read_timeout(Some(Duration::from_millis(500)))
@@ -545,27 +547,28 @@ fn udp_to_transport(side: &UdpSide, h: &TcpHandle, conn: ConnId) {
         return h.close(conn);
     }
     while !side.stop.load(Ordering::Relaxed) {
-        let mut flags = MsgFlags::empty();
-        let mut queued = false;
-        loop {
-            match socket::recv(side.udp.as_raw_fd(), &mut buf, flags) {
-                Ok(n) => match h.queue(conn, &buf[..n]) {
-                    Ok(()) => queued = true,
-                    Err(SendError::UnknownConn) | Err(SendError::Closed) => return,
-                    // Full: dropped whole. Invalid: not WireGuard, not forwarded.
-                    Err(_) => {}
-                },
-                Err(Errno::EAGAIN) | Err(Errno::EINTR) => break,
-                Err(Errno::ECONNREFUSED) => break,
-                Err(e) => {
-                    log::debug!("tcp2udp: conn {conn}: UDP receive failed: {e}");
-                    return h.close(conn);
-                }
+        match side.udp.recv(&mut buf) {
+            Ok(n) => match h.send(conn, &buf[..n]) {
+                Ok(()) => {}
+                Err(SendError::UnknownConn) | Err(SendError::Closed) => return,
+                // Full: dropped whole. Invalid: not WireGuard, not forwarded.
+                Err(_) => {}
+            },
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            // Interrupted, or an ICMP error from an earlier send: keep going.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused
+                ) => {}
+            Err(e) => {
+                log::debug!("tcp2udp: conn {conn}: UDP receive failed: {e}");
+                return h.close(conn);
             }
-            flags = MsgFlags::MSG_DONTWAIT;
-        }
-        if queued && h.flush(conn).is_err() {
-            return;
         }
     }
 }
