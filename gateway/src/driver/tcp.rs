@@ -602,7 +602,7 @@ struct EventLoop {
     local: HashMap<ConnId, Local>,
     per_source: HashMap<IpAddr, usize>,
     rbuf: Box<[u8]>,
-    to_close: Vec<ConnId>,
+    scratch_ids: Vec<ConnId>,
 }
 
 impl EventLoop {
@@ -614,7 +614,7 @@ impl EventLoop {
             local: HashMap::new(),
             per_source: HashMap::new(),
             rbuf: vec![0; READ_BUF].into_boxed_slice(),
-            to_close: Vec::new(),
+            scratch_ids: Vec::new(),
         }
     }
 
@@ -696,8 +696,8 @@ impl EventLoop {
     /// Write the bulk packets `send` left for us: everything gathered since goes in
     /// one write per connection.
     fn flush_dirty(&mut self) {
-        std::mem::swap(&mut self.to_close, &mut *lock(&self.sh.dirty));
-        let mut ids = std::mem::take(&mut self.to_close);
+        std::mem::swap(&mut self.scratch_ids, &mut *lock(&self.sh.dirty));
+        let mut ids = std::mem::take(&mut self.scratch_ids);
         let h = self.handle();
         for id in ids.drain(..) {
             if let Some(l) = self.local.get(&id) {
@@ -706,16 +706,16 @@ impl EventLoop {
                 h.flush_locked(&l.conn, &mut out);
             }
         }
-        self.to_close = ids;
+        self.scratch_ids = ids;
     }
 
     fn drain_close_requests(&mut self) {
-        std::mem::swap(&mut self.to_close, &mut *lock(&self.sh.closing));
-        let mut ids = std::mem::take(&mut self.to_close);
+        std::mem::swap(&mut self.scratch_ids, &mut *lock(&self.sh.closing));
+        let mut ids = std::mem::take(&mut self.scratch_ids);
         for id in ids.drain(..) {
             self.close(id, "closed");
         }
-        self.to_close = ids;
+        self.scratch_ids = ids;
     }
 
     fn accept(&mut self, i: usize) {
