@@ -527,14 +527,28 @@ impl Session {
                 if list.is_empty() {
                     return Reply::ok("no saved versions yet (each commit keeps the previous one)");
                 }
-                let now = std::time::SystemTime::now();
+                let now = self.clock.unix();
                 let lines: Vec<String> = list
                     .iter()
                     .map(|(n, t)| {
                         let age = t
-                            .and_then(|t| now.duration_since(t).ok())
-                            .map(|d| super::system::format_uptime(d.as_secs()));
-                        format!("{n:>2}  saved {} ago", age.unwrap_or_else(|| "?".into()))
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map(|t| super::system::format_uptime(now.saturating_sub(t.as_secs())));
+                        // A short summary helps pick the version to roll back to.
+                        let what = match self.store.history(*n) {
+                            Ok(c) => format!(
+                                "{} peer(s), listen port {}",
+                                c.peers.len(),
+                                c.interface
+                                    .listen_port
+                                    .map_or("any".into(), |p| p.to_string())
+                            ),
+                            Err(e) => format!("unusable: {e}"),
+                        };
+                        format!(
+                            "{n:>2}  committed {} ago: {what}",
+                            age.unwrap_or_else(|| "?".into())
+                        )
                     })
                     .collect();
                 Reply::ok(format!(

@@ -246,7 +246,11 @@ fn rollback_loads_history_into_candidate() {
         r.ok(&format!("set interface listen-port {p}"));
         r.ok("commit");
     }
-    assert!(r.ok("show history").contains("10  saved"));
+    let h = r.ok("show history");
+    assert!(
+        h.contains("10  committed") && h.contains("listen port 2"),
+        "{h}"
+    );
     r.ok("rollback 3");
     assert_eq!(r.s.candidate().interface.listen_port, Some(9));
     assert_eq!(r.s.running().interface.listen_port, Some(12));
