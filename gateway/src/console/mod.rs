@@ -16,6 +16,21 @@
 //!
 //! When stdin is a terminal the console prompts, echoes and edits; otherwise it reads
 //! one command per line, answers on stdout, and exits non-zero if any command failed.
+//!
+//! Decisions (user-visible):
+//! - `commit` saves (atomically, previous version to `history/`) and applies (SIGHUP to
+//!   the daemon); `save` is kept only to say so, and fails if changes are uncommitted.
+//! - `commit-confirm N`: the deadline is also written to `DIR/commit-confirm`, so a
+//!   console restarted by init (serial hang-up) still rolls back in time; at end of
+//!   input the console waits for the deadline rather than leave it unguarded.
+//! - A new appliance (nothing ever saved in DIR) starts with a generated private key in
+//!   the candidate; `factory-reset` gives the same state, keeps the history (so it can be
+//!   undone with `rollback 1`) unless `factory-reset erase-history`, and removes the
+//!   console password.
+//! - Console password: off by default, checked for every session (tty or script: the
+//!   first line is then the password), set/removed at once, not through commit.
+//! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
+//!   configuration another console saved meanwhile (`discard` reloads it).
 
 pub mod atomic;
 pub mod command;
