@@ -4,7 +4,7 @@
 //! confirmed, `rollback N` brings back one of the 10 saved versions.
 //!
 //! Module map:
-//! - [`line`]: bytes from a serial line -> command lines (editing, CR/LF, noise, bounds)
+//! - [`line`](mod@line): bytes from a serial line -> command lines (editing, CR/LF, noise, bounds)
 //! - [`command`]: the command language, `help`, and `set`/`delete` as edits of a `Config`
 //! - [`validate`]: field parsers and the whole-config gate [`validate::validate_candidate`]
 //! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own

@@ -10,7 +10,7 @@
 //! DIR/.riceguard.conf.tmp         only between the steps of an atomic write
 //! ```
 //!
-//! Every file is replaced through [`atomic::write`], so a power cut leaves the old or the
+//! Every file is replaced through [`atomic::write()`], so a power cut leaves the old or the
 //! new version. The text format is behind [`Format`] so the history and fallback logic is
 //! tested without depending on the INI code.
 
