@@ -16,7 +16,7 @@ SECS="${1:-30}"
 case "$SECS" in ''|*[!0-9]*) echo "usage: $0 [SECONDS]" >&2; exit 2 ;; esac
 cd "$(dirname "$0")/../fuzz"
 export PATH="$HOME/.cargo/bin:$PATH"
-TARGETS=(ini uapi allowed_ips)
+TARGETS=(ini uapi allowed_ips datagram console_line framing gso_split)
 
 fallback() {
     echo "fuzz: $1; running the fuzz checks as seeded cargo tests instead (no coverage guidance, no sanitizer)"
