@@ -20,11 +20,16 @@ use riceguard::core::uapi::{self, Request, UapiError};
 /// validation of it never panics.
 pub fn check_ini(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let Ok(cfg) = ini::parse("fuzz.conf", &text) else { return };
+    let Ok(cfg) = ini::parse("fuzz.conf", &text) else {
+        return;
+    };
     let _ = cfg.validate();
     let out = ini::emit(&cfg);
     match ini::parse("emitted.conf", &out) {
-        Ok(back) => assert_eq!(back, cfg, "emit/parse round trip changed the config:\n{out}"),
+        Ok(back) => assert_eq!(
+            back, cfg,
+            "emit/parse round trip changed the config:\n{out}"
+        ),
         Err(e) => panic!("emitted config does not parse: {e}\n{out}"),
     }
     assert_eq!(ini::emit(&cfg), out, "emit is not deterministic");
@@ -61,10 +66,23 @@ fn visible(c: &Config) -> (Option<Key>, Option<u16>, Option<u32>, Vec<VisiblePee
     let mut peers: Vec<VisiblePeer> = c
         .peers
         .iter()
-        .map(|p| (p.public_key, p.preshared_key, p.endpoint.clone(), p.persistent_keepalive, p.allowed_ips.clone()))
+        .map(|p| {
+            (
+                p.public_key,
+                p.preshared_key,
+                p.endpoint.clone(),
+                p.persistent_keepalive,
+                p.allowed_ips.clone(),
+            )
+        })
         .collect();
     peers.sort_by_key(|p| p.0 .0);
-    (c.interface.private_key, c.interface.listen_port, c.interface.fwmark, peers)
+    (
+        c.interface.private_key,
+        c.interface.listen_port,
+        c.interface.fwmark,
+        peers,
+    )
 }
 
 /// Requests read from arbitrary bytes never panic; a set request survives
@@ -86,17 +104,26 @@ pub fn check_uapi(data: &[u8]) {
         };
         let wire = uapi::emit_set(&req);
         match uapi::read_request(&mut Cursor::new(wire.as_bytes())) {
-            Ok(Request::Set(back)) => assert_eq!(back, req, "set request changed on the wire:\n{wire}"),
+            Ok(Request::Set(back)) => {
+                assert_eq!(back, req, "set request changed on the wire:\n{wire}")
+            }
             other => panic!("emitted set request does not read back: {other:?}\n{wire}"),
         }
-        let Ok(next) = uapi::apply_set(&cur, &req) else { continue };
+        let Ok(next) = uapi::apply_set(&cur, &req) else {
+            continue;
+        };
         // apply_set keeps the invariants the rest of the system relies on.
         if let Err(e) = next.validate_consistency() {
             panic!("apply_set produced an inconsistent config: {e}");
         }
         let diff = uapi::set_from_diff(&base, &next);
         let again = uapi::apply_set(&base, &diff).expect("diff applies");
-        assert_eq!(visible(&again), visible(&next), "set_from_diff did not reach the target:\n{}", uapi::emit_set(&diff));
+        assert_eq!(
+            visible(&again),
+            visible(&next),
+            "set_from_diff did not reach the target:\n{}",
+            uapi::emit_set(&diff)
+        );
 
         let status = uapi::DeviceStatus {
             private_key: next.interface.private_key,
@@ -119,7 +146,11 @@ pub fn check_uapi(data: &[u8]) {
                 .collect(),
         };
         let got = uapi::emit_get(&status);
-        assert_eq!(uapi::parse_get_response(&got), Ok(status), "get answer does not read back:\n{got}");
+        assert_eq!(
+            uapi::parse_get_response(&got),
+            Ok(status),
+            "get answer does not read back:\n{got}"
+        );
         cur = next;
     }
 }
@@ -195,7 +226,11 @@ pub fn check_allowed_ips(data: &[u8]) {
             }
         }
         assert_eq!(t.len(), r.len());
-        let want = r.iter().filter(|(c, _)| c.contains(addr)).max_by_key(|(c, _)| c.prefix).map(|(_, v)| *v);
+        let want = r
+            .iter()
+            .filter(|(c, _)| c.contains(addr))
+            .max_by_key(|(c, _)| c.prefix)
+            .map(|(_, v)| *v);
         assert_eq!(t.lookup(addr).copied(), want, "lookup {addr}");
     }
     let mut got: Vec<(String, u8)> = t.iter().map(|(c, v)| (c.to_string(), *v)).collect();
@@ -307,7 +342,9 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut out = Vec::new();
         for dir in ["seeds", "corpus"] {
-            let Ok(rd) = std::fs::read_dir(root.join(dir).join(target)) else { continue };
+            let Ok(rd) = std::fs::read_dir(root.join(dir).join(target)) else {
+                continue;
+            };
             let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
             paths.sort();
             for p in paths {
