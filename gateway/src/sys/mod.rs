@@ -3,5 +3,6 @@
 #![allow(unsafe_code)]
 
 pub mod ethtool;
+pub mod offload;
 pub mod tun;
 pub mod udp;

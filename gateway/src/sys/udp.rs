@@ -17,6 +17,8 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::core::offload::{OffloadDecision, SocketProbe};
+
 /// Most messages one `sendmmsg`/`recvmmsg` call moves; the arrays live on the stack.
 pub const BATCH: usize = 64;
 /// Most segments one `UDP_SEGMENT` send may carry (the kernel's `UDP_MAX_SEGMENTS`).
@@ -137,7 +139,7 @@ pub struct UdpSocket {
     /// The socket is AF_INET6 (IPv4 peers go as v4-mapped addresses).
     v6: bool,
     gso: AtomicBool,
-    gro: bool,
+    gro: AtomicBool,
 }
 
 /// Room for any socket address we send to or receive from.
@@ -230,7 +232,7 @@ impl UdpSocket {
             local,
             v6,
             gso: AtomicBool::new(gso),
-            gro,
+            gro: AtomicBool::new(gro),
         })
     }
 
@@ -255,7 +257,28 @@ impl UdpSocket {
 
     /// Whether `UDP_GRO` is on: receive buffers must then be 64 KiB each.
     pub fn gro_enabled(&self) -> bool {
-        self.gro
+        self.gro.load(Ordering::Relaxed)
+    }
+
+    /// What bind found, for `core::offload::decide`.
+    pub fn probe(&self) -> SocketProbe {
+        SocketProbe {
+            udp_segment: self.gso_enabled(),
+            udp_gro: self.gro_enabled(),
+        }
+    }
+
+    /// Follow an offload decision: no GSO unless it says so (quietly, unlike a
+    /// demotion), and `UDP_GRO` switched off unless it says so.
+    pub fn apply(&self, d: &OffloadDecision) {
+        if !d.udp_tx.uses_gso() {
+            self.gso.store(false, Ordering::Relaxed);
+        }
+        if !d.udp_rx_gro && self.gro.swap(false, Ordering::Relaxed) {
+            // If this fails the socket still delivers whole GRO trains, which the
+            // receive path handles anyway; only the decision's wish is lost.
+            let _ = set_int(self.fd.as_raw_fd(), SOL_UDP, UDP_GRO, 0);
+        }
     }
 
     /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does). Logged at most
