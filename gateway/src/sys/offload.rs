@@ -1,7 +1,35 @@
 //! Start-up glue for the offload decision: find the egress NIC, read its features,
 //! let `core::offload::decide` choose (switching USO on where it can), apply the result
 //! to the worker sockets and log it once.
-
+//!
+//! # How a data-plane worker uses the offload pieces
+//!
+//! Start-up (once, before the workers run):
+//! 1. `Tun::create(name, workers, vnet_hdr)`; `tun.offload()` says what stuck
+//!    (`tso()`/`uso()`). Give queue `i` to worker `i` (`into_queues()`).
+//! 2. One `UdpSocket::bind([::]:port, &UdpOptions::default())` per worker
+//!    (`SO_REUSEPORT` spreads flows over them).
+//! 3. `decide_and_apply(egress_interface(peer_or_public_ip).as_deref(), mode, &sockets)`.
+//!
+//! TUN -> UDP (per worker, buffers from the worker's pool):
+//! 1. `q.read(&mut rbuf)` with `rbuf` of `VIRTIO_NET_HDR_LEN + 65535` bytes when
+//!    `vnet_hdr` (else MTU-sized, and no splitter: the read is the packet).
+//! 2. `Splitter::new(&rbuf[..n])` (an error: count and drop); `next_into(&mut seg)` for
+//!    each segment -> plain IP packet; route it to a peer and encrypt.
+//! 3. Per peer endpoint a `GsoBatch::new(dst, sock.max_gso_segments())`: `can_push(len)`
+//!    else flush; encrypt into `gso_buf[b.size()..]`, `push(len)`; flush on the last
+//!    packet of the read: `t = b.finish()` then
+//!    `sock.send_segmented(t.destination, &gso_buf[..t.size], t.segment_size as u16)`
+//!    (GSO when on, `sendmmsg` otherwise, demotion handled inside).
+//!
+//! UDP -> TUN:
+//! 1. `sock.recv_batch(&mut bufs, &mut metas)` (64 KiB buffers when `gro_enabled()`); each
+//!    `meta` holds `len / segment_size` datagrams: `buf[..len].chunks(segment_size)`.
+//! 2. Decrypt each into its own buffer; collect the plain packets of the batch.
+//! 3. `Coalescer::new(CoalesceOptions { tcp: tun.offload().tso(), udp:
+//!    tun.offload().uso() })` once; per batch `plan(&pkts)` then for each
+//!    `groups()` entry `write(&g, &pkts, &mut out)` and `q.write(&out[..len])`.
+//!    Without `vnet_hdr`, write the plain packets directly.
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::core::config::OffloadMode;
