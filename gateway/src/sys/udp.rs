@@ -717,6 +717,28 @@ pub fn parse_control(control: &[u8]) -> io::Result<RecvControl> {
     Ok(out)
 }
 
+/// Parse a `sockaddr_in`/`sockaddr_in6` from raw bytes (e.g. the name an io_uring
+/// multishot recvmsg completion carries); v4-mapped IPv6 comes back as IPv4.
+pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes([*b.first()?, *b.get(1)?]));
+    let port = u16::from_be_bytes([*b.get(2)?, *b.get(3)?]);
+    if family == libc::AF_INET && b.len() >= size_of::<libc::sockaddr_in>() {
+        let a = b.get(4..8)?;
+        Some(SocketAddr::from(([a[0], a[1], a[2], a[3]], port)))
+    } else if family == libc::AF_INET6 && b.len() >= size_of::<libc::sockaddr_in6>() {
+        let flow = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?);
+        let ip: [u8; 16] = b.get(8..24)?.try_into().ok()?;
+        let scope = u32::from_ne_bytes(b.get(24..28)?.try_into().ok()?);
+        let ip = Ipv6Addr::from(ip);
+        Some(match ip.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, port)),
+            None => SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope)),
+        })
+    } else {
+        None
+    }
+}
+
 /// The `UDP_GRO` segment size in received control bytes; `Ok(None)`: a single datagram.
 pub fn gro_segment_size(control: &[u8]) -> io::Result<Option<usize>> {
     Ok(parse_control(control)?.gro)
@@ -1233,6 +1255,26 @@ mod tests {
         )
         .expect("fits");
         assert!(parse_control(&short[..end]).is_err());
+    }
+
+    #[test]
+    fn sockaddr_bytes_parse_like_the_kernel_writes_them() {
+        for (addr, v6sock) in [
+            ("192.0.2.1:51820", false),
+            ("192.0.2.1:51820", true),
+            ("[fd00::1]:443", true),
+        ] {
+            let a: SocketAddr = addr.parse().expect("addr");
+            let (raw, len) = to_raw(a, v6sock);
+            // SAFETY: RawAddr is plain old data of at least `len` bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((&raw as *const RawAddr).cast::<u8>(), len as usize)
+            };
+            assert_eq!(parse_sockaddr(bytes), Some(a));
+            assert_eq!(parse_sockaddr(&bytes[..bytes.len() - 1]), None, "short");
+        }
+        assert_eq!(parse_sockaddr(&[0xff; 28]), None, "unknown family");
+        assert_eq!(parse_sockaddr(&[]), None);
     }
 
     #[test]
