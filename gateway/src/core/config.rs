@@ -5,7 +5,10 @@
 //! This module owns the types and their validation; parsing and emitting live in
 //! [`crate::core::ini`].
 
-use std::net::SocketAddr;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
 
 use crate::core::key::Key;
 use crate::core::net::Cidr;
@@ -118,3 +121,425 @@ pub const DEFAULT_MTU: u16 = 1420;
 /// Tunnel MTU when the outer transport is TCP: 20 bytes more TCP header than UDP's 8,
 /// the 2-byte frame length, and room for TCP options (timestamps, SACK) — 54 bytes.
 pub const DEFAULT_TCP_MTU: u16 = DEFAULT_MTU - 54;
+
+/// Why a host name or `HOST:PORT` endpoint was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointError(pub String);
+
+impl fmt::Display for EndpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` is not an endpoint (expected IPv4:PORT, [IPv6]:PORT or HOSTNAME:PORT with a port 1-65535)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for EndpointError {}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Endpoint::Addr(a) => write!(f, "{a}"),
+            Endpoint::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+/// A DNS name as an endpoint host: letters, digits, `-`, `_` and dots, at most 253
+/// characters. Anything else (spaces, `:` of an unbracketed IPv6 address) is refused.
+fn valid_host_name(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 253
+        && !h.starts_with('.')
+        && !h.starts_with('-')
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+}
+
+impl FromStr for Endpoint {
+    type Err = EndpointError;
+
+    /// `1.2.3.4:51820`, `[fd00::1]:51820` or `vpn.example.com:51820`. A port of 0 is
+    /// refused: nothing can be sent there.
+    fn from_str(s: &str) -> Result<Endpoint, EndpointError> {
+        let t = s.trim();
+        let err = || EndpointError(t.chars().take(80).collect());
+        let (host, port) = t.rsplit_once(':').ok_or_else(err)?;
+        if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
+        let port: u16 = port.parse().map_err(|_| err())?;
+        if port == 0 {
+            return Err(err());
+        }
+        if let Some(inner) = host.strip_prefix('[') {
+            let inner = inner.strip_suffix(']').ok_or_else(err)?;
+            let a: Ipv6Addr = inner.parse().map_err(|_| err())?;
+            return Ok(Endpoint::Addr(SocketAddr::new(IpAddr::V6(a), port)));
+        }
+        if let Ok(a) = host.parse::<Ipv4Addr>() {
+            return Ok(Endpoint::Addr(SocketAddr::new(IpAddr::V4(a), port)));
+        }
+        // All-digit-and-dot hosts that are not IPv4 addresses (`1.2.3`, `300.1.1.1`) are
+        // typos, not names.
+        if !valid_host_name(host) || host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            return Err(err());
+        }
+        Ok(Endpoint::Name {
+            host: host.to_string(),
+            port,
+        })
+    }
+}
+
+/// A Linux interface name: 1-15 bytes, no `/`, `:`, whitespace or control characters,
+/// not `.` or `..`.
+pub fn valid_ifname(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && s != "."
+        && s != ".."
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':' && b != b'#' && b != b';')
+}
+
+/// Lowest MTU a tunnel may have: IPv4's minimum datagram size.
+pub const MIN_MTU: u16 = 576;
+/// Lowest MTU for a link carrying IPv6 (RFC 8200); Linux turns IPv6 off below it.
+pub const MIN_MTU_IPV6: u16 = 1280;
+
+/// A configuration that parses but cannot be run, with what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// Two `[Peer]` sections share a public key.
+    DuplicatePeer { public_key: Key },
+    /// A peer's public key is our own (derived from `PrivateKey`).
+    PeerIsSelf { public_key: Key },
+    /// One allowed-IP prefix on two peers. WireGuard would silently move it to the later
+    /// peer; in a configuration file that is almost always a mistake, so it is refused.
+    DuplicateAllowedIp { cidr: Cidr, first: Key, second: Key },
+    /// `MTU` outside 576..=65535.
+    MtuOutOfRange { mtu: u16 },
+    /// `MTU` below 1280 while the tunnel carries IPv6 (`what` names the v6 prefix).
+    MtuTooSmallForIpv6 { mtu: u16, what: Cidr },
+    /// No `PrivateKey` in `[Interface]`: the tunnel cannot be brought up.
+    MissingPrivateKey,
+    /// `[Gateway] InterfaceName` or `Uplink` is not a valid Linux interface name.
+    InvalidInterfaceName { name: String },
+    /// A list holds the same value twice (`what` names the setting).
+    DuplicateValue { what: &'static str, value: String },
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValidationError::DuplicatePeer { public_key } => write!(
+                f,
+                "peer {} appears in two [Peer] sections; merge them into one",
+                public_key.to_base64()
+            ),
+            ValidationError::PeerIsSelf { public_key } => write!(
+                f,
+                "peer {} is this interface's own public key (from PrivateKey); remove that [Peer]",
+                public_key.to_base64()
+            ),
+            ValidationError::DuplicateAllowedIp { cidr, first, second } => write!(
+                f,
+                "AllowedIPs {} is given to two peers ({} and {}); a prefix can route to only one peer",
+                cidr,
+                first.to_base64(),
+                second.to_base64()
+            ),
+            ValidationError::MtuOutOfRange { mtu } => {
+                write!(f, "MTU {mtu} is out of range; allowed is {MIN_MTU}-65535")
+            }
+            ValidationError::MtuTooSmallForIpv6 { mtu, what } => write!(
+                f,
+                "MTU {mtu} is below {MIN_MTU_IPV6}, the minimum for IPv6, but the tunnel carries IPv6 ({what}); raise MTU to at least {MIN_MTU_IPV6} or remove the IPv6 prefixes"
+            ),
+            ValidationError::MissingPrivateKey => f.write_str(
+                "[Interface] has no PrivateKey; generate one with `riceguard genkey` and add `PrivateKey = ...`",
+            ),
+            ValidationError::InvalidInterfaceName { name } => write!(
+                f,
+                "`{name}` is not a valid interface name (1-15 characters, no spaces, `/` or `:`)"
+            ),
+            ValidationError::DuplicateValue { what, value } => {
+                write!(f, "{what} lists {value} twice")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ValidationError {}
+
+impl Config {
+    /// Everything [`Config::validate_consistency`] checks, plus that a private key is
+    /// present: what `up` needs.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        self.validate_consistency()?;
+        if self.interface.private_key.is_none() {
+            return Err(ValidationError::MissingPrivateKey);
+        }
+        Ok(())
+    }
+
+    /// Checks that hold for any configuration we accept, with or without a private key
+    /// (the UAPI face starts keyless and gets its key from `wg set`).
+    pub fn validate_consistency(&self) -> Result<(), ValidationError> {
+        let own = self.interface.private_key.map(|k| k.public());
+        let mut seen_keys: HashSet<Key> = HashSet::with_capacity(self.peers.len());
+        let mut owner: HashMap<Cidr, Key> = HashMap::new();
+        for p in &self.peers {
+            if !seen_keys.insert(p.public_key) {
+                return Err(ValidationError::DuplicatePeer {
+                    public_key: p.public_key,
+                });
+            }
+            if own == Some(p.public_key) {
+                return Err(ValidationError::PeerIsSelf {
+                    public_key: p.public_key,
+                });
+            }
+            for c in &p.allowed_ips {
+                let n = c.network();
+                match owner.get(&n) {
+                    Some(first) if *first == p.public_key => {
+                        return Err(ValidationError::DuplicateValue {
+                            what: "AllowedIPs",
+                            value: n.to_string(),
+                        })
+                    }
+                    Some(first) => {
+                        return Err(ValidationError::DuplicateAllowedIp {
+                            cidr: n,
+                            first: *first,
+                            second: p.public_key,
+                        })
+                    }
+                    None => {
+                        owner.insert(n, p.public_key);
+                    }
+                }
+            }
+        }
+        if let Some(mtu) = self.interface.mtu {
+            if mtu < MIN_MTU {
+                return Err(ValidationError::MtuOutOfRange { mtu });
+            }
+            if mtu < MIN_MTU_IPV6 {
+                let v6 = self
+                    .interface
+                    .addresses
+                    .iter()
+                    .chain(self.peers.iter().flat_map(|p| p.allowed_ips.iter()))
+                    .find(|c| c.addr.is_ipv6());
+                if let Some(what) = v6 {
+                    return Err(ValidationError::MtuTooSmallForIpv6 { mtu, what: *what });
+                }
+            }
+        }
+        let g = &self.gateway;
+        if !valid_ifname(&g.interface_name) {
+            return Err(ValidationError::InvalidInterfaceName {
+                name: g.interface_name.clone(),
+            });
+        }
+        if !g.uplink.is_empty() && !valid_ifname(&g.uplink) {
+            return Err(ValidationError::InvalidInterfaceName {
+                name: g.uplink.clone(),
+            });
+        }
+        if let Some(d) = first_duplicate(&g.cores) {
+            return Err(ValidationError::DuplicateValue {
+                what: "Cores",
+                value: d.to_string(),
+            });
+        }
+        if let Some(d) = first_duplicate(&g.tcp_listen) {
+            return Err(ValidationError::DuplicateValue {
+                what: "TcpListen",
+                value: d.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn first_duplicate<T: Copy + Eq + std::hash::Hash>(v: &[T]) -> Option<T> {
+    let mut seen = HashSet::with_capacity(v.len());
+    v.iter().copied().find(|x| !seen.insert(*x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> Key {
+        Key([b; 32])
+    }
+
+    fn peer(k: u8, ips: &[&str]) -> PeerConfig {
+        PeerConfig {
+            public_key: key(k),
+            preshared_key: None,
+            allowed_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+        }
+    }
+
+    fn base() -> Config {
+        let mut c = Config::default();
+        c.interface.private_key = Some(key(7));
+        c.peers = vec![
+            peer(1, &["10.0.0.2/32"]),
+            peer(2, &["10.0.0.3/32", "fd00::3/128"]),
+        ];
+        c
+    }
+
+    #[test]
+    fn endpoint_parse_and_display() {
+        for s in [
+            "1.2.3.4:51820",
+            "[fd00::1]:443",
+            "vpn.example.com:51820",
+            "host_1:1",
+        ] {
+            assert_eq!(s.parse::<Endpoint>().unwrap().to_string(), s);
+        }
+        assert!(matches!(
+            "1.2.3.4:5".parse::<Endpoint>(),
+            Ok(Endpoint::Addr(_))
+        ));
+        assert!(matches!(
+            "[::1]:5".parse::<Endpoint>(),
+            Ok(Endpoint::Addr(_))
+        ));
+        assert!(matches!(
+            "a.b:5".parse::<Endpoint>(),
+            Ok(Endpoint::Name { .. })
+        ));
+        for bad in [
+            "1.2.3.4",
+            "1.2.3.4:0",
+            "1.2.3.4:65536",
+            "fd00::1:51820",
+            "[fd00::1:51820",
+            ":80",
+            "a b:80",
+            "300.1.1.1:80",
+            "1.2.3:80",
+            "[1.2.3.4]:80",
+            "host:+1",
+            "",
+        ] {
+            assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
+        }
+        let e = "nope".parse::<Endpoint>().unwrap_err().to_string();
+        assert!(e.contains("[IPv6]:PORT"), "{e}");
+    }
+
+    #[test]
+    fn valid_config_passes() {
+        base().validate().unwrap();
+        let mut c = base();
+        c.interface.private_key = None;
+        assert_eq!(c.validate(), Err(ValidationError::MissingPrivateKey));
+        c.validate_consistency().unwrap();
+    }
+
+    #[test]
+    fn rejects_duplicates_and_self() {
+        let mut c = base();
+        c.peers.push(peer(1, &[]));
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::DuplicatePeer { public_key: key(1) })
+        );
+
+        let mut c = base();
+        let own = key(7).public();
+        let mut p = peer(9, &[]);
+        p.public_key = own;
+        c.peers.push(p);
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::PeerIsSelf { public_key: own })
+        );
+
+        let mut c = base();
+        // Host bits do not make a prefix different.
+        c.peers.push(peer(3, &["10.0.0.2/32", "10.0.0.99/32"]));
+        c.peers[2].allowed_ips[0] = "10.0.0.2/32".parse().unwrap();
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e,
+            ValidationError::DuplicateAllowedIp {
+                cidr: "10.0.0.2/32".parse().unwrap(),
+                first: key(1),
+                second: key(3)
+            }
+        );
+        assert!(e.to_string().contains("two peers"));
+
+        let mut c = base();
+        c.peers[0].allowed_ips = vec![
+            "10.9.0.1/16".parse().unwrap(),
+            "10.9.7.7/16".parse().unwrap(),
+        ];
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::DuplicateValue { .. })
+        ));
+    }
+
+    #[test]
+    fn mtu_rules() {
+        let mut c = base();
+        c.interface.mtu = Some(575);
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::MtuOutOfRange { mtu: 575 })
+        );
+        c.interface.mtu = Some(1000);
+        let e = c.validate().unwrap_err();
+        assert!(matches!(
+            e,
+            ValidationError::MtuTooSmallForIpv6 { mtu: 1000, .. }
+        ));
+        assert!(e.to_string().contains("1280"), "{e}");
+        c.peers[1].allowed_ips.truncate(1);
+        c.validate().unwrap();
+        c.interface.addresses.push("fd00::1/64".parse().unwrap());
+        assert!(c.validate().is_err());
+        c.interface.mtu = Some(1280);
+        c.validate().unwrap();
+        c.interface.mtu = Some(65535);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn gateway_checks() {
+        let mut c = base();
+        c.gateway.interface_name = "this-name-is-too-long".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::InvalidInterfaceName { .. })
+        ));
+        let mut c = base();
+        c.gateway.tcp_listen = vec![443, 8443, 443];
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::DuplicateValue {
+                what: "TcpListen",
+                ..
+            })
+        ));
+    }
+}

@@ -1,10 +1,47 @@
-//! INI parse/emit for [`Config`]. (Skeleton: filled in by the parsers work.)
-use crate::core::config::Config;
+//! Reading and writing the configuration file: wg-quick-style INI for [`Config`].
+//!
+//! Accepted, as wg-quick does:
+//! - sections `[Interface]`, `[Peer]` (any number) and our `[Gateway]`, names and keys
+//!   matched case-insensitively;
+//! - comments from `#` or `;` to the end of the line, blank lines, whitespace around
+//!   keys, values and list items;
+//! - `Address`, `AllowedIPs` and `UplinkAddress` as comma lists, repeatable (they add up);
+//! - wg-quick-only keys that this appliance has no use for are accepted and ignored so
+//!   existing files load unchanged: `DNS`, `Table`, `PreUp`, `PostUp`, `PreDown`,
+//!   `PostDown`, `SaveConfig` (addresses and routes are set up by the gateway itself).
+//!
+//! Refused with an error naming file, line and key and saying what is allowed: unknown
+//! sections and keys, a single-valued key given twice in one section, `[Interface]` or
+//! `[Gateway]` given twice, a `[Peer]` without `PublicKey`, files over 1 MiB and lines
+//! over 4096 characters.
+//!
+//! `AllowedIPs` are stored masked (`10.0.0.1/24` becomes `10.0.0.0/24`, as the kernel and
+//! `wg showconf` have them); `Address`/`UplinkAddress` keep their host bits.
+//!
+//! [`emit`] writes the canonical form (`[Gateway]` keys only where they differ from the
+//! defaults) which [`parse`] reads back to an equal `Config`.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use crate::core::config::{
+    valid_ifname, Config, Endpoint, GatewayConfig, OffloadMode, PeerConfig, MIN_MTU,
+};
+use crate::core::key::Key;
+use crate::core::net::Cidr;
+
+/// Largest configuration file accepted.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+/// Longest line accepted, in characters.
+pub const MAX_LINE_CHARS: usize = 4096;
+/// Highest core number `Cores` may name (also bounds what a range can expand to).
+pub const MAX_CORE: usize = 4095;
 
 /// A config file error: which file, line and key, and what is allowed there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: String,
+    /// 1-based; 0 when the error is about the file as a whole.
     pub line: usize,
     pub key: String,
     pub msg: String,
@@ -18,10 +55,887 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-pub fn parse(file: &str, _text: &str) -> Result<Config, ConfigError> {
-    Err(ConfigError { file: file.into(), line: 0, key: String::new(), msg: "not implemented".into() })
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    None,
+    Interface,
+    Peer,
+    Gateway,
 }
 
-pub fn emit(_cfg: &Config) -> String {
-    String::new()
+/// A `[Peer]` being read: its public key may come on any line of the section.
+struct PeerDraft {
+    line: usize,
+    public_key: Option<Key>,
+    preshared_key: Option<Key>,
+    allowed_ips: Vec<Cidr>,
+    endpoint: Option<Endpoint>,
+    persistent_keepalive: Option<u16>,
+    tcp_port: Option<u16>,
+}
+
+const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored)";
+const PEER_KEYS: &str =
+    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway";
+
+/// Quote a user value for an error message, shortened so a huge line cannot flood a log.
+fn shown(v: &str) -> String {
+    let mut s: String = v.chars().take(64).collect();
+    if v.chars().count() > 64 {
+        s.push('…');
+    }
+    format!("`{s}`")
+}
+
+fn port(v: &str) -> Result<u16, String> {
+    match v.parse::<u16>() {
+        Ok(p) if p != 0 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(format!("expected a port number 1-65535, got {}", shown(v))),
+    }
+}
+
+fn number<T: std::str::FromStr>(v: &str, what: &str) -> Result<T, String> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("expected {what}, got {}", shown(v)));
+    }
+    v.parse::<T>()
+        .map_err(|_| format!("expected {what}, got {}", shown(v)))
+}
+
+fn on_off(v: &str) -> Result<bool, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("expected on or off, got {}", shown(v))),
+    }
+}
+
+fn key(v: &str) -> Result<Key, String> {
+    Key::from_base64(v).map_err(|e| format!("{e}, got {}", shown(v)))
+}
+
+fn items(v: &str) -> impl Iterator<Item = &str> {
+    v.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn cidrs(v: &str) -> Result<Vec<Cidr>, String> {
+    items(v)
+        .map(|s| s.parse::<Cidr>().map_err(|e| e.to_string()))
+        .collect()
+}
+
+fn fwmark(v: &str) -> Result<Option<u32>, String> {
+    let err = || {
+        format!(
+            "expected a number (decimal or 0x hex) or off, got {}",
+            shown(v)
+        )
+    };
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let n = if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
+        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(err());
+        }
+        u32::from_str_radix(h, 16).map_err(|_| err())?
+    } else {
+        number::<u32>(v, "a number (decimal or 0x hex) or off")?
+    };
+    Ok((n != 0).then_some(n))
+}
+
+fn cores(v: &str) -> Result<Vec<usize>, String> {
+    if v.is_empty() || v.eq_ignore_ascii_case("all") {
+        return Ok(Vec::new());
+    }
+    let what = format!("core numbers 0-{MAX_CORE} as a list or ranges (`0,1` or `0-3`) or all");
+    let mut out: Vec<usize> = Vec::new();
+    for it in items(v) {
+        let (lo, hi) = match it.split_once('-') {
+            Some((a, b)) => (
+                number::<usize>(a.trim(), &what)?,
+                number::<usize>(b.trim(), &what)?,
+            ),
+            None => {
+                let n = number::<usize>(it, &what)?;
+                (n, n)
+            }
+        };
+        if lo > hi || hi > MAX_CORE {
+            return Err(format!("expected {what}, got {}", shown(it)));
+        }
+        for c in lo..=hi {
+            if out.contains(&c) {
+                return Err(format!("core {c} is listed twice"));
+            }
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+fn tcp_listen(v: &str) -> Result<Vec<u16>, String> {
+    if v.eq_ignore_ascii_case("off") {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for it in items(v) {
+        let p = port(it).map_err(|e| format!("{e} (or off)"))?;
+        if out.contains(&p) {
+            return Err(format!("port {p} is listed twice"));
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
+
+fn offload(v: &str) -> Result<OffloadMode, String> {
+    match v.to_ascii_lowercase().as_str() {
+        "auto" => Ok(OffloadMode::Auto),
+        "gso" => Ok(OffloadMode::Gso),
+        "mmsg" => Ok(OffloadMode::Mmsg),
+        "off" => Ok(OffloadMode::Off),
+        _ => Err(format!("expected auto, gso, mmsg or off, got {}", shown(v))),
+    }
+}
+
+fn ifname(v: &str) -> Result<String, String> {
+    if valid_ifname(v) {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "expected an interface name (1-15 characters, no spaces, `/` or `:`), got {}",
+            shown(v)
+        ))
+    }
+}
+
+/// Parse a configuration file. `file` is only used in error messages.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+    let err = |line: usize, key: &str, msg: String| ConfigError {
+        file: file.to_string(),
+        line,
+        key: key.to_string(),
+        msg,
+    };
+    if text.len() > MAX_FILE_BYTES {
+        return Err(err(
+            0,
+            "file",
+            format!(
+                "is {} bytes; at most {MAX_FILE_BYTES} are accepted",
+                text.len()
+            ),
+        ));
+    }
+
+    let mut cfg = Config::default();
+    let mut section = Section::None;
+    let mut seen_interface: Option<usize> = None;
+    let mut seen_gateway: Option<usize> = None;
+    // Single-valued keys seen in the current section, with their line.
+    let mut seen: Vec<(&'static str, usize)> = Vec::new();
+    let mut peer: Option<PeerDraft> = None;
+
+    let finish_peer = |d: PeerDraft, cfg: &mut Config| -> Result<(), ConfigError> {
+        let public_key = d.public_key.ok_or_else(|| {
+            err(
+                d.line,
+                "[Peer]",
+                "has no PublicKey; every [Peer] needs `PublicKey = ...`".into(),
+            )
+        })?;
+        cfg.peers.push(PeerConfig {
+            public_key,
+            preshared_key: d.preshared_key,
+            allowed_ips: d.allowed_ips,
+            endpoint: d.endpoint,
+            persistent_keepalive: d.persistent_keepalive,
+            tcp_port: d.tcp_port,
+        });
+        Ok(())
+    };
+
+    for (i, raw) in text.split('\n').enumerate() {
+        let ln = i + 1;
+        if raw.len() > MAX_LINE_CHARS && raw.chars().count() > MAX_LINE_CHARS {
+            return Err(err(
+                ln,
+                "line",
+                format!("is longer than {MAX_LINE_CHARS} characters"),
+            ));
+        }
+        let line = raw.strip_suffix('\r').unwrap_or(raw);
+        let line = match line.find(['#', ';']) {
+            Some(p) => &line[..p],
+            None => line,
+        };
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+
+        if let Some(rest) = line.strip_prefix('[') {
+            let name = rest.strip_suffix(']').ok_or_else(|| {
+                err(
+                    ln,
+                    line,
+                    "a section header must look like `[Interface]`, `[Peer]` or `[Gateway]`".into(),
+                )
+            })?;
+            if let Some(d) = peer.take() {
+                finish_peer(d, &mut cfg)?;
+            }
+            seen.clear();
+            section = match name.trim().to_ascii_lowercase().as_str() {
+                "interface" => {
+                    if let Some(first) = seen_interface {
+                        return Err(err(
+                            ln,
+                            "[Interface]",
+                            format!("appears twice (first on line {first}); merge them"),
+                        ));
+                    }
+                    seen_interface = Some(ln);
+                    Section::Interface
+                }
+                "gateway" => {
+                    if let Some(first) = seen_gateway {
+                        return Err(err(
+                            ln,
+                            "[Gateway]",
+                            format!("appears twice (first on line {first}); merge them"),
+                        ));
+                    }
+                    seen_gateway = Some(ln);
+                    Section::Gateway
+                }
+                "peer" => {
+                    peer = Some(PeerDraft {
+                        line: ln,
+                        public_key: None,
+                        preshared_key: None,
+                        allowed_ips: Vec::new(),
+                        endpoint: None,
+                        persistent_keepalive: None,
+                        tcp_port: None,
+                    });
+                    Section::Peer
+                }
+                _ => {
+                    return Err(err(
+                        ln,
+                        &format!("[{}]", name.trim()),
+                        "unknown section; allowed are [Interface], [Peer] and [Gateway]".into(),
+                    ))
+                }
+            };
+            continue;
+        }
+
+        let (k, v) = line.split_once('=').ok_or_else(|| {
+            err(
+                ln,
+                &shown(line),
+                "expected `Key = Value` or a `[Section]` header".into(),
+            )
+        })?;
+        let k = k.trim();
+        let v = v.trim();
+        let lk = k.to_ascii_lowercase();
+        let e = |msg: String| err(ln, k, msg);
+
+        // Keys that may be given once per section, by canonical name; list keys and the
+        // ignored wg-quick keys are not in here.
+        let single: Option<&'static str> = match (section, lk.as_str()) {
+            (Section::Interface, "privatekey") => Some("PrivateKey"),
+            (Section::Interface, "listenport") => Some("ListenPort"),
+            (Section::Interface, "fwmark") => Some("FwMark"),
+            (Section::Interface, "mtu") => Some("MTU"),
+            (Section::Peer, "publickey") => Some("PublicKey"),
+            (Section::Peer, "presharedkey") => Some("PresharedKey"),
+            (Section::Peer, "endpoint") => Some("Endpoint"),
+            (Section::Peer, "persistentkeepalive") => Some("PersistentKeepalive"),
+            (Section::Peer, "tcpport") => Some("TcpPort"),
+            (Section::Gateway, "interfacename") => Some("InterfaceName"),
+            (Section::Gateway, "cores") => Some("Cores"),
+            (Section::Gateway, "iouring") => Some("IoUring"),
+            (Section::Gateway, "offload") => Some("Offload"),
+            (Section::Gateway, "tunoffload") => Some("TunOffload"),
+            (Section::Gateway, "hugepages") => Some("HugePages"),
+            (Section::Gateway, "buffers") => Some("Buffers"),
+            (Section::Gateway, "tcplisten") => Some("TcpListen"),
+            (Section::Gateway, "tcpfallback") => Some("TcpFallback"),
+            (Section::Gateway, "bbrrttms") => Some("BbrRttMs"),
+            (Section::Gateway, "uplink") => Some("Uplink"),
+            (Section::Gateway, "uplinkgateway") => Some("UplinkGateway"),
+            _ => None,
+        };
+        if let Some(name) = single {
+            if let Some((_, first)) = seen.iter().find(|(n, _)| *n == name) {
+                return Err(e(format!(
+                    "is given twice in this section (first on line {first})"
+                )));
+            }
+            seen.push((name, ln));
+        }
+
+        match section {
+            Section::None => {
+                return Err(e(
+                    "comes before any section; put it under [Interface], [Peer] or [Gateway]"
+                        .into(),
+                ))
+            }
+            Section::Interface => {
+                let ic = &mut cfg.interface;
+                match lk.as_str() {
+                    "privatekey" => ic.private_key = Some(key(v).map_err(e)?),
+                    "listenport" => ic.listen_port = Some(port(v).map_err(e)?),
+                    "fwmark" => ic.fwmark = fwmark(v).map_err(e)?,
+                    "address" => ic.addresses.extend(cidrs(v).map_err(e)?),
+                    "mtu" => {
+                        let m: u16 = number(v, &format!("a number {MIN_MTU}-65535")).map_err(e)?;
+                        if m < MIN_MTU {
+                            return Err(e(format!(
+                                "expected a number {MIN_MTU}-65535, got {}",
+                                shown(v)
+                            )));
+                        }
+                        ic.mtu = Some(m);
+                    }
+                    // wg-quick-only: see the module comment.
+                    "dns" | "table" | "preup" | "postup" | "predown" | "postdown"
+                    | "saveconfig" => {}
+                    _ => {
+                        return Err(e(format!(
+                            "unknown key in [Interface]; allowed are {INTERFACE_KEYS}"
+                        )))
+                    }
+                }
+            }
+            Section::Peer => {
+                // A `[Peer]` header always creates the draft before this arm is reachable.
+                let Some(d) = peer.as_mut() else {
+                    return Err(e("internal: [Peer] state missing".into()));
+                };
+                match lk.as_str() {
+                    "publickey" => d.public_key = Some(key(v).map_err(e)?),
+                    "presharedkey" => {
+                        let k = key(v).map_err(e)?;
+                        // An all-zero preshared key is WireGuard's "none".
+                        d.preshared_key = (!k.is_zero()).then_some(k);
+                    }
+                    "allowedips" => d
+                        .allowed_ips
+                        .extend(cidrs(v).map_err(e)?.into_iter().map(|c| c.network())),
+                    "endpoint" => {
+                        d.endpoint = Some(v.parse::<Endpoint>().map_err(|x| e(x.to_string()))?)
+                    }
+                    "persistentkeepalive" => {
+                        d.persistent_keepalive = if v.eq_ignore_ascii_case("off") {
+                            None
+                        } else {
+                            let n: u16 = number(v, "seconds 0-65535 or off").map_err(e)?;
+                            (n != 0).then_some(n)
+                        }
+                    }
+                    "tcpport" => d.tcp_port = Some(port(v).map_err(e)?),
+                    _ => return Err(e(format!("unknown key in [Peer]; allowed are {PEER_KEYS}"))),
+                }
+            }
+            Section::Gateway => {
+                let g = &mut cfg.gateway;
+                match lk.as_str() {
+                    "interfacename" => g.interface_name = ifname(v).map_err(e)?,
+                    "cores" => g.cores = cores(v).map_err(e)?,
+                    "iouring" => g.io_uring = on_off(v).map_err(e)?,
+                    "offload" => g.offload = offload(v).map_err(e)?,
+                    "tunoffload" => g.tun_offload = on_off(v).map_err(e)?,
+                    "hugepages" => g.hugepages = on_off(v).map_err(e)?,
+                    "buffers" => {
+                        let what = "a number of buffers 1-1048576";
+                        let n: u32 = number(v, what).map_err(e)?;
+                        if n == 0 || n > 1 << 20 {
+                            return Err(e(format!("expected {what}, got {}", shown(v))));
+                        }
+                        g.buffers = n;
+                    }
+                    "tcplisten" => g.tcp_listen = tcp_listen(v).map_err(e)?,
+                    "tcpfallback" => g.tcp_fallback = on_off(v).map_err(e)?,
+                    "bbrrttms" => {
+                        g.bbr_rtt_ms = number(v, "milliseconds 0-4294967295").map_err(e)?
+                    }
+                    "uplink" => {
+                        g.uplink = if v.is_empty() {
+                            String::new()
+                        } else {
+                            ifname(v).map_err(e)?
+                        }
+                    }
+                    "uplinkaddress" => g.uplink_addresses.extend(cidrs(v).map_err(e)?),
+                    "uplinkgateway" => {
+                        g.uplink_gateway = if v.is_empty() {
+                            None
+                        } else {
+                            Some(v.parse::<IpAddr>().map_err(|_| {
+                                e(format!(
+                                    "expected an IP address such as 192.0.2.1, got {}",
+                                    shown(v)
+                                ))
+                            })?)
+                        }
+                    }
+                    _ => {
+                        return Err(e(format!(
+                            "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
+                        )))
+                    }
+                }
+            }
+        }
+    }
+    if let Some(d) = peer.take() {
+        finish_peer(d, &mut cfg)?;
+    }
+    Ok(cfg)
+}
+
+fn join<T: std::fmt::Display>(v: &[T]) -> String {
+    let mut s = String::new();
+    for (i, x) in v.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{x}");
+    }
+    s
+}
+
+fn on_off_str(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+/// Write the canonical file for `cfg`. Writing to a `String` cannot fail, so the
+/// `write!` results are ignored.
+pub fn emit(cfg: &Config) -> String {
+    let mut s = String::new();
+    let ic = &cfg.interface;
+    s.push_str("[Interface]\n");
+    if let Some(k) = &ic.private_key {
+        let _ = writeln!(s, "PrivateKey = {}", k.to_base64());
+    }
+    if let Some(p) = ic.listen_port {
+        let _ = writeln!(s, "ListenPort = {p}");
+    }
+    if let Some(m) = ic.fwmark {
+        let _ = writeln!(s, "FwMark = {m:#x}");
+    }
+    if !ic.addresses.is_empty() {
+        let _ = writeln!(s, "Address = {}", join(&ic.addresses));
+    }
+    if let Some(m) = ic.mtu {
+        let _ = writeln!(s, "MTU = {m}");
+    }
+    for p in &cfg.peers {
+        let _ = writeln!(s, "\n[Peer]\nPublicKey = {}", p.public_key.to_base64());
+        if let Some(k) = &p.preshared_key {
+            let _ = writeln!(s, "PresharedKey = {}", k.to_base64());
+        }
+        if !p.allowed_ips.is_empty() {
+            let _ = writeln!(s, "AllowedIPs = {}", join(&p.allowed_ips));
+        }
+        if let Some(e) = &p.endpoint {
+            let _ = writeln!(s, "Endpoint = {e}");
+        }
+        if let Some(k) = p.persistent_keepalive {
+            let _ = writeln!(s, "PersistentKeepalive = {k}");
+        }
+        if let Some(t) = p.tcp_port {
+            let _ = writeln!(s, "TcpPort = {t}");
+        }
+    }
+    let g = &cfg.gateway;
+    let d = GatewayConfig::default();
+    let mut gs = String::new();
+    if g.interface_name != d.interface_name {
+        let _ = writeln!(gs, "InterfaceName = {}", g.interface_name);
+    }
+    if g.cores != d.cores {
+        let _ = writeln!(gs, "Cores = {}", join(&g.cores));
+    }
+    if g.io_uring != d.io_uring {
+        let _ = writeln!(gs, "IoUring = {}", on_off_str(g.io_uring));
+    }
+    if g.offload != d.offload {
+        let o = match g.offload {
+            OffloadMode::Auto => "auto",
+            OffloadMode::Gso => "gso",
+            OffloadMode::Mmsg => "mmsg",
+            OffloadMode::Off => "off",
+        };
+        let _ = writeln!(gs, "Offload = {o}");
+    }
+    if g.tun_offload != d.tun_offload {
+        let _ = writeln!(gs, "TunOffload = {}", on_off_str(g.tun_offload));
+    }
+    if g.hugepages != d.hugepages {
+        let _ = writeln!(gs, "HugePages = {}", on_off_str(g.hugepages));
+    }
+    if g.buffers != d.buffers {
+        let _ = writeln!(gs, "Buffers = {}", g.buffers);
+    }
+    if g.tcp_listen != d.tcp_listen {
+        if g.tcp_listen.is_empty() {
+            gs.push_str("TcpListen = off\n");
+        } else {
+            let _ = writeln!(gs, "TcpListen = {}", join(&g.tcp_listen));
+        }
+    }
+    if g.tcp_fallback != d.tcp_fallback {
+        let _ = writeln!(gs, "TcpFallback = {}", on_off_str(g.tcp_fallback));
+    }
+    if g.bbr_rtt_ms != d.bbr_rtt_ms {
+        let _ = writeln!(gs, "BbrRttMs = {}", g.bbr_rtt_ms);
+    }
+    if g.uplink != d.uplink {
+        let _ = writeln!(gs, "Uplink = {}", g.uplink);
+    }
+    if !g.uplink_addresses.is_empty() {
+        let _ = writeln!(gs, "UplinkAddress = {}", join(&g.uplink_addresses));
+    }
+    if let Some(gw) = g.uplink_gateway {
+        let _ = writeln!(gs, "UplinkGateway = {gw}");
+    }
+    if !gs.is_empty() {
+        s.push_str("\n[Gateway]\n");
+        s.push_str(&gs);
+    }
+    s
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+
+    /// xorshift64*: a tiny seeded generator so failures replay.
+    pub(crate) struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        pub fn below(&mut self, n: u64) -> u64 {
+            self.next() % n.max(1)
+        }
+        pub fn chance(&mut self, one_in: u64) -> bool {
+            self.below(one_in) == 0
+        }
+        pub fn key(&mut self) -> Key {
+            let mut k = [0u8; 32];
+            for c in k.chunks_mut(8) {
+                c.copy_from_slice(&self.next().to_le_bytes());
+            }
+            k[0] |= 1; // never the all-zero key
+            Key(k)
+        }
+        pub fn cidr(&mut self, masked: bool) -> Cidr {
+            let c = if self.chance(2) {
+                let a = Ipv4Addr::from(self.next() as u32);
+                Cidr::new(IpAddr::V4(a), self.below(33) as u8)
+            } else {
+                let a = Ipv6Addr::from(u128::from(self.next()) << 64 | u128::from(self.next()));
+                Cidr::new(IpAddr::V6(a), self.below(129) as u8)
+            };
+            // Cidr::new only fails for prefixes over the maximum, which below() excludes.
+            let c = c.unwrap();
+            if masked {
+                c.network()
+            } else {
+                c
+            }
+        }
+        pub fn port(&mut self) -> u16 {
+            1 + self.below(65535) as u16
+        }
+    }
+
+    /// A random valid configuration (every value in the canonical form `parse` yields).
+    pub(crate) fn random_config(rng: &mut Rng) -> Config {
+        let mut c = Config::default();
+        if !rng.chance(4) {
+            c.interface.private_key = Some(rng.key());
+        }
+        if rng.chance(2) {
+            c.interface.listen_port = Some(rng.port());
+        }
+        if rng.chance(3) {
+            c.interface.fwmark = Some(1 + rng.below(u64::from(u32::MAX)) as u32);
+        }
+        for _ in 0..rng.below(3) {
+            c.interface.addresses.push(rng.cidr(false));
+        }
+        if rng.chance(3) {
+            c.interface.mtu = Some(1280 + rng.below(60000) as u16);
+        }
+        for _ in 0..rng.below(5) {
+            let mut p = PeerConfig {
+                public_key: rng.key(),
+                preshared_key: None,
+                allowed_ips: Vec::new(),
+                endpoint: None,
+                persistent_keepalive: None,
+                tcp_port: None,
+            };
+            if rng.chance(2) {
+                p.preshared_key = Some(rng.key());
+            }
+            for _ in 0..rng.below(4) {
+                let ip = rng.cidr(true);
+                if !c.peers.iter().any(|q| q.allowed_ips.contains(&ip))
+                    && !p.allowed_ips.contains(&ip)
+                {
+                    p.allowed_ips.push(ip);
+                }
+            }
+            p.endpoint = match rng.below(4) {
+                0 => Some(Endpoint::Addr(SocketAddr::new(
+                    rng.cidr(false).addr,
+                    rng.port(),
+                ))),
+                1 => Some(Endpoint::Name {
+                    host: format!("h{}.example.net", rng.below(1000)),
+                    port: rng.port(),
+                }),
+                _ => None,
+            };
+            if rng.chance(2) {
+                p.persistent_keepalive = Some(1 + rng.below(65535) as u16);
+            }
+            if rng.chance(4) {
+                p.tcp_port = Some(rng.port());
+            }
+            c.peers.push(p);
+        }
+        let g = &mut c.gateway;
+        if rng.chance(3) {
+            g.interface_name = format!("rg{}", rng.below(1000));
+        }
+        if rng.chance(3) {
+            let n = rng.below(5);
+            g.cores = (0..n as usize).map(|i| i * 2 + 1).collect();
+        }
+        g.io_uring = !rng.chance(3);
+        g.offload = [
+            OffloadMode::Auto,
+            OffloadMode::Gso,
+            OffloadMode::Mmsg,
+            OffloadMode::Off,
+        ][rng.below(4) as usize];
+        g.tun_offload = !rng.chance(3);
+        g.hugepages = !rng.chance(3);
+        if rng.chance(3) {
+            g.buffers = 1 + rng.below(1 << 20) as u32;
+        }
+        if rng.chance(2) {
+            g.tcp_listen = vec![443];
+            if rng.chance(2) {
+                g.tcp_listen.push(8443);
+            }
+        }
+        g.tcp_fallback = !rng.chance(3);
+        if rng.chance(3) {
+            g.bbr_rtt_ms = rng.next() as u32;
+        }
+        if rng.chance(3) {
+            g.uplink = "eth0".into();
+        }
+        for _ in 0..rng.below(3) {
+            g.uplink_addresses.push(rng.cidr(false));
+        }
+        if rng.chance(3) {
+            g.uplink_gateway = Some(rng.cidr(false).addr);
+        }
+        c
+    }
+
+    const PRIV: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+    const PUB: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+
+    #[test]
+    fn parses_a_wg_quick_file() {
+        let text = format!(
+            "# a comment\n\
+             [interface]\r\n\
+             PrivateKey = {PRIV}\n\
+             listenport=51820 ; inline comment\n\
+             Address = 10.0.0.1/24, fd00::1/64\n\
+             Address = 10.0.1.1/24\n\
+             FwMark = 0x10\n\
+             MTU = 1380\n\
+             DNS = 1.1.1.1\n\
+             PostUp = iptables -A FORWARD -i %i -j ACCEPT; echo hi\n\
+             SaveConfig = true\n\
+             \n\
+             [Peer]\n\
+             PublicKey = {PUB}\n\
+             AllowedIPs = 10.0.0.2/24 ,fd00::2/128\n\
+             AllowedIPs = 192.168.0.0/16\n\
+             Endpoint = [2001:db8::1]:51820\n\
+             PersistentKeepalive = 25\n\
+             TcpPort = 443\n\
+             [PEER]\n\
+             PublicKey = {PRIV}\n\
+             Endpoint = vpn.example.com:51820\n\
+             PersistentKeepalive = off\n\
+             [Gateway]\n\
+             InterfaceName = wg7\n\
+             Cores = 0-2, 5\n\
+             IoUring = off\n\
+             Offload = GSO\n\
+             TcpListen = 443, 8443\n\
+             UplinkAddress = 192.0.2.2/24\n\
+             UplinkGateway = 192.0.2.1\n"
+        );
+        let c = parse("t.conf", &text).unwrap();
+        assert_eq!(c.interface.private_key.unwrap().to_base64(), PRIV);
+        assert_eq!(c.interface.listen_port, Some(51820));
+        assert_eq!(c.interface.fwmark, Some(16));
+        assert_eq!(c.interface.addresses.len(), 3);
+        assert_eq!(c.interface.addresses[0].to_string(), "10.0.0.1/24");
+        assert_eq!(c.interface.mtu, Some(1380));
+        assert_eq!(c.peers.len(), 2);
+        let p = &c.peers[0];
+        assert_eq!(p.public_key.to_base64(), PUB);
+        let ips: Vec<String> = p.allowed_ips.iter().map(|c| c.to_string()).collect();
+        assert_eq!(ips, ["10.0.0.0/24", "fd00::2/128", "192.168.0.0/16"]);
+        assert_eq!(
+            p.endpoint.as_ref().unwrap().to_string(),
+            "[2001:db8::1]:51820"
+        );
+        assert_eq!(p.persistent_keepalive, Some(25));
+        assert_eq!(p.tcp_port, Some(443));
+        assert_eq!(
+            c.peers[1].endpoint,
+            Some(Endpoint::Name {
+                host: "vpn.example.com".into(),
+                port: 51820
+            })
+        );
+        assert_eq!(c.peers[1].persistent_keepalive, None);
+        assert_eq!(c.gateway.interface_name, "wg7");
+        assert_eq!(c.gateway.cores, vec![0, 1, 2, 5]);
+        assert!(!c.gateway.io_uring);
+        assert_eq!(c.gateway.offload, OffloadMode::Gso);
+        assert_eq!(c.gateway.tcp_listen, vec![443, 8443]);
+        assert_eq!(c.gateway.uplink_gateway, Some("192.0.2.1".parse().unwrap()));
+        // And it survives a round trip.
+        assert_eq!(parse("again", &emit(&c)).unwrap(), c);
+    }
+
+    fn err_of(text: &str) -> ConfigError {
+        parse("f.conf", text).unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_line_key_and_what_is_allowed() {
+        let e = err_of("[Interface]\nListenPort = x\n");
+        assert_eq!((e.line, e.key.as_str()), (2, "ListenPort"));
+        assert_eq!(
+            e.to_string(),
+            "f.conf:2: ListenPort: expected a port number 1-65535, got `x`"
+        );
+        let e = err_of("[Interface]\nListenPort = 0\n");
+        assert!(e.msg.contains("1-65535"));
+        let e = err_of("[Interface]\nBogus = 1\n");
+        assert!(
+            e.msg.contains("unknown key") && e.msg.contains("PrivateKey"),
+            "{e}"
+        );
+        let e = err_of("\n[Nope]\n");
+        assert_eq!((e.line, e.key.as_str()), (2, "[Nope]"));
+        let e = err_of("ListenPort = 1\n");
+        assert!(e.msg.contains("before any section"));
+        let e = err_of("[Peer]\nAllowedIPs = 10.0.0.0/8\n");
+        assert_eq!((e.line, e.key.as_str()), (1, "[Peer]"));
+        let e = err_of(&format!("[Peer]\nPublicKey = {PUB}\nPublicKey = {PUB}\n"));
+        assert!(e.msg.contains("twice") && e.line == 3, "{e}");
+        let e = err_of("[Interface]\n[Interface]\n");
+        assert!(e.msg.contains("twice"));
+        let e = err_of("[Interface]\nMTU = 500\n");
+        assert!(e.msg.contains("576-65535"));
+        let e = err_of("[Interface]\nPrivateKey = abc\n");
+        assert!(e.msg.contains("base64"), "{e}");
+        let e = err_of(&format!(
+            "[Peer]\nPublicKey = {PUB}\nEndpoint = fd00::1:51820\n"
+        ));
+        assert!(e.msg.contains("[IPv6]:PORT"), "{e}");
+        let e = err_of(&format!(
+            "[Peer]\nPublicKey = {PUB}\nPersistentKeepalive = 70000\n"
+        ));
+        assert!(e.msg.contains("0-65535 or off"), "{e}");
+        let e = err_of("[Gateway]\nCores = 3-1\n");
+        assert!(e.msg.contains("0-3"), "{e}");
+        let e = err_of("[Gateway]\nCores = 0-100000000\n");
+        assert_eq!(e.key, "Cores");
+        let e = err_of("[Gateway]\nOffload = fast\n");
+        assert!(e.msg.contains("auto, gso, mmsg or off"));
+        let e = err_of("[Gateway]\nIoUring = maybe\n");
+        assert!(e.msg.contains("on or off"));
+        let e = err_of("[Gateway]\nTcpListen = 443, 443\n");
+        assert!(e.msg.contains("twice"));
+        let e = err_of("[Gateway]\nInterfaceName = a/b\n");
+        assert!(e.msg.contains("interface name"));
+        let e = err_of("[Interface]\njust words\n");
+        assert!(e.msg.contains("Key = Value"));
+        let e = err_of("[Interface\n");
+        assert!(e.msg.contains("section header"));
+    }
+
+    #[test]
+    fn size_limits() {
+        let long = format!("[Interface]\n# {}\n", "x".repeat(MAX_LINE_CHARS));
+        let e = err_of(&long);
+        assert_eq!(e.line, 2);
+        assert!(e.msg.contains("4096"));
+        let big = "#\n".repeat(MAX_FILE_BYTES / 2 + 1);
+        let e = err_of(&big);
+        assert_eq!(e.line, 0);
+        assert!(e.msg.contains("at most"));
+    }
+
+    #[test]
+    fn empty_and_off_values() {
+        let c = parse(
+            "f",
+            "[Interface]\nFwMark = off\n[Peer]\nPublicKey = xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=\nAllowedIPs =\nPresharedKey = AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n[Gateway]\nTcpListen = off\nCores = all\nUplinkGateway =\n",
+        )
+        .unwrap();
+        assert_eq!(c.interface.fwmark, None);
+        assert!(c.peers[0].allowed_ips.is_empty());
+        assert_eq!(c.peers[0].preshared_key, None);
+        assert!(c.gateway.tcp_listen.is_empty() && c.gateway.cores.is_empty());
+        assert_eq!(parse("e", "").unwrap(), Config::default());
+        assert_eq!(emit(&Config::default()), "[Interface]\n");
+    }
+
+    #[test]
+    fn round_trip_generated_configs() {
+        for seed in 1..=500u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let c = random_config(&mut rng);
+            let text = emit(&c);
+            let back = parse("gen", &text).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+            assert_eq!(back, c, "seed {seed}\n{text}");
+        }
+    }
 }

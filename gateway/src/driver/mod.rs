@@ -1,9 +1,659 @@
-//! Drivers: the loops that move bytes between `sys` handles and the `core` state.
+//! Drivers: the loops that move bytes between `sys` handles and the `core` device, and
+//! the process around them (the drop-in `riceguard IFNAME` and the appliance daemon
+//! `riceguard up --config FILE`).
 
+pub mod uapi;
+pub mod uring_worker;
+pub mod worker;
+
+use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
+use std::os::fd::{AsFd, OwnedFd};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{
+    self as nsock, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6,
+};
+
+use crate::core::config::{Config, Endpoint};
+use crate::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
+use crate::core::uapi::{SetRequest, UapiError};
+use crate::sys::tun::Tun;
+use worker::{Shared, SocketSet};
+
+const PIDFILE: &str = "/run/riceguard.pid";
+
+/// Options of both daemon forms.
+#[derive(Debug, Clone)]
+struct Opts {
+    ifname: String,
+    foreground: bool,
+    config_file: Option<String>,
+    workers: Option<usize>,
+}
+
+const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] IFNAME
+       riceguard up --config FILE [--workers N]";
+
+pub mod tcp;
+pub mod udptcp;
 
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
-pub fn main(_args: &[String]) -> ExitCode {
-    eprintln!("driver: not built yet");
-    ExitCode::from(1)
+pub fn main(args: &[String]) -> ExitCode {
+    crate::logger::init();
+    let opts = match parse_args(args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn parse_args(args: &[String]) -> Result<Opts, String> {
+    let mut o = Opts {
+        ifname: String::new(),
+        foreground: false,
+        config_file: None,
+        workers: None,
+    };
+    let mut it = args.iter();
+    let mut up = false;
+    if std::env::var("WG_PROCESS_FOREGROUND").as_deref() == Ok("1") {
+        o.foreground = true;
+    }
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "up" if !up && o.ifname.is_empty() => {
+                up = true;
+                o.foreground = true;
+            }
+            "-f" | "--foreground" => o.foreground = true,
+            "--config" | "-c" => {
+                o.config_file = Some(it.next().ok_or("--config needs a file")?.clone())
+            }
+            "--workers" => {
+                let n = it.next().ok_or("--workers needs a number")?;
+                o.workers = Some(
+                    n.parse()
+                        .ok()
+                        .filter(|&n: &usize| (1..=256).contains(&n))
+                        .ok_or("--workers takes 1-256")?,
+                );
+            }
+            s if s.starts_with('-') => return Err(format!("unknown option `{s}`")),
+            s if o.ifname.is_empty() && !up => o.ifname = s.to_string(),
+            s => return Err(format!("unexpected argument `{s}`")),
+        }
+    }
+    if up {
+        if o.config_file.is_none() {
+            return Err("`up` needs --config FILE".into());
+        }
+    } else if o.ifname.is_empty() {
+        return Err("missing interface name".into());
+    }
+    Ok(o)
+}
+
+/// The running daemon's handles, shared by the UAPI server and the signal loop.
+pub struct Runtime {
+    pub shared: Arc<Shared>,
+    pub ifname: String,
+    workers: usize,
+    /// Serialises configuration changes (UAPI sets, reloads).
+    apply_lock: Mutex<()>,
+}
+
+/// Why a configuration change could not be applied.
+#[derive(Debug)]
+pub enum ApplyError {
+    Bind(u16, std::io::Error),
+    Device(crate::core::device::DeviceError),
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApplyError::Bind(p, e) => write!(f, "cannot listen on UDP port {p}: {e}"),
+            ApplyError::Device(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl Runtime {
+    /// A UAPI `set`: computed on a copy, applied whole or not at all.
+    pub fn apply_set(&self, req: &SetRequest) -> Result<(), UapiError> {
+        let _g = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.shared.device.config();
+        let new = crate::core::uapi::apply_set(&old, req)?;
+        self.apply_locked(&old, &new).map_err(|e| match e {
+            ApplyError::Bind(_, ref io) if io.kind() == std::io::ErrorKind::AddrInUse => {
+                UapiError::PortInUse(e.to_string())
+            }
+            _ => UapiError::Io(e.to_string()),
+        })
+    }
+
+    /// Apply a whole new configuration (reload from file).
+    pub fn apply_config(&self, new: &Config) -> Result<(), ApplyError> {
+        let _g = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.shared.device.config();
+        self.apply_locked(&old, new)
+    }
+
+    fn apply_locked(&self, old: &Config, new: &Config) -> Result<(), ApplyError> {
+        let new = resolve_endpoints(new);
+        let want_port = new.interface.listen_port.unwrap_or(0);
+        let cur_port = self.shared.sockets.port.load(Ordering::Relaxed);
+        if new.interface.listen_port != old.interface.listen_port
+            && (want_port == 0 || want_port != cur_port)
+        {
+            let (socks, port) = bind_udp(self.workers, want_port, new.interface.fwmark)
+                .map_err(|e| ApplyError::Bind(want_port, e))?;
+            self.shared.sockets.replace(socks, port);
+            log::info!("{}: listening on UDP port {port}", self.ifname);
+        } else if new.interface.fwmark != old.interface.fwmark {
+            for s in self.shared.sockets.get().1.iter() {
+                set_mark(s, new.interface.fwmark);
+            }
+        }
+        self.shared
+            .device
+            .reconfigure(&new)
+            .map_err(ApplyError::Device)?;
+        let mut scratch = vec![0u8; SCRATCH_SIZE];
+        let mut io = TimerIo {
+            sockets: &self.shared.sockets,
+            tcp: self.shared.tcp.as_deref(),
+        };
+        self.shared
+            .device
+            .initiate_keepalive_peers(&mut scratch, &mut io);
+        Ok(())
+    }
+}
+
+/// Resolve `Endpoint::Name` entries (the core does no I/O).
+fn resolve_endpoints(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    for p in &mut c.peers {
+        if let Some(Endpoint::Name { host, port }) = &p.endpoint {
+            use std::net::ToSocketAddrs;
+            match (host.as_str(), *port)
+                .to_socket_addrs()
+                .map(|mut a| a.next())
+            {
+                Ok(Some(a)) => p.endpoint = Some(Endpoint::Addr(a)),
+                _ => {
+                    log::warn!("peer endpoint {host}:{port} does not resolve; will retry on reload")
+                }
+            }
+        }
+    }
+    c
+}
+
+/// Sends from outside the workers (timer-driven handshakes and keepalives).
+struct TimerIo<'a> {
+    sockets: &'a SocketSet,
+    tcp: Option<&'a dyn worker::TcpOut>,
+}
+
+impl Io for TimerIo<'_> {
+    fn send(&mut self, to: PeerAddr, d: &[u8]) {
+        match to {
+            PeerAddr::Udp(a) => {
+                if let Some(s) = self.sockets.any() {
+                    let v6 = s.local_addr().map(|l| l.is_ipv6()).unwrap_or(false);
+                    let _ = s.send_to(d, worker::to_sock_addr(a, v6));
+                }
+            }
+            PeerAddr::Tcp { conn, .. } => {
+                if let Some(t) = self.tcp {
+                    t.send(conn, d);
+                }
+            }
+        }
+    }
+
+    fn tun_write(&mut self, _p: &[u8]) {}
+}
+
+/// Bind `n` UDP sockets to one port with `SO_REUSEPORT` (dual-stack where IPv6 exists).
+/// Port 0 picks a free port for the first and binds the rest to the same.
+pub fn bind_udp(
+    n: usize,
+    port: u16,
+    fwmark: Option<u32>,
+) -> std::io::Result<(Vec<Arc<UdpSocket>>, u16)> {
+    let mut socks = Vec::with_capacity(n);
+    let mut port = port;
+    for _ in 0..n.max(1) {
+        let s = bind_one(port)?;
+        set_mark(&s, fwmark);
+        port = s.local_addr()?.port();
+        socks.push(Arc::new(s));
+    }
+    Ok((socks, port))
+}
+
+fn bind_one(port: u16) -> std::io::Result<UdpSocket> {
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let v6 = nsock::socket(AddressFamily::Inet6, SockType::Datagram, flags, None);
+    let fd: OwnedFd = match v6 {
+        Ok(fd) => {
+            nsock::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
+            nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
+            set_buffers(&fd);
+            let addr = SockaddrIn6::from(std::net::SocketAddrV6::new(
+                Ipv6Addr::UNSPECIFIED,
+                port,
+                0,
+                0,
+            ));
+            nsock::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
+            fd
+        }
+        Err(_) => {
+            // No IPv6 in this kernel/namespace: IPv4 only.
+            let fd = nsock::socket(AddressFamily::Inet, SockType::Datagram, flags, None)?;
+            nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
+            set_buffers(&fd);
+            let addr = SockaddrIn::from(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
+            nsock::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
+            fd
+        }
+    };
+    Ok(UdpSocket::from(fd))
+}
+
+/// Large socket buffers so bursts are not dropped between wakes (wireguard-go uses ~7 MB).
+fn set_buffers(fd: &impl AsFd) {
+    const SZ: usize = 7 << 20;
+    if nsock::setsockopt(fd, sockopt::RcvBufForce, &SZ).is_err() {
+        let _ = nsock::setsockopt(fd, sockopt::RcvBuf, &SZ);
+    }
+    if nsock::setsockopt(fd, sockopt::SndBufForce, &SZ).is_err() {
+        let _ = nsock::setsockopt(fd, sockopt::SndBuf, &SZ);
+    }
+}
+
+fn set_mark(s: &UdpSocket, mark: Option<u32>) {
+    if let Err(e) = nsock::setsockopt(s, sockopt::Mark, &mark.unwrap_or(0)) {
+        if mark.is_some() {
+            log::warn!("cannot set fwmark: {e}");
+        }
+    }
+}
+
+fn cores_for(cfg: &Config, n: usize) -> Vec<usize> {
+    if !cfg.gateway.cores.is_empty() {
+        return cfg.gateway.cores.clone();
+    }
+    (0..n).collect()
+}
+
+fn run(opts: Opts) -> Result<(), String> {
+    let appliance = opts.config_file.is_some();
+    let mut cfg = Config::default();
+    if let Some(path) = &opts.config_file {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        cfg = crate::core::ini::parse(path, &text).map_err(|e| e.to_string())?;
+        cfg.validate().map_err(|e| format!("{path}: {e}"))?;
+        if cfg.interface.private_key.is_none() {
+            return Err(format!("{path}: [Interface] PrivateKey is required"));
+        }
+    }
+    let ifname = if appliance {
+        cfg.gateway.interface_name.clone()
+    } else {
+        opts.ifname.clone()
+    };
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let cores = cores_for(&cfg, ncpu);
+    let workers = opts.workers.unwrap_or(cores.len()).max(1);
+
+    let tun = Tun::create(&ifname, workers, false).map_err(|e| format!("{ifname}: {e}"))?;
+    let ifname = tun.name().to_string();
+    let (socks, port) = bind_udp(
+        workers,
+        cfg.interface.listen_port.unwrap_or(0),
+        cfg.interface.fwmark,
+    )
+    .map_err(|e| format!("UDP: {e}"))?;
+    let listener = uapi::bind(&ifname).map_err(|e| format!("UAPI socket: {e}"))?;
+    if appliance {
+        apply_interface_settings(&ifname, &cfg)?;
+    }
+    if !opts.foreground {
+        crate::sys::process::daemonize(false).map_err(|e| format!("daemonize: {e}"))?;
+    }
+    // Block the signals we handle before any thread exists, so only sigwait sees them.
+    let mut sigs = SigSet::empty();
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+    ] {
+        sigs.add(s);
+    }
+    sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
+
+    let device = Arc::new(Device::new());
+    let shared = Arc::new(Shared {
+        device: device.clone(),
+        sockets: Arc::new(SocketSet::new(socks, port)),
+        stop: Arc::new(AtomicBool::new(false)),
+        tcp: None,
+        tun_gone: Arc::new(AtomicBool::new(false)),
+    });
+    let rt = Arc::new(Runtime {
+        shared: shared.clone(),
+        ifname: ifname.clone(),
+        workers,
+        apply_lock: Mutex::new(()),
+    });
+    rt.apply_config(&cfg).map_err(|e| e.to_string())?;
+    log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
+    let report = vec![
+        format!("interface: {ifname}"),
+        format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
+        format!("workers: {workers} on cores {cores:?}"),
+        "io: poll(2) loop, one datagram per syscall".to_string(),
+    ];
+    write_status_file(&ifname, &report);
+
+    let mut handles = Vec::new();
+    for (i, q) in tun.into_queues().into_iter().enumerate() {
+        let sh = shared.clone();
+        let core = cores[i % cores.len()];
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("rg-worker-{i}"))
+                .spawn(move || {
+                    pin_to(core);
+                    worker::run(i, q, sh.clone());
+                    if sh.tun_gone.load(Ordering::Relaxed) {
+                        let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);
+                    }
+                })
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    {
+        let sh = shared.clone();
+        std::thread::Builder::new()
+            .name("rg-timers".into())
+            .spawn(move || {
+                let mut scratch = vec![0u8; SCRATCH_SIZE];
+                while !sh.stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(250));
+                    let mut io = TimerIo {
+                        sockets: &sh.sockets,
+                        tcp: sh.tcp.as_deref(),
+                    };
+                    sh.device.update_timers(&mut scratch, &mut io);
+                }
+            })
+            .map_err(|e| e.to_string())?;
+    }
+    {
+        let rt = rt.clone();
+        std::thread::Builder::new()
+            .name("rg-uapi".into())
+            .spawn(move || uapi::serve(listener, rt))
+            .map_err(|e| e.to_string())?;
+    }
+    if appliance {
+        let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));
+    }
+
+    loop {
+        match sigs.wait() {
+            Ok(Signal::SIGHUP) if appliance => {
+                let Some(path) = opts.config_file.as_deref() else {
+                    continue;
+                };
+                reload(&rt, path, &ifname);
+            }
+            Ok(Signal::SIGHUP) | Ok(Signal::SIGUSR1) => {
+                for (name, n) in device.drops.snapshot() {
+                    log::info!("drops {name}: {n}");
+                }
+            }
+            Ok(s) => {
+                log::info!("{ifname}: {s:?}, shutting down");
+                break;
+            }
+            Err(e) => {
+                log::error!("sigwait: {e}");
+                break;
+            }
+        }
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    let _ = std::fs::remove_file(uapi::socket_path(&ifname));
+    let _ = std::fs::remove_file(status_path(&ifname));
+    if appliance {
+        let _ = std::fs::remove_file(PIDFILE);
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+    Ok(())
+}
+
+const STATUS_DIR: &str = "/run/riceguard";
+
+fn status_path(ifname: &str) -> std::path::PathBuf {
+    std::path::Path::new(STATUS_DIR).join(format!("{ifname}.status"))
+}
+
+/// The data-plane decisions made at start, for `riceguard status` and the console.
+fn write_status_file(ifname: &str, lines: &[String]) {
+    let _ = std::fs::create_dir_all(STATUS_DIR);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    if let Err(e) = std::fs::write(status_path(ifname), text) {
+        log::warn!("cannot write {}: {e}", status_path(ifname).display());
+    }
+}
+
+/// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.
+pub fn status_main(args: &[String]) -> ExitCode {
+    let names: Vec<String> = match args.first() {
+        Some(n) => vec![n.clone()],
+        None => std::fs::read_dir(uapi::SOCKET_DIR)
+            .map(|d| {
+                let mut v: Vec<String> = d
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".sock"))
+                            .map(String::from)
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    };
+    if names.is_empty() {
+        eprintln!(
+            "no running riceguard interface (no sockets in {})",
+            uapi::SOCKET_DIR
+        );
+        return ExitCode::from(1);
+    }
+    let mut rc = ExitCode::SUCCESS;
+    for n in names {
+        match std::fs::read_to_string(status_path(&n)) {
+            Ok(t) => print!("{t}"),
+            Err(_) => println!("interface: {n}"),
+        }
+        match query(&n) {
+            Ok(st) => print!("{}", format_status(&st)),
+            Err(e) => {
+                println!("  (daemon not answering: {e})");
+                rc = ExitCode::from(1);
+            }
+        }
+        println!();
+    }
+    rc
+}
+
+fn query(ifname: &str) -> Result<crate::core::uapi::DeviceStatus, String> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(uapi::socket_path(ifname))
+        .map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.write_all(b"get=1\n\n").map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::new(s);
+    crate::core::uapi::read_get_response(&mut r).map_err(|e| e.to_string())
+}
+
+fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if let Some(k) = st.private_key {
+        let _ = writeln!(o, "public key: {}", k.public().to_base64());
+    }
+    let _ = writeln!(o, "listening port: {}", st.listen_port);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for p in &st.peers {
+        let _ = writeln!(o, "peer: {}", p.public_key.to_base64());
+        if let Some(e) = p.endpoint {
+            let _ = writeln!(o, "  endpoint: {e}");
+        }
+        let ips: Vec<String> = p.allowed_ips.iter().map(|c| c.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "  allowed ips: {}",
+            if ips.is_empty() {
+                "(none)".into()
+            } else {
+                ips.join(", ")
+            }
+        );
+        match p.last_handshake {
+            Some((s, _)) if s > 0 => {
+                let _ = writeln!(o, "  latest handshake: {} s ago", now.saturating_sub(s));
+            }
+            _ => {}
+        }
+        let _ = writeln!(
+            o,
+            "  transfer: {} B received, {} B sent",
+            p.rx_bytes, p.tx_bytes
+        );
+    }
+    o
+}
+
+/// SIGHUP in appliance mode: re-read the file; a bad file changes nothing.
+fn reload(rt: &Runtime, path: &str, ifname: &str) {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => return log::error!("reload: {path}: {e}; keeping the running configuration"),
+    };
+    let cfg = match crate::core::ini::parse(path, &text) {
+        Ok(c) => c,
+        Err(e) => return log::error!("reload: {e}; keeping the running configuration"),
+    };
+    if let Err(e) = cfg.validate() {
+        return log::error!("reload: {path}: {e}; keeping the running configuration");
+    }
+    let old = rt.shared.device.config();
+    match rt.apply_config(&cfg) {
+        Ok(()) => {
+            if let Err(e) = update_interface_settings(ifname, &old, &cfg) {
+                log::error!("reload: {e}");
+            }
+            log::info!("{ifname}: configuration reloaded from {path}");
+        }
+        Err(e) => log::error!("reload: {e}; keeping the running configuration"),
+    }
+}
+
+fn pin_to(core: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(core).is_ok() {
+        if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+            log::warn!("cannot pin worker to core {core}: {e}");
+        }
+    }
+}
+
+/// Appliance mode: MTU, addresses, link up, routes for the peers' allowed IPs — what
+/// wg-quick would do with `ip`, done over netlink.
+fn apply_interface_settings(ifname: &str, cfg: &Config) -> Result<(), String> {
+    update_interface_settings(ifname, &Config::default(), cfg)
+}
+
+fn update_interface_settings(ifname: &str, old: &Config, new: &Config) -> Result<(), String> {
+    use crate::sys::netlink::{Netlink, Route};
+    let mut nl = Netlink::open().map_err(|e| e.to_string())?;
+    let mtu = new
+        .interface
+        .mtu
+        .unwrap_or(crate::core::config::DEFAULT_MTU);
+    if old.interface.mtu != new.interface.mtu || old.interface.addresses.is_empty() {
+        nl.set_mtu(ifname, u32::from(mtu))
+            .map_err(|e| e.to_string())?;
+    }
+    if old.interface.addresses != new.interface.addresses {
+        nl.flush_addresses(ifname).map_err(|e| e.to_string())?;
+        for a in &new.interface.addresses {
+            nl.add_address(ifname, *a).map_err(|e| e.to_string())?;
+        }
+    }
+    nl.set_link_up(ifname, true).map_err(|e| e.to_string())?;
+    // Routes for the peers' allowed IPs that the interface's own prefixes do not cover,
+    // as wg-quick adds them. A default route (/0) is not installed: the appliance's own
+    // default route stays on its uplink (document: use a narrower prefix or policy routing).
+    let ifindex = Netlink::ifindex(ifname).map_err(|e| e.to_string())?;
+    for p in &new.peers {
+        for c in &p.allowed_ips {
+            let c = c.network();
+            if c.prefix == 0 {
+                log::warn!("{ifname}: not routing {c} through the tunnel (default route stays on the uplink)");
+                continue;
+            }
+            let covered = new
+                .interface
+                .addresses
+                .iter()
+                .any(|a| a.prefix <= c.prefix && a.contains(c.addr));
+            if covered {
+                continue;
+            }
+            if let Err(e) = nl.add_route(Route {
+                dst: c,
+                gateway: None,
+                ifindex: Some(ifindex),
+            }) {
+                log::warn!("{ifname}: route {c}: {e}");
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Install what a fresh Debian bookworm machine (rustup stable, gcc, python3, qemu-utils) lacks
+# to build, test and benchmark RiceGuard. Idempotent and quick when everything is present:
+# apt is touched only when a package is missing, rustup only when a target is missing, cargo
+# only when boringtun-cli is missing.
+#
+#   ci/deps.sh            install everything
+#   ci/deps.sh --check    list what is missing, change nothing (exit 1 if something is)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+check_only=0
+case "${1:-}" in
+    --check) check_only=1 ;;
+    "") ;;
+    *) echo "usage: $0 [--check]" >&2; exit 2 ;;
+esac
+
+# Debian bookworm packages, by what needs them.
+APT_PKGS=(
+    # peers and tools for ci/interop.sh and ci/bench.sh
+    wireguard-go wireguard-tools iperf3 iputils-ping iproute2 nftables ethtool tcpdump
+    procps psmisc python3
+    # static builds (ci/build-static.sh): gcc's musl wrapper for x86_64 ring, clang/llvm-ar
+    # for aarch64 ring; rust-lld ships with rustup, so no lld package is needed
+    musl-tools clang llvm binutils file
+    # image builder: initramfs, squashfs roots, ESP, GPT, perm partition, module handling
+    kmod cpio zstd xz-utils squashfs-tools dosfstools mtools fdisk e2fsprogs
+)
+
+# ---- image helper: packages from bookworm-backports ------------------------------------
+# The image/QEMU helper adds its packages here (kernel 6.12 cloud images, QEMU 10, OVMF,
+# systemd-boot-efi, ...). They are installed with `-t bookworm-backports` after a sources
+# entry for bookworm-backports is added, its URIs copied from the machine's own
+# debian.sources (no mirror host is written into the repository).
+BACKPORTS_PKGS=(
+)
+# ---- end of image helper's packages ----------------------------------------------------
+
+RUST_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
+BORINGTUN_VERSION=0.7.1
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+pkg_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
+
+missing_of() {
+    local p
+    for p in "$@"; do pkg_installed "$p" || echo "$p"; done
+}
+
+BACKPORTS_LIST=/etc/apt/sources.list.d/riceguard-backports.sources
+
+# Write a deb822 entry for bookworm-backports using the URIs of the machine's debian.sources.
+add_backports_source() {
+    [ -f "$BACKPORTS_LIST" ] && return 0
+    local src=/etc/apt/sources.list.d/debian.sources uris
+    uris=$(awk -F': *' '$1=="URIs" && $2 !~ /security/ {print $2; exit}' "$src" 2>/dev/null || true)
+    if [ -z "$uris" ]; then
+        echo "deps: cannot find the Debian mirror's URIs in $src; add bookworm-backports by hand" >&2
+        return 1
+    fi
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+        "$uris" | as_root tee "$BACKPORTS_LIST" >/dev/null
+    echo "deps: added $BACKPORTS_LIST"
+}
+
+cargo_bin_dir() { echo "${CARGO_HOME:-$HOME/.cargo}/bin"; }
+
+have_boringtun() {
+    local v
+    v=$(PATH="$(cargo_bin_dir):$PATH" boringtun-cli --version 2>/dev/null || true)
+    [ "$v" = "boringtun $BORINGTUN_VERSION" ]
+}
+
+missing_apt=$(missing_of "${APT_PKGS[@]}")
+missing_bp=$(missing_of "${BACKPORTS_PKGS[@]}")
+installed_targets=$(rustup target list --installed 2>/dev/null || true)
+missing_targets=$(for t in "${RUST_TARGETS[@]}"; do grep -qx "$t" <<<"$installed_targets" || echo "$t"; done)
+missing_bt=0
+have_boringtun || missing_bt=1
+
+if [ "$check_only" = 1 ]; then
+    status=0
+    [ -n "$missing_apt$missing_bp" ] && { echo "missing apt packages:" $missing_apt $missing_bp; status=1; }
+    [ -n "$missing_targets" ] && { echo "missing rust targets:" $missing_targets; status=1; }
+    [ "$missing_bt" = 1 ] && { echo "missing boringtun-cli $BORINGTUN_VERSION"; status=1; }
+    [ "$status" = 0 ] && echo "deps: all present"
+    exit "$status"
+fi
+
+if [ -n "$missing_apt$missing_bp" ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    [ -n "$missing_bp" ] && add_backports_source
+    echo "deps: apt-get install" $missing_apt $missing_bp
+    as_root apt-get update -q
+    if [ -n "$missing_apt" ]; then
+        # shellcheck disable=SC2086 # word splitting of the package list is intended
+        as_root apt-get install -y -q --no-install-recommends $missing_apt
+    fi
+    if [ -n "$missing_bp" ]; then
+        # shellcheck disable=SC2086
+        as_root apt-get install -y -q --no-install-recommends -t bookworm-backports $missing_bp
+    fi
+fi
+
+if [ -n "$missing_targets" ]; then
+    # shellcheck disable=SC2086
+    rustup target add $missing_targets
+fi
+
+# boringtun-cli is one of the interop peers; crates.io is its only distribution. It goes to
+# cargo's own bin directory so every clone and worktree on the machine shares one build.
+if [ "$missing_bt" = 1 ]; then
+    echo "deps: cargo install boringtun-cli $BORINGTUN_VERSION"
+    cargo install --locked --quiet boringtun-cli --version "$BORINGTUN_VERSION"
+fi
+
+echo "deps: all present (boringtun-cli $BORINGTUN_VERSION in $(cargo_bin_dir))"

@@ -1,0 +1,746 @@
+//! The WireGuard device: peers, cryptokey routing and the packet decisions, with no I/O.
+//!
+//! Drivers hand it buffers (a packet read from the TUN, a datagram from a socket) and an
+//! [`Io`] sink; it answers by calling the sink (send this datagram to that endpoint, write
+//! this packet to the TUN). The noise protocol is boringtun's `Tunn`, one per peer behind
+//! its own mutex, so workers on different cores only meet when they touch the same peer.
+//!
+//! The peer table is an immutable snapshot ([`Table`]) swapped whole on reconfiguration;
+//! workers keep a [`TableCache`] and reload it only when the generation counter moves, so
+//! the packet path takes no global lock.
+//!
+//! Time: boringtun's `Tunn` reads its own monotonic clock (the one place this core does;
+//! tests drive it with boringtun's `mock-instant` feature). Everything of ours that needs
+//! wall time (the UAPI's last-handshake time) takes it as an argument.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime};
+
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519;
+
+use crate::core::allowed_ips::AllowedIps;
+use crate::core::config::{Config, Endpoint};
+use crate::core::key::Key;
+use crate::core::net::Cidr;
+
+/// Identifies one TCP connection of the fallback transport; never reused.
+pub type ConnId = u64;
+
+/// Where a peer is reached: a UDP address, or a TCP-fallback connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PeerAddr {
+    Udp(SocketAddr),
+    Tcp { conn: ConnId, remote: SocketAddr },
+}
+
+impl PeerAddr {
+    pub fn ip(&self) -> IpAddr {
+        self.socket_addr().ip()
+    }
+
+    pub fn socket_addr(&self) -> SocketAddr {
+        match *self {
+            PeerAddr::Udp(a) => a,
+            PeerAddr::Tcp { remote, .. } => remote,
+        }
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, PeerAddr::Tcp { .. })
+    }
+}
+
+impl fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerAddr::Udp(a) => write!(f, "{a}"),
+            PeerAddr::Tcp { remote, .. } => write!(f, "{remote} (tcp)"),
+        }
+    }
+}
+
+/// What the device asks its driver to do. Calls happen while a peer's lock is held:
+/// implementations must only queue or write, never call back into the device.
+pub trait Io {
+    /// Send one WireGuard message to a peer address.
+    fn send(&mut self, to: PeerAddr, datagram: &[u8]);
+    /// Write one decrypted IP packet to the TUN.
+    fn tun_write(&mut self, packet: &[u8]);
+}
+
+/// Largest datagram we handle; buffers passed in must be at least this plus overhead.
+pub const MAX_PACKET: usize = 65535;
+/// Scratch buffer size a driver should give the device per call.
+pub const SCRATCH_SIZE: usize = MAX_PACKET + 64;
+
+/// Handshake messages the whole device accepts per second before it answers with cookies.
+const HANDSHAKE_RATE_LIMIT: u64 = 100;
+
+/// Counters of dropped input, by cause. Plain atomics: cheap and lock-free.
+#[derive(Default, Debug)]
+pub struct DropCounters {
+    /// Not a WireGuard message (bad type or length).
+    pub malformed: AtomicU64,
+    /// Failed authentication, replay, or otherwise rejected by the noise layer.
+    pub rejected: AtomicU64,
+    /// Handshake for a public key we do not know.
+    pub unknown_peer: AtomicU64,
+    /// Receiver index that names no peer.
+    pub unknown_index: AtomicU64,
+    /// Decrypted packet whose source is not in the sending peer's allowed IPs.
+    pub not_allowed_src: AtomicU64,
+    /// TUN packet whose destination matches no peer.
+    pub no_route: AtomicU64,
+    /// TUN packet for a peer with no known endpoint.
+    pub no_endpoint: AtomicU64,
+    /// Cookie replies sent because handshakes came in too fast.
+    pub cookies_sent: AtomicU64,
+}
+
+impl DropCounters {
+    fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> [(&'static str, u64); 8] {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("malformed", l(&self.malformed)),
+            ("rejected", l(&self.rejected)),
+            ("unknown_peer", l(&self.unknown_peer)),
+            ("unknown_index", l(&self.unknown_index)),
+            ("not_allowed_src", l(&self.not_allowed_src)),
+            ("no_route", l(&self.no_route)),
+            ("no_endpoint", l(&self.no_endpoint)),
+            ("cookies_sent", l(&self.cookies_sent)),
+        ]
+    }
+}
+
+/// Mutable per-peer state, behind the peer's mutex.
+pub struct PeerState {
+    tunn: Tunn,
+    pub endpoint: Option<PeerAddr>,
+    pub preshared_key: Option<Key>,
+    pub persistent_keepalive: Option<u16>,
+    /// Wall-clock time of the last completed handshake (UAPI `last_handshake_time`).
+    pub last_handshake: Option<SystemTime>,
+    /// Bytes of WireGuard messages sent and received (UAPI `tx_bytes`/`rx_bytes`).
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    /// Whether the last `update_timers` saw an established session (for the log line).
+    had_session: bool,
+}
+
+/// One configured peer.
+pub struct Peer {
+    pub public_key: Key,
+    /// Our local index for this peer (boringtun shifts it left by 8 for session ids).
+    pub index: u32,
+    pub allowed_ips: Vec<Cidr>,
+    /// TCP port for the fallback transport, if configured.
+    pub tcp_port: Option<u16>,
+    state: Mutex<PeerState>,
+}
+
+impl Peer {
+    /// Lock this peer's state. A poisoned lock (a panic elsewhere) is recovered: the
+    /// state is plain data and boringtun keeps its own invariants per call.
+    pub fn lock(&self) -> MutexGuard<'_, PeerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Our static identity.
+struct Identity {
+    private: x25519::StaticSecret,
+    public: x25519::PublicKey,
+    rate_limiter: Arc<RateLimiter>,
+}
+
+/// An immutable snapshot of the peer table.
+pub struct Table {
+    identity: Option<Identity>,
+    peers: Vec<Arc<Peer>>,
+    by_key: HashMap<Key, usize>,
+    by_index: HashMap<u32, usize>,
+    routes: AllowedIps<usize>,
+    pub generation: u64,
+}
+
+impl Table {
+    pub fn peers(&self) -> &[Arc<Peer>] {
+        &self.peers
+    }
+
+    pub fn peer_by_key(&self, k: &Key) -> Option<&Arc<Peer>> {
+        self.by_key.get(k).map(|&i| &self.peers[i])
+    }
+
+    fn peer_by_receiver(&self, receiver_idx: u32) -> Option<&Arc<Peer>> {
+        self.by_index
+            .get(&(receiver_idx >> 8))
+            .map(|&i| &self.peers[i])
+    }
+
+    /// The peer whose allowed IPs hold `ip` (longest prefix).
+    pub fn route(&self, ip: IpAddr) -> Option<&Arc<Peer>> {
+        self.routes.lookup(ip).map(|&i| &self.peers[i])
+    }
+}
+
+/// Why a configuration could not be applied to the device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceError {
+    /// More peers than local indices (2^24).
+    TooManyPeers,
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::TooManyPeers => f.write_str("too many peers (at most 16777215)"),
+        }
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// The device: the current table plus counters.
+pub struct Device {
+    table: RwLock<Arc<Table>>,
+    generation: AtomicU64,
+    next_index: AtomicU64,
+    config: Mutex<Config>,
+    pub drops: DropCounters,
+}
+
+/// A worker's cached view of the table, refreshed only when the generation moves.
+pub struct TableCache {
+    table: Arc<Table>,
+}
+
+impl TableCache {
+    /// The current table; one atomic load when nothing changed.
+    pub fn get<'a>(&'a mut self, dev: &Device) -> &'a Table {
+        if self.table.generation != dev.generation.load(Ordering::Acquire) {
+            self.table = dev.snapshot();
+        }
+        &self.table
+    }
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Device::new()
+    }
+}
+
+impl Device {
+    pub fn new() -> Device {
+        Device {
+            table: RwLock::new(Arc::new(Table {
+                identity: None,
+                peers: Vec::new(),
+                by_key: HashMap::new(),
+                by_index: HashMap::new(),
+                routes: AllowedIps::new(),
+                generation: 0,
+            })),
+            generation: AtomicU64::new(0),
+            next_index: AtomicU64::new(1),
+            config: Mutex::new(Config::default()),
+            drops: DropCounters::default(),
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn cache(&self) -> TableCache {
+        TableCache {
+            table: self.snapshot(),
+        }
+    }
+
+    /// The configuration the device runs (endpoints as last set, not as roamed).
+    pub fn config(&self) -> Config {
+        self.config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Apply a whole configuration. Peers whose public key stays keep their sessions,
+    /// counters and roamed endpoint unless the config changes the endpoint; a changed
+    /// private key or preshared key restarts the affected sessions.
+    ///
+    /// Endpoints given as names must have been resolved by the caller (`Endpoint::Addr`);
+    /// unresolved names are ignored here.
+    pub fn reconfigure(&self, new: &Config) -> Result<(), DeviceError> {
+        let mut cfg_guard = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        let old_table = self.snapshot();
+        let old_cfg = cfg_guard.clone();
+
+        let identity = new.interface.private_key.filter(|k| !k.is_zero()).map(|k| {
+            let private = x25519::StaticSecret::from(k.0);
+            let public = x25519::PublicKey::from(&private);
+            Identity {
+                rate_limiter: Arc::new(RateLimiter::new(&public, HANDSHAKE_RATE_LIMIT)),
+                private,
+                public,
+            }
+        });
+        let key_changed = old_cfg.interface.private_key != new.interface.private_key;
+        let own_public = identity.as_ref().map(|i| Key(i.public.to_bytes()));
+
+        let mut peers: Vec<Arc<Peer>> = Vec::with_capacity(new.peers.len());
+        let mut by_key = HashMap::with_capacity(new.peers.len());
+        let mut by_index = HashMap::with_capacity(new.peers.len());
+        let mut routes = AllowedIps::new();
+
+        for pc in &new.peers {
+            if by_key.contains_key(&pc.public_key) || Some(pc.public_key) == own_public {
+                // Duplicates and ourselves are rejected by validation before we get here;
+                // skip rather than build an inconsistent table.
+                continue;
+            }
+            let old_peer = old_table.peer_by_key(&pc.public_key);
+            let old_pc = old_cfg.peers.iter().find(|p| p.public_key == pc.public_key);
+            let cfg_endpoint = match &pc.endpoint {
+                Some(Endpoint::Addr(a)) => Some(*a),
+                _ => None,
+            };
+            let peer = match (old_peer, &identity) {
+                (Some(op), Some(id))
+                    if op.allowed_ips == pc.allowed_ips && op.tcp_port == pc.tcp_port =>
+                {
+                    // Same peer, same routing: update in place and keep the Arc so workers'
+                    // in-flight references stay valid.
+                    let mut st = op.lock();
+                    update_peer_state(&mut st, pc, old_pc, cfg_endpoint, id, key_changed, op.index);
+                    drop(st);
+                    op.clone()
+                }
+                (Some(op), Some(id)) => {
+                    // Routing changed: new Peer object (allowed IPs are immutable per Peer)
+                    // carrying the old state across.
+                    let mut st = op.lock();
+                    update_peer_state(&mut st, pc, old_pc, cfg_endpoint, id, key_changed, op.index);
+                    let moved =
+                        std::mem::replace(&mut *st, placeholder_state(id, op.public_key, op.index));
+                    drop(st);
+                    Arc::new(Peer {
+                        public_key: pc.public_key,
+                        index: op.index,
+                        allowed_ips: pc.allowed_ips.clone(),
+                        tcp_port: pc.tcp_port,
+                        state: Mutex::new(moved),
+                    })
+                }
+                (_, Some(id)) => {
+                    let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+                    if index >= (1 << 24) {
+                        return Err(DeviceError::TooManyPeers);
+                    }
+                    let index = index as u32;
+                    let tunn = Tunn::new(
+                        id.private.clone(),
+                        x25519::PublicKey::from(pc.public_key.0),
+                        pc.preshared_key.map(|k| k.0),
+                        pc.persistent_keepalive.filter(|&k| k > 0),
+                        index,
+                        None,
+                    );
+                    log::info!("peer {} added", short(&pc.public_key));
+                    Arc::new(Peer {
+                        public_key: pc.public_key,
+                        index,
+                        allowed_ips: pc.allowed_ips.clone(),
+                        tcp_port: pc.tcp_port,
+                        state: Mutex::new(PeerState {
+                            tunn,
+                            endpoint: cfg_endpoint.map(PeerAddr::Udp),
+                            preshared_key: pc.preshared_key,
+                            persistent_keepalive: pc.persistent_keepalive.filter(|&k| k > 0),
+                            last_handshake: None,
+                            tx_bytes: 0,
+                            rx_bytes: 0,
+                            had_session: false,
+                        }),
+                    })
+                }
+                // Without a private key no peer can have a tunnel; keep none in the table
+                // (the config still lists them, like wireguard-go's device that is down).
+                (_, None) => continue,
+            };
+            let i = peers.len();
+            by_key.insert(pc.public_key, i);
+            by_index.insert(peer.index, i);
+            for c in &pc.allowed_ips {
+                routes.insert(*c, i);
+            }
+            peers.push(peer);
+        }
+        for op in old_table.peers() {
+            if !by_key.contains_key(&op.public_key) {
+                log::info!("peer {} removed", short(&op.public_key));
+            }
+        }
+
+        let generation = self.generation.load(Ordering::Relaxed) + 1;
+        let table = Table {
+            identity,
+            peers,
+            by_key,
+            by_index,
+            routes,
+            generation,
+        };
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
+        self.generation.store(generation, Ordering::Release);
+        *cfg_guard = new.clone();
+        Ok(())
+    }
+
+    /// A packet read from the TUN: route it to its peer, encrypt, send.
+    pub fn handle_tun_packet(
+        &self,
+        table: &Table,
+        packet: &[u8],
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
+        let Some(dst) = Tunn::dst_address(packet) else {
+            DropCounters::bump(&self.drops.malformed);
+            return;
+        };
+        let Some(peer) = table.route(dst) else {
+            DropCounters::bump(&self.drops.no_route);
+            return;
+        };
+        let mut st = peer.lock();
+        let endpoint = st.endpoint;
+        match st.tunn.encapsulate(packet, scratch) {
+            TunnResult::WriteToNetwork(d) => match endpoint {
+                Some(ep) => {
+                    let n = d.len() as u64;
+                    io.send(ep, d);
+                    st.tx_bytes += n;
+                }
+                None => DropCounters::bump(&self.drops.no_endpoint),
+            },
+            TunnResult::Err(e) => log::trace!("encapsulate for {}: {e:?}", short(&peer.public_key)),
+            _ => {}
+        }
+    }
+
+    /// A datagram (or TCP-framed message) from the network.
+    pub fn handle_datagram(
+        &self,
+        table: &Table,
+        from: PeerAddr,
+        datagram: &[u8],
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
+        let Some(id) = &table.identity else {
+            DropCounters::bump(&self.drops.unknown_peer);
+            return;
+        };
+        // Device-wide rate limiting and cookie replies happen before any expensive work.
+        let packet = match id
+            .rate_limiter
+            .verify_packet(Some(from.ip()), datagram, scratch)
+        {
+            Ok(p) => p,
+            Err(TunnResult::WriteToNetwork(cookie)) => {
+                DropCounters::bump(&self.drops.cookies_sent);
+                io.send(from, cookie);
+                return;
+            }
+            Err(_) => {
+                DropCounters::bump(&self.drops.malformed);
+                return;
+            }
+        };
+        let peer = match packet {
+            Packet::HandshakeInit(ref p) => {
+                match parse_handshake_anon(&id.private, &id.public, p) {
+                    Ok(half) => match table.peer_by_key(&Key(half.peer_static_public)) {
+                        Some(peer) => peer,
+                        None => {
+                            DropCounters::bump(&self.drops.unknown_peer);
+                            return;
+                        }
+                    },
+                    Err(_) => {
+                        DropCounters::bump(&self.drops.rejected);
+                        return;
+                    }
+                }
+            }
+            Packet::HandshakeResponse(ref p) => match table.peer_by_receiver(p.receiver_idx) {
+                Some(peer) => peer,
+                None => {
+                    DropCounters::bump(&self.drops.unknown_index);
+                    return;
+                }
+            },
+            Packet::PacketCookieReply(ref p) => match table.peer_by_receiver(p.receiver_idx) {
+                Some(peer) => peer,
+                None => {
+                    DropCounters::bump(&self.drops.unknown_index);
+                    return;
+                }
+            },
+            Packet::PacketData(ref p) => match table.peer_by_receiver(p.receiver_idx) {
+                Some(peer) => peer,
+                None => {
+                    DropCounters::bump(&self.drops.unknown_index);
+                    return;
+                }
+            },
+        };
+        let is_handshake = matches!(
+            packet,
+            Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)
+        );
+        let mut st = peer.lock();
+        let n = datagram.len() as u64;
+        let mut authenticated = false;
+        match st.tunn.decapsulate(Some(from.ip()), datagram, scratch) {
+            TunnResult::Done => authenticated = true,
+            TunnResult::Err(e) => {
+                log::trace!("from {from}: {e:?}");
+                DropCounters::bump(&self.drops.rejected);
+            }
+            TunnResult::WriteToNetwork(d) => {
+                authenticated = true;
+                io.send(from, d);
+                st.tx_bytes += d.len() as u64;
+            }
+            TunnResult::WriteToTunnelV4(p, src) => {
+                authenticated = true;
+                self.deliver(table, peer, IpAddr::V4(src), p, io);
+            }
+            TunnResult::WriteToTunnelV6(p, src) => {
+                authenticated = true;
+                self.deliver(table, peer, IpAddr::V6(src), p, io);
+            }
+        }
+        if !authenticated {
+            return;
+        }
+        st.rx_bytes += n;
+        // Roaming: the latest authenticated packet decides where the peer is.
+        if st.endpoint != Some(from) {
+            if let Some(old) = st.endpoint {
+                if old.socket_addr() != from.socket_addr() || old.is_tcp() != from.is_tcp() {
+                    log::info!(
+                        "peer {} endpoint changed {old} -> {from}",
+                        short(&peer.public_key)
+                    );
+                }
+            } else {
+                log::info!("peer {} endpoint {from}", short(&peer.public_key));
+            }
+            st.endpoint = Some(from);
+        }
+        if is_handshake {
+            st.last_handshake = Some(SystemTime::now());
+            if matches!(packet, Packet::HandshakeResponse(_)) {
+                log::info!(
+                    "peer {} handshake completed (we initiated)",
+                    short(&peer.public_key)
+                );
+            }
+        }
+        // Packets queued while the handshake was pending go out now.
+        let ep = from;
+        while let TunnResult::WriteToNetwork(d) = st.tunn.decapsulate(None, &[], scratch) {
+            st.tx_bytes += d.len() as u64;
+            io.send(ep, d);
+        }
+    }
+
+    fn deliver(
+        &self,
+        table: &Table,
+        peer: &Arc<Peer>,
+        src: IpAddr,
+        packet: &[u8],
+        io: &mut impl Io,
+    ) {
+        if packet.is_empty() {
+            return; // keepalive
+        }
+        // Cryptokey routing on the way in: the inner source must belong to this peer.
+        match table.route(src) {
+            Some(p) if Arc::ptr_eq(p, peer) => io.tun_write(packet),
+            _ => DropCounters::bump(&self.drops.not_allowed_src),
+        }
+    }
+
+    /// Drive every peer's timers: retransmit handshakes, rekey, keepalives. Call a few
+    /// times a second (boringtun's timers have one-second granularity).
+    pub fn update_timers(&self, scratch: &mut [u8], io: &mut impl Io) {
+        let table = self.snapshot();
+        if let Some(id) = &table.identity {
+            id.rate_limiter.reset_count();
+        }
+        for peer in table.peers() {
+            let mut st = peer.lock();
+            let endpoint = st.endpoint;
+            match st.tunn.update_timers(scratch) {
+                TunnResult::WriteToNetwork(d) => {
+                    if let Some(ep) = endpoint {
+                        let n = d.len() as u64;
+                        io.send(ep, d);
+                        st.tx_bytes += n;
+                    }
+                }
+                TunnResult::Err(WireGuardError::ConnectionExpired) => {}
+                TunnResult::Err(e) => log::trace!("timers {}: {e:?}", short(&peer.public_key)),
+                _ => {}
+            }
+            let established = st.tunn.time_since_last_handshake().is_some();
+            if established != st.had_session {
+                st.had_session = established;
+                if established {
+                    log::info!("peer {} session established", short(&peer.public_key));
+                }
+            }
+            if let Some(age) = st.tunn.time_since_last_handshake() {
+                // Keep the wall-clock handshake time in step with boringtun's view.
+                st.last_handshake = SystemTime::now().checked_sub(age);
+            }
+        }
+    }
+
+    /// Start a handshake with every peer that has an endpoint and a persistent
+    /// keepalive (as wireguard-go does when the interface comes up).
+    pub fn initiate_keepalive_peers(&self, scratch: &mut [u8], io: &mut impl Io) {
+        let table = self.snapshot();
+        for peer in table.peers() {
+            let mut st = peer.lock();
+            if let (Some(ep), Some(_)) = (st.endpoint, st.persistent_keepalive) {
+                if let TunnResult::WriteToNetwork(d) =
+                    st.tunn.format_handshake_initiation(scratch, false)
+                {
+                    io.send(ep, d);
+                }
+            }
+        }
+    }
+
+    /// Per-peer figures for `wg show` and the console.
+    pub fn peer_stats(&self) -> Vec<PeerStats> {
+        let table = self.snapshot();
+        table
+            .peers()
+            .iter()
+            .map(|p| {
+                let st = p.lock();
+                PeerStats {
+                    public_key: p.public_key,
+                    preshared_key: st.preshared_key,
+                    endpoint: st.endpoint,
+                    last_handshake: st.last_handshake,
+                    tx_bytes: st.tx_bytes,
+                    rx_bytes: st.rx_bytes,
+                    persistent_keepalive: st.persistent_keepalive,
+                    allowed_ips: p.allowed_ips.clone(),
+                    session_age: st.tunn.time_since_last_handshake(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A snapshot of one peer's state.
+#[derive(Clone, Debug)]
+pub struct PeerStats {
+    pub public_key: Key,
+    pub preshared_key: Option<Key>,
+    pub endpoint: Option<PeerAddr>,
+    pub last_handshake: Option<SystemTime>,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub persistent_keepalive: Option<u16>,
+    pub allowed_ips: Vec<Cidr>,
+    pub session_age: Option<Duration>,
+}
+
+fn update_peer_state(
+    st: &mut PeerState,
+    pc: &crate::core::config::PeerConfig,
+    old_pc: Option<&crate::core::config::PeerConfig>,
+    cfg_endpoint: Option<SocketAddr>,
+    id: &Identity,
+    key_changed: bool,
+    index: u32,
+) {
+    let ka = pc.persistent_keepalive.filter(|&k| k > 0);
+    if st.preshared_key != pc.preshared_key || st.persistent_keepalive != ka {
+        // boringtun fixes both at construction: a new Tunn (new session) is the only way.
+        st.tunn = Tunn::new(
+            id.private.clone(),
+            x25519::PublicKey::from(pc.public_key.0),
+            pc.preshared_key.map(|k| k.0),
+            ka,
+            index,
+            None,
+        );
+        st.preshared_key = pc.preshared_key;
+        st.persistent_keepalive = ka;
+    } else if key_changed {
+        st.tunn
+            .set_static_private(id.private.clone(), id.public, None);
+    }
+    // A configured endpoint that changed wins over a roamed one; an unchanged config
+    // endpoint leaves the roamed address alone.
+    let old_ep = old_pc.and_then(|p| match &p.endpoint {
+        Some(Endpoint::Addr(a)) => Some(*a),
+        _ => None,
+    });
+    if cfg_endpoint.is_some() && cfg_endpoint != old_ep {
+        st.endpoint = cfg_endpoint.map(PeerAddr::Udp);
+    }
+}
+
+fn placeholder_state(id: &Identity, public: Key, index: u32) -> PeerState {
+    PeerState {
+        tunn: Tunn::new(
+            id.private.clone(),
+            x25519::PublicKey::from(public.0),
+            None,
+            None,
+            index,
+            None,
+        ),
+        endpoint: None,
+        preshared_key: None,
+        persistent_keepalive: None,
+        last_handshake: None,
+        tx_bytes: 0,
+        rx_bytes: 0,
+        had_session: false,
+    }
+}
+
+/// A short, log-friendly form of a public key.
+pub fn short(k: &Key) -> String {
+    let b = k.to_base64();
+    b[..8].to_string()
+}

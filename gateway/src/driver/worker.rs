@@ -1,0 +1,215 @@
+//! The per-core worker loop (portable path): one UDP socket and one TUN queue per
+//! worker, `poll(2)` for readiness, drain each side in bounded batches into the device.
+//!
+//! Sockets can be replaced at run time (a UAPI `listen_port` change): the shared
+//! [`SocketSet`] carries a generation and workers pick up new sockets at their next wake.
+
+use std::io;
+use std::net::{SocketAddr, SocketAddrV6, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
+use crate::sys::tun::TunQueue;
+
+/// How many packets one side may process before the loop looks at the other side.
+const BATCH: usize = 64;
+
+/// The UDP sockets of all workers, all bound to the listen port (`SO_REUSEPORT`).
+pub struct SocketSet {
+    inner: RwLock<Arc<Vec<Arc<UdpSocket>>>>,
+    generation: AtomicU64,
+    pub port: std::sync::atomic::AtomicU16,
+}
+
+impl SocketSet {
+    pub fn new(socks: Vec<Arc<UdpSocket>>, port: u16) -> SocketSet {
+        SocketSet {
+            inner: RwLock::new(Arc::new(socks)),
+            generation: AtomicU64::new(1),
+            port: std::sync::atomic::AtomicU16::new(port),
+        }
+    }
+
+    pub fn get(&self) -> (u64, Arc<Vec<Arc<UdpSocket>>>) {
+        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        (self.generation.load(Ordering::Acquire), g.clone())
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    pub fn replace(&self, socks: Vec<Arc<UdpSocket>>, port: u16) {
+        *self.inner.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(socks);
+        self.port.store(port, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Any socket, for sends from outside the workers (timers).
+    pub fn any(&self) -> Option<Arc<UdpSocket>> {
+        self.get().1.first().cloned()
+    }
+}
+
+/// Where outgoing TCP-fallback messages go; implemented by the TCP transport.
+pub trait TcpOut: Send + Sync {
+    fn send(&self, conn: u64, msg: &[u8]);
+}
+
+/// The device's sink for one worker: sends on this worker's socket, writes to its queue.
+pub struct WorkerIo<'a> {
+    pub sock: &'a UdpSocket,
+    pub tun: &'a TunQueue,
+    pub tcp: Option<&'a dyn TcpOut>,
+    pub v6: bool,
+}
+
+/// Map a v4 destination to the v4-mapped v6 form a dual-stack socket needs.
+pub fn to_sock_addr(a: SocketAddr, v6_socket: bool) -> SocketAddr {
+    match a {
+        SocketAddr::V4(v4) if v6_socket => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
+        other => other,
+    }
+}
+
+/// The canonical form of a received address (v4-mapped v6 back to v4), so the same peer
+/// always has the same endpoint whatever socket family carried it.
+pub fn canonical(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => a,
+        },
+        v4 => v4,
+    }
+}
+
+impl Io for WorkerIo<'_> {
+    fn send(&mut self, to: PeerAddr, d: &[u8]) {
+        match to {
+            PeerAddr::Udp(a) => {
+                if let Err(e) = self.sock.send_to(d, to_sock_addr(a, self.v6)) {
+                    log::trace!("send to {a}: {e}");
+                }
+            }
+            PeerAddr::Tcp { conn, .. } => {
+                if let Some(t) = self.tcp {
+                    t.send(conn, d);
+                }
+            }
+        }
+    }
+
+    fn tun_write(&mut self, p: &[u8]) {
+        if let Err(e) = self.tun.write(p) {
+            log::trace!("tun write: {e}");
+        }
+    }
+}
+
+/// Shared state the workers watch.
+pub struct Shared {
+    pub device: Arc<Device>,
+    pub sockets: Arc<SocketSet>,
+    pub stop: Arc<AtomicBool>,
+    pub tcp: Option<Arc<dyn TcpOut>>,
+    /// Set when the TUN went away (interface deleted): the process should exit.
+    pub tun_gone: Arc<AtomicBool>,
+}
+
+/// Run one worker until `stop` is set. `index` picks this worker's socket.
+pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>) {
+    let mut scratch = vec![0u8; SCRATCH_SIZE];
+    let mut buf = vec![0u8; SCRATCH_SIZE];
+    let mut cache = shared.device.cache();
+    let (mut gen, mut socks) = shared.sockets.get();
+    let mut sock = socks[index % socks.len()].clone();
+    let tcp = shared.tcp.clone();
+    while !shared.stop.load(Ordering::Relaxed) {
+        if shared.sockets.generation() != gen {
+            (gen, socks) = shared.sockets.get();
+            sock = socks[index % socks.len()].clone();
+        }
+        let v6 = sock.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
+        let (udp_ready, tun_ready) = {
+            let mut fds = [
+                PollFd::new(sock.as_fd(), PollFlags::POLLIN),
+                PollFd::new(tun.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::from(100u16)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    log::error!("worker {index}: poll: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            }
+            let r = |f: &PollFd| f.revents().unwrap_or(PollFlags::empty());
+            let tr = r(&fds[1]);
+            if tr.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL) {
+                log::info!("worker {index}: TUN closed");
+                shared.tun_gone.store(true, Ordering::Relaxed);
+                return;
+            }
+            (
+                r(&fds[0]).contains(PollFlags::POLLIN),
+                tr.contains(PollFlags::POLLIN),
+            )
+        };
+        let table = cache.get(&shared.device);
+        let mut io = WorkerIo {
+            sock: &sock,
+            tun: &tun,
+            tcp: tcp.as_deref(),
+            v6,
+        };
+        if udp_ready {
+            for _ in 0..BATCH {
+                match sock.recv_from(&mut buf) {
+                    Ok((n, from)) => shared.device.handle_datagram(
+                        table,
+                        PeerAddr::Udp(canonical(from)),
+                        &buf[..n],
+                        &mut scratch,
+                        &mut io,
+                    ),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        // ICMP errors surface here (ECONNREFUSED etc.); they are not fatal.
+                        log::trace!("worker {index}: recv: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        if tun_ready {
+            for _ in 0..BATCH {
+                match tun.read(&mut buf) {
+                    Ok(n) => {
+                        shared
+                            .device
+                            .handle_tun_packet(table, &buf[..n], &mut scratch, &mut io)
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        // EBADFD/EIO: the interface was deleted under us (wg-quick down).
+                        log::info!("worker {index}: TUN read failed ({e}); interface gone");
+                        shared.tun_gone.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! Process-level OS calls: detaching into the background like wireguard-go does.
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use nix::unistd::{dup2, fork, setsid, ForkResult};
+
+/// Fork into the background. The parent exits with status 0 at once (everything the
+/// caller needs to be ready — TUN, UAPI socket — must exist before this call); the
+/// child starts a new session and points stdin/stdout at /dev/null. Stderr is kept
+/// unless `quiet`, so the log still reaches a terminal or a file the caller chose.
+pub fn daemonize(quiet: bool) -> io::Result<()> {
+    // SAFETY: called before any thread is spawned (the caller's contract), so the child
+    // is a faithful copy with no other thread's locks held.
+    match unsafe { fork() }.map_err(io::Error::from)? {
+        ForkResult::Parent { .. } => std::process::exit(0),
+        ForkResult::Child => {}
+    }
+    setsid().map_err(io::Error::from)?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
+    let n = null.as_raw_fd();
+    dup2(n, 0).map_err(io::Error::from)?;
+    dup2(n, 1).map_err(io::Error::from)?;
+    if quiet {
+        dup2(n, 2).map_err(io::Error::from)?;
+    }
+    Ok(())
+}
