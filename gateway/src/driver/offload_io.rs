@@ -587,20 +587,49 @@ mod tests {
     /// encryption, GSO sends between the devices and coalesced writes into B's TUN.
     #[test]
     fn wireguard_tunnel_with_offloads_end_to_end() {
+        if !can_net_admin() {
+            eprintln!("skipped: needs root and /dev/net/tun");
+            return;
+        }
+        tunnel(true, 4 << 20);
+    }
+
+    /// The same without any offload (plain TUN, no GSO/GRO): the fallback path.
+    #[test]
+    fn wireguard_tunnel_without_offloads_end_to_end() {
+        if !can_net_admin() {
+            eprintln!("skipped: needs root and /dev/net/tun");
+            return;
+        }
+        tunnel(false, 1 << 20);
+    }
+
+    /// Throughput of both paths (one thread drives both devices, so only the ratio
+    /// means anything): `cargo test --release -p riceguard --lib bench_tunnel -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn bench_tunnel_offload_vs_plain() {
+        for offload in [false, true] {
+            let t = tunnel(offload, 256 << 20);
+            eprintln!(
+                "offload={offload}: 256 MiB in {:.2?} = {:.2} Gbit/s",
+                t,
+                (256u64 << 23) as f64 / t.as_secs_f64() / 1e9
+            );
+        }
+    }
+
+    /// Run one transfer through the tunnel; returns how long the TCP part took.
+    fn tunnel(offload: bool, bytes: usize) -> std::time::Duration {
         use crate::core::key::Key;
         use std::io::{Read, Write};
         use std::sync::mpsc;
         use std::time::{Duration, Instant};
 
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
-        const BYTES: usize = 4 << 20;
         let pattern = |i: usize| (i % 253) as u8;
         let ns = |name: &'static str, addr: &'static str, route: &'static str| {
             move || {
-                let tun = Tun::create(name, 1, true).expect("tun");
+                let tun = Tun::create(name, 1, offload).expect("tun");
                 ip(&["link", "set", "lo", "up"]);
                 ip(&["addr", "add", addr, "dev", name]);
                 ip(&["link", "set", name, "up"]);
@@ -655,7 +684,7 @@ mod tests {
             let dst = "10.82.1.1:6001".parse().expect("addr");
             let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(10))
                 .expect("connect");
-            let data: Vec<u8> = (0..BYTES).map(pattern).collect();
+            let data: Vec<u8> = (0..bytes).map(pattern).collect();
             s.write_all(&data).expect("write");
             s.shutdown(std::net::Shutdown::Write).expect("shutdown");
             u.send_segmented(
@@ -668,18 +697,24 @@ mod tests {
         let tun_a: Tun = rx_a.recv().expect("tun a");
 
         // The WireGuard side: both devices' sockets on loopback in this namespace.
-        let opts = UdpOptions::default();
+        let opts = UdpOptions {
+            gso: offload,
+            gro: offload,
+            ..UdpOptions::default()
+        };
         let sock_a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
         let sock_b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
         let (ka, kb) = (Key::generate_private(), Key::generate_private());
         let dev_a = device(ka, kb, "10.82.1.0/24", sock_b.local_addr());
         let dev_b = device(kb, ka, "10.82.0.0/24", sock_a.local_addr());
         let (qa, qb) = (tun_a.queue(0).expect("qa"), tun_b.queue(0).expect("qb"));
-        let mut wa = OffloadWorker::new(tun_a.offload(), true);
-        let mut wb = OffloadWorker::new(tun_b.offload(), true);
+        let mut wa = OffloadWorker::new(tun_a.offload(), offload);
+        let mut wb = OffloadWorker::new(tun_b.offload(), offload);
+        let start = Instant::now();
         let (mut ca, mut cb) = (dev_a.cache(), dev_b.cache());
 
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline =
+            Instant::now() + Duration::from_secs(if bytes > 64 << 20 { 600 } else { 60 });
         while !server.is_finished() && Instant::now() < deadline {
             let mut pfd = [
                 nix::poll::PollFd::new(qa.as_fd(), nix::poll::PollFlags::POLLIN),
@@ -699,13 +734,14 @@ mod tests {
                 .expect("udp a");
         }
         let (got, ok, burst) = server.join().expect("server");
+        let took = start.elapsed();
         client.join().expect("client");
-        assert_eq!(got, BYTES, "every TCP byte through the tunnel");
+        assert_eq!(got, bytes, "every TCP byte through the tunnel");
         assert!(ok, "TCP bytes intact");
         assert_eq!(burst, vec![1200; 10], "UDP burst as 10 datagrams");
         assert_eq!(wa.malformed_reads + wb.malformed_reads, 0);
         assert_eq!(wa.tx.send_errors + wb.rx.write_errors, 0);
-        if tun_a.offload().tso() && sock_a.gso_enabled() {
+        if offload && tun_a.offload().tso() && sock_a.gso_enabled() {
             assert!(wa.tx.gso_sends > 0, "A sent GSO batches");
             assert!(wb.rx.coalesced > 0, "B wrote coalesced super-packets");
         }
@@ -713,6 +749,7 @@ mod tests {
             "A: {} GSO sends; B: {} coalesced TUN writes; B acks: {} GSO sends",
             wa.tx.gso_sends, wb.rx.coalesced, wb.tx.gso_sends
         );
+        took
     }
 
     #[test]
