@@ -4,17 +4,23 @@
 //! UDP receive batch and coalesces them into `virtio_net_hdr` super-packets, and
 //! [`OffloadIo`], the device's `Io` sink over both.
 //!
-//! Call sequence in a worker (buffers allocated once, before the loop):
+//! Call sequence in a worker (everything allocated once, before the loop):
 //!
 //! ```text
-//! TUN readable:  n = q.read(&mut rbuf)?;
-//!                split_tun_read(&rbuf[..n], vnet_hdr, &mut seg, |p| device.handle_tun_packet(.., p, .., &mut io))?;
-//!                io.flush();        // the GSO sends of this read
-//! UDP readable:  k = sock.recv_batch(&mut bufs, &mut metas)?;
-//!                for m in metas[..k] { for d in datagrams(buf, m) { device.handle_datagram(.., d, .., &mut io) } }
-//!                io.flush();        // the coalesced TUN writes of this batch
+//! let tun = Tun::create(name, workers, true)?;                 // vnet_hdr on
+//! let sock = UdpSocket::bind("[::]:port", &UdpOptions::default())?;  // one per worker
+//! sys::offload::decide_and_apply(egress.as_deref(), mode, &[&sock, ...]);  // once
+//! let mut w = OffloadWorker::new(tun.offload(), true);
+//! loop {
+//!     poll(queue, sock);
+//!     let table = cache.get(&device);
+//!     w.pump_udp(&device, table, queue, &sock, tcp, 4);       // Err: log, go on
+//!     w.pump_tun(&device, table, queue, &sock, tcp, 64)?;     // Err: the TUN is gone
+//! }
 //! ```
 //!
+//! Or by hand: `split_tun_read` each TUN read into the device, `datagrams` each received
+//! buffer into it, with an [`OffloadIo`] as the device's sink and `flush` after each batch.
 //! Both batches also flush themselves when full, so `flush` only bounds latency.
 
 use std::io;
@@ -319,8 +325,9 @@ impl OffloadWorker {
     }
 
     /// Up to `max_batches` receive batches through the device, then the coalesced TUN
-    /// writes. Returns the datagrams handled; receive errors end the pump quietly (ICMP
-    /// errors surface there) except the first one, which is returned.
+    /// writes. Returns the datagrams handled. A receive error ends the pump; it is
+    /// returned only when nothing was handled, and is not fatal (ICMP errors such as
+    /// `ECONNREFUSED` surface here): log it and go on.
     #[allow(clippy::too_many_arguments)]
     pub fn pump_udp(
         &mut self,
