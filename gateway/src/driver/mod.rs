@@ -2,6 +2,7 @@
 //! the process around them (the drop-in `riceguard IFNAME` and the appliance daemon
 //! `riceguard up --config FILE`).
 
+pub mod offload_io;
 pub mod uapi;
 pub mod uring_worker;
 pub mod worker;

@@ -5,6 +5,7 @@
 pub mod ethtool;
 pub mod hugepage;
 pub mod netlink;
+pub mod offload;
 pub mod os;
 pub mod process;
 pub mod tcp;
