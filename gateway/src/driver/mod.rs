@@ -7,22 +7,21 @@ pub mod uapi;
 pub mod uring_worker;
 pub mod worker;
 
-use std::net::{Ipv4Addr, Ipv6Addr, UdpSocket};
-use std::os::fd::{AsFd, OwnedFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{
-    self as nsock, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6,
-};
+use nix::sys::socket::{self as nsock, sockopt};
 
+use crate::core::config::OffloadMode;
 use crate::core::config::{Config, Endpoint};
 use crate::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
 use crate::core::uapi::{SetRequest, UapiError};
 use crate::sys::tun::Tun;
+use crate::sys::udp::{UdpOptions, UdpSocket};
 use worker::{Shared, SocketSet};
 
 const PIDFILE: &str = "/run/riceguard.pid";
@@ -34,10 +33,17 @@ struct Opts {
     foreground: bool,
     config_file: Option<String>,
     workers: Option<usize>,
+    /// Command-line overrides of the `[Gateway]` data-plane settings.
+    io_uring: Option<bool>,
+    offload: Option<OffloadMode>,
+    tun_offload: Option<bool>,
+    hugepages: Option<bool>,
 }
 
-const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] IFNAME
-       riceguard up --config FILE [--workers N]";
+const USAGE: &str = "usage: riceguard [-f|--foreground] [OPTIONS] IFNAME
+       riceguard up --config FILE [OPTIONS]
+options (override [Gateway]): --workers N  --io-uring on|off  --offload auto|gso|mmsg|off
+                              --tun-offload on|off  --hugepages on|off";
 
 pub mod tcp;
 pub mod tcp_link;
@@ -68,6 +74,10 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         foreground: false,
         config_file: None,
         workers: None,
+        io_uring: None,
+        offload: None,
+        tun_offload: None,
+        hugepages: None,
     };
     let mut it = args.iter();
     let mut up = false;
@@ -93,6 +103,18 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                         .ok_or("--workers takes 1-256")?,
                 );
             }
+            "--io-uring" => o.io_uring = Some(on_off(it.next(), "--io-uring")?),
+            "--tun-offload" => o.tun_offload = Some(on_off(it.next(), "--tun-offload")?),
+            "--hugepages" => o.hugepages = Some(on_off(it.next(), "--hugepages")?),
+            "--offload" => {
+                o.offload = Some(match it.next().map(String::as_str) {
+                    Some("auto") => OffloadMode::Auto,
+                    Some("gso") => OffloadMode::Gso,
+                    Some("mmsg") => OffloadMode::Mmsg,
+                    Some("off") => OffloadMode::Off,
+                    _ => return Err("--offload takes auto, gso, mmsg or off".into()),
+                })
+            }
             s if s.starts_with('-') => return Err(format!("unknown option `{s}`")),
             s if o.ifname.is_empty() && !up => o.ifname = s.to_string(),
             s => return Err(format!("unexpected argument `{s}`")),
@@ -108,6 +130,14 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
+fn on_off(v: Option<&String>, flag: &str) -> Result<bool, String> {
+    match v.map(String::as_str) {
+        Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        _ => Err(format!("{flag} takes on or off")),
+    }
+}
+
 /// The running daemon's handles, shared by the UAPI server and the signal loop.
 pub struct Runtime {
     pub shared: Arc<Shared>,
@@ -121,6 +151,9 @@ pub struct Runtime {
     tcp_slot: Arc<tcp_link::TcpSlot>,
     /// Drop-in mode: TCP listens on the UDP port; appliance mode: the configured ports.
     tcp_follows_udp: bool,
+    /// The offload level and the start-up decision, applied to rebound sockets too.
+    offload_mode: OffloadMode,
+    offload: Mutex<Option<crate::core::offload::OffloadDecision>>,
 }
 
 /// Why a configuration change could not be applied.
@@ -193,8 +226,23 @@ impl Runtime {
         if new.interface.listen_port != old.interface.listen_port
             && (want_port == 0 || want_port != cur_port)
         {
-            let (socks, port) = bind_udp(self.workers, want_port, new.interface.fwmark)
-                .map_err(|e| ApplyError::Bind(want_port, e))?;
+            let (socks, port) = bind_udp(
+                self.workers,
+                want_port,
+                new.interface.fwmark,
+                self.offload_mode,
+            )
+            .map_err(|e| ApplyError::Bind(want_port, e))?;
+            if let Some(d) = self
+                .offload
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+            {
+                for s in &socks {
+                    s.apply(d);
+                }
+            }
             self.shared.sockets.replace(socks, port);
             log::info!("{}: listening on UDP port {port}", self.ifname);
             if self.tcp_follows_udp {
@@ -252,8 +300,7 @@ impl Io for TimerIo<'_> {
         match to {
             PeerAddr::Udp(a) => {
                 if let Some(s) = self.sockets.any() {
-                    let v6 = s.local_addr().map(|l| l.is_ipv6()).unwrap_or(false);
-                    let _ = s.send_to(d, worker::to_sock_addr(a, v6));
+                    let _ = s.send_to(d, a);
                 }
             }
             PeerAddr::Tcp { conn, .. } => {
@@ -268,62 +315,34 @@ impl Io for TimerIo<'_> {
 }
 
 /// Bind `n` UDP sockets to one port with `SO_REUSEPORT` (dual-stack where IPv6 exists).
-/// Port 0 picks a free port for the first and binds the rest to the same.
+/// Port 0 picks a free port for the first and binds the rest to the same. `gro`/`gso`
+/// follow the configured offload level; the decision made at start is applied after.
 pub fn bind_udp(
     n: usize,
     port: u16,
     fwmark: Option<u32>,
+    mode: OffloadMode,
 ) -> std::io::Result<(Vec<Arc<UdpSocket>>, u16)> {
+    let opts = UdpOptions {
+        gro: matches!(mode, OffloadMode::Auto | OffloadMode::Gso),
+        gso: matches!(mode, OffloadMode::Auto | OffloadMode::Gso),
+        ..UdpOptions::default()
+    };
     let mut socks = Vec::with_capacity(n);
     let mut port = port;
     for _ in 0..n.max(1) {
-        let s = bind_one(port)?;
+        let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+        let s = match UdpSocket::bind(any6, &opts) {
+            Ok(s) => s,
+            // No IPv6 in this kernel or namespace: IPv4 only.
+            Err(_) => UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)), &opts)
+                .map_err(|e| std::io::Error::other(e.to_string()))?,
+        };
         set_mark(&s, fwmark);
-        port = s.local_addr()?.port();
+        port = s.local_addr().port();
         socks.push(Arc::new(s));
     }
     Ok((socks, port))
-}
-
-fn bind_one(port: u16) -> std::io::Result<UdpSocket> {
-    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
-    let v6 = nsock::socket(AddressFamily::Inet6, SockType::Datagram, flags, None);
-    let fd: OwnedFd = match v6 {
-        Ok(fd) => {
-            nsock::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
-            nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
-            set_buffers(&fd);
-            let addr = SockaddrIn6::from(std::net::SocketAddrV6::new(
-                Ipv6Addr::UNSPECIFIED,
-                port,
-                0,
-                0,
-            ));
-            nsock::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
-            fd
-        }
-        Err(_) => {
-            // No IPv6 in this kernel/namespace: IPv4 only.
-            let fd = nsock::socket(AddressFamily::Inet, SockType::Datagram, flags, None)?;
-            nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
-            set_buffers(&fd);
-            let addr = SockaddrIn::from(std::net::SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port));
-            nsock::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
-            fd
-        }
-    };
-    Ok(UdpSocket::from(fd))
-}
-
-/// Large socket buffers so bursts are not dropped between wakes (wireguard-go uses ~7 MB).
-fn set_buffers(fd: &impl AsFd) {
-    const SZ: usize = 7 << 20;
-    if nsock::setsockopt(fd, sockopt::RcvBufForce, &SZ).is_err() {
-        let _ = nsock::setsockopt(fd, sockopt::RcvBuf, &SZ);
-    }
-    if nsock::setsockopt(fd, sockopt::SndBufForce, &SZ).is_err() {
-        let _ = nsock::setsockopt(fd, sockopt::SndBuf, &SZ);
-    }
 }
 
 fn set_mark(s: &UdpSocket, mark: Option<u32>) {
@@ -362,15 +381,39 @@ fn run(opts: Opts) -> Result<(), String> {
         .unwrap_or(1);
     let cores = cores_for(&cfg, ncpu);
     let workers = opts.workers.unwrap_or(cores.len()).max(1);
+    let g = &mut cfg.gateway;
+    g.io_uring = opts.io_uring.unwrap_or(g.io_uring);
+    g.offload = opts.offload.unwrap_or(g.offload);
+    g.tun_offload = opts.tun_offload.unwrap_or(g.tun_offload);
+    g.hugepages = opts.hugepages.unwrap_or(g.hugepages);
+    let gw = cfg.gateway.clone();
 
-    let tun = Tun::create(&ifname, workers, false).map_err(|e| format!("{ifname}: {e}"))?;
+    let tun =
+        Tun::create(&ifname, workers, gw.tun_offload).map_err(|e| format!("{ifname}: {e}"))?;
     let ifname = tun.name().to_string();
     let (socks, port) = bind_udp(
         workers,
         cfg.interface.listen_port.unwrap_or(0),
         cfg.interface.fwmark,
+        gw.offload,
     )
     .map_err(|e| format!("UDP: {e}"))?;
+    let egress = if gw.uplink.is_empty() {
+        crate::sys::offload::egress_interface(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))
+    } else {
+        Some(gw.uplink.clone())
+    };
+    let refs: Vec<&UdpSocket> = socks.iter().map(|s| &**s).collect();
+    let decision = crate::sys::offload::decide_and_apply(egress.as_deref(), gw.offload, &refs);
+    let tun_offload = tun.offload();
+    log::info!(
+        "{ifname}: TUN {}",
+        if tun.vnet_hdr() {
+            format!("virtio_net_hdr, offloads {tun_offload}")
+        } else {
+            "without offload".to_string()
+        }
+    );
     let listener = uapi::bind(&ifname).map_err(|e| format!("UAPI socket: {e}"))?;
     if appliance {
         apply_interface_settings(&ifname, &cfg)?;
@@ -425,6 +468,8 @@ fn run(opts: Opts) -> Result<(), String> {
         tcp_sink: tcp_sink.clone(),
         tcp_slot,
         tcp_follows_udp: !appliance,
+        offload_mode: gw.offload,
+        offload: Mutex::new(Some(decision.clone())),
     });
     let tcp_ports = if appliance {
         cfg.gateway.tcp_listen.clone()
@@ -440,11 +485,26 @@ fn run(opts: Opts) -> Result<(), String> {
         format!("interface: {ifname}"),
         format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
         format!("workers: {workers} on cores {cores:?}"),
-        "io: poll(2) loop, one datagram per syscall".to_string(),
+        format!("offload: {}", decision.reason),
+        format!(
+            "tun: {}",
+            if vnet_hdr {
+                format!("virtio_net_hdr, offloads {tun_offload}")
+            } else {
+                "plain (no offload)".into()
+            }
+        ),
+        format!("io: {}", io_path(&gw, vnet_hdr)),
     ];
     write_status_file(&ifname, &report);
+    if appliance {
+        // The console's `show status` reads this one.
+        let _ = std::fs::write("/run/riceguard.status", report.join("\n") + "\n");
+    }
 
     let mut handles = Vec::new();
+    let use_uring = gw.io_uring && !vnet_hdr;
+    let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
         let core = cores[i % cores.len()];
@@ -453,7 +513,23 @@ fn run(opts: Opts) -> Result<(), String> {
                 .name(format!("rg-worker-{i}"))
                 .spawn(move || {
                     pin_to(core);
-                    worker::run(i, q, sh.clone());
+                    let q = if use_uring {
+                        match uring_worker::run(i, q, sh.clone(), &ucfg) {
+                            Ok(()) => None,
+                            Err(ns) => {
+                                log::warn!(
+                                    "worker {i}: io_uring not used ({}); portable loop",
+                                    ns.error
+                                );
+                                Some(ns.tun)
+                            }
+                        }
+                    } else {
+                        Some(q)
+                    };
+                    if let Some(q) = q {
+                        worker::run(i, q, tun_offload, vnet_hdr, sh.clone());
+                    }
                     if sh.tun_gone.load(Ordering::Relaxed) {
                         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);
                     }
@@ -531,6 +607,15 @@ fn run(opts: Opts) -> Result<(), String> {
         let _ = h.join();
     }
     Ok(())
+}
+
+/// Which loop the workers run, for the status report.
+fn io_path(g: &crate::core::config::GatewayConfig, vnet_hdr: bool) -> &'static str {
+    match (g.io_uring, vnet_hdr) {
+        (true, false) => "io_uring workers (multishot recvmsg, registered buffers)",
+        (true, true) => "poll workers with TUN offload (io_uring asked for: it has no TUN-offload split yet, TUN offload wins)",
+        (false, _) => "poll workers (recvmmsg/sendmmsg batches)",
+    }
 }
 
 const STATUS_DIR: &str = "/run/riceguard";

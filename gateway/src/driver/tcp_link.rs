@@ -109,8 +109,7 @@ impl Io for SinkIo<'_> {
             PeerAddr::Tcp { conn, .. } => self.slot.send(conn, d),
             PeerAddr::Udp(a) => {
                 if let Some(s) = self.sockets.any() {
-                    let v6 = s.local_addr().map(|l| l.is_ipv6()).unwrap_or(false);
-                    let _ = s.send_to(d, worker::to_sock_addr(a, v6));
+                    let _ = s.send_to(d, a);
                 }
             }
         }

@@ -15,7 +15,6 @@
 //! reason, and the caller runs the portable worker instead.
 
 use std::fmt;
-use std::net::UdpSocket;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,6 +30,7 @@ use crate::driver::worker;
 use crate::driver::worker::{Shared, TcpOut};
 use crate::sys::hugepage::{BufPool, PoolConfig, PoolError};
 use crate::sys::tun::TunQueue;
+use crate::sys::udp::UdpSocket;
 use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, UringError};
 
 #[cfg(doc)]
@@ -219,7 +219,7 @@ pub fn run(
     let mut scratch = vec![0u8; SCRATCH_SIZE];
     let mut cache = shared.device.cache();
     let tcp = shared.tcp.clone();
-    let mut v6 = _sock.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
+    let mut v6 = _sock.local_addr().is_ipv6();
     let mut cqes: heapless::Vec<cqueue::Entry, REAP> = heapless::Vec::new();
     let mut reads: u32 = 0;
     let mut recv_errors: u32 = 0;
@@ -234,7 +234,7 @@ pub fn run(
                 match ring.set_udp(s.as_raw_fd()) {
                     Ok(()) => {
                         let _ = ring.cancel_recv();
-                        v6 = s.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
+                        v6 = s.local_addr().is_ipv6();
                         (gen, _sock) = (g, s);
                     }
                     Err(e) => log::warn!("worker {index}: {e}"),
@@ -472,7 +472,12 @@ mod tests {
 
     /// Let peer B (driven by hand over a plain socket) answer everything that arrives
     /// until `done(wire)` holds.
-    fn pump_b(b: &Device, sock: &UdpSocket, wire: &mut Wire, done: impl Fn(&Wire) -> bool) {
+    fn pump_b(
+        b: &Device,
+        sock: &std::net::UdpSocket,
+        wire: &mut Wire,
+        done: impl Fn(&Wire) -> bool,
+    ) {
         let mut scratch = vec![0u8; SCRATCH_SIZE];
         let mut buf = vec![0u8; 65536];
         for _ in 0..200 {
@@ -512,16 +517,16 @@ mod tests {
             ip(&["addr", "add", "10.79.0.1/24", "dev", "rguw0"]);
             ip(&["link", "set", "rguw0", "up"]);
             let (ka, kb) = (Key::generate_private(), Key::generate_private());
-            let sock_a = UdpSocket::bind("127.0.0.1:0").expect("bind a");
-            sock_a.set_nonblocking(true).expect("nonblocking");
-            let sock_b = UdpSocket::bind("127.0.0.1:0").expect("bind b");
+            let sock_a = UdpSocket::bind(
+                "127.0.0.1:0".parse().expect("literal"),
+                &crate::sys::udp::UdpOptions::default(),
+            )
+            .expect("bind a");
+            let sock_b = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind b");
             sock_b
                 .set_read_timeout(Some(Duration::from_millis(50)))
                 .expect("timeout");
-            let (addr_a, addr_b) = (
-                sock_a.local_addr().expect("a"),
-                sock_b.local_addr().expect("b"),
-            );
+            let (addr_a, addr_b) = (sock_a.local_addr(), sock_b.local_addr().expect("b"));
             let dev_a = Arc::new(device(ka, kb, "10.79.0.2/32", addr_b));
             let dev_b = device(kb, ka, "10.79.0.1/32", addr_a);
             let shared = Arc::new(Shared {
@@ -543,7 +548,7 @@ mod tests {
                 std::thread::spawn(move || run(0, q, sh, &cfg).map_err(|n| n.error.to_string()));
 
             // App -> TUN -> worker -> (handshake) -> B.
-            let app = UdpSocket::bind("10.79.0.1:0").expect("app");
+            let app = std::net::UdpSocket::bind("10.79.0.1:0").expect("app");
             app.set_read_timeout(Some(Duration::from_secs(5)))
                 .expect("timeout");
             app.send_to(b"hello-b", "10.79.0.2:5555").expect("app send");

@@ -5,7 +5,7 @@
 //! [`SocketSet`] carries a generation and workers pick up new sockets at their next wake.
 
 use std::io;
-use std::net::{SocketAddr, SocketAddrV6, UdpSocket};
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
-use crate::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
-use crate::sys::tun::TunQueue;
+use crate::core::device::Device;
+use crate::driver::offload_io::OffloadWorker;
+use crate::sys::tun::{TunOffload, TunQueue};
+use crate::sys::udp::UdpSocket;
 
 /// How many packets one side may process before the loop looks at the other side.
 const BATCH: usize = 64;
@@ -61,24 +63,6 @@ pub trait TcpOut: Send + Sync {
     fn send(&self, conn: u64, msg: &[u8]);
 }
 
-/// The device's sink for one worker: sends on this worker's socket, writes to its queue.
-pub struct WorkerIo<'a> {
-    pub sock: &'a UdpSocket,
-    pub tun: &'a TunQueue,
-    pub tcp: Option<&'a dyn TcpOut>,
-    pub v6: bool,
-}
-
-/// Map a v4 destination to the v4-mapped v6 form a dual-stack socket needs.
-pub fn to_sock_addr(a: SocketAddr, v6_socket: bool) -> SocketAddr {
-    match a {
-        SocketAddr::V4(v4) if v6_socket => {
-            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-        }
-        other => other,
-    }
-}
-
 /// The canonical form of a received address (v4-mapped v6 back to v4), so the same peer
 /// always has the same endpoint whatever socket family carried it.
 pub fn canonical(a: SocketAddr) -> SocketAddr {
@@ -88,29 +72,6 @@ pub fn canonical(a: SocketAddr) -> SocketAddr {
             None => a,
         },
         v4 => v4,
-    }
-}
-
-impl Io for WorkerIo<'_> {
-    fn send(&mut self, to: PeerAddr, d: &[u8]) {
-        match to {
-            PeerAddr::Udp(a) => {
-                if let Err(e) = self.sock.send_to(d, to_sock_addr(a, self.v6)) {
-                    log::trace!("send to {a}: {e}");
-                }
-            }
-            PeerAddr::Tcp { conn, .. } => {
-                if let Some(t) = self.tcp {
-                    t.send(conn, d);
-                }
-            }
-        }
-    }
-
-    fn tun_write(&mut self, p: &[u8]) {
-        if let Err(e) = self.tun.write(p) {
-            log::trace!("tun write: {e}");
-        }
     }
 }
 
@@ -142,10 +103,11 @@ pub struct Shared {
     pub tun_gone: Arc<AtomicBool>,
 }
 
-/// Run one worker until `stop` is set. `index` picks this worker's socket.
-pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>) {
-    let mut scratch = vec![0u8; SCRATCH_SIZE];
-    let mut buf = vec![0u8; SCRATCH_SIZE];
+/// Run one worker until `stop` is set. `index` picks this worker's socket. The TUN side
+/// reads (and, with `vnet_hdr`, splits) super-packets and sends the ciphertexts as GSO
+/// batches; the UDP side receives in batches (GRO) and coalesces into the TUN.
+pub fn run(index: usize, tun: TunQueue, offload: TunOffload, vnet_hdr: bool, shared: Arc<Shared>) {
+    let mut w = OffloadWorker::new(offload, vnet_hdr);
     let mut cache = shared.device.cache();
     let (mut gen, mut socks) = shared.sockets.get();
     let mut sock = socks[index % socks.len()].clone();
@@ -155,7 +117,6 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>) {
             (gen, socks) = shared.sockets.get();
             sock = socks[index % socks.len()].clone();
         }
-        let v6 = sock.local_addr().map(|a| a.is_ipv6()).unwrap_or(false);
         let (udp_ready, tun_ready) = {
             let mut fds = [
                 PollFd::new(sock.as_fd(), PollFlags::POLLIN),
@@ -184,49 +145,25 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>) {
             )
         };
         let table = cache.get(&shared.device);
-        let mut io = WorkerIo {
-            sock: &sock,
-            tun: &tun,
-            tcp: tcp.as_deref(),
-            v6,
-        };
         if udp_ready {
-            for _ in 0..BATCH {
-                match sock.recv_from(&mut buf) {
-                    Ok((n, from)) => shared.device.handle_datagram(
-                        table,
-                        PeerAddr::Udp(canonical(from)),
-                        &buf[..n],
-                        &mut scratch,
-                        &mut io,
-                    ),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        // ICMP errors surface here (ECONNREFUSED etc.); they are not fatal.
-                        log::trace!("worker {index}: recv: {e}");
-                        break;
-                    }
-                }
+            if let Err(e) = w.pump_udp(
+                &shared.device,
+                table,
+                &tun,
+                &sock,
+                tcp.as_deref(),
+                BATCH / 16,
+            ) {
+                // ICMP errors (ECONNREFUSED, ...) surface on UDP sockets; not fatal.
+                log::trace!("worker {index}: recv: {e}");
             }
         }
         if tun_ready {
-            for _ in 0..BATCH {
-                match tun.read(&mut buf) {
-                    Ok(n) => {
-                        shared
-                            .device
-                            .handle_tun_packet(table, &buf[..n], &mut scratch, &mut io)
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        // EBADFD/EIO: the interface was deleted under us (wg-quick down).
-                        log::info!("worker {index}: TUN read failed ({e}); interface gone");
-                        shared.tun_gone.store(true, Ordering::Relaxed);
-                        return;
-                    }
-                }
+            if let Err(e) = w.pump_tun(&shared.device, table, &tun, &sock, tcp.as_deref(), BATCH) {
+                // EBADFD/EIO: the interface was deleted under us (wg-quick down).
+                log::info!("worker {index}: TUN read failed ({e}); interface gone");
+                shared.tun_gone.store(true, Ordering::Relaxed);
+                return;
             }
         }
     }

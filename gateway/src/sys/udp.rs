@@ -421,6 +421,10 @@ impl UdpSocket {
             match self.send_gso_from(src, dst, buf, segment_size) {
                 Ok(_) => return Ok(total),
                 Err(e) if is_gso_error(&e) => {} // demoted: fall through and resend
+                // Segments larger than the path MTU (a tunnel MTU above what the outer
+                // path carries): GSO cannot fragment, single sends can. Not a reason to
+                // demote the socket; resend this batch one by one.
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {}
                 Err(e) => return Err(e),
             }
         }
