@@ -45,6 +45,17 @@ impl PoolConfig {
     pub fn new(count: u32) -> PoolConfig {
         PoolConfig { count, buf_size: DEFAULT_BUF_SIZE, hugepages: true }
     }
+
+    /// Bytes the pool maps before rounding to hugepages (buffers are 4 KiB-aligned).
+    pub fn bytes(&self) -> usize {
+        self.buf_size.div_ceil(STRIDE_ALIGN) * STRIDE_ALIGN * self.count as usize
+    }
+
+    /// Hugepages of `page_size` bytes one such pool takes: what init should add to
+    /// `vm.nr_hugepages` per worker.
+    pub fn hugepages_needed(&self, page_size: usize) -> u64 {
+        self.bytes().div_ceil(page_size.max(1)) as u64
+    }
 }
 
 /// Why the pool is on ordinary pages.
@@ -178,7 +189,7 @@ impl BufPool {
         }
         let stride = cfg.buf_size.div_ceil(STRIDE_ALIGN) * STRIDE_ALIGN;
         // At most 2^14 * 2^20 = 16 GiB: no overflow on 64-bit.
-        let bytes = stride * cfg.count as usize;
+        let bytes = cfg.bytes();
 
         let (base, map_len, backing) = match try_huge(cfg, bytes) {
             Ok((base, map_len, pages, page_size)) => {
@@ -399,16 +410,16 @@ pub(crate) mod tests {
     /// Tests that change `vm.nr_hugepages` or count free hugepages run one at a time.
     pub(crate) static HUGE_LOCK: Mutex<()> = Mutex::new(());
 
-    fn set_nr_hugepages(n: u64) -> bool {
+    pub(crate) fn set_nr_hugepages(n: u64) -> bool {
         std::fs::write("/proc/sys/vm/nr_hugepages", n.to_string()).is_ok()
     }
 
-    fn nr_hugepages() -> Option<u64> {
+    pub(crate) fn nr_hugepages() -> Option<u64> {
         std::fs::read_to_string("/proc/sys/vm/nr_hugepages").ok()?.trim().parse().ok()
     }
 
     /// Restores `vm.nr_hugepages` when dropped (also when the test panics).
-    struct Restore(u64);
+    pub(crate) struct Restore(pub(crate) u64);
     impl Drop for Restore {
         fn drop(&mut self) {
             set_nr_hugepages(self.0);
@@ -421,6 +432,14 @@ pub(crate) mod tests {
         assert_eq!(parse_meminfo(t), Some(HugeInfo { total: 8, free: 5, page_size: 2 << 20 }));
         assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
         assert_eq!(parse_meminfo("HugePages_Total: x\nHugePages_Free: 1\nHugepagesize: 2048 kB"), None);
+    }
+
+    #[test]
+    fn hugepages_needed_per_pool() {
+        // 4096 x 68 KiB = 272 MiB = 136 pages of 2 MiB.
+        assert_eq!(PoolConfig::new(4096).hugepages_needed(2 << 20), 136);
+        assert_eq!(PoolConfig::new(40).hugepages_needed(2 << 20), 2);
+        assert_eq!(PoolConfig { count: 1, buf_size: 1, hugepages: true }.bytes(), 4096);
     }
 
     #[test]
