@@ -31,10 +31,12 @@ struct Opts {
     foreground: bool,
     config_file: Option<String>,
     workers: Option<usize>,
+    /// `--io-uring on|off`: overrides `[Gateway] IoUring`.
+    io_uring: Option<bool>,
 }
 
-const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] IFNAME
-       riceguard up --config FILE [--workers N]";
+const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] [--io-uring on|off] IFNAME
+       riceguard up --config FILE [--workers N] [--io-uring on|off]";
 
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
 pub fn main(args: &[String]) -> ExitCode {
@@ -56,7 +58,7 @@ pub fn main(args: &[String]) -> ExitCode {
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts { ifname: String::new(), foreground: false, config_file: None, workers: None };
+    let mut o = Opts { ifname: String::new(), foreground: false, config_file: None, workers: None, io_uring: None };
     let mut it = args.iter();
     let mut up = false;
     if std::env::var("WG_PROCESS_FOREGROUND").as_deref() == Ok("1") {
@@ -73,6 +75,13 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "--workers" => {
                 let n = it.next().ok_or("--workers needs a number")?;
                 o.workers = Some(n.parse().ok().filter(|&n: &usize| (1..=256).contains(&n)).ok_or("--workers takes 1-256")?);
+            }
+            "--io-uring" => {
+                o.io_uring = match it.next().map(String::as_str) {
+                    Some("on") => Some(true),
+                    Some("off") => Some(false),
+                    _ => return Err("--io-uring takes on or off".into()),
+                }
             }
             s if s.starts_with('-') => return Err(format!("unknown option `{s}`")),
             s if o.ifname.is_empty() && !up => o.ifname = s.to_string(),
@@ -273,6 +282,9 @@ fn run(opts: Opts) -> Result<(), String> {
             return Err(format!("{path}: [Interface] PrivateKey is required"));
         }
     }
+    if let Some(on) = opts.io_uring {
+        cfg.gateway.io_uring = on;
+    }
     let ifname = if appliance { cfg.gateway.interface_name.clone() } else { opts.ifname.clone() };
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let cores = cores_for(&cfg, ncpu);
@@ -308,6 +320,7 @@ fn run(opts: Opts) -> Result<(), String> {
     rt.apply_config(&cfg).map_err(|e| e.to_string())?;
     log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
 
+    let uring_cfg = cfg.gateway.io_uring.then(|| uring_worker::UringWorkerConfig::from_gateway(&cfg.gateway));
     let mut handles = Vec::new();
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
@@ -317,7 +330,21 @@ fn run(opts: Opts) -> Result<(), String> {
                 .name(format!("rg-worker-{i}"))
                 .spawn(move || {
                     pin_to(core);
-                    worker::run(i, q, sh.clone());
+                    // io_uring first when configured; it hands the queue back when it
+                    // cannot start (the reason is logged) and the portable loop runs.
+                    let q = match &uring_cfg {
+                        Some(c) => match uring_worker::run(i, q, sh.clone(), c) {
+                            Ok(()) => None,
+                            Err(ns) => {
+                                log::warn!("worker {i}: io_uring path not started: {}; using the portable path", ns.error);
+                                Some(ns.tun)
+                            }
+                        },
+                        None => Some(q),
+                    };
+                    if let Some(q) = q {
+                        worker::run(i, q, sh.clone());
+                    }
                     if sh.tun_gone.load(Ordering::Relaxed) {
                         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);
                     }

@@ -14,6 +14,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Room in front of and after a 64 KiB payload: virtio_net_hdr, WireGuard header and
 /// tag, `io_uring_recvmsg_out` + address + cmsgs for multishot receives.
@@ -215,7 +216,13 @@ impl BufPool {
             top: Cell::new(free.len()),
             free,
         };
-        let (level, line) = pool.summary();
+        let (mut level, line) = pool.summary();
+        // Every worker builds a pool; the fallback warning is said once per process,
+        // later pools repeat it only at debug level.
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if level == log::Level::Warn && WARNED.swap(true, Ordering::Relaxed) {
+            level = log::Level::Debug;
+        }
         log::log!(level, "{line}");
         Ok(pool)
     }
