@@ -328,11 +328,14 @@ pub struct RingConfig {
     pub recv_buffers: u16,
     /// Kernel-side submission polling with this idle time (ms); `None`: off.
     pub sqpoll_idle_ms: Option<u32>,
+    /// `IORING_SETUP_DEFER_TASKRUN` (6.1; ignored with SQPOLL, dropped where missing).
+    /// The ring must then be used from the thread that created it only.
+    pub defer_taskrun: bool,
 }
 
 impl Default for RingConfig {
     fn default() -> Self {
-        RingConfig { sq_entries: 256, max_in_flight: 1024, recv_buffers: 64, sqpoll_idle_ms: None }
+        RingConfig { sq_entries: 256, max_in_flight: 1024, recv_buffers: 64, sqpoll_idle_ms: None, defer_taskrun: true }
     }
 }
 
@@ -608,20 +611,28 @@ impl<'p> Ring<'p> {
         if pool.available() < need {
             return Err(UringError::PoolTooSmall { need, have: pool.available() });
         }
-        let build = |sqpoll: Option<u32>| {
+        let build = |sqpoll: Option<u32>, defer: bool| {
             let mut b = IoUring::builder();
             b.setup_cqsize(cfg.sq_entries.saturating_mul(4));
             if let Some(idle) = sqpoll {
                 b.setup_sqpoll(idle);
             }
+            if defer {
+                // Completions are only posted while we wait in io_uring_enter (we always
+                // do, once per loop), which saves the interrupts of async task work.
+                b.setup_single_issuer().setup_defer_taskrun();
+            }
             b.build(cfg.sq_entries)
         };
-        let ring = match build(cfg.sqpoll_idle_ms) {
+        // SQPOLL and DEFER_TASKRUN exclude each other; each falls back to plain (6.1-).
+        let defer = cfg.defer_taskrun && cfg.sqpoll_idle_ms.is_none();
+        let ring = match build(cfg.sqpoll_idle_ms, defer) {
             Ok(r) => r,
             Err(e) if cfg.sqpoll_idle_ms.is_some() => {
                 log::warn!("io_uring: SQPOLL not available ({e}); submitting from the worker instead");
-                build(None).map_err(|e| UringError::Setup(errno_of(&e)))?
+                build(None, false).map_err(|e| UringError::Setup(errno_of(&e)))?
             }
+            Err(_) if defer => build(None, false).map_err(|e| UringError::Setup(errno_of(&e)))?,
             Err(e) => return Err(UringError::Setup(errno_of(&e))),
         };
         ring.submitter()
@@ -695,6 +706,10 @@ impl<'p> Ring<'p> {
         let n = sqes.len();
         if self.sq_room() < n {
             self.submit()?;
+            if self.sq_room() < n && self.sqpoll() {
+                // The kernel thread drains the queue on its own; wait for room.
+                let _ = self.ring.submitter().squeue_wait();
+            }
             if self.sq_room() < n {
                 return Err(UringError::QueueFull);
             }
@@ -943,6 +958,12 @@ impl<'p> Ring<'p> {
         self.in_flight
     }
 
+    /// Whether DEFER_TASKRUN took effect.
+    pub fn defer_taskrun(&self) -> bool {
+        // Set together with SINGLE_ISSUER only (the crate exposes no DEFER_TASKRUN getter).
+        self.ring.params().is_setup_single_issuer()
+    }
+
     /// Whether the kernel polls the submission queue (SQPOLL took effect).
     pub fn sqpoll(&self) -> bool {
         self.ring.params().is_setup_sqpoll()
@@ -1081,6 +1102,8 @@ mod tests {
         require_uring!();
         let p = pool(16);
         echo(&p, &RingConfig { recv_buffers: 4, max_in_flight: 8, ..RingConfig::default() });
+        let plain = RingConfig { recv_buffers: 4, max_in_flight: 8, defer_taskrun: false, ..RingConfig::default() };
+        echo(&p, &plain);
     }
 
     #[test]
@@ -1171,6 +1194,7 @@ mod tests {
             assert_eq!(from, server.local_addr().expect("addr"));
         }
         assert!(ring.recv_armed());
+        eprintln!("echo: sqpoll {}, defer_taskrun {}", ring.sqpoll(), ring.defer_taskrun());
         assert_eq!(ring.in_flight(), 0);
         drop(ring);
         assert_eq!(p.available(), total, "every buffer came back");
