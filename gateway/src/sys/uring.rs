@@ -1201,6 +1201,33 @@ mod tests {
     }
 
     #[test]
+    fn replacing_the_udp_socket_moves_the_receive() {
+        require_uring!();
+        let old = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let new = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let p = pool(8);
+        let cfg = RingConfig { recv_buffers: 2, max_in_flight: 4, ..RingConfig::default() };
+        let mut ring = Ring::new(&cfg, &p, old.as_raw_fd(), -1).expect("ring");
+        ring.arm_recv().expect("arm");
+        ring.set_udp(new.as_raw_fd()).expect("replace");
+        ring.cancel_recv().expect("cancel");
+        drive(&mut ring, |_, c| matches!(c, Completion::Recv { res: Err(Errno::ECANCELED), rearm: true }));
+        assert!(!ring.recv_armed());
+        ring.arm_recv().expect("re-arm");
+        client.send_to(b"to-new", new.local_addr().expect("addr")).expect("send");
+        drive(&mut ring, |ring, c| match c {
+            Completion::Recv { res: Ok(tok), .. } => {
+                let m = tok.parse().expect("parse");
+                assert_eq!(m.payload, b"to-new");
+                ring.recycle(tok);
+                true
+            }
+            _ => false,
+        });
+    }
+
+    #[test]
     fn sendmsg_with_udp_segment_splits_the_datagram() {
         require_uring!();
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
