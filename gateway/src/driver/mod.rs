@@ -336,7 +336,9 @@ fn run(opts: Opts) -> Result<(), String> {
                         Some(c) => match uring_worker::run(i, q, sh.clone(), c) {
                             Ok(()) => None,
                             Err(ns) => {
-                                log::warn!("worker {i}: io_uring path not started: {}; using the portable path", ns.error);
+                                if !ns.error.already_logged() {
+                                    log::warn!("worker {i}: io_uring path not started: {}; using the portable path", ns.error);
+                                }
                                 Some(ns.tun)
                             }
                         },

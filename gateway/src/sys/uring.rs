@@ -147,7 +147,7 @@ pub fn check() -> Result<Features, UringError> {
             let r = probe();
             match &r {
                 Ok(f) => log::info!("io_uring: {f}"),
-                Err(e) => log::warn!("io_uring not used: {e}; using the portable recvmmsg/poll path"),
+                Err(e) => log::warn!("io_uring not used: {e}; the workers take the portable path"),
             }
             r
         })
