@@ -100,6 +100,8 @@ pub enum UringError {
     PoolTooSmall { need: usize, have: usize },
     /// The submission queue stayed full even after submitting.
     QueueFull,
+    /// A ring setting is out of range.
+    BadConfig(&'static str),
     /// `io_uring_enter` failed.
     Enter(Errno),
 }
@@ -127,6 +129,7 @@ impl fmt::Display for UringError {
                 "the buffer pool has {have} buffers but io_uring needs at least {need} (raise `Buffers =`)"
             ),
             Self::QueueFull => f.write_str("io_uring submission queue full"),
+            Self::BadConfig(what) => write!(f, "io_uring ring setting: {what}"),
             Self::Enter(e) => write!(f, "io_uring_enter failed: {}", e.desc()),
         }
     }
@@ -194,8 +197,8 @@ pub fn probe() -> Result<Features, UringError> {
     if !f.ext_arg {
         return Err(UringError::Missing("waits with a timeout (IORING_ENTER_EXT_ARG)"));
     }
-    // A one-entry buffer ring with one buffer, and a multishot recvmsg on an unbound
-    // UDP socket: a kernel without multishot recvmsg rejects it at once (EINVAL); one
+    // A one-entry buffer ring with one buffer, and a multishot recvmsg on a fresh
+    // UDP socket nobody sends to: a kernel without multishot recvmsg rejects it at once (EINVAL); one
     // with it leaves it armed, and the cancel ends it with ECANCELED.
     let multishot = {
         // Declared before `ring`, so dropped after it: nothing the ring references
@@ -605,7 +608,7 @@ impl<'p> Ring<'p> {
         check()?;
         let entries = cfg.recv_buffers;
         if entries == 0 || !entries.is_power_of_two() || entries > 1 << 15 {
-            return Err(UringError::Missing("a power-of-two receive ring size (1..32768)"));
+            return Err(UringError::BadConfig("the receive ring size must be a power of two from 1 to 32768"));
         }
         let need = usize::from(entries) + 1;
         if pool.available() < need {
@@ -624,7 +627,7 @@ impl<'p> Ring<'p> {
             }
             b.build(cfg.sq_entries)
         };
-        // SQPOLL and DEFER_TASKRUN exclude each other; each falls back to plain (6.1-).
+        // SQPOLL and DEFER_TASKRUN exclude each other; kernels without either get a plain ring.
         let defer = cfg.defer_taskrun && cfg.sqpoll_idle_ms.is_none();
         let ring = match build(cfg.sqpoll_idle_ms, defer) {
             Ok(r) => r,
