@@ -8,6 +8,7 @@ const USAGE: &str = "usage:
   riceguard [-f|--foreground] IFNAME    userspace WireGuard, drop-in for wireguard-go
   riceguard up --config FILE            appliance daemon from a config file
   riceguard genkey | pubkey             like `wg genkey` / `wg pubkey`
+  riceguard status [IFNAME]             data-plane decisions and peers of running interfaces
   riceguard console --root DIR          the configuration console
   riceguard init                        PID 1 of the appliance image
   riceguard --version";
@@ -37,8 +38,11 @@ pub fn main(args: Vec<String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("pubkey") => pubkey(),
+        Some("status") => crate::driver::status_main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
+        Some("udp2tcp") => crate::driver::udptcp::udp2tcp_main(&rest[1..]),
+        Some("tcp2udp") => crate::driver::udptcp::tcp2udp_main(&rest[1..]),
         _ => crate::driver::main(rest),
     }
 }

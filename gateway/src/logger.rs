@@ -38,7 +38,11 @@ impl log::Log for Logger {
 
 /// Install the logger once; the level comes from `RG_LOG` (error..trace), default info.
 pub fn init() {
-    let level = match std::env::var("RG_LOG").unwrap_or_default().to_ascii_lowercase().as_str() {
+    let level = match std::env::var("RG_LOG")
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+        .as_str()
+    {
         "error" => log::LevelFilter::Error,
         "warn" => log::LevelFilter::Warn,
         "debug" => log::LevelFilter::Debug,
@@ -46,7 +50,10 @@ pub fn init() {
         "off" => log::LevelFilter::Off,
         _ => log::LevelFilter::Info,
     };
-    let l = LOGGER.get_or_init(|| Logger { start: Instant::now(), level });
+    let l = LOGGER.get_or_init(|| Logger {
+        start: Instant::now(),
+        level,
+    });
     if log::set_logger(l).is_ok() {
         log::set_max_level(level);
     }

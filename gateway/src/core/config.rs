@@ -154,7 +154,8 @@ fn valid_host_name(h: &str) -> bool {
         && h.len() <= 253
         && !h.starts_with('.')
         && !h.starts_with('-')
-        && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+        && h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
 }
 
 impl FromStr for Endpoint {
@@ -186,7 +187,10 @@ impl FromStr for Endpoint {
         if !valid_host_name(host) || host.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
             return Err(err());
         }
-        Ok(Endpoint::Name { host: host.to_string(), port })
+        Ok(Endpoint::Name {
+            host: host.to_string(),
+            port,
+        })
     }
 }
 
@@ -197,7 +201,8 @@ pub fn valid_ifname(s: &str) -> bool {
         && s.len() <= 15
         && s != "."
         && s != ".."
-        && s.bytes().all(|b| b.is_ascii_graphic() && b != b'/' && b != b':' && b != b'#' && b != b';')
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b':' && b != b'#' && b != b';')
 }
 
 /// Lowest MTU a tunnel may have: IPv4's minimum datagram size.
@@ -290,10 +295,14 @@ impl Config {
         let mut owner: HashMap<Cidr, Key> = HashMap::new();
         for p in &self.peers {
             if !seen_keys.insert(p.public_key) {
-                return Err(ValidationError::DuplicatePeer { public_key: p.public_key });
+                return Err(ValidationError::DuplicatePeer {
+                    public_key: p.public_key,
+                });
             }
             if own == Some(p.public_key) {
-                return Err(ValidationError::PeerIsSelf { public_key: p.public_key });
+                return Err(ValidationError::PeerIsSelf {
+                    public_key: p.public_key,
+                });
             }
             for c in &p.allowed_ips {
                 let n = c.network();
@@ -335,16 +344,26 @@ impl Config {
         }
         let g = &self.gateway;
         if !valid_ifname(&g.interface_name) {
-            return Err(ValidationError::InvalidInterfaceName { name: g.interface_name.clone() });
+            return Err(ValidationError::InvalidInterfaceName {
+                name: g.interface_name.clone(),
+            });
         }
         if !g.uplink.is_empty() && !valid_ifname(&g.uplink) {
-            return Err(ValidationError::InvalidInterfaceName { name: g.uplink.clone() });
+            return Err(ValidationError::InvalidInterfaceName {
+                name: g.uplink.clone(),
+            });
         }
         if let Some(d) = first_duplicate(&g.cores) {
-            return Err(ValidationError::DuplicateValue { what: "Cores", value: d.to_string() });
+            return Err(ValidationError::DuplicateValue {
+                what: "Cores",
+                value: d.to_string(),
+            });
         }
         if let Some(d) = first_duplicate(&g.tcp_listen) {
-            return Err(ValidationError::DuplicateValue { what: "TcpListen", value: d.to_string() });
+            return Err(ValidationError::DuplicateValue {
+                what: "TcpListen",
+                value: d.to_string(),
+            });
         }
         Ok(())
     }
@@ -377,21 +396,48 @@ mod tests {
     fn base() -> Config {
         let mut c = Config::default();
         c.interface.private_key = Some(key(7));
-        c.peers = vec![peer(1, &["10.0.0.2/32"]), peer(2, &["10.0.0.3/32", "fd00::3/128"])];
+        c.peers = vec![
+            peer(1, &["10.0.0.2/32"]),
+            peer(2, &["10.0.0.3/32", "fd00::3/128"]),
+        ];
         c
     }
 
     #[test]
     fn endpoint_parse_and_display() {
-        for s in ["1.2.3.4:51820", "[fd00::1]:443", "vpn.example.com:51820", "host_1:1"] {
+        for s in [
+            "1.2.3.4:51820",
+            "[fd00::1]:443",
+            "vpn.example.com:51820",
+            "host_1:1",
+        ] {
             assert_eq!(s.parse::<Endpoint>().unwrap().to_string(), s);
         }
-        assert!(matches!("1.2.3.4:5".parse::<Endpoint>(), Ok(Endpoint::Addr(_))));
-        assert!(matches!("[::1]:5".parse::<Endpoint>(), Ok(Endpoint::Addr(_))));
-        assert!(matches!("a.b:5".parse::<Endpoint>(), Ok(Endpoint::Name { .. })));
+        assert!(matches!(
+            "1.2.3.4:5".parse::<Endpoint>(),
+            Ok(Endpoint::Addr(_))
+        ));
+        assert!(matches!(
+            "[::1]:5".parse::<Endpoint>(),
+            Ok(Endpoint::Addr(_))
+        ));
+        assert!(matches!(
+            "a.b:5".parse::<Endpoint>(),
+            Ok(Endpoint::Name { .. })
+        ));
         for bad in [
-            "1.2.3.4", "1.2.3.4:0", "1.2.3.4:65536", "fd00::1:51820", "[fd00::1:51820", ":80",
-            "a b:80", "300.1.1.1:80", "1.2.3:80", "[1.2.3.4]:80", "host:+1", "",
+            "1.2.3.4",
+            "1.2.3.4:0",
+            "1.2.3.4:65536",
+            "fd00::1:51820",
+            "[fd00::1:51820",
+            ":80",
+            "a b:80",
+            "300.1.1.1:80",
+            "1.2.3:80",
+            "[1.2.3.4]:80",
+            "host:+1",
+            "",
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
         }
@@ -412,14 +458,20 @@ mod tests {
     fn rejects_duplicates_and_self() {
         let mut c = base();
         c.peers.push(peer(1, &[]));
-        assert_eq!(c.validate(), Err(ValidationError::DuplicatePeer { public_key: key(1) }));
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::DuplicatePeer { public_key: key(1) })
+        );
 
         let mut c = base();
         let own = key(7).public();
         let mut p = peer(9, &[]);
         p.public_key = own;
         c.peers.push(p);
-        assert_eq!(c.validate(), Err(ValidationError::PeerIsSelf { public_key: own }));
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::PeerIsSelf { public_key: own })
+        );
 
         let mut c = base();
         // Host bits do not make a prefix different.
@@ -437,18 +489,30 @@ mod tests {
         assert!(e.to_string().contains("two peers"));
 
         let mut c = base();
-        c.peers[0].allowed_ips = vec!["10.9.0.1/16".parse().unwrap(), "10.9.7.7/16".parse().unwrap()];
-        assert!(matches!(c.validate(), Err(ValidationError::DuplicateValue { .. })));
+        c.peers[0].allowed_ips = vec![
+            "10.9.0.1/16".parse().unwrap(),
+            "10.9.7.7/16".parse().unwrap(),
+        ];
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::DuplicateValue { .. })
+        ));
     }
 
     #[test]
     fn mtu_rules() {
         let mut c = base();
         c.interface.mtu = Some(575);
-        assert_eq!(c.validate(), Err(ValidationError::MtuOutOfRange { mtu: 575 }));
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::MtuOutOfRange { mtu: 575 })
+        );
         c.interface.mtu = Some(1000);
         let e = c.validate().unwrap_err();
-        assert!(matches!(e, ValidationError::MtuTooSmallForIpv6 { mtu: 1000, .. }));
+        assert!(matches!(
+            e,
+            ValidationError::MtuTooSmallForIpv6 { mtu: 1000, .. }
+        ));
         assert!(e.to_string().contains("1280"), "{e}");
         c.peers[1].allowed_ips.truncate(1);
         c.validate().unwrap();
@@ -464,9 +528,18 @@ mod tests {
     fn gateway_checks() {
         let mut c = base();
         c.gateway.interface_name = "this-name-is-too-long".into();
-        assert!(matches!(c.validate(), Err(ValidationError::InvalidInterfaceName { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::InvalidInterfaceName { .. })
+        ));
         let mut c = base();
         c.gateway.tcp_listen = vec![443, 8443, 443];
-        assert!(matches!(c.validate(), Err(ValidationError::DuplicateValue { what: "TcpListen", .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ValidationError::DuplicateValue {
+                what: "TcpListen",
+                ..
+            })
+        ));
     }
 }

@@ -186,7 +186,9 @@ impl Table {
     }
 
     fn peer_by_receiver(&self, receiver_idx: u32) -> Option<&Arc<Peer>> {
-        self.by_index.get(&(receiver_idx >> 8)).map(|&i| &self.peers[i])
+        self.by_index
+            .get(&(receiver_idx >> 8))
+            .map(|&i| &self.peers[i])
     }
 
     /// The peer whose allowed IPs hold `ip` (longest prefix).
@@ -266,12 +268,17 @@ impl Device {
     }
 
     pub fn cache(&self) -> TableCache {
-        TableCache { table: self.snapshot() }
+        TableCache {
+            table: self.snapshot(),
+        }
     }
 
     /// The configuration the device runs (endpoints as last set, not as roamed).
     pub fn config(&self) -> Config {
-        self.config.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Apply a whole configuration. Peers whose public key stays keep their sessions,
@@ -315,7 +322,9 @@ impl Device {
                 _ => None,
             };
             let peer = match (old_peer, &identity) {
-                (Some(op), Some(id)) if op.allowed_ips == pc.allowed_ips && op.tcp_port == pc.tcp_port => {
+                (Some(op), Some(id))
+                    if op.allowed_ips == pc.allowed_ips && op.tcp_port == pc.tcp_port =>
+                {
                     // Same peer, same routing: update in place and keep the Arc so workers'
                     // in-flight references stay valid.
                     let mut st = op.lock();
@@ -328,7 +337,8 @@ impl Device {
                     // carrying the old state across.
                     let mut st = op.lock();
                     update_peer_state(&mut st, pc, old_pc, cfg_endpoint, id, key_changed, op.index);
-                    let moved = std::mem::replace(&mut *st, placeholder_state(id, op.public_key, op.index));
+                    let moved =
+                        std::mem::replace(&mut *st, placeholder_state(id, op.public_key, op.index));
                     drop(st);
                     Arc::new(Peer {
                         public_key: pc.public_key,
@@ -389,7 +399,14 @@ impl Device {
         }
 
         let generation = self.generation.load(Ordering::Relaxed) + 1;
-        let table = Table { identity, peers, by_key, by_index, routes, generation };
+        let table = Table {
+            identity,
+            peers,
+            by_key,
+            by_index,
+            routes,
+            generation,
+        };
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
         self.generation.store(generation, Ordering::Release);
         *cfg_guard = new.clone();
@@ -397,7 +414,13 @@ impl Device {
     }
 
     /// A packet read from the TUN: route it to its peer, encrypt, send.
-    pub fn handle_tun_packet(&self, table: &Table, packet: &[u8], scratch: &mut [u8], io: &mut impl Io) {
+    pub fn handle_tun_packet(
+        &self,
+        table: &Table,
+        packet: &[u8],
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
         let Some(dst) = Tunn::dst_address(packet) else {
             DropCounters::bump(&self.drops.malformed);
             return;
@@ -423,13 +446,23 @@ impl Device {
     }
 
     /// A datagram (or TCP-framed message) from the network.
-    pub fn handle_datagram(&self, table: &Table, from: PeerAddr, datagram: &[u8], scratch: &mut [u8], io: &mut impl Io) {
+    pub fn handle_datagram(
+        &self,
+        table: &Table,
+        from: PeerAddr,
+        datagram: &[u8],
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
         let Some(id) = &table.identity else {
             DropCounters::bump(&self.drops.unknown_peer);
             return;
         };
         // Device-wide rate limiting and cookie replies happen before any expensive work.
-        let packet = match id.rate_limiter.verify_packet(Some(from.ip()), datagram, scratch) {
+        let packet = match id
+            .rate_limiter
+            .verify_packet(Some(from.ip()), datagram, scratch)
+        {
             Ok(p) => p,
             Err(TunnResult::WriteToNetwork(cookie)) => {
                 DropCounters::bump(&self.drops.cookies_sent);
@@ -442,19 +475,21 @@ impl Device {
             }
         };
         let peer = match packet {
-            Packet::HandshakeInit(ref p) => match parse_handshake_anon(&id.private, &id.public, p) {
-                Ok(half) => match table.peer_by_key(&Key(half.peer_static_public)) {
-                    Some(peer) => peer,
-                    None => {
-                        DropCounters::bump(&self.drops.unknown_peer);
+            Packet::HandshakeInit(ref p) => {
+                match parse_handshake_anon(&id.private, &id.public, p) {
+                    Ok(half) => match table.peer_by_key(&Key(half.peer_static_public)) {
+                        Some(peer) => peer,
+                        None => {
+                            DropCounters::bump(&self.drops.unknown_peer);
+                            return;
+                        }
+                    },
+                    Err(_) => {
+                        DropCounters::bump(&self.drops.rejected);
                         return;
                     }
-                },
-                Err(_) => {
-                    DropCounters::bump(&self.drops.rejected);
-                    return;
                 }
-            },
+            }
             Packet::HandshakeResponse(ref p) => match table.peer_by_receiver(p.receiver_idx) {
                 Some(peer) => peer,
                 None => {
@@ -477,7 +512,10 @@ impl Device {
                 }
             },
         };
-        let is_handshake = matches!(packet, Packet::HandshakeInit(_) | Packet::HandshakeResponse(_));
+        let is_handshake = matches!(
+            packet,
+            Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)
+        );
         let mut st = peer.lock();
         let n = datagram.len() as u64;
         let mut authenticated = false;
@@ -509,7 +547,10 @@ impl Device {
         if st.endpoint != Some(from) {
             if let Some(old) = st.endpoint {
                 if old.socket_addr() != from.socket_addr() || old.is_tcp() != from.is_tcp() {
-                    log::info!("peer {} endpoint changed {old} -> {from}", short(&peer.public_key));
+                    log::info!(
+                        "peer {} endpoint changed {old} -> {from}",
+                        short(&peer.public_key)
+                    );
                 }
             } else {
                 log::info!("peer {} endpoint {from}", short(&peer.public_key));
@@ -519,23 +560,28 @@ impl Device {
         if is_handshake {
             st.last_handshake = Some(SystemTime::now());
             if matches!(packet, Packet::HandshakeResponse(_)) {
-                log::info!("peer {} handshake completed (we initiated)", short(&peer.public_key));
+                log::info!(
+                    "peer {} handshake completed (we initiated)",
+                    short(&peer.public_key)
+                );
             }
         }
         // Packets queued while the handshake was pending go out now.
         let ep = from;
-        loop {
-            match st.tunn.decapsulate(None, &[], scratch) {
-                TunnResult::WriteToNetwork(d) => {
-                    st.tx_bytes += d.len() as u64;
-                    io.send(ep, d);
-                }
-                _ => break,
-            }
+        while let TunnResult::WriteToNetwork(d) = st.tunn.decapsulate(None, &[], scratch) {
+            st.tx_bytes += d.len() as u64;
+            io.send(ep, d);
         }
     }
 
-    fn deliver(&self, table: &Table, peer: &Arc<Peer>, src: IpAddr, packet: &[u8], io: &mut impl Io) {
+    fn deliver(
+        &self,
+        table: &Table,
+        peer: &Arc<Peer>,
+        src: IpAddr,
+        packet: &[u8],
+        io: &mut impl Io,
+    ) {
         if packet.is_empty() {
             return; // keepalive
         }
@@ -589,7 +635,9 @@ impl Device {
         for peer in table.peers() {
             let mut st = peer.lock();
             if let (Some(ep), Some(_)) = (st.endpoint, st.persistent_keepalive) {
-                if let TunnResult::WriteToNetwork(d) = st.tunn.format_handshake_initiation(scratch, false) {
+                if let TunnResult::WriteToNetwork(d) =
+                    st.tunn.format_handshake_initiation(scratch, false)
+                {
                     io.send(ep, d);
                 }
             }
@@ -657,7 +705,8 @@ fn update_peer_state(
         st.preshared_key = pc.preshared_key;
         st.persistent_keepalive = ka;
     } else if key_changed {
-        st.tunn.set_static_private(id.private.clone(), id.public, None);
+        st.tunn
+            .set_static_private(id.private.clone(), id.public, None);
     }
     // A configured endpoint that changed wins over a roamed one; an unchanged config
     // endpoint leaves the roamed address alone.
@@ -672,7 +721,14 @@ fn update_peer_state(
 
 fn placeholder_state(id: &Identity, public: Key, index: u32) -> PeerState {
     PeerState {
-        tunn: Tunn::new(id.private.clone(), x25519::PublicKey::from(public.0), None, None, index, None),
+        tunn: Tunn::new(
+            id.private.clone(),
+            x25519::PublicKey::from(public.0),
+            None,
+            None,
+            index,
+            None,
+        ),
         endpoint: None,
         preshared_key: None,
         persistent_keepalive: None,

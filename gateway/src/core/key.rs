@@ -23,7 +23,9 @@ pub enum KeyError {
 impl fmt::Display for KeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeyError::Base64 => f.write_str("a key is 44 characters of base64 encoding 32 bytes (as `wg genkey` prints)"),
+            KeyError::Base64 => f.write_str(
+                "a key is 44 characters of base64 encoding 32 bytes (as `wg genkey` prints)",
+            ),
             KeyError::Hex => f.write_str("a key is 64 hexadecimal digits"),
         }
     }
@@ -144,7 +146,9 @@ mod tests {
     #[test]
     fn known_public_key() {
         // RFC 7748 section 6.1 test vector (Alice).
-        let private = Key::from_hex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a").unwrap();
+        let private =
+            Key::from_hex("77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a")
+                .unwrap();
         assert_eq!(
             private.public().to_hex(),
             "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"

@@ -5,10 +5,15 @@
 
 pub mod allowed_ips;
 pub mod config;
+pub mod congestion;
 pub mod device;
+pub mod fallback;
+pub mod framing;
+pub mod gso;
 pub mod ini;
 pub mod key;
 pub mod net;
+pub mod offload;
 pub mod uapi;
 
 #[cfg(test)]

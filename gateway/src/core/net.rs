@@ -19,7 +19,11 @@ pub struct CidrError(pub String);
 
 impl fmt::Display for CidrError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "`{}` is not an address or prefix (expected e.g. 10.0.0.1/24 or fd00::1/64)", self.0)
+        write!(
+            f,
+            "`{}` is not an address or prefix (expected e.g. 10.0.0.1/24 or fd00::1/64)",
+            self.0
+        )
     }
 }
 
@@ -43,25 +47,44 @@ impl Cidr {
     pub fn network(&self) -> Cidr {
         let addr = match self.addr {
             IpAddr::V4(a) => {
-                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
+                let m = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - self.prefix)
+                };
                 IpAddr::V4(Ipv4Addr::from(u32::from(a) & m))
             }
             IpAddr::V6(a) => {
-                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix) };
+                let m = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - self.prefix)
+                };
                 IpAddr::V6(Ipv6Addr::from(u128::from(a) & m))
             }
         };
-        Cidr { addr, prefix: self.prefix }
+        Cidr {
+            addr,
+            prefix: self.prefix,
+        }
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.network().addr, ip) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let m = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
+                let m = if self.prefix == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - self.prefix)
+                };
                 u32::from(a) & m == u32::from(n)
             }
             (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let m = if self.prefix == 0 { 0 } else { u128::MAX << (128 - self.prefix) };
+                let m = if self.prefix == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - self.prefix)
+                };
                 u128::from(a) & m == u128::from(n)
             }
             _ => false,
@@ -114,6 +137,9 @@ mod tests {
         assert!("10.0.0.0/33".parse::<Cidr>().is_err());
         assert!("10.0.0.0/".parse::<Cidr>().is_err());
         assert!("10.0.0.0/+1".parse::<Cidr>().is_err());
-        assert!("0.0.0.0/0".parse::<Cidr>().unwrap().contains("1.2.3.4".parse().unwrap()));
+        assert!("0.0.0.0/0"
+            .parse::<Cidr>()
+            .unwrap()
+            .contains("1.2.3.4".parse().unwrap()));
     }
 }

@@ -71,8 +71,18 @@ fn pair(keepalive: Option<u16>) -> (Node, Node) {
         d.reconfigure(&c).unwrap();
         d
     };
-    let a = Node { dev: mk(ka, kb, "10.0.0.2/32", b_addr, keepalive), addr: a_addr, wire: Wire::default(), key: ka };
-    let b = Node { dev: mk(kb, ka, "10.0.0.1/32", a_addr, None), addr: b_addr, wire: Wire::default(), key: kb };
+    let a = Node {
+        dev: mk(ka, kb, "10.0.0.2/32", b_addr, keepalive),
+        addr: a_addr,
+        wire: Wire::default(),
+        key: ka,
+    };
+    let b = Node {
+        dev: mk(kb, ka, "10.0.0.1/32", a_addr, None),
+        addr: b_addr,
+        wire: Wire::default(),
+        key: kb,
+    };
     (a, b)
 }
 
@@ -84,7 +94,8 @@ fn deliver(from: &mut Node, to: &mut Node, src_addr: SocketAddr) -> usize {
     for (dst, d) in msgs {
         if dst.socket_addr() == to.addr {
             let t = to.dev.snapshot();
-            to.dev.handle_datagram(&t, PeerAddr::Udp(src_addr), &d, &mut scratch, &mut to.wire);
+            to.dev
+                .handle_datagram(&t, PeerAddr::Udp(src_addr), &d, &mut scratch, &mut to.wire);
             n += 1;
         }
     }
@@ -119,9 +130,17 @@ fn handshake_and_data_both_ways() {
     let p1 = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"hello b");
     send_tun(&mut a, &p1);
     assert_eq!(a.wire.sent.len(), 1);
-    assert_eq!(msg_type(&a.wire.sent[0].1), 1, "first packet triggers a handshake initiation");
+    assert_eq!(
+        msg_type(&a.wire.sent[0].1),
+        1,
+        "first packet triggers a handshake initiation"
+    );
     pump(&mut a, &mut b);
-    assert_eq!(b.wire.tun, vec![p1.clone()], "queued packet delivered after the handshake");
+    assert_eq!(
+        b.wire.tun,
+        vec![p1.clone()],
+        "queued packet delivered after the handshake"
+    );
     let p2 = ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"hello a");
     send_tun(&mut b, &p2);
     pump(&mut a, &mut b);
@@ -141,7 +160,10 @@ fn rekey_after_rekey_after_time() {
     send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"y"));
     timers(&mut a);
     let types: Vec<u8> = a.wire.sent.iter().map(|(_, d)| msg_type(d)).collect();
-    assert!(types.contains(&1), "a new handshake starts after REKEY_AFTER_TIME, got {types:?}");
+    assert!(
+        types.contains(&1),
+        "a new handshake starts after REKEY_AFTER_TIME, got {types:?}"
+    );
     pump(&mut a, &mut b);
     b.wire.tun.clear();
     let p = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"after rekey");
@@ -158,8 +180,17 @@ fn persistent_keepalive_is_sent() {
     a.wire.sent.clear();
     MockClock::advance(Duration::from_secs(26));
     timers(&mut a);
-    let keepalives = a.wire.sent.iter().filter(|(_, d)| msg_type(d) == 4 && d.len() == 32).count();
-    assert!(keepalives >= 1, "expected a 32-byte keepalive after 26 s, got {:?}", a.wire.sent.len());
+    let keepalives = a
+        .wire
+        .sent
+        .iter()
+        .filter(|(_, d)| msg_type(d) == 4 && d.len() == 32)
+        .count();
+    assert!(
+        keepalives >= 1,
+        "expected a 32-byte keepalive after 26 s, got {:?}",
+        a.wire.sent.len()
+    );
     // The keepalive decrypts to nothing on the TUN.
     b.wire.tun.clear();
     pump(&mut a, &mut b);
@@ -173,7 +204,10 @@ fn roaming_moves_the_endpoint() {
     pump(&mut a, &mut b);
     // A moves to a new address and sends from there.
     a.addr = "198.51.100.7:40000".parse().unwrap();
-    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"from new place"));
+    send_tun(
+        &mut a,
+        &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"from new place"),
+    );
     let new = a.addr;
     deliver(&mut a, &mut b, new);
     let ep = b.dev.peer_stats()[0].endpoint;
@@ -190,9 +224,16 @@ fn lost_handshake_is_retried() {
     a.wire.sent.clear(); // the initiation is lost
     MockClock::advance(Duration::from_secs(6));
     timers(&mut a);
-    assert!(a.wire.sent.iter().any(|(_, d)| msg_type(d) == 1), "retransmitted after REKEY_TIMEOUT");
+    assert!(
+        a.wire.sent.iter().any(|(_, d)| msg_type(d) == 1),
+        "retransmitted after REKEY_TIMEOUT"
+    );
     pump(&mut a, &mut b);
-    assert_eq!(b.wire.tun.len(), 1, "the queued packet arrives after the retried handshake");
+    assert_eq!(
+        b.wire.tun.len(),
+        1,
+        "the queued packet arrives after the retried handshake"
+    );
 }
 
 #[test]
@@ -206,7 +247,8 @@ fn hostile_datagrams_are_dropped_and_counted() {
     let from = PeerAddr::Udp(a.addr);
     // Garbage, truncated, and every prefix of a real handshake.
     for len in 0..init.len() {
-        b.dev.handle_datagram(&t, from, &init[..len], &mut scratch, &mut b.wire);
+        b.dev
+            .handle_datagram(&t, from, &init[..len], &mut scratch, &mut b.wire);
     }
     let mut rng = 0x1234_5678_u64;
     for _ in 0..2000 {
@@ -220,15 +262,22 @@ fn hostile_datagrams_are_dropped_and_counted() {
         if let Some(f) = buf.first_mut() {
             *f = (rng % 5) as u8; // hit every message type
         }
-        b.dev.handle_datagram(&t, from, &buf, &mut scratch, &mut b.wire);
+        b.dev
+            .handle_datagram(&t, from, &buf, &mut scratch, &mut b.wire);
     }
     // Replay of a data packet is rejected.
     send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"once"));
     let data = a.wire.sent.last().unwrap().1.clone();
     b.wire.tun.clear();
-    b.dev.handle_datagram(&t, from, &data, &mut scratch, &mut b.wire);
-    b.dev.handle_datagram(&t, from, &data, &mut scratch, &mut b.wire);
-    assert_eq!(b.wire.tun.len(), 1, "a replayed packet is not delivered twice");
+    b.dev
+        .handle_datagram(&t, from, &data, &mut scratch, &mut b.wire);
+    b.dev
+        .handle_datagram(&t, from, &data, &mut scratch, &mut b.wire);
+    assert_eq!(
+        b.wire.tun.len(),
+        1,
+        "a replayed packet is not delivered twice"
+    );
     // A handshake from a key B doesn't know.
     let (mut stranger, _) = pair(None);
     stranger.key = Key::generate_private();
@@ -243,12 +292,31 @@ fn hostile_datagrams_are_dropped_and_counted() {
         tcp_port: None,
     });
     stranger.dev.reconfigure(&c).unwrap();
-    send_tun(&mut stranger, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    send_tun(
+        &mut stranger,
+        &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"),
+    );
     let sinit = stranger.wire.sent.last().unwrap().1.clone();
-    b.dev.handle_datagram(&t, PeerAddr::Udp("203.0.113.9:1".parse().unwrap()), &sinit, &mut scratch, &mut b.wire);
+    b.dev.handle_datagram(
+        &t,
+        PeerAddr::Udp("203.0.113.9:1".parse().unwrap()),
+        &sinit,
+        &mut scratch,
+        &mut b.wire,
+    );
     let drops: u64 = b.dev.drops.snapshot().iter().map(|x| x.1).sum();
-    assert!(drops > 100, "drops were counted: {:?}", b.dev.drops.snapshot());
-    assert!(b.dev.drops.unknown_peer.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    assert!(
+        drops > 100,
+        "drops were counted: {:?}",
+        b.dev.drops.snapshot()
+    );
+    assert!(
+        b.dev
+            .drops
+            .unknown_peer
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
     // B still talks to A afterwards.
     b.wire.tun.clear();
     let p = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"still fine");
@@ -267,7 +335,13 @@ fn spoofed_inner_source_is_dropped() {
     send_tun(&mut a, &ipv4_packet([10, 9, 9, 9], [10, 0, 0, 2], b"spoof"));
     pump(&mut a, &mut b);
     assert!(b.wire.tun.is_empty());
-    assert_eq!(b.dev.drops.not_allowed_src.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        b.dev
+            .drops
+            .not_allowed_src
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[test]
@@ -292,6 +366,9 @@ fn reconfigure_keeps_sessions_of_unchanged_peers() {
     assert_eq!(msg_type(&a.wire.sent.last().unwrap().1), 4);
     pump(&mut a, &mut b);
     assert_eq!(b.wire.tun, vec![p]);
-    assert!(!b.wire.sent.iter().any(|(_, d)| msg_type(d) == 2), "no new handshake was needed");
+    assert!(
+        !b.wire.sent.iter().any(|(_, d)| msg_type(d) == 2),
+        "no new handshake was needed"
+    );
     let _ = IpAddr::V4(Ipv4Addr::LOCALHOST);
 }

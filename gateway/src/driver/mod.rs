@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{self as nsock, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6};
+use nix::sys::socket::{
+    self as nsock, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6,
+};
 
 use crate::core::config::{Config, Endpoint};
 use crate::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
@@ -38,6 +40,9 @@ struct Opts {
 const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] [--io-uring on|off] IFNAME
        riceguard up --config FILE [--workers N] [--io-uring on|off]";
 
+pub mod tcp;
+pub mod udptcp;
+
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
 pub fn main(args: &[String]) -> ExitCode {
     crate::logger::init();
@@ -58,7 +63,13 @@ pub fn main(args: &[String]) -> ExitCode {
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
-    let mut o = Opts { ifname: String::new(), foreground: false, config_file: None, workers: None, io_uring: None };
+    let mut o = Opts {
+        ifname: String::new(),
+        foreground: false,
+        config_file: None,
+        workers: None,
+        io_uring: None,
+    };
     let mut it = args.iter();
     let mut up = false;
     if std::env::var("WG_PROCESS_FOREGROUND").as_deref() == Ok("1") {
@@ -71,10 +82,17 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 o.foreground = true;
             }
             "-f" | "--foreground" => o.foreground = true,
-            "--config" | "-c" => o.config_file = Some(it.next().ok_or("--config needs a file")?.clone()),
+            "--config" | "-c" => {
+                o.config_file = Some(it.next().ok_or("--config needs a file")?.clone())
+            }
             "--workers" => {
                 let n = it.next().ok_or("--workers needs a number")?;
-                o.workers = Some(n.parse().ok().filter(|&n: &usize| (1..=256).contains(&n)).ok_or("--workers takes 1-256")?);
+                o.workers = Some(
+                    n.parse()
+                        .ok()
+                        .filter(|&n: &usize| (1..=256).contains(&n))
+                        .ok_or("--workers takes 1-256")?,
+                );
             }
             "--io-uring" => {
                 o.io_uring = match it.next().map(String::as_str) {
@@ -148,8 +166,11 @@ impl Runtime {
         let new = resolve_endpoints(new);
         let want_port = new.interface.listen_port.unwrap_or(0);
         let cur_port = self.shared.sockets.port.load(Ordering::Relaxed);
-        if new.interface.listen_port != old.interface.listen_port && (want_port == 0 || want_port != cur_port) {
-            let (socks, port) = bind_udp(self.workers, want_port, new.interface.fwmark).map_err(|e| ApplyError::Bind(want_port, e))?;
+        if new.interface.listen_port != old.interface.listen_port
+            && (want_port == 0 || want_port != cur_port)
+        {
+            let (socks, port) = bind_udp(self.workers, want_port, new.interface.fwmark)
+                .map_err(|e| ApplyError::Bind(want_port, e))?;
             self.shared.sockets.replace(socks, port);
             log::info!("{}: listening on UDP port {port}", self.ifname);
         } else if new.interface.fwmark != old.interface.fwmark {
@@ -157,10 +178,18 @@ impl Runtime {
                 set_mark(s, new.interface.fwmark);
             }
         }
-        self.shared.device.reconfigure(&new).map_err(ApplyError::Device)?;
+        self.shared
+            .device
+            .reconfigure(&new)
+            .map_err(ApplyError::Device)?;
         let mut scratch = vec![0u8; SCRATCH_SIZE];
-        let mut io = TimerIo { sockets: &self.shared.sockets, tcp: self.shared.tcp.as_deref() };
-        self.shared.device.initiate_keepalive_peers(&mut scratch, &mut io);
+        let mut io = TimerIo {
+            sockets: &self.shared.sockets,
+            tcp: self.shared.tcp.as_deref(),
+        };
+        self.shared
+            .device
+            .initiate_keepalive_peers(&mut scratch, &mut io);
         Ok(())
     }
 }
@@ -171,9 +200,14 @@ fn resolve_endpoints(cfg: &Config) -> Config {
     for p in &mut c.peers {
         if let Some(Endpoint::Name { host, port }) = &p.endpoint {
             use std::net::ToSocketAddrs;
-            match (host.as_str(), *port).to_socket_addrs().map(|mut a| a.next()) {
+            match (host.as_str(), *port)
+                .to_socket_addrs()
+                .map(|mut a| a.next())
+            {
                 Ok(Some(a)) => p.endpoint = Some(Endpoint::Addr(a)),
-                _ => log::warn!("peer endpoint {host}:{port} does not resolve; will retry on reload"),
+                _ => {
+                    log::warn!("peer endpoint {host}:{port} does not resolve; will retry on reload")
+                }
             }
         }
     }
@@ -208,7 +242,11 @@ impl Io for TimerIo<'_> {
 
 /// Bind `n` UDP sockets to one port with `SO_REUSEPORT` (dual-stack where IPv6 exists).
 /// Port 0 picks a free port for the first and binds the rest to the same.
-pub fn bind_udp(n: usize, port: u16, fwmark: Option<u32>) -> std::io::Result<(Vec<Arc<UdpSocket>>, u16)> {
+pub fn bind_udp(
+    n: usize,
+    port: u16,
+    fwmark: Option<u32>,
+) -> std::io::Result<(Vec<Arc<UdpSocket>>, u16)> {
     let mut socks = Vec::with_capacity(n);
     let mut port = port;
     for _ in 0..n.max(1) {
@@ -228,7 +266,12 @@ fn bind_one(port: u16) -> std::io::Result<UdpSocket> {
             nsock::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
             nsock::setsockopt(&fd, sockopt::ReusePort, &true)?;
             set_buffers(&fd);
-            let addr = SockaddrIn6::from(std::net::SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
+            let addr = SockaddrIn6::from(std::net::SocketAddrV6::new(
+                Ipv6Addr::UNSPECIFIED,
+                port,
+                0,
+                0,
+            ));
             nsock::bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr)?;
             fd
         }
@@ -285,15 +328,25 @@ fn run(opts: Opts) -> Result<(), String> {
     if let Some(on) = opts.io_uring {
         cfg.gateway.io_uring = on;
     }
-    let ifname = if appliance { cfg.gateway.interface_name.clone() } else { opts.ifname.clone() };
-    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let ifname = if appliance {
+        cfg.gateway.interface_name.clone()
+    } else {
+        opts.ifname.clone()
+    };
+    let ncpu = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let cores = cores_for(&cfg, ncpu);
     let workers = opts.workers.unwrap_or(cores.len()).max(1);
 
     let tun = Tun::create(&ifname, workers, false).map_err(|e| format!("{ifname}: {e}"))?;
     let ifname = tun.name().to_string();
-    let (socks, port) =
-        bind_udp(workers, cfg.interface.listen_port.unwrap_or(0), cfg.interface.fwmark).map_err(|e| format!("UDP: {e}"))?;
+    let (socks, port) = bind_udp(
+        workers,
+        cfg.interface.listen_port.unwrap_or(0),
+        cfg.interface.fwmark,
+    )
+    .map_err(|e| format!("UDP: {e}"))?;
     let listener = uapi::bind(&ifname).map_err(|e| format!("UAPI socket: {e}"))?;
     if appliance {
         apply_interface_settings(&ifname, &cfg)?;
@@ -303,7 +356,12 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     // Block the signals we handle before any thread exists, so only sigwait sees them.
     let mut sigs = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGUSR1] {
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGUSR1,
+    ] {
         sigs.add(s);
     }
     sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
@@ -316,11 +374,29 @@ fn run(opts: Opts) -> Result<(), String> {
         tcp: None,
         tun_gone: Arc::new(AtomicBool::new(false)),
     });
-    let rt = Arc::new(Runtime { shared: shared.clone(), ifname: ifname.clone(), workers, apply_lock: Mutex::new(()) });
+    let rt = Arc::new(Runtime {
+        shared: shared.clone(),
+        ifname: ifname.clone(),
+        workers,
+        apply_lock: Mutex::new(()),
+    });
     rt.apply_config(&cfg).map_err(|e| e.to_string())?;
     log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
+    // io_uring when configured and this kernel has it (probed and logged once here).
+    let uring_cfg = (cfg.gateway.io_uring && crate::sys::uring::check().is_ok())
+        .then(|| uring_worker::UringWorkerConfig::from_gateway(&cfg.gateway));
+    let report = vec![
+        format!("interface: {ifname}"),
+        format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
+        format!("workers: {workers} on cores {cores:?}"),
+        if uring_cfg.is_some() {
+            "io: io_uring (multishot recvmsg, registered buffers)".to_string()
+        } else {
+            "io: poll(2) loop, one datagram per syscall".to_string()
+        },
+    ];
+    write_status_file(&ifname, &report);
 
-    let uring_cfg = cfg.gateway.io_uring.then(|| uring_worker::UringWorkerConfig::from_gateway(&cfg.gateway));
     let mut handles = Vec::new();
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
@@ -362,7 +438,10 @@ fn run(opts: Opts) -> Result<(), String> {
                 let mut scratch = vec![0u8; SCRATCH_SIZE];
                 while !sh.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(250));
-                    let mut io = TimerIo { sockets: &sh.sockets, tcp: sh.tcp.as_deref() };
+                    let mut io = TimerIo {
+                        sockets: &sh.sockets,
+                        tcp: sh.tcp.as_deref(),
+                    };
                     sh.device.update_timers(&mut scratch, &mut io);
                 }
             })
@@ -382,7 +461,9 @@ fn run(opts: Opts) -> Result<(), String> {
     loop {
         match sigs.wait() {
             Ok(Signal::SIGHUP) if appliance => {
-                let Some(path) = opts.config_file.as_deref() else { continue };
+                let Some(path) = opts.config_file.as_deref() else {
+                    continue;
+                };
                 reload(&rt, path, &ifname);
             }
             Ok(Signal::SIGHUP) | Ok(Signal::SIGUSR1) => {
@@ -402,6 +483,7 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     shared.stop.store(true, Ordering::Relaxed);
     let _ = std::fs::remove_file(uapi::socket_path(&ifname));
+    let _ = std::fs::remove_file(status_path(&ifname));
     if appliance {
         let _ = std::fs::remove_file(PIDFILE);
     }
@@ -409,6 +491,118 @@ fn run(opts: Opts) -> Result<(), String> {
         let _ = h.join();
     }
     Ok(())
+}
+
+const STATUS_DIR: &str = "/run/riceguard";
+
+fn status_path(ifname: &str) -> std::path::PathBuf {
+    std::path::Path::new(STATUS_DIR).join(format!("{ifname}.status"))
+}
+
+/// The data-plane decisions made at start, for `riceguard status` and the console.
+fn write_status_file(ifname: &str, lines: &[String]) {
+    let _ = std::fs::create_dir_all(STATUS_DIR);
+    let mut text = lines.join("\n");
+    text.push('\n');
+    if let Err(e) = std::fs::write(status_path(ifname), text) {
+        log::warn!("cannot write {}: {e}", status_path(ifname).display());
+    }
+}
+
+/// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.
+pub fn status_main(args: &[String]) -> ExitCode {
+    let names: Vec<String> = match args.first() {
+        Some(n) => vec![n.clone()],
+        None => std::fs::read_dir(uapi::SOCKET_DIR)
+            .map(|d| {
+                let mut v: Vec<String> = d
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".sock"))
+                            .map(String::from)
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    };
+    if names.is_empty() {
+        eprintln!(
+            "no running riceguard interface (no sockets in {})",
+            uapi::SOCKET_DIR
+        );
+        return ExitCode::from(1);
+    }
+    let mut rc = ExitCode::SUCCESS;
+    for n in names {
+        match std::fs::read_to_string(status_path(&n)) {
+            Ok(t) => print!("{t}"),
+            Err(_) => println!("interface: {n}"),
+        }
+        match query(&n) {
+            Ok(st) => print!("{}", format_status(&st)),
+            Err(e) => {
+                println!("  (daemon not answering: {e})");
+                rc = ExitCode::from(1);
+            }
+        }
+        println!();
+    }
+    rc
+}
+
+fn query(ifname: &str) -> Result<crate::core::uapi::DeviceStatus, String> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(uapi::socket_path(ifname))
+        .map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.write_all(b"get=1\n\n").map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::new(s);
+    crate::core::uapi::read_get_response(&mut r).map_err(|e| e.to_string())
+}
+
+fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if let Some(k) = st.private_key {
+        let _ = writeln!(o, "public key: {}", k.public().to_base64());
+    }
+    let _ = writeln!(o, "listening port: {}", st.listen_port);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for p in &st.peers {
+        let _ = writeln!(o, "peer: {}", p.public_key.to_base64());
+        if let Some(e) = p.endpoint {
+            let _ = writeln!(o, "  endpoint: {e}");
+        }
+        let ips: Vec<String> = p.allowed_ips.iter().map(|c| c.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "  allowed ips: {}",
+            if ips.is_empty() {
+                "(none)".into()
+            } else {
+                ips.join(", ")
+            }
+        );
+        match p.last_handshake {
+            Some((s, _)) if s > 0 => {
+                let _ = writeln!(o, "  latest handshake: {} s ago", now.saturating_sub(s));
+            }
+            _ => {}
+        }
+        let _ = writeln!(
+            o,
+            "  transfer: {} B received, {} B sent",
+            p.rx_bytes, p.tx_bytes
+        );
+    }
+    o
 }
 
 /// SIGHUP in appliance mode: re-read the file; a bad file changes nothing.
@@ -451,6 +645,51 @@ fn apply_interface_settings(ifname: &str, cfg: &Config) -> Result<(), String> {
     update_interface_settings(ifname, &Config::default(), cfg)
 }
 
-fn update_interface_settings(_ifname: &str, _old: &Config, _new: &Config) -> Result<(), String> {
+fn update_interface_settings(ifname: &str, old: &Config, new: &Config) -> Result<(), String> {
+    use crate::sys::netlink::{Netlink, Route};
+    let mut nl = Netlink::open().map_err(|e| e.to_string())?;
+    let mtu = new
+        .interface
+        .mtu
+        .unwrap_or(crate::core::config::DEFAULT_MTU);
+    if old.interface.mtu != new.interface.mtu || old.interface.addresses.is_empty() {
+        nl.set_mtu(ifname, u32::from(mtu))
+            .map_err(|e| e.to_string())?;
+    }
+    if old.interface.addresses != new.interface.addresses {
+        nl.flush_addresses(ifname).map_err(|e| e.to_string())?;
+        for a in &new.interface.addresses {
+            nl.add_address(ifname, *a).map_err(|e| e.to_string())?;
+        }
+    }
+    nl.set_link_up(ifname, true).map_err(|e| e.to_string())?;
+    // Routes for the peers' allowed IPs that the interface's own prefixes do not cover,
+    // as wg-quick adds them. A default route (/0) is not installed: the appliance's own
+    // default route stays on its uplink (document: use a narrower prefix or policy routing).
+    let ifindex = Netlink::ifindex(ifname).map_err(|e| e.to_string())?;
+    for p in &new.peers {
+        for c in &p.allowed_ips {
+            let c = c.network();
+            if c.prefix == 0 {
+                log::warn!("{ifname}: not routing {c} through the tunnel (default route stays on the uplink)");
+                continue;
+            }
+            let covered = new
+                .interface
+                .addresses
+                .iter()
+                .any(|a| a.prefix <= c.prefix && a.contains(c.addr));
+            if covered {
+                continue;
+            }
+            if let Err(e) = nl.add_route(Route {
+                dst: c,
+                gateway: None,
+                ifindex: Some(ifindex),
+            }) {
+                log::warn!("{ifname}: route {c}: {e}");
+            }
+        }
+    }
     Ok(())
 }

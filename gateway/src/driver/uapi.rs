@@ -58,7 +58,9 @@ pub fn serve(listener: UnixListener, rt: Arc<Runtime>) {
 }
 
 fn handle_conn(stream: UnixStream, rt: &Runtime) {
-    let Ok(mut out) = stream.try_clone() else { return };
+    let Ok(mut out) = stream.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(stream);
     // A connection may carry several requests in a row (wireguard-go allows it).
     loop {
@@ -96,7 +98,10 @@ pub fn status(rt: &Runtime) -> DeviceStatus {
             public_key: p.public_key,
             preshared_key: p.preshared_key,
             endpoint: p.endpoint.map(|e| e.socket_addr()),
-            last_handshake: p.last_handshake.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| (d.as_secs(), d.subsec_nanos())),
+            last_handshake: p
+                .last_handshake
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| (d.as_secs(), d.subsec_nanos())),
             rx_bytes: p.rx_bytes,
             tx_bytes: p.tx_bytes,
             persistent_keepalive: p.persistent_keepalive,

@@ -72,7 +72,9 @@ pub struct WorkerIo<'a> {
 /// Map a v4 destination to the v4-mapped v6 form a dual-stack socket needs.
 pub fn to_sock_addr(a: SocketAddr, v6_socket: bool) -> SocketAddr {
     match a {
-        SocketAddr::V4(v4) if v6_socket => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+        SocketAddr::V4(v4) if v6_socket => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
         other => other,
     }
 }
@@ -158,16 +160,28 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>) {
                 shared.tun_gone.store(true, Ordering::Relaxed);
                 return;
             }
-            (r(&fds[0]).contains(PollFlags::POLLIN), tr.contains(PollFlags::POLLIN))
+            (
+                r(&fds[0]).contains(PollFlags::POLLIN),
+                tr.contains(PollFlags::POLLIN),
+            )
         };
         let table = cache.get(&shared.device);
-        let mut io = WorkerIo { sock: &sock, tun: &tun, tcp: tcp.as_deref(), v6 };
+        let mut io = WorkerIo {
+            sock: &sock,
+            tun: &tun,
+            tcp: tcp.as_deref(),
+            v6,
+        };
         if udp_ready {
             for _ in 0..BATCH {
                 match sock.recv_from(&mut buf) {
-                    Ok((n, from)) => {
-                        shared.device.handle_datagram(table, PeerAddr::Udp(canonical(from)), &buf[..n], &mut scratch, &mut io)
-                    }
+                    Ok((n, from)) => shared.device.handle_datagram(
+                        table,
+                        PeerAddr::Udp(canonical(from)),
+                        &buf[..n],
+                        &mut scratch,
+                        &mut io,
+                    ),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {
@@ -181,7 +195,11 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>) {
         if tun_ready {
             for _ in 0..BATCH {
                 match tun.read(&mut buf) {
-                    Ok(n) => shared.device.handle_tun_packet(table, &buf[..n], &mut scratch, &mut io),
+                    Ok(n) => {
+                        shared
+                            .device
+                            .handle_tun_packet(table, &buf[..n], &mut scratch, &mut io)
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => {

@@ -2,7 +2,12 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod ethtool;
+pub mod netlink;
+pub mod os;
 pub mod process;
+pub mod tcp;
 pub mod tun;
 pub mod hugepage;
+pub mod udp;
 pub mod uring;

@@ -17,7 +17,10 @@ pub fn daemonize(quiet: bool) -> io::Result<()> {
         ForkResult::Child => {}
     }
     setsid().map_err(io::Error::from)?;
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")?;
     let n = null.as_raw_fd();
     dup2(n, 0).map_err(io::Error::from)?;
     dup2(n, 1).map_err(io::Error::from)?;

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# TCP-fallback helpers, end to end: `riceguard udp2tcp` and `riceguard tcp2udp` on
+# loopback (UDP echo, garbage framing refused), then two stock wireguard-go peers in two
+# network namespaces whose only path is TCP:
+#
+#   ns rgtA: wireguard-go rgtA0 (10.77.0.1) -> udp2tcp 127.0.0.1:51900 --TCP--+
+#                                                      (UDP dropped on the veth) |
+#   ns rgtB: wireguard-go rgtB0 (10.77.0.2) <- tcp2udp 192.168.77.2:443 <------+
+#
+# Checks: ping and a 5 s iperf3 through the tunnel; a tcpdump capture of the TCP path
+# shows no segment carrying a bare 2-byte payload and bulk segments at the MSS.
+# Needs root, wireguard-go, wireguard-tools, iperf3, tcpdump, nftables, ethtool.
+# Prints "N passed, N failed"; exit status 1 when anything failed.
+set -u
+cd "$(dirname "$0")/.."
+
+RG=${RG_BIN:-target/release/riceguard}
+if [ ! -x "$RG" ]; then
+    cargo build --release -p riceguard >&2 || { echo "0 passed, 1 failed (build)"; exit 1; }
+fi
+RG=$(realpath "$RG")
+WORK=$(mktemp -d /tmp/rg-tcp-helpers.XXXXXX)
+A=rgtA B=rgtB
+PIDS=()
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    sleep 0.3
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+    ip netns del $A 2>/dev/null
+    ip netns del $B 2>/dev/null
+    rm -f /var/run/wireguard/rgtA0.sock /var/run/wireguard/rgtB0.sock
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# ---- 1. loopback: UDP echo through udp2tcp -> tcp2udp and back -------------------------
+if command -v python3 >/dev/null; then
+    python3 - >"$WORK/echo.port" <<'EOF' &
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True); sys.stdout.close()
+s.settimeout(60)
+try:
+    while True:
+        d, a = s.recvfrom(65536); s.sendto(d, a)
+except Exception:
+    pass
+EOF
+    PIDS+=($!)
+    sleep 0.5
+    EPORT=$(cat "$WORK/echo.port")
+    "$RG" tcp2udp --tcp-listen 127.0.0.1:47443 --udp-forward 127.0.0.1:"$EPORT" --nodelay \
+        2>"$WORK/t2u-lo.log" &
+    PIDS+=($!)
+    sleep 0.3
+    "$RG" udp2tcp --udp-listen 127.0.0.1:47900 --tcp-forward 127.0.0.1:47443 --nodelay \
+        2>"$WORK/u2t-lo.log" &
+    PIDS+=($!)
+    sleep 0.3
+    if python3 - <<'EOF'
+import socket
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(3)
+c.connect(("127.0.0.1", 47900))
+for i, n in enumerate([32, 148, 1398, 60000]):
+    m = bytes([4, 0, 0, 0]) + bytes([i]) * (n - 4)
+    c.send(m)
+    assert c.recv(65536) == m, n
+EOF
+    then ok "loopback: WireGuard-shaped datagrams echoed through udp2tcp -> tcp2udp"
+    else bad "loopback: echo through udp2tcp -> tcp2udp"; fi
+    # crates.io udp-over-tcp's u32 little-endian framing must be refused at once.
+    if python3 - <<'EOF'
+import socket, struct
+s = socket.create_connection(("127.0.0.1", 47443)); s.settimeout(3)
+m = bytes([4, 0, 0, 0]) + bytes(60)
+s.sendall(struct.pack("<I", len(m)) + m)
+assert s.recv(10) == b""   # closed by tcp2udp
+EOF
+    then ok "loopback: u32-LE framed input closes the connection"
+    else bad "loopback: u32-LE framed input not refused"; fi
+else
+    echo "SKIP loopback checks: python3 missing"
+fi
+
+# ---- 2. wireguard-go <-> (udp2tcp -> tcp2udp) <-> wireguard-go in two namespaces ----------
+for t in wireguard-go wg iperf3 tcpdump nft ethtool; do
+    command -v $t >/dev/null || { bad "missing tool $t"; echo "$pass passed, $fail failed"; exit 1; }
+done
+ip netns add $A && ip netns add $B || { bad "cannot create namespaces"; echo "$pass passed, $fail failed"; exit 1; }
+ip link add rgta0 netns $A type veth peer name rgtb0 netns $B
+ip -n $A addr add 192.168.77.1/24 dev rgta0
+ip -n $B addr add 192.168.77.2/24 dev rgtb0
+for ns in $A $B; do ip -n $ns link set lo up; done
+ip -n $A link set rgta0 up
+ip -n $B link set rgtb0 up
+# Real segment sizes on the wire: no TSO/GSO super-segments, no GRO merging.
+ip netns exec $A ethtool -K rgta0 tso off gso off gro off >/dev/null 2>&1
+ip netns exec $B ethtool -K rgtb0 tso off gso off gro off >/dev/null 2>&1
+# The network blocks UDP: only TCP crosses.
+ip netns exec $A nft -f - <<'EOF'
+table inet rgt {
+    chain out {
+        type filter hook output priority 0;
+        oifname "rgta0" meta l4proto udp counter drop
+    }
+}
+EOF
+
+ip netns exec $B tcpdump -i rgtb0 -nn -s 128 -w "$WORK/path.pcap" tcp port 443 2>"$WORK/tcpdump.log" &
+TCPDUMP_PID=$!   # `ip netns exec` execs tcpdump: this is tcpdump's own PID
+PIDS+=($TCPDUMP_PID)
+ip netns exec $B "$RG" tcp2udp --tcp-listen 192.168.77.2:443 --udp-forward 127.0.0.1:51820 --nodelay \
+    2>"$WORK/t2u.log" &
+PIDS+=($!)
+sleep 0.5
+ip netns exec $A "$RG" udp2tcp --udp-listen 127.0.0.1:51900 --tcp-forward 192.168.77.2:443 --nodelay \
+    2>"$WORK/u2t.log" &
+PIDS+=($!)
+
+KA=$(wg genkey) KB=$(wg genkey)
+PA=$(echo "$KA" | wg pubkey) PB=$(echo "$KB" | wg pubkey)
+echo "$KA" >"$WORK/ka"; echo "$KB" >"$WORK/kb"
+ip netns exec $A wireguard-go -f rgtA0 >"$WORK/wga.log" 2>&1 &
+PIDS+=($!)
+ip netns exec $B wireguard-go -f rgtB0 >"$WORK/wgb.log" 2>&1 &
+PIDS+=($!)
+sleep 1
+# MTU over TCP: 54 bytes below the UDP default (config.rs DEFAULT_TCP_MTU).
+ip netns exec $B wg set rgtB0 private-key "$WORK/kb" listen-port 51820 peer "$PA" allowed-ips 10.77.0.1/32
+ip netns exec $A wg set rgtA0 private-key "$WORK/ka" peer "$PB" allowed-ips 10.77.0.2/32 \
+    endpoint 127.0.0.1:51900 persistent-keepalive 25
+ip -n $A addr add 10.77.0.1/24 dev rgtA0; ip -n $A link set rgtA0 mtu 1366 up
+ip -n $B addr add 10.77.0.2/24 dev rgtB0; ip -n $B link set rgtB0 mtu 1366 up
+
+if ip netns exec $A ping -c 3 -W 5 -i 0.3 10.77.0.2 >"$WORK/ping.log" 2>&1; then
+    ok "ping through wireguard-go <-> udp2tcp/tcp2udp <-> wireguard-go ($(grep -o 'rtt.*' "$WORK/ping.log"))"
+else
+    bad "ping through the TCP-carried tunnel"; cat "$WORK/ping.log" "$WORK/u2t.log" "$WORK/t2u.log"
+fi
+
+ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s.log" 2>&1 &
+PIDS+=($!)
+sleep 0.5
+if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 -J >"$WORK/iperf.json" 2>&1; then
+    mbps=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$WORK/iperf.json" 2>/dev/null || echo "?")
+    ok "iperf3 5 s through the TCP-carried tunnel: $mbps Mbit/s"
+else
+    bad "iperf3 through the TCP-carried tunnel"; tail -5 "$WORK/iperf.json"
+fi
+if ip netns exec $A nft list chain inet rgt out >/dev/null 2>&1; then
+    ok "UDP is blocked on the path (the tunnel can only use TCP)"
+else
+    bad "could not install the UDP-blocking rule"
+fi
+
+sleep 0.5
+kill -INT "$TCPDUMP_PID" 2>/dev/null   # flush the capture file
+wait "$TCPDUMP_PID" 2>/dev/null
+
+# ---- 3. the capture: no bare headers, bulk at the MSS ----------------------------------
+tcpdump -r "$WORK/path.pcap" -nn 2>/dev/null | awk '
+    { n = $NF + 0; dir = ($3 ~ /^192\.168\.77\.1\./) ? "c2s" : "s2c" }
+    /length [0-9]+$/ && n > 0 {
+        seg[dir]++; bytes[dir] += n; if (n == 2) bare++
+        if (n > max[dir]) max[dir] = n
+        if (n >= 1400) big[dir]++
+    }
+    END {
+        printf "segs_c2s=%d bytes_c2s=%d max_c2s=%d big_c2s=%d segs_s2c=%d bytes_s2c=%d max_s2c=%d bare=%d\n",
+            seg["c2s"], bytes["c2s"], max["c2s"], big["c2s"], seg["s2c"], bytes["s2c"], max["s2c"], bare + 0
+    }' >"$WORK/stats"
+cat "$WORK/stats" | sed 's/^/     /'
+eval "$(cat "$WORK/stats" | tr ' ' '\n' | grep '=' )"
+if [ "${segs_c2s:-0}" -gt 100 ] && [ "${bare:-1}" -eq 0 ]; then
+    ok "capture: $((segs_c2s + segs_s2c)) data segments, none with a bare 2-byte payload"
+else
+    bad "capture: bare 2-byte payload segments: ${bare:-?} (data segments: ${segs_c2s:-0})"
+fi
+if [ "${segs_c2s:-0}" -gt 0 ]; then
+    mss=${max_c2s:-0}
+    pct=$((100 * big_c2s / segs_c2s))
+    avg=$((bytes_c2s / segs_c2s))
+    if [ "$pct" -ge 80 ]; then
+        ok "capture: bulk direction $pct% of data segments >= 1400 bytes (max $mss = MSS, mean $avg)"
+    else
+        bad "capture: bulk direction only $pct% of data segments >= 1400 bytes (max $mss, mean $avg)"
+    fi
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

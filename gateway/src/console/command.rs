@@ -1,0 +1,831 @@
+//! The console's command language: parsing a line into a [`Command`], the `help` texts,
+//! and the `set`/`delete` edits, which work on a [`Config`] value and nothing else (so
+//! they are tested without files, daemons or terminals).
+//!
+//! The word tables below drive parsing, `help` and the "expected one of" messages, so
+//! the three cannot disagree.
+
+use crate::core::config::{Config, GatewayConfig, OffloadMode, PeerConfig};
+use crate::core::key::Key;
+
+use super::validate as v;
+
+/// The longest `commit-confirm` wait (a day).
+pub const MAX_CONFIRM_MINUTES: u32 = 1440;
+
+/// A parsed command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    Help(Vec<String>),
+    Show { what: Show, private: bool },
+    Set(Vec<String>),
+    Delete(Vec<String>),
+    Compare,
+    Commit,
+    CommitConfirm(u32),
+    Confirm,
+    Discard,
+    Rollback(usize),
+    Save,
+    Genkey,
+    Pubkey,
+    FactoryReset { erase_history: bool },
+    Reboot,
+    Exit { discard: bool },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Show {
+    Running,
+    Candidate,
+    Peers,
+    Status,
+    History,
+}
+
+/// (name, arguments, one-line summary) of every command, in the order `help` lists them.
+pub const COMMANDS: &[(&str, &str, &str)] = &[
+    (
+        "help",
+        "[COMMAND]",
+        "list commands, or explain one (e.g. `help set`)",
+    ),
+    (
+        "show",
+        "[candidate|peers|status|history] [private]",
+        "show the running configuration (keys hidden unless `private`)",
+    ),
+    (
+        "set",
+        "interface|peer|gateway|system ...",
+        "change the candidate configuration (see `help set`)",
+    ),
+    (
+        "delete",
+        "interface|peer|gateway|system ...",
+        "remove settings from the candidate (see `help delete`)",
+    ),
+    (
+        "compare",
+        "",
+        "show what `commit` would change (- running, + candidate)",
+    ),
+    (
+        "commit",
+        "",
+        "check the candidate, save it and apply it to the running gateway",
+    ),
+    (
+        "commit-confirm",
+        "MINUTES",
+        "commit, then roll back by itself unless `confirm` is given in time",
+    ),
+    (
+        "confirm",
+        "",
+        "keep the configuration of a pending `commit-confirm`",
+    ),
+    (
+        "discard",
+        "",
+        "throw away uncommitted changes (candidate = running)",
+    ),
+    (
+        "rollback",
+        "N",
+        "load saved version N (1 = before the last commit, up to 10) into the candidate",
+    ),
+    (
+        "save",
+        "",
+        "nothing to do: `commit` already saves (kept for habit)",
+    ),
+    (
+        "genkey",
+        "",
+        "put a new private key into the candidate and print its public key",
+    ),
+    (
+        "pubkey",
+        "",
+        "print this gateway's public key (give it to the peers)",
+    ),
+    (
+        "factory-reset",
+        "[erase-history]",
+        "replace everything with defaults and a new key (asks first)",
+    ),
+    ("reboot", "", "restart the appliance (asks first)"),
+    (
+        "exit",
+        "[discard]",
+        "leave the console (`quit` too); refuses with uncommitted changes unless `discard`",
+    ),
+];
+
+/// `set interface` / `delete interface` fields: (word, argument, meaning).
+pub const INTERFACE_FIELDS: &[(&str, &str, &str)] = &[
+    (
+        "private-key",
+        "KEY",
+        "this gateway's private key, base64 (`genkey` makes one)",
+    ),
+    (
+        "listen-port",
+        "PORT",
+        "UDP port peers connect to, 1-65535 (unset: any free port)",
+    ),
+    (
+        "address",
+        "CIDR",
+        "address of the tunnel interface, e.g. 10.0.0.1/24; `set` again adds another",
+    ),
+    ("mtu", "N", "tunnel MTU, 576-9600 (unset: 1420)"),
+    (
+        "fwmark",
+        "N",
+        "firewall mark on outgoing packets, decimal or 0x hex",
+    ),
+];
+
+/// `set peer PUBKEY` fields.
+pub const PEER_FIELDS: &[(&str, &str, &str)] = &[
+    (
+        "allowed-ips",
+        "CIDR[,CIDR...]",
+        "addresses routed to this peer, e.g. 10.0.0.2/32; adds to the list",
+    ),
+    (
+        "endpoint",
+        "HOST:PORT",
+        "where to reach the peer, e.g. 192.0.2.7:51820 (unset: it connects to us)",
+    ),
+    (
+        "persistent-keepalive",
+        "SECONDS",
+        "send a keepalive this often, 1-65535 (25 suits NAT)",
+    ),
+    (
+        "preshared-key",
+        "KEY",
+        "optional extra symmetric key, base64",
+    ),
+    (
+        "tcp-port",
+        "PORT",
+        "TCP port for this peer's TCP fallback (unset: the endpoint's port)",
+    ),
+];
+
+/// `set gateway` fields: every [`GatewayConfig`] field in kebab-case.
+pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
+    (
+        "interface-name",
+        "NAME",
+        "name of the tunnel interface (default wg0)",
+    ),
+    (
+        "cores",
+        "LIST",
+        "CPU cores for data-plane workers, e.g. 0-3 or 1,2 (unset: all)",
+    ),
+    ("io-uring", "on|off", "use io_uring (off: classic syscalls)"),
+    (
+        "offload",
+        "auto|gso|mmsg|off",
+        "transmit path: auto picks the fastest that works",
+    ),
+    (
+        "tun-offload",
+        "on|off",
+        "segmentation offload on the tunnel device",
+    ),
+    (
+        "hugepages",
+        "on|off",
+        "packet buffers in hugepages when reserved",
+    ),
+    (
+        "buffers",
+        "N",
+        "packet buffers per worker, 64-1048576 (default 4096)",
+    ),
+    (
+        "tcp-listen",
+        "PORT[,PORT...]",
+        "TCP ports to accept the TCP fallback on (unset: none)",
+    ),
+    (
+        "tcp-fallback",
+        "on|off",
+        "fall back to TCP towards peers whose UDP gets no answer",
+    ),
+    (
+        "bbr-rtt-ms",
+        "N",
+        "RTT in ms above which TCP connections use bbr (default 40)",
+    ),
+    (
+        "uplink",
+        "NAME",
+        "the network interface facing the internet (unset: the default route's)",
+    ),
+    (
+        "uplink-address",
+        "CIDR[,CIDR...]",
+        "static address(es) for the uplink; adds to the list",
+    ),
+    ("uplink-gateway", "IP", "default gateway on the uplink"),
+];
+
+/// `set system` / `delete system` fields (not part of riceguard.conf).
+pub const SYSTEM_FIELDS: &[(&str, &str, &str)] = &[(
+    "console-password",
+    "",
+    "ask for a password on the console (prompts for the new one)",
+)];
+
+const SECTIONS: &[&str] = &["interface", "peer", "gateway", "system"];
+
+fn words(t: &[(&str, &str, &str)]) -> String {
+    t.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")
+}
+
+fn unknown(word: &str, after: &str, valid: &str) -> String {
+    format!(
+        "unknown word `{}` after `{after}`: expected one of {valid}",
+        v::short(word)
+    )
+}
+
+fn missing(after: &str, valid: &str) -> String {
+    format!("`{after}` needs more: expected one of {valid}")
+}
+
+/// Parse one command line. Errors say what was expected.
+pub fn parse(line: &str) -> Result<Command, String> {
+    let toks: Vec<&str> = line.split_whitespace().collect();
+    let Some((&first, rest)) = toks.split_first() else {
+        return Err("empty line".into());
+    };
+    let owned = || rest.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let no_args = |c: Command| {
+        if rest.is_empty() {
+            Ok(c)
+        } else {
+            Err(format!(
+                "`{first}` takes no arguments (got `{}`)",
+                v::short(&rest.join(" "))
+            ))
+        }
+    };
+    match first.to_ascii_lowercase().as_str() {
+        "help" | "?" => Ok(Command::Help(owned())),
+        "show" => parse_show(rest),
+        "set" => Ok(Command::Set(owned())),
+        "delete" => Ok(Command::Delete(owned())),
+        "compare" => no_args(Command::Compare),
+        "commit" => no_args(Command::Commit),
+        "commit-confirm" => match rest {
+            [m] => Ok(Command::CommitConfirm(v::number(
+                m,
+                "number of minutes",
+                1,
+                1440,
+            )?)),
+            _ => Err("usage: commit-confirm MINUTES (1 to 1440)".into()),
+        },
+        "confirm" => no_args(Command::Confirm),
+        "discard" => no_args(Command::Discard),
+        "rollback" => match rest {
+            [n] => Ok(Command::Rollback(v::number(
+                n,
+                "version",
+                0,
+                super::store::KEEP,
+            )?)),
+            _ => Err(format!(
+                "usage: rollback N (1 to {}; see `show history`)",
+                super::store::KEEP
+            )),
+        },
+        "save" => no_args(Command::Save),
+        "genkey" => no_args(Command::Genkey),
+        "pubkey" => no_args(Command::Pubkey),
+        "factory-reset" => match rest {
+            [] => Ok(Command::FactoryReset {
+                erase_history: false,
+            }),
+            ["erase-history"] => Ok(Command::FactoryReset {
+                erase_history: true,
+            }),
+            [w, ..] => Err(unknown(w, "factory-reset", "erase-history")),
+        },
+        "reboot" => no_args(Command::Reboot),
+        "exit" | "quit" => match rest {
+            [] => Ok(Command::Exit { discard: false }),
+            ["discard"] => Ok(Command::Exit { discard: true }),
+            [w, ..] => Err(unknown(w, first, "discard")),
+        },
+        _ => Err(format!(
+            "unknown command `{}`: expected one of {} (`help` explains them)",
+            v::short(first),
+            words(COMMANDS)
+        )),
+    }
+}
+
+fn parse_show(rest: &[&str]) -> Result<Command, String> {
+    let mut what = Show::Running;
+    let mut private = false;
+    for (i, w) in rest.iter().enumerate() {
+        match (*w, i) {
+            ("private", _) => private = true,
+            ("running" | "configuration", 0) => what = Show::Running,
+            ("candidate", 0) => what = Show::Candidate,
+            ("peers", 0) => what = Show::Peers,
+            ("status", 0) => what = Show::Status,
+            ("history", 0) => what = Show::History,
+            _ => {
+                return Err(unknown(
+                    w,
+                    "show",
+                    "candidate, peers, status, history, private",
+                ))
+            }
+        }
+    }
+    Ok(Command::Show { what, private })
+}
+
+fn field_list(t: &[(&str, &str, &str)]) -> String {
+    let w = t
+        .iter()
+        .map(|f| f.0.len() + f.1.len() + 1)
+        .max()
+        .unwrap_or(0);
+    t.iter()
+        .map(|(n, a, d)| format!("    {:<w$}  {d}\n", format!("{n} {a}").trim_end()))
+        .collect()
+}
+
+/// The text of `help` (no words) or `help WORD...`.
+pub fn help(topic: &[String]) -> Result<String, String> {
+    let Some(word) = topic.first() else {
+        let w = COMMANDS
+            .iter()
+            .map(|c| c.0.len() + c.1.len() + 1)
+            .max()
+            .unwrap_or(0);
+        let mut s = String::from("Commands (`help COMMAND` for details):\n");
+        for (n, a, d) in COMMANDS {
+            s.push_str(&format!("  {:<w$}  {d}\n", format!("{n} {a}").trim_end()));
+        }
+        s.push_str(
+            "\nChanges go to a candidate configuration; `commit` checks, saves and applies it.\n\
+             To set up a tunnel: genkey, set interface listen-port 51820,\n\
+             set interface address 10.0.0.1/24, set peer PUBKEY allowed-ips 10.0.0.2/32,\n\
+             compare, commit; give `pubkey`'s output to the peer.\n",
+        );
+        return Ok(s);
+    };
+    let w = word.to_ascii_lowercase();
+    Ok(match w.as_str() {
+        "set" | "delete" => {
+            let verb = w.as_str();
+            let mut s = format!("{verb} changes the candidate; `commit` applies it.\n\n");
+            s.push_str(&format!("  {verb} interface FIELD{}\n", if verb == "set" { " VALUE" } else { " [VALUE]" }));
+            s.push_str(&field_list(INTERFACE_FIELDS));
+            if verb == "set" {
+                s.push_str("  set peer PUBKEY FIELD VALUE   (PUBKEY: the peer's public key, base64; a new key adds a peer)\n");
+            } else {
+                s.push_str("  delete peer PUBKEY            remove the whole peer\n");
+                s.push_str("  delete peer PUBKEY FIELD [VALUE]   remove one setting (allowed-ips CIDR removes one prefix)\n");
+            }
+            s.push_str(&field_list(PEER_FIELDS));
+            s.push_str(&format!("  {verb} gateway FIELD{}   (appliance settings, [Gateway] section)\n", if verb == "set" { " VALUE" } else { "" }));
+            s.push_str(&field_list(GATEWAY_FIELDS));
+            s.push_str(&format!("  {verb} system FIELD   (takes effect at once, not through commit)\n"));
+            s.push_str(&field_list(SYSTEM_FIELDS));
+            if verb == "delete" {
+                s.push_str("\n`delete interface FIELD` / `delete gateway FIELD` go back to the default.\n");
+            }
+            s
+        }
+        "interface" => format!("set interface FIELD VALUE:\n{}", field_list(INTERFACE_FIELDS)),
+        "peer" => format!("set peer PUBKEY FIELD VALUE:\n{}", field_list(PEER_FIELDS)),
+        "gateway" => format!("set gateway FIELD VALUE:\n{}", field_list(GATEWAY_FIELDS)),
+        "system" => format!("set system FIELD / delete system FIELD:\n{}", field_list(SYSTEM_FIELDS)),
+        "show" => "show                  running configuration as saved in riceguard.conf (keys hidden)\n\
+                   show private          the same with private and preshared keys\n\
+                   show candidate [private]  the configuration being edited\n\
+                   show peers            live peer state from the running daemon (handshakes, traffic)\n\
+                   show status           boot slot, version, uptime, data-plane state\n\
+                   show history          the saved versions `rollback N` can load\n"
+            .to_string(),
+        "commit-confirm" | "confirm" => "commit-confirm MINUTES commits like `commit`, then waits. Unless `confirm` (or another\n\
+             `commit`) comes within MINUTES, the previous configuration is restored and applied by\n\
+             itself: a change that cuts you off undoes itself. A console restarted meanwhile keeps\n\
+             the deadline.\n"
+            .to_string(),
+        "rollback" => "rollback N loads saved version N into the candidate (1 = the configuration before the\n\
+             last commit, up to 10; `rollback 0` = the running one). Review with `compare`, apply with\n\
+             `commit`.\n"
+            .to_string(),
+        "save" => "`commit` writes DIR/riceguard.conf itself (atomically, keeping 10 previous versions), so\n\
+             `save` has nothing to do; it only says whether uncommitted changes exist.\n"
+            .to_string(),
+        "factory-reset" => "factory-reset replaces the configuration with defaults and a freshly generated private\n\
+             key, applies it, and removes the console password. The old configuration stays in the\n\
+             history (`rollback 1` brings it back). `factory-reset erase-history` deletes the history\n\
+             too (for handing the box on). Asks for `yes` first.\n"
+            .to_string(),
+        _ => match COMMANDS.iter().find(|c| c.0 == w || (w == "quit" && c.0 == "exit")) {
+            Some((n, a, d)) => format!("{} — {d}\n", format!("{n} {a}").trim_end()),
+            None => return Err(format!("no help for `{}`: expected one of {}", v::short(word), words(COMMANDS))),
+        },
+    })
+}
+
+/// What an edit did, for the user.
+pub type EditResult = Result<String, String>;
+
+fn find_peer<'a>(cfg: &'a mut Config, key: &Key) -> Option<&'a mut PeerConfig> {
+    cfg.peers.iter_mut().find(|p| p.public_key == *key)
+}
+
+fn one_value<'a>(args: &[&'a str], path: &str, expect: &str) -> Result<&'a str, String> {
+    match args {
+        [v] => Ok(v),
+        [] => Err(format!("`{path}` needs a value: {expect}")),
+        [_, extra, ..] => Err(format!(
+            "`{path}` takes one value; unexpected `{}`",
+            v::short(extra)
+        )),
+    }
+}
+
+fn field_arg(t: &[(&str, &str, &str)], name: &str) -> String {
+    t.iter()
+        .find(|f| f.0 == name)
+        .map(|f| f.1.to_string())
+        .unwrap_or_default()
+}
+
+fn push_unique<T: PartialEq>(list: &mut Vec<T>, items: Vec<T>) {
+    for i in items {
+        if !list.contains(&i) {
+            list.push(i);
+        }
+    }
+}
+
+/// Apply `set ARGS...` to `cfg`; on error `cfg` is unchanged.
+pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    match a.as_slice() {
+        [] => Err(missing("set", &SECTIONS.join(", "))),
+        ["interface"] => Err(missing("set interface", &words(INTERFACE_FIELDS))),
+        ["interface", field, rest @ ..] => {
+            let path = format!("set interface {field}");
+            let val = || one_value(rest, &path, &field_arg(INTERFACE_FIELDS, field));
+            let i = &mut cfg.interface;
+            match *field {
+                "private-key" => {
+                    let k = v::key(val()?, "private key")?;
+                    i.private_key = Some(k);
+                    return Ok(format!("public key is now {}", k.public().to_base64()));
+                }
+                "listen-port" => i.listen_port = Some(v::port(val()?, "listen port")?),
+                "address" => push_unique(&mut i.addresses, v::cidr_list(val()?)?),
+                "mtu" => i.mtu = Some(v::number(val()?, "MTU", 576, 9600)?),
+                "fwmark" => i.fwmark = Some(v::fwmark(val()?)?),
+                w => return Err(unknown(w, "set interface", &words(INTERFACE_FIELDS))),
+            }
+            Ok(String::new())
+        }
+        ["peer"] => {
+            Err("`set peer` needs the peer's public key: set peer PUBKEY FIELD VALUE".into())
+        }
+        ["peer", key, rest @ ..] => {
+            let k = v::key(key, "peer public key")?;
+            let Some((field, rest)) = rest.split_first() else {
+                return Err(missing(&format!("set peer {key}"), &words(PEER_FIELDS)));
+            };
+            let path = format!("set peer ... {field}");
+            let val = one_value(rest, &path, &field_arg(PEER_FIELDS, field));
+            let new = find_peer(cfg, &k).is_none();
+            if !PEER_FIELDS.iter().any(|f| f.0 == *field) {
+                return Err(unknown(field, "set peer PUBKEY", &words(PEER_FIELDS)));
+            }
+            let val = val?;
+            let mut p = find_peer(cfg, &k).cloned().unwrap_or(PeerConfig {
+                public_key: k,
+                preshared_key: None,
+                allowed_ips: Vec::new(),
+                endpoint: None,
+                persistent_keepalive: None,
+                tcp_port: None,
+            });
+            match *field {
+                // Stored masked (10.0.0.1/24 -> 10.0.0.0/24), as the kernel, `wg` and the
+                // INI reader keep allowed IPs.
+                "allowed-ips" => push_unique(&mut p.allowed_ips, v::prefix_list(val)?),
+                "endpoint" => p.endpoint = Some(v::endpoint(val)?),
+                "persistent-keepalive" => {
+                    p.persistent_keepalive =
+                        Some(v::number(val, "keepalive interval in seconds", 1, 65535)?)
+                }
+                "preshared-key" => p.preshared_key = Some(v::key(val, "preshared key")?),
+                "tcp-port" => p.tcp_port = Some(v::port(val, "TCP port")?),
+                w => return Err(unknown(w, "set peer PUBKEY", &words(PEER_FIELDS))),
+            }
+            match find_peer(cfg, &k) {
+                Some(slot) => *slot = p,
+                None => cfg.peers.push(p),
+            }
+            Ok(if new {
+                "new peer added".into()
+            } else {
+                String::new()
+            })
+        }
+        ["gateway"] => Err(missing("set gateway", &words(GATEWAY_FIELDS))),
+        ["gateway", field, rest @ ..] => {
+            let path = format!("set gateway {field}");
+            let val = || one_value(rest, &path, &field_arg(GATEWAY_FIELDS, field));
+            let g = &mut cfg.gateway;
+            let what = format!("gateway {field}");
+            match *field {
+                "interface-name" => g.interface_name = v::ifname(val()?, &what)?,
+                "cores" => g.cores = v::core_list(val()?)?,
+                "io-uring" => g.io_uring = v::boolean(val()?, &what)?,
+                "offload" => g.offload = v::offload(val()?)?,
+                "tun-offload" => g.tun_offload = v::boolean(val()?, &what)?,
+                "hugepages" => g.hugepages = v::boolean(val()?, &what)?,
+                "buffers" => g.buffers = v::number(val()?, "number of buffers", 64, 1 << 20)?,
+                "tcp-listen" => {
+                    g.tcp_listen.clear();
+                    push_unique(&mut g.tcp_listen, v::port_list(val()?, "TCP listen port")?)
+                }
+                "tcp-fallback" => g.tcp_fallback = v::boolean(val()?, &what)?,
+                "bbr-rtt-ms" => g.bbr_rtt_ms = v::number(val()?, "RTT in milliseconds", 1, 60_000)?,
+                "uplink" => g.uplink = v::ifname(val()?, "uplink interface name")?,
+                "uplink-address" => push_unique(&mut g.uplink_addresses, v::cidr_list(val()?)?),
+                "uplink-gateway" => g.uplink_gateway = Some(v::ip(val()?, "uplink gateway")?),
+                w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
+            }
+            Ok(String::new())
+        }
+        ["system", ..] => Err("internal: `set system` is handled by the session".into()),
+        [w, ..] => Err(unknown(w, "set", &SECTIONS.join(", "))),
+    }
+}
+
+/// Apply `delete ARGS...` to `cfg`; on error `cfg` is unchanged.
+pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let not_set = |what: &str| Err(format!("{what} is not set"));
+    match a.as_slice() {
+        [] => Err(missing("delete", &SECTIONS.join(", "))),
+        ["interface"] => Err(missing("delete interface", &words(INTERFACE_FIELDS))),
+        ["interface", "address"] => {
+            cfg.interface.addresses.clear();
+            Ok("all interface addresses removed".into())
+        }
+        ["interface", "address", c] => {
+            let c = v::cidr(c)?;
+            let before = cfg.interface.addresses.len();
+            cfg.interface.addresses.retain(|x| *x != c);
+            if cfg.interface.addresses.len() == before {
+                return not_set(&format!("interface address {c}"));
+            }
+            Ok(String::new())
+        }
+        ["interface", field] => {
+            let i = &mut cfg.interface;
+            let was_set = match *field {
+                "private-key" => i.private_key.take().is_some(),
+                "listen-port" => i.listen_port.take().is_some(),
+                "mtu" => i.mtu.take().is_some(),
+                "fwmark" => i.fwmark.take().is_some(),
+                w => return Err(unknown(w, "delete interface", &words(INTERFACE_FIELDS))),
+            };
+            if was_set {
+                Ok(String::new())
+            } else {
+                not_set(&format!("interface {field}"))
+            }
+        }
+        ["peer"] => {
+            Err("`delete peer` needs the peer's public key: delete peer PUBKEY [FIELD]".into())
+        }
+        ["peer", key, rest @ ..] => {
+            let k = v::key(key, "peer public key")?;
+            if find_peer(cfg, &k).is_none() {
+                return Err(format!(
+                    "there is no peer {} (see `show candidate`)",
+                    k.to_base64()
+                ));
+            }
+            let Some(p) = find_peer(cfg, &k) else {
+                return Err("internal: peer vanished".into());
+            };
+            let was_set = match rest {
+                [] => {
+                    cfg.peers.retain(|p| p.public_key != k);
+                    return Ok("peer removed".into());
+                }
+                ["allowed-ips"] => !std::mem::take(&mut p.allowed_ips).is_empty(),
+                ["allowed-ips", list] => {
+                    let del = v::prefix_list(list)?;
+                    for c in &del {
+                        if !p.allowed_ips.contains(c) {
+                            return not_set(&format!("allowed IP {c} of this peer"));
+                        }
+                    }
+                    p.allowed_ips.retain(|c| !del.contains(c));
+                    true
+                }
+                ["endpoint"] => p.endpoint.take().is_some(),
+                ["persistent-keepalive"] => p.persistent_keepalive.take().is_some(),
+                ["preshared-key"] => p.preshared_key.take().is_some(),
+                ["tcp-port"] => p.tcp_port.take().is_some(),
+                [w, ..] if PEER_FIELDS.iter().any(|f| f.0 == *w) => {
+                    return Err(format!(
+                        "`delete peer PUBKEY {w}` takes no value (only allowed-ips does)"
+                    ))
+                }
+                [w, ..] => return Err(unknown(w, "delete peer PUBKEY", &words(PEER_FIELDS))),
+            };
+            if was_set {
+                Ok(String::new())
+            } else {
+                not_set(&format!("peer {}", rest.join(" ")))
+            }
+        }
+        ["gateway"] => Err(missing("delete gateway", &words(GATEWAY_FIELDS))),
+        ["gateway", field] => {
+            let d = GatewayConfig::default();
+            let g = &mut cfg.gateway;
+            match *field {
+                "interface-name" => g.interface_name = d.interface_name,
+                "cores" => g.cores = d.cores,
+                "io-uring" => g.io_uring = d.io_uring,
+                "offload" => g.offload = OffloadMode::default(),
+                "tun-offload" => g.tun_offload = d.tun_offload,
+                "hugepages" => g.hugepages = d.hugepages,
+                "buffers" => g.buffers = d.buffers,
+                "tcp-listen" => g.tcp_listen = d.tcp_listen,
+                "tcp-fallback" => g.tcp_fallback = d.tcp_fallback,
+                "bbr-rtt-ms" => g.bbr_rtt_ms = d.bbr_rtt_ms,
+                "uplink" => g.uplink = d.uplink,
+                "uplink-address" => g.uplink_addresses = d.uplink_addresses,
+                "uplink-gateway" => g.uplink_gateway = d.uplink_gateway,
+                w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
+            }
+            Ok("back to the default".into())
+        }
+        ["gateway", field, extra, ..] => Err(format!(
+            "`delete gateway {field}` takes no value; unexpected `{}`",
+            v::short(extra)
+        )),
+        ["interface", field, extra, ..] => Err(format!(
+            "`delete interface {field}` takes no value; unexpected `{}`",
+            v::short(extra)
+        )),
+        ["system", ..] => Err("internal: `delete system` is handled by the session".into()),
+        [w, ..] => Err(unknown(w, "delete", &SECTIONS.join(", "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(words: &str) -> Vec<String> {
+        words.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn parses_commands() {
+        assert_eq!(parse("commit"), Ok(Command::Commit));
+        assert_eq!(parse("  commit-confirm 5 "), Ok(Command::CommitConfirm(5)));
+        assert!(parse("commit-confirm 0").is_err());
+        assert_eq!(
+            parse("show candidate private"),
+            Ok(Command::Show {
+                what: Show::Candidate,
+                private: true
+            })
+        );
+        assert_eq!(
+            parse("show private"),
+            Ok(Command::Show {
+                what: Show::Running,
+                private: true
+            })
+        );
+        assert_eq!(parse("rollback 3"), Ok(Command::Rollback(3)));
+        assert!(parse("rollback 11").unwrap_err().contains("from 0 to 10"));
+        assert_eq!(parse("quit"), Ok(Command::Exit { discard: false }));
+        let e = parse("comit").unwrap_err();
+        assert!(
+            e.contains("commit-confirm") && e.contains("factory-reset"),
+            "{e}"
+        );
+        assert!(parse("show foo").unwrap_err().contains("candidate, peers"));
+        assert!(parse("commit now").is_err());
+    }
+
+    #[test]
+    fn help_covers_every_command_and_field() {
+        let all = help(&[]).unwrap();
+        for (c, _, _) in COMMANDS {
+            assert!(all.contains(c), "{c}");
+            assert!(help(&[c.to_string()]).is_ok(), "{c}");
+        }
+        let set = help(&s("set")).unwrap();
+        for t in [INTERFACE_FIELDS, PEER_FIELDS, GATEWAY_FIELDS, SYSTEM_FIELDS] {
+            for (f, _, _) in t {
+                assert!(set.contains(f), "{f}");
+            }
+        }
+        assert!(help(&s("bogus")).is_err());
+    }
+
+    #[test]
+    fn set_and_delete_edit_the_config() {
+        let mut c = Config::default();
+        let pk = Key::generate_private().public().to_base64();
+        apply_set(&mut c, &s("interface listen-port 51820")).unwrap();
+        apply_set(&mut c, &s("interface address 10.0.0.1/24")).unwrap();
+        apply_set(&mut c, &s("interface address 10.0.0.1/24,fd00::1/64")).unwrap();
+        assert_eq!(c.interface.addresses.len(), 2);
+        assert_eq!(
+            apply_set(&mut c, &s(&format!("peer {pk} allowed-ips 10.0.0.2/32"))).unwrap(),
+            "new peer added"
+        );
+        apply_set(&mut c, &s(&format!("peer {pk} endpoint 192.0.2.7:51820"))).unwrap();
+        apply_set(&mut c, &s(&format!("peer {pk} persistent-keepalive 25"))).unwrap();
+        assert_eq!(c.peers.len(), 1);
+        apply_set(&mut c, &s("gateway offload gso")).unwrap();
+        apply_set(&mut c, &s("gateway cores 0-1")).unwrap();
+        apply_set(&mut c, &s("gateway uplink-gateway 192.0.2.1")).unwrap();
+        assert_eq!(c.gateway.offload, OffloadMode::Gso);
+        apply_delete(&mut c, &s("gateway offload")).unwrap();
+        assert_eq!(c.gateway.offload, OffloadMode::Auto);
+        apply_delete(&mut c, &s("interface address 10.0.0.1/24")).unwrap();
+        assert_eq!(c.interface.addresses.len(), 1);
+        assert!(apply_delete(&mut c, &s("interface address 10.0.0.1/24"))
+            .unwrap_err()
+            .contains("not set"));
+        apply_delete(&mut c, &s(&format!("peer {pk} endpoint"))).unwrap();
+        assert!(c.peers[0].endpoint.is_none());
+        apply_set(&mut c, &s(&format!("peer {pk} allowed-ips 10.1.2.3/16"))).unwrap();
+        assert_eq!(
+            c.peers[0].allowed_ips[1].to_string(),
+            "10.1.0.0/16",
+            "allowed IPs are stored masked"
+        );
+        apply_delete(
+            &mut c,
+            &s(&format!("peer {pk} allowed-ips 10.0.0.2/32,10.1.9.9/16")),
+        )
+        .unwrap();
+        assert!(c.peers[0].allowed_ips.is_empty());
+        apply_delete(&mut c, &s(&format!("peer {pk}"))).unwrap();
+        assert!(c.peers.is_empty());
+    }
+
+    #[test]
+    fn bad_input_says_what_is_expected() {
+        let mut c = Config::default();
+        let e = apply_set(&mut c, &s("interface listen-port 70000")).unwrap_err();
+        assert!(e.contains("1 to 65535"), "{e}");
+        let e = apply_set(&mut c, &s("interface colour blue")).unwrap_err();
+        assert!(
+            e.contains("private-key, listen-port, address, mtu, fwmark"),
+            "{e}"
+        );
+        let e = apply_set(&mut c, &s("peer notakey allowed-ips 10.0.0.2/32")).unwrap_err();
+        assert!(e.contains("44 characters"), "{e}");
+        let pk = Key::generate_private().public().to_base64();
+        let e = apply_set(&mut c, &s(&format!("peer {pk} allowed-ips 10.0.0.300/32"))).unwrap_err();
+        assert!(e.contains("expected e.g."), "{e}");
+        let e = apply_set(&mut c, &s(&format!("peer {pk} colour"))).unwrap_err();
+        assert!(e.contains("allowed-ips, endpoint"), "{e}");
+        assert!(apply_set(&mut c, &s("interface mtu"))
+            .unwrap_err()
+            .contains("needs a value"));
+        assert!(apply_set(&mut c, &s("gateway io-uring maybe"))
+            .unwrap_err()
+            .contains("on or off"));
+        assert!(apply_set(&mut c, &s("wibble"))
+            .unwrap_err()
+            .contains("interface, peer, gateway, system"));
+        assert!(apply_delete(&mut c, &s(&format!("peer {pk}")))
+            .unwrap_err()
+            .contains("no peer"));
+    }
+}

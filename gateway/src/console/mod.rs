@@ -1,0 +1,279 @@
+//! The serial-console configuration CLI (`riceguard console --root DIR`), in the
+//! candidate-configuration model of VyOS/Junos: `set`/`delete` edit a candidate,
+//! `commit` validates, saves and applies it, `commit-confirm` undoes itself unless
+//! confirmed, `rollback N` brings back one of the 10 saved versions.
+//!
+//! Module map:
+//! - [`line`]: bytes from a serial line -> command lines (editing, CR/LF, noise, bounds)
+//! - [`command`]: the command language, `help`, and `set`/`delete` as edits of a `Config`
+//! - [`validate`]: field parsers and the whole-config gate [`validate::validate_candidate`]
+//! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own
+//! - [`store`]: files in DIR (saved config, history, password, confirm deadline), and
+//!   [`store::load_with_fallback`] for boot
+//! - [`atomic`]: crash-safe file replacement
+//! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
+//! - [`peers`], [`password`]: `show peers` formatting, the password hash
+//!
+//! When stdin is a terminal the console prompts, echoes and edits; otherwise it reads
+//! one command per line, answers on stdout, and exits non-zero if any command failed.
+
+pub mod atomic;
+pub mod command;
+pub mod line;
+pub mod password;
+pub mod peers;
+pub mod session;
+pub mod store;
+pub mod system;
+pub mod validate;
+
+use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use line::{Event, LineEditor, MAX_LINE};
+use session::{Reply, Session};
+use store::{Format, Ini, Store};
+use system::{Clock, RawMode, SystemClock, SystemHooks};
+
+pub use store::load_with_fallback;
+
+const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidfile PATH] [--status-file PATH]
+  DIR          the appliance's perm partition (riceguard.conf, history/, console.passwd)
+  --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)
+  --pidfile    the daemon's pid file, signalled with SIGHUP after a commit (default /run/riceguard.pid)
+  --status-file  data-plane status written by the daemon (default /run/riceguard.status)";
+
+struct Args {
+    root: PathBuf,
+    hooks: SystemHooks,
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut root = None;
+    let mut hooks = SystemHooks::default();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match a.as_str() {
+            "--root" => root = Some(PathBuf::from(val("--root")?)),
+            "--socket" => hooks.socket = Some(PathBuf::from(val("--socket")?)),
+            "--pidfile" => hooks.pidfile = PathBuf::from(val("--pidfile")?),
+            "--status-file" => hooks.status_file = PathBuf::from(val("--status-file")?),
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument `{}`", validate::short(other))),
+        }
+    }
+    let root = root.ok_or("--root DIR is required")?;
+    Ok(Args { root, hooks })
+}
+
+/// Where replies go, with the terminal's needs (CRLF is done by the tty's output
+/// processing, which raw mode leaves on).
+struct Out {
+    tty: bool,
+}
+
+impl Out {
+    fn reply(&self, r: &Reply) {
+        let mut o = std::io::stdout().lock();
+        if !r.text.is_empty() {
+            let _ = writeln!(o, "{}", r.text);
+        }
+        let _ = o.flush();
+    }
+
+    fn raw(&self, s: &[u8]) {
+        if self.tty {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(s);
+            let _ = o.flush();
+        }
+    }
+
+    fn prompt(&self, session: &Session, pending: &[u8]) {
+        if self.tty {
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(session.prompt().as_bytes());
+            if !session.secret_input() {
+                let _ = o.write_all(pending);
+            }
+            let _ = o.flush();
+        }
+    }
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    let args = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("error: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let tty = std::io::stdin().is_terminal();
+    let _raw = if tty {
+        match RawMode::enter() {
+            Ok(r) => Some(r),
+            Err(e) => {
+                eprintln!("warning: could not set the terminal to character mode ({e}); line editing is the terminal's");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let format: Box<dyn Format> = Box::new(Ini);
+    let store = Store::new(args.root, format);
+    let (session, hello) = Session::open(store, Box::new(args.hooks), Box::new(SystemClock));
+    run(session, hello, tty)
+}
+
+fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
+    let out = Out { tty };
+    let mut failed = false;
+    out.reply(&hello);
+    if tty {
+        out.reply(&Reply {
+            text: "riceguard console: `help` lists the commands".into(),
+            ok: true,
+            exit: false,
+        });
+    }
+    let mut editor = LineEditor::new();
+    let mut buf = [0u8; 512];
+    let clock = SystemClock;
+    out.prompt(&session, editor.pending());
+    'outer: loop {
+        if let Some(r) = session.poll() {
+            out.raw(b"\n");
+            out.reply(&r);
+            failed |= !r.ok;
+            out.prompt(&session, editor.pending());
+        }
+        // Wake up for the commit-confirm deadline even when nobody types.
+        let wait = session
+            .confirm_deadline()
+            .map(|d| {
+                d.saturating_duration_since(clock.now())
+                    .min(Duration::from_secs(1))
+            })
+            .unwrap_or(Duration::from_secs(1));
+        let stdin = std::io::stdin();
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+        let ms = u16::try_from(wait.as_millis().max(1)).unwrap_or(1000);
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => continue,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        let n = match nix::unistd::read(libc::STDIN_FILENO, &mut buf) {
+            Ok(0) => break, // end of input, or the serial line hung up
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => continue,
+            Err(_) => break, // EIO: the terminal went away
+        };
+        for &b in &buf[..n] {
+            let Some(ev) = editor.feed(b) else { continue };
+            match ev {
+                Event::Echo(c) => {
+                    if !session.secret_input() {
+                        out.raw(&[c]);
+                    }
+                }
+                Event::Erase => {
+                    if !session.secret_input() {
+                        out.raw(b"\x08 \x08");
+                    }
+                }
+                Event::Line(l) => {
+                    out.raw(b"\n");
+                    let r = session.handle_line(&l);
+                    out.reply(&r);
+                    failed |= !r.ok;
+                    if r.exit {
+                        break 'outer;
+                    }
+                    out.prompt(&session, editor.pending());
+                }
+                Event::Empty => {
+                    out.raw(b"\n");
+                    if session.secret_input() {
+                        // An empty answer is an answer (it cancels a new password).
+                        let r = session.handle_line("");
+                        out.reply(&r);
+                        failed |= !r.ok;
+                    }
+                    out.prompt(&session, editor.pending());
+                }
+                Event::Cancelled => {
+                    out.raw(b"^C\n");
+                    out.prompt(&session, editor.pending());
+                }
+                Event::TooLong => {
+                    failed = true;
+                    out.raw(b"\n");
+                    out.reply(&Reply {
+                        text: format!("error: line longer than {MAX_LINE} characters ignored"),
+                        ok: false,
+                        exit: false,
+                    });
+                    out.prompt(&session, editor.pending());
+                }
+                Event::Garbage(k) => {
+                    failed = true;
+                    out.raw(b"\n");
+                    out.reply(&Reply {
+                        text: format!(
+                            "error: line ignored: it held {k} byte(s) that are not plain text (line noise, or a wrong baud rate?)"
+                        ),
+                        ok: false,
+                        exit: false,
+                    });
+                    out.prompt(&session, editor.pending());
+                }
+                Event::Eof => break 'outer,
+            }
+        }
+    }
+    // Input is over. An unconfirmed commit-confirm must still roll back on time: wait for
+    // it here (on the appliance init restarts the console, which resumes it anyway).
+    if let Some(deadline) = session.confirm_deadline() {
+        let left = deadline.saturating_duration_since(clock.now()).as_secs();
+        out.reply(&Reply {
+            text: format!(
+                "input ended with a commit-confirm pending: waiting {left} s, then rolling back"
+            ),
+            ok: true,
+            exit: false,
+        });
+        while session.confirm_deadline().is_some() {
+            let d = session
+                .confirm_deadline()
+                .map(|d| d.saturating_duration_since(clock.now()));
+            std::thread::sleep(d.unwrap_or_default().min(Duration::from_secs(1)));
+            if let Some(r) = session.poll() {
+                out.reply(&r);
+                failed |= !r.ok;
+            }
+        }
+    }
+    out.raw(b"\n");
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

@@ -1,0 +1,712 @@
+//! One console session: the running and candidate configurations, the pending
+//! `commit-confirm`, questions waiting for an answer (password, `yes`), and every
+//! command's effect. No terminal I/O here: lines come in, [`Reply`]s go out, time comes
+//! from the injected [`Clock`], and the daemon is reached through [`Hooks`].
+//!
+//! Invariants: `running` is what `DIR/riceguard.conf` holds; a command that fails
+//! changes neither `candidate`, `running` nor any file.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use super::command::{self, Command, Show};
+use super::password;
+use super::peers;
+use super::store::{Format, Store};
+use super::system::{Clock, Hooks};
+use super::validate::{check_consistency, validate_candidate};
+use crate::core::config::Config;
+use crate::core::key::Key;
+
+/// The answer to one input line (or to the passing of time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub text: String,
+    /// False when the command failed (scripts exit non-zero if any failed).
+    pub ok: bool,
+    /// The console should end.
+    pub exit: bool,
+}
+
+impl Reply {
+    fn ok(text: impl Into<String>) -> Reply {
+        Reply {
+            text: text.into(),
+            ok: true,
+            exit: false,
+        }
+    }
+    fn err(text: impl Into<String>) -> Reply {
+        Reply {
+            text: format!("error: {}", text.into()),
+            ok: false,
+            exit: false,
+        }
+    }
+}
+
+impl From<Result<String, String>> for Reply {
+    fn from(r: Result<String, String>) -> Reply {
+        match r {
+            Ok(s) => Reply::ok(s),
+            Err(e) => Reply::err(e),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Question {
+    Login { tries: u32 },
+    FactoryReset { erase_history: bool },
+    Reboot,
+    NewPassword,
+    RepeatPassword(String),
+}
+
+#[derive(Debug, Clone)]
+struct PendingConfirm {
+    deadline: Instant,
+    revert_to: Config,
+}
+
+impl<T: Format + ?Sized> Format for Box<T> {
+    fn emit(&self, cfg: &Config) -> String {
+        (**self).emit(cfg)
+    }
+    fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
+        (**self).parse(file, text)
+    }
+}
+
+pub struct Session {
+    store: Store<Box<dyn Format>>,
+    hooks: Box<dyn Hooks>,
+    clock: Box<dyn Clock>,
+    running: Config,
+    candidate: Config,
+    pending: Option<PendingConfirm>,
+    question: Option<Question>,
+}
+
+const MIN_PASSWORD: usize = 8;
+
+/// Lines whose key holds a secret, masked unless `private` is asked for.
+fn mask_secrets(text: &str) -> String {
+    text.lines()
+        .map(|l| match l.split_once('=') {
+            // Diff lines carry a `+ `/`- ` mark before the key.
+            Some((k, _))
+                if ["PrivateKey", "PresharedKey"].iter().any(|s| {
+                    k.trim_start_matches(['+', '-', ' '])
+                        .trim()
+                        .eq_ignore_ascii_case(s)
+                }) =>
+            {
+                format!("{} = (hidden)\n", k.trim_end())
+            }
+            _ => format!("{l}\n"),
+        })
+        .collect()
+}
+
+/// Line diff of two INI texts (longest common subsequence; configs are small). Changed
+/// lines are shown with `-`/`+`; the section header and `PublicKey` of each section with
+/// changes are shown as context, so it is clear which peer changed.
+pub fn diff(old: &str, new: &str) -> String {
+    let a: Vec<&str> = old.lines().collect();
+    let b: Vec<&str> = new.lines().collect();
+    let mut lcs = vec![vec![0u32; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let mut out = String::new();
+    let mut ctx: Vec<&str> = Vec::new();
+    let mut shown = false;
+    let emit = |out: &mut String, ctx: &mut Vec<&str>, shown: &mut bool, sign: char, line: &str| {
+        if !*shown {
+            for c in ctx.iter() {
+                let _ = writeln!(out, "  {c}");
+            }
+            *shown = true;
+        }
+        let _ = writeln!(out, "{}", format!("{sign} {line}").trim_end());
+    };
+    let is_ctx = |l: &str| {
+        l.trim_start().starts_with('[')
+            || l.trim_start().to_ascii_lowercase().starts_with("publickey")
+    };
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            if a[i].trim_start().starts_with('[') {
+                ctx = vec![a[i]];
+                shown = false;
+            } else if is_ctx(a[i]) && !shown {
+                ctx.push(a[i]);
+            }
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            emit(&mut out, &mut ctx, &mut shown, '-', a[i]);
+            i += 1;
+        } else {
+            emit(&mut out, &mut ctx, &mut shown, '+', b[j]);
+            j += 1;
+        }
+    }
+    out
+}
+
+impl Session {
+    /// Start a session on `store`: load the saved configuration (with fallback), resume a
+    /// pending `commit-confirm`, and ask for the password if one is set. Call
+    /// [`Session::poll`] right after: a resumed deadline may already have passed.
+    pub fn open(
+        store: Store<Box<dyn Format>>,
+        hooks: Box<dyn Hooks>,
+        clock: Box<dyn Clock>,
+    ) -> (Session, Reply) {
+        let loaded = store.load();
+        let mut text = String::new();
+        if let (Some(w), false) = (&loaded.warning, loaded.fresh) {
+            let _ = writeln!(text, "warning: {w}");
+        }
+        let mut s = Session {
+            store,
+            hooks,
+            clock,
+            running: loaded.config.clone(),
+            candidate: loaded.config,
+            pending: None,
+            question: None,
+        };
+        if loaded.fresh {
+            // A new appliance starts as after factory-reset: with its own key, so the
+            // first `commit` works without knowing about `genkey`.
+            let k = Key::generate_private();
+            s.candidate.interface.private_key = Some(k);
+            let _ = writeln!(
+                text,
+                "new appliance: the candidate has a newly generated private key (public key {});\n`commit` saves it",
+                k.public().to_base64()
+            );
+        }
+        if let Some(deadline_unix) = s.store.pending_confirm() {
+            match s.store.history(1) {
+                Ok(prev) => {
+                    // Bounded by the longest commit-confirm: a wall clock set backwards must
+                    // not postpone the rollback for ever (set forwards, it rolls back early,
+                    // the safe side).
+                    let left = deadline_unix
+                        .saturating_sub(s.clock.unix())
+                        .min(u64::from(command::MAX_CONFIRM_MINUTES) * 60);
+                    s.pending = Some(PendingConfirm {
+                        deadline: s.clock.now() + Duration::from_secs(left),
+                        revert_to: prev,
+                    });
+                    let _ = writeln!(text, "a commit-confirm is pending: it rolls back in {left} s unless you `confirm`");
+                }
+                Err(e) => {
+                    let _ = s.store.set_pending_confirm(None);
+                    let _ = writeln!(text, "warning: a commit-confirm was pending but the version to roll back to is unusable ({e}); keeping the current configuration");
+                }
+            }
+        }
+        if s.store.password().is_some() {
+            s.question = Some(Question::Login { tries: 0 });
+        }
+        let reply = Reply::ok(text.trim_end());
+        (s, reply)
+    }
+
+    pub fn running(&self) -> &Config {
+        &self.running
+    }
+
+    pub fn candidate(&self) -> &Config {
+        &self.candidate
+    }
+
+    /// The prompt to show before the next line.
+    pub fn prompt(&self) -> &'static str {
+        match &self.question {
+            Some(Question::Login { .. }) => "Password: ",
+            Some(Question::FactoryReset { .. } | Question::Reboot) => "Type yes to continue: ",
+            Some(Question::NewPassword) => "New console password: ",
+            Some(Question::RepeatPassword(_)) => "Repeat the new password: ",
+            None if self.candidate != self.running => "riceguard(edit)# ",
+            None => "riceguard# ",
+        }
+    }
+
+    /// The next line is a password: do not echo it.
+    pub fn secret_input(&self) -> bool {
+        matches!(
+            self.question,
+            Some(Question::Login { .. } | Question::NewPassword | Question::RepeatPassword(_))
+        )
+    }
+
+    /// Whether a `commit-confirm` waits, and until when.
+    pub fn confirm_deadline(&self) -> Option<Instant> {
+        self.pending.as_ref().map(|p| p.deadline)
+    }
+
+    /// Let time pass: roll back an unconfirmed `commit-confirm` whose deadline is over.
+    pub fn poll(&mut self) -> Option<Reply> {
+        let now = self.clock.now();
+        let p = self.pending.as_ref()?;
+        if now < p.deadline {
+            return None;
+        }
+        let revert_to = p.revert_to.clone();
+        let had_edits = self.candidate != self.running;
+        match self.save_and_apply(revert_to) {
+            Ok(msg) => {
+                self.pending = None;
+                let _ = self.store.set_pending_confirm(None);
+                self.candidate = self.running.clone();
+                let mut t = format!(
+                    "commit-confirm was not confirmed in time: the previous configuration is restored; {msg}\n\
+                     (the unconfirmed one is `rollback 1`)"
+                );
+                if had_edits {
+                    t.push_str("\nuncommitted edits were dropped");
+                }
+                Some(Reply {
+                    text: t,
+                    ok: true,
+                    exit: false,
+                })
+            }
+            Err(e) => {
+                // Try again in a minute rather than on every poll.
+                if let Some(p) = self.pending.as_mut() {
+                    p.deadline = now + Duration::from_secs(60);
+                }
+                Some(Reply::err(format!(
+                    "commit-confirm rollback failed, retrying in 60 s: {e}"
+                )))
+            }
+        }
+    }
+
+    /// Execute one input line.
+    pub fn handle_line(&mut self, line: &str) -> Reply {
+        if let Some(q) = self.question.take() {
+            return self.answer(q, line);
+        }
+        let t = line.trim();
+        if t.is_empty() || t.starts_with('#') {
+            return Reply::ok("");
+        }
+        match command::parse(t) {
+            Err(e) => Reply::err(e),
+            Ok(cmd) => self.run(cmd),
+        }
+    }
+
+    fn run(&mut self, cmd: Command) -> Reply {
+        match cmd {
+            Command::Help(topic) => command::help(&topic).into(),
+            Command::Show { what, private } => self.show(what, private),
+            Command::Set(args) if args.first().map(String::as_str) == Some("system") => {
+                self.system(true, &args[1..])
+            }
+            Command::Delete(args) if args.first().map(String::as_str) == Some("system") => {
+                self.system(false, &args[1..])
+            }
+            Command::Set(args) => self.edit(|c| command::apply_set(c, &args)),
+            Command::Delete(args) => self.edit(|c| command::apply_delete(c, &args)),
+            Command::Compare => {
+                let d = diff(
+                    &self.store.format.emit(&self.running),
+                    &self.store.format.emit(&self.candidate),
+                );
+                if d.is_empty() {
+                    Reply::ok("no changes: the candidate equals the running configuration")
+                } else {
+                    Reply::ok(mask_secrets(&d).trim_end())
+                }
+            }
+            Command::Commit => {
+                if self.candidate == self.running {
+                    return match self.pending.take() {
+                        Some(_) => {
+                            let _ = self.store.set_pending_confirm(None);
+                            Reply::ok("no changes; the pending commit-confirm is confirmed")
+                        }
+                        None => Reply::ok("no changes to commit"),
+                    };
+                }
+                let r = self.save_and_apply(self.candidate.clone());
+                if r.is_ok() && self.pending.take().is_some() {
+                    let _ = self.store.set_pending_confirm(None);
+                }
+                r.into()
+            }
+            Command::CommitConfirm(minutes) => self.commit_confirm(minutes),
+            Command::Confirm => match self.pending.take() {
+                Some(_) => {
+                    let _ = self.store.set_pending_confirm(None);
+                    Reply::ok("confirmed: the configuration stays")
+                }
+                None => Reply::err("nothing to confirm: no commit-confirm is pending"),
+            },
+            Command::Discard => {
+                self.candidate = self.running.clone();
+                Reply::ok("uncommitted changes discarded")
+            }
+            Command::Rollback(0) => {
+                self.candidate = self.running.clone();
+                Reply::ok("loaded the running configuration into the candidate")
+            }
+            Command::Rollback(n) => match self.store.history(n) {
+                Ok(c) => {
+                    self.candidate = c;
+                    Reply::ok(format!("loaded saved version {n} into the candidate: `compare` to review, `commit` to apply"))
+                }
+                Err(e) => Reply::err(e.to_string()),
+            },
+            Command::Save => {
+                if self.candidate == self.running {
+                    Reply::ok(format!(
+                        "nothing to do: `commit` already saved {}",
+                        self.store.conf_path().display()
+                    ))
+                } else {
+                    Reply::err("there are uncommitted changes: `commit` saves and applies them (save alone does nothing)")
+                }
+            }
+            Command::Genkey => {
+                let k = Key::generate_private();
+                self.candidate.interface.private_key = Some(k);
+                Reply::ok(format!(
+                    "new private key in the candidate; its public key (give it to your peers):\n{}\n`commit` to use it",
+                    k.public().to_base64()
+                ))
+            }
+            Command::Pubkey => {
+                let run = self
+                    .running
+                    .interface
+                    .private_key
+                    .map(|k| k.public().to_base64());
+                let cand = self
+                    .candidate
+                    .interface
+                    .private_key
+                    .map(|k| k.public().to_base64());
+                match (run, cand) {
+                    (Some(r), c) if c.as_ref() == Some(&r) => Reply::ok(r),
+                    (r, Some(c)) => Reply::ok(format!(
+                        "{}\ncandidate (after commit): {c}",
+                        r.unwrap_or_else(|| "running: none yet".into())
+                    )),
+                    (Some(r), None) => {
+                        Reply::ok(format!("{r}\n(the candidate has no private key)"))
+                    }
+                    (None, None) => Reply::err("no private key yet: run `genkey`, then `commit`"),
+                }
+            }
+            Command::FactoryReset { erase_history } => {
+                self.question = Some(Question::FactoryReset { erase_history });
+                Reply::ok(format!(
+                    "factory-reset replaces the whole configuration with defaults and a new private key,\n\
+                     applies it now and removes the console password. {}\nType yes to continue:",
+                    if erase_history {
+                        "The saved history is ERASED too."
+                    } else {
+                        "The old configuration stays in the history (`rollback 1`)."
+                    }
+                ))
+            }
+            Command::Reboot => {
+                self.question = Some(Question::Reboot);
+                let warn = if self.candidate != self.running {
+                    "\nuncommitted changes will be lost."
+                } else {
+                    ""
+                };
+                Reply::ok(format!(
+                    "reboot the appliance now?{warn}\nType yes to continue:"
+                ))
+            }
+            Command::Exit { discard } => {
+                if let Some(p) = &self.pending {
+                    let left = p
+                        .deadline
+                        .saturating_duration_since(self.clock.now())
+                        .as_secs();
+                    return Reply::err(format!(
+                        "a commit-confirm is pending: `confirm` it first, or wait {left} s for it to roll back"
+                    ));
+                }
+                if self.candidate != self.running && !discard {
+                    return Reply::err(
+                        "there are uncommitted changes: `commit`, `discard`, or `exit discard`",
+                    );
+                }
+                Reply {
+                    text: String::new(),
+                    ok: true,
+                    exit: true,
+                }
+            }
+        }
+    }
+
+    /// Apply an edit to a copy of the candidate; keep it only if it parses and stays consistent.
+    fn edit(&mut self, f: impl FnOnce(&mut Config) -> command::EditResult) -> Reply {
+        let mut c = self.candidate.clone();
+        let msg = match f(&mut c) {
+            Ok(m) => m,
+            Err(e) => return Reply::err(e),
+        };
+        let errs = check_consistency(&c);
+        if !errs.is_empty() {
+            return Reply::err(errs.join("\n  "));
+        }
+        self.candidate = c;
+        Reply::ok(msg)
+    }
+
+    fn show(&mut self, what: Show, private: bool) -> Reply {
+        let text = |s: &Self, c: &Config| {
+            let t = s.store.format.emit(c);
+            if private {
+                t
+            } else {
+                mask_secrets(&t)
+            }
+        };
+        match what {
+            Show::Running => Reply::ok(text(self, &self.running).trim_end()),
+            Show::Candidate => {
+                let mut t = text(self, &self.candidate);
+                if self.candidate != self.running {
+                    t = format!("[edit] (uncommitted changes: `compare` shows them)\n{t}");
+                }
+                Reply::ok(t.trim_end())
+            }
+            Show::Peers => {
+                let ifname = self.running.gateway.interface_name.clone();
+                match self.hooks.peers(&ifname) {
+                    Ok(reply) => peers::format_uapi(&reply, self.clock.unix())
+                        .map(|s| s.trim_end().to_string())
+                        .into(),
+                    Err(e) => Reply::err(format!(
+                        "{e}\n(is the gateway running? the configuration is in `show`)"
+                    )),
+                }
+            }
+            Show::Status => {
+                let mut lines = self.hooks.status();
+                if let Some(p) = &self.pending {
+                    let left = p
+                        .deadline
+                        .saturating_duration_since(self.clock.now())
+                        .as_secs();
+                    lines.push(format!(
+                        "commit-confirm: pending, rolls back in {left} s unless `confirm`"
+                    ));
+                }
+                if self.candidate != self.running {
+                    lines.push("candidate: uncommitted changes (`compare`)".into());
+                }
+                Reply::ok(lines.join("\n"))
+            }
+            Show::History => {
+                let list = self.store.history_list();
+                if list.is_empty() {
+                    return Reply::ok("no saved versions yet (each commit keeps the previous one)");
+                }
+                let now = std::time::SystemTime::now();
+                let lines: Vec<String> = list
+                    .iter()
+                    .map(|(n, t)| {
+                        let age = t
+                            .and_then(|t| now.duration_since(t).ok())
+                            .map(|d| super::system::format_uptime(d.as_secs()));
+                        format!("{n:>2}  saved {} ago", age.unwrap_or_else(|| "?".into()))
+                    })
+                    .collect();
+                Reply::ok(format!(
+                    "version  (`rollback N` loads one into the candidate)\n{}",
+                    lines.join("\n")
+                ))
+            }
+        }
+    }
+
+    fn system(&mut self, set: bool, args: &[String]) -> Reply {
+        match (set, args.first().map(String::as_str), args.len()) {
+            (true, Some("console-password"), 1) => {
+                self.question = Some(Question::NewPassword);
+                Reply::ok(format!("enter the new console password ({MIN_PASSWORD} characters or more); an empty line cancels"))
+            }
+            (false, Some("console-password"), 1) => match self.store.set_password(None) {
+                Ok(()) => Reply::ok("console password removed"),
+                Err(e) => Reply::err(e.to_string()),
+            },
+            (_, Some("console-password"), _) => Reply::err(
+                "`console-password` takes no value on the command line (you are asked for it)",
+            ),
+            (_, Some(w), _) => Reply::err(format!(
+                "unknown word `{}` after `system`: expected console-password",
+                super::validate::short(w)
+            )),
+            (_, None, _) => Reply::err("`system` needs more: expected console-password"),
+        }
+    }
+
+    fn answer(&mut self, q: Question, line: &str) -> Reply {
+        let yes = line.trim().eq_ignore_ascii_case("yes");
+        match q {
+            Question::Login { tries } => {
+                let stored = self.store.password().unwrap_or_default();
+                if password::verify(line, &stored) {
+                    return Reply::ok("");
+                }
+                if !password::well_formed(&stored) {
+                    // Not fail-open: say how to recover instead.
+                    self.question = Some(Question::Login { tries });
+                    return Reply::err(format!(
+                        "{} is damaged; remove it from the perm partition to reset the password",
+                        self.store.dir().join(super::store::PASSWD).display()
+                    ));
+                }
+                if tries + 1 >= 3 {
+                    return Reply {
+                        text: "error: wrong password; too many tries".into(),
+                        ok: false,
+                        exit: true,
+                    };
+                }
+                self.question = Some(Question::Login { tries: tries + 1 });
+                Reply::err("wrong password")
+            }
+            Question::FactoryReset { erase_history } if yes => self.factory_reset(erase_history),
+            Question::Reboot if yes => Reply::ok(self.hooks.reboot()),
+            Question::FactoryReset { .. } | Question::Reboot => Reply::ok("cancelled"),
+            Question::NewPassword if line.is_empty() => {
+                Reply::ok("cancelled; the password is unchanged")
+            }
+            Question::NewPassword if line.chars().count() < MIN_PASSWORD => Reply::err(format!(
+                "too short: use {MIN_PASSWORD} characters or more; the password is unchanged"
+            )),
+            Question::NewPassword => {
+                self.question = Some(Question::RepeatPassword(line.to_string()));
+                Reply::ok("")
+            }
+            Question::RepeatPassword(first) if first == line => {
+                match self.store.set_password(Some(&password::hash(line))) {
+                    Ok(()) => {
+                        Reply::ok("console password set: it is asked for when the console starts")
+                    }
+                    Err(e) => Reply::err(e.to_string()),
+                }
+            }
+            Question::RepeatPassword(_) => {
+                Reply::err("the two entries differ; the password is unchanged")
+            }
+        }
+    }
+
+    fn factory_reset(&mut self, erase_history: bool) -> Reply {
+        let mut fresh = Config::default();
+        let k = Key::generate_private();
+        fresh.interface.private_key = Some(k);
+        let msg = match self.save_and_apply(fresh) {
+            Ok(m) => m,
+            Err(e) => return Reply::err(e),
+        };
+        self.candidate = self.running.clone();
+        self.pending = None;
+        let mut notes = Vec::new();
+        for r in [
+            self.store.set_pending_confirm(None),
+            self.store.set_password(None),
+        ] {
+            if let Err(e) = r {
+                notes.push(format!("warning: {e}"));
+            }
+        }
+        if erase_history {
+            if let Err(e) = self.store.erase_history() {
+                notes.push(format!("warning: history not erased: {e}"));
+            }
+        }
+        Reply::ok(format!(
+            "factory reset done; new public key: {}\n{msg}{}{}",
+            k.public().to_base64(),
+            if notes.is_empty() { "" } else { "\n" },
+            notes.join("\n")
+        ))
+    }
+
+    fn commit_confirm(&mut self, minutes: u32) -> Reply {
+        let revert_to = match &self.pending {
+            Some(p) => p.revert_to.clone(),
+            None if self.candidate == self.running => {
+                return Reply::err("no changes to commit: commit-confirm needs a change to guard");
+            }
+            None => self.running.clone(),
+        };
+        let msg = if self.candidate != self.running {
+            match self.save_and_apply(self.candidate.clone()) {
+                Ok(m) => m,
+                Err(e) => return Reply::err(e),
+            }
+        } else {
+            "no new changes".to_string()
+        };
+        let secs = u64::from(minutes) * 60;
+        self.pending = Some(PendingConfirm {
+            deadline: self.clock.now() + Duration::from_secs(secs),
+            revert_to,
+        });
+        let mut t = format!("{msg}\nrolls back in {minutes} min unless you `confirm`");
+        if let Err(e) = self
+            .store
+            .set_pending_confirm(Some(self.clock.unix() + secs))
+        {
+            let _ = write!(t, "\nwarning: the deadline could not be recorded ({e}): it is lost if the console restarts");
+        }
+        Reply::ok(t)
+    }
+
+    /// The one path to change what runs: validate, check the file reads back identically,
+    /// save atomically (the previous version goes to the history), then tell the daemon.
+    fn save_and_apply(&mut self, cfg: Config) -> Result<String, String> {
+        validate_candidate(&cfg)
+            .map_err(|errs| format!("not committed:\n  {}", errs.join("\n  ")))?;
+        let text = self.store.format.emit(&cfg);
+        match self.store.format.parse("candidate", &text) {
+            Ok(back) if back == cfg => {}
+            Ok(_) => return Err("not committed: the configuration file would not read back as entered (a bug; please report)".into()),
+            Err(e) => return Err(format!("not committed: the configuration file would not read back: {e}")),
+        }
+        self.store
+            .save_text(&text)
+            .map_err(|e| format!("not committed: could not save: {e}; nothing changed"))?;
+        self.running = cfg;
+        let applied = match self.hooks.reload() {
+            Ok(m) => m,
+            Err(e) => format!("{e}; the saved configuration applies when the gateway next starts"),
+        };
+        Ok(format!(
+            "committed and saved to {}\n{applied}",
+            self.store.conf_path().display()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,419 @@
+//! What the console keeps in the `perm` directory (`--root DIR`), and nothing else:
+//!
+//! ```text
+//! DIR/riceguard.conf              the saved (= running) configuration, INI as `riceguard up --config` reads
+//! DIR/history/riceguard.conf.N    the 10 previous versions, 1 = the one before the last commit
+//! DIR/console.passwd              optional console password (salted, iterated hash), mode 0600
+//! DIR/commit-confirm              present while a `commit-confirm` waits for `confirm`: the
+//!                                 unix time of its deadline (a restarted console resumes it)
+//! ```
+//!
+//! Every file is replaced through [`atomic::write`], so a power cut leaves the old or the
+//! new version. The text format is behind [`Format`] so the history and fallback logic is
+//! tested without depending on the INI code.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::atomic;
+use super::validate::validate_candidate;
+use crate::core::config::Config;
+
+pub const CONF: &str = "riceguard.conf";
+pub const HISTORY: &str = "history";
+/// How many previous versions are kept.
+pub const KEEP: usize = 10;
+pub const PASSWD: &str = "console.passwd";
+pub const CONFIRM: &str = "commit-confirm";
+
+/// Turns a [`Config`] into file text and back.
+pub trait Format {
+    fn emit(&self, cfg: &Config) -> String;
+    fn parse(&self, file: &str, text: &str) -> Result<Config, String>;
+}
+
+/// The one real format: `core::ini`, the same reader `riceguard up --config` uses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ini;
+
+impl Format for Ini {
+    fn emit(&self, cfg: &Config) -> String {
+        crate::core::ini::emit(cfg)
+    }
+    fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
+        crate::core::ini::parse(file, text).map_err(|e| e.to_string())
+    }
+}
+
+/// Why the store could not do what was asked. Nothing was changed unless said.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A file operation failed.
+    Io { path: PathBuf, err: io::Error },
+    /// `rollback N` for a version that is not kept.
+    NoVersion(usize),
+    /// A stored version exists but does not read back as a valid configuration.
+    Unusable { path: PathBuf, msg: String },
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Io { path, err } => write!(f, "{}: {err}", path.display()),
+            StoreError::NoVersion(n) => {
+                write!(
+                    f,
+                    "no saved version {n} (versions 1 to {KEEP} are kept; see `show history`)"
+                )
+            }
+            StoreError::Unusable { path, msg } => {
+                write!(f, "{} is not usable: {msg}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |err| StoreError::Io {
+        path: path.to_path_buf(),
+        err,
+    }
+}
+
+/// The configuration files under one `perm` directory.
+#[derive(Debug, Clone)]
+pub struct Store<F: Format> {
+    dir: PathBuf,
+    pub format: F,
+}
+
+/// What [`Store::load`] found.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: Config,
+    /// Set when the saved file was missing or unusable and something else was used.
+    pub warning: Option<String>,
+    /// Nothing was ever saved here (no file, no history): a new appliance.
+    pub fresh: bool,
+}
+
+impl<F: Format> Store<F> {
+    pub fn new(dir: impl Into<PathBuf>, format: F) -> Self {
+        Store {
+            dir: dir.into(),
+            format,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn conf_path(&self) -> PathBuf {
+        self.dir.join(CONF)
+    }
+
+    pub fn history_path(&self, n: usize) -> PathBuf {
+        self.dir.join(HISTORY).join(format!("{CONF}.{n}"))
+    }
+
+    fn read_config(&self, path: &Path) -> Result<Config, StoreError> {
+        let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+        let name = path.display().to_string();
+        let cfg = self
+            .format
+            .parse(&name, &text)
+            .map_err(|msg| StoreError::Unusable {
+                path: path.to_path_buf(),
+                msg,
+            })?;
+        validate_candidate(&cfg).map_err(|errs| StoreError::Unusable {
+            path: path.to_path_buf(),
+            msg: errs.join("; "),
+        })?;
+        Ok(cfg)
+    }
+
+    /// The saved configuration; when it is missing or unusable, the newest history version
+    /// that reads and validates, with a warning saying so; defaults as the last resort.
+    pub fn load(&self) -> Loaded {
+        let conf = self.conf_path();
+        let first = match self.read_config(&conf) {
+            Ok(config) => {
+                return Loaded {
+                    config,
+                    warning: None,
+                    fresh: false,
+                }
+            }
+            Err(StoreError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+                format!("no saved configuration at {}", conf.display())
+            }
+            Err(e) => e.to_string(),
+        };
+        for n in 1..=KEEP {
+            if let Ok(config) = self.read_config(&self.history_path(n)) {
+                let warning = format!(
+                    "{first}; using saved version {n} ({})",
+                    self.history_path(n).display()
+                );
+                return Loaded {
+                    config,
+                    warning: Some(warning),
+                    fresh: false,
+                };
+            }
+        }
+        let any_history = (1..=KEEP).any(|n| self.history_path(n).exists());
+        let warning = if any_history {
+            format!("{first}; no usable saved version either; starting from defaults")
+        } else {
+            format!("{first}; starting from defaults")
+        };
+        Loaded {
+            config: Config::default(),
+            warning: Some(warning),
+            fresh: !any_history && !conf.exists(),
+        }
+    }
+
+    /// Version `n` of the history (1 = the previous one), read and validated.
+    pub fn history(&self, n: usize) -> Result<Config, StoreError> {
+        if n == 0 || n > KEEP {
+            return Err(StoreError::NoVersion(n));
+        }
+        let p = self.history_path(n);
+        match self.read_config(&p) {
+            Err(StoreError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+                Err(StoreError::NoVersion(n))
+            }
+            r => r,
+        }
+    }
+
+    /// The kept versions and when each was saved.
+    pub fn history_list(&self) -> Vec<(usize, Option<SystemTime>)> {
+        (1..=KEEP)
+            .filter_map(|n| {
+                let m = std::fs::metadata(self.history_path(n)).ok()?;
+                Some((n, m.modified().ok()))
+            })
+            .collect()
+    }
+
+    /// Save `cfg` as the new configuration, moving the current file into the history
+    /// (its oldest version falls off). The text must already have been checked.
+    pub fn save_text(&self, text: &str) -> Result<(), StoreError> {
+        std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        let conf = self.conf_path();
+        if conf.exists() {
+            self.rotate()?;
+            let h1 = self.history_path(1);
+            // A hard link keeps the old inode's content: the atomic write below replaces
+            // the name, not the file. Fall back to a copy where links are not supported.
+            if std::fs::hard_link(&conf, &h1).is_err() {
+                let old = std::fs::read(&conf).map_err(io_err(&conf))?;
+                atomic::write(&h1, &old).map_err(io_err(&h1))?;
+            }
+            let hdir = self.dir.join(HISTORY);
+            std::fs::File::open(&hdir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_err(&hdir))?;
+        }
+        atomic::write(&conf, text.as_bytes()).map_err(io_err(&conf))
+    }
+
+    /// history/N -> N+1 for N = KEEP-1..1; the oldest is dropped.
+    fn rotate(&self) -> Result<(), StoreError> {
+        let hdir = self.dir.join(HISTORY);
+        std::fs::create_dir_all(&hdir).map_err(io_err(&hdir))?;
+        let oldest = self.history_path(KEEP);
+        match std::fs::remove_file(&oldest) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&oldest)(e)),
+            _ => {}
+        }
+        for n in (1..KEEP).rev() {
+            let from = self.history_path(n);
+            if from.exists() {
+                let to = self.history_path(n + 1);
+                std::fs::rename(&from, &to).map_err(io_err(&from))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete every history version (used by `factory-reset erase-history`).
+    pub fn erase_history(&self) -> Result<(), StoreError> {
+        let hdir = self.dir.join(HISTORY);
+        match std::fs::remove_dir_all(&hdir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&hdir)(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The stored console password hash line, if a password is set.
+    pub fn password(&self) -> Option<String> {
+        let s = std::fs::read_to_string(self.dir.join(PASSWD)).ok()?;
+        let s = s.trim();
+        (!s.is_empty()).then(|| s.to_string())
+    }
+
+    /// Store a password hash line, or remove the password with `None`.
+    pub fn set_password(&self, hash: Option<&str>) -> Result<(), StoreError> {
+        let p = self.dir.join(PASSWD);
+        match hash {
+            Some(h) => {
+                std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+                atomic::write(&p, format!("{h}\n").as_bytes()).map_err(io_err(&p))
+            }
+            None => match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&p)(e)),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// The deadline (unix seconds) of a pending `commit-confirm`, if one is recorded.
+    pub fn pending_confirm(&self) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join(CONFIRM))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Record (or clear, with `None`) a pending `commit-confirm` deadline.
+    pub fn set_pending_confirm(&self, deadline_unix: Option<u64>) -> Result<(), StoreError> {
+        let p = self.dir.join(CONFIRM);
+        match deadline_unix {
+            Some(t) => atomic::write(&p, format!("{t}\n").as_bytes()).map_err(io_err(&p)),
+            None => match std::fs::remove_file(&p) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&p)(e)),
+                _ => Ok(()),
+            },
+        }
+    }
+}
+
+/// Boot-time loading of `DIR/riceguard.conf` for init and the daemon: the saved
+/// configuration, or the newest history version that parses and validates, with a
+/// warning that says which was used and why.
+pub fn load_with_fallback(dir: &Path) -> (Config, Option<String>) {
+    let l = Store::new(dir, Ini).load();
+    (l.config, l.warning)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::console::atomic::tests::TempDir;
+    use crate::core::key::Key;
+    use std::sync::Mutex;
+
+    /// A stand-in for the INI format so the store's logic is tested on its own: the file
+    /// text is an index into a process-wide table of configurations; anything else fails
+    /// to parse.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub struct TableFormat;
+
+    static TABLE: Mutex<Vec<Config>> = Mutex::new(Vec::new());
+
+    impl Format for TableFormat {
+        fn emit(&self, cfg: &Config) -> String {
+            let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+            t.push(cfg.clone());
+            format!("config#{}\n", t.len() - 1)
+        }
+        fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
+            let t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+            text.trim()
+                .strip_prefix("config#")
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| t.get(n).cloned())
+                .ok_or_else(|| format!("{file}: line 1: not a configuration"))
+        }
+    }
+
+    pub fn cfg_with_port(port: u16) -> Config {
+        let mut c = Config::default();
+        c.interface.private_key = Some(Key::generate_private());
+        c.interface.listen_port = Some(port);
+        c
+    }
+
+    fn save(s: &Store<TableFormat>, c: &Config) {
+        s.save_text(&s.format.emit(c)).unwrap();
+    }
+
+    #[test]
+    fn save_keeps_ten_previous_versions() {
+        let d = TempDir::new("store");
+        let s = Store::new(&d.0, TableFormat);
+        for port in 1..=13 {
+            save(&s, &cfg_with_port(port));
+        }
+        assert_eq!(s.load().config.interface.listen_port, Some(13));
+        assert!(s.load().warning.is_none());
+        for n in 1..=KEEP {
+            assert_eq!(
+                s.history(n).unwrap().interface.listen_port,
+                Some(13 - n as u16)
+            );
+        }
+        assert!(matches!(s.history(11), Err(StoreError::NoVersion(11))));
+        assert_eq!(s.history_list().len(), KEEP);
+    }
+
+    #[test]
+    fn fallback_to_newest_usable_history() {
+        let d = TempDir::new("fallback");
+        let s = Store::new(&d.0, TableFormat);
+        save(&s, &cfg_with_port(1));
+        save(&s, &cfg_with_port(2));
+        save(&s, &cfg_with_port(3));
+        // Corrupt the saved file and the newest history version.
+        std::fs::write(s.conf_path(), "garbage").unwrap();
+        std::fs::write(s.history_path(1), "garbage").unwrap();
+        let l = s.load();
+        assert_eq!(l.config.interface.listen_port, Some(1));
+        let w = l.warning.unwrap();
+        assert!(w.contains("not usable") && w.contains("version 2"), "{w}");
+    }
+
+    #[test]
+    fn missing_or_hopeless_gives_defaults_with_warning() {
+        let d = TempDir::new("empty");
+        let s = Store::new(&d.0, TableFormat);
+        let l = s.load();
+        assert_eq!(l.config, Config::default());
+        assert!(l.fresh);
+        assert!(l.warning.unwrap().contains("no saved configuration"));
+        std::fs::write(s.conf_path(), "garbage").unwrap();
+        assert!(!s.load().fresh);
+        assert!(s.load().warning.unwrap().contains("defaults"));
+        // A config without a private key does not validate: fall back past it.
+        save(&s, &Config::default());
+        assert_eq!(s.load().config, Config::default());
+    }
+
+    #[test]
+    fn password_and_confirm_marker() {
+        let d = TempDir::new("pw");
+        let s = Store::new(&d.0, TableFormat);
+        assert_eq!(s.password(), None);
+        s.set_password(Some("h$1")).unwrap();
+        assert_eq!(s.password().as_deref(), Some("h$1"));
+        s.set_password(None).unwrap();
+        s.set_password(None).unwrap();
+        assert_eq!(s.password(), None);
+        s.set_pending_confirm(Some(1234)).unwrap();
+        assert_eq!(s.pending_confirm(), Some(1234));
+        s.set_pending_confirm(None).unwrap();
+        assert_eq!(s.pending_confirm(), None);
+    }
+}

@@ -1,0 +1,895 @@
+//! PID 1 of the appliance image, in two stages.
+//!
+//! Stage 1 runs from the initramfs inside the slot's UKI: mount /dev, /proc, /sys, /run,
+//! load the board's modules, find `root-<slot>` by GPT label, mount its squashfs and
+//! switch into it (the initramfs is emptied first), then exec the root's own
+//! `/sbin/init --stage2`. Switching (rather than staying in the initramfs with the root
+//! mounted aside) makes the slot's read-only root the whole system: the binary, /etc and
+//! sysctl files that run are the ones the update wrote, and the initramfs memory is freed.
+//!
+//! Stage 2 (the long-lived PID 1): sysctl, hugepages, `perm` (ext4, pre-formatted at image
+//! build: the appliance carries no mkfs), first-boot key, lo + uplink over netlink, RPS,
+//! the supervised gateway daemon and serial console, the watchdog, marking the boot good
+//! once the gateway answers on its UAPI socket, and clean reboot/poweroff on signals.
+//!
+//! Every step prints one `riceguard-init:` line on the console; tests grep for them.
+
+pub mod board;
+pub mod boot;
+pub mod cmdline;
+pub mod supervise;
+pub mod sysctl;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use nix::mount::MsFlags;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+
+use crate::core::config::GatewayConfig;
+use crate::core::key::Key;
+use crate::core::net::Cidr;
+use crate::sys::netlink::{Netlink, Route};
+use crate::sys::os;
+
+use self::board::Board;
+use self::cmdline::Cmdline;
+use self::supervise::{Spec, Supervisor};
+
+const NEWROOT: &str = "/newroot";
+const BOARD_FILE: &str = "/etc/riceguard/board.conf";
+const PERM: &str = "/perm";
+const CONFIG: &str = "/perm/riceguard.conf";
+const DEFAULT_CONFIG: &str = "/etc/riceguard/default.conf";
+const ESP_MNT: &str = "/run/esp";
+const BIN: &str = "/usr/bin/riceguard";
+/// Delay before a service that exited is started again (gokrazy: 1 s; a gateway that
+/// fails at once should not flood the serial line).
+const RESTART_DELAY: Duration = Duration::from_secs(3);
+/// How long the gateway has to answer on its UAPI socket before this boot is left
+/// unmarked (systemd-boot then counts it down and eventually falls back).
+const HEALTH_DEADLINE: Duration = Duration::from_secs(180);
+
+macro_rules! say {
+    ($($t:tt)*) => { eprintln!("riceguard-init: {}", format_args!($($t)*)) };
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    if std::process::id() != 1 {
+        eprintln!("riceguard init: must run as PID 1 (the image's /init); for a shell, see `riceguard --help`");
+        return ExitCode::from(1);
+    }
+    if args.iter().any(|a| a == "--stage2") {
+        stage2();
+    } else {
+        let e = stage1();
+        say!("FATAL: {e}");
+        emergency();
+    }
+}
+
+/// Nothing more can be done: leave the message readable, then reboot so the boot counter
+/// goes down and systemd-boot can fall back to the other slot.
+fn emergency() -> ! {
+    say!("rebooting in 10s");
+    std::thread::sleep(Duration::from_secs(10));
+    os::sync();
+    let e = os::halt(os::Halt::Reboot);
+    say!("reboot failed: {e}");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn mkdir(p: &str) {
+    let _ = std::fs::create_dir_all(p);
+}
+
+fn mount_basics() {
+    mkdir("/dev");
+    let _ = os::mount(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    );
+    // The kernel opened no console if the initramfs had no /dev/console; open it now.
+    if let Ok(c) = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/console")
+    {
+        let _ = os::set_stdio(&c);
+    }
+    mkdir("/proc");
+    mkdir("/sys");
+    mkdir("/run");
+    let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let _ = os::mount("proc", "/proc", "proc", nodev, None);
+    let _ = os::mount("sysfs", "/sys", "sysfs", nodev, None);
+    let _ = os::mount(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    );
+}
+
+fn read_board() -> Board {
+    let text = std::fs::read_to_string(BOARD_FILE).unwrap_or_default();
+    let (b, errs) = board::parse(&text);
+    for e in errs {
+        say!("{e}");
+    }
+    b
+}
+
+fn read_cmdline() -> Cmdline {
+    let c = cmdline::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    for e in &c.errors {
+        say!("kernel command line: {e}");
+    }
+    c
+}
+
+fn stage1() -> String {
+    mount_basics();
+    say!("initramfs: riceguard {}", env!("CARGO_PKG_VERSION"));
+    let board = read_board();
+    load_modules(&board.modules);
+    let cmd = read_cmdline();
+    let slot = cmd.slot.unwrap_or_else(|| {
+        say!("no riceguard.slot= on the kernel command line; using slot a");
+        'a'
+    });
+    let label = format!("root-{slot}");
+    // virtio/NVMe/USB probing may finish after the module loads return.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let dev = loop {
+        if let Some(d) = boot::find_partition(&label) {
+            break d;
+        }
+        if Instant::now() > deadline {
+            return format!("no partition labelled {label} appeared within 15s (is the storage driver in MODULES?)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    mkdir(NEWROOT);
+    if let Err(e) = os::mount(&dev, NEWROOT, "squashfs", MsFlags::MS_RDONLY, None) {
+        return format!("mounting {dev} ({label}) as squashfs: {e}");
+    }
+    if !Path::new(NEWROOT).join("sbin/init").exists() {
+        return format!("{dev} ({label}) has no /sbin/init");
+    }
+    for m in ["/dev", "/proc", "/sys", "/run"] {
+        if let Err(e) = os::mount_move(m, &format!("{NEWROOT}{m}")) {
+            return format!("moving {m} into the new root: {e}");
+        }
+    }
+    let _ = std::fs::write(format!("{NEWROOT}/run/riceguard-root"), format!("{dev}\n"));
+    empty_initramfs();
+    if let Err(e) = os::switch_root(NEWROOT) {
+        return format!("switching to the root on {dev}: {e}");
+    }
+    let e = Command::new("/sbin/init").arg("--stage2").exec();
+    format!("exec /sbin/init on {dev}: {e}")
+}
+
+/// Delete the initramfs's files (it is RAM that nothing will use again), staying on its
+/// filesystem so mounts below it (the new root) are not touched.
+fn empty_initramfs() {
+    let Ok(root) = std::fs::metadata("/") else {
+        return;
+    };
+    fn rm(dir: &Path, dev: u64, depth: u32) {
+        if depth > 32 {
+            return;
+        }
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(md) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if md.dev() != dev {
+                continue;
+            }
+            if md.is_dir() {
+                rm(&p, dev, depth + 1);
+                let _ = std::fs::remove_dir(&p);
+            } else {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+    }
+    rm(Path::new("/"), root.dev(), 0);
+}
+
+/// Load each module with its dependencies first, as `modules.dep` lists them.
+fn load_modules(names: &[String]) {
+    let rel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let base = PathBuf::from(format!("/lib/modules/{rel}"));
+    let dep = std::fs::read_to_string(base.join("modules.dep")).unwrap_or_default();
+    let builtin = std::fs::read_to_string(base.join("modules.builtin")).unwrap_or_default();
+    let db = ModDeps::parse(&dep);
+    let mut loaded: Vec<String> = Vec::new();
+    let mut failed = 0;
+    for name in names {
+        let Some(order) = db.order(name) else {
+            if ModDeps::is_builtin(&builtin, name) {
+                continue;
+            }
+            say!("module {name}: not in this kernel's modules.dep (board MODULES?)");
+            failed += 1;
+            continue;
+        };
+        for path in order {
+            if loaded.iter().any(|l| l == path) {
+                continue;
+            }
+            match os::load_module(&base.join(path), "") {
+                Ok(()) => loaded.push(path.to_string()),
+                Err(e) => {
+                    say!("module {path}: {e}");
+                    failed += 1;
+                }
+            }
+        }
+    }
+    say!(
+        "{} modules loaded{}",
+        loaded.len(),
+        if failed > 0 {
+            format!(", {failed} failed")
+        } else {
+            String::new()
+        }
+    );
+}
+
+/// `modules.dep`: `kernel/x/y.ko: dep1.ko dep2.ko` (deps listed dependents-first).
+struct ModDeps<'a> {
+    lines: Vec<(&'a str, Vec<&'a str>)>,
+}
+
+fn mod_name(path: &str) -> String {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    let stem = file.split(".ko").next().unwrap_or(file);
+    stem.replace('-', "_")
+}
+
+impl<'a> ModDeps<'a> {
+    fn parse(text: &'a str) -> Self {
+        let lines = text
+            .lines()
+            .take(100_000)
+            .filter_map(|l| {
+                let (m, deps) = l.split_once(':')?;
+                Some((m.trim(), deps.split_whitespace().collect()))
+            })
+            .collect();
+        ModDeps { lines }
+    }
+
+    /// Paths to load for `name`, dependencies first.
+    fn order(&self, name: &str) -> Option<Vec<&'a str>> {
+        let want = name.replace('-', "_");
+        let (path, deps) = self.lines.iter().find(|(p, _)| mod_name(p) == want)?;
+        let mut v: Vec<&str> = deps.iter().rev().copied().collect();
+        v.push(path);
+        Some(v)
+    }
+
+    fn is_builtin(builtin: &str, name: &str) -> bool {
+        let want = name.replace('-', "_");
+        builtin.lines().any(|l| mod_name(l) == want)
+    }
+}
+
+fn stage2() -> ! {
+    let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mkdir("/dev/pts");
+    let _ = os::mount(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("gid=5,mode=620,ptmxmode=666"),
+    );
+    mkdir("/dev/shm");
+    let _ = os::mount("tmpfs", "/dev/shm", "tmpfs", nodev, None);
+    let _ = os::mount("tmpfs", "/tmp", "tmpfs", nodev, Some("mode=1777"));
+    mkdir("/run/riceguard");
+    mkdir("/run/wireguard");
+    let cmd = read_cmdline();
+    let board = read_board();
+    let slot = cmd.slot.unwrap_or('a');
+    let rootdev = std::fs::read_to_string("/run/riceguard-root").unwrap_or_default();
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    say!(
+        "slot {slot} booted (board {}, root {} squashfs, kernel {kernel})",
+        board.name,
+        rootdev.trim()
+    );
+    let _ = nix::unistd::sethostname("riceguard");
+    os::soft_ctrl_alt_del();
+
+    // Signals are taken synchronously from a signalfd; block them before any thread
+    // starts so every thread inherits the mask (children get a clean mask from std).
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPWR,
+        Signal::SIGHUP,
+    ] {
+        mask.add(s);
+    }
+    let _ = mask.thread_block();
+    let mut sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok();
+
+    let (n, problems) = sysctl::apply(Path::new("/etc/sysctl.d"));
+    say!(
+        "sysctl: {n} settings applied{}",
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(", {} problems", problems.len())
+        }
+    );
+    for p in problems.iter().take(20) {
+        say!("sysctl: {p}");
+    }
+    reserve_hugepages(board.hugepages);
+    let perm_ok = mount_perm();
+    let gw = load_config(perm_ok);
+    uplink(gw.as_ref(), &cmd);
+    steer_rps(gw.as_ref(), &board);
+    let mut dog = Watchdog::open(&board);
+
+    let ifname = gw
+        .as_ref()
+        .map(|g| g.interface_name.clone())
+        .unwrap_or_else(|| "wg0".into());
+    let mut sup = Supervisor::default();
+    let now = Instant::now();
+    sup.add(
+        Spec {
+            name: "gateway".into(),
+            argv: vec![BIN.into(), "up".into(), "--config".into(), CONFIG.into()],
+            tty: None,
+            restart_delay: RESTART_DELAY,
+        },
+        now,
+    );
+    if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
+        sup.add(
+            Spec {
+                name: "console".into(),
+                argv: vec![BIN.into(), "console".into(), "--root".into(), PERM.into()],
+                tty: Some(format!("/dev/{}", board.console)),
+                restart_delay: RESTART_DELAY,
+            },
+            now,
+        );
+    }
+
+    let started = Instant::now();
+    let mut healthy_for: Option<u32> = None; // the gateway start that was seen healthy
+    let mut warned_unhealthy = false;
+    let mut next_health = Instant::now();
+    let mut halt: Option<os::Halt> = None;
+    loop {
+        let now = Instant::now();
+        let next_start = sup.tick(now);
+        dog.pet(now);
+        let starts = sup.find("gateway").map(|s| s.starts).unwrap_or(0);
+        if halt.is_none() && starts > 0 && healthy_for != Some(starts) && now >= next_health {
+            next_health = now + Duration::from_millis(500);
+            if uapi_healthy(&ifname) {
+                healthy_for = Some(starts);
+                say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers)");
+                mark_boot_good(slot);
+            } else if !warned_unhealthy && now.duration_since(started) > HEALTH_DEADLINE {
+                warned_unhealthy = true;
+                say!(
+                    "gateway not healthy after {}s; boot left unmarked (it counts down)",
+                    HEALTH_DEADLINE.as_secs()
+                );
+            }
+        }
+        // Wait for a signal, a due restart, the watchdog or the next health probe.
+        let mut wait = Duration::from_millis(500);
+        if let Some(t) = next_start {
+            wait = wait.min(t.saturating_duration_since(now));
+        }
+        wait_signal(&mut sfd, wait, &mut halt);
+        reap(&mut sup);
+        if let Some(h) = halt {
+            shutdown(&mut sup, &mut sfd, h, &mut dog);
+        }
+    }
+}
+
+/// Sleep until a signal or `wait` passes; note a requested halt.
+fn wait_signal(sfd: &mut Option<SignalFd>, wait: Duration, halt: &mut Option<os::Halt>) {
+    let Some(fd) = sfd.as_mut() else {
+        std::thread::sleep(wait);
+        return;
+    };
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+    {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+    }
+    while let Ok(Some(info)) = fd.read_signal() {
+        let sig = Signal::try_from(info.ssi_signo as i32).ok();
+        match sig {
+            Some(Signal::SIGTERM) | Some(Signal::SIGINT) | Some(Signal::SIGUSR1) => {
+                *halt = Some(os::Halt::Reboot)
+            }
+            Some(Signal::SIGUSR2) | Some(Signal::SIGPWR) => *halt = Some(os::Halt::PowerOff),
+            _ => {}
+        }
+    }
+}
+
+/// PID 1 reaps every child (orphans included) and tells the supervisor about its own.
+fn reap(sup: &mut Supervisor) {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(st) => {
+                sup.on_exit(st, Instant::now());
+            }
+        }
+    }
+}
+
+fn shutdown(
+    sup: &mut Supervisor,
+    sfd: &mut Option<SignalFd>,
+    how: os::Halt,
+    dog: &mut Watchdog,
+) -> ! {
+    say!(
+        "{} requested: stopping services",
+        if how == os::Halt::Reboot {
+            "reboot"
+        } else {
+            "poweroff"
+        }
+    );
+    sup.stop_all(Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut ignore = None;
+    while sup.running() > 0 && Instant::now() < deadline {
+        wait_signal(sfd, Duration::from_millis(100), &mut ignore);
+        reap(sup);
+        dog.pet(Instant::now());
+    }
+    if sup.running() > 0 {
+        sup.stop_all(Signal::SIGKILL);
+        std::thread::sleep(Duration::from_millis(200));
+        reap(sup);
+    }
+    os::sync();
+    for m in [ESP_MNT, PERM] {
+        if os::umount(m).is_err() {
+            let _ = os::remount_ro(m);
+        }
+    }
+    os::sync();
+    say!(
+        "{}",
+        if how == os::Halt::Reboot {
+            "rebooting"
+        } else {
+            "powering off"
+        }
+    );
+    let e = os::halt(how);
+    say!("halt failed: {e}");
+    emergency();
+}
+
+fn reserve_hugepages(n: u32) {
+    if n == 0 {
+        return;
+    }
+    let p = "/proc/sys/vm/nr_hugepages";
+    if let Err(e) = std::fs::write(p, n.to_string()) {
+        say!("hugepages: cannot reserve {n}: {e}");
+        return;
+    }
+    let got = std::fs::read_to_string(p).unwrap_or_default();
+    say!("hugepages: {} of {n} reserved", got.trim());
+}
+
+fn mount_perm() -> bool {
+    mkdir(PERM);
+    let Some(dev) = boot::find_partition("perm") else {
+        say!("perm: no partition labelled perm; configuration will not survive a reboot");
+        return false;
+    };
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
+    match os::mount(&dev, PERM, "ext4", flags, None) {
+        Ok(()) => {
+            mkdir("/perm/log");
+            let boots = std::fs::read_to_string("/perm/log/boots").unwrap_or_default();
+            let n = boots.trim().parse::<u64>().unwrap_or(0) + 1;
+            let _ = write_atomic(Path::new("/perm/log/boots"), format!("{n}\n").as_bytes());
+            say!("perm mounted ({dev}, boot {n})");
+            true
+        }
+        Err(e) => {
+            // No mkfs on the appliance: the image builder formats perm; a damaged one
+            // needs re-flashing or `factory-reset` from a host. Keep running without it.
+            say!(
+                "perm: mounting {dev} as ext4 failed: {e}; configuration will not survive a reboot"
+            );
+            false
+        }
+    }
+}
+
+/// Write a file atomically: temp file, fsync, rename, fsync the directory.
+fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(d) = path.parent() {
+        File::open(d)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Make sure `/perm/riceguard.conf` exists (first boot: from the default config with a new
+/// private key), print the public key, and return the `[Gateway]` settings if it parses.
+fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
+    if !perm_ok {
+        // Run from a tmpfs copy so the gateway still starts; nothing is kept.
+        mkdir("/run/perm");
+        let _ = os::mount(
+            "tmpfs",
+            PERM,
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0700"),
+        );
+    }
+    let path = Path::new(CONFIG);
+    if !path.exists() {
+        let key = Key::generate_private();
+        let template = std::fs::read_to_string(DEFAULT_CONFIG).unwrap_or_else(|_| {
+            "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
+        });
+        let text = template.replace("@PRIVATE_KEY@", &key.to_base64());
+        match write_atomic(path, text.as_bytes()) {
+            Ok(()) => say!("first boot: generated a private key into {CONFIG}"),
+            Err(e) => say!("first boot: writing {CONFIG}: {e}"),
+        }
+        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+    }
+    let mut text = String::new();
+    if let Ok(f) = File::open(path) {
+        let _ = f.take(1 << 20).read_to_string(&mut text);
+    }
+    if let Some(k) = private_key_line(&text) {
+        eprintln!("riceguard: public key {}", k.public().to_base64());
+    }
+    match crate::core::ini::parse(CONFIG, &text) {
+        Ok(c) => Some(c.gateway),
+        Err(e) => {
+            say!("config: {e}; uplink from the kernel command line only, gateway will report the same");
+            None
+        }
+    }
+}
+
+/// The `PrivateKey =` of an `[Interface]`, read directly so the public key is printed even
+/// when the full parser refuses the file.
+fn private_key_line(text: &str) -> Option<Key> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim().eq_ignore_ascii_case("privatekey")).then(|| Key::from_base64(v.trim()).ok())?
+    })
+}
+
+/// The first physical (has a `device`) network interface, by name.
+fn first_ethernet() -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "lo" && Path::new("/sys/class/net").join(n).join("device").exists())
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
+    let mut nl = match Netlink::open() {
+        Ok(n) => n,
+        Err(e) => {
+            say!("network: {e}");
+            return;
+        }
+    };
+    if let Err(e) = nl.set_link_up("lo", true) {
+        say!("network: lo: {e}");
+    }
+    let spec = cmd.uplink.as_ref();
+    let named = spec
+        .and_then(|s| s.dev.clone())
+        .or_else(|| gw.map(|g| g.uplink.clone()).filter(|u| !u.is_empty()));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let dev = loop {
+        let d = named
+            .clone()
+            .filter(|n| Path::new("/sys/class/net").join(n).exists())
+            .or_else(|| {
+                if named.is_none() {
+                    first_ethernet()
+                } else {
+                    None
+                }
+            });
+        if let Some(d) = d {
+            break d;
+        }
+        if Instant::now() > deadline {
+            say!(
+                "network: no uplink interface{} found",
+                named.map(|n| format!(" `{n}`")).unwrap_or_default()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if let Err(e) = nl.set_link_up(&dev, true) {
+        say!("network: {dev}: {e}");
+        return;
+    }
+    let (addrs, gateway): (Vec<Cidr>, _) = match spec {
+        Some(s) => (vec![s.address], s.gateway),
+        None => gw
+            .map(|g| (g.uplink_addresses.clone(), g.uplink_gateway))
+            .unwrap_or_default(),
+    };
+    for a in &addrs {
+        if let Err(e) = nl.add_address(&dev, *a) {
+            say!("network: {e}");
+        }
+    }
+    if let Some(g) = gateway {
+        let any = if g.is_ipv4() {
+            Cidr::new([0, 0, 0, 0].into(), 0)
+        } else {
+            Cidr::new([0u16; 8].into(), 0)
+        };
+        let idx = Netlink::ifindex(&dev).ok();
+        if let Some(dst) = any {
+            if let Err(e) = nl.add_route(Route {
+                dst,
+                gateway: Some(g),
+                ifindex: idx,
+            }) {
+                say!("network: default route: {e}");
+            }
+        }
+    }
+    let list: Vec<String> = addrs
+        .iter()
+        .map(|a| format!("{}/{}", a.addr, a.prefix))
+        .collect();
+    say!(
+        "uplink {dev} up{}{}",
+        if list.is_empty() {
+            " (no address configured: set UplinkAddress)".to_string()
+        } else {
+            format!(" {}", list.join(" "))
+        },
+        gateway.map(|g| format!(" via {g}")).unwrap_or_default()
+    );
+}
+
+/// Steer the uplink's receive queues (RPS) to the data-plane cores that are online.
+fn steer_rps(gw: Option<&GatewayConfig>, board: &Board) {
+    let cores = match gw {
+        Some(g) if !g.cores.is_empty() => g.cores.clone(),
+        _ => board.dataplane_cores.clone(),
+    };
+    if cores.is_empty() {
+        return;
+    }
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| board::parse_cpus(s.trim()).ok())
+        .unwrap_or_default();
+    let cores: Vec<usize> = cores.into_iter().filter(|c| online.contains(c)).collect();
+    let dev = gw
+        .map(|g| g.uplink.clone())
+        .filter(|u| !u.is_empty())
+        .or_else(first_ethernet);
+    let (Some(dev), false) = (dev, cores.is_empty()) else {
+        return;
+    };
+    let mask = board::cpu_mask(&cores);
+    let mut n = 0;
+    if let Ok(rd) = std::fs::read_dir(format!("/sys/class/net/{dev}/queues")) {
+        for q in rd.flatten() {
+            if q.file_name().to_string_lossy().starts_with("rx-")
+                && std::fs::write(q.path().join("rps_cpus"), &mask).is_ok()
+            {
+                n += 1;
+            }
+        }
+    }
+    say!("rps: {n} {dev} rx queues -> cpus {cores:?} (mask {mask})");
+}
+
+/// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
+fn uapi_healthy(ifname: &str) -> bool {
+    use std::os::unix::net::UnixStream;
+    let Ok(mut s) = UnixStream::connect(format!("/var/run/wireguard/{ifname}.sock")) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+    if s.write_all(b"get=1\n\n").is_err() {
+        return false;
+    }
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    while buf.len() < (1 << 20) {
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.ends_with(b"\n\n") {
+                    break;
+                }
+            }
+        }
+    }
+    String::from_utf8_lossy(&buf)
+        .lines()
+        .any(|l| l == "errno=0")
+}
+
+fn mark_boot_good(slot: char) {
+    let Some(dev) = boot::find_partition("esp") else {
+        say!("no esp partition: boot not marked");
+        return;
+    };
+    mkdir(ESP_MNT);
+    if let Err(e) = os::mount(
+        &dev,
+        ESP_MNT,
+        "vfat",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("umask=0077"),
+    ) {
+        say!("mounting esp {dev}: {e}; boot not marked");
+        return;
+    }
+    match boot::mark_good(Path::new(ESP_MNT), slot) {
+        Ok(boot::Marked::Renamed { from, to }) => say!("boot marked good ({from} -> {to})"),
+        Ok(boot::Marked::AlreadyGood) => {
+            say!("boot marked good (entry riceguard-{slot}.conf already had no counter)")
+        }
+        Err(e) => say!("marking boot good on {dev}: {e}"),
+    }
+    os::sync();
+    if let Err(e) = os::umount(ESP_MNT) {
+        say!("unmounting esp: {e}");
+    }
+}
+
+/// `/dev/watchdog`, petted every third of its timeout; closed only by reboot, so a hung
+/// init resets the machine.
+struct Watchdog {
+    f: Option<File>,
+    every: Duration,
+    last: Instant,
+}
+
+impl Watchdog {
+    fn open(board: &Board) -> Watchdog {
+        let every = Duration::from_secs(u64::from(board.watchdog_timeout / 3).max(1));
+        let mut w = Watchdog {
+            f: None,
+            every,
+            last: Instant::now(),
+        };
+        if board.watchdog.is_empty() {
+            return w;
+        }
+        match OpenOptions::new().write(true).open(&board.watchdog) {
+            Ok(f) => {
+                say!(
+                    "watchdog {} armed, petted every {}s",
+                    board.watchdog,
+                    every.as_secs()
+                );
+                w.f = Some(f);
+            }
+            Err(e) => say!("watchdog {}: {e}; running without", board.watchdog),
+        }
+        w
+    }
+
+    fn pet(&mut self, now: Instant) {
+        if let Some(f) = self.f.as_mut() {
+            if now.duration_since(self.last) >= self.every {
+                let _ = f.write_all(b"\0");
+                self.last = now;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modules_dep_order() {
+        let dep = "kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko\n\
+                   kernel/net/core/failover.ko:\nkernel/fs/nls/nls_iso8859-1.ko:\n";
+        let db = ModDeps::parse(dep);
+        assert_eq!(
+            db.order("virtio_net").unwrap(),
+            [
+                "kernel/net/core/failover.ko",
+                "kernel/drivers/net/net_failover.ko",
+                "kernel/drivers/net/virtio_net.ko"
+            ]
+        );
+        assert_eq!(
+            db.order("nls_iso8859_1").unwrap(),
+            ["kernel/fs/nls/nls_iso8859-1.ko"]
+        );
+        assert!(db.order("nope").is_none());
+        assert!(ModDeps::is_builtin(
+            "kernel/drivers/virtio/virtio_pci.ko\n",
+            "virtio_pci"
+        ));
+    }
+
+    #[test]
+    fn private_key_from_text() {
+        let k = Key::generate_private();
+        let t = format!(
+            "[Interface]\n PrivateKey = {}\nAddress = x\n",
+            k.to_base64()
+        );
+        assert_eq!(private_key_line(&t), Some(k));
+        assert_eq!(private_key_line("PrivateKey = junk"), None);
+    }
+}

@@ -1,0 +1,394 @@
+//! The service supervisor of PID 1, after gokrazy's `supervise.go`: each service runs in
+//! its own session/process group, is restarted after a fixed delay when it exits, keeps a
+//! ring buffer of its last output lines, and exit code [`DONT_RESTART`] means "leave me
+//! stopped". Reaping is the caller's job (PID 1 reaps everything and hands statuses here).
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::OwnedFd;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::Pid;
+
+/// Exit code with which a service asks not to be restarted (gokrazy uses the same).
+pub const DONT_RESTART: i32 = 125;
+
+/// Lines kept per service, and the longest line kept (longer ones are cut).
+const RING_LINES: usize = 100;
+const MAX_LINE: usize = 1024;
+
+/// The last lines a service printed.
+#[derive(Debug, Default)]
+pub struct Ring {
+    lines: VecDeque<String>,
+}
+
+impl Ring {
+    pub fn push(&mut self, line: &str) {
+        if self.lines.len() == RING_LINES {
+            self.lines.pop_front();
+        }
+        let mut end = line.len().min(MAX_LINE);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.lines.push_back(line[..end].to_string());
+    }
+
+    pub fn lines(&self) -> impl Iterator<Item = &str> {
+        self.lines.iter().map(String::as_str)
+    }
+}
+
+/// How to run one service.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub name: String,
+    pub argv: Vec<String>,
+    /// Serial device for stdin/stdout/stderr (an interactive service, e.g. the console);
+    /// `None`: output is captured line by line to the console and the ring.
+    pub tty: Option<String>,
+    pub restart_delay: Duration,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Running(Pid),
+    /// Waiting to be (re)started at this time.
+    Waiting(Instant),
+    /// Exited with [`DONT_RESTART`], or stopping for shutdown.
+    Stopped,
+}
+
+/// What to do after a service ended: the policy, kept apart from the mechanism.
+pub fn after_exit(status: &WaitStatus, delay: Duration, now: Instant) -> State {
+    match status {
+        WaitStatus::Exited(_, code) if *code == DONT_RESTART => State::Stopped,
+        _ => State::Waiting(now + delay),
+    }
+}
+
+pub struct Service {
+    pub spec: Spec,
+    pub state: State,
+    pub starts: u32,
+    pub ring: Arc<Mutex<Ring>>,
+    pub last_status: Option<String>,
+}
+
+#[derive(Default)]
+pub struct Supervisor {
+    pub services: Vec<Service>,
+    stopping: bool,
+}
+
+fn describe(st: &WaitStatus) -> String {
+    match st {
+        WaitStatus::Exited(_, c) => format!("exit status {c}"),
+        WaitStatus::Signaled(_, s, core) => format!(
+            "killed by {s:?}{}",
+            if *core { " (core dumped)" } else { "" }
+        ),
+        other => format!("{other:?}"),
+    }
+}
+
+impl Supervisor {
+    /// Add a service; it starts at the next [`Supervisor::tick`].
+    pub fn add(&mut self, spec: Spec, now: Instant) {
+        let ring = Arc::new(Mutex::new(Ring::default()));
+        self.services.push(Service {
+            spec,
+            state: State::Waiting(now),
+            starts: 0,
+            ring,
+            last_status: None,
+        });
+    }
+
+    pub fn find(&self, name: &str) -> Option<&Service> {
+        self.services.iter().find(|s| s.spec.name == name)
+    }
+
+    /// Start whatever is due. Returns the earliest future start time, if any.
+    pub fn tick(&mut self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for s in &mut self.services {
+            if let State::Waiting(at) = s.state {
+                if self.stopping {
+                    s.state = State::Stopped;
+                } else if at <= now {
+                    s.state = match spawn(&s.spec, &s.ring) {
+                        Ok(pid) => {
+                            s.starts += 1;
+                            eprintln!("riceguard-init: {} started (pid {pid})", s.spec.name);
+                            State::Running(pid)
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "riceguard-init: {} could not start: {e}; retrying in {}s",
+                                s.spec.name,
+                                s.spec.restart_delay.as_secs()
+                            );
+                            State::Waiting(now + s.spec.restart_delay)
+                        }
+                    };
+                } else {
+                    next = Some(next.map_or(at, |n| n.min(at)));
+                }
+            }
+        }
+        next
+    }
+
+    /// A child ended; returns true if it was one of ours.
+    pub fn on_exit(&mut self, status: WaitStatus, now: Instant) -> bool {
+        let Some(pid) = status.pid() else {
+            return false;
+        };
+        let stopping = self.stopping;
+        let Some(s) = self
+            .services
+            .iter_mut()
+            .find(|s| s.state == State::Running(pid))
+        else {
+            return false;
+        };
+        let why = describe(&status);
+        s.state = if stopping {
+            State::Stopped
+        } else {
+            after_exit(&status, s.spec.restart_delay, now)
+        };
+        match s.state {
+            State::Waiting(_) => eprintln!(
+                "riceguard-init: {} exited ({why}); restarting in {}s",
+                s.spec.name,
+                s.spec.restart_delay.as_secs()
+            ),
+            _ => eprintln!(
+                "riceguard-init: {} exited ({why}); not restarting",
+                s.spec.name
+            ),
+        }
+        s.last_status = Some(why);
+        if let Ok(r) = s.ring.lock() {
+            // Kept for `riceguard status` and post-mortems; /run is a tmpfs.
+            if let Ok(mut f) = std::fs::File::create(format!("/run/riceguard/{}.log", s.spec.name))
+            {
+                for l in r.lines() {
+                    let _ = writeln!(f, "{l}");
+                }
+            }
+        }
+        true
+    }
+
+    /// Ask every running service to stop (SIGTERM to its process group).
+    pub fn stop_all(&mut self, sig: Signal) -> usize {
+        self.stopping = true;
+        let mut n = 0;
+        for s in &mut self.services {
+            match s.state {
+                State::Running(pid) => {
+                    let _ = killpg(pid, sig);
+                    n += 1;
+                }
+                _ => s.state = State::Stopped,
+            }
+        }
+        n
+    }
+
+    pub fn running(&self) -> usize {
+        self.services
+            .iter()
+            .filter(|s| matches!(s.state, State::Running(_)))
+            .count()
+    }
+}
+
+fn spawn(spec: &Spec, ring: &Arc<Mutex<Ring>>) -> std::io::Result<Pid> {
+    let Some((prog, args)) = spec.argv.split_first() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "empty command",
+        ));
+    };
+    let mut cmd = Command::new(prog);
+    cmd.args(args);
+    let reader: Option<OwnedFd> = match &spec.tty {
+        Some(tty) => {
+            let f = OpenOptions::new().read(true).write(true).open(tty)?;
+            cmd.stdin(Stdio::from(f.try_clone()?))
+                .stdout(Stdio::from(f.try_clone()?))
+                .stderr(Stdio::from(f));
+            crate::sys::os::new_session(&mut cmd, true);
+            None
+        }
+        None => {
+            let (r, w) = nix::unistd::pipe().map_err(std::io::Error::from)?;
+            let w2 = w.try_clone()?;
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::from(w))
+                .stderr(Stdio::from(w2));
+            crate::sys::os::new_session(&mut cmd, false);
+            Some(r)
+        }
+    };
+    let child = cmd.spawn()?;
+    drop(cmd); // closes our copies of the pipe's write end, so the reader sees EOF on exit
+    let pid = Pid::from_raw(child.id() as i32);
+    if let Some(r) = reader {
+        let ring = Arc::clone(ring);
+        let name = spec.name.clone();
+        std::thread::spawn(move || {
+            let mut rd = BufReader::new(std::fs::File::from(r));
+            let mut buf = Vec::with_capacity(256);
+            loop {
+                buf.clear();
+                match rd.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let line = String::from_utf8_lossy(&buf);
+                        let line = line.trim_end();
+                        eprintln!("{name}: {line}");
+                        if let Ok(mut g) = ring.lock() {
+                            g.push(line);
+                        }
+                    }
+                }
+            }
+        });
+    }
+    Ok(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::wait::{waitpid, WaitPidFlag};
+
+    #[test]
+    fn ring_keeps_last_lines_bounded() {
+        let mut r = Ring::default();
+        for i in 0..(RING_LINES + 5) {
+            r.push(&format!("line {i}"));
+        }
+        assert_eq!(r.lines().count(), RING_LINES);
+        assert_eq!(r.lines().next(), Some("line 5"));
+        r.push(&"é".repeat(MAX_LINE));
+        assert!(r.lines().last().unwrap().len() <= MAX_LINE);
+    }
+
+    #[test]
+    fn restart_policy() {
+        let now = Instant::now();
+        let d = Duration::from_secs(5);
+        let p = Pid::from_raw(10);
+        assert_eq!(
+            after_exit(&WaitStatus::Exited(p, 1), d, now),
+            State::Waiting(now + d)
+        );
+        assert_eq!(
+            after_exit(&WaitStatus::Exited(p, DONT_RESTART), d, now),
+            State::Stopped
+        );
+        assert_eq!(
+            after_exit(&WaitStatus::Signaled(p, Signal::SIGKILL, false), d, now),
+            State::Waiting(now + d)
+        );
+    }
+
+    fn wait_for(pid: Pid) -> WaitStatus {
+        waitpid(pid, Some(WaitPidFlag::empty())).unwrap()
+    }
+
+    #[test]
+    fn restarts_and_captures_output() {
+        let mut sup = Supervisor::default();
+        let t0 = Instant::now();
+        let spec = Spec {
+            name: "t".into(),
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo hello-from-child; exit 3".into(),
+            ],
+            tty: None,
+            restart_delay: Duration::from_secs(5),
+        };
+        sup.add(spec, t0);
+        assert_eq!(sup.tick(t0), None);
+        let State::Running(pid) = sup.services[0].state else {
+            panic!("not started")
+        };
+        assert!(sup.on_exit(wait_for(pid), t0));
+        assert_eq!(
+            sup.services[0].state,
+            State::Waiting(t0 + Duration::from_secs(5))
+        );
+        assert_eq!(
+            sup.services[0].last_status.as_deref(),
+            Some("exit status 3")
+        );
+        // Not due yet; then due.
+        assert_eq!(
+            sup.tick(t0 + Duration::from_secs(1)),
+            Some(t0 + Duration::from_secs(5))
+        );
+        sup.tick(t0 + Duration::from_secs(5));
+        assert_eq!(sup.services[0].starts, 2);
+        let State::Running(pid) = sup.services[0].state else {
+            panic!("not restarted")
+        };
+        sup.stop_all(Signal::SIGTERM);
+        assert!(sup.on_exit(wait_for(pid), t0));
+        assert_eq!(sup.services[0].state, State::Stopped);
+        // The reader thread may still be draining; the first run's line is there by now.
+        for _ in 0..100 {
+            if sup.services[0]
+                .ring
+                .lock()
+                .unwrap()
+                .lines()
+                .any(|l| l == "hello-from-child")
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("output not captured");
+    }
+
+    #[test]
+    fn dont_restart_code_is_honoured() {
+        let mut sup = Supervisor::default();
+        let t0 = Instant::now();
+        sup.add(
+            Spec {
+                name: "once".into(),
+                argv: vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    format!("exit {DONT_RESTART}"),
+                ],
+                tty: None,
+                restart_delay: Duration::from_secs(1),
+            },
+            t0,
+        );
+        sup.tick(t0);
+        let State::Running(pid) = sup.services[0].state else {
+            panic!()
+        };
+        sup.on_exit(wait_for(pid), t0);
+        assert_eq!(sup.services[0].state, State::Stopped);
+        assert!(!sup.on_exit(WaitStatus::Exited(Pid::from_raw(1), 0), t0));
+    }
+}

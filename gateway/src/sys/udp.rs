@@ -1,0 +1,960 @@
+//! The data-plane UDP socket: dual-stack bind, `SO_REUSEPORT` (one socket per worker),
+//! large buffers, `UDP_SEGMENT` (GSO) sends and `UDP_GRO` receives with their cmsgs,
+//! and the `sendmmsg`/`recvmmsg` batch paths.
+//!
+//! Features are probed once in [`UdpSocket::bind`]. A GSO send that fails with `EIO`
+//! (no checksum offload on the route) or `EINVAL` demotes this socket to plain
+//! datagrams for good, logged once; [`UdpSocket::send_segmented`] resends the batch
+//! itself so callers never lose it.
+//!
+//! Addresses: a dual-stack socket talks IPv4 as `::ffff:a.b.c.d`; this module maps on
+//! the way out and unmaps on the way in, so callers only ever see plain `SocketAddr`s.
+
+use std::fmt;
+use std::io;
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Most messages one `sendmmsg`/`recvmmsg` call moves; the arrays live on the stack.
+pub const BATCH: usize = 64;
+/// Most segments one `UDP_SEGMENT` send may carry (the kernel's `UDP_MAX_SEGMENTS`).
+pub const MAX_GSO_SEGMENTS: usize = 64;
+/// Socket buffer size we ask for (wireguard-go uses the same 7 MiB).
+pub const DEFAULT_BUFFER_BYTES: usize = 7 << 20;
+
+const SOL_UDP: libc::c_int = 17;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
+/// How to set the socket up.
+#[derive(Clone, Debug)]
+pub struct UdpOptions {
+    /// `SO_REUSEPORT`, so every worker binds its own socket to the same port.
+    pub reuse_port: bool,
+    /// Requested send and receive buffer size (forced past `rmem_max` when root).
+    pub buffer_bytes: usize,
+    /// Try to switch on `UDP_GRO` (then every receive buffer must be 64 KiB).
+    pub gro: bool,
+    /// Use `UDP_SEGMENT` when the kernel has it.
+    pub gso: bool,
+}
+
+impl Default for UdpOptions {
+    fn default() -> Self {
+        UdpOptions {
+            reuse_port: true,
+            buffer_bytes: DEFAULT_BUFFER_BYTES,
+            gro: true,
+            gso: true,
+        }
+    }
+}
+
+/// Why the socket could not be set up.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum UdpError {
+    /// `socket()` failed.
+    Socket(io::Error),
+    /// A socket option the data plane cannot do without failed.
+    SetOption {
+        option: &'static str,
+        source: io::Error,
+    },
+    /// `bind()` failed (port in use without `SO_REUSEPORT` on both sockets, ...).
+    Bind { addr: SocketAddr, source: io::Error },
+}
+
+impl fmt::Display for UdpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Socket(e) => write!(f, "cannot create a UDP socket: {e}"),
+            Self::SetOption { option, source } => {
+                write!(f, "cannot set UDP socket option {option}: {source}")
+            }
+            Self::Bind { addr, source } => write!(
+                f,
+                "cannot bind UDP {addr}: {source} (is another program using the port?)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for UdpError {}
+
+/// What one received datagram (or GRO train) was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// Bytes in the buffer.
+    pub len: usize,
+    /// Sender.
+    pub src: SocketAddr,
+    /// With GRO: every `segment_size` bytes of the buffer is one datagram of the sender's
+    /// (the last may be shorter). Equal to `len` for a single datagram.
+    pub segment_size: usize,
+}
+
+impl RecvMeta {
+    const EMPTY: RecvMeta = RecvMeta {
+        len: 0,
+        src: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+        segment_size: 0,
+    };
+
+    /// Number of datagrams in this buffer.
+    pub fn segments(&self) -> usize {
+        if self.segment_size == 0 {
+            0
+        } else {
+            self.len.div_ceil(self.segment_size)
+        }
+    }
+}
+
+impl Default for RecvMeta {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+/// One message for [`UdpSocket::send_batch`].
+#[derive(Clone, Copy, Debug)]
+pub struct Transmit<'a> {
+    pub dst: SocketAddr,
+    pub contents: &'a [u8],
+    /// `Some(n)`: GSO, split into `n`-byte datagrams by the kernel (only when
+    /// [`UdpSocket::gso_enabled`]). `None`: one datagram.
+    pub segment_size: Option<u16>,
+}
+
+/// The socket. `&self` methods only, so workers may share it across threads.
+#[derive(Debug)]
+pub struct UdpSocket {
+    fd: OwnedFd,
+    local: SocketAddr,
+    /// The socket is AF_INET6 (IPv4 peers go as v4-mapped addresses).
+    v6: bool,
+    gso: AtomicBool,
+    gro: bool,
+}
+
+/// Room for any socket address we send to or receive from.
+#[repr(C)]
+#[derive(Clone, Copy)]
+union RawAddr {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+/// Control-message space for one message (a `UDP_SEGMENT`/`UDP_GRO` int with headroom),
+/// aligned as cmsgs must be. Public so io_uring sendmsg/recvmsg ops can own one per op.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug)]
+pub struct CmsgBuf(pub [u8; 64]);
+
+impl Default for CmsgBuf {
+    fn default() -> Self {
+        CmsgBuf([0; 64])
+    }
+}
+
+impl UdpSocket {
+    /// Bind `addr`. `[::]:port` gives a dual-stack socket that also takes IPv4.
+    pub fn bind(addr: SocketAddr, opts: &UdpOptions) -> Result<UdpSocket, UdpError> {
+        let v6 = addr.is_ipv6();
+        let domain = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain socket() call; the result is checked below.
+        let raw = unsafe {
+            libc::socket(
+                domain,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        };
+        if raw < 0 {
+            return Err(UdpError::Socket(io::Error::last_os_error()));
+        }
+        // SAFETY: raw is a fresh fd owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fdr = fd.as_raw_fd();
+
+        if v6 {
+            let v6only = if let SocketAddr::V6(a) = addr {
+                !a.ip().is_unspecified()
+            } else {
+                false
+            };
+            set_int(fdr, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, v6only.into()).map_err(
+                |source| UdpError::SetOption {
+                    option: "IPV6_V6ONLY",
+                    source,
+                },
+            )?;
+        }
+        if opts.reuse_port {
+            set_int(fdr, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1).map_err(|source| {
+                UdpError::SetOption {
+                    option: "SO_REUSEPORT",
+                    source,
+                }
+            })?;
+        }
+        // Buffers are best effort: a small buffer costs speed, not correctness.
+        let want = opts.buffer_bytes.min(i32::MAX as usize) as libc::c_int;
+        for (force, plain) in [
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        ] {
+            if set_int(fdr, libc::SOL_SOCKET, force, want).is_err() {
+                let _ = set_int(fdr, libc::SOL_SOCKET, plain, want);
+            }
+        }
+
+        let (sa, len) = to_raw(addr, v6);
+        // SAFETY: sa is a valid sockaddr of `len` bytes that lives across the call.
+        let rc = unsafe { libc::bind(fdr, (&sa as *const RawAddr).cast(), len) };
+        if rc < 0 {
+            return Err(UdpError::Bind {
+                addr,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let local = local_addr(fdr).map_err(|source| UdpError::Bind { addr, source })?;
+
+        let gso = opts.gso && get_int(fdr, SOL_UDP, UDP_SEGMENT).is_ok();
+        let gro = opts.gro && set_int(fdr, SOL_UDP, UDP_GRO, 1).is_ok();
+        Ok(UdpSocket {
+            fd,
+            local,
+            v6,
+            gso: AtomicBool::new(gso),
+            gro,
+        })
+    }
+
+    /// The bound address (with the port the kernel picked for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether `UDP_SEGMENT` sends are in use (probed at bind, cleared on demotion).
+    pub fn gso_enabled(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
+    }
+
+    /// Segments one GSO send may carry now: [`MAX_GSO_SEGMENTS`], or 1 without GSO.
+    pub fn max_gso_segments(&self) -> usize {
+        if self.gso_enabled() {
+            MAX_GSO_SEGMENTS
+        } else {
+            1
+        }
+    }
+
+    /// Whether `UDP_GRO` is on: receive buffers must then be 64 KiB each.
+    pub fn gro_enabled(&self) -> bool {
+        self.gro
+    }
+
+    /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does). Logged at most
+    /// once a minute per process, however many worker sockets demote.
+    pub fn disable_gso(&self) {
+        if self.gso.swap(false, Ordering::Relaxed) && demotion_log_due() {
+            log::warn!(
+                "udp {}: GSO send failed (no checksum offload on the route?): sending datagrams one by one on this socket",
+                self.local
+            );
+        }
+    }
+
+    /// One datagram. `WouldBlock` when the send buffer is full.
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddr) -> io::Result<usize> {
+        let (sa, len) = to_raw(dst, self.v6);
+        // SAFETY: buf and sa are valid for their lengths for the whole call.
+        let rc = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                0,
+                (&sa as *const RawAddr).cast(),
+                len,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(rc as usize)
+    }
+
+    /// One GSO send: `buf` leaves as `ceil(len / segment_size)` datagrams to `dst`.
+    /// On `EIO`/`EINVAL` the socket is demoted ([`Self::gso_enabled`] turns false) and the
+    /// error is returned: resend as separate datagrams (or use [`Self::send_segmented`],
+    /// which does that). Errors with `Unsupported` when GSO is off.
+    pub fn send_gso(&self, dst: SocketAddr, buf: &[u8], segment_size: u16) -> io::Result<usize> {
+        if !self.gso_enabled() {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        let r = self.send_batch(&[Transmit {
+            dst,
+            contents: buf,
+            segment_size: Some(segment_size),
+        }]);
+        match r {
+            Ok(_) => Ok(buf.len()),
+            Err(e) => {
+                if is_gso_error(&e) {
+                    self.disable_gso();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Send `buf` as `segment_size`-byte datagrams (last may be shorter) to `dst`: one GSO
+    /// send when possible, else `sendmmsg` batches; a GSO failure demotes the socket and
+    /// the same call resends. Returns the number of datagrams the kernel took; fewer than
+    /// all only when the send buffer filled up (`WouldBlock` on the first is an error).
+    pub fn send_segmented(
+        &self,
+        dst: SocketAddr,
+        buf: &[u8],
+        segment_size: u16,
+    ) -> io::Result<usize> {
+        let seg = usize::from(segment_size);
+        if seg == 0 {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let total = buf.len().div_ceil(seg);
+        if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled() {
+            match self.send_gso(dst, buf, segment_size) {
+                Ok(_) => return Ok(total),
+                Err(e) if is_gso_error(&e) => {} // demoted: fall through and resend
+                Err(e) => return Err(e),
+            }
+        }
+        let mut sent = 0;
+        let mut chunks = buf.chunks(seg);
+        loop {
+            let mut msgs = [Transmit {
+                dst,
+                contents: &[],
+                segment_size: None,
+            }; BATCH];
+            let mut n = 0;
+            for (slot, chunk) in msgs.iter_mut().zip(chunks.by_ref()) {
+                slot.contents = chunk;
+                n += 1;
+            }
+            if n == 0 {
+                return Ok(sent);
+            }
+            match self.send_batch(&msgs[..n]) {
+                Ok(k) => {
+                    sent += k;
+                    if k < n {
+                        return Ok(sent);
+                    }
+                }
+                Err(e) if sent > 0 && e.kind() == io::ErrorKind::WouldBlock => return Ok(sent),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `sendmmsg` of up to [`BATCH`] messages (more are ignored); returns how many the
+    /// kernel took. A GSO message's `EIO`/`EINVAL` is returned as is (see [`Self::send_gso`]).
+    pub fn send_batch(&self, msgs: &[Transmit<'_>]) -> io::Result<usize> {
+        let n = msgs.len().min(BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut addrs = [MaybeUninit::<RawAddr>::uninit(); BATCH];
+        let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
+        let mut ctrls = [CmsgBuf([0; 64]); BATCH];
+        // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
+        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for (i, m) in msgs[..n].iter().enumerate() {
+            let (sa, salen) = to_raw(m.dst, self.v6);
+            let sa = addrs[i].write(sa);
+            let iov = iovs[i].write(libc::iovec {
+                iov_base: m.contents.as_ptr() as *mut libc::c_void,
+                iov_len: m.contents.len(),
+            });
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (sa as *mut RawAddr).cast();
+            h.msg_namelen = salen;
+            h.msg_iov = iov;
+            h.msg_iovlen = 1;
+            if let Some(seg) = m.segment_size {
+                let ctrl = &mut ctrls[i];
+                h.msg_control = ctrl.0.as_mut_ptr().cast();
+                h.msg_controllen = write_gso_cmsg(&mut ctrl.0, seg) as _;
+            }
+        }
+        // SAFETY: hdrs[..n] point at addresses, iovecs and control buffers on this stack
+        // frame and at the callers' contents, all alive across the call.
+        let rc = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), n as _, 0 as _) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(rc as usize)
+    }
+
+    /// One datagram (or, with GRO, one coalesced train) into `buf`.
+    pub fn recv_gro(&self, buf: &mut [u8]) -> io::Result<RecvMeta> {
+        let mut meta = [RecvMeta::EMPTY];
+        self.recv_batch(&mut [buf], &mut meta)?;
+        Ok(meta[0])
+    }
+
+    /// Plain `recvfrom`-style receive (GRO trains still arrive whole when GRO is on).
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        let m = self.recv_gro(buf)?;
+        Ok((m.len, m.src))
+    }
+
+    /// `recvmmsg` into up to `min(bufs, metas, BATCH)` buffers; returns how many were
+    /// filled (`WouldBlock` when none is waiting). A message with a bogus `UDP_GRO`
+    /// cmsg, a truncated datagram or an unknown address family is an `InvalidData` error
+    /// only if it is the first; otherwise the batch stops before it.
+    pub fn recv_batch(&self, bufs: &mut [&mut [u8]], metas: &mut [RecvMeta]) -> io::Result<usize> {
+        let n = bufs.len().min(metas.len()).min(BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        // SAFETY: RawAddr is plain old data; zero is a valid value.
+        let mut addrs: [RawAddr; BATCH] = unsafe { std::mem::zeroed() };
+        let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
+        let mut ctrls = [CmsgBuf([0; 64]); BATCH];
+        // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
+        let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for i in 0..n {
+            let iov = iovs[i].write(libc::iovec {
+                iov_base: bufs[i].as_mut_ptr().cast(),
+                iov_len: bufs[i].len(),
+            });
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut addrs[i] as *mut RawAddr).cast();
+            h.msg_namelen = size_of::<RawAddr>() as libc::socklen_t;
+            h.msg_iov = iov;
+            h.msg_iovlen = 1;
+            h.msg_control = ctrls[i].0.as_mut_ptr().cast();
+            h.msg_controllen = ctrls[i].0.len() as _;
+        }
+        // SAFETY: every header points at buffers on this frame or the caller's `bufs`,
+        // valid for the lengths given and alive across the call; no timeout pointer.
+        let rc = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                n as _,
+                0 as _,
+                std::ptr::null_mut(),
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let got = rc as usize;
+        for i in 0..got {
+            match parse_received(&hdrs[i], &addrs[i], &ctrls[i]) {
+                Ok(m) => metas[i] = m,
+                Err(e) if i == 0 => return Err(e),
+                // Later bad messages are dropped with the rest of the batch: the caller
+                // handles the good prefix.
+                Err(_) => return Ok(i),
+            }
+        }
+        Ok(got)
+    }
+}
+
+impl AsRawFd for UdpSocket {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+impl AsFd for UdpSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// Rate limit for the demotion warning: true at most once per 60 s.
+fn demotion_log_due() -> bool {
+    use std::sync::atomic::AtomicU64;
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static START: OnceLock<Instant> = OnceLock::new();
+    static LAST: AtomicU64 = AtomicU64::new(u64::MAX);
+    let now = START.get_or_init(Instant::now).elapsed().as_secs();
+    let last = LAST.load(Ordering::Relaxed);
+    if last != u64::MAX && now < last + 60 {
+        return false;
+    }
+    LAST.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
+fn is_gso_error(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL))
+}
+
+fn invalid(msg: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// Check one received header: not truncated, known address, valid GRO size.
+fn parse_received(h: &libc::mmsghdr, addr: &RawAddr, ctrl: &CmsgBuf) -> io::Result<RecvMeta> {
+    let len = h.msg_len as usize;
+    let m = &h.msg_hdr;
+    if m.msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(invalid("UDP datagram larger than the receive buffer"));
+    }
+    if m.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(invalid("UDP control data truncated"));
+    }
+    let src = from_raw(addr, m.msg_namelen)
+        .ok_or_else(|| invalid("unknown UDP source address family"))?;
+    // size_t on glibc, socklen_t on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let clen = (m.msg_controllen as usize).min(ctrl.0.len());
+    let segment_size = match gro_segment_size(&ctrl.0[..clen])? {
+        Some(s) => s.min(len.max(1)),
+        None => len,
+    };
+    Ok(RecvMeta {
+        len,
+        src,
+        segment_size,
+    })
+}
+
+/// `struct cmsghdr` as the kernel lays it out: `size_t cmsg_len; int level; int type;`,
+/// data aligned to `size_t`.
+const CMSG_ALIGN_TO: usize = size_of::<usize>();
+const CMSG_HDR: usize = (size_of::<usize>() + 8).next_multiple_of(CMSG_ALIGN_TO);
+
+fn cmsg_align(n: usize) -> usize {
+    n.next_multiple_of(CMSG_ALIGN_TO)
+}
+
+/// Find the `UDP_GRO` segment size in received control bytes (`msg_control[..msg_controllen]`,
+/// e.g. from an io_uring recvmsg completion). `Ok(None)`: no GRO cmsg (a single datagram).
+/// A cmsg that overruns the buffer or carries a size outside 1..=65535 is `InvalidData`.
+pub fn gro_segment_size(control: &[u8]) -> io::Result<Option<usize>> {
+    let mut at = 0;
+    let mut found = None;
+    while at + CMSG_HDR <= control.len() {
+        let h = &control[at..at + CMSG_HDR];
+        let (lenb, rest) = h.split_at(size_of::<usize>());
+        let clen = usize::from_ne_bytes(lenb.try_into().map_err(|_| invalid("cmsg"))?);
+        let level = i32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]);
+        let ty = i32::from_ne_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        if clen < CMSG_HDR || at + clen > control.len() {
+            return Err(invalid("malformed control message"));
+        }
+        if level == SOL_UDP && ty == UDP_GRO {
+            let d = &control[at + CMSG_HDR..at + clen];
+            if d.len() < 4 {
+                return Err(invalid("short UDP_GRO control message"));
+            }
+            let v = i32::from_ne_bytes([d[0], d[1], d[2], d[3]]);
+            if !(1..=65535).contains(&v) {
+                return Err(invalid("bogus UDP_GRO segment size"));
+            }
+            found = Some(v as usize);
+        }
+        at += cmsg_align(clen);
+    }
+    Ok(found)
+}
+
+/// Write a `UDP_SEGMENT` cmsg carrying `segment_size` at the start of `control` (which
+/// must be aligned to `size_t`, as [`CmsgBuf`] is); returns the `msg_controllen` to use, or 0
+/// when `control` is too small. For io_uring sendmsg as well as `send_batch`.
+pub fn write_gso_cmsg(control: &mut [u8], segment_size: u16) -> usize {
+    let clen = CMSG_HDR + size_of::<u16>();
+    let space = cmsg_align(clen);
+    let Some(c) = control.get_mut(..space) else {
+        return 0;
+    };
+    c.fill(0);
+    c[..size_of::<usize>()].copy_from_slice(&clen.to_ne_bytes());
+    let rest = &mut c[size_of::<usize>()..];
+    rest[..4].copy_from_slice(&SOL_UDP.to_ne_bytes());
+    rest[4..8].copy_from_slice(&UDP_SEGMENT.to_ne_bytes());
+    c[CMSG_HDR..clen].copy_from_slice(&segment_size.to_ne_bytes());
+    space
+}
+
+fn to_raw(addr: SocketAddr, v6_socket: bool) -> (RawAddr, libc::socklen_t) {
+    let v6 = match addr {
+        SocketAddr::V4(a) if !v6_socket => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            return (
+                RawAddr { v4: sin },
+                size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            );
+        }
+        SocketAddr::V4(a) => SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0),
+        SocketAddr::V6(a) => a,
+    };
+    let sin6 = libc::sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+        sin6_port: v6.port().to_be(),
+        sin6_flowinfo: v6.flowinfo().to_be(),
+        sin6_addr: libc::in6_addr {
+            s6_addr: v6.ip().octets(),
+        },
+        sin6_scope_id: v6.scope_id(),
+    };
+    (
+        RawAddr { v6: sin6 },
+        size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+    )
+}
+
+fn from_raw(addr: &RawAddr, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    // SAFETY: both union members start with the family field; RawAddr was zeroed or
+    // filled by the kernel, so the bytes are initialised.
+    let family = unsafe { addr.v4.sin_family } as libc::c_int;
+    if family == libc::AF_INET && len >= size_of::<libc::sockaddr_in>() {
+        // SAFETY: the kernel wrote a sockaddr_in (family AF_INET, length checked).
+        let a = unsafe { addr.v4 };
+        let ip = Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes());
+        Some(SocketAddr::V4(SocketAddrV4::new(
+            ip,
+            u16::from_be(a.sin_port),
+        )))
+    } else if family == libc::AF_INET6 && len >= size_of::<libc::sockaddr_in6>() {
+        // SAFETY: the kernel wrote a sockaddr_in6 (family AF_INET6, length checked).
+        let a = unsafe { addr.v6 };
+        let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+        let port = u16::from_be(a.sin6_port);
+        Some(match ip.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::V4(SocketAddrV4::new(v4, port)),
+            None => SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                port,
+                u32::from_be(a.sin6_flowinfo),
+                a.sin6_scope_id,
+            )),
+        })
+    } else {
+        None
+    }
+}
+
+fn local_addr(fd: RawFd) -> io::Result<SocketAddr> {
+    // SAFETY: RawAddr is plain old data; zero is a valid value.
+    let mut sa: RawAddr = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<RawAddr>() as libc::socklen_t;
+    // SAFETY: sa is writable for `len` bytes, len is a valid in/out pointer.
+    let rc = unsafe { libc::getsockname(fd, (&mut sa as *mut RawAddr).cast(), &mut len) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    from_raw(&sa, len).ok_or_else(|| invalid("unknown local address family"))
+}
+
+fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int with its exact size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn get_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: v and len are live locals of the sizes the kernel is told.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loopback(gro: bool) -> UdpSocket {
+        let opts = UdpOptions {
+            gro,
+            ..UdpOptions::default()
+        };
+        UdpSocket::bind("127.0.0.1:0".parse().expect("addr"), &opts).expect("bind")
+    }
+
+    /// Wait (bounded) until `s` is readable.
+    fn wait_readable(s: &UdpSocket) {
+        let mut pfd = [nix::poll::PollFd::new(
+            s.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let n = nix::poll::poll(&mut pfd, 5000u16).expect("poll");
+        assert_eq!(n, 1, "nothing arrived");
+    }
+
+    /// Receive until `want` datagrams have been seen (each GRO train counts its segments).
+    fn collect(s: &UdpSocket, want: usize) -> Vec<RecvMeta> {
+        let mut out = Vec::new();
+        let mut seen = 0;
+        let mut storage = vec![[0u8; 65536]; 4];
+        while seen < want {
+            wait_readable(s);
+            let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
+            let mut metas = [RecvMeta::default(); 4];
+            let n = s.recv_batch(&mut bufs, &mut metas).expect("recv");
+            for m in &metas[..n] {
+                seen += m.segments();
+                out.push(*m);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn send_and_receive_single() {
+        let a = loopback(false);
+        let b = loopback(false);
+        a.send_to(b"ping", b.local_addr()).expect("send");
+        wait_readable(&b);
+        let mut buf = [0u8; 64];
+        let (n, from) = b.recv_from(&mut buf).expect("recv");
+        assert_eq!(&buf[..n], b"ping");
+        assert_eq!(from, a.local_addr());
+        let mut empty = [0u8; 16];
+        let e = b.recv_from(&mut empty).expect_err("nothing left");
+        assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+    }
+
+    #[test]
+    fn dual_stack_maps_ipv4() {
+        let opts = UdpOptions::default();
+        let s6 = UdpSocket::bind("[::]:0".parse().expect("addr"), &opts).expect("bind v6");
+        let a = loopback(false);
+        let port = s6.local_addr().port();
+        a.send_to(b"v4", SocketAddr::from(([127, 0, 0, 1], port)))
+            .expect("send");
+        wait_readable(&s6);
+        let mut buf = [0u8; 16];
+        let (n, from) = s6.recv_from(&mut buf).expect("recv");
+        assert_eq!(&buf[..n], b"v4");
+        assert_eq!(from, a.local_addr(), "v4-mapped source is unmapped");
+        // And back out through the v6 socket to a plain v4 address.
+        s6.send_to(b"back", from).expect("send back");
+        wait_readable(&a);
+        let (n, _) = a.recv_from(&mut buf).expect("recv back");
+        assert_eq!(&buf[..n], b"back");
+    }
+
+    #[test]
+    fn reuse_port_lets_workers_share() {
+        let a = loopback(false);
+        let opts = UdpOptions::default();
+        let b = UdpSocket::bind(a.local_addr(), &opts).expect("second bind on the same port");
+        assert_eq!(a.local_addr(), b.local_addr());
+    }
+
+    #[test]
+    fn mmsg_batch_round_trip() {
+        let a = loopback(false);
+        let b = loopback(false);
+        let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + usize::from(i)]).collect();
+        let msgs: Vec<Transmit<'_>> = payloads
+            .iter()
+            .map(|p| Transmit {
+                dst: b.local_addr(),
+                contents: p,
+                segment_size: None,
+            })
+            .collect();
+        assert_eq!(a.send_batch(&msgs).expect("sendmmsg"), 10);
+        let got = collect(&b, 10);
+        assert_eq!(got.len(), 10);
+        for (i, m) in got.iter().enumerate() {
+            assert_eq!(m.len, 100 + i);
+            assert_eq!(m.segment_size, m.len);
+        }
+    }
+
+    #[test]
+    fn gso_send_arrives_as_separate_datagrams() {
+        let a = loopback(false);
+        let b = loopback(false);
+        if !a.gso_enabled() {
+            eprintln!("skipped: kernel without UDP_SEGMENT");
+            return;
+        }
+        let mut buf = vec![0u8; 12_000];
+        for (i, c) in buf.chunks_mut(1200).enumerate() {
+            c.fill(i as u8);
+        }
+        assert_eq!(
+            a.send_segmented(b.local_addr(), &buf, 1200).expect("gso"),
+            10
+        );
+        let got = collect(&b, 10);
+        assert_eq!(got.len(), 10);
+        assert!(got.iter().all(|m| m.len == 1200 && m.src == a.local_addr()));
+    }
+
+    #[test]
+    fn gso_short_last_segment_and_demotion_fallback() {
+        let a = loopback(false);
+        let b = loopback(false);
+        let buf = vec![7u8; 1200 * 3 + 500];
+        // Force the fallback path: same datagrams, without the kernel splitting.
+        a.disable_gso();
+        assert!(!a.gso_enabled() && a.max_gso_segments() == 1);
+        assert_eq!(
+            a.send_segmented(b.local_addr(), &buf, 1200).expect("mmsg"),
+            4
+        );
+        let lens: Vec<usize> = collect(&b, 4).iter().map(|m| m.len).collect();
+        assert_eq!(lens, [1200, 1200, 1200, 500]);
+        let e = a.send_gso(b.local_addr(), &buf, 1200).expect_err("gso off");
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported);
+    }
+
+    #[test]
+    fn gso_einval_demotes() {
+        let a = loopback(false);
+        let b = loopback(false);
+        if !a.gso_enabled() {
+            eprintln!("skipped: kernel without UDP_SEGMENT");
+            return;
+        }
+        // More segments than any kernel's UDP_MAX_SEGMENTS (64, 128 since 6.x): EINVAL.
+        let buf = vec![1u8; 100 * 200];
+        let e = a
+            .send_gso(b.local_addr(), &buf, 100)
+            .expect_err("too many segments");
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        assert!(!a.gso_enabled(), "EINVAL demotes the socket");
+    }
+
+    #[test]
+    fn gro_receive_coalesces() {
+        let a = loopback(false);
+        let b = loopback(true);
+        if !a.gso_enabled() || !b.gro_enabled() {
+            eprintln!("skipped: kernel without UDP_SEGMENT/UDP_GRO");
+            return;
+        }
+        let buf = vec![3u8; 1200 * 10];
+        a.send_segmented(b.local_addr(), &buf, 1200).expect("gso");
+        let got = collect(&b, 10);
+        // On loopback a GSO train is delivered whole to a GRO socket.
+        assert!(got.len() < 10, "expected coalescing, got {got:?}");
+        assert!(got.iter().all(|m| m.segment_size == 1200));
+        assert_eq!(got.iter().map(|m| m.len).sum::<usize>(), 12_000);
+    }
+
+    #[test]
+    fn cmsg_layout_matches_libc() {
+        let mut ctrl = CmsgBuf([0; 64]);
+        let n = write_gso_cmsg(&mut ctrl.0, 1200);
+        // SAFETY: CMSG_SPACE only computes a size.
+        assert_eq!(n, unsafe { libc::CMSG_SPACE(2) } as usize);
+        // SAFETY: mmsghdr is plain old data.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_control = ctrl.0.as_mut_ptr().cast();
+        h.msg_controllen = n as _;
+        // SAFETY: the control buffer holds the cmsg we just wrote, within msg_controllen.
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&h);
+            assert!(!c.is_null());
+            assert_eq!((*c).cmsg_level, SOL_UDP);
+            assert_eq!((*c).cmsg_type, UDP_SEGMENT);
+            assert_eq!((*c).cmsg_len as usize, libc::CMSG_LEN(2) as usize);
+            assert_eq!(
+                std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<u16>()),
+                1200
+            );
+        }
+        assert_eq!(write_gso_cmsg(&mut [0u8; 8], 1200), 0, "too small");
+    }
+
+    /// A GRO cmsg built by hand: `size_t len; int level; int type; int value` + padding.
+    fn gro_cmsg(value: i32, len_override: Option<usize>) -> Vec<u8> {
+        let clen = CMSG_HDR + 4;
+        let mut v = vec![0u8; cmsg_align(clen)];
+        v[..size_of::<usize>()].copy_from_slice(&len_override.unwrap_or(clen).to_ne_bytes());
+        let o = size_of::<usize>();
+        v[o..o + 4].copy_from_slice(&SOL_UDP.to_ne_bytes());
+        v[o + 4..o + 8].copy_from_slice(&UDP_GRO.to_ne_bytes());
+        v[CMSG_HDR..CMSG_HDR + 4].copy_from_slice(&value.to_ne_bytes());
+        v
+    }
+
+    #[test]
+    fn gro_cmsg_parsing() {
+        assert_eq!(gro_segment_size(&[]).expect("empty"), None);
+        assert_eq!(
+            gro_segment_size(&gro_cmsg(1200, None)).expect("ok"),
+            Some(1200)
+        );
+        // Another cmsg first, then GRO.
+        let mut two = gro_cmsg(5, None);
+        two[size_of::<usize>() + 4] = 99; // not UDP_GRO
+        two.extend_from_slice(&gro_cmsg(1400, None));
+        assert_eq!(gro_segment_size(&two).expect("ok"), Some(1400));
+        for bad in [0, -1, 70_000] {
+            let e = gro_segment_size(&gro_cmsg(bad, None)).expect_err("bogus size");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        }
+        // Lengths that run past the buffer or are shorter than a header.
+        assert!(gro_segment_size(&gro_cmsg(1200, Some(500))).is_err());
+        assert!(gro_segment_size(&gro_cmsg(1200, Some(3))).is_err());
+        assert!(gro_segment_size(&gro_cmsg(1200, Some(CMSG_HDR + 2))).is_err());
+    }
+
+    #[test]
+    fn bogus_gro_in_a_received_header_is_an_error() {
+        let mut ctrl = CmsgBuf([0; 64]);
+        let c = gro_cmsg(0, None);
+        ctrl.0[..c.len()].copy_from_slice(&c);
+        // SAFETY: mmsghdr is plain old data.
+        let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+        h.msg_len = 100;
+        h.msg_hdr.msg_controllen = c.len() as _;
+        let (addr, len) = to_raw("127.0.0.1:5".parse().expect("addr"), false);
+        h.msg_hdr.msg_namelen = len;
+        let e = parse_received(&h, &addr, &ctrl).expect_err("bogus size");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+}

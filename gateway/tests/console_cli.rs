@@ -1,0 +1,204 @@
+//! Script-driven tests of the built binary: `riceguard console --root DIR` with commands
+//! piped on stdin, as an operator's script or the serial console would send them.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+struct Tmp(PathBuf);
+
+impl Tmp {
+    fn new(tag: &str) -> Tmp {
+        let p = std::env::temp_dir().join(format!("riceguard-cli-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        Tmp(p)
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Run the console on `root` with `input`; (exit success, stdout).
+fn console(root: &Path, extra: &[&str], input: &[u8]) -> (bool, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_riceguard"))
+        .arg("console")
+        .arg("--root")
+        .arg(root)
+        .args(["--pidfile", "/nonexistent/riceguard.pid"])
+        .args(extra)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run riceguard");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input)
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// The INI writer lives in core::ini (another work item); until it is there the file
+/// round trip cannot work, so those tests say so and skip.
+fn ini_ready() -> bool {
+    let ready = !riceguard::core::ini::emit(&riceguard::core::config::Config::default()).is_empty();
+    if !ready {
+        eprintln!("skipped: core::ini::emit is still the skeleton");
+    }
+    ready
+}
+
+#[test]
+fn scripted_commit_and_show() {
+    if !ini_ready() {
+        return;
+    }
+    let d = Tmp::new("commit");
+    let (ok, out) = console(
+        &d.0,
+        &[],
+        b"set interface listen-port 51820\ncommit\nshow\n",
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("ListenPort = 51820"), "{out}");
+    assert!(out.contains("PrivateKey = (hidden)"), "{out}");
+    assert!(
+        out.contains("applies when the gateway next starts"),
+        "{out}"
+    );
+    let saved = std::fs::read_to_string(d.0.join("riceguard.conf")).expect("saved file");
+    assert!(saved.contains("ListenPort = 51820"));
+    // The saved file is what `riceguard up --config` reads.
+    let cfg = riceguard::core::ini::parse("riceguard.conf", &saved).expect("parses");
+    assert_eq!(cfg.interface.listen_port, Some(51820));
+    let (cfg2, warning) = riceguard::console::load_with_fallback(&d.0);
+    assert_eq!((cfg2, warning), (cfg, None));
+
+    // A second session sees it; a second commit keeps the first as history version 1.
+    let (ok, out) = console(
+        &d.0,
+        &[],
+        b"set interface mtu 1400\ncompare\ncommit\nshow history\n",
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("+ MTU = 1400"), "{out}");
+    assert!(d.0.join("history/riceguard.conf.1").exists());
+}
+
+#[test]
+fn failures_give_nonzero_exit_and_change_nothing() {
+    let d = Tmp::new("fail");
+    let (ok, out) = console(&d.0, &[], b"set interface listen-port 99999\n");
+    assert!(!ok);
+    assert!(out.contains("1 to 65535"), "{out}");
+    assert!(!d.0.join("riceguard.conf").exists());
+    let (ok, out) = console(&d.0, &[], b"frobnicate\n");
+    assert!(!ok && out.contains("unknown command"), "{out}");
+    let (ok, _) = console(&d.0, &[], b"help\nhelp set\n");
+    assert!(ok);
+}
+
+#[test]
+fn serial_noise_and_long_lines_are_survived() {
+    let d = Tmp::new("noise");
+    let mut input = Vec::new();
+    input.extend_from_slice(b"\xff\xfe\x00garbage\r\n");
+    input.extend(std::iter::repeat(b'x').take(5000));
+    input.extend_from_slice(b"\r\nshoq\x7fw candidate\r\nhelp\n");
+    let (ok, out) = console(&d.0, &[], &input);
+    assert!(!ok, "the dropped lines count as failures");
+    assert!(out.contains("not plain text"), "{out}");
+    assert!(out.contains("longer than 1024"), "{out}");
+    assert!(
+        out.contains("Commands"),
+        "the console keeps working after the noise: {out}"
+    );
+}
+
+#[test]
+fn show_peers_asks_the_daemon_over_uapi() {
+    let d = Tmp::new("peers");
+    let sock = d.0.join("wg-test.sock");
+    let listener = UnixListener::bind(&sock).expect("bind");
+    let server = std::thread::spawn(move || {
+        let (s, _) = listener.accept().expect("accept");
+        let mut r = BufReader::new(s.try_clone().expect("clone"));
+        let mut req = String::new();
+        while r.read_line(&mut req).expect("read") > 1 && !req.ends_with("\n\n") {}
+        assert!(req.starts_with("get=1\n"));
+        let mut s = s;
+        s.write_all(
+            format!(
+                "listen_port=51820\npublic_key={}\nendpoint=192.0.2.7:4444\nallowed_ip=10.0.0.2/32\n\
+                 last_handshake_time_sec=0\nrx_bytes=0\ntx_bytes=0\nerrno=0\n\n",
+                "11".repeat(32)
+            )
+            .as_bytes(),
+        )
+        .expect("answer");
+    });
+    let sock_s = sock.to_string_lossy().into_owned();
+    let (ok, out) = console(&d.0, &["--socket", &sock_s], b"show peers\n");
+    server.join().expect("server");
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("listening on port 51820") && out.contains("endpoint: 192.0.2.7:4444"),
+        "{out}"
+    );
+    assert!(out.contains("latest handshake: never"), "{out}");
+    // No daemon: said plainly, not a crash.
+    let (ok, out) = console(&d.0, &["--socket", "/nonexistent/x.sock"], b"show peers\n");
+    assert!(!ok && out.contains("no answer from the daemon"), "{out}");
+}
+
+/// The reload hook signals the pid in `--pidfile` with SIGHUP, and only a riceguard
+/// process (a stale pid file must not hit whatever reused the number).
+#[test]
+fn commit_signals_the_daemon_with_sighup() {
+    use riceguard::console::system::{Hooks, SystemHooks};
+    let d = Tmp::new("hup");
+    let flag = d.0.join("got-hup");
+    // A stand-in daemon whose command line says riceguard, recording SIGHUP in a file.
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg("trap 'echo hup > \"$1\"' HUP; while :; do sleep 0.05; done")
+        .arg("riceguard-fake-daemon")
+        .arg(&flag)
+        .spawn()
+        .expect("spawn bash");
+    let pidfile = d.0.join("riceguard.pid");
+    std::fs::write(&pidfile, format!("{}\n", child.id())).expect("pidfile");
+    let mut h = SystemHooks { pidfile: pidfile.clone(), ..SystemHooks::default() };
+    // bash installs the trap a moment after starting; retry the signal until it is seen.
+    let mut seen = false;
+    for _ in 0..100 {
+        let r = h.reload();
+        assert!(r.is_ok(), "{r:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if flag.exists() {
+            seen = true;
+            break;
+        }
+    }
+    assert!(h.status().iter().any(|l| l.starts_with("daemon: running")));
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen, "the stand-in daemon never saw SIGHUP");
+    // Its pid is gone now: reported, not signalled.
+    assert!(h.reload().unwrap_err().contains("not running"));
+    // A pid that is not riceguard is refused.
+    std::fs::write(&pidfile, format!("{}\n", std::process::id())).expect("pidfile");
+    let e = h.reload().unwrap_err();
+    assert!(e.contains("not a riceguard process") || e.contains("not running"), "{e}");
+}

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Boot a board's disk image in QEMU (TCG: this host's KVM is unusable, ENVIRONMENT.md)
+# with UEFI firmware and a fresh copy of its variable store, serial on this terminal.
+# Builds the image first if it is missing.
+#
+# usage: image/qemu.sh BOARD
+# env:   RG_QEMU_DISK   disk image to boot (default out/<board>/riceguard-<board>.img;
+#                       booting changes it: systemd-boot counts tries, init marks good)
+#        RG_QEMU_NET    user (default: QEMU's slirp) | tap (a tap with vnet_hdr in a
+#                       network namespace this script creates: rgq<pid>, host side
+#                       192.0.2.1/24 on tap rgtap0; guest uses riceguard.uplink=)
+#        RG_QEMU_USO    on|off: virtio-net host_uso/guest_uso4/6 (tap only)
+#        RG_QEMU_NS_HOOK  command run inside the namespace once the tap is up (tap only;
+#                       e.g. start a wireguard-go peer), killed at exit
+#        RG_QEMU_LOG    non-interactive mode: serial output goes to this file, no stdin
+#        RG_QEMU_TIMEOUT  seconds before a non-interactive run is stopped (default 300)
+#        RG_QEMU_UNTIL  extended regex: stop successfully once the serial log matches
+#        RG_QEMU_ACCEL  tcg (default) | kvm
+# exit:  0 (interactive: QEMU's status; non-interactive: RG_QEMU_UNTIL seen or QEMU
+#        exited), 3 kernel panic/oops seen, 4 timeout
+set -euo pipefail
+cd "$(dirname "$0")/.."
+board=${1:?usage: image/qemu.sh BOARD}
+# shellcheck source=/dev/null
+. "board/$board/board.conf"
+disk=${RG_QEMU_DISK:-out/$board/riceguard-$board.img}
+if [ ! -f "$disk" ]; then
+    image/build.sh "$board"
+fi
+command -v "$QEMU" >/dev/null || { echo "qemu: $QEMU missing (ci/deps.sh installs it)" >&2; exit 1; }
+run=$(mktemp -d /tmp/rg-qemu.XXXXXX)
+ns="" qpid="" hookpid=""
+cleanup() {
+    [ -n "$hookpid" ] && kill "$hookpid" 2>/dev/null || true
+    [ -n "$qpid" ] && kill "$qpid" 2>/dev/null && wait "$qpid" 2>/dev/null || true
+    [ -n "$ns" ] && ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$run"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cp "$FIRMWARE_VARS" "$run/vars.fd"
+args=(-accel "${RG_QEMU_ACCEL:-tcg}" $QEMU_ARGS -nographic -no-reboot
+      -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
+      -drive "if=pflash,format=raw,unit=1,file=$run/vars.fd"
+      -drive "if=none,id=disk0,format=raw,file=$disk" -device virtio-blk-pci,drive=disk0)
+# AAVMF's pflash images must be exactly 64 MiB (they are, as shipped).
+nic="$QEMU_NIC,netdev=n0,mac=52:54:00:12:34:56"
+case ${RG_QEMU_NET:-user} in
+    user) args+=(-netdev user,id=n0 -device "$nic") ;;
+    tap)
+        ns=rgq$$
+        ip netns add "$ns"
+        ip -n "$ns" link set lo up
+        ip -n "$ns" tuntap add dev rgtap0 mode tap vnet_hdr
+        ip -n "$ns" addr add 192.0.2.1/24 dev rgtap0
+        ip -n "$ns" link set rgtap0 up
+        if [ -n "${RG_QEMU_USO:-}" ] && [ "$QEMU_NIC" = virtio-net-pci ]; then
+            u=$RG_QEMU_USO
+            nic="$nic,host_uso=$u,guest_uso4=$u,guest_uso6=$u"
+        fi
+        args+=(-netdev tap,id=n0,ifname=rgtap0,script=no,downscript=no,vhost=off -device "$nic")
+        if [ -n "${RG_QEMU_NS_HOOK:-}" ]; then
+            ip netns exec "$ns" sh -c "$RG_QEMU_NS_HOOK" &
+            hookpid=$!
+        fi
+        ;;
+    *) echo "qemu: RG_QEMU_NET is user or tap" >&2; exit 2 ;;
+esac
+prefix=()
+[ -n "$ns" ] && prefix=(ip netns exec "$ns")
+
+if [ -z "${RG_QEMU_LOG:-}" ]; then
+    echo "qemu: booting $disk ($board, ${RG_QEMU_ACCEL:-tcg}); quit with Ctrl-A X" >&2
+    "${prefix[@]}" "$QEMU" "${args[@]}"
+    exit $?
+fi
+
+# Non-interactive: serial to the log file, watch it.
+log=$RG_QEMU_LOG
+: >"$log"
+"${prefix[@]}" "$QEMU" "${args[@]}" -serial "file:$log" -monitor none -display none \
+    </dev/null >"$run/qemu.out" 2>&1 &
+qpid=$!
+deadline=$(( $(date +%s) + ${RG_QEMU_TIMEOUT:-300} ))
+status=4
+while :; do
+    if grep -qE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then status=3; break; fi
+    if [ -n "${RG_QEMU_UNTIL:-}" ] && grep -qE "$RG_QEMU_UNTIL" "$log"; then status=0; break; fi
+    if ! kill -0 "$qpid" 2>/dev/null; then
+        wait "$qpid" || true
+        qpid=""
+        status=0
+        [ -n "${RG_QEMU_UNTIL:-}" ] && status=4
+        break
+    fi
+    [ "$(date +%s)" -ge "$deadline" ] && break
+    sleep 0.5
+done
+[ -s "$run/qemu.out" ] && sed 's/^/qemu: /' "$run/qemu.out" >&2
+exit $status
