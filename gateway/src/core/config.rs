@@ -105,7 +105,7 @@ impl Default for GatewayConfig {
             offload: OffloadMode::Auto,
             tun_offload: true,
             hugepages: true,
-            buffers: 4096,
+            buffers: 1024,
             tcp_listen: Vec::new(),
             tcp_fallback: true,
             bbr_rtt_ms: 40,

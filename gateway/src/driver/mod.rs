@@ -503,7 +503,9 @@ fn run(opts: Opts) -> Result<(), String> {
     }
 
     let mut handles = Vec::new();
-    let use_uring = gw.io_uring && !vnet_hdr;
+    // Probe once for the whole process: a kernel without io_uring (or with it disabled by
+    // sysctl or seccomp) is said once, and every worker takes the portable loop.
+    let use_uring = gw.io_uring && !vnet_hdr && crate::sys::uring::check().is_ok();
     let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();

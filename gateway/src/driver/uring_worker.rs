@@ -85,6 +85,8 @@ fn prev_power_of_two(n: u32) -> u16 {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum SetupError {
+    /// io_uring is unusable on this system ([`uring::check`] has said why, once).
+    Unavailable(UringError),
     Pool(PoolError),
     Uring(UringError),
     /// The shared socket set is empty.
@@ -94,6 +96,7 @@ pub enum SetupError {
 impl fmt::Display for SetupError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Unavailable(e) => e.fmt(f),
             Self::Pool(e) => e.fmt(f),
             Self::Uring(e) => e.fmt(f),
             Self::NoSocket => f.write_str("no UDP socket to serve"),
@@ -102,6 +105,14 @@ impl fmt::Display for SetupError {
 }
 
 impl std::error::Error for SetupError {}
+
+impl SetupError {
+    /// Whether the reason was already logged (the process-wide probe); the caller then
+    /// need not repeat it for every worker.
+    pub fn already_logged(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
 
 /// [`run`] could not start: the reason, and the TUN queue back for the portable worker.
 #[derive(Debug)]
@@ -185,6 +196,13 @@ pub fn run(
     shared: Arc<Shared>,
     cfg: &UringWorkerConfig,
 ) -> Result<(), NotStarted> {
+    // Probe first (logged once per process), so an unusable io_uring costs no pool.
+    if let Err(e) = uring::check() {
+        return Err(NotStarted {
+            error: SetupError::Unavailable(e),
+            tun,
+        });
+    }
     let pool = match BufPool::new(&cfg.pool) {
         Ok(p) => p,
         Err(e) => {
@@ -599,7 +617,10 @@ mod tests {
             let q = tun.into_queues().into_iter().next().expect("queue");
             let fd = q.as_raw_fd();
             let e = run(0, q, shared, &cfg).expect_err("no socket");
-            assert!(matches!(e.error, SetupError::NoSocket));
+            assert!(matches!(
+                e.error,
+                SetupError::NoSocket | SetupError::Unavailable(_)
+            ));
             assert_eq!(e.tun.as_raw_fd(), fd, "the same queue comes back");
         });
     }

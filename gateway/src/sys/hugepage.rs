@@ -14,6 +14,7 @@ use std::cell::Cell;
 use std::fmt;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Room in front of and after a 64 KiB payload: virtio_net_hdr, WireGuard header and
 /// tag, `io_uring_recvmsg_out` + address + cmsgs for multishot receives.
@@ -48,6 +49,17 @@ impl PoolConfig {
             buf_size: DEFAULT_BUF_SIZE,
             hugepages: true,
         }
+    }
+
+    /// Bytes the pool maps before rounding to hugepages (buffers are 4 KiB-aligned).
+    pub fn bytes(&self) -> usize {
+        self.buf_size.div_ceil(STRIDE_ALIGN) * STRIDE_ALIGN * self.count as usize
+    }
+
+    /// Hugepages of `page_size` bytes one such pool takes: what init should add to
+    /// `vm.nr_hugepages` per worker.
+    pub fn hugepages_needed(&self, page_size: usize) -> u64 {
+        self.bytes().div_ceil(page_size.max(1)) as u64
     }
 }
 
@@ -188,7 +200,7 @@ impl BufPool {
         }
         let stride = cfg.buf_size.div_ceil(STRIDE_ALIGN) * STRIDE_ALIGN;
         // At most 2^14 * 2^20 = 16 GiB: no overflow on 64-bit.
-        let bytes = stride * cfg.count as usize;
+        let bytes = cfg.bytes();
 
         let (base, map_len, backing) = match try_huge(cfg, bytes) {
             Ok((base, map_len, pages, page_size)) => {
@@ -214,7 +226,13 @@ impl BufPool {
             top: Cell::new(free.len()),
             free,
         };
-        let (level, line) = pool.summary();
+        let (mut level, line) = pool.summary();
+        // Every worker builds a pool; the fallback warning is said once per process,
+        // later pools repeat it only at debug level.
+        static WARNED: AtomicBool = AtomicBool::new(false);
+        if level == log::Level::Warn && WARNED.swap(true, Ordering::Relaxed) {
+            level = log::Level::Debug;
+        }
         log::log!(level, "{line}");
         Ok(pool)
     }
@@ -424,11 +442,11 @@ pub(crate) mod tests {
     /// Tests that change `vm.nr_hugepages` or count free hugepages run one at a time.
     pub(crate) static HUGE_LOCK: Mutex<()> = Mutex::new(());
 
-    fn set_nr_hugepages(n: u64) -> bool {
+    pub(crate) fn set_nr_hugepages(n: u64) -> bool {
         std::fs::write("/proc/sys/vm/nr_hugepages", n.to_string()).is_ok()
     }
 
-    fn nr_hugepages() -> Option<u64> {
+    pub(crate) fn nr_hugepages() -> Option<u64> {
         std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
             .ok()?
             .trim()
@@ -437,7 +455,7 @@ pub(crate) mod tests {
     }
 
     /// Restores `vm.nr_hugepages` when dropped (also when the test panics).
-    struct Restore(u64);
+    pub(crate) struct Restore(pub(crate) u64);
     impl Drop for Restore {
         fn drop(&mut self) {
             set_nr_hugepages(self.0);
@@ -459,6 +477,22 @@ pub(crate) mod tests {
         assert_eq!(
             parse_meminfo("HugePages_Total: x\nHugePages_Free: 1\nHugepagesize: 2048 kB"),
             None
+        );
+    }
+
+    #[test]
+    fn hugepages_needed_per_pool() {
+        // 4096 x 68 KiB = 272 MiB = 136 pages of 2 MiB.
+        assert_eq!(PoolConfig::new(4096).hugepages_needed(2 << 20), 136);
+        assert_eq!(PoolConfig::new(40).hugepages_needed(2 << 20), 2);
+        assert_eq!(
+            PoolConfig {
+                count: 1,
+                buf_size: 1,
+                hugepages: true
+            }
+            .bytes(),
+            4096
         );
     }
 

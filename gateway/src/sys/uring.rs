@@ -100,6 +100,8 @@ pub enum UringError {
     PoolTooSmall { need: usize, have: usize },
     /// The submission queue stayed full even after submitting.
     QueueFull,
+    /// A ring setting is out of range.
+    BadConfig(&'static str),
     /// `io_uring_enter` failed.
     Enter(Errno),
 }
@@ -127,6 +129,7 @@ impl fmt::Display for UringError {
                 "the buffer pool has {have} buffers but io_uring needs at least {need} (raise `Buffers =`)"
             ),
             Self::QueueFull => f.write_str("io_uring submission queue full"),
+            Self::BadConfig(what) => write!(f, "io_uring ring setting: {what}"),
             Self::Enter(e) => write!(f, "io_uring_enter failed: {}", e.desc()),
         }
     }
@@ -147,9 +150,7 @@ pub fn check() -> Result<Features, UringError> {
             let r = probe();
             match &r {
                 Ok(f) => log::info!("io_uring: {f}"),
-                Err(e) => {
-                    log::warn!("io_uring not used: {e}; using the portable recvmmsg/poll path")
-                }
+                Err(e) => log::warn!("io_uring not used: {e}; the workers take the portable path"),
             }
             r
         })
@@ -202,8 +203,8 @@ pub fn probe() -> Result<Features, UringError> {
             "waits with a timeout (IORING_ENTER_EXT_ARG)",
         ));
     }
-    // A one-entry buffer ring with one buffer, and a multishot recvmsg on an unbound
-    // UDP socket: a kernel without multishot recvmsg rejects it at once (EINVAL); one
+    // A one-entry buffer ring with one buffer, and a multishot recvmsg on a fresh
+    // UDP socket nobody sends to: a kernel without multishot recvmsg rejects it at once (EINVAL); one
     // with it leaves it armed, and the cancel ends it with ECANCELED.
     let multishot = {
         // Declared before `ring`, so dropped after it: nothing the ring references
@@ -355,6 +356,9 @@ pub struct RingConfig {
     pub recv_buffers: u16,
     /// Kernel-side submission polling with this idle time (ms); `None`: off.
     pub sqpoll_idle_ms: Option<u32>,
+    /// `IORING_SETUP_DEFER_TASKRUN` (6.1; ignored with SQPOLL, dropped where missing).
+    /// The ring must then be used from the thread that created it only.
+    pub defer_taskrun: bool,
 }
 
 impl Default for RingConfig {
@@ -364,6 +368,7 @@ impl Default for RingConfig {
             max_in_flight: 1024,
             recv_buffers: 64,
             sqpoll_idle_ms: None,
+            defer_taskrun: true,
         }
     }
 }
@@ -661,8 +666,8 @@ impl<'p> Ring<'p> {
         check()?;
         let entries = cfg.recv_buffers;
         if entries == 0 || !entries.is_power_of_two() || entries > 1 << 15 {
-            return Err(UringError::Missing(
-                "a power-of-two receive ring size (1..32768)",
+            return Err(UringError::BadConfig(
+                "the receive ring size must be a power of two from 1 to 32768",
             ));
         }
         let need = usize::from(entries) + 1;
@@ -672,22 +677,30 @@ impl<'p> Ring<'p> {
                 have: pool.available(),
             });
         }
-        let build = |sqpoll: Option<u32>| {
+        let build = |sqpoll: Option<u32>, defer: bool| {
             let mut b = IoUring::builder();
             b.setup_cqsize(cfg.sq_entries.saturating_mul(4));
             if let Some(idle) = sqpoll {
                 b.setup_sqpoll(idle);
             }
+            if defer {
+                // Completions are only posted while we wait in io_uring_enter (we always
+                // do, once per loop), which saves the interrupts of async task work.
+                b.setup_single_issuer().setup_defer_taskrun();
+            }
             b.build(cfg.sq_entries)
         };
-        let ring = match build(cfg.sqpoll_idle_ms) {
+        // SQPOLL and DEFER_TASKRUN exclude each other; kernels without either get a plain ring.
+        let defer = cfg.defer_taskrun && cfg.sqpoll_idle_ms.is_none();
+        let ring = match build(cfg.sqpoll_idle_ms, defer) {
             Ok(r) => r,
             Err(e) if cfg.sqpoll_idle_ms.is_some() => {
                 log::warn!(
                     "io_uring: SQPOLL not available ({e}); submitting from the worker instead"
                 );
-                build(None).map_err(|e| UringError::Setup(errno_of(&e)))?
+                build(None, false).map_err(|e| UringError::Setup(errno_of(&e)))?
             }
+            Err(_) if defer => build(None, false).map_err(|e| UringError::Setup(errno_of(&e)))?,
             Err(e) => return Err(UringError::Setup(errno_of(&e))),
         };
         ring.submitter()
@@ -710,14 +723,6 @@ impl<'p> Ring<'p> {
             what: "buffer ring memory",
             errno: errno_of(&e),
         })?;
-        let mut ids = Vec::with_capacity(usize::from(entries));
-        for _ in 0..entries {
-            // Checked above: the pool has more than `entries` free buffers.
-            match pool.alloc() {
-                Some(id) => ids.push(id),
-                None => return Err(UringError::PoolTooSmall { need, have: 0 }),
-            }
-        }
         // SAFETY: `mem` is page-aligned, zeroed and large enough for `entries` entries; it
         // lives in `self.recv` and the ring is torn down (Drop) before it is unmapped.
         unsafe {
@@ -732,6 +737,17 @@ impl<'p> Ring<'p> {
             what: "buffer ring",
             errno: errno_of(&e),
         })?;
+        let mut ids = Vec::with_capacity(usize::from(entries));
+        for _ in 0..entries {
+            // Checked above: the pool has more than `entries` free buffers.
+            match pool.alloc() {
+                Some(id) => ids.push(id),
+                None => {
+                    ids.into_iter().for_each(|id| pool.free(id));
+                    return Err(UringError::PoolTooSmall { need, have: 0 });
+                }
+            }
+        }
         let mut recv = RecvRing {
             mem,
             entries,
@@ -785,6 +801,10 @@ impl<'p> Ring<'p> {
         let n = sqes.len();
         if self.sq_room() < n {
             self.submit()?;
+            if self.sq_room() < n && self.sqpoll() {
+                // The kernel thread drains the queue on its own; wait for room.
+                let _ = self.ring.submitter().squeue_wait();
+            }
             if self.sq_room() < n {
                 return Err(UringError::QueueFull);
             }
@@ -1056,6 +1076,17 @@ impl<'p> Ring<'p> {
         self.in_flight
     }
 
+    /// Whether DEFER_TASKRUN took effect.
+    pub fn defer_taskrun(&self) -> bool {
+        // Set together with SINGLE_ISSUER only (the crate exposes no DEFER_TASKRUN getter).
+        self.ring.params().is_setup_single_issuer()
+    }
+
+    /// Whether the kernel polls the submission queue (SQPOLL took effect).
+    pub fn sqpoll(&self) -> bool {
+        self.ring.params().is_setup_sqpoll()
+    }
+
     /// Free slots for new operations.
     pub fn free_slots(&self) -> usize {
         self.free_slots.len()
@@ -1211,19 +1242,96 @@ mod tests {
     #[test]
     fn udp_echo_through_multishot_recvmsg_and_sendmsg() {
         require_uring!();
+        let p = pool(16);
+        echo(
+            &p,
+            &RingConfig {
+                recv_buffers: 4,
+                max_in_flight: 8,
+                ..RingConfig::default()
+            },
+        );
+        let plain = RingConfig {
+            recv_buffers: 4,
+            max_in_flight: 8,
+            defer_taskrun: false,
+            ..RingConfig::default()
+        };
+        echo(&p, &plain);
+    }
+
+    #[test]
+    fn udp_echo_with_sqpoll() {
+        require_uring!();
+        let p = pool(16);
+        let cfg = RingConfig {
+            recv_buffers: 4,
+            max_in_flight: 8,
+            sqpoll_idle_ms: Some(50),
+            ..RingConfig::default()
+        };
+        let sock = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        match Ring::new(&cfg, &p, sock.as_raw_fd(), -1) {
+            Ok(r) if r.sqpoll() => {}
+            _ => {
+                eprintln!("skipped: SQPOLL not available here");
+                return;
+            }
+        }
+        echo(&p, &cfg);
+    }
+
+    #[test]
+    fn udp_echo_from_registered_hugepage_buffers() {
+        require_uring!();
+        use crate::sys::hugepage::{tests as hp, Backing};
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to set vm.nr_hugepages");
+            return;
+        }
+        let _g = hp::HUGE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(old) = hp::nr_hugepages() else {
+            eprintln!("skipped: no hugetlb");
+            return;
+        };
+        let _restore = hp::Restore(old);
+        if !hp::set_nr_hugepages(old + 2) {
+            eprintln!("skipped: cannot write vm.nr_hugepages");
+            return;
+        }
+        let p = BufPool::new(&PoolConfig::new(16)).expect("pool");
+        if !matches!(p.backing(), Backing::Huge { .. }) {
+            eprintln!(
+                "skipped: the kernel did not give us hugepages ({:?})",
+                p.backing()
+            );
+            return;
+        }
+        echo(
+            &p,
+            &RingConfig {
+                recv_buffers: 4,
+                max_in_flight: 8,
+                ..RingConfig::default()
+            },
+        );
+    }
+
+    /// Ten datagrams echoed by a ring on `p` (more than its receive buffers, so recycling
+    /// must keep the multishot receive going); every buffer is back in the pool at the end.
+    fn echo(p: &BufPool, cfg: &RingConfig) {
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
         let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
         client
             .set_read_timeout(Some(Duration::from_secs(5)))
             .expect("timeout");
-        let p = pool(16);
-        let cfg = RingConfig {
-            recv_buffers: 4,
-            max_in_flight: 8,
-            ..RingConfig::default()
-        };
-        let mut ring = Ring::new(&cfg, &p, server.as_raw_fd(), -1).expect("ring");
-        assert_eq!(p.available(), 12, "4 buffers lent to the receive ring");
+        let total = p.available();
+        let mut ring = Ring::new(cfg, p, server.as_raw_fd(), -1).expect("ring");
+        assert_eq!(
+            p.available(),
+            total - usize::from(cfg.recv_buffers),
+            "buffers lent to the receive ring"
+        );
         ring.arm_recv().expect("arm");
         ring.submit().expect("submit");
 
@@ -1268,9 +1376,55 @@ mod tests {
             assert_eq!(from, server.local_addr().expect("addr"));
         }
         assert!(ring.recv_armed());
+        eprintln!(
+            "echo: sqpoll {}, defer_taskrun {}",
+            ring.sqpoll(),
+            ring.defer_taskrun()
+        );
         assert_eq!(ring.in_flight(), 0);
         drop(ring);
-        assert_eq!(p.available(), 16, "every buffer came back");
+        assert_eq!(p.available(), total, "every buffer came back");
+    }
+
+    #[test]
+    fn replacing_the_udp_socket_moves_the_receive() {
+        require_uring!();
+        let old = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let new = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let p = pool(8);
+        let cfg = RingConfig {
+            recv_buffers: 2,
+            max_in_flight: 4,
+            ..RingConfig::default()
+        };
+        let mut ring = Ring::new(&cfg, &p, old.as_raw_fd(), -1).expect("ring");
+        ring.arm_recv().expect("arm");
+        ring.set_udp(new.as_raw_fd()).expect("replace");
+        ring.cancel_recv().expect("cancel");
+        drive(&mut ring, |_, c| {
+            matches!(
+                c,
+                Completion::Recv {
+                    res: Err(Errno::ECANCELED),
+                    rearm: true
+                }
+            )
+        });
+        assert!(!ring.recv_armed());
+        ring.arm_recv().expect("re-arm");
+        client
+            .send_to(b"to-new", new.local_addr().expect("addr"))
+            .expect("send");
+        drive(&mut ring, |ring, c| match c {
+            Completion::Recv { res: Ok(tok), .. } => {
+                let m = tok.parse().expect("parse");
+                assert_eq!(m.payload, b"to-new");
+                ring.recycle(tok);
+                true
+            }
+            _ => false,
+        });
     }
 
     #[test]
