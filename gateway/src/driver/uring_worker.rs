@@ -419,7 +419,7 @@ mod tests {
     fn config_from_gateway() {
         let mut g = GatewayConfig::default();
         let c = UringWorkerConfig::from_gateway(&g);
-        assert_eq!(c.pool.count, 4096);
+        assert_eq!(c.pool.count, g.buffers);
         assert!(c.pool.hugepages);
         assert_eq!(c.ring.recv_buffers, 256);
         assert_eq!(c.tun_reads, 64);
