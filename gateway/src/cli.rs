@@ -11,6 +11,8 @@ const USAGE: &str = "usage:
   riceguard status [IFNAME]             data-plane decisions and peers of running interfaces
   riceguard console --root DIR          the configuration console
   riceguard init                        PID 1 of the appliance image
+  riceguard update SOURCE [--reboot]    install a signed update bundle into the other slot
+  riceguard rollback-slot [--reboot]    make the other slot the default boot entry again
   riceguard --version";
 
 pub fn main(args: Vec<String>) -> ExitCode {
@@ -41,6 +43,8 @@ pub fn main(args: Vec<String>) -> ExitCode {
         Some("status") => crate::driver::status_main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
+        Some("update") => crate::update::update_main(&rest[1..]),
+        Some("rollback-slot") => crate::update::rollback_main(&rest[1..]),
         Some("udp2tcp") => crate::driver::udptcp::udp2tcp_main(&rest[1..]),
         Some("tcp2udp") => crate::driver::udptcp::tcp2udp_main(&rest[1..]),
         _ => crate::driver::main(rest),

@@ -12,3 +12,4 @@ pub mod driver;
 pub mod init;
 pub mod logger;
 pub mod sys;
+pub mod update;

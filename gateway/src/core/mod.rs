@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allowed_ips;
+pub mod bundle;
 pub mod config;
 pub mod congestion;
 pub mod device;

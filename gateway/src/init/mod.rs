@@ -409,6 +409,7 @@ fn stage2() -> ! {
                 say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers)");
                 if starts == 1 {
                     mark_boot_good(slot);
+                    crate::update::boot_request(BIN, &mut |l| say!("{l}"));
                 }
                 if cmd.selftest_restart && starts == 1 {
                     if let Some(supervise::State::Running(pid)) =
@@ -807,6 +808,9 @@ fn mark_boot_good(slot: char) {
     ) {
         say!("mounting esp {dev}: {e}; boot not marked");
         return;
+    }
+    for l in crate::update::boot_report(Path::new(ESP_MNT), slot) {
+        say!("{l}");
     }
     match boot::mark_good(Path::new(ESP_MNT), slot) {
         Ok(boot::Marked::Renamed { from, to }) => say!("boot marked good ({from} -> {to})"),

@@ -1,0 +1,513 @@
+//! Update bundle format: the signed header (manifest) and the checks that decide whether a
+//! bundle may be installed on this device. Sans-IO: callers feed bytes, the streaming of
+//! the parts and their hashing is `update/`'s job.
+//!
+//! Layout (integers little-endian):
+//!
+//! | offset | size | content |
+//! |---|---|---|
+//! | 0 | 8 | magic `RGBUNDL1` |
+//! | 8 | 4 | manifest length M (at most [`MAX_MANIFEST`]) |
+//! | 12 | 64 | ed25519 signature of the M manifest bytes |
+//! | 76 | M | manifest, UTF-8 text, one `key value` per line |
+//! | 76+M | ... | the parts, in manifest order, back to back, nothing after |
+//!
+//! Manifest keys: `format 1`, `board B`, `arch A`, `version V`, `compat N`,
+//! `min-compat N`, and per part `part NAME SIZE SHA256HEX` with NAME `root` (the slot's
+//! squashfs) and `uki` (the slot's unified kernel image). Only the manifest is signed;
+//! each part is bound to it by its sha256 and size.
+use core::fmt;
+
+use ed25519_dalek::{Signature, VerifyingKey};
+
+pub const MAGIC: &[u8; 8] = b"RGBUNDL1";
+/// Bytes before the manifest: magic, length, signature.
+pub const HEADER_LEN: usize = 8 + 4 + 64;
+pub const MAX_MANIFEST: usize = 16 * 1024;
+/// No part of a bundle is bigger than this (root partitions and UKIs are far smaller).
+pub const MAX_PART: u64 = 1 << 30;
+/// The perm/configuration schema this firmware reads and writes (see flash-scripts/README.md).
+pub const COMPAT: u32 = 1;
+
+/// Why a bundle was refused. Every check runs before anything is written.
+#[derive(Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BundleError {
+    /// Shorter than its header says (download cut, file truncated).
+    Truncated {
+        want: u64,
+        got: u64,
+    },
+    /// Bytes after the last part.
+    TrailingData,
+    BadMagic,
+    ManifestTooLong(usize),
+    /// The signature does not verify with the device's update key.
+    BadSignature,
+    /// The manifest is signed but unreadable (line number, what is wrong).
+    Manifest(usize, String),
+    WrongBoard {
+        bundle: String,
+        device: String,
+    },
+    WrongArch {
+        bundle: String,
+        device: String,
+    },
+    Incompatible {
+        min: u32,
+        max: u32,
+        device: u32,
+    },
+    PartTooBig {
+        part: String,
+        size: u64,
+        limit: u64,
+    },
+    /// A part's sha256 differs from the manifest (corrupted body).
+    HashMismatch {
+        part: String,
+    },
+    BadKey(String),
+}
+
+impl fmt::Display for BundleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated { want, got } => write!(
+                f,
+                "bundle is truncated: {got} bytes, its manifest says {want} (download again)"
+            ),
+            Self::TrailingData => write!(f, "bundle has extra bytes after its last part"),
+            Self::BadMagic => write!(f, "not a RiceGuard update bundle (bad magic)"),
+            Self::ManifestTooLong(n) => {
+                write!(f, "bundle manifest length {n} exceeds {MAX_MANIFEST} bytes")
+            }
+            Self::BadSignature => write!(
+                f,
+                "signature check failed: the bundle is not signed by this device's update key"
+            ),
+            Self::Manifest(line, what) => write!(f, "bundle manifest line {line}: {what}"),
+            Self::WrongBoard { bundle, device } => {
+                write!(f, "board check failed: bundle is for {bundle}, this device is {device}")
+            }
+            Self::WrongArch { bundle, device } => {
+                write!(f, "arch check failed: bundle is for {bundle}, this device is {device}")
+            }
+            Self::Incompatible { min, max, device } => write!(
+                f,
+                "compatibility check failed: bundle takes configuration schema {min}..={max}, this device has {device}"
+            ),
+            Self::PartTooBig { part, size, limit } => write!(
+                f,
+                "size check failed: part {part} is {size} bytes, its place holds {limit}"
+            ),
+            Self::HashMismatch { part } => write!(
+                f,
+                "hash check failed: part {part} does not match its sha256 in the manifest (corrupted)"
+            ),
+            Self::BadKey(e) => write!(f, "update public key: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BundleError {}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub name: String,
+    pub size: u64,
+    pub sha256: [u8; 32],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub board: String,
+    pub arch: String,
+    pub version: String,
+    pub compat: u32,
+    pub min_compat: u32,
+    pub parts: Vec<Part>,
+}
+
+impl Manifest {
+    pub fn part(&self, name: &str) -> Option<&Part> {
+        self.parts.iter().find(|p| p.name == name)
+    }
+    /// Bytes of the parts (what follows the manifest).
+    pub fn body_len(&self) -> u64 {
+        self.parts.iter().map(|p| p.size).sum()
+    }
+}
+
+/// The manifest length from the first 12 bytes, after the magic check.
+pub fn manifest_len(head: &[u8]) -> Result<usize, BundleError> {
+    if head.len() < 12 {
+        return Err(BundleError::Truncated {
+            want: HEADER_LEN as u64,
+            got: head.len() as u64,
+        });
+    }
+    if &head[..8] != MAGIC {
+        return Err(BundleError::BadMagic);
+    }
+    let n = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
+    if n > MAX_MANIFEST || n == 0 {
+        return Err(BundleError::ManifestTooLong(n));
+    }
+    Ok(n)
+}
+
+/// A public key file: base64 of the 32 raw bytes, one line (`#` comments allowed).
+pub fn parse_public_key(text: &str) -> Result<VerifyingKey, BundleError> {
+    use base64::Engine;
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .ok_or_else(|| BundleError::BadKey("empty key file".into()))?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(line)
+        .map_err(|e| BundleError::BadKey(format!("not base64: {e}")))?;
+    let arr: [u8; 32] = raw
+        .try_into()
+        .map_err(|_| BundleError::BadKey("not 32 bytes".into()))?;
+    VerifyingKey::from_bytes(&arr).map_err(|_| BundleError::BadKey("not an ed25519 point".into()))
+}
+
+/// Check the header (`HEADER_LEN + M` bytes: magic, length, signature, manifest) and
+/// parse the manifest. The signature is checked first: nothing unsigned is parsed.
+pub fn verify_header(header: &[u8], key: &VerifyingKey) -> Result<Manifest, BundleError> {
+    let m = manifest_len(header)?;
+    if header.len() < HEADER_LEN + m {
+        return Err(BundleError::Truncated {
+            want: (HEADER_LEN + m) as u64,
+            got: header.len() as u64,
+        });
+    }
+    let mut sig = [0u8; 64];
+    sig.copy_from_slice(&header[12..HEADER_LEN]);
+    let manifest = &header[HEADER_LEN..HEADER_LEN + m];
+    key.verify_strict(manifest, &Signature::from_bytes(&sig))
+        .map_err(|_| BundleError::BadSignature)?;
+    parse_manifest(manifest)
+}
+
+fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
+    let bad = |n: usize, s: &str| BundleError::Manifest(n, s.to_string());
+    let text = core::str::from_utf8(bytes).map_err(|_| bad(0, "not UTF-8"))?;
+    let (mut format, mut board, mut arch, mut version) = (None, None, None, None);
+    let (mut compat, mut min_compat) = (None, None);
+    let mut parts: Vec<Part> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line.split_once(' ').ok_or_else(|| bad(n, "no value"))?;
+        let v = v.trim();
+        let word = |v: &str| -> Result<String, BundleError> {
+            if v.is_empty() || v.len() > 64 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(bad(n, "value must be 1-64 printable characters"));
+            }
+            Ok(v.to_string())
+        };
+        let num = |v: &str| v.parse::<u32>().map_err(|_| bad(n, "not a number"));
+        match k {
+            "format" => format = Some(num(v)?),
+            "board" => board = Some(word(v)?),
+            "arch" => arch = Some(word(v)?),
+            "version" => version = Some(word(v)?),
+            "compat" => compat = Some(num(v)?),
+            "min-compat" => min_compat = Some(num(v)?),
+            "part" => {
+                let f: Vec<&str> = v.split_whitespace().collect();
+                let [name, size, hash] = f[..] else {
+                    return Err(bad(n, "part needs NAME SIZE SHA256"));
+                };
+                if name != "root" && name != "uki" {
+                    return Err(bad(n, "unknown part (root, uki)"));
+                }
+                if parts.iter().any(|p| p.name == name) {
+                    return Err(bad(n, "part listed twice"));
+                }
+                let size: u64 = size.parse().map_err(|_| bad(n, "bad part size"))?;
+                if size > MAX_PART {
+                    return Err(BundleError::PartTooBig {
+                        part: name.into(),
+                        size,
+                        limit: MAX_PART,
+                    });
+                }
+                let sha256 = hex32(hash).ok_or_else(|| bad(n, "sha256 must be 64 hex digits"))?;
+                parts.push(Part {
+                    name: name.into(),
+                    size,
+                    sha256,
+                });
+            }
+            _ => return Err(bad(n, "unknown key")),
+        }
+    }
+    if format != Some(1) {
+        return Err(bad(0, "format must be 1"));
+    }
+    let need = |o: Option<String>, k: &str| o.ok_or_else(|| bad(0, &format!("no {k}")));
+    let compat = compat.ok_or_else(|| bad(0, "no compat"))?;
+    let m = Manifest {
+        board: need(board, "board")?,
+        arch: need(arch, "arch")?,
+        version: need(version, "version")?,
+        compat,
+        min_compat: min_compat.unwrap_or(compat),
+        parts,
+    };
+    if m.part("root").is_none() || m.part("uki").is_none() {
+        return Err(bad(0, "a bundle needs both parts: root and uki"));
+    }
+    Ok(m)
+}
+
+fn hex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// What the device is, for the policy checks.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub board: String,
+    pub arch: String,
+    pub compat: u32,
+}
+
+/// Board, arch and schema compatibility, then each part against the space it goes to.
+pub fn check_policy(
+    m: &Manifest,
+    dev: &DeviceInfo,
+    limits: &[(&str, u64)],
+) -> Result<(), BundleError> {
+    if m.board != dev.board {
+        return Err(BundleError::WrongBoard {
+            bundle: m.board.clone(),
+            device: dev.board.clone(),
+        });
+    }
+    if m.arch != dev.arch {
+        return Err(BundleError::WrongArch {
+            bundle: m.arch.clone(),
+            device: dev.arch.clone(),
+        });
+    }
+    // The new firmware must read this device's schema (min-compat) and must not be older
+    // than it (a downgrade could not read a configuration already migrated forward).
+    if !(m.min_compat <= dev.compat && dev.compat <= m.compat) {
+        return Err(BundleError::Incompatible {
+            min: m.min_compat,
+            max: m.compat,
+            device: dev.compat,
+        });
+    }
+    for (name, limit) in limits {
+        if let Some(p) = m.part(name) {
+            if p.size > *limit {
+                return Err(BundleError::PartTooBig {
+                    part: p.name.clone(),
+                    size: p.size,
+                    limit: *limit,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use ed25519_dalek::{Signer, SigningKey};
+    use sha2::{Digest, Sha256};
+
+    pub fn test_key(seed: u8) -> SigningKey {
+        SigningKey::from_bytes(&[seed; 32])
+    }
+
+    pub fn manifest_for(board: &str, root: &[u8], uki: &[u8], extra: &str) -> String {
+        format!(
+            "format 1\nboard {board}\narch x86_64\nversion v2\ncompat 1\nmin-compat 1\n{extra}part root {} {}\npart uki {} {}\n",
+            root.len(),
+            hex(&Sha256::digest(root)),
+            uki.len(),
+            hex(&Sha256::digest(uki))
+        )
+    }
+
+    /// A whole bundle: header, manifest, parts.
+    pub fn make_bundle(key: &SigningKey, manifest: &str, root: &[u8], uki: &[u8]) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&(manifest.len() as u32).to_le_bytes());
+        b.extend_from_slice(&key.sign(manifest.as_bytes()).to_bytes());
+        b.extend_from_slice(manifest.as_bytes());
+        b.extend_from_slice(root);
+        b.extend_from_slice(uki);
+        b
+    }
+
+    fn dev() -> DeviceInfo {
+        DeviceInfo {
+            board: "qemu-x86_64".into(),
+            arch: "x86_64".into(),
+            compat: 1,
+        }
+    }
+
+    #[test]
+    fn good_header_parses() {
+        let k = test_key(7);
+        let m = manifest_for("qemu-x86_64", b"rootfs", b"kernel", "");
+        let b = make_bundle(&k, &m, b"rootfs", b"kernel");
+        let man = verify_header(&b, &k.verifying_key()).unwrap();
+        assert_eq!(man.version, "v2");
+        assert_eq!(man.part("root").unwrap().size, 6);
+        assert_eq!(man.body_len(), 12);
+        check_policy(&man, &dev(), &[("root", 6), ("uki", 100)]).unwrap();
+    }
+
+    #[test]
+    fn refusals_name_the_check() {
+        let k = test_key(7);
+        let pk = k.verifying_key();
+        let m = manifest_for("qemu-x86_64", b"r", b"u", "");
+        let b = make_bundle(&k, &m, b"r", b"u");
+        // Wrong key.
+        let other = test_key(8).verifying_key();
+        assert_eq!(verify_header(&b, &other), Err(BundleError::BadSignature));
+        // One flipped manifest bit.
+        let mut bad = b.clone();
+        bad[HEADER_LEN + 3] ^= 1;
+        assert_eq!(verify_header(&bad, &pk), Err(BundleError::BadSignature));
+        // Magic.
+        let mut bad = b.clone();
+        bad[0] = b'X';
+        assert_eq!(verify_header(&bad, &pk), Err(BundleError::BadMagic));
+        // Board, arch, compat, size.
+        let man = verify_header(&b, &pk).unwrap();
+        let mut d = dev();
+        d.board = "qemu-aarch64".into();
+        assert!(matches!(
+            check_policy(&man, &d, &[]),
+            Err(BundleError::WrongBoard { .. })
+        ));
+        let mut d = dev();
+        d.arch = "aarch64".into();
+        assert!(matches!(
+            check_policy(&man, &d, &[]),
+            Err(BundleError::WrongArch { .. })
+        ));
+        let mut d = dev();
+        d.compat = 2;
+        let e = check_policy(&man, &d, &[]).unwrap_err();
+        assert!(e.to_string().contains("compatibility check failed"), "{e}");
+        let e = check_policy(&man, &dev(), &[("root", 0)]).unwrap_err();
+        assert!(e.to_string().contains("size check failed"), "{e}");
+        // A manifest part beyond MAX_PART is refused while parsing.
+        let m = format!(
+            "format 1\nboard b\narch a\nversion v\ncompat 1\npart root {} {}\npart uki 1 {}\n",
+            MAX_PART + 1,
+            "0".repeat(64),
+            "0".repeat(64)
+        );
+        let b = make_bundle(&k, &m, b"", b"");
+        assert!(matches!(
+            verify_header(&b, &pk),
+            Err(BundleError::PartTooBig { .. })
+        ));
+    }
+
+    #[test]
+    fn manifest_errors() {
+        let k = test_key(1);
+        let pk = k.verifying_key();
+        for m in [
+            "format 2\nboard b\narch a\nversion v\ncompat 1\n",
+            "format 1\nboard b\narch a\nversion v\ncompat 1\n",
+            "format 1\nboard\n",
+            "format 1\nwhat 1\n",
+            "format 1\nboard b\narch a\nversion v\ncompat x\n",
+            "format 1\nboard b\narch a\nversion v\ncompat 1\npart root 1 zz\npart uki 1 00\n",
+            "format 1\nboard b\narch a\nversion v\ncompat 1\npart kernel 1 00\n",
+        ] {
+            let b = make_bundle(&k, m, b"", b"");
+            assert!(
+                matches!(verify_header(&b, &pk), Err(BundleError::Manifest(..))),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn public_key_file() {
+        use base64::Engine;
+        let pk = test_key(3).verifying_key();
+        let text = format!(
+            "# riceguard update key\n{}\n",
+            base64::engine::general_purpose::STANDARD.encode(pk.to_bytes())
+        );
+        assert_eq!(parse_public_key(&text).unwrap(), pk);
+        assert!(parse_public_key("").is_err());
+        assert!(parse_public_key("AAAA\n").is_err());
+    }
+
+    /// Seeded garbage and mutations of a valid header never panic and never pass.
+    #[test]
+    fn fuzz_style_garbage() {
+        let k = test_key(9);
+        let pk = k.verifying_key();
+        let m = manifest_for("qemu-x86_64", b"r", b"u", "");
+        let good = make_bundle(&k, &m, b"r", b"u");
+        let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for i in 0..1000 {
+            let mut b = if i % 2 == 0 {
+                good.clone()
+            } else {
+                let n = (rnd() % 300) as usize;
+                let mut v: Vec<u8> = (0..n).map(|_| rnd() as u8).collect();
+                if n >= 8 && i % 3 == 0 {
+                    v[..8].copy_from_slice(MAGIC);
+                }
+                v
+            };
+            if i % 2 == 0 {
+                for _ in 0..1 + rnd() % 4 {
+                    let at = (rnd() as usize) % b.len();
+                    b[at] ^= 1 << (rnd() % 8);
+                }
+                if rnd() % 4 == 0 {
+                    let cut = (rnd() as usize) % b.len();
+                    b.truncate(cut);
+                }
+            }
+            if let Ok(man) = verify_header(&b, &pk) {
+                // Only flips after the manifest (in the parts) may leave the header valid.
+                assert_eq!(man, verify_header(&good, &pk).unwrap());
+            }
+        }
+    }
+}
