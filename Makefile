@@ -3,7 +3,7 @@
 BOARD ?= qemu-x86_64
 ARCH ?= x86_64
 
-.PHONY: all static test test-unit test-interop test-image image qemu bench fuzz deps clean
+.PHONY: all static test test-unit test-interop test-image test-update image bundle qemu bench fuzz deps clean
 
 all: static
 
@@ -29,6 +29,14 @@ test-image:
 
 image:
 	image/build.sh $(BOARD)
+
+# Signed update bundle of the same build: out/<board>/riceguard-<board>-<version>.bundle
+bundle: image
+	image/bundle.sh $(BOARD)
+
+# Flash script and A/B update tests (host, then QEMU)
+test-update:
+	ci/test-update.sh
 
 qemu:
 	image/qemu.sh $(BOARD)

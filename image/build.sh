@@ -16,7 +16,8 @@
 # env:   SOURCE_DATE_EPOCH, RG_OUT (output dir, default out/<board>), RG_BIN (riceguard
 #        binary; default: build it), RG_CMDLINE_EXTRA (appended to the kernel command
 #        line, e.g. riceguard.uplink=192.0.2.2/24,gw=192.0.2.1), RG_PERM_SEED (a dir
-#        whose contents pre-seed the perm filesystem, e.g. riceguard.conf for tests)
+#        whose contents pre-seed the perm filesystem, e.g. riceguard.conf for tests),
+#        RG_VERSION (image version; default git describe), RG_UPDATE_KEY (image/keys.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -36,7 +37,7 @@ out=$(cd "$out" && pwd)
 work=$out/work
 rm -rf "$work"
 mkdir -p "$work"
-version=$(git describe --always --dirty 2>/dev/null || echo unknown)
+version=${RG_VERSION:-$(git describe --always --dirty 2>/dev/null || echo unknown)}
 t_start=$(date +%s)
 step=0
 STEP() { step=$((step + 1)); printf '[%s %2d] %s\n' "$board" "$step" "$*"; }
@@ -129,6 +130,8 @@ install -m 0755 "$bin" "$rfs/usr/bin/riceguard"
 ln -s ../usr/bin/riceguard "$rfs/sbin/init"
 ln -s ../run "$rfs/var/run"
 board_runtime >"$rfs/etc/riceguard/board.conf"
+# Update bundles must be signed by this key's private half (image/keys.sh, flash-scripts/README.md).
+install -m 0644 "$(image/keys.sh pub)" "$rfs/etc/riceguard/update.pub"
 chmod -R u+rwX,go+rX,go-w "$rfs"
 touch_tree "$rfs"
 # (mksquashfs refuses SOURCE_DATE_EPOCH together with explicit times: give them explicitly.)

@@ -16,6 +16,8 @@
 #        RG_QEMU_TIMEOUT  seconds before a non-interactive run is stopped (default 300)
 #        RG_QEMU_UNTIL  extended regex: stop successfully once the serial log matches
 #        RG_QEMU_ACCEL  tcg (default) | kvm
+#        RG_QEMU_DISKS  extra raw disk files (space-separated), attached read-only as
+#                       virtio-blk after the boot disk (/dev/vdb, /dev/vdc...: e.g. bundles)
 # exit:  0 (interactive: QEMU's status; non-interactive: RG_QEMU_UNTIL seen or QEMU
 #        exited), 3 kernel panic/oops seen, 4 timeout
 set -euo pipefail
@@ -43,6 +45,11 @@ args=(-accel "${RG_QEMU_ACCEL:-tcg}" $QEMU_ARGS -nographic -no-reboot
       -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
       -drive "if=pflash,format=raw,unit=1,file=$run/vars.fd"
       -drive "if=none,id=disk0,format=raw,file=$disk" -device "${QEMU_DISK:-virtio-blk-pci},drive=disk0")
+i=1
+for d in ${RG_QEMU_DISKS:-}; do
+    args+=(-drive "if=none,id=xdisk$i,format=raw,readonly=on,file=$d" -device "virtio-blk-pci,drive=xdisk$i")
+    i=$((i + 1))
+done
 # AAVMF's pflash images must be exactly 64 MiB (they are, as shipped).
 nic="$QEMU_NIC,netdev=n0,mac=52:54:00:12:34:56"
 case ${RG_QEMU_NET:-user} in

@@ -13,9 +13,11 @@
 //! | 76+M | ... | the parts, in manifest order, back to back, nothing after |
 //!
 //! Manifest keys: `format 1`, `board B`, `arch A`, `version V`, `compat N`,
-//! `min-compat N`, and per part `part NAME SIZE SHA256HEX` with NAME `root` (the slot's
-//! squashfs) and `uki` (the slot's unified kernel image). Only the manifest is signed;
-//! each part is bound to it by its sha256 and size.
+//! `min-compat N`, and per part `part NAME SIZE SHA256HEX` with NAME `root` (the
+//! squashfs root), `uki-a` and `uki-b` (the unified kernel images of the two slots: they
+//! differ only in the `riceguard.slot=` baked into their command line, and the device
+//! installs the one of the slot it writes). Only the manifest is signed; each part is
+//! bound to it by its sha256 and size.
 use core::fmt;
 
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -28,6 +30,8 @@ pub const MAX_MANIFEST: usize = 16 * 1024;
 pub const MAX_PART: u64 = 1 << 30;
 /// The perm/configuration schema this firmware reads and writes (see flash-scripts/README.md).
 pub const COMPAT: u32 = 1;
+/// The parts every bundle has.
+pub const PART_NAMES: [&str; 3] = ["root", "uki-a", "uki-b"];
 
 /// Why a bundle was refused. Every check runs before anything is written.
 #[derive(Debug, PartialEq, Eq)]
@@ -226,8 +230,8 @@ fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
                 let [name, size, hash] = f[..] else {
                     return Err(bad(n, "part needs NAME SIZE SHA256"));
                 };
-                if name != "root" && name != "uki" {
-                    return Err(bad(n, "unknown part (root, uki)"));
+                if !PART_NAMES.contains(&name) {
+                    return Err(bad(n, "unknown part (root, uki-a, uki-b)"));
                 }
                 if parts.iter().any(|p| p.name == name) {
                     return Err(bad(n, "part listed twice"));
@@ -263,8 +267,11 @@ fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
         min_compat: min_compat.unwrap_or(compat),
         parts,
     };
-    if m.part("root").is_none() || m.part("uki").is_none() {
-        return Err(bad(0, "a bundle needs both parts: root and uki"));
+    if let Some(missing) = PART_NAMES.iter().find(|n| m.part(n).is_none()) {
+        return Err(bad(
+            0,
+            &format!("no part {missing} (a bundle has root, uki-a, uki-b)"),
+        ));
     }
     Ok(m)
 }
@@ -343,24 +350,40 @@ pub(crate) mod tests {
         SigningKey::from_bytes(&[seed; 32])
     }
 
-    pub fn manifest_for(board: &str, root: &[u8], uki: &[u8], extra: &str) -> String {
-        format!(
-            "format 1\nboard {board}\narch x86_64\nversion v2\ncompat 1\nmin-compat 1\n{extra}part root {} {}\npart uki {} {}\n",
-            root.len(),
-            hex(&Sha256::digest(root)),
-            uki.len(),
-            hex(&Sha256::digest(uki))
-        )
+    /// The UKI of a slot in test bundles: `uki` with the slot letter appended.
+    pub fn slot_uki(uki: &[u8], slot: u8) -> Vec<u8> {
+        let mut v = uki.to_vec();
+        v.push(slot);
+        v
     }
 
-    /// A whole bundle: header, manifest, parts.
+    pub fn manifest_for(board: &str, root: &[u8], uki: &[u8], extra: &str) -> String {
+        let mut m = format!(
+            "format 1\nboard {board}\narch x86_64\nversion v2\ncompat 1\nmin-compat 1\n{extra}part root {} {}\n",
+            root.len(),
+            hex(&Sha256::digest(root)),
+        );
+        for s in [b'a', b'b'] {
+            let u = slot_uki(uki, s);
+            m += &format!(
+                "part uki-{} {} {}\n",
+                s as char,
+                u.len(),
+                hex(&Sha256::digest(&u))
+            );
+        }
+        m
+    }
+
+    /// A whole bundle: header, manifest, parts (root, uki-a, uki-b).
     pub fn make_bundle(key: &SigningKey, manifest: &str, root: &[u8], uki: &[u8]) -> Vec<u8> {
         let mut b = MAGIC.to_vec();
         b.extend_from_slice(&(manifest.len() as u32).to_le_bytes());
         b.extend_from_slice(&key.sign(manifest.as_bytes()).to_bytes());
         b.extend_from_slice(manifest.as_bytes());
         b.extend_from_slice(root);
-        b.extend_from_slice(uki);
+        b.extend_from_slice(&slot_uki(uki, b'a'));
+        b.extend_from_slice(&slot_uki(uki, b'b'));
         b
     }
 
@@ -380,8 +403,8 @@ pub(crate) mod tests {
         let man = verify_header(&b, &k.verifying_key()).unwrap();
         assert_eq!(man.version, "v2");
         assert_eq!(man.part("root").unwrap().size, 6);
-        assert_eq!(man.body_len(), 12);
-        check_policy(&man, &dev(), &[("root", 6), ("uki", 100)]).unwrap();
+        assert_eq!(man.body_len(), 20);
+        check_policy(&man, &dev(), &[("root", 6), ("uki-a", 100)]).unwrap();
     }
 
     #[test]
@@ -423,7 +446,7 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("size check failed"), "{e}");
         // A manifest part beyond MAX_PART is refused while parsing.
         let m = format!(
-            "format 1\nboard b\narch a\nversion v\ncompat 1\npart root {} {}\npart uki 1 {}\n",
+            "format 1\nboard b\narch a\nversion v\ncompat 1\npart root {} {}\npart uki-a 1 {}\n",
             MAX_PART + 1,
             "0".repeat(64),
             "0".repeat(64)
@@ -445,7 +468,7 @@ pub(crate) mod tests {
             "format 1\nboard\n",
             "format 1\nwhat 1\n",
             "format 1\nboard b\narch a\nversion v\ncompat x\n",
-            "format 1\nboard b\narch a\nversion v\ncompat 1\npart root 1 zz\npart uki 1 00\n",
+            "format 1\nboard b\narch a\nversion v\ncompat 1\npart root 1 zz\npart uki-a 1 00\n",
             "format 1\nboard b\narch a\nversion v\ncompat 1\npart kernel 1 00\n",
         ] {
             let b = make_bundle(&k, m, b"", b"");

@@ -421,10 +421,20 @@ fn stage2() -> ! {
                 }
             } else if !warned_unhealthy && now.duration_since(started) > HEALTH_DEADLINE {
                 warned_unhealthy = true;
-                say!(
-                    "gateway not healthy after {}s; boot left unmarked (it counts down)",
-                    HEALTH_DEADLINE.as_secs()
-                );
+                if slot_on_trial(slot) {
+                    // A new slot that cannot run the gateway: reboot so its tries count
+                    // down and systemd-boot falls back to the previous slot.
+                    say!(
+                        "gateway not healthy after {}s on slot {slot} (on trial): rebooting to count down its tries",
+                        HEALTH_DEADLINE.as_secs()
+                    );
+                    halt = Some(os::Halt::Reboot);
+                } else {
+                    say!(
+                        "gateway not healthy after {}s; boot left unmarked (it counts down)",
+                        HEALTH_DEADLINE.as_secs()
+                    );
+                }
             }
         }
         // Wait for a signal, a due restart, the watchdog or the next health probe.
@@ -791,6 +801,28 @@ fn uapi_healthy(ifname: &str) -> bool {
     String::from_utf8_lossy(&buf)
         .lines()
         .any(|l| l == "errno=0")
+}
+
+/// Whether this slot booted from a boot-counted entry (an update on trial).
+fn slot_on_trial(slot: char) -> bool {
+    let Some(dev) = boot::find_partition("esp") else {
+        return false;
+    };
+    mkdir(ESP_MNT);
+    if os::mount(
+        &dev,
+        ESP_MNT,
+        "vfat",
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None,
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let r = crate::update::slot_on_trial(Path::new(ESP_MNT), slot);
+    let _ = os::umount(ESP_MNT);
+    r
 }
 
 fn mark_boot_good(slot: char) {

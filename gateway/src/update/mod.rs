@@ -237,7 +237,15 @@ pub fn verify(
 ) -> Result<(Vec<u8>, Manifest), UpdateError> {
     let (mut r, len) = src.open()?;
     let (head, man) = read_header(&mut *r, key)?;
-    bundle::check_policy(&man, dev, &[("root", root_capacity), ("uki", MAX_UKI)])?;
+    bundle::check_policy(
+        &man,
+        dev,
+        &[
+            ("root", root_capacity),
+            ("uki-a", MAX_UKI),
+            ("uki-b", MAX_UKI),
+        ],
+    )?;
     let total = head.len() as u64 + man.body_len();
     if let Some(len) = len {
         if len < total {
@@ -401,6 +409,7 @@ pub fn install(
     if head2 != head {
         return Err(UpdateError::SourceChanged);
     }
+    let uki_name = format!("uki-{target}");
     let uki_dir = esp.join("EFI/riceguard");
     std::fs::create_dir_all(&uki_dir).map_err(dev_err("creating EFI/riceguard"))?;
     let uki_new = uki_dir.join(format!("slot-{target}.efi.new"));
@@ -416,13 +425,17 @@ pub fn install(
                     .map_err(dev_err("seeking the root partition"))?;
                 copy_hash(&mut *r, Some(&mut region.file), part.size, at, total)?
             }
-            _ => copy_hash(&mut *r, Some(&mut uki_file), part.size, at, total)?,
+            n if n == uki_name => copy_hash(&mut *r, Some(&mut uki_file), part.size, at, total)?,
+            // The other slot's UKI: read through (and check) without writing.
+            _ => copy_hash(&mut *r, None, part.size, at, total)?,
         };
         if h != part.sha256 {
             return Err(UpdateError::SourceChanged);
         }
         at += part.size;
-        log(&format!("wrote {} ({} bytes)", part.name, part.size));
+        if part.name == "root" || part.name == uki_name {
+            log(&format!("wrote {} ({} bytes)", part.name, part.size));
+        }
     }
     region
         .file
@@ -438,7 +451,7 @@ pub fn install(
     if got != root.sha256 {
         return Err(UpdateError::ReadBack(format!("root-{target}")));
     }
-    let uki = man.part("uki").ok_or(UpdateError::SourceChanged)?;
+    let uki = man.part(&uki_name).ok_or(UpdateError::SourceChanged)?;
     let mut uf = File::open(&uki_new).map_err(dev_err("reading back the UKI"))?;
     drop_cache(&uf);
     let got = hash_file_range(&mut uf, 0, uki.size).map_err(dev_err("reading back the UKI"))?;
@@ -523,6 +536,14 @@ pub fn boot_report(esp: &Path, slot: char) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether `slot` booted from a boot-counted entry (not yet marked good).
+pub fn slot_on_trial(esp: &Path, slot: char) -> bool {
+    slot_entries(esp, slot)
+        .unwrap_or_default()
+        .iter()
+        .any(|n| entry_tries(n).is_some())
 }
 
 /// The device: partitions by GPT label, ESP mounted under /run, key and board from the root.
@@ -635,8 +656,9 @@ impl Platform for DevicePlatform {
 }
 
 const USAGE: &str = "usage:
-  riceguard update SOURCE [--reboot]   install a signed bundle (file, block device or http:// URL)
-                                       into the inactive slot; --reboot boots it
+  riceguard update SOURCE... [--reboot]  install a signed bundle (file, block device or
+                                       http:// URL) into the inactive slot; with several
+                                       sources the first that verifies; --reboot boots it
   riceguard update --verify SOURCE     check a bundle without writing anything
   riceguard rollback-slot [--reboot]   make the other slot the default boot entry again";
 
@@ -649,10 +671,12 @@ fn reboot() {
 }
 
 /// `riceguard update ...` (also for the console: returns what a CLI would exit with).
+/// With several sources, the first one that verifies and installs wins (a refused bundle
+/// is reported and the next one tried).
 pub fn update_main(args: &[String]) -> ExitCode {
     let mut reboot_after = false;
     let mut verify_only = false;
-    let mut src = None;
+    let mut srcs = Vec::new();
     for a in args {
         match a.as_str() {
             "--reboot" => reboot_after = true,
@@ -661,49 +685,49 @@ pub fn update_main(args: &[String]) -> ExitCode {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;
             }
-            s if src.is_none() && !s.starts_with('-') => src = Some(s.to_string()),
+            s if !s.starts_with('-') => srcs.push(s.to_string()),
             _ => {
                 eprintln!("{USAGE}");
                 return ExitCode::from(2);
             }
         }
     }
-    let Some(src) = src else {
+    if srcs.is_empty() {
         eprintln!("{USAGE}");
         return ExitCode::from(2);
-    };
+    }
     let mut log = |s: &str| println!("update: {s}");
-    let r = Source::parse(&src).and_then(|s| {
-        let mut p = DevicePlatform::new();
-        if verify_only {
-            let key = p.verifying_key()?;
-            let dev = p.device_info()?;
-            let slot = other(p.running_slot()?);
-            let cap = p.root_region(slot)?.len;
-            let (_, m) = verify(&s, &key, &dev, cap)?;
-            log(&format!(
-                "{} for {} verifies: signature, board, arch, compat, sizes, sha256",
-                m.version, m.board
-            ));
-            return Ok(None);
-        }
-        install(&mut p, &s, &mut log).map(Some)
-    });
-    match r {
-        Ok(Some(i)) => {
-            println!("update: installed {} into slot {}", i.version, i.slot);
-            if reboot_after {
-                println!("update: rebooting");
-                reboot();
+    for src in &srcs {
+        let r = Source::parse(src).and_then(|s| {
+            let mut p = DevicePlatform::new();
+            if verify_only {
+                let key = p.verifying_key()?;
+                let dev = p.device_info()?;
+                let slot = other(p.running_slot()?);
+                let cap = p.root_region(slot)?.len;
+                let (_, m) = verify(&s, &key, &dev, cap)?;
+                log(&format!(
+                    "{src}: {} for {} verifies: signature, board, arch, compat, sizes, sha256",
+                    m.version, m.board
+                ));
+                return Ok(None);
             }
-            ExitCode::SUCCESS
-        }
-        Ok(None) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("update: {e}");
-            ExitCode::from(1)
+            install(&mut p, &s, &mut log).map(Some)
+        });
+        match r {
+            Ok(Some(i)) => {
+                println!("update: installed {} into slot {}", i.version, i.slot);
+                if reboot_after {
+                    println!("update: rebooting into slot {}", i.slot);
+                    reboot();
+                }
+                return ExitCode::SUCCESS;
+            }
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => eprintln!("update: {src}: {e}"),
         }
     }
+    ExitCode::from(1)
 }
 
 /// `riceguard rollback-slot [--reboot]`.
@@ -729,7 +753,8 @@ pub fn rollback_main(args: &[String]) -> ExitCode {
     }
 }
 
-/// After a good boot: install the bundle named in /perm/update-on-boot, once (the file
+/// After a good boot: install the first bundle (one source a line) named in
+/// /perm/update-on-boot that verifies, once (the file
 /// is renamed to `.done` first, so a bundle that fails can never loop). Runs the update
 /// as a child process so its output goes to the console and init keeps supervising.
 pub fn boot_request(bin: &str, say: &mut dyn FnMut(&str)) {
@@ -741,10 +766,20 @@ pub fn boot_request(bin: &str, say: &mut dyn FnMut(&str)) {
         return;
     }
     crate::sys::os::sync();
-    let src = text.trim().to_string();
-    say(&format!("update requested in {BOOT_REQUEST}: {src}"));
+    let srcs: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .take(8)
+        .collect();
+    say(&format!(
+        "update requested in {BOOT_REQUEST}: {}",
+        srcs.join(" ")
+    ));
     match std::process::Command::new(bin)
-        .args(["update", &src, "--reboot"])
+        .arg("update")
+        .args(&srcs)
+        .arg("--reboot")
         .spawn()
     {
         Ok(_) => {}
