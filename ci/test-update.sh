@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# Flashing and A/B update tests (qemu-x86_64):
+#
+# host (no QEMU):
+#   - unit tests of the bundle parser/verifier and of the update engine on a disk file
+#   - flash-scripts/flash: into a bigger image file (table verified, backup GPT at the
+#     end, perm grown, fsck clean), into an unmounted loop device; refusals (exit 2, no
+#     byte written): too small, mounted loop device, file attached to a loop device, a
+#     partition, the host's own system disk, no confirmation
+#   - bundles: make, sign, and the refused variants (bad signature, wrong board,
+#     incompatible, corrupted body)
+# QEMU (TCG, OVMF; bundles reach the guest as extra virtio disks, the request as a file
+# seeded into perm, see gateway/src/update/mod.rs BOOT_REQUEST):
+#   1. flashed v1 boots, refuses 4 bad bundles naming the check, installs v2 into slot B
+#   2. reboots into slot B running v2: on trial, marked good, perm (key) kept
+#   3. QEMU killed in the middle of writing an update: the old slot still boots
+#   4. a broken v3 (root without /sbin/init) installed into slot A fails 3 boots, then
+#      systemd-boot falls back to B, and the console says FALLBACK
+#
+# usage: ci/test-update.sh [host]     (host: skip the QEMU part)
+# env:   RG_UPDATE_BOOT_TIMEOUT (s per boot, default 240), RG_UPDATE_KEEP=1 keeps out/test-update
+set -uo pipefail
+cd "$(dirname "$0")/.."
+top=$PWD
+board=qemu-x86_64
+T=${RG_UPDATE_BOOT_TIMEOUT:-240}
+work=$top/out/test-update
+rm -rf "$work"
+mkdir -p "$work"
+passed=0 failed=0 fails=() notes=()
+ok() { passed=$((passed + 1)); echo "PASS $*"; }
+ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
+check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
+note() { notes+=("$*"); echo "     $*"; }
+have() { grep -qaE "$2" "$1"; }
+t_all=$SECONDS
+loops=() mnts=()
+cleanup() {
+    for m in "${mnts[@]}"; do umount "$m" 2>/dev/null; done
+    for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
+}
+trap cleanup EXIT
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
+part_off() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable as $t | $t.partitions[] | select(.name == $n) | .start * 512'; }
+part_size() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable.partitions[] | select(.name == $n) | .size * 512'; }
+entries() { mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ' | sed 's/ $//'; }
+esp_cat() { mtype -i "$1@@$(part_off "$1" esp)" "::/loader/entries/$2" 2>/dev/null; }
+perm_cat() { debugfs -R "cat $2" "$1?offset=$(part_off "$1" perm)" 2>/dev/null; }
+perm_put() { debugfs -w -R "write $2 $3" "$1?offset=$(part_off "$1" perm)" >/dev/null 2>&1; }
+# sha256 of the first N bytes of partition NAME of DISK.
+part_sha() {
+    dd if="$1" bs=1M iflag=skip_bytes,count_bytes skip="$(part_off "$1" "$2")" count="$3" status=none | sha256sum | cut -d' ' -f1
+}
+
+# ---------------------------------------------------------------------------------------
+echo "== host: unit tests (bundle format, update engine on a disk file, http)"
+if out=$(cargo test -q -p riceguard --lib -- core::bundle update:: 2>&1); then
+    n=$(echo "$out" | grep -oE '[0-9]+ passed' | head -1)
+    ok "unit tests: $n (bad signature/board/arch/compat/truncated/corrupt/oversized/trailing refused with the disk unchanged, seeded garbage, http, rollback)"
+else
+    echo "$out" | tail -30
+    ko "unit tests"
+fi
+
+echo "== host: build v1 and v2 images, bundles"
+t0=$SECONDS
+if ! ci/build-static.sh x86_64 >"$work/static.log" 2>&1; then tail -20 "$work/static.log"; ko "static build"; exit 1; fi
+bin=$top/target/x86_64-unknown-linux-musl/release/riceguard
+seed=$work/seed
+mkdir -p "$seed"
+# The guest installs the first of these that verifies, once, after its first good boot.
+printf '/dev/vdb\n/dev/vdc\n/dev/vdd\n/dev/vde\n/dev/vdf\n' >"$seed/update-on-boot"
+build() { # NAME VERSION [env...]
+    local name=$1 v=$2; shift 2
+    env "$@" RG_OUT="$work/$name" RG_VERSION="$v" RG_BIN="$bin" image/build.sh "$board" >"$work/$name.build" 2>&1 \
+        || { tail -20 "$work/$name.build"; return 1; }
+}
+if build v1 v1 RG_PERM_SEED="$seed" && build v2 v2; then
+    ok "images v1 and v2 built ($((SECONDS - t0))s)"
+else
+    ko "image builds"; exit 1
+fi
+v1img=$work/v1/riceguard-$board.img
+check "v1 root carries the update public key" sh -c "unsquashfs -q -cat '$work/v1/root.squashfs' etc/riceguard/update.pub | grep -qxF \"\$(grep -v '^#' keys/update.pub)\""
+mkb() { # NAME [env...]: bundle of v2 with overrides, copied to $work/NAME.bundle
+    local name=$1; shift
+    env "$@" RG_OUT="$work/v2" image/bundle.sh "$board" >"$work/$name.bundle.log" 2>&1 || { cat "$work/$name.bundle.log"; return 1; }
+    cp "$work/v2/riceguard-$board-v2.bundle" "$work/$name.bundle"
+}
+openssl genpkey -algorithm ed25519 -out "$work/other.key" 2>/dev/null
+mkb badsig RG_UPDATE_KEY="$work/other.key" && mkb board RG_BUNDLE_BOARD=qemu-aarch64 \
+    && mkb compat RG_BUNDLE_COMPAT=3 RG_BUNDLE_MIN_COMPAT=2 && mkb good \
+    && ok "bundles made: good v2 ($(stat -c %s "$work/good.bundle") bytes) and 3 refused variants" || ko "bundle making"
+cp "$work/good.bundle" "$work/corrupt.bundle"
+# Flip one byte in the middle of the root part (after the header).
+mid=$(( $(stat -c %s "$work/good.bundle") / 3 ))
+printf '\xff' | dd of="$work/corrupt.bundle" bs=1 seek=$mid conv=notrunc status=none
+check "bundle header: magic RGBUNDL1" test "$(head -c 8 "$work/good.bundle")" = RGBUNDL1
+
+# ---------------------------------------------------------------------------------------
+echo "== host: flash-scripts/flash"
+F=flash-scripts/flash
+isz=$(stat -c %s "$v1img")
+truncate -s 1G "$work/big.img"
+if $F "$v1img" "$work/big.img" --yes >"$work/flash-big.log" 2>&1; then
+    ok "flash into a 1 GiB image file ($(grep -o 'done in [0-9]*s' "$work/flash-big.log"))"
+else
+    cat "$work/flash-big.log"; ko "flash into a 1 GiB image file"
+fi
+check "flash: read-back sha256 verified" have "$work/flash-big.log" 'verified sha256 [0-9a-f]{64}'
+check "flash: GPT verifies (sfdisk --verify)" sh -c "sfdisk --verify '$work/big.img' 2>&1 | grep -q 'No errors detected'"
+last=$(sfdisk --json "$work/big.img" | jq '.partitiontable.lastlba')
+check "flash: backup GPT at the end (last usable LBA $last = 1 GiB - 34 sectors)" test "$last" = $((1024 * 2048 - 34))
+psz=$(part_size "$work/big.img" perm)
+check "flash: perm partition grown to the end ($((psize = psz / 1048576)) MiB)" test "$psz" -gt $((800 * 1048576))
+blocks=$(dumpe2fs -h "$work/big.img?offset=$(part_off "$work/big.img" perm)" 2>/dev/null | awk -F: '/^Block count/ {print $2 + 0}')
+check "flash: perm ext4 grown to its partition ($blocks blocks of 4 KiB)" test $((blocks * 4096)) -gt $((psz - 4 * 1048576))
+check "flash: perm ext4 clean (e2fsck -fn)" e2fsck -fn "$work/big.img?offset=$(part_off "$work/big.img" perm)"
+check "flash: perm seed still there (update-on-boot)" sh -c "debugfs -R 'cat update-on-boot' '$work/big.img?offset=$(part_off "$work/big.img" perm)' 2>/dev/null | grep -q vdb"
+check "flash: image bytes before perm unchanged (root-b sha256)" test "$(part_sha "$work/big.img" root-b 67108864)" = "$(part_sha "$v1img" root-b 67108864)"
+
+refused() { # NAME LOG PATTERN: exit status 2 and the message
+    local st=$1 name=$2 log=$3 pat=$4
+    if [ "$st" = 2 ] && grep -qE "$pat" "$log"; then ok "$name: $(grep -o 'refused: .*' "$log" | head -1 | cut -c1-100)"; else cat "$log"; ko "$name (status $st)"; fi
+}
+truncate -s 100M "$work/small.img"
+$F "$v1img" "$work/small.img" --yes >"$work/f-small.log" 2>&1; st=$?
+refused $st "flash refuses a too-small target" "$work/f-small.log" 'smaller than the image'
+check "flash: too-small target untouched (all zeros)" cmp -n 104857600 "$work/small.img" /dev/zero
+$F "$v1img" "$work/big2.img" --yes >"$work/f-missing.log" 2>&1; st=$?
+check "flash refuses a missing target file" test "$st" != 0 -a ! -e "$work/big2.img"
+truncate -s 1G "$work/nc.img"
+setsid $F "$v1img" "$work/nc.img" </dev/null >"$work/f-noconfirm.log" 2>&1; st=$?
+refused $st "flash asks for confirmation (no --yes, no terminal)" "$work/f-noconfirm.log" 'no terminal to confirm|not confirmed'
+check "flash: unconfirmed target untouched" cmp -n 1073741824 "$work/nc.img" /dev/zero
+sysdisk=$(findmnt -n -o SOURCE /)
+if [ -b "$sysdisk" ]; then
+    # Without --yes and without a terminal: even a failed check could not write.
+    timeout 30 setsid $F "$v1img" "$sysdisk" </dev/null >"$work/f-sys.log" 2>&1; st=$?
+    refused $st "flash refuses the disk of the running system ($sysdisk)" "$work/f-sys.log" 'holds the running system|in use'
+else
+    note "skipped the system-disk refusal: / is on $sysdisk (not a block device)"
+fi
+if losetup -f >/dev/null 2>&1; then
+    truncate -s 400M "$work/loop.img"
+    mkfs.ext4 -q -F "$work/loop.img"
+    lo=$(losetup -f --show -P "$work/loop.img") && loops+=("$lo")
+    mkdir -p "$work/mnt"
+    mount "$lo" "$work/mnt" && mnts+=("$work/mnt")
+    $F "$v1img" "$lo" --yes >"$work/f-mounted.log" 2>&1; st=$?
+    refused $st "flash refuses a mounted block device ($lo)" "$work/f-mounted.log" 'in use'
+    check "flash: mounted device still mounted and clean" sh -c "mountpoint -q '$work/mnt' && ls '$work/mnt/lost+found'"
+    $F "$v1img" "$work/loop.img" --yes >"$work/f-attached.log" 2>&1; st=$?
+    refused $st "flash refuses a file attached to a loop device" "$work/f-attached.log" 'attached to loop'
+    umount "$work/mnt" && mnts=()
+    if $F "$v1img" "$lo" --yes >"$work/f-dev.log" 2>&1; then
+        ok "flash into an unmounted block device ($lo, 400 MiB)"
+        pnode=$(lsblk -n -l -o NAME,PARTLABEL "$lo" | awk '$2 == "perm" {print "/dev/" $1}')
+        check "flash: device partitions re-read (perm is $pnode)" test -b "$pnode"
+        check "flash: device perm grown (resize2fs: > 100 MiB)" test "$(dumpe2fs -h "$pnode" 2>/dev/null | awk -F: '/^Block count/ {print $2 * 4096}')" -gt $((100 * 1048576))
+        $F "$v1img" "${lo}p1" --yes >"$work/f-part.log" 2>&1; st=$?
+        refused $st "flash refuses a partition" "$work/f-part.log" 'is a partition'
+    else
+        cat "$work/f-dev.log"; ko "flash into an unmounted block device"
+    fi
+    losetup -d "$lo"; loops=()
+else
+    note "no loop devices: skipped the mounted-device refusals"
+fi
+
+[ "${1:-}" = host ] && { echo "$passed passed, $failed failed"; [ "$failed" -eq 0 ]; exit; }
+
+# ---------------------------------------------------------------------------------------
+# boot NAME DISK UNTIL_FN [qemu env...]: boot until UNTIL_FN says done, QEMU exits (the
+# guest rebooted: qemu.sh uses -no-reboot), a panic, or the timeout.
+boot() {
+    local name=$1 disk=$2 until=$3; shift 3
+    local log=$work/$name.log t0=$SECONDS pid
+    : >"$log"
+    env "$@" RG_QEMU_DISK="$disk" RG_QEMU_LOG="$log" RG_QEMU_TIMEOUT="$T" RG_QEMU_UNTIL='^RG-NEVER$' \
+        image/qemu.sh "$board" >"$work/$name.qemu" 2>&1 &
+    pid=$!
+    boot_status=4
+    while :; do
+        if ! kill -0 "$pid" 2>/dev/null; then boot_status=0; break; fi
+        if grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then boot_status=3; break; fi
+        if "$until" "$log"; then boot_status=0; break; fi
+        if [ $((SECONDS - t0)) -gt $((T + 10)) ]; then break; fi
+        sleep 0.5
+    done
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    tr -d '\r' <"$log" >"$log.txt"
+    echo "     $name: $((SECONDS - t0))s, serial log $log.txt"
+}
+never() { return 1; }
+good_boot() { have "$1" 'riceguard-init: boot marked good|FATAL|rebooting'; }
+pad() { # bundle as a disk: whole sectors (the bundle ends where its manifest says)
+    cp "$1" "$2"; truncate -s %512 "$2"
+}
+
+echo "== QEMU 1: flashed v1 refuses bad bundles, installs v2 into slot B, reboots"
+disk=$work/disk.img
+cp --sparse=always "$work/big.img" "$disk"
+for b in badsig board compat corrupt good; do pad "$work/$b.bundle" "$work/$b.disk"; done
+boot q1 "$disk" never RG_QEMU_DISKS="$work/badsig.disk $work/board.disk $work/compat.disk $work/corrupt.disk $work/good.disk"
+l=$work/q1.log.txt
+check "q1: v1 booted from slot a" have "$l" 'riceguard-init: slot a booted'
+check "q1: boot marked good" have "$l" 'riceguard-init: boot marked good'
+check "q1: update requested from perm" have "$l" 'update requested in /perm/update-on-boot'
+check "q1: bad signature refused" have "$l" 'vdb: bundle refused, nothing written: signature check failed'
+check "q1: wrong board refused" have "$l" 'vdc: bundle refused, nothing written: board check failed'
+check "q1: incompatible schema refused" have "$l" 'vdd: bundle refused, nothing written: compatibility check failed'
+check "q1: corrupted body refused" have "$l" 'vde: bundle refused, nothing written: hash check failed: part root'
+check "q1: good bundle verified" have "$l" 'update: verified v2'
+check "q1: read back checked" have "$l" 'read back: root and UKI match'
+check "q1: installed v2 into slot b, rebooting" have "$l" 'rebooting into slot b'
+check "q1: guest rebooted (QEMU exited by itself)" test "$boot_status" = 0
+k1=$(grep -a '^riceguard: public key' "$l" | head -1)
+check "q1: ESP entries: a good, b with 3 tries" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b+3.conf"
+check "q1: b's entry is the default (sort-key riceguard-0), a second" bash -c "$(declare -f esp_cat part_off); esp_cat '$disk' riceguard-b+3.conf | grep -q 'sort-key riceguard-0' && esp_cat '$disk' riceguard-a.conf | grep -q 'sort-key riceguard-1'"
+check "q1: root-b holds v2's root.squashfs" test "$(part_sha "$disk" root-b "$(stat -c %s "$work/v2/root.squashfs")")" = "$(sha256sum <"$work/v2/root.squashfs" | cut -d' ' -f1)"
+check "q1: root-a untouched (v1)" test "$(part_sha "$disk" root-a 67108864)" = "$(part_sha "$v1img" root-a 67108864)"
+grep -aE '^update: ' "$l" | head -12 | sed 's/^/     guest: /'
+
+echo "== QEMU 2: slot B runs v2, on trial, marked good, perm kept"
+boot q2 "$disk" good_boot
+l=$work/q2.log.txt
+check "q2: slot b booted" have "$l" 'riceguard-init: slot b booted'
+check "q2: on trial with 2 tries left" have "$l" 'slot b on trial \(riceguard-b\+2-1.conf: 2 tries left, 1 used\)'
+check "q2: marked good (riceguard-b+2-1.conf -> riceguard-b.conf)" have "$l" 'boot marked good \(riceguard-b\+2-1.conf -> riceguard-b.conf\)'
+check "q2: gateway up" have "$l" 'riceguard-init: gateway up'
+k2=$(grep -a '^riceguard: public key' "$l" | head -1)
+check "q2: configuration/key kept across the update ($k2)" test -n "$k1" -a "$k1" = "$k2"
+check "q2: ESP entries: a and b good" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
+check "q2: the request was consumed (update-on-boot.done)" bash -c "$(declare -f perm_cat part_off); perm_cat '$disk' update-on-boot.done | grep -q vdf"
+check "q2: no update requested again" test "$(grep -ca 'update requested' "$l")" = 0
+
+echo "== QEMU 3: QEMU killed while an update is being written: the old slot boots"
+disk3=$work/disk3.img
+cp --sparse=always "$work/big.img" "$disk3"
+writing() { have "$1" 'update: verified'; }
+boot q3 "$disk3" writing RG_QEMU_DISKS="$work/good.disk $work/good.disk $work/good.disk $work/good.disk $work/good.disk"
+check "q3: killed after verification, during the write" have "$work/q3.log.txt" 'update: verified v2'
+check "q3: never enabled slot b" sh -c "! grep -qa 'slot b enabled' '$work/q3.log.txt'"
+e3=$(entries "$disk3")
+check "q3: ESP has only slot a's entry ($e3)" test "$e3" = "riceguard-a.conf"
+boot q3b "$disk3" good_boot
+check "q3: next boot: slot a booted" have "$work/q3b.log.txt" 'riceguard-init: slot a booted'
+check "q3: next boot: marked good" have "$work/q3b.log.txt" 'riceguard-init: boot marked good'
+
+echo "== QEMU 4: a broken v3 fails its 3 tries, systemd-boot falls back to slot B"
+mkdir -p "$work/v3"
+cp "$work/v2/slot-a.efi" "$work/v2/slot-b.efi" "$work/v3/"
+sed 's/^version .*/version v3-broken/' "$work/v2/manifest.txt" >"$work/v3/manifest.txt"
+mkdir -p "$work/v3root/etc/riceguard"
+echo "broken: no /sbin/init" >"$work/v3root/etc/riceguard/version"
+mksquashfs "$work/v3root" "$work/v3/root.squashfs" -quiet -noappend -comp zstd >/dev/null
+RG_OUT=$work/v3 image/bundle.sh "$board" >"$work/v3.bundle.log" 2>&1 || cat "$work/v3.bundle.log"
+pad "$work/v3/riceguard-$board-v3-broken.bundle" "$work/v3.disk"
+printf '/dev/vdb\n' >"$work/req"
+perm_put "$disk" "$work/req" update-on-boot
+boot q4 "$disk" never RG_QEMU_DISKS="$work/v3.disk"
+check "q4: slot b installs v3 into slot a" have "$work/q4.log.txt" 'installed v3-broken into slot a'
+check "q4: ESP: a on trial, b good" test "$(entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
+for i in 1 2 3; do
+    boot "q4-fail$i" "$disk" never
+    check "q4: failed boot $i of slot a (stage 1 gives up, reboots)" have "$work/q4-fail$i.log.txt" 'has no /sbin/init|as squashfs'
+done
+check "q4: a's tries used up" test "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
+boot q4-back "$disk" good_boot
+l=$work/q4-back.log.txt
+check "q4: fallback boot runs slot b" have "$l" 'riceguard-init: slot b booted'
+check "q4: console says FALLBACK and why" have "$l" 'FALLBACK: slot a \(riceguard-a\+0-3.conf\) failed 3 boots'
+check "q4: gateway up and marked good on b" have "$l" 'boot marked good'
+k4=$(grep -a '^riceguard: public key' "$l" | head -1)
+check "q4: key still the same" test "$k4" = "$k1"
+
+echo
+for n in "${notes[@]}"; do echo "note: $n"; done
+for f in "${fails[@]}"; do echo "failed: $f"; done
+echo "update tests took $((SECONDS - t_all))s"
+[ -n "${RG_UPDATE_KEEP:-}" ] || rm -f "$work"/*.img "$work"/*.disk
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
