@@ -16,6 +16,8 @@
 #   3. QEMU killed in the middle of writing an update: the old slot still boots
 #   4. a broken v3 (root without /sbin/init) installed into slot A fails 3 boots, then
 #      systemd-boot falls back to B, and the console says FALLBACK
+#   5. the same with a v3 that boots but whose gateway never becomes healthy (test image
+#      with riceguard.selftest=unhealthy: init gives up after 20 s and reboots)
 #
 # usage: ci/test-update.sh [host]     (host: skip the QEMU part)
 # env:   RG_UPDATE_BOOT_TIMEOUT (s per boot, default 240), RG_UPDATE_KEEP=1 keeps out/test-update
@@ -75,8 +77,9 @@ build() { # NAME VERSION [env...]
     env "$@" RG_OUT="$work/$name" RG_VERSION="$v" RG_BIN="$bin" image/build.sh "$board" >"$work/$name.build" 2>&1 \
         || { tail -20 "$work/$name.build"; return 1; }
 }
-if build v1 v1 RG_PERM_SEED="$seed" && build v2 v2; then
-    ok "images v1 and v2 built ($((SECONDS - t0))s)"
+if build v1 v1 RG_PERM_SEED="$seed" && build v2 v2 \
+    && build v3u v3-unhealthy RG_CMDLINE_EXTRA=riceguard.selftest=unhealthy; then
+    ok "images v1, v2 and v3-unhealthy built ($((SECONDS - t0))s)"
 else
     ko "image builds"; exit 1
 fi
@@ -92,8 +95,9 @@ mkb badsig RG_UPDATE_KEY="$work/other.key" && mkb board RG_BUNDLE_BOARD=qemu-aar
     && mkb compat RG_BUNDLE_COMPAT=3 RG_BUNDLE_MIN_COMPAT=2 && mkb good \
     && ok "bundles made: good v2 ($(stat -c %s "$work/good.bundle") bytes) and 3 refused variants" || ko "bundle making"
 cp "$work/good.bundle" "$work/corrupt.bundle"
-# Flip one byte in the middle of the root part (after the header).
-mid=$(( $(stat -c %s "$work/good.bundle") / 3 ))
+# Flip one byte in the root part: 76 header bytes, the manifest, then the root.
+mlen=$(od -An -tu4 -j8 -N4 "$work/good.bundle" | tr -d ' ')
+mid=$((76 + mlen + 4096))
 printf '\xff' | dd of="$work/corrupt.bundle" bs=1 seek=$mid conv=notrunc status=none
 check "bundle header: magic RGBUNDL1" test "$(head -c 8 "$work/good.bundle")" = RGBUNDL1
 
@@ -282,6 +286,27 @@ check "q4: console says FALLBACK and why" have "$l" 'FALLBACK: slot a \(riceguar
 check "q4: gateway up and marked good on b" have "$l" 'boot marked good'
 k4=$(grep -a '^riceguard: public key' "$l" | head -1)
 check "q4: key still the same" test "$k4" = "$k1"
+
+echo "== QEMU 5: v3 whose gateway fails its health check: 3 tries, then back to slot B"
+RG_OUT=$work/v3u image/bundle.sh "$board" >"$work/v3u.bundle.log" 2>&1 || cat "$work/v3u.bundle.log"
+pad "$work/v3u/riceguard-$board-v3-unhealthy.bundle" "$work/v3u.disk"
+rm -f "$work/req"; printf '/dev/vdb\n' >"$work/req"
+debugfs -w -R "rm update-on-boot" "$disk?offset=$(part_off "$disk" perm)" >/dev/null 2>&1
+perm_put "$disk" "$work/req" update-on-boot
+boot q5 "$disk" never RG_QEMU_DISKS="$work/v3u.disk"
+check "q5: slot b installs v3-unhealthy into slot a (replacing the failed entry)" have "$work/q5.log.txt" 'removed old entry riceguard-a\+0-3.conf'
+check "q5: ESP: a on trial, b good" test "$(entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
+for i in 1 2 3; do
+    boot "q5-fail$i" "$disk" never
+    l=$work/q5-fail$i.log.txt
+    check "q5: boot $i: slot a runs, gateway never healthy, init reboots to count down" \
+        bash -c "grep -qa 'slot a booted' '$l' && grep -qa 'gateway not healthy after 20s on slot a (on trial): rebooting' '$l' && ! grep -qa 'boot marked good' '$l'"
+done
+check "q5: a's tries used up" test "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
+boot q5-back "$disk" good_boot
+l=$work/q5-back.log.txt
+check "q5: fallback boot runs slot b, says FALLBACK" bash -c "grep -qa 'slot b booted' '$l' && grep -qa 'FALLBACK: slot a (riceguard-a+0-3.conf) failed 3 boots' '$l'"
+check "q5: marked good on b, key kept" bash -c "grep -qa 'boot marked good' '$l' && grep -qaF '$k1' '$l'"
 
 echo
 for n in "${notes[@]}"; do echo "note: $n"; done

@@ -15,6 +15,9 @@ pub struct Cmdline {
     /// `riceguard.selftest=restart`: once the gateway is up, kill it once so the image
     /// test sees the supervisor restart it (never set on a shipped image).
     pub selftest_restart: bool,
+    /// `riceguard.selftest=unhealthy`: never see the gateway as healthy and give up after
+    /// 20 s, so the update test sees a slot on trial fail its health check (test images only).
+    pub selftest_unhealthy: bool,
     /// Problems found, for the console; a bad option is ignored, never fatal.
     pub errors: Vec<String>,
 }
@@ -39,6 +42,8 @@ pub fn parse(s: &str) -> Cmdline {
             }
         } else if word == "riceguard.selftest=restart" {
             c.selftest_restart = true;
+        } else if word == "riceguard.selftest=unhealthy" {
+            c.selftest_unhealthy = true;
         } else if let Some(v) = word.strip_prefix("riceguard.uplink=") {
             match parse_uplink(v) {
                 Ok(u) => c.uplink = Some(u),
