@@ -5,13 +5,14 @@
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
 #   tcp      TCP-fallback helpers in namespaces
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway
+#   update   flash script and signed A/B updates: host checks, then QEMU (ci/test-update.sh)
 # `ci/test.sh` runs all; `ci/test.sh unit interop` runs the named ones.
 # Ends with one line `N passed, N failed` counting stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop tcp image)
+[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop tcp image update)
 
 passed=0; failed=0; failed_names=()
 run_stage() {
@@ -44,7 +45,8 @@ for s in "${stages[@]}"; do
         interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
         image) run_stage image ci/test-image.sh ;;
-        *) echo "unknown stage $s (unit fuzz interop tcp image)"; exit 2 ;;
+        update) run_stage update ci/test-update.sh ;;
+        *) echo "unknown stage $s (unit fuzz interop tcp image update)"; exit 2 ;;
     esac
 done
 
