@@ -419,7 +419,10 @@ fn run(opts: Opts) -> Result<(), String> {
         apply_interface_settings(&ifname, &cfg)?;
     }
     if !opts.foreground {
-        crate::sys::process::daemonize(false).map_err(|e| format!("daemonize: {e}"))?;
+        // The log goes to $RG_LOG_FILE when set (wireguard-go's daemon is silent too).
+        let log_file = std::env::var("RG_LOG_FILE").ok();
+        crate::sys::process::daemonize(log_file.as_deref())
+            .map_err(|e| format!("daemonize: {e}"))?;
     }
     // Block the signals we handle before any thread exists, so only sigwait sees them.
     let mut sigs = SigSet::empty();
