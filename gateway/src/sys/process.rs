@@ -25,8 +25,13 @@ pub fn daemonize(log_file: Option<&str>) -> io::Result<()> {
     let n = null.as_raw_fd();
     dup2(n, 0).map_err(io::Error::from)?;
     dup2(n, 1).map_err(io::Error::from)?;
-    if quiet {
-        dup2(n, 2).map_err(io::Error::from)?;
-    }
+    let log = log_file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    });
+    dup2(log.as_ref().map_or(n, |f| f.as_raw_fd()), 2).map_err(io::Error::from)?;
     Ok(())
 }
