@@ -3,6 +3,7 @@
 #   unit     cargo fmt check, clippy -D warnings, cargo test (core simulation, parsers, sys)
 #   fuzz     each fuzz target for a bounded time
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
+#   fastpath the matrix on every forced data-plane path, pinning, GSO demotion, GRO on/off
 #   tcp      TCP-fallback helpers in namespaces
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway
 # `ci/test.sh` runs all; `ci/test.sh unit interop` runs the named ones.
@@ -11,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop tcp image)
+[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp image)
 
 passed=0; failed=0; failed_names=()
 run_stage() {
@@ -42,9 +43,10 @@ for s in "${stages[@]}"; do
         unit) run_stage unit stage_unit ;;
         fuzz) run_stage fuzz ci/fuzz.sh "${FUZZ_SECONDS:-20}" ;;
         interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
+        fastpath) run_stage fastpath bash -c 'cargo build --locked --release -p riceguard && ci/fastpath.sh' ;;
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
         image) run_stage image ci/test-image.sh ;;
-        *) echo "unknown stage $s (unit fuzz interop tcp image)"; exit 2 ;;
+        *) echo "unknown stage $s (unit fuzz interop fastpath tcp image)"; exit 2 ;;
     esac
 done
 
