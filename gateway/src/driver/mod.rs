@@ -339,6 +339,11 @@ pub fn bind_udp(
                 .map_err(|e| std::io::Error::other(e.to_string()))?,
         };
         set_mark(&s, fwmark);
+        if std::env::var("RG_FAULT_GSO").as_deref() == Ok("einval") {
+            if let Err(e) = s.inject_gso_failure() {
+                log::warn!("RG_FAULT_GSO: {e}");
+            }
+        }
         port = s.local_addr().port();
         socks.push(Arc::new(s));
     }
