@@ -199,6 +199,30 @@ EOF
         k1=$(grep -a '^riceguard: public key' "$l1" | head -1) k2=$(grep -a '^riceguard: public key' "$l2" | head -1)
         check "$b: pre-seeded key kept ($gpub)" test "$k1" = "riceguard: public key $gpub" -a "$k2" = "$k1"
         check "$b: entry stays good after the second boot" test "$(entries "$disk")" = "riceguard-a.conf"
+
+        # Boot 3: `reboot` typed on the serial console; init stops the services, unmounts
+        # perm and reboots (QEMU runs with -no-reboot, so it exits).
+        sin=$work/serial-in sent=0
+        reboot_typed() {
+            local l=$1
+            if [ $sent = 0 ] && have "$l" 'boot marked good' && have "$l" 'riceguard(\(edit\))?# '; then
+                timeout 5 sh -c "printf 'reboot\r' >'$sin'" && sent=1
+            elif [ $sent = 1 ] && have "$l" 'Type yes to continue'; then
+                timeout 5 sh -c "printf 'yes\r' >'$sin'" && sent=2
+            fi
+            return 1 # wait for QEMU to exit by itself
+        }
+        t0=$SECONDS
+        boot "$b-reboot" "$disk" "$b" reboot_typed RG_QEMU_SERIAL_IN="$sin"
+        log=$work/$b-reboot.log.txt
+        check "$b reboot: typed on the console, init stopped services and rebooted" \
+            have "$log" 'riceguard-init: rebooting'
+        check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"
+        poff=$(part_off "$disk" perm)
+        dd if="$disk" of="$work/perm.ext4" bs=1M skip=$((poff / 1048576)) count=64 status=none
+        check "$b reboot: perm was unmounted cleanly (no journal recovery needed)" \
+            sh -c "dumpe2fs -h '$work/perm.ext4' 2>/dev/null | grep -q '^Filesystem features:' && ! dumpe2fs -h '$work/perm.ext4' 2>/dev/null | grep -q needs_recovery"
+        check "$b reboot: third boot counted on perm" have "$log" 'perm mounted \(.*, boot 3\)'
     else
         tail -20 "$work/$b-net.build"
         ko "$b: net test image build"
