@@ -23,6 +23,17 @@ WORK=$(mktemp -d /tmp/rg-tcp-helpers.XXXXXX)
 A=rgtA B=rgtB
 PIDS=()
 pass=0 fail=0
+# Wait (up to 10 s) until something listens on port $2 (in namespace $1, or "-");
+# $3: ss protocol flag, -t (default) or -u.
+wait_listen() {
+    local i
+    for i in $(seq 100); do
+        if [ "$1" = - ]; then ss -Hln "${3:--t}" "sport = :$2" | grep -q . && return 0
+        else ip netns exec "$1" ss -Hln "${3:--t}" "sport = :$2" | grep -q . && return 0; fi
+        sleep 0.1
+    done
+    return 1
+}
 ok() { pass=$((pass + 1)); echo "PASS $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
@@ -33,7 +44,7 @@ cleanup() {
     ip netns del $A 2>/dev/null
     ip netns del $B 2>/dev/null
     rm -f /var/run/wireguard/rgtA0.sock /var/run/wireguard/rgtB0.sock
-    rm -rf "$WORK"
+    if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
@@ -56,11 +67,11 @@ EOF
     "$RG" tcp2udp --tcp-listen 127.0.0.1:47443 --udp-forward 127.0.0.1:"$EPORT" --nodelay \
         2>"$WORK/t2u-lo.log" &
     PIDS+=($!)
-    sleep 0.3
+    wait_listen - 47443
     "$RG" udp2tcp --udp-listen 127.0.0.1:47900 --tcp-forward 127.0.0.1:47443 --nodelay \
         2>"$WORK/u2t-lo.log" &
     PIDS+=($!)
-    sleep 0.3
+    wait_listen - 47900 -u
     if python3 - <<'EOF'
 import socket
 c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(3)
@@ -110,16 +121,14 @@ table inet rgt {
 }
 EOF
 
-ip netns exec $B tcpdump -i rgtb0 -nn -s 128 -w "$WORK/path.pcap" tcp port 443 2>"$WORK/tcpdump.log" &
-TCPDUMP_PID=$!   # `ip netns exec` execs tcpdump: this is tcpdump's own PID
-PIDS+=($TCPDUMP_PID)
-ip netns exec $B "$RG" tcp2udp --tcp-listen 192.168.77.2:443 --udp-forward 127.0.0.1:51820 --nodelay \
+RG_LOG=debug ip netns exec $B "$RG" tcp2udp --tcp-listen 192.168.77.2:443 --udp-forward 127.0.0.1:51820 --nodelay \
     2>"$WORK/t2u.log" &
 PIDS+=($!)
-sleep 0.5
+wait_listen $B 443
 ip netns exec $A "$RG" udp2tcp --udp-listen 127.0.0.1:51900 --tcp-forward 192.168.77.2:443 --nodelay \
     2>"$WORK/u2t.log" &
-PIDS+=($!)
+U2T_PID=$!
+PIDS+=($U2T_PID)
 
 KA=$(wg genkey) KB=$(wg genkey)
 PA=$(echo "$KA" | wg pubkey) PB=$(echo "$KB" | wg pubkey)
@@ -142,53 +151,82 @@ else
     bad "ping through the TCP-carried tunnel"; cat "$WORK/ping.log" "$WORK/u2t.log" "$WORK/t2u.log"
 fi
 
-ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s.log" 2>&1 &
-PIDS+=($!)
-sleep 0.5
-if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 -J >"$WORK/iperf.json" 2>&1; then
-    mbps=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$WORK/iperf.json" 2>/dev/null || echo "?")
-    ok "iperf3 5 s through the TCP-carried tunnel: $mbps Mbit/s"
-else
-    bad "iperf3 through the TCP-carried tunnel"; tail -5 "$WORK/iperf.json"
-fi
 if ip netns exec $A nft list chain inet rgt out >/dev/null 2>&1; then
     ok "UDP is blocked on the path (the tunnel can only use TCP)"
 else
     bad "could not install the UDP-blocking rule"
 fi
 
-sleep 0.5
-kill -INT "$TCPDUMP_PID" 2>/dev/null   # flush the capture file
-wait "$TCPDUMP_PID" 2>/dev/null
+mbps_of() {
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$1" 2>/dev/null || echo "?"
+}
 
-# ---- 3. the capture: no bare headers, bulk at the MSS ----------------------------------
-tcpdump -r "$WORK/path.pcap" -nn 2>/dev/null | awk '
-    { n = $NF + 0; dir = ($3 ~ /^192\.168\.77\.1\./) ? "c2s" : "s2c" }
-    /length [0-9]+$/ && n > 0 {
-        seg[dir]++; bytes[dir] += n; if (n == 2) bare++
-        if (n > max[dir]) max[dir] = n
-        if (n >= 1400) big[dir]++
-    }
-    END {
-        printf "segs_c2s=%d bytes_c2s=%d max_c2s=%d big_c2s=%d segs_s2c=%d bytes_s2c=%d max_s2c=%d bare=%d\n",
-            seg["c2s"], bytes["c2s"], max["c2s"], big["c2s"], seg["s2c"], bytes["s2c"], max["s2c"], bare + 0
-    }' >"$WORK/stats"
-cat "$WORK/stats" | sed 's/^/     /'
-eval "$(cat "$WORK/stats" | tr ' ' '\n' | grep '=' )"
-if [ "${segs_c2s:-0}" -gt 100 ] && [ "${bare:-1}" -eq 0 ]; then
-    ok "capture: $((segs_c2s + segs_s2c)) data segments, none with a bare 2-byte payload"
-else
-    bad "capture: bare 2-byte payload segments: ${bare:-?} (data segments: ${segs_c2s:-0})"
-fi
-if [ "${segs_c2s:-0}" -gt 0 ]; then
-    mss=${max_c2s:-0}
-    pct=$((100 * big_c2s / segs_c2s))
-    avg=$((bytes_c2s / segs_c2s))
-    if [ "$pct" -ge 80 ]; then
-        ok "capture: bulk direction $pct% of data segments >= 1400 bytes (max $mss = MSS, mean $avg)"
+# ---- 3. 5 s of iperf3 each way, captured on the path ------------------------------------
+# $1: name, $2: bulk direction in the capture (c2s: written by udp2tcp's relay; s2c:
+# written by the gateway's TcpTransport inside tcp2udp), $3: extra iperf3 flags.
+iperf_capture() {
+    local name=$1 d=$2 flags=${3:-} tp mbps
+    ip netns exec $B tcpdump -i rgtb0 -nn -s 128 -w "$WORK/$name.pcap" tcp port 443 2>"$WORK/tcpdump-$name.log" &
+    tp=$!   # `ip netns exec` execs tcpdump: this is tcpdump's own PID
+    PIDS+=($tp)
+    ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s-$name.log" 2>&1 &
+    PIDS+=($!)
+    sleep 1
+    if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 $flags -J >"$WORK/iperf-$name.json" 2>&1; then
+        mbps=$(mbps_of "$WORK/iperf-$name.json")
+        eval "mbps_$name=$mbps"
+        ok "iperf3 5 s through the TCP-carried tunnel, $name: $mbps Mbit/s"
     else
-        bad "capture: bulk direction only $pct% of data segments >= 1400 bytes (max $mss, mean $avg)"
+        bad "iperf3 through the TCP-carried tunnel, $name"; tail -5 "$WORK/iperf-$name.json"
     fi
+    sleep 0.5
+    kill -INT "$tp" 2>/dev/null   # flush the capture file
+    wait "$tp" 2>/dev/null
+    python3 ci/tcp-capture-stats.py "$WORK/$name.pcap" 192.168.77.1 >"$WORK/stats-$name" ||
+        echo "segs_c2s=0" >"$WORK/stats-$name"
+    sed 's/^/     /' "$WORK/stats-$name"
+    local segs_c2s=0 segs_s2c=0 bare_headers=1 two_byte_tails=0 nearmss_c2s=0 nearmss_s2c=0 \
+        max_c2s=0 max_s2c=0 mean_c2s=0 mean_s2c=0 bytes_c2s=0 bytes_s2c=0
+    eval "$(tr ' ' '\n' <"$WORK/stats-$name" | grep -E '^[a-z_0-9]+=[0-9]+$')"
+    if [ $((segs_c2s + segs_s2c)) -gt 100 ] && [ "$bare_headers" -eq 0 ]; then
+        ok "capture $name: $((segs_c2s + segs_s2c)) data segments, no length header alone in a segment" \
+            "(2-byte message tails cut by TCP segmentation: $two_byte_tails)"
+    else
+        bad "capture $name: segments carrying only a 2-byte length header: $bare_headers"
+    fi
+    local segs=$((segs_$d)) near=$((nearmss_$d)) max=$((max_$d)) mean=$((mean_$d))
+    if [ "$segs" -gt 0 ] && [ $((100 * near / segs)) -ge 80 ]; then
+        ok "capture $name: bulk ($d) $((100 * near / segs))% of $segs data segments within 48 bytes of the MSS ($max), mean $mean"
+    else
+        bad "capture $name: bulk ($d) segments near the MSS: $near of $segs (max $max, mean $mean)"
+    fi
+}
+iperf_capture upload c2s
+iperf_capture download s2c -R
+
+# The gateway-side writer's syscall count: closing the client makes tcp2udp log it.
+kill "$U2T_PID" 2>/dev/null
+sleep 1
+w=$(grep -o 'sent [0-9]* bytes in [0-9]* writes.*' "$WORK/t2u.log" | tail -1)
+if [ -n "$w" ]; then
+    set -- $w
+    ok "TcpTransport writer (tcp2udp, per-packet send): $2 bytes in $5 writes = $(( $2 / ($5 > 0 ? $5 : 1) )) bytes per syscall"
+else
+    bad "tcp2udp did not report its write count"; tail -5 "$WORK/t2u.log"
+fi
+
+# ---- 4. reference: the same pair over plain UDP, for the TCP/UDP throughput ratio -------
+ip netns exec $A nft delete table inet rgt
+ip netns exec $A wg set rgtA0 peer "$PB" endpoint 192.168.77.2:51820
+ip netns exec $A ping -c 2 -W 5 -i 0.3 10.77.0.2 >/dev/null 2>&1
+ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s2.log" 2>&1 &
+PIDS+=($!)
+sleep 0.5
+if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 -J >"$WORK/iperf-udp.json" 2>&1; then
+    umbps=$(mbps_of "$WORK/iperf-udp.json")
+    ok "reference: same wireguard-go pair over plain UDP (MTU 1366): $umbps Mbit/s (TCP path: ${mbps_upload:-?} Mbit/s)"
+else
+    bad "reference iperf3 over plain UDP"
 fi
 
 echo "$pass passed, $fail failed"

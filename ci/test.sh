@@ -42,7 +42,7 @@ for s in "${stages[@]}"; do
         unit) run_stage unit stage_unit ;;
         fuzz) run_stage fuzz ci/fuzz.sh "${FUZZ_SECONDS:-20}" ;;
         interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
-        tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh' ;;
+        tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
         image) run_stage image ci/test-image.sh ;;
         *) echo "unknown stage $s (unit fuzz interop tcp image)"; exit 2 ;;
     esac

@@ -141,8 +141,11 @@ def riceguard_status(lab, side):
     info = {}
     path = wgnet.impl_path("riceguard")
     if path:
-        cp = side.sh([path, "status", side.ifname], check=False, timeout=10)
-        info["status_cmd"] = {"rc": cp.returncode, "out": (cp.stdout + cp.stderr)[-4000:]}
+        try:
+            cp = side.sh([path, "status", side.ifname], check=False, timeout=10)
+            info["status_cmd"] = {"rc": cp.returncode, "out": (cp.stdout + cp.stderr)[-4000:]}
+        except LabError as e:
+            info["status_cmd"] = {"error": str(e)}
     logpath = os.path.join(lab.logdir, f"{side.ifname}.riceguard.log")
     try:
         with open(logpath, errors="replace") as f:

@@ -61,7 +61,7 @@ class PairRun:
         log(f"  [{mark}] {check}: {detail}")
 
     def skip_all(self, why):
-        for c in CHECKS:
+        for c in CHECKS + (("detach",) if self.pair["wg_quick"] else ()):
             self.results[c] = (None, why)
 
     def run(self):
@@ -77,7 +77,8 @@ class PairRun:
                 self.checks(lab)
         except LabError as e:
             self.record("lab", False, str(e))
-        for c in CHECKS:  # a step that could not run is a failed check, not a silent one
+        checks = CHECKS + (("detach",) if self.pair["wg_quick"] else ())
+        for c in checks:  # a step that could not run is a failed check, not a silent one
             self.results.setdefault(c, (False, "not reached"))
 
     def checks(self, lab):
@@ -88,7 +89,7 @@ class PairRun:
             if p["wg_quick"]:
                 wgnet.configure_server_only(b, a)
                 conf = wgnet.wg_quick_conf(lab, a, b)
-                wgnet.wg_quick_up(lab, a, p["client"], conf)
+                detach = wgnet.wg_quick_up(lab, a, p["client"], conf)
             else:
                 lab.start(a, p["client"])
                 wgnet.configure_pair(lab, a, b)
@@ -96,6 +97,9 @@ class PairRun:
             self.record("up", False, str(e))
             return
         self.record("up", True, f"{a.ifname} ({p['client']}), {b.ifname} ({p['server']})")
+        if conf is not None:
+            self.record("detach", not detach, "; ".join(detach) or "daemon left wg-quick's "
+                        "stdio and runs on its own")
 
         took = wgnet.wait_reply(a, b.inner4)
         if took is None:
@@ -314,9 +318,12 @@ def main(argv=None):
                           "ping v6 loss a→b / b→a", "iperf3 Mbit/s", "roaming", "result"], rows))
     print()
     for r in runs:
+        unreached = [c for c, (ok, d) in r.results.items() if ok is False and d == "not reached"]
         for c, (ok, detail) in r.results.items():
-            if ok is False:
+            if ok is False and c not in unreached:
                 print(f"- {r.pair['spec']} {c}: {detail}")
+        if unreached:
+            print(f"- {r.pair['spec']} not reached: {', '.join(unreached)}")
     line = f"{passed} passed, {failed} failed"
     if skipped:
         line += f", {skipped} skipped"

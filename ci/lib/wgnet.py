@@ -347,21 +347,42 @@ def configure_server_only(server, client):
 
 def wg_quick_up(lab, side, impl, conf):
     """`wg-quick up CONF` inside side's namespace with the userspace implementation `impl`
-    (wg-quick falls back to it because this kernel has no WireGuard module)."""
+    (wg-quick falls back to it because this kernel has no WireGuard module). Its output goes
+    to a file, not a pipe, so a daemon that keeps wg-quick's stdout cannot hang us; returns
+    the problems with how the daemon detached (empty when none)."""
     path = impl_path(impl)
     if path is None:
         raise LabError(f"{impl} is not available")
     side.impl = impl
     env = dict(os.environ, WG_QUICK_USERSPACE_IMPLEMENTATION=path)
     env.pop("WG_PROCESS_FOREGROUND", None)
-    cp = side.sh(["wg-quick", "up", conf], env=env, timeout=30, check=False)
-    with open(os.path.join(lab.logdir, f"{side.ifname}.wg-quick.log"), "w") as f:
-        f.write(cp.stdout + cp.stderr)
-    if cp.returncode != 0:
-        raise LabError(f"wg-quick up exited {cp.returncode}: {(cp.stderr or cp.stdout)[-400:]}")
-    pids = [int(p) for p in side.sh(["ip", "netns", "pids", side.ns]).stdout.split()]
+    logpath = os.path.join(lab.logdir, f"{side.ifname}.wg-quick.log")
+    with open(logpath, "wb") as logf:
+        try:
+            rc = subprocess.run(["ip", "netns", "exec", side.ns, "wg-quick", "up", conf],
+                                stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, timeout=30).returncode
+        except subprocess.TimeoutExpired as e:
+            raise LabError(f"wg-quick up did not return within 30 s: {tail(logpath)}") from e
+    if rc != 0:
+        raise LabError(f"wg-quick up exited {rc}: {tail(logpath)}")
+    pids = [int(p) for p in run(["ip", "netns", "pids", side.ns]).stdout.split()]
     side.pid = pids[0] if len(pids) == 1 else None
-    lab.wait_ready(side, os.path.join(lab.logdir, f"{side.ifname}.wg-quick.log"))
+    lab.wait_ready(side, logpath)
+    problems = []
+    if side.pid is None:
+        problems.append(f"expected one daemon in the namespace, found pids {pids}")
+    else:
+        for fd in (0, 1, 2):
+            try:
+                target = os.readlink(f"/proc/{side.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target == logpath:
+                problems.append(f"daemon {side.pid} kept wg-quick's fd {fd} open (a caller "
+                                f"reading wg-quick's output through a pipe never sees EOF): "
+                                f"point stdin/stdout/stderr at /dev/null when daemonizing")
+    return problems
 
 
 def wg_quick_down(side, conf):

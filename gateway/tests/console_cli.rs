@@ -179,7 +179,10 @@ fn commit_signals_the_daemon_with_sighup() {
         .expect("spawn bash");
     let pidfile = d.0.join("riceguard.pid");
     std::fs::write(&pidfile, format!("{}\n", child.id())).expect("pidfile");
-    let mut h = SystemHooks { pidfile: pidfile.clone(), ..SystemHooks::default() };
+    let mut h = SystemHooks {
+        pidfile: pidfile.clone(),
+        ..SystemHooks::default()
+    };
     // bash installs the trap a moment after starting; retry the signal until it is seen.
     let mut seen = false;
     for _ in 0..100 {
@@ -200,5 +203,8 @@ fn commit_signals_the_daemon_with_sighup() {
     // A pid that is not riceguard is refused.
     std::fs::write(&pidfile, format!("{}\n", std::process::id())).expect("pidfile");
     let e = h.reload().unwrap_err();
-    assert!(e.contains("not a riceguard process") || e.contains("not running"), "{e}");
+    assert!(
+        e.contains("not a riceguard process") || e.contains("not running"),
+        "{e}"
+    );
 }

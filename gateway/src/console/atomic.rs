@@ -54,7 +54,7 @@ pub fn write(path: &Path, data: &[u8]) -> io::Result<()> {
     write_with(path, data, &mut |_| Ok(()))
 }
 
-/// [`write`] with a hook called before each [`Step`]; an error from the hook stops the
+/// [`write()`] with a hook called before each [`Step`]; an error from the hook stops the
 /// write there, as a crash would (nothing is cleaned up, so tests see what a crash leaves).
 pub fn write_with(
     path: &Path,

@@ -4,7 +4,7 @@
 //! confirmed, `rollback N` brings back one of the 10 saved versions.
 //!
 //! Module map:
-//! - [`line`]: bytes from a serial line -> command lines (editing, CR/LF, noise, bounds)
+//! - [`line`](mod@line): bytes from a serial line -> command lines (editing, CR/LF, noise, bounds)
 //! - [`command`]: the command language, `help`, and `set`/`delete` as edits of a `Config`
 //! - [`validate`]: field parsers and the whole-config gate [`validate::validate_candidate`]
 //! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own
@@ -16,6 +16,21 @@
 //!
 //! When stdin is a terminal the console prompts, echoes and edits; otherwise it reads
 //! one command per line, answers on stdout, and exits non-zero if any command failed.
+//!
+//! Decisions (user-visible):
+//! - `commit` saves (atomically, previous version to `history/`) and applies (SIGHUP to
+//!   the daemon); `save` is kept only to say so, and fails if changes are uncommitted.
+//! - `commit-confirm N`: the deadline is also written to `DIR/commit-confirm`, so a
+//!   console restarted by init (serial hang-up) still rolls back in time; at end of
+//!   input the console waits for the deadline rather than leave it unguarded.
+//! - A new appliance (nothing ever saved in DIR) starts with a generated private key in
+//!   the candidate; `factory-reset` gives the same state, keeps the history (so it can be
+//!   undone with `rollback 1`) unless `factory-reset erase-history`, and removes the
+//!   console password.
+//! - Console password: off by default, checked for every session (tty or script: the
+//!   first line is then the password), set/removed at once, not through commit.
+//! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
+//!   configuration another console saved meanwhile (`discard` reloads it).
 
 pub mod atomic;
 pub mod command;
@@ -275,5 +290,84 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The invariants a fuzz target checks on arbitrary console input (used by
+/// `fuzz/fuzz_targets/console_line.rs` and by the seeded test below): the line editor
+/// yields only bounded, printable lines; parsing never panics; a `set`/`delete` that
+/// fails leaves the configuration unchanged, and one that succeeds leaves it consistent.
+pub fn fuzz_check_input(data: &[u8]) {
+    let mut editor = LineEditor::new();
+    let mut cfg = crate::core::config::Config::default();
+    for &b in data {
+        let Some(Event::Line(l)) = editor.feed(b) else {
+            continue;
+        };
+        assert!(l.len() <= MAX_LINE && l.bytes().all(|c| (0x20..=0x7e).contains(&c)));
+        let edit: fn(&mut crate::core::config::Config, &[String]) -> command::EditResult =
+            match command::parse(&l) {
+                Ok(command::Command::Set(_)) => command::apply_set,
+                Ok(command::Command::Delete(_)) => command::apply_delete,
+                Ok(command::Command::Help(t)) => {
+                    let _ = command::help(&t);
+                    continue;
+                }
+                _ => continue,
+            };
+        let args: Vec<String> = l.split_whitespace().skip(1).map(String::from).collect();
+        if args.first().map(String::as_str) == Some("system") {
+            continue;
+        }
+        let before = cfg.clone();
+        match edit(&mut cfg, &args) {
+            Err(_) => assert_eq!(cfg, before, "a failed `{l}` changed the configuration"),
+            Ok(_) => {
+                if !validate::check_consistency(&cfg).is_empty() {
+                    // The session refuses such a change; do the same here.
+                    cfg = before;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Stand-in for the fuzz target where `fuzz/` is not built: seeded random bytes and
+    /// byte-level mutations of real command lines.
+    #[test]
+    fn seeded_random_input_keeps_the_invariants() {
+        let seeds: &[&[u8]] = &[
+            b"set interface listen-port 51820\nset interface address 10.0.0.1/24\n",
+            b"set peer xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg= allowed-ips 10.0.0.2/32,fd00::2/128\r\n",
+            b"set gateway cores 0-3\rset gateway tcp-listen 443,8443\r\ndelete gateway cores\n",
+            b"delete peer xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg= allowed-ips 10.0.0.2/32\n",
+            b"help set\nshow candidate private\ncommit-confirm 5\n",
+        ];
+        let mut x: u64 = 0xdead_beef_cafe_f00d;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..2000 {
+            let mut d: Vec<u8> = seeds[i % seeds.len()].to_vec();
+            for _ in 0..(next() % 8) {
+                let pos = (next() as usize) % (d.len() + 1);
+                match next() % 4 {
+                    0 => d.insert(pos, next() as u8),
+                    1 if pos < d.len() => {
+                        d.remove(pos);
+                    }
+                    2 if pos < d.len() => {
+                        d[pos] = b"0123456789,./:- \n\x7f"[(next() % 17) as usize]
+                    }
+                    _ => d.extend((0..next() % 64).map(|_| next() as u8)),
+                }
+            }
+            super::fuzz_check_input(&d);
+        }
     }
 }

@@ -67,6 +67,9 @@ enum Question {
 struct PendingConfirm {
     deadline: Instant,
     revert_to: Config,
+    /// The deadline is in `DIR/commit-confirm`; its disappearance then means another
+    /// console settled it.
+    recorded: bool,
 }
 
 impl<T: Format + ?Sized> Format for Box<T> {
@@ -209,6 +212,7 @@ impl Session {
                     s.pending = Some(PendingConfirm {
                         deadline: s.clock.now() + Duration::from_secs(left),
                         revert_to: prev,
+                        recorded: true,
                     });
                     let _ = writeln!(text, "a commit-confirm is pending: it rolls back in {left} s unless you `confirm`");
                 }
@@ -264,6 +268,13 @@ impl Session {
         let p = self.pending.as_ref()?;
         if now < p.deadline {
             return None;
+        }
+        if p.recorded && self.store.pending_confirm().is_none() {
+            // Another console confirmed (or committed over) it: nothing left to undo.
+            self.pending = None;
+            return Some(Reply::ok(
+                "the pending commit-confirm was settled from another console: nothing rolled back",
+            ));
         }
         let revert_to = p.revert_to.clone();
         let had_edits = self.candidate != self.running;
@@ -360,8 +371,17 @@ impl Session {
                 None => Reply::err("nothing to confirm: no commit-confirm is pending"),
             },
             Command::Discard => {
+                // Re-read the saved file: it may have been committed from elsewhere.
+                let loaded = self.store.load();
+                let mut text = String::from("uncommitted changes discarded");
+                if loaded.config != self.running && !loaded.fresh {
+                    text.push_str(
+                        "; the saved configuration changed since this console loaded it: reloaded",
+                    );
+                    self.running = loaded.config;
+                }
                 self.candidate = self.running.clone();
-                Reply::ok("uncommitted changes discarded")
+                Reply::ok(text)
             }
             Command::Rollback(0) => {
                 self.candidate = self.running.clone();
@@ -527,14 +547,28 @@ impl Session {
                 if list.is_empty() {
                     return Reply::ok("no saved versions yet (each commit keeps the previous one)");
                 }
-                let now = std::time::SystemTime::now();
+                let now = self.clock.unix();
                 let lines: Vec<String> = list
                     .iter()
                     .map(|(n, t)| {
                         let age = t
-                            .and_then(|t| now.duration_since(t).ok())
-                            .map(|d| super::system::format_uptime(d.as_secs()));
-                        format!("{n:>2}  saved {} ago", age.unwrap_or_else(|| "?".into()))
+                            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                            .map(|t| super::system::format_uptime(now.saturating_sub(t.as_secs())));
+                        // A short summary helps pick the version to roll back to.
+                        let what = match self.store.history(*n) {
+                            Ok(c) => format!(
+                                "{} peer(s), listen port {}",
+                                c.peers.len(),
+                                c.interface
+                                    .listen_port
+                                    .map_or("any".into(), |p| p.to_string())
+                            ),
+                            Err(e) => format!("unusable: {e}"),
+                        };
+                        format!(
+                            "{n:>2}  committed {} ago: {what}",
+                            age.unwrap_or_else(|| "?".into())
+                        )
                     })
                     .collect();
                 Reply::ok(format!(
@@ -668,17 +702,22 @@ impl Session {
             "no new changes".to_string()
         };
         let secs = u64::from(minutes) * 60;
-        self.pending = Some(PendingConfirm {
-            deadline: self.clock.now() + Duration::from_secs(secs),
-            revert_to,
-        });
         let mut t = format!("{msg}\nrolls back in {minutes} min unless you `confirm`");
-        if let Err(e) = self
+        let recorded = match self
             .store
             .set_pending_confirm(Some(self.clock.unix() + secs))
         {
-            let _ = write!(t, "\nwarning: the deadline could not be recorded ({e}): it is lost if the console restarts");
-        }
+            Ok(()) => true,
+            Err(e) => {
+                let _ = write!(t, "\nwarning: the deadline could not be recorded ({e}): it is lost if the console restarts");
+                false
+            }
+        };
+        self.pending = Some(PendingConfirm {
+            deadline: self.clock.now() + Duration::from_secs(secs),
+            revert_to,
+            recorded,
+        });
         Reply::ok(t)
     }
 
@@ -692,6 +731,17 @@ impl Session {
             Ok(back) if back == cfg => {}
             Ok(_) => return Err("not committed: the configuration file would not read back as entered (a bug; please report)".into()),
             Err(e) => return Err(format!("not committed: the configuration file would not read back: {e}")),
+        }
+        let _lock = self
+            .store
+            .lock()
+            .map_err(|e| format!("not committed: {e}"))?;
+        // Another console (or a hand edit) may have saved since this one loaded: do not
+        // overwrite what it did without the user seeing it.
+        if self.store.load().config != self.running {
+            return Err("not committed: the saved configuration was changed by someone else since \
+                 this console loaded it; `discard` loads it (your changes are lost), or `show` then redo them"
+                .into());
         }
         self.store
             .save_text(&text)

@@ -6,15 +6,21 @@
 //! DIR/console.passwd              optional console password (salted, iterated hash), mode 0600
 //! DIR/commit-confirm              present while a `commit-confirm` waits for `confirm`: the
 //!                                 unix time of its deadline (a restarted console resumes it)
+//! DIR/.lock                       flock()ed while a commit checks and replaces the files
+//! DIR/.riceguard.conf.tmp         only between the steps of an atomic write
 //! ```
 //!
-//! Every file is replaced through [`atomic::write`], so a power cut leaves the old or the
+//! Every file is replaced through [`atomic::write()`], so a power cut leaves the old or the
 //! new version. The text format is behind [`Format`] so the history and fallback logic is
 //! tested without depending on the INI code.
 
 use std::fmt;
+use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
 use std::time::SystemTime;
 
 use super::atomic;
@@ -27,6 +33,7 @@ pub const HISTORY: &str = "history";
 pub const KEEP: usize = 10;
 pub const PASSWD: &str = "console.passwd";
 pub const CONFIRM: &str = "commit-confirm";
+pub const LOCK: &str = ".lock";
 
 /// Turns a [`Config`] into file text and back.
 pub trait Format {
@@ -245,6 +252,24 @@ impl<F: Format> Store<F> {
             }
         }
         Ok(())
+    }
+
+    /// Hold this while checking and replacing the saved configuration, so two consoles
+    /// (serial line and a script, say) cannot interleave their history rotations.
+    pub fn lock(&self) -> Result<Flock<File>, StoreError> {
+        let p = self.dir.join(LOCK);
+        std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&p)
+            .map_err(io_err(&p))?;
+        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| StoreError::Io {
+            path: p,
+            err: io::Error::from(e),
+        })
     }
 
     /// Delete every history version (used by `factory-reset erase-history`).

@@ -138,6 +138,30 @@ pub struct PeerState {
     pub rx_bytes: u64,
     /// Whether the last `update_timers` saw an established session (for the log line).
     had_session: bool,
+    /// Transport events for the TCP-fallback client (index 0 UDP, 1 TCP), counted here
+    /// and turned into state-machine inputs by the driver.
+    pub events: TransportEvents,
+}
+
+/// Monotonic per-transport counters of what happened to a peer (index: 0 UDP, 1 TCP).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TransportEvents {
+    pub handshakes_sent: [u64; 2],
+    pub handshakes_answered: [u64; 2],
+    pub authenticated_rx: [u64; 2],
+}
+
+fn tidx(a: &PeerAddr) -> usize {
+    usize::from(a.is_tcp())
+}
+
+/// Send `d` to `to`, counting handshake initiations for the fallback client.
+fn send_counted(st: &mut PeerState, to: PeerAddr, d: &[u8], io: &mut impl Io) {
+    if d.first() == Some(&1) {
+        st.events.handshakes_sent[tidx(&to)] += 1;
+    }
+    st.tx_bytes += d.len() as u64;
+    io.send(to, d);
 }
 
 /// One configured peer.
@@ -377,6 +401,7 @@ impl Device {
                             tx_bytes: 0,
                             rx_bytes: 0,
                             had_session: false,
+                            events: TransportEvents::default(),
                         }),
                     })
                 }
@@ -433,11 +458,7 @@ impl Device {
         let endpoint = st.endpoint;
         match st.tunn.encapsulate(packet, scratch) {
             TunnResult::WriteToNetwork(d) => match endpoint {
-                Some(ep) => {
-                    let n = d.len() as u64;
-                    io.send(ep, d);
-                    st.tx_bytes += n;
-                }
+                Some(ep) => send_counted(&mut st, ep, d, io),
                 None => DropCounters::bump(&self.drops.no_endpoint),
             },
             TunnResult::Err(e) => log::trace!("encapsulate for {}: {e:?}", short(&peer.public_key)),
@@ -543,6 +564,10 @@ impl Device {
             return;
         }
         st.rx_bytes += n;
+        st.events.authenticated_rx[tidx(&from)] += 1;
+        if matches!(packet, Packet::HandshakeResponse(_)) {
+            st.events.handshakes_answered[tidx(&from)] += 1;
+        }
         // Roaming: the latest authenticated packet decides where the peer is.
         if st.endpoint != Some(from) {
             if let Some(old) = st.endpoint {
@@ -605,9 +630,7 @@ impl Device {
             match st.tunn.update_timers(scratch) {
                 TunnResult::WriteToNetwork(d) => {
                     if let Some(ep) = endpoint {
-                        let n = d.len() as u64;
-                        io.send(ep, d);
-                        st.tx_bytes += n;
+                        send_counted(&mut st, ep, d, io);
                     }
                 }
                 TunnResult::Err(WireGuardError::ConnectionExpired) => {}
@@ -638,10 +661,48 @@ impl Device {
                 if let TunnResult::WriteToNetwork(d) =
                     st.tunn.format_handshake_initiation(scratch, false)
                 {
-                    io.send(ep, d);
+                    send_counted(&mut st, ep, d, io);
                 }
             }
         }
+    }
+
+    /// Point a peer at `to` (the TCP-fallback client switching transports).
+    pub fn set_endpoint(&self, key: &Key, to: PeerAddr) {
+        if let Some(p) = self.snapshot().peer_by_key(key) {
+            let mut st = p.lock();
+            if st.endpoint != Some(to) {
+                log::info!(
+                    "peer {} endpoint {} -> {to}",
+                    short(key),
+                    st.endpoint
+                        .map(|e| e.to_string())
+                        .unwrap_or("(none)".into())
+                );
+                st.endpoint = Some(to);
+            }
+        }
+    }
+
+    /// Send a fresh handshake initiation to `to` now (a fallback probe, or the first
+    /// handshake over a new TCP connection), whatever handshake is in progress.
+    pub fn force_handshake(&self, key: &Key, to: PeerAddr, scratch: &mut [u8], io: &mut impl Io) {
+        if let Some(p) = self.snapshot().peer_by_key(key) {
+            let mut st = p.lock();
+            if let TunnResult::WriteToNetwork(d) =
+                st.tunn.format_handshake_initiation(scratch, true)
+            {
+                send_counted(&mut st, to, d, io);
+            }
+        }
+    }
+
+    /// The transport event counters and current endpoint of one peer.
+    pub fn peer_events(&self, key: &Key) -> Option<(TransportEvents, Option<PeerAddr>)> {
+        let t = self.snapshot();
+        let p = t.peer_by_key(key)?;
+        let st = p.lock();
+        Some((st.events, st.endpoint))
     }
 
     /// Per-peer figures for `wg show` and the console.
@@ -736,6 +797,7 @@ fn placeholder_state(id: &Identity, public: Key, index: u32) -> PeerState {
         tx_bytes: 0,
         rx_bytes: 0,
         had_session: false,
+        events: TransportEvents::default(),
     }
 }
 

@@ -14,6 +14,7 @@
 //! (types 1–3) have exact lengths and are checked for them.
 
 use std::fmt;
+use std::time::Duration;
 
 /// Bytes of the length prefix.
 pub const HEADER_LEN: usize = 2;
@@ -337,6 +338,8 @@ pub struct OutQueue {
     buf: Box<[u8]>,
     head: usize,
     len: usize,
+    /// Bytes of the newest frame (0 when unknown or partly written).
+    last_frame: usize,
 }
 
 impl OutQueue {
@@ -346,6 +349,7 @@ impl OutQueue {
             buf: vec![0; capacity.max(HEADER_LEN + MAX_MESSAGE_LEN)].into_boxed_slice(),
             head: 0,
             len: 0,
+            last_frame: 0,
         }
     }
 
@@ -372,6 +376,7 @@ impl OutQueue {
         }
         self.put(&len.to_be_bytes());
         self.put(msg);
+        self.last_frame = HEADER_LEN + msg.len();
         Ok(())
     }
 
@@ -382,6 +387,11 @@ impl OutQueue {
         self.buf[tail..tail + first].copy_from_slice(&data[..first]);
         self.buf[..data.len() - first].copy_from_slice(&data[first..]);
         self.len += data.len();
+    }
+
+    /// Bytes of the newest queued frame, if it is wholly queued.
+    pub fn last_frame(&self) -> usize {
+        self.last_frame
     }
 
     /// Up to `budget` queued bytes, in order, as (first, second) slices.
@@ -400,20 +410,37 @@ impl OutQueue {
         let n = n.min(self.len);
         self.head = (self.head + n) % self.buf.len();
         self.len -= n;
+        self.last_frame = self.last_frame.min(self.len);
         if self.len == 0 {
             self.head = 0;
         }
     }
 }
 
-/// When to write what has been queued. Interactive traffic (a lone small packet after
-/// the connection was idle) goes out at once; bulk is written once per batch, or as
-/// soon as a full write budget (a multiple of the MSS) has gathered.
+/// Where to split one write of `total` bytes whose last frame is `last_frame` bytes so
+/// that TCP does not cut off a tail smaller than any WireGuard message: a write pushed
+/// onto an idle connection leaves as `total / mss` full segments plus `total % mss`
+/// bytes. When that remainder is tiny (1..32 bytes) and sending the last frame as a
+/// second write avoids it, returns the length of the first write.
+pub fn tail_split(total: usize, last_frame: usize, mss: usize) -> Option<usize> {
+    let tiny = |n: usize| mss > 0 && (1..MIN_MESSAGE_LEN).contains(&(n % mss));
+    (total > mss && tiny(total) && last_frame > 0 && last_frame < total)
+        .then(|| total - last_frame)
+        .filter(|first| !tiny(*first) && !tiny(last_frame))
+}
+
+/// When to write what has been queued. Interactive traffic (a packet arriving with
+/// nothing queued, `interactive_gap` or more after the previous write) goes out at
+/// once; packets that follow closely are bulk: they gather and are written once per
+/// batch, or as soon as a full write budget (a multiple of the MSS) has gathered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CoalescePolicy {
     /// Bytes per write syscall: `mss_multiple` segments' worth, at most `max_write`.
     pub mss_multiple: usize,
     pub max_write: usize,
+    /// A packet this long after the previous write, with nothing queued, is
+    /// interactive.
+    pub interactive_gap: Duration,
 }
 
 impl Default for CoalescePolicy {
@@ -421,6 +448,7 @@ impl Default for CoalescePolicy {
         CoalescePolicy {
             mss_multiple: 44,
             max_write: 64 * 1024,
+            interactive_gap: Duration::from_micros(500),
         }
     }
 }
@@ -439,6 +467,14 @@ impl CoalescePolicy {
     /// (`batch_done` false) or at its end.
     pub fn flush_now(&self, queued: usize, batch_done: bool, mss: usize) -> bool {
         batch_done || queued >= self.write_budget(mss)
+    }
+
+    /// For a single packet sent without batch boundaries: write it at once
+    /// (interactive) or let it gather behind a deferred flush (bulk)?
+    /// `queued_before`: bytes already waiting; `since_write`: time since the last
+    /// write (`None`: never written).
+    pub fn is_interactive(&self, queued_before: usize, since_write: Option<Duration>) -> bool {
+        queued_before == 0 && since_write.map_or(true, |d| d >= self.interactive_gap)
     }
 }
 
@@ -724,6 +760,25 @@ mod tests {
     }
 
     #[test]
+    fn tail_split_avoids_tiny_tails() {
+        // 22 frames of 98 bytes = 2156 = 1448 + 708: fine as it is.
+        assert_eq!(tail_split(2156, 98, 1448), None);
+        // 1450 = 1448 + 2: a 2-byte tail; sending the last 98-byte frame apart fixes it.
+        assert_eq!(tail_split(1450, 98, 1448), Some(1352));
+        // A single frame cannot be split; a small write has no tail.
+        assert_eq!(tail_split(1450, 1450, 1448), None);
+        assert_eq!(tail_split(100, 50, 1448), None);
+        // Never trade one tiny tail for another.
+        assert_eq!(tail_split(2 * 1448 + 5, 1448 + 10, 1448), None);
+        let mut q = OutQueue::new(0);
+        q.push(&data_msg(96, 0)).unwrap();
+        q.push(&data_msg(40, 0)).unwrap();
+        assert_eq!(q.last_frame(), 42);
+        q.consume(120);
+        assert_eq!(q.last_frame(), 20, "partly written: only what is left");
+    }
+
+    #[test]
     fn coalesce_policy() {
         let p = CoalescePolicy::default();
         assert_eq!(p.write_budget(1448), 1448 * 44);
@@ -732,5 +787,10 @@ mod tests {
         assert!(p.flush_now(10, true, 1448));
         assert!(!p.flush_now(10, false, 1448));
         assert!(p.flush_now(p.write_budget(1448), false, 1448));
+        // A lone packet after a pause goes at once; one right behind another gathers.
+        assert!(p.is_interactive(0, None));
+        assert!(p.is_interactive(0, Some(Duration::from_millis(20))));
+        assert!(!p.is_interactive(0, Some(Duration::from_micros(50))));
+        assert!(!p.is_interactive(1400, Some(Duration::from_secs(1))));
     }
 }

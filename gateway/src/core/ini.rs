@@ -5,7 +5,8 @@
 //!   matched case-insensitively;
 //! - comments from `#` or `;` to the end of the line, blank lines, whitespace around
 //!   keys, values and list items;
-//! - `Address`, `AllowedIPs` and `UplinkAddress` as comma lists, repeatable (they add up);
+//! - `Address`, `AllowedIPs`, `UplinkAddress`, `Cores` and `TcpListen` as comma lists,
+//!   repeatable (they add up; [`emit`] splits long lists over several lines);
 //! - wg-quick-only keys that this appliance has no use for are accepted and ignored so
 //!   existing files load unchanged: `DNS`, `Table`, `PreUp`, `PostUp`, `PreDown`,
 //!   `PostDown`, `SaveConfig` (addresses and routes are set up by the gateway itself).
@@ -360,13 +361,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             (Section::Peer, "persistentkeepalive") => Some("PersistentKeepalive"),
             (Section::Peer, "tcpport") => Some("TcpPort"),
             (Section::Gateway, "interfacename") => Some("InterfaceName"),
-            (Section::Gateway, "cores") => Some("Cores"),
             (Section::Gateway, "iouring") => Some("IoUring"),
             (Section::Gateway, "offload") => Some("Offload"),
             (Section::Gateway, "tunoffload") => Some("TunOffload"),
             (Section::Gateway, "hugepages") => Some("HugePages"),
             (Section::Gateway, "buffers") => Some("Buffers"),
-            (Section::Gateway, "tcplisten") => Some("TcpListen"),
             (Section::Gateway, "tcpfallback") => Some("TcpFallback"),
             (Section::Gateway, "bbrrttms") => Some("BbrRttMs"),
             (Section::Gateway, "uplink") => Some("Uplink"),
@@ -450,7 +449,14 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                 let g = &mut cfg.gateway;
                 match lk.as_str() {
                     "interfacename" => g.interface_name = ifname(v).map_err(e)?,
-                    "cores" => g.cores = cores(v).map_err(e)?,
+                    "cores" => {
+                        for c in cores(v).map_err(e)? {
+                            if g.cores.contains(&c) {
+                                return Err(e(format!("core {c} is listed twice")));
+                            }
+                            g.cores.push(c);
+                        }
+                    }
                     "iouring" => g.io_uring = on_off(v).map_err(e)?,
                     "offload" => g.offload = offload(v).map_err(e)?,
                     "tunoffload" => g.tun_offload = on_off(v).map_err(e)?,
@@ -463,7 +469,14 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         }
                         g.buffers = n;
                     }
-                    "tcplisten" => g.tcp_listen = tcp_listen(v).map_err(e)?,
+                    "tcplisten" => {
+                        for p in tcp_listen(v).map_err(e)? {
+                            if g.tcp_listen.contains(&p) {
+                                return Err(e(format!("port {p} is listed twice")));
+                            }
+                            g.tcp_listen.push(p);
+                        }
+                    }
                     "tcpfallback" => g.tcp_fallback = on_off(v).map_err(e)?,
                     "bbrrttms" => {
                         g.bbr_rtt_ms = number(v, "milliseconds 0-4294967295").map_err(e)?
@@ -503,15 +516,24 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
-fn join<T: std::fmt::Display>(v: &[T]) -> String {
-    let mut s = String::new();
-    for (i, x) in v.iter().enumerate() {
-        if i > 0 {
-            s.push_str(", ");
+/// Write `Key = a, b, ...` lines for a list, starting a new line (the list keys add up)
+/// before one grows past about 1000 characters, well inside [`MAX_LINE_CHARS`].
+fn list_lines<T: std::fmt::Display>(out: &mut String, key: &str, v: &[T]) {
+    let mut line = String::new();
+    for x in v {
+        let item = x.to_string();
+        if !line.is_empty() && line.len() + item.len() > 1000 {
+            let _ = writeln!(out, "{key} = {line}");
+            line.clear();
         }
-        let _ = write!(s, "{x}");
+        if !line.is_empty() {
+            line.push_str(", ");
+        }
+        line.push_str(&item);
     }
-    s
+    if !line.is_empty() {
+        let _ = writeln!(out, "{key} = {line}");
+    }
 }
 
 fn on_off_str(b: bool) -> &'static str {
@@ -537,9 +559,7 @@ pub fn emit(cfg: &Config) -> String {
     if let Some(m) = ic.fwmark {
         let _ = writeln!(s, "FwMark = {m:#x}");
     }
-    if !ic.addresses.is_empty() {
-        let _ = writeln!(s, "Address = {}", join(&ic.addresses));
-    }
+    list_lines(&mut s, "Address", &ic.addresses);
     if let Some(m) = ic.mtu {
         let _ = writeln!(s, "MTU = {m}");
     }
@@ -548,9 +568,7 @@ pub fn emit(cfg: &Config) -> String {
         if let Some(k) = &p.preshared_key {
             let _ = writeln!(s, "PresharedKey = {}", k.to_base64());
         }
-        if !p.allowed_ips.is_empty() {
-            let _ = writeln!(s, "AllowedIPs = {}", join(&p.allowed_ips));
-        }
+        list_lines(&mut s, "AllowedIPs", &p.allowed_ips);
         if let Some(e) = &p.endpoint {
             let _ = writeln!(s, "Endpoint = {e}");
         }
@@ -567,9 +585,7 @@ pub fn emit(cfg: &Config) -> String {
     if g.interface_name != d.interface_name {
         let _ = writeln!(gs, "InterfaceName = {}", g.interface_name);
     }
-    if g.cores != d.cores {
-        let _ = writeln!(gs, "Cores = {}", join(&g.cores));
-    }
+    list_lines(&mut gs, "Cores", &g.cores);
     if g.io_uring != d.io_uring {
         let _ = writeln!(gs, "IoUring = {}", on_off_str(g.io_uring));
     }
@@ -591,13 +607,7 @@ pub fn emit(cfg: &Config) -> String {
     if g.buffers != d.buffers {
         let _ = writeln!(gs, "Buffers = {}", g.buffers);
     }
-    if g.tcp_listen != d.tcp_listen {
-        if g.tcp_listen.is_empty() {
-            gs.push_str("TcpListen = off\n");
-        } else {
-            let _ = writeln!(gs, "TcpListen = {}", join(&g.tcp_listen));
-        }
-    }
+    list_lines(&mut gs, "TcpListen", &g.tcp_listen);
     if g.tcp_fallback != d.tcp_fallback {
         let _ = writeln!(gs, "TcpFallback = {}", on_off_str(g.tcp_fallback));
     }
@@ -607,9 +617,7 @@ pub fn emit(cfg: &Config) -> String {
     if g.uplink != d.uplink {
         let _ = writeln!(gs, "Uplink = {}", g.uplink);
     }
-    if !g.uplink_addresses.is_empty() {
-        let _ = writeln!(gs, "UplinkAddress = {}", join(&g.uplink_addresses));
-    }
+    list_lines(&mut gs, "UplinkAddress", &g.uplink_addresses);
     if let Some(gw) = g.uplink_gateway {
         let _ = writeln!(gs, "UplinkGateway = {gw}");
     }
@@ -926,6 +934,28 @@ pub(crate) mod tests {
         assert!(c.gateway.tcp_listen.is_empty() && c.gateway.cores.is_empty());
         assert_eq!(parse("e", "").unwrap(), Config::default());
         assert_eq!(emit(&Config::default()), "[Interface]\n");
+    }
+
+    #[test]
+    fn long_lists_round_trip_within_the_line_limit() {
+        let mut c = Config::default();
+        c.gateway.cores = (1..=3090).collect();
+        c.gateway.tcp_listen = (1..=2000).collect();
+        c.peers.push(PeerConfig {
+            public_key: Key([1; 32]),
+            preshared_key: None,
+            allowed_ips: (0..3000u32)
+                .map(|i| Cidr::new(IpAddr::V4(i.into()), 32).unwrap())
+                .collect(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+        });
+        let text = emit(&c);
+        assert!(text.lines().all(|l| l.len() < 1100));
+        assert_eq!(parse("long", &text).unwrap(), c);
+        let e = err_of("[Gateway]\nCores = 1\nCores = 1\n");
+        assert_eq!((e.line, e.key.as_str()), (3, "Cores"));
     }
 
     #[test]

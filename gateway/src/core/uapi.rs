@@ -346,7 +346,9 @@ fn set_line(req: &mut SetRequest, ignoring: &mut bool, line: &str) -> Result<(),
 /// Read one request. `get=1` must be followed by an empty line; `set=1` by `key=value`
 /// lines ending with an empty line (or the end of input, as wireguard-go accepts).
 /// Bounded by [`MAX_REQUEST_BYTES`] and [`MAX_LINE_BYTES`]. After a bad line the rest of
-/// the set request is consumed, so the connection can carry the next request.
+/// the set request is consumed, so the connection can carry the next request; after an
+/// [`UapiError::Io`] (limits, read failure) the stream position is unknown: answer and
+/// close the connection.
 pub fn read_request(r: &mut impl BufRead) -> Result<Request, UapiError> {
     let mut budget = MAX_REQUEST_BYTES;
     let (op, terminated) = match read_line(r, &mut budget)? {
@@ -476,6 +478,8 @@ pub fn apply_set(cfg: &Config, req: &SetRequest) -> Result<Config, UapiError> {
     let mut index: HashMap<Key, usize> = HashMap::with_capacity(peers.len());
     let mut owner: HashMap<Cidr, usize> = HashMap::new();
     let mut live = 0usize;
+    // Peers that lost a prefix to another peer; their lists are cleaned at the end.
+    let mut dirty: Vec<usize> = Vec::new();
     for (i, p) in peers.iter().enumerate() {
         if let Some(p) = p {
             index.insert(p.public_key, i);
@@ -527,22 +531,25 @@ pub fn apply_set(cfg: &Config, req: &SetRequest) -> Result<Config, UapiError> {
             }
             if ps.replace_allowed_ips {
                 for c in p.allowed_ips.drain(..) {
-                    owner.remove(&c.network());
+                    let c = c.network();
+                    if owner.get(&c) == Some(&i) {
+                        owner.remove(&c);
+                    }
                 }
             }
-        }
-        for c in &ps.allowed_ips {
-            let c = c.network();
-            match owner.get(&c).copied() {
-                Some(o) if o == i => {}
-                other => {
-                    if let Some(o) = other {
-                        if let Some(op) = peers[o].as_mut() {
-                            op.allowed_ips.retain(|x| x.network() != c);
+            for c in &ps.allowed_ips {
+                let c = c.network();
+                match owner.insert(c, i) {
+                    Some(o) if o == i => {}
+                    prev => {
+                        // The previous owner's list keeps a stale entry until the
+                        // clean-up below: removing it now would cost a scan per move.
+                        // This peer is cleaned too: it may hold a stale copy of a
+                        // prefix that moved away earlier in this request.
+                        if let Some(o) = prev {
+                            dirty.push(o);
+                            dirty.push(i);
                         }
-                    }
-                    owner.insert(c, i);
-                    if let Some(p) = peers[i].as_mut() {
                         p.allowed_ips.push(c);
                     }
                 }
@@ -551,11 +558,32 @@ pub fn apply_set(cfg: &Config, req: &SetRequest) -> Result<Config, UapiError> {
         if ps.remove {
             if let Some(p) = peers[i].take() {
                 for c in &p.allowed_ips {
-                    owner.remove(&c.network());
+                    let c = c.network();
+                    if owner.get(&c) == Some(&i) {
+                        owner.remove(&c);
+                    }
                 }
                 index.remove(&p.public_key);
                 live -= 1;
             }
+        }
+    }
+    // Drop entries that moved to another peer. A prefix that moved away and back sits
+    // in the list twice; wireguard-go puts a re-added prefix last, so keep the last.
+    dirty.sort_unstable();
+    dirty.dedup();
+    for o in dirty {
+        if let Some(p) = peers[o].as_mut() {
+            let mut seen = std::collections::HashSet::new();
+            let mut keep: Vec<Cidr> = p
+                .allowed_ips
+                .iter()
+                .rev()
+                .filter(|c| owner.get(&c.network()) == Some(&o) && seen.insert(c.network()))
+                .copied()
+                .collect();
+            keep.reverse();
+            p.allowed_ips = keep;
         }
     }
     new.peers = peers.into_iter().flatten().collect();
@@ -1072,6 +1100,19 @@ mod tests {
         ));
         assert_eq!(apply_set(&b, &r).unwrap().interface.private_key, None);
 
+        // A prefix that moves away and back ends up last in its list, once.
+        let r = set(&format!(
+            "set=1\npublic_key={}\nallowed_ip=10.0.0.1/32\npublic_key={}\nallowed_ip=10.0.0.1/32\n\n",
+            k(2).to_hex(),
+            k(1).to_hex()
+        ));
+        let n = apply_set(&b, &r).unwrap();
+        assert_eq!(
+            n.peers[0].allowed_ips,
+            vec![c("10.1.0.0/16"), c("10.0.0.1/32")]
+        );
+        assert_eq!(n.peers[1].allowed_ips, vec![c("10.0.0.2/32")]);
+
         // allowed_ip then remove: the prefix is taken from its owner and then dropped.
         let r = set(&format!(
             "set=1\npublic_key={}\nallowed_ip=10.0.0.1/32\nremove=true\nallowed_ip=10.1.0.0/16\n\n",
@@ -1135,6 +1176,48 @@ mod tests {
         );
         // Unknown keys are skipped.
         assert!(parse_get_response("jc=4\nerrno=0\n\n").is_ok());
+    }
+
+    /// What `wg setconf` (wireguard-tools) writes to the socket, captured with a fake
+    /// listener; keys replaced by fixed bytes.
+    const WG_SETCONF: &str = "set=1\nprivate_key=2121212121212121212121212121212121212121212121212121212121212121\nlisten_port=51820\nfwmark=32\nreplace_peers=true\n\
+        public_key=2222222222222222222222222222222222222222222222222222222222222222\nendpoint=192.0.2.1:51820\npersistent_keepalive_interval=25\nreplace_allowed_ips=true\n\
+        allowed_ip=10.0.0.2/32\nallowed_ip=fd00::2/128\npublic_key=2323232323232323232323232323232323232323232323232323232323232323\nreplace_allowed_ips=true\n\
+        allowed_ip=10.0.0.3/32\n\n";
+
+    #[test]
+    fn real_wg_setconf_request_applies_like_the_config_file() {
+        let Ok(Request::Set(req)) = read(WG_SETCONF) else {
+            panic!("not a set")
+        };
+        let got = apply_set(&base(), &req).unwrap();
+        let conf = format!(
+            "[Interface]\nPrivateKey = {}\nListenPort = 51820\nFwMark = 0x20\n\
+             [Peer]\nPublicKey = {}\nAllowedIPs = 10.0.0.2/32, fd00::2/128\nEndpoint = 192.0.2.1:51820\nPersistentKeepalive = 25\n\
+             [Peer]\nPublicKey = {}\nAllowedIPs = 10.0.0.3/32\n",
+            k(0x21).to_base64(),
+            k(0x22).to_base64(),
+            k(0x23).to_base64()
+        );
+        assert_eq!(got, crate::core::ini::parse("wg.conf", &conf).unwrap());
+    }
+
+    /// A `get=1` answer captured from Debian's wireguard-go (keys replaced by fixed
+    /// bytes) after `wg set ... fwmark 0x20 peer A preshared-key ... endpoint
+    /// [2001:db8::1]:51820 persistent-keepalive 25 allowed-ips 10.9.0.1/24,fd00::9/128
+    /// peer B allowed-ips 10.9.1.0/24 endpoint 192.0.2.7:1234`.
+    const WIREGUARD_GO_GET: &str = "private_key=1111111111111111111111111111111111111111111111111111111111111111\nlisten_port=51999\nfwmark=32\npublic_key=1212121212121212121212121212121212121212121212121212121212121212\npreshared_key=1313131313131313131313131313131313131313131313131313131313131313\nprotocol_version=1\nendpoint=[2001:db8::1]:51820\nlast_handshake_time_sec=0\nlast_handshake_time_nsec=0\ntx_bytes=0\nrx_bytes=0\npersistent_keepalive_interval=25\nallowed_ip=10.9.0.0/24\nallowed_ip=fd00::9/128\npublic_key=1414141414141414141414141414141414141414141414141414141414141414\npreshared_key=0000000000000000000000000000000000000000000000000000000000000000\nprotocol_version=1\nendpoint=192.0.2.7:1234\nlast_handshake_time_sec=0\nlast_handshake_time_nsec=0\ntx_bytes=0\nrx_bytes=0\npersistent_keepalive_interval=0\nallowed_ip=10.9.1.0/24\nerrno=0\n\n";
+
+    #[test]
+    fn real_wireguard_go_answer_parses_and_reemits_identically() {
+        let st = parse_get_response(WIREGUARD_GO_GET).unwrap();
+        assert_eq!(st.listen_port, 51999);
+        assert_eq!(st.fwmark, Some(32));
+        assert_eq!(st.peers.len(), 2);
+        assert_eq!(st.peers[0].persistent_keepalive, Some(25));
+        assert_eq!(st.peers[1].preshared_key, None);
+        assert_eq!(st.peers[0].last_handshake, None);
+        assert_eq!(emit_get(&st), WIREGUARD_GO_GET);
     }
 
     /// The UAPI-visible parts of a config, peers sorted by key.

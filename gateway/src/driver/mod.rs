@@ -2,6 +2,7 @@
 //! the process around them (the drop-in `riceguard IFNAME` and the appliance daemon
 //! `riceguard up --config FILE`).
 
+pub mod offload_io;
 pub mod uapi;
 pub mod uring_worker;
 pub mod worker;
@@ -39,6 +40,7 @@ const USAGE: &str = "usage: riceguard [-f|--foreground] [--workers N] IFNAME
        riceguard up --config FILE [--workers N]";
 
 pub mod tcp;
+pub mod tcp_link;
 pub mod udptcp;
 
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
@@ -113,6 +115,12 @@ pub struct Runtime {
     workers: usize,
     /// Serialises configuration changes (UAPI sets, reloads).
     apply_lock: Mutex<()>,
+    /// The TCP-fallback transport and what it needs to be restarted on a port change.
+    tcp: Mutex<Option<tcp::TcpTransport>>,
+    tcp_sink: Option<Arc<tcp_link::DeviceSink>>,
+    tcp_slot: Arc<tcp_link::TcpSlot>,
+    /// Drop-in mode: TCP listens on the UDP port; appliance mode: the configured ports.
+    tcp_follows_udp: bool,
 }
 
 /// Why a configuration change could not be applied.
@@ -145,6 +153,32 @@ impl Runtime {
         })
     }
 
+    /// (Re)start the TCP transport on `ports`; failure to listen is logged, not fatal:
+    /// UDP keeps working.
+    fn restart_tcp(&self, cfg: &Config, ports: &[u16]) {
+        let Some(sink) = &self.tcp_sink else { return };
+        let mut g = self.tcp.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = g.take() {
+            self.tcp_slot.set(None);
+            old.shutdown();
+        }
+        match tcp_link::start_transport(cfg, ports, sink.clone()) {
+            Ok(t) => {
+                log::info!(
+                    "{}: TCP fallback listening on {:?}",
+                    self.ifname,
+                    t.local_addrs()
+                );
+                self.tcp_slot.set(Some(t.handle()));
+                *g = Some(t);
+            }
+            Err(e) => log::warn!(
+                "{}: TCP fallback cannot listen on {ports:?}: {e}",
+                self.ifname
+            ),
+        }
+    }
+
     /// Apply a whole new configuration (reload from file).
     pub fn apply_config(&self, new: &Config) -> Result<(), ApplyError> {
         let _g = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -163,6 +197,9 @@ impl Runtime {
                 .map_err(|e| ApplyError::Bind(want_port, e))?;
             self.shared.sockets.replace(socks, port);
             log::info!("{}: listening on UDP port {port}", self.ifname);
+            if self.tcp_follows_udp {
+                self.restart_tcp(&new, &[port]);
+            }
         } else if new.interface.fwmark != old.interface.fwmark {
             for s in self.shared.sockets.get().1.iter() {
                 set_mark(s, new.interface.fwmark);
@@ -354,11 +391,29 @@ fn run(opts: Opts) -> Result<(), String> {
     sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
 
     let device = Arc::new(Device::new());
+    let tcp_slot = Arc::new(tcp_link::TcpSlot::default());
+    let sockets = Arc::new(SocketSet::new(socks, port));
+    let vnet_hdr = tun.vnet_hdr();
+    let tcp_sink = match tun.queue(0).map(|q| q.try_clone()) {
+        Some(Ok(q)) => Some(Arc::new(tcp_link::DeviceSink::new(
+            device.clone(),
+            sockets.clone(),
+            tcp_slot.clone(),
+            q,
+            vnet_hdr,
+        ))),
+        _ => {
+            log::warn!(
+                "{ifname}: cannot share a TUN queue with the TCP transport; TCP fallback off"
+            );
+            None
+        }
+    };
     let shared = Arc::new(Shared {
         device: device.clone(),
-        sockets: Arc::new(SocketSet::new(socks, port)),
+        sockets,
         stop: Arc::new(AtomicBool::new(false)),
-        tcp: None,
+        tcp: Some(tcp_slot.clone() as Arc<dyn worker::TcpOut>),
         tun_gone: Arc::new(AtomicBool::new(false)),
     });
     let rt = Arc::new(Runtime {
@@ -366,7 +421,19 @@ fn run(opts: Opts) -> Result<(), String> {
         ifname: ifname.clone(),
         workers,
         apply_lock: Mutex::new(()),
+        tcp: Mutex::new(None),
+        tcp_sink: tcp_sink.clone(),
+        tcp_slot,
+        tcp_follows_udp: !appliance,
     });
+    let tcp_ports = if appliance {
+        cfg.gateway.tcp_listen.clone()
+    } else {
+        vec![port]
+    };
+    if !tcp_ports.is_empty() {
+        rt.restart_tcp(&cfg, &tcp_ports);
+    }
     rt.apply_config(&cfg).map_err(|e| e.to_string())?;
     log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
     let report = vec![
@@ -396,10 +463,12 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     {
         let sh = shared.clone();
+        let sink = tcp_sink.clone();
         std::thread::Builder::new()
             .name("rg-timers".into())
             .spawn(move || {
                 let mut scratch = vec![0u8; SCRATCH_SIZE];
+                let mut fallback = tcp_link::FallbackManager::new();
                 while !sh.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(250));
                     let mut io = TimerIo {
@@ -407,6 +476,9 @@ fn run(opts: Opts) -> Result<(), String> {
                         tcp: sh.tcp.as_deref(),
                     };
                     sh.device.update_timers(&mut scratch, &mut io);
+                    if let Some(sink) = &sink {
+                        fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
+                    }
                 }
             })
             .map_err(|e| e.to_string())?;
@@ -450,6 +522,10 @@ fn run(opts: Opts) -> Result<(), String> {
     let _ = std::fs::remove_file(status_path(&ifname));
     if appliance {
         let _ = std::fs::remove_file(PIDFILE);
+    }
+    if let Some(t) = rt.tcp.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        rt.tcp_slot.set(None);
+        t.shutdown();
     }
     for h in handles {
         let _ = h.join();

@@ -6,30 +6,31 @@
 //!
 //! Both carry only WireGuard messages: a datagram that is not one is not forwarded
 //! (the far side would have to close the connection), and a frame that is not one
-//! closes the connection. Writes follow the transport's rules: a batch of datagrams
-//! waiting on the UDP socket is framed into one buffer and leaves in one `send`, never
-//! a bare header; back-pressure stops reading UDP, so the kernel drops whole datagrams.
+//! closes the connection. `tcp2udp` runs on the gateway's own [`TcpTransport`]
+//! (limits, timeouts, congestion control, coalescing writer). `udp2tcp` is one
+//! connection with blocking sockets and the same write rules: the datagrams waiting on
+//! the UDP socket are framed into one buffer and leave in one `send`, never a bare
+//! header; back-pressure stops reading UDP, so the kernel drops whole datagrams.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Read};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{self, MsgFlags};
 
-use crate::core::congestion::{apply_with_fallback, CcPolicy};
+use crate::core::congestion::CcPolicy;
 use crate::core::framing::{
-    check_message, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
+    check_message, tail_split, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
 };
+use crate::driver::tcp::{set_cc, ConnId, SendError, TcpConfig, TcpHandle, TcpSink, TcpTransport};
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
 const UDP2TCP_USAGE: &str =
@@ -38,7 +39,8 @@ const UDP2TCP_USAGE: &str =
   to --tcp-forward (u16 big-endian length framing, as Mullvad's udp2tcp).";
 const TCP2UDP_USAGE: &str =
     "usage: riceguard tcp2udp --tcp-listen ADDR [--tcp-listen ADDR ...] --udp-forward ADDR
-                         [--udp-bind IP] [--max-connections N] [TCP OPTIONS]
+                         [--udp-bind IP] [--max-connections N] [--max-per-source N]
+                         [TCP OPTIONS]
   Accept TCP connections and forward each one's frames to --udp-forward from its own
   UDP socket (as Mullvad's tcp2udp).";
 const TCP_OPTIONS_USAGE: &str = "TCP OPTIONS:
@@ -269,7 +271,7 @@ struct CcCheck {
 
 impl CcCheck {
     fn start(tcp: &TcpStream, policy: CcPolicy) -> Self {
-        set_cc(tcp, policy.choose(None));
+        let _ = set_cc(tcp, policy.choose(None));
         CcCheck {
             policy,
             at: Some(Instant::now() + Duration::from_secs(1)),
@@ -281,18 +283,11 @@ impl CcCheck {
             self.at = None;
             if let Ok(info) = systcp::tcp_info(tcp) {
                 if let Some(want) = self.policy.recheck(self.policy.low, info.srtt) {
-                    set_cc(tcp, want);
+                    let _ = set_cc(tcp, want);
                     log::debug!("srtt {:?}: congestion control {want}", info.srtt);
                 }
             }
         }
-    }
-}
-
-fn set_cc(tcp: &TcpStream, want: crate::core::congestion::Algo) {
-    if let Some((got, true)) = apply_with_fallback(want, |a| systcp::set_congestion(tcp, a.name()))
-    {
-        log::warn!("TCP congestion control {want} unavailable; using {got}");
     }
 }
 
@@ -333,7 +328,7 @@ fn pump_udp_to_tcp(
         .unwrap_or(1448);
     while !stop.load(Ordering::Relaxed) {
         let budget = policy.write_budget(mss);
-        let mut len = 0;
+        let (mut len, mut last) = (0, 0);
         // First datagram: block (bounded by the read timeout so `stop` is seen).
         let mut flags = MsgFlags::empty();
         loop {
@@ -348,6 +343,7 @@ fn pump_udp_to_tcp(
             if check_message(&slot[..n], MAX_MESSAGE_LEN).is_ok() {
                 buf[len..len + HEADER_LEN].copy_from_slice(&(n as u16).to_be_bytes());
                 len += HEADER_LEN + n;
+                last = HEADER_LEN + n;
             }
             if len >= budget {
                 break;
@@ -355,7 +351,13 @@ fn pump_udp_to_tcp(
             flags = MsgFlags::MSG_DONTWAIT;
         }
         if len > 0 {
-            systcp::send_all(tcp, &buf[..len])?;
+            match tail_split(len, last, mss) {
+                Some(first) => {
+                    systcp::send_all(tcp, &buf[..first])?;
+                    systcp::send_all(tcp, &buf[first..len])?;
+                }
+                None => systcp::send_all(tcp, &buf[..len])?,
+            }
             cc.maybe(tcp);
             if let Ok(i) = systcp::tcp_info(tcp) {
                 mss = (i.snd_mss as usize).max(536);
@@ -459,129 +461,162 @@ fn relay(udp: UdpSocket, tcp: TcpStream, cc: CcCheck) -> io::Result<()> {
     r.and(up)
 }
 
-/// The server-side relay: many TCP clients, each with its own UDP socket.
+/// The server-side relay, built on the gateway's own [`TcpTransport`] (same limits,
+/// timeouts, congestion-control policy and coalescing writer): each TCP connection
+/// gets its own UDP socket towards `--udp-forward`, created with its first message.
 pub struct Tcp2Udp {
-    listeners: Vec<TcpListener>,
-    opts: Tcp2UdpOptions,
+    transport: TcpTransport,
+}
+
+struct UdpSide {
+    udp: UdpSocket,
+    stop: AtomicBool,
+}
+
+struct Tcp2UdpSink {
+    udp_forward: SocketAddr,
+    udp_bind: IpAddr,
+    handle: OnceLock<TcpHandle>,
+    sides: Mutex<HashMap<ConnId, Arc<UdpSide>>>,
+}
+
+impl Tcp2UdpSink {
+    fn side(&self, conn: ConnId, remote: SocketAddr) -> Option<Arc<UdpSide>> {
+        let mut sides = self.sides.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = sides.get(&conn) {
+            return Some(s.clone());
+        }
+        let handle = self.handle.get()?;
+        let udp = UdpSocket::bind(SocketAddr::new(self.udp_bind, 0))
+            .and_then(|u| u.connect(self.udp_forward).map(|_| u))
+            .map_err(|e| log::warn!("tcp2udp: {remote}: no UDP socket: {e}"))
+            .ok()?;
+        let side = Arc::new(UdpSide {
+            udp,
+            stop: AtomicBool::new(false),
+        });
+        let (s2, h2) = (side.clone(), handle.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tcp2udp-udp".into())
+            .spawn(move || udp_to_transport(&s2, &h2, conn));
+        if let Err(e) = spawned {
+            log::warn!("tcp2udp: {remote}: cannot start a thread: {e}");
+            handle.close(conn);
+            return None;
+        }
+        log::debug!(
+            "tcp2udp: conn {conn} from {remote} -> {}/UDP",
+            self.udp_forward
+        );
+        sides.insert(conn, side.clone());
+        Some(side)
+    }
+}
+
+impl TcpSink for Tcp2UdpSink {
+    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) {
+        if let Some(side) = self.side(conn, remote) {
+            // A lost datagram is what UDP allows; the relay keeps going.
+            let _ = side.udp.send(msg);
+        }
+    }
+
+    fn on_closed(&self, conn: ConnId) {
+        let side = self
+            .sides
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&conn);
+        if let Some(s) = side {
+            s.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// UDP replies back onto the connection, one `send` per datagram as the gateway's
+/// device does: the transport tells interactive packets from bulk and coalesces the
+/// latter itself (so the helper test exercises that path).
+fn udp_to_transport(side: &UdpSide, h: &TcpHandle, conn: ConnId) {
+    let mut buf = vec![0u8; MAX_MESSAGE_LEN];
+    // Bounded waits so that `stop` is seen once the connection is gone.
+    if side
+        .udp
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .is_err()
+    {
+        return h.close(conn);
+    }
+    while !side.stop.load(Ordering::Relaxed) {
+        match side.udp.recv(&mut buf) {
+            Ok(n) => match h.send(conn, &buf[..n]) {
+                Ok(()) => {}
+                Err(SendError::UnknownConn) | Err(SendError::Closed) => return,
+                // Full: dropped whole. Invalid: not WireGuard, not forwarded.
+                Err(_) => {}
+            },
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            // Interrupted, or an ICMP error from an earlier send: keep going.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::Interrupted | io::ErrorKind::ConnectionRefused
+                ) => {}
+            Err(e) => {
+                log::debug!("tcp2udp: conn {conn}: UDP receive failed: {e}");
+                return h.close(conn);
+            }
+        }
+    }
 }
 
 impl Tcp2Udp {
     pub fn bind(opts: Tcp2UdpOptions) -> io::Result<Tcp2Udp> {
-        let mut listeners = Vec::new();
-        for a in &opts.tcp_listen {
-            let l = systcp::listen(*a, 1024)
-                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {a}/TCP: {e}")))?;
-            l.set_nonblocking(false)?;
-            log::info!(
-                "tcp2udp: listening on {}/TCP -> {}/UDP",
-                l.local_addr()?,
-                opts.udp_forward
-            );
-            listeners.push(l);
+        let udp_bind = opts.udp_bind.unwrap_or(if opts.udp_forward.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+        });
+        let sink = Arc::new(Tcp2UdpSink {
+            udp_forward: opts.udp_forward,
+            udp_bind,
+            handle: OnceLock::new(),
+            sides: Mutex::new(HashMap::new()),
+        });
+        let cfg = TcpConfig {
+            listen: opts.tcp_listen.clone(),
+            tuning: opts.tcp.tuning(),
+            cc: opts.tcp.cc(),
+            max_conns: opts.max_connections,
+            max_per_source: opts.max_per_source,
+            // Mullvad's tcp2udp has no receive timeout unless asked for one.
+            idle_timeout: opts
+                .tcp
+                .recv_timeout
+                .unwrap_or(Duration::from_secs(10 * 365 * 86400)),
+            ..TcpConfig::default()
+        };
+        let transport = TcpTransport::start(cfg, sink.clone())?;
+        let _ = sink.handle.set(transport.handle());
+        for a in transport.local_addrs() {
+            log::info!("tcp2udp: listening on {a}/TCP -> {}/UDP", opts.udp_forward);
         }
-        Ok(Tcp2Udp { listeners, opts })
+        Ok(Tcp2Udp { transport })
     }
 
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect()
+        self.transport.local_addrs().to_vec()
     }
 
-    /// Accept forever; returns only when no listener can accept any more.
+    /// Serve until the process ends.
     pub fn run(self) -> io::Error {
-        let opts = Arc::new(self.opts);
-        let total = Arc::new(AtomicUsize::new(0));
-        let per_source: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
-        let mut threads = Vec::new();
-        for l in self.listeners {
-            let (opts, total, per_source) = (opts.clone(), total.clone(), per_source.clone());
-            threads.push(std::thread::spawn(move || {
-                accept_loop(l, &opts, &total, &per_source)
-            }));
-        }
-        let mut last = io::Error::other("no listeners");
-        for t in threads {
-            if let Ok(e) = t.join() {
-                last = e;
-            }
-        }
-        last
-    }
-}
-
-fn accept_loop(
-    l: TcpListener,
-    opts: &Arc<Tcp2UdpOptions>,
-    total: &Arc<AtomicUsize>,
-    per_source: &Arc<Mutex<HashMap<IpAddr, usize>>>,
-) -> io::Error {
-    loop {
-        let (tcp, remote) = match l.accept() {
-            Ok(x) => x,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if e.raw_os_error() == Some(libc::EMFILE)
-                    || e.raw_os_error() == Some(libc::ENFILE) =>
-            {
-                log::warn!("tcp2udp: accept: {e}; pausing");
-                std::thread::sleep(Duration::from_millis(500));
-                continue;
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
-            Err(e) => return e,
-        };
-        let ip = remote.ip().to_canonical();
-        {
-            let mut ps = per_source.lock().unwrap_or_else(|p| p.into_inner());
-            let n = ps.entry(ip).or_insert(0);
-            if total.load(Ordering::SeqCst) >= opts.max_connections || *n >= opts.max_per_source {
-                log::debug!("tcp2udp: refusing {remote}: connection limit");
-                continue;
-            }
-            *n += 1;
-            total.fetch_add(1, Ordering::SeqCst);
-        }
-        let (opts, total, per_source) = (opts.clone(), total.clone(), per_source.clone());
-        let spawned = std::thread::Builder::new()
-            .name("tcp2udp".into())
-            .spawn(move || {
-                if let Err(e) = serve(tcp, remote, &opts) {
-                    log::debug!("tcp2udp: {remote}: {e}");
-                }
-                total.fetch_sub(1, Ordering::SeqCst);
-                let mut ps = per_source.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(n) = ps.get_mut(&ip) {
-                    *n -= 1;
-                    if *n == 0 {
-                        ps.remove(&ip);
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            log::warn!("tcp2udp: cannot start a thread for {remote}: {e}");
+        loop {
+            std::thread::park();
         }
     }
-}
-
-fn serve(tcp: TcpStream, remote: SocketAddr, o: &Tcp2UdpOptions) -> io::Result<()> {
-    systcp::apply(&tcp, &o.tcp.tuning()).map_err(io::Error::other)?;
-    tcp.set_read_timeout(o.tcp.recv_timeout)?;
-    let bind_ip = o.udp_bind.unwrap_or(if o.udp_forward.is_ipv4() {
-        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-    } else {
-        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-    });
-    let udp = UdpSocket::bind(SocketAddr::new(bind_ip, 0))?;
-    udp.connect(o.udp_forward)?;
-    log::debug!(
-        "tcp2udp: {remote}/TCP <-> {}/UDP -> {}",
-        udp.local_addr()?,
-        o.udp_forward
-    );
-    let cc = CcCheck::start(&tcp, o.tcp.cc());
-    relay(udp, tcp, cc)
 }
 
 #[cfg(test)]

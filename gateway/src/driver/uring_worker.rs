@@ -26,9 +26,9 @@ use nix::errno::Errno;
 
 use crate::core::config::GatewayConfig;
 use crate::core::device::{Io, PeerAddr, SCRATCH_SIZE};
-use crate::driver::worker::{Shared, TcpOut};
 #[cfg(doc)]
 use crate::driver::worker;
+use crate::driver::worker::{Shared, TcpOut};
 use crate::sys::hugepage::{BufPool, PoolConfig, PoolError};
 use crate::sys::tun::TunQueue;
 use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, UringError};
@@ -67,7 +67,11 @@ impl UringWorkerConfig {
             max_in_flight: g.buffers.clamp(16, 4096),
             ..RingConfig::default()
         };
-        UringWorkerConfig { pool, ring, tun_reads: quarter.min(64) }
+        UringWorkerConfig {
+            pool,
+            ring,
+            tun_reads: quarter.min(64),
+        }
     }
 }
 
@@ -150,7 +154,9 @@ impl Io for UringIo<'_, '_> {
         match to {
             PeerAddr::Udp(a) => {
                 if let Some(b) = self.copy(d) {
-                    let r = self.ring.send_udp(b, d.len(), uring::to_socket_family(a, self.v6), None);
+                    let r =
+                        self.ring
+                            .send_udp(b, d.len(), uring::to_socket_family(a, self.v6), None);
                     self.rejected(r);
                 }
             }
@@ -173,20 +179,42 @@ impl Io for UringIo<'_, '_> {
 /// Run one worker on io_uring until `shared.stop` is set (`Ok`), or give the TUN queue
 /// back when io_uring (or the pool) cannot be set up. `index` picks this worker's socket,
 /// as in [`worker::run`].
-pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>, cfg: &UringWorkerConfig) -> Result<(), NotStarted> {
+pub fn run(
+    index: usize,
+    tun: TunQueue,
+    shared: Arc<Shared>,
+    cfg: &UringWorkerConfig,
+) -> Result<(), NotStarted> {
     let pool = match BufPool::new(&cfg.pool) {
         Ok(p) => p,
-        Err(e) => return Err(NotStarted { error: SetupError::Pool(e), tun }),
+        Err(e) => {
+            return Err(NotStarted {
+                error: SetupError::Pool(e),
+                tun,
+            })
+        }
     };
     // `_sock` is held for clarity only: the registered file table keeps its own reference.
     let Some((mut gen, mut _sock)) = socket_of(&shared, index) else {
-        return Err(NotStarted { error: SetupError::NoSocket, tun });
+        return Err(NotStarted {
+            error: SetupError::NoSocket,
+            tun,
+        });
     };
     let mut ring = match Ring::new(&cfg.ring, &pool, _sock.as_raw_fd(), tun.as_raw_fd()) {
         Ok(r) => r,
-        Err(e) => return Err(NotStarted { error: SetupError::Uring(e), tun }),
+        Err(e) => {
+            return Err(NotStarted {
+                error: SetupError::Uring(e),
+                tun,
+            })
+        }
     };
-    log::debug!("worker {index}: io_uring loop, {} buffers, {} TUN reads in flight", pool.count(), cfg.tun_reads);
+    log::debug!(
+        "worker {index}: io_uring loop, {} buffers, {} TUN reads in flight",
+        pool.count(),
+        cfg.tun_reads
+    );
 
     let mut scratch = vec![0u8; SCRATCH_SIZE];
     let mut cache = shared.device.cache();
@@ -237,7 +265,13 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>, cfg: &UringWorkerCo
         }
 
         let table = cache.get(&shared.device);
-        let mut io = UringIo { ring: &mut ring, pool: &pool, tcp: tcp.as_deref(), v6, dropped: 0 };
+        let mut io = UringIo {
+            ring: &mut ring,
+            pool: &pool,
+            tcp: tcp.as_deref(),
+            v6,
+            dropped: 0,
+        };
         // A few rounds at most, so queued SQEs (re-armed reads) reach the kernel soon.
         for _ in 0..4 {
             if io.ring.reap(&mut cqes) == 0 {
@@ -253,13 +287,23 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>, cfg: &UringWorkerCo
                                     let from = PeerAddr::Udp(uring::canonical(from));
                                     // A GRO batch carries several datagrams of `seg`
                                     // bytes (the last may be shorter).
-                                    let seg = uring::gro_segment_size(m.control).unwrap_or(m.payload.len()).max(1);
+                                    let seg = uring::gro_segment_size(m.control)
+                                        .unwrap_or(m.payload.len())
+                                        .max(1);
                                     for d in m.payload.chunks(seg) {
-                                        shared.device.handle_datagram(table, from, d, &mut scratch, &mut io);
+                                        shared.device.handle_datagram(
+                                            table,
+                                            from,
+                                            d,
+                                            &mut scratch,
+                                            &mut io,
+                                        );
                                     }
                                 }
                             }
-                            _ => log::trace!("worker {index}: truncated or malformed datagram dropped"),
+                            _ => log::trace!(
+                                "worker {index}: truncated or malformed datagram dropped"
+                            ),
                         }
                         io.ring.recycle(tok);
                     }
@@ -277,20 +321,31 @@ pub fn run(index: usize, tun: TunQueue, shared: Arc<Shared>, cfg: &UringWorkerCo
                     },
                     Completion::TunRead { buf, res: Ok(n) } => {
                         let n = n.min(pool.buf_size());
-                        shared.device.handle_tun_packet(table, &pool.buf(&buf)[..n], &mut scratch, &mut io);
+                        shared.device.handle_tun_packet(
+                            table,
+                            &pool.buf(&buf)[..n],
+                            &mut scratch,
+                            &mut io,
+                        );
                         if let Err(Rejected(b, _)) = io.ring.read_tun(buf) {
                             pool.free(b);
                             reads -= 1;
                         }
                     }
-                    Completion::TunRead { buf, res: Err(Errno::EAGAIN) } => {
+                    Completion::TunRead {
+                        buf,
+                        res: Err(Errno::EAGAIN),
+                    } => {
                         // Kernels before 6.4 answer a non-blocking TUN read this way.
                         if let Err(Rejected(b, _)) = io.ring.read_tun_after_poll(buf) {
                             pool.free(b);
                             reads -= 1;
                         }
                     }
-                    Completion::TunRead { buf, res: Err(Errno::ECANCELED | Errno::EINTR) } => {
+                    Completion::TunRead {
+                        buf,
+                        res: Err(Errno::ECANCELED | Errno::EINTR),
+                    } => {
                         if let Err(Rejected(b, _)) = io.ring.read_tun(buf) {
                             pool.free(b);
                             reads -= 1;
@@ -353,7 +408,10 @@ mod tests {
         g.buffers = 20;
         g.hugepages = false;
         let c = UringWorkerConfig::from_gateway(&g);
-        assert_eq!((c.ring.recv_buffers, c.tun_reads, c.pool.hugepages), (4, 5, false));
+        assert_eq!(
+            (c.ring.recv_buffers, c.tun_reads, c.pool.hugepages),
+            (4, 5, false)
+        );
         assert_eq!(prev_power_of_two(1), 1);
         assert_eq!(prev_power_of_two(300), 256);
     }
@@ -367,7 +425,10 @@ mod tests {
         p[9] = 17;
         p[12..16].copy_from_slice(&src);
         p[16..20].copy_from_slice(&dst);
-        let mut sum: u32 = p[..20].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+        let mut sum: u32 = p[..20]
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum();
         while sum > 0xffff {
             sum = (sum & 0xffff) + (sum >> 16);
         }
@@ -418,9 +479,17 @@ mod tests {
             if done(wire) {
                 return;
             }
-            let Ok((n, from)) = sock.recv_from(&mut buf) else { continue };
+            let Ok((n, from)) = sock.recv_from(&mut buf) else {
+                continue;
+            };
             let mut cache = b.cache();
-            b.handle_datagram(cache.get(b), PeerAddr::Udp(from), &buf[..n], &mut scratch, wire);
+            b.handle_datagram(
+                cache.get(b),
+                PeerAddr::Udp(from),
+                &buf[..n],
+                &mut scratch,
+                wire,
+            );
             for (to, d) in wire.sent.drain(..) {
                 sock.send_to(&d, to.socket_addr()).expect("b send");
             }
@@ -446,8 +515,13 @@ mod tests {
             let sock_a = UdpSocket::bind("127.0.0.1:0").expect("bind a");
             sock_a.set_nonblocking(true).expect("nonblocking");
             let sock_b = UdpSocket::bind("127.0.0.1:0").expect("bind b");
-            sock_b.set_read_timeout(Some(Duration::from_millis(50))).expect("timeout");
-            let (addr_a, addr_b) = (sock_a.local_addr().expect("a"), sock_b.local_addr().expect("b"));
+            sock_b
+                .set_read_timeout(Some(Duration::from_millis(50)))
+                .expect("timeout");
+            let (addr_a, addr_b) = (
+                sock_a.local_addr().expect("a"),
+                sock_b.local_addr().expect("b"),
+            );
             let dev_a = Arc::new(device(ka, kb, "10.79.0.2/32", addr_b));
             let dev_b = device(kb, ka, "10.79.0.1/32", addr_a);
             let shared = Arc::new(Shared {
@@ -457,18 +531,26 @@ mod tests {
                 tcp: None,
                 tun_gone: Arc::new(AtomicBool::new(false)),
             });
-            let g = GatewayConfig { buffers: 64, hugepages: false, ..GatewayConfig::default() };
+            let g = GatewayConfig {
+                buffers: 64,
+                hugepages: false,
+                ..GatewayConfig::default()
+            };
             let cfg = UringWorkerConfig::from_gateway(&g);
             let q = tun.into_queues().into_iter().next().expect("queue");
             let sh = shared.clone();
-            let worker = std::thread::spawn(move || run(0, q, sh, &cfg).map_err(|n| n.error.to_string()));
+            let worker =
+                std::thread::spawn(move || run(0, q, sh, &cfg).map_err(|n| n.error.to_string()));
 
             // App -> TUN -> worker -> (handshake) -> B.
             let app = UdpSocket::bind("10.79.0.1:0").expect("app");
-            app.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            app.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
             app.send_to(b"hello-b", "10.79.0.2:5555").expect("app send");
             let mut wire = Wire::default();
-            pump_b(&dev_b, &sock_b, &mut wire, |w| w.tun.iter().any(|p| p.ends_with(b"hello-b")));
+            pump_b(&dev_b, &sock_b, &mut wire, |w| {
+                w.tun.iter().any(|p| p.ends_with(b"hello-b"))
+            });
 
             // B -> worker -> TUN -> app.
             let app_port = app.local_addr().expect("app addr").port();

@@ -114,6 +114,24 @@ impl Io for WorkerIo<'_> {
     }
 }
 
+/// Write one plain IP packet to a TUN queue, prefixing an all-zero virtio_net_hdr
+/// (no offload, checksum complete) when the device was opened with `IFF_VNET_HDR`.
+pub fn write_plain(q: &TunQueue, vnet_hdr: bool, p: &[u8], buf: &mut [u8]) -> io::Result<usize> {
+    if !vnet_hdr {
+        return q.write(p);
+    }
+    let h = crate::core::gso::VIRTIO_NET_HDR_LEN;
+    let Some(dst) = buf.get_mut(..h + p.len()) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "packet larger than the TUN buffer",
+        ));
+    };
+    dst[..h].fill(0);
+    dst[h..].copy_from_slice(p);
+    q.write(dst)
+}
+
 /// Shared state the workers watch.
 pub struct Shared {
     pub device: Arc<Device>,

@@ -149,6 +149,7 @@ impl NicFeatures {
     }
 
     fn index(&self, name: &str) -> Option<usize> {
+        let name = kernel_name(name);
         self.names.iter().position(|n| n == name)
     }
 
@@ -184,6 +185,20 @@ impl NicFeatures {
             rx_udp_gro_forwarding: st("rx-udp-gro-forwarding"),
             rx_gro_list: st("rx-gro-list"),
         }
+    }
+}
+
+/// The kernel's name for one of the ethtool tool's legacy umbrella names (`ethtool -k`
+/// prints `generic-receive-offload`, the kernel calls it `rx-gro`).
+fn kernel_name(name: &str) -> &str {
+    match name {
+        "generic-receive-offload" => "rx-gro",
+        "generic-segmentation-offload" => "tx-generic-segmentation",
+        "large-receive-offload" => "rx-lro",
+        "scatter-gather" => "tx-scatter-gather",
+        "rx-checksumming" => "rx-checksum",
+        "tcp-segmentation-offload" => "tx-tcp-segmentation",
+        other => other,
     }
 }
 
@@ -411,6 +426,9 @@ mod tests {
             assert!(!uso.fixed(), "veth lets tx-udp-segmentation change");
             // Loopback-like facts that hold for veth on every kernel we target.
             assert!(f.get("tx-checksum-ipv4").expect("csum4").fixed());
+            // ethtool's umbrella name maps to the kernel's.
+            assert_eq!(f.get("generic-receive-offload"), f.get("rx-gro"));
+            assert!(f.get("rx-gro").is_some());
             let o = f.offloads();
             assert!(o.tx_udp_segmentation.is_some() && o.tx_checksum.is_some_and(|c| c.active));
             assert!(matches!(

@@ -43,7 +43,11 @@ pub struct PoolConfig {
 impl PoolConfig {
     /// `count` buffers of [`DEFAULT_BUF_SIZE`], hugepages when available.
     pub fn new(count: u32) -> PoolConfig {
-        PoolConfig { count, buf_size: DEFAULT_BUF_SIZE, hugepages: true }
+        PoolConfig {
+            count,
+            buf_size: DEFAULT_BUF_SIZE,
+            hugepages: true,
+        }
     }
 }
 
@@ -69,7 +73,10 @@ impl fmt::Display for Fallback {
             Self::Disabled => f.write_str("hugepages are switched off in the configuration"),
             Self::NoneReserved => f.write_str("no hugepages are reserved (vm.nr_hugepages = 0)"),
             Self::NotEnoughFree { needed, free } => {
-                write!(f, "it needs {needed} free hugepages but only {free} are free")
+                write!(
+                    f,
+                    "it needs {needed} free hugepages but only {free} are free"
+                )
             }
             Self::Unsupported(why) => write!(f, "hugepages are not available: {why}"),
             Self::MapFailed(e) => write!(f, "mmap(MAP_HUGETLB) failed: {e}"),
@@ -102,7 +109,10 @@ impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::BadCount(n) => {
-                write!(f, "buffer pool: {n} buffers asked for; use 1 to {MAX_BUFFERS} (`Buffers =`)")
+                write!(
+                    f,
+                    "buffer pool: {n} buffers asked for; use 1 to {MAX_BUFFERS} (`Buffers =`)"
+                )
             }
             Self::BadSize(n) => write!(f, "buffer pool: buffer size {n} must be 1 byte to 1 MiB"),
             Self::Map { bytes, source } => write!(
@@ -214,7 +224,11 @@ impl BufPool {
     pub fn summary(&self) -> (log::Level, String) {
         let mib = self.map_len as f64 / f64::from(1u32 << 20);
         let (n, stride) = (self.count, self.stride);
-        let unlocked = if self.locked { "" } else { "; memory not locked (RLIMIT_MEMLOCK)" };
+        let unlocked = if self.locked {
+            ""
+        } else {
+            "; memory not locked (RLIMIT_MEMLOCK)"
+        };
         match &self.backing {
             Backing::Huge { pages, page_size } => (
                 log::Level::Info,
@@ -334,7 +348,14 @@ fn map(len: usize, extra: libc::c_int) -> io::Result<NonNull<u8>> {
     let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE | extra;
     // SAFETY: anonymous mapping at a kernel-chosen address: touches no existing memory.
     let p = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
     };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
@@ -373,7 +394,8 @@ fn try_huge(cfg: &PoolConfig, bytes: usize) -> Result<(NonNull<u8>, usize, u64, 
     if !cfg.hugepages {
         return Err(Fallback::Disabled);
     }
-    let info = huge_info().ok_or_else(|| Fallback::Unsupported("no HugePages lines in /proc/meminfo".into()))?;
+    let info = huge_info()
+        .ok_or_else(|| Fallback::Unsupported("no HugePages lines in /proc/meminfo".into()))?;
     if info.total == 0 {
         return Err(Fallback::NoneReserved);
     }
@@ -382,7 +404,10 @@ fn try_huge(cfg: &PoolConfig, bytes: usize) -> Result<(NonNull<u8>, usize, u64, 
     }
     let pages = bytes.div_ceil(info.page_size) as u64;
     if info.free < pages {
-        return Err(Fallback::NotEnoughFree { needed: pages, free: info.free });
+        return Err(Fallback::NotEnoughFree {
+            needed: pages,
+            free: info.free,
+        });
     }
     let len = pages as usize * info.page_size;
     // MAP_POPULATE with MAP_HUGETLB takes the pages now, so a shortage shows up as an
@@ -404,7 +429,11 @@ pub(crate) mod tests {
     }
 
     fn nr_hugepages() -> Option<u64> {
-        std::fs::read_to_string("/proc/sys/vm/nr_hugepages").ok()?.trim().parse().ok()
+        std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Restores `vm.nr_hugepages` when dropped (also when the test panics).
@@ -418,9 +447,19 @@ pub(crate) mod tests {
     #[test]
     fn parses_meminfo() {
         let t = "MemTotal: 1 kB\nHugePages_Total:       8\nHugePages_Free:        5\nHugepagesize:       2048 kB\n";
-        assert_eq!(parse_meminfo(t), Some(HugeInfo { total: 8, free: 5, page_size: 2 << 20 }));
+        assert_eq!(
+            parse_meminfo(t),
+            Some(HugeInfo {
+                total: 8,
+                free: 5,
+                page_size: 2 << 20
+            })
+        );
         assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
-        assert_eq!(parse_meminfo("HugePages_Total: x\nHugePages_Free: 1\nHugepagesize: 2048 kB"), None);
+        assert_eq!(
+            parse_meminfo("HugePages_Total: x\nHugePages_Free: 1\nHugepagesize: 2048 kB"),
+            None
+        );
     }
 
     #[test]
@@ -437,7 +476,12 @@ pub(crate) mod tests {
 
     #[test]
     fn forced_ordinary_pages_alloc_free_and_iovecs() {
-        let pool = BufPool::new(&PoolConfig { count: 4, buf_size: 3000, hugepages: false }).expect("pool");
+        let pool = BufPool::new(&PoolConfig {
+            count: 4,
+            buf_size: 3000,
+            hugepages: false,
+        })
+        .expect("pool");
         assert_eq!(pool.backing(), &Backing::Normal(Fallback::Disabled));
         assert_eq!(pool.available(), 4);
         let mut a = pool.alloc().expect("a");
@@ -448,9 +492,14 @@ pub(crate) mod tests {
         assert_eq!(pool.buf(&b).len(), 3000);
         let iov = pool.iovecs();
         assert_eq!(iov.len(), 4);
-        assert_eq!(iov[a.index() as usize].iov_base as *const u8, pool.buf(&a).as_ptr());
+        assert_eq!(
+            iov[a.index() as usize].iov_base as *const u8,
+            pool.buf(&a).as_ptr()
+        );
         // Buffers are page-aligned and do not overlap.
-        assert!(iov.iter().all(|v| v.iov_base as usize % 4096 == 0 && v.iov_len == 3000));
+        assert!(iov
+            .iter()
+            .all(|v| v.iov_base as usize % 4096 == 0 && v.iov_len == 3000));
         let (c, d) = (pool.alloc().expect("c"), pool.alloc().expect("d"));
         assert!(pool.alloc().is_none(), "only 4 buffers");
         for id in [a, b, c, d] {
@@ -477,16 +526,33 @@ pub(crate) mod tests {
         }
         let before = huge_info().expect("meminfo");
         if before.free < 3 || before.page_size != 2 << 20 {
-            eprintln!("skipped: the kernel reserved only {} free hugepages of {} B", before.free, before.page_size);
+            eprintln!(
+                "skipped: the kernel reserved only {} free hugepages of {} B",
+                before.free, before.page_size
+            );
             return;
         }
         // 40 buffers of 68 KiB = 2.7 MiB: two 2 MiB pages.
         let pool = BufPool::new(&PoolConfig::new(40)).expect("pool");
-        assert_eq!(pool.backing(), &Backing::Huge { pages: 2, page_size: 2 << 20 });
+        assert_eq!(
+            pool.backing(),
+            &Backing::Huge {
+                pages: 2,
+                page_size: 2 << 20
+            }
+        );
         assert_eq!(pool.summary().0, log::Level::Info);
-        assert!(pool.summary().1.contains("on 2 hugepages of 2048 KiB"), "{}", pool.summary().1);
+        assert!(
+            pool.summary().1.contains("on 2 hugepages of 2048 KiB"),
+            "{}",
+            pool.summary().1
+        );
         let during = huge_info().expect("meminfo");
-        assert_eq!(before.free - during.free, 2, "free hugepages {before:?} -> {during:?}");
+        assert_eq!(
+            before.free - during.free,
+            2,
+            "free hugepages {before:?} -> {during:?}"
+        );
         let mut id = pool.alloc().expect("buf");
         pool.buf_mut(&mut id).fill(0xa5);
         assert!(pool.buf(&id).iter().all(|&b| b == 0xa5));
@@ -515,8 +581,13 @@ pub(crate) mod tests {
         assert_eq!(pool.backing(), &Backing::Normal(Fallback::NoneReserved));
         let (level, line) = pool.summary();
         assert_eq!(level, log::Level::Warn);
-        assert!(line.contains("not hugepages") && line.contains("vm.nr_hugepages = 0"), "{line}");
-        assert!(Fallback::NoneReserved.to_string().contains("vm.nr_hugepages"));
+        assert!(
+            line.contains("not hugepages") && line.contains("vm.nr_hugepages = 0"),
+            "{line}"
+        );
+        assert!(Fallback::NoneReserved
+            .to_string()
+            .contains("vm.nr_hugepages"));
         // Too few free pages is its own reason.
         let msg = Fallback::NotEnoughFree { needed: 3, free: 1 }.to_string();
         assert!(msg.contains('3') && msg.contains('1'));

@@ -3,11 +3,12 @@
 #![allow(unsafe_code)]
 
 pub mod ethtool;
+pub mod hugepage;
 pub mod netlink;
+pub mod offload;
 pub mod os;
 pub mod process;
 pub mod tcp;
 pub mod tun;
-pub mod hugepage;
 pub mod udp;
 pub mod uring;

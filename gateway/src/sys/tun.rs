@@ -152,6 +152,13 @@ pub struct TunQueue {
 }
 
 impl TunQueue {
+    /// Another handle on the same queue (a dup'd fd), for a second writer thread.
+    pub fn try_clone(&self) -> io::Result<TunQueue> {
+        Ok(TunQueue {
+            fd: self.fd.try_clone()?,
+        })
+    }
+
     /// Read one packet (with the virtio header in front if the device has one).
     /// `WouldBlock` when none is waiting. The buffer should hold 65535 + header bytes
     /// when TSO/USO is on, else MTU + header.
@@ -473,7 +480,16 @@ pub(crate) mod tests {
     /// GSO burst must arrive intact, which checks our virtio header, partial checksums and
     /// segment fixes against the real kernel.
     #[test]
-    fn forwarding_between_namespaces_splits_and_coalesces() {
+    fn forwarding_v4_between_namespaces_splits_and_coalesces() {
+        forward_through_two_tuns(false);
+    }
+
+    #[test]
+    fn forwarding_v6_between_namespaces_splits_and_coalesces() {
+        forward_through_two_tuns(true);
+    }
+
+    fn forward_through_two_tuns(v6: bool) {
         use crate::core::gso::{CoalesceOptions, Coalescer, Splitter, VIRTIO_NET_HDR_LEN};
         use std::io::{Read, Write};
         use std::sync::mpsc;
@@ -484,6 +500,20 @@ pub(crate) mod tests {
             return;
         }
         const BYTES: usize = 3 << 20;
+        let addr_b = move |port: u16| -> std::net::SocketAddr {
+            if v6 {
+                (std::net::Ipv6Addr::new(0xfd79, 1, 0, 0, 0, 0, 0, 1), port).into()
+            } else {
+                (std::net::Ipv4Addr::new(10, 79, 1, 1), port).into()
+            }
+        };
+        let addr_a = move |port: u16| -> std::net::SocketAddr {
+            if v6 {
+                (std::net::Ipv6Addr::new(0xfd79, 0, 0, 0, 0, 0, 0, 1), port).into()
+            } else {
+                (std::net::Ipv4Addr::new(10, 79, 0, 1), port).into()
+            }
+        };
         let pattern = |i: usize| (i % 251) as u8;
 
         let (tx_b, rx_b) = mpsc::channel();
@@ -491,12 +521,25 @@ pub(crate) mod tests {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
             let tun = Tun::create("rgfwb0", 1, true).expect("tun b");
             ip(&["link", "set", "lo", "up"]);
-            ip(&["addr", "add", "10.79.1.1/24", "dev", "rgfwb0"]);
+            ip(&[
+                "addr",
+                "add",
+                if v6 { "fd79:1::1/64" } else { "10.79.1.1/24" },
+                "dev",
+                "rgfwb0",
+                "nodad",
+            ]);
             ip(&["link", "set", "rgfwb0", "up"]);
-            ip(&["route", "add", "10.79.0.0/24", "dev", "rgfwb0"]);
-            let l = std::net::TcpListener::bind("10.79.1.1:5001").expect("listen");
+            ip(&[
+                "route",
+                "add",
+                if v6 { "fd79::/64" } else { "10.79.0.0/24" },
+                "dev",
+                "rgfwb0",
+            ]);
+            let l = std::net::TcpListener::bind(addr_b(5001)).expect("listen");
             let u = crate::sys::udp::UdpSocket::bind(
-                "10.79.1.1:5002".parse().expect("addr"),
+                addr_b(5002),
                 &crate::sys::udp::UdpOptions {
                     gro: false,
                     ..Default::default()
@@ -542,23 +585,33 @@ pub(crate) mod tests {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare");
             let tun = Tun::create("rgfwa0", 1, true).expect("tun a");
             ip(&["link", "set", "lo", "up"]);
-            ip(&["addr", "add", "10.79.0.1/24", "dev", "rgfwa0"]);
+            ip(&[
+                "addr",
+                "add",
+                if v6 { "fd79::1/64" } else { "10.79.0.1/24" },
+                "dev",
+                "rgfwa0",
+                "nodad",
+            ]);
             ip(&["link", "set", "rgfwa0", "up"]);
-            ip(&["route", "add", "10.79.1.0/24", "dev", "rgfwa0"]);
-            let u = crate::sys::udp::UdpSocket::bind(
-                "10.79.0.1:0".parse().expect("addr"),
-                &Default::default(),
-            )
-            .expect("udp a");
+            ip(&[
+                "route",
+                "add",
+                if v6 { "fd79:1::/64" } else { "10.79.1.0/24" },
+                "dev",
+                "rgfwa0",
+            ]);
+            let u =
+                crate::sys::udp::UdpSocket::bind(addr_a(0), &Default::default()).expect("udp a");
             tx_a.send(tun).expect("send tun");
-            let dst = "10.79.1.1:5001".parse().expect("addr");
+            let dst = addr_b(5001);
             let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(10))
                 .expect("connect");
             let data: Vec<u8> = (0..BYTES).map(pattern).collect();
             s.write_all(&data).expect("write");
             s.shutdown(std::net::Shutdown::Write).expect("shutdown");
             let burst = vec![9u8; 12_000];
-            u.send_segmented("10.79.1.1:5002".parse().expect("addr"), &burst, 1200)
+            u.send_segmented(addr_b(5002), &burst, 1200)
                 .expect("udp gso");
         });
         let tun_a: Tun = rx_a.recv().expect("tun a");
@@ -625,7 +678,7 @@ pub(crate) mod tests {
             assert!(super_writes > 0, "we wrote coalesced super-packets");
         }
         eprintln!(
-            "offload a={} b={}, super-packets read {super_reads}, written {super_writes}",
+            "v6={v6} offload a={} b={}, super-packets read {super_reads}, written {super_writes}",
             tun_a.offload(),
             tun_b.offload()
         );

@@ -13,9 +13,11 @@
 use std::fmt;
 use std::io;
 use std::mem::{size_of, MaybeUninit};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::core::offload::{OffloadDecision, SocketProbe};
 
 /// Most messages one `sendmmsg`/`recvmmsg` call moves; the arrays live on the stack.
 pub const BATCH: usize = 64;
@@ -39,6 +41,10 @@ pub struct UdpOptions {
     pub gro: bool,
     /// Use `UDP_SEGMENT` when the kernel has it.
     pub gso: bool,
+    /// Learn the local address each datagram was sent to (`IP_PKTINFO`/
+    /// `IPV6_RECVPKTINFO`) so replies can leave from it: a multi-homed gateway must answer
+    /// from the address the client used (wireguard-go's "sticky" sockets).
+    pub pktinfo: bool,
 }
 
 impl Default for UdpOptions {
@@ -48,6 +54,7 @@ impl Default for UdpOptions {
             buffer_bytes: DEFAULT_BUFFER_BYTES,
             gro: true,
             gso: true,
+            pktinfo: true,
         }
     }
 }
@@ -94,6 +101,16 @@ pub struct RecvMeta {
     /// With GRO: every `segment_size` bytes of the buffer is one datagram of the sender's
     /// (the last may be shorter). Equal to `len` for a single datagram.
     pub segment_size: usize,
+    /// Where it was sent to (with `pktinfo`): reply with this as [`Transmit::src`].
+    pub dst: Option<PktInfo>,
+}
+
+/// A local address and interface, as `IP_PKTINFO`/`IPV6_PKTINFO` carry them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PktInfo {
+    pub ip: IpAddr,
+    /// Interface index (0: let routing choose).
+    pub ifindex: u32,
 }
 
 impl RecvMeta {
@@ -101,6 +118,7 @@ impl RecvMeta {
         len: 0,
         src: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
         segment_size: 0,
+        dst: None,
     };
 
     /// Number of datagrams in this buffer.
@@ -127,6 +145,20 @@ pub struct Transmit<'a> {
     /// `Some(n)`: GSO, split into `n`-byte datagrams by the kernel (only when
     /// [`UdpSocket::gso_enabled`]). `None`: one datagram.
     pub segment_size: Option<u16>,
+    /// Leave from this local address (from [`RecvMeta::dst`]); `None`: routing picks.
+    pub src: Option<PktInfo>,
+}
+
+impl<'a> Transmit<'a> {
+    /// One datagram, routing picks the source.
+    pub fn new(dst: SocketAddr, contents: &'a [u8]) -> Self {
+        Transmit {
+            dst,
+            contents,
+            segment_size: None,
+            src: None,
+        }
+    }
 }
 
 /// The socket. `&self` methods only, so workers may share it across threads.
@@ -137,7 +169,7 @@ pub struct UdpSocket {
     /// The socket is AF_INET6 (IPv4 peers go as v4-mapped addresses).
     v6: bool,
     gso: AtomicBool,
-    gro: bool,
+    gro: AtomicBool,
 }
 
 /// Room for any socket address we send to or receive from.
@@ -148,15 +180,15 @@ union RawAddr {
     v6: libc::sockaddr_in6,
 }
 
-/// Control-message space for one message (a `UDP_SEGMENT`/`UDP_GRO` int with headroom),
+/// Control-message space for one message (`UDP_SEGMENT`/`UDP_GRO` plus a pktinfo),
 /// aligned as cmsgs must be. Public so io_uring sendmsg/recvmsg ops can own one per op.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug)]
-pub struct CmsgBuf(pub [u8; 64]);
+pub struct CmsgBuf(pub [u8; 128]);
 
 impl Default for CmsgBuf {
     fn default() -> Self {
-        CmsgBuf([0; 64])
+        CmsgBuf([0; 128])
     }
 }
 
@@ -223,6 +255,13 @@ impl UdpSocket {
         }
         let local = local_addr(fdr).map_err(|source| UdpError::Bind { addr, source })?;
 
+        if opts.pktinfo {
+            // Best effort: without it replies simply leave from the routed address.
+            let _ = set_int(fdr, libc::IPPROTO_IP, libc::IP_PKTINFO, 1);
+            if v6 {
+                let _ = set_int(fdr, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1);
+            }
+        }
         let gso = opts.gso && get_int(fdr, SOL_UDP, UDP_SEGMENT).is_ok();
         let gro = opts.gro && set_int(fdr, SOL_UDP, UDP_GRO, 1).is_ok();
         Ok(UdpSocket {
@@ -230,7 +269,7 @@ impl UdpSocket {
             local,
             v6,
             gso: AtomicBool::new(gso),
-            gro,
+            gro: AtomicBool::new(gro),
         })
     }
 
@@ -255,7 +294,28 @@ impl UdpSocket {
 
     /// Whether `UDP_GRO` is on: receive buffers must then be 64 KiB each.
     pub fn gro_enabled(&self) -> bool {
-        self.gro
+        self.gro.load(Ordering::Relaxed)
+    }
+
+    /// What bind found, for `core::offload::decide`.
+    pub fn probe(&self) -> SocketProbe {
+        SocketProbe {
+            udp_segment: self.gso_enabled(),
+            udp_gro: self.gro_enabled(),
+        }
+    }
+
+    /// Follow an offload decision: no GSO unless it says so (quietly, unlike a
+    /// demotion), and `UDP_GRO` switched off unless it says so.
+    pub fn apply(&self, d: &OffloadDecision) {
+        if !d.udp_tx.uses_gso() {
+            self.gso.store(false, Ordering::Relaxed);
+        }
+        if !d.udp_rx_gro && self.gro.swap(false, Ordering::Relaxed) {
+            // If this fails the socket still delivers whole GRO trains, which the
+            // receive path handles anyway; only the decision's wish is lost.
+            let _ = set_int(self.fd.as_raw_fd(), SOL_UDP, UDP_GRO, 0);
+        }
     }
 
     /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does). Logged at most
@@ -294,14 +354,31 @@ impl UdpSocket {
     /// error is returned: resend as separate datagrams (or use [`Self::send_segmented`],
     /// which does that). Errors with `Unsupported` when GSO is off.
     pub fn send_gso(&self, dst: SocketAddr, buf: &[u8], segment_size: u16) -> io::Result<usize> {
+        self.send_gso_from(None, dst, buf, segment_size)
+    }
+
+    /// [`Self::send_gso`] from a given local address. A stale `src` (address gone) is
+    /// retried once without it before the error counts against GSO.
+    pub fn send_gso_from(
+        &self,
+        src: Option<PktInfo>,
+        dst: SocketAddr,
+        buf: &[u8],
+        segment_size: u16,
+    ) -> io::Result<usize> {
         if !self.gso_enabled() {
             return Err(io::ErrorKind::Unsupported.into());
         }
-        let r = self.send_batch(&[Transmit {
+        let t = Transmit {
             dst,
             contents: buf,
             segment_size: Some(segment_size),
-        }]);
+            src,
+        };
+        let mut r = self.send_batch(&[t]);
+        if src.is_some() && matches!(&r, Err(e) if src_maybe_stale(e)) {
+            r = self.send_batch(&[Transmit { src: None, ..t }]);
+        }
         match r {
             Ok(_) => Ok(buf.len()),
             Err(e) => {
@@ -323,13 +400,25 @@ impl UdpSocket {
         buf: &[u8],
         segment_size: u16,
     ) -> io::Result<usize> {
+        self.send_segmented_from(None, dst, buf, segment_size)
+    }
+
+    /// [`Self::send_segmented`] from a given local address (see [`RecvMeta::dst`]); a
+    /// stale one is dropped and the send retried.
+    pub fn send_segmented_from(
+        &self,
+        mut src: Option<PktInfo>,
+        dst: SocketAddr,
+        buf: &[u8],
+        segment_size: u16,
+    ) -> io::Result<usize> {
         let seg = usize::from(segment_size);
         if seg == 0 {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let total = buf.len().div_ceil(seg);
         if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled() {
-            match self.send_gso(dst, buf, segment_size) {
+            match self.send_gso_from(src, dst, buf, segment_size) {
                 Ok(_) => return Ok(total),
                 Err(e) if is_gso_error(&e) => {} // demoted: fall through and resend
                 Err(e) => return Err(e),
@@ -339,9 +428,8 @@ impl UdpSocket {
         let mut chunks = buf.chunks(seg);
         loop {
             let mut msgs = [Transmit {
-                dst,
-                contents: &[],
-                segment_size: None,
+                src,
+                ..Transmit::new(dst, &[])
             }; BATCH];
             let mut n = 0;
             for (slot, chunk) in msgs.iter_mut().zip(chunks.by_ref()) {
@@ -351,7 +439,13 @@ impl UdpSocket {
             if n == 0 {
                 return Ok(sent);
             }
-            match self.send_batch(&msgs[..n]) {
+            let mut r = self.send_batch(&msgs[..n]);
+            if src.is_some() && matches!(&r, Err(e) if src_maybe_stale(e)) {
+                src = None;
+                msgs.iter_mut().for_each(|m| m.src = None);
+                r = self.send_batch(&msgs[..n]);
+            }
+            match r {
                 Ok(k) => {
                     sent += k;
                     if k < n {
@@ -373,7 +467,7 @@ impl UdpSocket {
         }
         let mut addrs = [MaybeUninit::<RawAddr>::uninit(); BATCH];
         let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
-        let mut ctrls = [CmsgBuf([0; 64]); BATCH];
+        let mut ctrls = [CmsgBuf([0; 128]); BATCH];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         for (i, m) in msgs[..n].iter().enumerate() {
@@ -388,10 +482,12 @@ impl UdpSocket {
             h.msg_namelen = salen;
             h.msg_iov = iov;
             h.msg_iovlen = 1;
-            if let Some(seg) = m.segment_size {
+            if m.segment_size.is_some() || m.src.is_some() {
                 let ctrl = &mut ctrls[i];
+                let src = m.src.filter(|s| s.ip.is_ipv4() == m.dst.is_ipv4());
+                let len = write_send_cmsgs(&mut ctrl.0, m.segment_size, src);
                 h.msg_control = ctrl.0.as_mut_ptr().cast();
-                h.msg_controllen = write_gso_cmsg(&mut ctrl.0, seg) as _;
+                h.msg_controllen = len as _;
             }
         }
         // SAFETY: hdrs[..n] point at addresses, iovecs and control buffers on this stack
@@ -428,7 +524,7 @@ impl UdpSocket {
         // SAFETY: RawAddr is plain old data; zero is a valid value.
         let mut addrs: [RawAddr; BATCH] = unsafe { std::mem::zeroed() };
         let mut iovs = [MaybeUninit::<libc::iovec>::uninit(); BATCH];
-        let mut ctrls = [CmsgBuf([0; 64]); BATCH];
+        let mut ctrls = [CmsgBuf([0; 128]); BATCH];
         // SAFETY: mmsghdr is plain old data; all-zero is a valid (empty) value.
         let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         for i in 0..n {
@@ -500,6 +596,15 @@ fn demotion_log_due() -> bool {
         .is_ok()
 }
 
+/// What sending from a local address that is gone looks like (EINVAL with an
+/// interface index, ENETUNREACH/EADDRNOTAVAIL without).
+fn src_maybe_stale(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINVAL) | Some(libc::ENETUNREACH) | Some(libc::EADDRNOTAVAIL)
+    )
+}
+
 fn is_gso_error(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL))
 }
@@ -523,7 +628,8 @@ fn parse_received(h: &libc::mmsghdr, addr: &RawAddr, ctrl: &CmsgBuf) -> io::Resu
     // size_t on glibc, socklen_t on musl.
     #[allow(clippy::unnecessary_cast)]
     let clen = (m.msg_controllen as usize).min(ctrl.0.len());
-    let segment_size = match gro_segment_size(&ctrl.0[..clen])? {
+    let c = parse_control(&ctrl.0[..clen])?;
+    let segment_size = match c.gro {
         Some(s) => s.min(len.max(1)),
         None => len,
     };
@@ -531,6 +637,7 @@ fn parse_received(h: &libc::mmsghdr, addr: &RawAddr, ctrl: &CmsgBuf) -> io::Resu
         len,
         src,
         segment_size,
+        dst: c.dst,
     })
 }
 
@@ -543,12 +650,21 @@ fn cmsg_align(n: usize) -> usize {
     n.next_multiple_of(CMSG_ALIGN_TO)
 }
 
-/// Find the `UDP_GRO` segment size in received control bytes (`msg_control[..msg_controllen]`,
-/// e.g. from an io_uring recvmsg completion). `Ok(None)`: no GRO cmsg (a single datagram).
-/// A cmsg that overruns the buffer or carries a size outside 1..=65535 is `InvalidData`.
-pub fn gro_segment_size(control: &[u8]) -> io::Result<Option<usize>> {
+/// What the control messages of one received datagram said.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvControl {
+    /// `UDP_GRO` segment size.
+    pub gro: Option<usize>,
+    /// `IP_PKTINFO`/`IPV6_PKTINFO` local address.
+    pub dst: Option<PktInfo>,
+}
+
+/// Parse received control bytes (`msg_control[..msg_controllen]`, e.g. from an io_uring
+/// recvmsg completion) without trusting them: a cmsg that overruns the buffer, a short
+/// payload or a GRO size outside 1..=65535 is `InvalidData`.
+pub fn parse_control(control: &[u8]) -> io::Result<RecvControl> {
     let mut at = 0;
-    let mut found = None;
+    let mut out = RecvControl::default();
     while at + CMSG_HDR <= control.len() {
         let h = &control[at..at + CMSG_HDR];
         let (lenb, rest) = h.split_at(size_of::<usize>());
@@ -558,38 +674,126 @@ pub fn gro_segment_size(control: &[u8]) -> io::Result<Option<usize>> {
         if clen < CMSG_HDR || at + clen > control.len() {
             return Err(invalid("malformed control message"));
         }
-        if level == SOL_UDP && ty == UDP_GRO {
-            let d = &control[at + CMSG_HDR..at + clen];
-            if d.len() < 4 {
-                return Err(invalid("short UDP_GRO control message"));
+        let d = &control[at + CMSG_HDR..at + clen];
+        let int_at = |o: usize| i32::from_ne_bytes([d[o], d[o + 1], d[o + 2], d[o + 3]]);
+        match (level, ty) {
+            (SOL_UDP, UDP_GRO) => {
+                if d.len() < 4 {
+                    return Err(invalid("short UDP_GRO control message"));
+                }
+                let v = int_at(0);
+                if !(1..=65535).contains(&v) {
+                    return Err(invalid("bogus UDP_GRO segment size"));
+                }
+                out.gro = Some(v as usize);
             }
-            let v = i32::from_ne_bytes([d[0], d[1], d[2], d[3]]);
-            if !(1..=65535).contains(&v) {
-                return Err(invalid("bogus UDP_GRO segment size"));
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                // struct in_pktinfo { int ifindex; in_addr spec_dst; in_addr addr; }
+                if d.len() < 12 {
+                    return Err(invalid("short IP_PKTINFO control message"));
+                }
+                out.dst = Some(PktInfo {
+                    ip: IpAddr::V4(Ipv4Addr::new(d[4], d[5], d[6], d[7])),
+                    ifindex: int_at(0) as u32,
+                });
             }
-            found = Some(v as usize);
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                // struct in6_pktinfo { in6_addr addr; int ifindex; }
+                if d.len() < 20 {
+                    return Err(invalid("short IPV6_PKTINFO control message"));
+                }
+                let mut a = [0u8; 16];
+                a.copy_from_slice(&d[..16]);
+                let ip = Ipv6Addr::from(a);
+                out.dst = Some(PktInfo {
+                    ip: ip.to_ipv4_mapped().map_or(IpAddr::V6(ip), IpAddr::V4),
+                    ifindex: int_at(16) as u32,
+                });
+            }
+            _ => {}
         }
         at += cmsg_align(clen);
     }
-    Ok(found)
+    Ok(out)
 }
 
-/// Write a `UDP_SEGMENT` cmsg carrying `segment_size` at the start of `control` (which
-/// must be aligned to `size_t`, as [`CmsgBuf`] is); returns the `msg_controllen` to use, or 0
-/// when `control` is too small. For io_uring sendmsg as well as `send_batch`.
-pub fn write_gso_cmsg(control: &mut [u8], segment_size: u16) -> usize {
-    let clen = CMSG_HDR + size_of::<u16>();
-    let space = cmsg_align(clen);
-    let Some(c) = control.get_mut(..space) else {
-        return 0;
-    };
+/// Parse a `sockaddr_in`/`sockaddr_in6` from raw bytes (e.g. the name an io_uring
+/// multishot recvmsg completion carries); v4-mapped IPv6 comes back as IPv4.
+pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
+    let family = i32::from(u16::from_ne_bytes([*b.first()?, *b.get(1)?]));
+    let port = u16::from_be_bytes([*b.get(2)?, *b.get(3)?]);
+    if family == libc::AF_INET && b.len() >= size_of::<libc::sockaddr_in>() {
+        let a = b.get(4..8)?;
+        Some(SocketAddr::from(([a[0], a[1], a[2], a[3]], port)))
+    } else if family == libc::AF_INET6 && b.len() >= size_of::<libc::sockaddr_in6>() {
+        let flow = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?);
+        let ip: [u8; 16] = b.get(8..24)?.try_into().ok()?;
+        let scope = u32::from_ne_bytes(b.get(24..28)?.try_into().ok()?);
+        let ip = Ipv6Addr::from(ip);
+        Some(match ip.to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, port)),
+            None => SocketAddr::V6(SocketAddrV6::new(ip, port, flow, scope)),
+        })
+    } else {
+        None
+    }
+}
+
+/// The `UDP_GRO` segment size in received control bytes; `Ok(None)`: a single datagram.
+pub fn gro_segment_size(control: &[u8]) -> io::Result<Option<usize>> {
+    Ok(parse_control(control)?.gro)
+}
+
+/// Append one cmsg at `at`; returns the new end, or `None` when it does not fit.
+fn push_cmsg(control: &mut [u8], at: usize, level: i32, ty: i32, data: &[u8]) -> Option<usize> {
+    let clen = CMSG_HDR + data.len();
+    let end = at + cmsg_align(clen);
+    let c = control.get_mut(at..end)?;
     c.fill(0);
     c[..size_of::<usize>()].copy_from_slice(&clen.to_ne_bytes());
     let rest = &mut c[size_of::<usize>()..];
-    rest[..4].copy_from_slice(&SOL_UDP.to_ne_bytes());
-    rest[4..8].copy_from_slice(&UDP_SEGMENT.to_ne_bytes());
-    c[CMSG_HDR..clen].copy_from_slice(&segment_size.to_ne_bytes());
-    space
+    rest[..4].copy_from_slice(&level.to_ne_bytes());
+    rest[4..8].copy_from_slice(&ty.to_ne_bytes());
+    c[CMSG_HDR..clen].copy_from_slice(data);
+    Some(end)
+}
+
+/// Write the send cmsgs (a `UDP_SEGMENT` size and/or a source address) into `control`
+/// (aligned to `size_t`, as [`CmsgBuf`] is); returns the `msg_controllen` to use (0 when
+/// nothing fits). For io_uring sendmsg as well as `send_batch`.
+pub fn write_send_cmsgs(
+    control: &mut [u8],
+    segment_size: Option<u16>,
+    src: Option<PktInfo>,
+) -> usize {
+    let mut at = 0;
+    if let Some(seg) = segment_size {
+        match push_cmsg(control, at, SOL_UDP, UDP_SEGMENT, &seg.to_ne_bytes()) {
+            Some(end) => at = end,
+            None => return 0,
+        }
+    }
+    let pushed = match src.map(|s| (s.ip, s.ifindex)) {
+        Some((IpAddr::V4(ip), ifindex)) => {
+            let mut d = [0u8; 12];
+            d[..4].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+            d[4..8].copy_from_slice(&ip.octets());
+            push_cmsg(control, at, libc::IPPROTO_IP, libc::IP_PKTINFO, &d)
+        }
+        Some((IpAddr::V6(ip), ifindex)) => {
+            let mut d = [0u8; 20];
+            d[..16].copy_from_slice(&ip.octets());
+            d[16..].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+            push_cmsg(control, at, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, &d)
+        }
+        None => Some(at),
+    };
+    pushed.unwrap_or(0)
+}
+
+/// Write a `UDP_SEGMENT` cmsg; see [`write_send_cmsgs`].
+pub fn write_gso_cmsg(control: &mut [u8], segment_size: u16) -> usize {
+    write_send_cmsgs(control, Some(segment_size), None)
 }
 
 fn to_raw(addr: SocketAddr, v6_socket: bool) -> (RawAddr, libc::socklen_t) {
@@ -796,11 +1000,7 @@ mod tests {
         let payloads: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100 + usize::from(i)]).collect();
         let msgs: Vec<Transmit<'_>> = payloads
             .iter()
-            .map(|p| Transmit {
-                dst: b.local_addr(),
-                contents: p,
-                segment_size: None,
-            })
+            .map(|p| Transmit::new(b.local_addr(), p))
             .collect();
         assert_eq!(a.send_batch(&msgs).expect("sendmmsg"), 10);
         let got = collect(&b, 10);
@@ -886,7 +1086,7 @@ mod tests {
 
     #[test]
     fn cmsg_layout_matches_libc() {
-        let mut ctrl = CmsgBuf([0; 64]);
+        let mut ctrl = CmsgBuf([0; 128]);
         let n = write_gso_cmsg(&mut ctrl.0, 1200);
         // SAFETY: CMSG_SPACE only computes a size.
         assert_eq!(n, unsafe { libc::CMSG_SPACE(2) } as usize);
@@ -944,8 +1144,142 @@ mod tests {
     }
 
     #[test]
+    fn pktinfo_replies_leave_from_the_address_used() {
+        let any = UdpSocket::bind("0.0.0.0:0".parse().expect("addr"), &UdpOptions::default())
+            .expect("bind any");
+        let port = any.local_addr().port();
+        let client = loopback(false);
+        // 127.0.0.2 is local too (all of 127/8 is), but not what routing picks for replies.
+        client
+            .send_to(b"hi", SocketAddr::from(([127, 0, 0, 2], port)))
+            .expect("send");
+        wait_readable(&any);
+        let mut buf = [0u8; 64];
+        let m = any.recv_gro(&mut buf).expect("recv");
+        let dst = m.dst.expect("pktinfo");
+        assert_eq!(dst.ip, IpAddr::from([127, 0, 0, 2]));
+        assert!(dst.ifindex > 0);
+        // Reply from it, through the GSO path and the plain path.
+        let burst = [5u8; 300];
+        any.send_segmented_from(Some(dst), m.src, &burst, 100)
+            .expect("gso reply");
+        any.send_segmented_from(Some(dst), m.src, &burst[..50], 100)
+            .expect("single reply");
+        for want in collect(&client, 4) {
+            assert_eq!(want.src, SocketAddr::from(([127, 0, 0, 2], port)));
+        }
+        // A source that is not ours any more: retried without it.
+        let stale = PktInfo {
+            ip: IpAddr::from([192, 0, 2, 99]),
+            ifindex: 0,
+        };
+        any.send_segmented_from(Some(stale), m.src, &burst, 100)
+            .expect("stale source retried");
+        let with_if = PktInfo {
+            ifindex: 1,
+            ..stale
+        };
+        any.send_segmented_from(Some(with_if), m.src, &burst, 100)
+            .expect("stale source with an interface retried");
+        let got = collect(&client, 6);
+        assert!(got
+            .iter()
+            .all(|r| r.src == SocketAddr::from(([127, 0, 0, 1], port))));
+        assert!(
+            any.gso_enabled() || !loopback(false).gso_enabled(),
+            "no demotion"
+        );
+    }
+
+    #[test]
+    fn pktinfo_dual_stack() {
+        let any = UdpSocket::bind("[::]:0".parse().expect("addr"), &UdpOptions::default())
+            .expect("bind any6");
+        let port = any.local_addr().port();
+        let client = loopback(false);
+        client
+            .send_to(b"v4", SocketAddr::from(([127, 0, 0, 3], port)))
+            .expect("send");
+        wait_readable(&any);
+        let mut buf = [0u8; 64];
+        let m = any.recv_gro(&mut buf).expect("recv");
+        assert_eq!(m.dst.map(|d| d.ip), Some(IpAddr::from([127, 0, 0, 3])));
+        any.send_segmented_from(m.dst, m.src, b"back", 100)
+            .expect("reply");
+        let got = collect(&client, 1);
+        assert_eq!(got[0].src, SocketAddr::from(([127, 0, 0, 3], port)));
+        // And IPv6.
+        let c6 = UdpSocket::bind("[::1]:0".parse().expect("addr"), &UdpOptions::default())
+            .expect("bind ::1");
+        c6.send_to(b"v6", SocketAddr::from((Ipv6Addr::LOCALHOST, port)))
+            .expect("send6");
+        wait_readable(&any);
+        let m = any.recv_gro(&mut buf).expect("recv6");
+        assert_eq!(m.dst.map(|d| d.ip), Some(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        any.send_segmented_from(m.dst, m.src, b"back6", 100)
+            .expect("reply6");
+        assert_eq!(collect(&c6, 1)[0].len, 5);
+    }
+
+    #[test]
+    fn send_cmsgs_round_trip_through_the_parser() {
+        let mut c = CmsgBuf::default();
+        let v4 = PktInfo {
+            ip: IpAddr::from([10, 1, 2, 3]),
+            ifindex: 7,
+        };
+        let n = write_send_cmsgs(&mut c.0, Some(1400), Some(v4));
+        assert!(n > 0);
+        // The parser skips UDP_SEGMENT (a send-side cmsg) and reads the pktinfo back.
+        let p = parse_control(&c.0[..n]).expect("parse");
+        assert_eq!(p.dst, Some(v4));
+        let v6 = PktInfo {
+            ip: "fd00::5".parse().expect("ip"),
+            ifindex: 3,
+        };
+        let n = write_send_cmsgs(&mut c.0, None, Some(v6));
+        assert_eq!(parse_control(&c.0[..n]).expect("parse").dst, Some(v6));
+        assert_eq!(
+            write_send_cmsgs(&mut [0u8; 30], Some(1), Some(v6)),
+            0,
+            "too small"
+        );
+        // Short pktinfo payloads are rejected.
+        let mut short = vec![0u8; 64];
+        let end = push_cmsg(
+            &mut short,
+            0,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_PKTINFO,
+            &[0; 8],
+        )
+        .expect("fits");
+        assert!(parse_control(&short[..end]).is_err());
+    }
+
+    #[test]
+    fn sockaddr_bytes_parse_like_the_kernel_writes_them() {
+        for (addr, v6sock) in [
+            ("192.0.2.1:51820", false),
+            ("192.0.2.1:51820", true),
+            ("[fd00::1]:443", true),
+        ] {
+            let a: SocketAddr = addr.parse().expect("addr");
+            let (raw, len) = to_raw(a, v6sock);
+            // SAFETY: RawAddr is plain old data of at least `len` bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts((&raw as *const RawAddr).cast::<u8>(), len as usize)
+            };
+            assert_eq!(parse_sockaddr(bytes), Some(a));
+            assert_eq!(parse_sockaddr(&bytes[..bytes.len() - 1]), None, "short");
+        }
+        assert_eq!(parse_sockaddr(&[0xff; 28]), None, "unknown family");
+        assert_eq!(parse_sockaddr(&[]), None);
+    }
+
+    #[test]
     fn bogus_gro_in_a_received_header_is_an_error() {
-        let mut ctrl = CmsgBuf([0; 64]);
+        let mut ctrl = CmsgBuf([0; 128]);
         let c = gro_cmsg(0, None);
         ctrl.0[..c.len()].copy_from_slice(&c);
         // SAFETY: mmsghdr is plain old data.

@@ -147,7 +147,9 @@ pub fn check() -> Result<Features, UringError> {
             let r = probe();
             match &r {
                 Ok(f) => log::info!("io_uring: {f}"),
-                Err(e) => log::warn!("io_uring not used: {e}; using the portable recvmmsg/poll path"),
+                Err(e) => {
+                    log::warn!("io_uring not used: {e}; using the portable recvmmsg/poll path")
+                }
             }
             r
         })
@@ -176,11 +178,15 @@ pub fn probe() -> Result<Features, UringError> {
     let mut p = Probe::new();
     ring.submitter()
         .register_probe(&mut p)
-        .map_err(|e| UringError::Register { what: "probe", errno: errno_of(&e) })?;
+        .map_err(|e| UringError::Register {
+            what: "probe",
+            errno: errno_of(&e),
+        })?;
     let mut f = Features {
         multishot_recvmsg: false,
         buf_ring: false,
-        rw_fixed: p.is_supported(opcode::ReadFixed::CODE) && p.is_supported(opcode::WriteFixed::CODE),
+        rw_fixed: p.is_supported(opcode::ReadFixed::CODE)
+            && p.is_supported(opcode::WriteFixed::CODE),
         sendmsg: p.is_supported(opcode::SendMsg::CODE),
         ext_arg: ring.params().is_feature_ext_arg(),
         nodrop: ring.params().is_feature_nodrop(),
@@ -192,7 +198,9 @@ pub fn probe() -> Result<Features, UringError> {
         return Err(UringError::Missing("SENDMSG/RECVMSG"));
     }
     if !f.ext_arg {
-        return Err(UringError::Missing("waits with a timeout (IORING_ENTER_EXT_ARG)"));
+        return Err(UringError::Missing(
+            "waits with a timeout (IORING_ENTER_EXT_ARG)",
+        ));
     }
     // A one-entry buffer ring with one buffer, and a multishot recvmsg on an unbound
     // UDP socket: a kernel without multishot recvmsg rejects it at once (EINVAL); one
@@ -204,7 +212,10 @@ pub fn probe() -> Result<Features, UringError> {
         let hdr = recv_msghdr();
         let sock = std::net::UdpSocket::bind(("::", 0))
             .or_else(|_| std::net::UdpSocket::bind(("0.0.0.0", 0)))
-            .map_err(|e| UringError::Register { what: "probe socket", errno: errno_of(&e) })?;
+            .map_err(|e| UringError::Register {
+                what: "probe socket",
+                errno: errno_of(&e),
+            })?;
         let ring = ring;
         if !page.register(&ring) {
             return Err(UringError::Missing("provided buffer rings"));
@@ -221,11 +232,14 @@ pub fn probe() -> Result<Features, UringError> {
 
 /// Submit the multishot probe on `ring` and tell whether the kernel kept it armed.
 fn probe_multishot(mut ring: IoUring, hdr: &libc::msghdr, fd: RawFd) -> Result<bool, UringError> {
-    let recv = opcode::RecvMsgMulti::new(Fd(fd), hdr, RECV_BGID).build().user_data(1);
+    let recv = opcode::RecvMsgMulti::new(Fd(fd), hdr, RECV_BGID)
+        .build()
+        .user_data(1);
     let cancel = opcode::AsyncCancel::new(1).build().user_data(2);
     // SAFETY: `hdr` and the buffer ring outlive `ring` (the caller declared them first),
     // and the sync cancel below ends the receive before we return.
-    unsafe { ring.submission().push_multiple(&[recv, cancel]) }.map_err(|_| UringError::QueueFull)?;
+    unsafe { ring.submission().push_multiple(&[recv, cancel]) }
+        .map_err(|_| UringError::QueueFull)?;
     let ts = Timespec::new().sec(1);
     let args = SubmitArgs::new().timespec(&ts);
     let (mut seen, mut multishot) = (0, false);
@@ -245,7 +259,9 @@ fn probe_multishot(mut ring: IoUring, hdr: &libc::msghdr, fd: RawFd) -> Result<b
             break;
         }
     }
-    let _ = ring.submitter().register_sync_cancel(None, CancelBuilder::any());
+    let _ = ring
+        .submitter()
+        .register_sync_cancel(None, CancelBuilder::any());
     Ok(multishot)
 }
 
@@ -264,7 +280,8 @@ impl ProbeRing {
             e.set_len(4096);
             e.set_bid(0);
             let tail = BufRingEntry::tail(base.cast()) as *mut u16;
-            std::sync::atomic::AtomicU16::from_ptr(tail).store(1, std::sync::atomic::Ordering::Release);
+            std::sync::atomic::AtomicU16::from_ptr(tail)
+                .store(1, std::sync::atomic::Ordering::Release);
         }
         Some(ProbeRing(mem))
     }
@@ -273,7 +290,15 @@ impl ProbeRing {
     fn register(&self, ring: &IoUring) -> bool {
         // SAFETY: page 0 is page-aligned, live and holds one entry; the caller keeps
         // `self` alive longer than `ring`.
-        unsafe { ring.submitter().register_buf_ring_with_flags(self.0 .0.as_ptr() as u64, 1, RECV_BGID, 0) }.is_ok()
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                self.0 .0.as_ptr() as u64,
+                1,
+                RECV_BGID,
+                0,
+            )
+        }
+        .is_ok()
     }
 }
 
@@ -296,7 +321,9 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        NonNull::new(p.cast()).map(|p| Mapping(p, len)).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))
+        NonNull::new(p.cast())
+            .map(|p| Mapping(p, len))
+            .ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))
     }
 }
 
@@ -332,7 +359,12 @@ pub struct RingConfig {
 
 impl Default for RingConfig {
     fn default() -> Self {
-        RingConfig { sq_entries: 256, max_in_flight: 1024, recv_buffers: 64, sqpoll_idle_ms: None }
+        RingConfig {
+            sq_entries: 256,
+            max_in_flight: 1024,
+            recv_buffers: 64,
+            sqpoll_idle_ms: None,
+        }
     }
 }
 
@@ -366,14 +398,26 @@ struct Slot {
 pub enum Completion<'p> {
     /// A TUN read: `Ok(n)` bytes are in the buffer. `Err(EAGAIN)`: resubmit with
     /// [`Ring::read_tun_after_poll`].
-    TunRead { buf: BufId, res: Result<usize, Errno> },
+    TunRead {
+        buf: BufId,
+        res: Result<usize, Errno>,
+    },
     /// A TUN write finished; the buffer is free again.
-    TunWrite { buf: BufId, res: Result<usize, Errno> },
+    TunWrite {
+        buf: BufId,
+        res: Result<usize, Errno>,
+    },
     /// A UDP send finished; the buffer is free again.
-    UdpSend { buf: BufId, res: Result<usize, Errno> },
+    UdpSend {
+        buf: BufId,
+        res: Result<usize, Errno>,
+    },
     /// The multishot receive produced a datagram (`Ok`) or an error. When `rearm` is
     /// true the receive has ended and must be armed again ([`Ring::arm_recv`]).
-    Recv { res: Result<RecvToken<'p>, Errno>, rearm: bool },
+    Recv {
+        res: Result<RecvToken<'p>, Errno>,
+        rearm: bool,
+    },
     /// Internal (poll, cancel) completion: nothing to do.
     Internal,
 }
@@ -450,7 +494,12 @@ pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
             let flow = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?);
             let ip: [u8; 16] = b.get(8..24)?.try_into().ok()?;
             let scope = u32::from_ne_bytes(b.get(24..28)?.try_into().ok()?);
-            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, flow, scope)))
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(ip),
+                port,
+                flow,
+                scope,
+            )))
         }
         _ => None,
     }
@@ -489,7 +538,9 @@ fn write_sockaddr(a: SocketAddr, out: &mut libc::sockaddr_storage) -> u32 {
             let sin = libc::sockaddr_in {
                 sin_family: libc::AF_INET as libc::sa_family_t,
                 sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_storage is at least as large and aligned as sockaddr_in.
@@ -501,7 +552,9 @@ fn write_sockaddr(a: SocketAddr, out: &mut libc::sockaddr_storage) -> u32 {
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: v6.port().to_be(),
                 sin6_flowinfo: v6.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
                 sin6_scope_id: v6.scope_id(),
             };
             // SAFETY: sockaddr_storage is at least as large and aligned as sockaddr_in6.
@@ -569,7 +622,8 @@ impl RecvRing {
         // entry writes above before it.
         unsafe {
             let tail = BufRingEntry::tail(self.mem.0.as_ptr().cast()) as *mut u16;
-            std::sync::atomic::AtomicU16::from_ptr(tail).store(self.tail, std::sync::atomic::Ordering::Release);
+            std::sync::atomic::AtomicU16::from_ptr(tail)
+                .store(self.tail, std::sync::atomic::Ordering::Release);
         }
     }
 }
@@ -598,15 +652,25 @@ impl<'p> Ring<'p> {
     /// Build a ring: set it up (with SQPOLL if asked and allowed, else without, saying
     /// so), register `udp` and `tun` (either may be `-1` for an empty slot) and every
     /// pool buffer, take `recv_buffers` pool buffers for the receive ring.
-    pub fn new(cfg: &RingConfig, pool: &'p BufPool, udp: RawFd, tun: RawFd) -> Result<Ring<'p>, UringError> {
+    pub fn new(
+        cfg: &RingConfig,
+        pool: &'p BufPool,
+        udp: RawFd,
+        tun: RawFd,
+    ) -> Result<Ring<'p>, UringError> {
         check()?;
         let entries = cfg.recv_buffers;
         if entries == 0 || !entries.is_power_of_two() || entries > 1 << 15 {
-            return Err(UringError::Missing("a power-of-two receive ring size (1..32768)"));
+            return Err(UringError::Missing(
+                "a power-of-two receive ring size (1..32768)",
+            ));
         }
         let need = usize::from(entries) + 1;
         if pool.available() < need {
-            return Err(UringError::PoolTooSmall { need, have: pool.available() });
+            return Err(UringError::PoolTooSmall {
+                need,
+                have: pool.available(),
+            });
         }
         let build = |sqpoll: Option<u32>| {
             let mut b = IoUring::builder();
@@ -619,22 +683,33 @@ impl<'p> Ring<'p> {
         let ring = match build(cfg.sqpoll_idle_ms) {
             Ok(r) => r,
             Err(e) if cfg.sqpoll_idle_ms.is_some() => {
-                log::warn!("io_uring: SQPOLL not available ({e}); submitting from the worker instead");
+                log::warn!(
+                    "io_uring: SQPOLL not available ({e}); submitting from the worker instead"
+                );
                 build(None).map_err(|e| UringError::Setup(errno_of(&e)))?
             }
             Err(e) => return Err(UringError::Setup(errno_of(&e))),
         };
         ring.submitter()
             .register_files(&[udp, tun])
-            .map_err(|e| UringError::Register { what: "files", errno: errno_of(&e) })?;
+            .map_err(|e| UringError::Register {
+                what: "files",
+                errno: errno_of(&e),
+            })?;
         let iov = pool.iovecs();
         // SAFETY: the iovecs describe pool buffers, which outlive the ring ('p), and the
         // ring is dropped (unregistering them) before the pool.
-        unsafe { ring.submitter().register_buffers(&iov) }
-            .map_err(|e| UringError::Register { what: "buffers", errno: errno_of(&e) })?;
+        unsafe { ring.submitter().register_buffers(&iov) }.map_err(|e| UringError::Register {
+            what: "buffers",
+            errno: errno_of(&e),
+        })?;
 
-        let ring_bytes = (usize::from(entries) * std::mem::size_of::<BufRingEntry>()).div_ceil(4096) * 4096;
-        let mem = Mapping::new(ring_bytes).map_err(|e| UringError::Register { what: "buffer ring memory", errno: errno_of(&e) })?;
+        let ring_bytes =
+            (usize::from(entries) * std::mem::size_of::<BufRingEntry>()).div_ceil(4096) * 4096;
+        let mem = Mapping::new(ring_bytes).map_err(|e| UringError::Register {
+            what: "buffer ring memory",
+            errno: errno_of(&e),
+        })?;
         let mut ids = Vec::with_capacity(usize::from(entries));
         for _ in 0..entries {
             // Checked above: the pool has more than `entries` free buffers.
@@ -645,9 +720,24 @@ impl<'p> Ring<'p> {
         }
         // SAFETY: `mem` is page-aligned, zeroed and large enough for `entries` entries; it
         // lives in `self.recv` and the ring is torn down (Drop) before it is unmapped.
-        unsafe { ring.submitter().register_buf_ring_with_flags(mem.0.as_ptr() as u64, entries, RECV_BGID, 0) }
-            .map_err(|e| UringError::Register { what: "buffer ring", errno: errno_of(&e) })?;
-        let mut recv = RecvRing { mem, entries, ids: ids.into_boxed_slice(), tail: 0 };
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                mem.0.as_ptr() as u64,
+                entries,
+                RECV_BGID,
+                0,
+            )
+        }
+        .map_err(|e| UringError::Register {
+            what: "buffer ring",
+            errno: errno_of(&e),
+        })?;
+        let mut recv = RecvRing {
+            mem,
+            entries,
+            ids: ids.into_boxed_slice(),
+            tail: 0,
+        };
         let buf_len = u32::try_from(pool.buf_size()).unwrap_or(u32::MAX);
         for bid in 0..entries {
             let addr = pool.ptr(&recv.ids[usize::from(bid)]) as u64;
@@ -683,7 +773,10 @@ impl<'p> Ring<'p> {
             .submitter()
             .register_files_update(FILE_UDP, &[fd])
             .map(drop)
-            .map_err(|e| UringError::Register { what: "UDP socket", errno: errno_of(&e) })
+            .map_err(|e| UringError::Register {
+                what: "UDP socket",
+                errno: errno_of(&e),
+            })
     }
 
     /// The one function that puts SQEs on the submission queue: submits first when the
@@ -767,20 +860,31 @@ impl<'p> Ring<'p> {
     /// Write the first `len` bytes of `buf` to the TUN as one packet.
     pub fn write_tun(&mut self, buf: BufId, len: usize) -> Result<(), Rejected> {
         let len = len.min(self.pool.buf_size()) as u32;
-        let sqe = opcode::WriteFixed::new(Fixed(FILE_TUN), self.pool.ptr(&buf), len, buf.buf_index()).build();
+        let sqe =
+            opcode::WriteFixed::new(Fixed(FILE_TUN), self.pool.ptr(&buf), len, buf.buf_index())
+                .build();
         let i = self.take_slot(OpKind::TunWrite, buf)?;
         self.push_for(i, &[sqe.user_data(u64::from(i))])
     }
 
     /// Send the first `len` bytes of `buf` to `to` on the UDP socket. With `segment`,
     /// the kernel (or NIC) cuts it into datagrams of that size (`UDP_SEGMENT`).
-    pub fn send_udp(&mut self, buf: BufId, len: usize, to: SocketAddr, segment: Option<u16>) -> Result<(), Rejected> {
+    pub fn send_udp(
+        &mut self,
+        buf: BufId,
+        len: usize,
+        to: SocketAddr,
+        segment: Option<u16>,
+    ) -> Result<(), Rejected> {
         let len = len.min(self.pool.buf_size());
         let base = self.pool.ptr(&buf);
         let i = self.take_slot(OpKind::UdpSend, buf)?;
         let st = &mut self.slots[i as usize].send;
         let namelen = write_sockaddr(to, &mut st.addr);
-        st.iov = libc::iovec { iov_base: base.cast(), iov_len: len };
+        st.iov = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        };
         // SAFETY: plain old data; all-zero is a valid msghdr.
         st.hdr = unsafe { std::mem::zeroed() };
         st.hdr.msg_name = (&mut st.addr as *mut libc::sockaddr_storage).cast();
@@ -803,7 +907,9 @@ impl<'p> Ring<'p> {
                 std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
             }
         }
-        let sqe = opcode::SendMsg::new(Fixed(FILE_UDP), &st.hdr).build().user_data(u64::from(i));
+        let sqe = opcode::SendMsg::new(Fixed(FILE_UDP), &st.hdr)
+            .build()
+            .user_data(u64::from(i));
         self.push_for(i, &[sqe])
     }
 
@@ -812,7 +918,9 @@ impl<'p> Ring<'p> {
         if self.recv_armed {
             return Ok(());
         }
-        let sqe = opcode::RecvMsgMulti::new(Fixed(FILE_UDP), &*self.recv_hdr, RECV_BGID).build().user_data(UD_RECV);
+        let sqe = opcode::RecvMsgMulti::new(Fixed(FILE_UDP), &*self.recv_hdr, RECV_BGID)
+            .build()
+            .user_data(UD_RECV);
         self.push(&[sqe])?;
         self.recv_armed = true;
         Ok(())
@@ -823,7 +931,9 @@ impl<'p> Ring<'p> {
         if !self.recv_armed {
             return Ok(());
         }
-        self.push(&[opcode::AsyncCancel::new(UD_RECV).build().user_data(UD_IGNORE)])
+        self.push(&[opcode::AsyncCancel::new(UD_RECV)
+            .build()
+            .user_data(UD_IGNORE)])
     }
 
     /// Whether the multishot receive is armed.
@@ -894,7 +1004,13 @@ impl<'p> Ring<'p> {
     pub fn complete(&mut self, cqe: &cqueue::Entry) -> Completion<'p> {
         let ud = cqe.user_data();
         let res = cqe.result();
-        let result = || if res < 0 { Err(Errno::from_raw(-res)) } else { Ok(res as usize) };
+        let result = || {
+            if res < 0 {
+                Err(Errno::from_raw(-res))
+            } else {
+                Ok(res as usize)
+            }
+        };
         if ud == UD_IGNORE {
             return Completion::Internal;
         }
@@ -952,7 +1068,10 @@ impl Drop for Ring<'_> {
         // land in pool or buffer-ring memory after the ring is gone. Bounded: a wedged
         // kernel must not hang shutdown forever.
         let _ = self.ring.submit();
-        let _ = self.ring.submitter().register_sync_cancel(Some(Timespec::new().sec(1)), CancelBuilder::any());
+        let _ = self
+            .ring
+            .submitter()
+            .register_sync_cancel(Some(Timespec::new().sec(1)), CancelBuilder::any());
         let mut cqes: heapless::Vec<cqueue::Entry, 64> = heapless::Vec::new();
         for _ in 0..100 {
             if self.in_flight == 0 && !self.recv_armed {
@@ -1002,7 +1121,12 @@ mod tests {
     }
 
     fn pool(n: u32) -> BufPool {
-        BufPool::new(&PoolConfig { count: n, buf_size: 65536 + 512, hugepages: false }).expect("pool")
+        BufPool::new(&PoolConfig {
+            count: n,
+            buf_size: 65536 + 512,
+            hugepages: false,
+        })
+        .expect("pool")
     }
 
     #[test]
@@ -1037,26 +1161,42 @@ mod tests {
 
     #[test]
     fn sockaddr_round_trip() {
-        for a in ["192.0.2.7:51820", "[2001:db8::1]:443", "[::ffff:10.0.0.1]:9"] {
+        for a in [
+            "192.0.2.7:51820",
+            "[2001:db8::1]:443",
+            "[::ffff:10.0.0.1]:9",
+        ] {
             let a: SocketAddr = a.parse().expect("addr");
             // SAFETY: plain old data.
             let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
             let n = write_sockaddr(a, &mut st);
             // SAFETY: st is a live sockaddr_storage of at least n bytes.
-            let b = unsafe { std::slice::from_raw_parts((&st as *const libc::sockaddr_storage).cast::<u8>(), n as usize) };
+            let b = unsafe {
+                std::slice::from_raw_parts(
+                    (&st as *const libc::sockaddr_storage).cast::<u8>(),
+                    n as usize,
+                )
+            };
             assert_eq!(parse_sockaddr(b), Some(a));
         }
         assert_eq!(parse_sockaddr(&[]), None);
         assert_eq!(parse_sockaddr(&[2, 0, 0]), None);
-        assert_eq!(canonical("[::ffff:10.0.0.1]:9".parse().expect("a")), "10.0.0.1:9".parse().expect("b"));
-        assert_eq!(to_socket_family("10.0.0.1:9".parse().expect("a"), true), "[::ffff:10.0.0.1]:9".parse().expect("b"));
+        assert_eq!(
+            canonical("[::ffff:10.0.0.1]:9".parse().expect("a")),
+            "10.0.0.1:9".parse().expect("b")
+        );
+        assert_eq!(
+            to_socket_family("10.0.0.1:9".parse().expect("a"), true),
+            "[::ffff:10.0.0.1]:9".parse().expect("b")
+        );
     }
 
     /// Drive `ring` until `want` completions of interest were handled by `f`.
     fn drive<'p>(ring: &mut Ring<'p>, mut f: impl FnMut(&mut Ring<'p>, Completion<'p>) -> bool) {
         let mut cq: heapless::Vec<cqueue::Entry, 32> = heapless::Vec::new();
         for _ in 0..500 {
-            ring.submit_and_wait(Duration::from_millis(10)).expect("wait");
+            ring.submit_and_wait(Duration::from_millis(10))
+                .expect("wait");
             ring.reap(&mut cq);
             for c in cq.clone() {
                 let comp = ring.complete(&c);
@@ -1073,9 +1213,15 @@ mod tests {
         require_uring!();
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
         let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
-        client.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
         let p = pool(16);
-        let cfg = RingConfig { recv_buffers: 4, max_in_flight: 8, ..RingConfig::default() };
+        let cfg = RingConfig {
+            recv_buffers: 4,
+            max_in_flight: 8,
+            ..RingConfig::default()
+        };
         let mut ring = Ring::new(&cfg, &p, server.as_raw_fd(), -1).expect("ring");
         assert_eq!(p.available(), 12, "4 buffers lent to the receive ring");
         ring.arm_recv().expect("arm");
@@ -1084,9 +1230,14 @@ mod tests {
         // More datagrams than receive buffers: recycling keeps the multishot going.
         for round in 0..10u8 {
             let msg = [b'p', b'i', b'n', b'g', round];
-            client.send_to(&msg, server.local_addr().expect("addr")).expect("send");
+            client
+                .send_to(&msg, server.local_addr().expect("addr"))
+                .expect("send");
             drive(&mut ring, |ring, c| match c {
-                Completion::Recv { res: Ok(tok), rearm } => {
+                Completion::Recv {
+                    res: Ok(tok),
+                    rearm,
+                } => {
                     let m = tok.parse().expect("parse");
                     assert_eq!(m.payload, &msg);
                     assert_eq!(m.from, Some(client.local_addr().expect("addr")));
@@ -1098,7 +1249,9 @@ mod tests {
                     if rearm {
                         ring.arm_recv().expect("rearm");
                     }
-                    ring.send_udp(b, n, from, None).map_err(|r| r.1).expect("send");
+                    ring.send_udp(b, n, from, None)
+                        .map_err(|r| r.1)
+                        .expect("send");
                     false
                 }
                 Completion::UdpSend { buf, res } => {
@@ -1125,15 +1278,23 @@ mod tests {
         require_uring!();
         let server = UdpSocket::bind("127.0.0.1:0").expect("bind");
         let client = UdpSocket::bind("127.0.0.1:0").expect("bind");
-        client.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
         let p = pool(4);
-        let cfg = RingConfig { recv_buffers: 1, max_in_flight: 4, ..RingConfig::default() };
+        let cfg = RingConfig {
+            recv_buffers: 1,
+            max_in_flight: 4,
+            ..RingConfig::default()
+        };
         let mut ring = Ring::new(&cfg, &p, server.as_raw_fd(), -1).expect("ring");
         let mut b = p.alloc().expect("buf");
         for (i, x) in p.buf_mut(&mut b)[..3000].iter_mut().enumerate() {
             *x = (i / 1000) as u8;
         }
-        ring.send_udp(b, 3000, client.local_addr().expect("addr"), Some(1000)).map_err(|r| r.1).expect("send");
+        ring.send_udp(b, 3000, client.local_addr().expect("addr"), Some(1000))
+            .map_err(|r| r.1)
+            .expect("send");
         drive(&mut ring, |_, c| match c {
             Completion::UdpSend { buf, res } => {
                 assert_eq!(res, Ok(3000));
@@ -1166,10 +1327,16 @@ mod tests {
             let q = tun.queue(0).expect("queue");
             let udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
             let p = pool(8);
-            let cfg = RingConfig { recv_buffers: 1, max_in_flight: 8, ..RingConfig::default() };
+            let cfg = RingConfig {
+                recv_buffers: 1,
+                max_in_flight: 8,
+                ..RingConfig::default()
+            };
             let mut ring = Ring::new(&cfg, &p, udp.as_raw_fd(), q.as_raw_fd()).expect("ring");
             for _ in 0..2 {
-                ring.read_tun(p.alloc().expect("buf")).map_err(|r| r.1).expect("read");
+                ring.read_tun(p.alloc().expect("buf"))
+                    .map_err(|r| r.1)
+                    .expect("read");
             }
             ring.submit().expect("submit");
 
@@ -1188,8 +1355,13 @@ mod tests {
                     }
                     ours
                 }
-                Completion::TunRead { buf, res: Err(Errno::EAGAIN) } => {
-                    ring.read_tun_after_poll(buf).map_err(|r| r.1).expect("poll+read");
+                Completion::TunRead {
+                    buf,
+                    res: Err(Errno::EAGAIN),
+                } => {
+                    ring.read_tun_after_poll(buf)
+                        .map_err(|r| r.1)
+                        .expect("poll+read");
                     false
                 }
                 Completion::TunRead { res: Err(e), .. } => panic!("tun read: {e}"),
@@ -1206,7 +1378,9 @@ mod tests {
             pkt[27] = 0;
             let mut b = p.alloc().expect("buf");
             p.buf_mut(&mut b)[..pkt.len()].copy_from_slice(&pkt);
-            ring.write_tun(b, pkt.len()).map_err(|r| r.1).expect("write");
+            ring.write_tun(b, pkt.len())
+                .map_err(|r| r.1)
+                .expect("write");
             let want = pkt.len();
             drive(&mut ring, |_, c| match c {
                 Completion::TunWrite { buf, res } => {
@@ -1216,7 +1390,8 @@ mod tests {
                 }
                 _ => false,
             });
-            sock.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+            sock.set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
             let mut rb = [0u8; 64];
             let (n, from) = sock.recv_from(&mut rb).expect("recv");
             assert_eq!(&rb[..n], b"via-uring");

@@ -246,7 +246,11 @@ fn rollback_loads_history_into_candidate() {
         r.ok(&format!("set interface listen-port {p}"));
         r.ok("commit");
     }
-    assert!(r.ok("show history").contains("10  saved"));
+    let h = r.ok("show history");
+    assert!(
+        h.contains("10  committed") && h.contains("listen port 2"),
+        "{h}"
+    );
     r.ok("rollback 3");
     assert_eq!(r.s.candidate().interface.listen_port, Some(9));
     assert_eq!(r.s.running().interface.listen_port, Some(12));
@@ -461,4 +465,42 @@ fn random_commands_never_panic_and_failures_change_nothing() {
             assert!(rep.ok, "{}", rep.text);
         }
     }
+}
+
+#[test]
+fn a_commit_from_elsewhere_is_not_overwritten() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 1");
+    r.ok("commit");
+    // A second console on the same directory commits first.
+    let mut other = Rig::open_at(&r.dir, &r.secs, &r.log);
+    other.handle_line("set interface listen-port 2");
+    assert!(other.handle_line("commit").ok);
+    r.ok("set interface mtu 1400");
+    assert!(r.err("commit").contains("changed by someone else"));
+    assert_eq!(r.saved().interface.listen_port, Some(2));
+    assert!(r.ok("discard").contains("reloaded"));
+    assert_eq!(r.s.running().interface.listen_port, Some(2));
+    r.ok("set interface mtu 1400");
+    r.ok("commit");
+    assert_eq!(r.saved().interface.mtu, Some(1400));
+}
+
+#[test]
+fn commit_confirm_settled_by_another_console() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 1");
+    r.ok("commit");
+    r.ok("set interface listen-port 2");
+    r.ok("commit-confirm 1");
+    let mut other = Rig::open_at(&r.dir, &r.secs, &r.log);
+    assert!(
+        other.confirm_deadline().is_some(),
+        "the second console resumes the deadline"
+    );
+    assert!(other.handle_line("confirm").ok);
+    let rep = r.advance(61).expect("settles");
+    assert!(rep.text.contains("another console"), "{}", rep.text);
+    assert_eq!(r.saved().interface.listen_port, Some(2));
+    assert!(r.s.confirm_deadline().is_none());
 }

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# The built-in TCP fallback, end to end, in two network namespaces joined by a veth:
+#
+#   ns rgfA: riceguard client (endpoint = B)      ns rgfB: riceguard gateway
+#            10.97.1.1 in the tunnel  ---- veth ----  10.97.1.2, UDP+TCP port 51821
+#
+# 1. nftables in B drops UDP to 51821 from the start: the client falls back to TCP
+#    within 15 s; ping and a 5 s iperf3 pass; `ss -tni` shows the congestion control
+#    chosen; a capture of the TCP path has no segment with a bare 2-byte payload.
+# 2. The drop rule goes: the client is back on UDP within the first probe interval
+#    (30 s + jitter).
+# 3. Hostile TCP input to the gateway (random bytes, u32-LE framing, a silent
+#    connection): each is closed, and the tunnel still carries traffic afterwards.
+# 4. A stock wireguard-go client reaches the gateway through `riceguard udp2tcp`.
+# Needs root, wireguard-tools, wireguard-go, iperf3, nftables, tcpdump, python3.
+# Prints "N passed, N failed"; exit status 1 when anything failed.
+set -u
+cd "$(dirname "$0")/.."
+
+RG=$(realpath "${RG_BIN:-target/release/riceguard}")
+[ -x "$RG" ] || { echo "build riceguard first (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
+WORK=$(mktemp -d /tmp/rg-tcp-fallback.XXXXXX)
+A=rgfA B=rgfB C=rgfC
+IA=rgf$$a IB=rgf$$b IC=rgf$$c
+PIDS=()
+pass=0 fail=0
+ok() { pass=$((pass + 1)); echo "PASS $*"; }
+bad() { fail=$((fail + 1)); echo "FAIL $*"; }
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
+    rm -f /var/run/wireguard/$IA.sock /var/run/wireguard/$IB.sock /var/run/wireguard/$IC.sock
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
+
+ip netns add $A && ip netns add $B
+ip link add vfa netns $A type veth peer name vfb netns $B
+ip -n $A addr add 10.97.0.1/24 dev vfa
+ip -n $B addr add 10.97.0.2/24 dev vfb
+for n in $A $B; do ip -n $n link set lo up; done
+ip -n $A link set vfa up; ip -n $B link set vfb up
+
+block_udp() {
+    ip netns exec $B nft add table inet rgftest
+    ip netns exec $B nft add chain inet rgftest input '{ type filter hook input priority 0; }'
+    ip netns exec $B nft add rule inet rgftest input udp dport 51821 drop
+}
+unblock_udp() { ip netns exec $B nft delete table inet rgftest; }
+
+ka=$(wg genkey); kb=$(wg genkey)
+block_udp
+RG_LOG=info ip netns exec $A "$RG" -f $IA >"$WORK/a.log" 2>&1 & PIDS+=($!)
+RG_LOG=info ip netns exec $B "$RG" -f $IB >"$WORK/b.log" 2>&1 & PIDS+=($!)
+for i in $(seq 50); do [ -S /var/run/wireguard/$IA.sock ] && [ -S /var/run/wireguard/$IB.sock ] && break; sleep 0.1; done
+ip netns exec $A wg set $IA private-key <(echo "$ka") listen-port 51820 \
+    peer "$(echo "$kb" | wg pubkey)" allowed-ips 10.97.1.2/32 endpoint 10.97.0.2:51821 persistent-keepalive 25
+ip netns exec $B wg set $IB private-key <(echo "$kb") listen-port 51821 \
+    peer "$(echo "$ka" | wg pubkey)" allowed-ips 10.97.1.1/32
+ip -n $A addr add 10.97.1.1/24 dev $IA; ip -n $A link set $IA up
+ip -n $B addr add 10.97.1.2/24 dev $IB; ip -n $B link set $IB up
+
+# --- 1. fall back to TCP --------------------------------------------------------------
+t0=$SECONDS
+up=0
+for i in $(seq 20); do
+    if ip netns exec $A ping -c1 -W1 10.97.1.2 >/dev/null 2>&1; then up=1; break; fi
+done
+took=$((SECONDS - t0))
+if [ $up = 1 ] && [ $took -le 15 ] && grep -q "transport now TCP" "$WORK/a.log"; then
+    ok "fallback: tunnel over TCP after ${took} s with UDP dropped"
+else
+    bad "fallback: tunnel not up over TCP within 15 s (took ${took} s, up=$up)"; tail -5 "$WORK/a.log"
+fi
+loss=$(ip netns exec $A ping -c 10 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)
+[ "${loss:-100}" = 0 ] && ok "ping over TCP: 0% loss" || bad "ping over TCP: ${loss:-?}% loss"
+
+ip netns exec $B iperf3 -s -1 -D -B 10.97.1.2 >/dev/null 2>&1; sleep 0.5
+timeout 20 ip netns exec $A tcpdump -i vfa -nn -s 96 -w "$WORK/tcp.pcap" 'tcp port 51821' >/dev/null 2>&1 & TD=$!
+sleep 0.5
+mbit=$(timeout 30 ip netns exec $A iperf3 -c 10.97.1.2 -t 5 -J 2>/dev/null |
+    python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))' 2>/dev/null)
+sleep 0.3; kill -INT $TD 2>/dev/null; wait $TD 2>/dev/null
+[ "${mbit:-0}" -gt 0 ] && ok "iperf3 over TCP fallback: ${mbit} Mbit/s" || bad "iperf3 over TCP fallback failed"
+cc=$(ip netns exec $B ss -tni "sport = :51821" | grep -oE '\b(cubic|bbr|reno)\b' | head -1)
+[ -n "$cc" ] && ok "ss -tni shows congestion control '$cc' on the gateway's connection" || bad "no congestion control shown by ss"
+read -r total bare small <<<"$(tcpdump -r "$WORK/tcp.pcap" -nn 2>/dev/null | python3 -c '
+import re, sys
+lens = [int(m.group(1)) for l in sys.stdin for m in [re.search(r"length (\d+)$", l.strip())] if m]
+data = [n for n in lens if n > 0]
+print(len(data), sum(1 for n in data if n == 2), sum(1 for n in data if n < 1000))')"
+if [ "${total:-0}" -gt 100 ] && [ "${bare:-1}" = 0 ]; then
+    ok "capture: $total data segments, none with a bare 2-byte payload ($small under 1000 bytes)"
+else
+    bad "capture: total=${total:-?} bare-header segments=${bare:-?}"
+fi
+
+# --- 2. back to UDP ---------------------------------------------------------------------
+unblock_udp
+t1=$SECONDS
+back=0
+for i in $(seq 50); do
+    if grep -q "transport now UDP" "$WORK/a.log"; then back=1; break; fi
+    sleep 1
+done
+if [ $back = 1 ]; then ok "back on UDP $((SECONDS - t1)) s after the drop rule went"; else bad "still on TCP 50 s after UDP was unblocked"; fi
+loss=$(ip netns exec $A ping -c 5 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)
+[ "${loss:-100}" = 0 ] && ok "ping after return to UDP: 0% loss" || bad "ping after return to UDP: ${loss:-?}% loss"
+
+# --- 3. hostile TCP input -------------------------------------------------------------------
+ip netns exec $A python3 - <<'EOF' >"$WORK/garbage.out" 2>&1
+import os, socket, struct, time
+def conn():
+    s = socket.create_connection(("10.97.0.2", 51821), timeout=3)
+    return s
+closed = 0
+for payload in [os.urandom(4096), struct.pack("<I", 148) + os.urandom(148), b"\x00\x01", b"\xff\xff" + os.urandom(10)]:
+    s = conn()
+    try:
+        s.sendall(payload)
+        s.settimeout(3)
+        if s.recv(1) == b"":
+            closed += 1
+    except (ConnectionResetError, socket.timeout, BrokenPipeError):
+        closed += 1
+    s.close()
+# many connection attempts in a row, bounded
+for _ in range(200):
+    try:
+        socket.create_connection(("10.97.0.2", 51821), timeout=1).close()
+    except OSError:
+        pass
+print("closed", closed)
+EOF
+grep -q "closed [34]" "$WORK/garbage.out" && ok "garbage TCP input: connections closed ($(cat "$WORK/garbage.out"))" ||
+    bad "garbage TCP input: $(cat "$WORK/garbage.out")"
+loss=$(ip netns exec $A ping -c 5 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)
+[ "${loss:-100}" = 0 ] && ok "tunnel unaffected by the garbage" || bad "tunnel after garbage: ${loss:-?}% loss"
+kill -0 "${PIDS[1]}" 2>/dev/null && ok "gateway process still running" || bad "gateway died"
+
+# --- 4. stock wireguard-go through riceguard udp2tcp ---------------------------------------
+kc=$(wg genkey)
+# C (wireguard-go in A) is 10.97.2.3; the gateway answers it as 10.97.2.2.
+ip netns exec $B wg set $IB peer "$(echo "$kc" | wg pubkey)" allowed-ips 10.97.2.3/32
+ip -n $B addr add 10.97.2.2/32 dev $IB
+ip -n $B route add 10.97.2.3/32 dev $IB
+ip netns exec $A "$RG" udp2tcp --udp-listen 127.0.0.1:51900 --tcp-forward 10.97.0.2:51821 --nodelay >"$WORK/u2t.log" 2>&1 & PIDS+=($!)
+ip netns exec $A env WG_PROCESS_FOREGROUND=1 wireguard-go $IC >"$WORK/c.log" 2>&1 & PIDS+=($!)
+for i in $(seq 50); do [ -S /var/run/wireguard/$IC.sock ] && break; sleep 0.1; done
+ip netns exec $A wg set $IC private-key <(echo "$kc") \
+    peer "$(echo "$kb" | wg pubkey)" allowed-ips 10.97.2.2/32 endpoint 127.0.0.1:51900 persistent-keepalive 25
+ip -n $A addr add 10.97.2.3/32 dev $IC
+ip -n $A link set $IC mtu 1366 up
+ip -n $A route add 10.97.2.2/32 dev $IC
+up=0
+for i in $(seq 15); do
+    ip netns exec $A ping -c1 -W1 -I 10.97.2.3 10.97.2.2 >/dev/null 2>&1 && { up=1; break; }
+done
+[ $up = 1 ] && ok "wireguard-go -> riceguard udp2tcp -> TCP -> riceguard gateway: ping" ||
+    bad "wireguard-go through udp2tcp: no ping"
+
+echo
+echo "tcp-fallback: $pass passed, $fail failed"
+[ $fail = 0 ]

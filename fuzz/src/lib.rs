@@ -1,0 +1,456 @@
+//! The checks behind the fuzz targets, shared by the libFuzzer binaries in
+//! `fuzz_targets/` and by `cargo test` here, which runs them over the seed files in
+//! `seeds/` and over seeded random mutations of them (the fallback where cargo-fuzz
+//! cannot run: same checks, no coverage guidance, no sanitizers).
+//!
+//! Each check panics only when an invariant breaks; any input whatsoever is fine.
+
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use riceguard::core::allowed_ips::AllowedIps;
+use riceguard::core::config::{Config, Endpoint, PeerConfig};
+use riceguard::core::ini;
+use riceguard::core::key::Key;
+use riceguard::core::net::Cidr;
+use riceguard::core::uapi::{self, Request, UapiError};
+
+/// `ini::parse` never panics; what it accepts is emitted and read back unchanged, and
+/// validation of it never panics.
+pub fn check_ini(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let Ok(cfg) = ini::parse("fuzz.conf", &text) else {
+        return;
+    };
+    let _ = cfg.validate();
+    let out = ini::emit(&cfg);
+    match ini::parse("emitted.conf", &out) {
+        Ok(back) => assert_eq!(
+            back, cfg,
+            "emit/parse round trip changed the config:\n{out}"
+        ),
+        Err(e) => panic!("emitted config does not parse: {e}\n{out}"),
+    }
+    assert_eq!(ini::emit(&cfg), out, "emit is not deterministic");
+}
+
+fn key(b: u8) -> Key {
+    Key([b; 32])
+}
+
+/// The fixed configuration requests are applied to.
+pub fn uapi_base() -> Config {
+    let mut c = Config::default();
+    c.interface.private_key = Some(key(0x40));
+    c.interface.listen_port = Some(51820);
+    let peer = |k: u8, ips: &[&str], ep: Option<&str>| PeerConfig {
+        public_key: key(k),
+        preshared_key: None,
+        allowed_ips: ips.iter().filter_map(|s| s.parse().ok()).collect(),
+        endpoint: ep.and_then(|e| e.parse().ok()).map(Endpoint::Addr),
+        persistent_keepalive: Some(25),
+        tcp_port: None,
+    };
+    c.peers = vec![
+        peer(1, &["10.0.0.1/32", "fd00::1/128"], Some("192.0.2.1:51820")),
+        peer(2, &["10.0.0.2/32", "10.2.0.0/16"], None),
+        peer(3, &["0.0.0.0/0"], Some("[2001:db8::3]:443")),
+    ];
+    c
+}
+
+type VisiblePeer = (Key, Option<Key>, Option<Endpoint>, Option<u16>, Vec<Cidr>);
+
+fn visible(c: &Config) -> (Option<Key>, Option<u16>, Option<u32>, Vec<VisiblePeer>) {
+    let mut peers: Vec<VisiblePeer> = c
+        .peers
+        .iter()
+        .map(|p| {
+            (
+                p.public_key,
+                p.preshared_key,
+                p.endpoint.clone(),
+                p.persistent_keepalive,
+                p.allowed_ips.clone(),
+            )
+        })
+        .collect();
+    peers.sort_by_key(|p| p.0 .0);
+    (
+        c.interface.private_key,
+        c.interface.listen_port,
+        c.interface.fwmark,
+        peers,
+    )
+}
+
+/// Requests read from arbitrary bytes never panic; a set request survives
+/// emit/read; applying it to the base config never panics; whatever comes out can be
+/// reached again from the base by `set_from_diff`, and its `get` answer reads back.
+pub fn check_uapi(data: &[u8]) {
+    let _ = uapi::parse_get_response(&String::from_utf8_lossy(data));
+    let base = uapi_base();
+    let mut cur = base.clone();
+    let mut r = Cursor::new(data);
+    for _ in 0..64 {
+        let req = match uapi::read_request(&mut r) {
+            Ok(Request::Set(req)) => req,
+            Ok(Request::Get) => continue,
+            // The driver answers these and goes on reading.
+            Err(UapiError::Invalid(_) | UapiError::Protocol(_)) => continue,
+            // The driver closes the connection on anything else.
+            Err(_) => break,
+        };
+        let wire = uapi::emit_set(&req);
+        match uapi::read_request(&mut Cursor::new(wire.as_bytes())) {
+            Ok(Request::Set(back)) => {
+                assert_eq!(back, req, "set request changed on the wire:\n{wire}")
+            }
+            other => panic!("emitted set request does not read back: {other:?}\n{wire}"),
+        }
+        let Ok(next) = uapi::apply_set(&cur, &req) else {
+            continue;
+        };
+        // apply_set keeps the invariants the rest of the system relies on.
+        if let Err(e) = next.validate_consistency() {
+            panic!("apply_set produced an inconsistent config: {e}");
+        }
+        let diff = uapi::set_from_diff(&base, &next);
+        let again = uapi::apply_set(&base, &diff).expect("diff applies");
+        assert_eq!(
+            visible(&again),
+            visible(&next),
+            "set_from_diff did not reach the target:\n{}",
+            uapi::emit_set(&diff)
+        );
+
+        let status = uapi::DeviceStatus {
+            private_key: next.interface.private_key,
+            listen_port: next.interface.listen_port.unwrap_or(0),
+            fwmark: next.interface.fwmark,
+            peers: next
+                .peers
+                .iter()
+                .map(|p| {
+                    let mut s = uapi::PeerStatus::new(p.public_key);
+                    s.preshared_key = p.preshared_key;
+                    s.endpoint = match &p.endpoint {
+                        Some(Endpoint::Addr(a)) => Some(*a),
+                        _ => None,
+                    };
+                    s.persistent_keepalive = p.persistent_keepalive;
+                    s.allowed_ips = p.allowed_ips.clone();
+                    s
+                })
+                .collect(),
+        };
+        let got = uapi::emit_get(&status);
+        assert_eq!(
+            uapi::parse_get_response(&got),
+            Ok(status),
+            "get answer does not read back:\n{got}"
+        );
+        cur = next;
+    }
+}
+
+/// Byte reader for the op stream; reads zeros past the end.
+struct Bytes<'a>(&'a [u8]);
+impl Bytes<'_> {
+    fn u8(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((b, rest)) => {
+                self.0 = rest;
+                *b
+            }
+            None => 0,
+        }
+    }
+    fn addr(&mut self, v4: bool) -> IpAddr {
+        // Few distinct high bytes, so prefixes nest and collide often.
+        if v4 {
+            let mut a = [0u8; 4];
+            a[0] = self.u8() & 0x3;
+            for b in &mut a[1..] {
+                *b = self.u8();
+            }
+            IpAddr::V4(Ipv4Addr::from(a))
+        } else {
+            let mut a = [0u8; 16];
+            a[0] = 0xfd;
+            a[1] = self.u8() & 0x3;
+            for b in &mut a[2..6] {
+                *b = self.u8();
+            }
+            a[15] = self.u8();
+            IpAddr::V6(Ipv6Addr::from(a))
+        }
+    }
+}
+
+/// A sequence of table operations decoded from the bytes gives the same results as a
+/// brute-force reference.
+pub fn check_allowed_ips(data: &[u8]) {
+    let mut b = Bytes(data);
+    let mut t: AllowedIps<u8> = AllowedIps::new();
+    let mut r: HashMap<Cidr, u8> = HashMap::new();
+    let mut ops = 0;
+    while !b.0.is_empty() && ops < 4096 {
+        ops += 1;
+        let op = b.u8();
+        let v4 = op & 0x80 == 0;
+        let addr = b.addr(v4);
+        let max = if v4 { 32 } else { 128 };
+        let plen = b.u8() % (max + 1);
+        // Cidr::new only fails for lengths over the maximum, excluded above.
+        let cidr = Cidr::new(addr, plen).expect("length in range");
+        let net = cidr.network();
+        match op & 0x7 {
+            0..=2 => {
+                let v = b.u8();
+                assert_eq!(t.insert(cidr, v), r.insert(net, v), "insert {cidr}");
+            }
+            3 | 4 => assert_eq!(t.remove(cidr), r.remove(&net), "remove {cidr}"),
+            5 => assert_eq!(t.get(cidr).copied(), r.get(&net).copied(), "get {cidr}"),
+            6 => {
+                let m = b.u8() | 1;
+                t.retain(|_, v| v % m != 0);
+                r.retain(|_, v| *v % m != 0);
+            }
+            _ => {
+                if b.u8() == 0xff {
+                    t.clear();
+                    r.clear();
+                }
+            }
+        }
+        assert_eq!(t.len(), r.len());
+        let want = r
+            .iter()
+            .filter(|(c, _)| c.contains(addr))
+            .max_by_key(|(c, _)| c.prefix)
+            .map(|(_, v)| *v);
+        assert_eq!(t.lookup(addr).copied(), want, "lookup {addr}");
+    }
+    let mut got: Vec<(String, u8)> = t.iter().map(|(c, v)| (c.to_string(), *v)).collect();
+    let mut want: Vec<(String, u8)> = r.iter().map(|(c, v)| (c.to_string(), *v)).collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// Console input (serial bytes) through the line editor, parser and candidate edits.
+pub fn check_console_line(data: &[u8]) {
+    riceguard::console::fuzz_check_input(data);
+}
+
+/// A datagram from the network and a packet from the TUN, into a configured device:
+/// never a panic, and nothing reaches the TUN from unauthenticated input.
+pub fn check_datagram(data: &[u8]) {
+    use riceguard::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
+    use std::sync::OnceLock;
+    struct Sink {
+        tun: usize,
+    }
+    impl Io for Sink {
+        fn send(&mut self, _to: PeerAddr, d: &[u8]) {
+            assert!(!d.is_empty() && d.len() <= SCRATCH_SIZE);
+        }
+        fn tun_write(&mut self, _p: &[u8]) {
+            self.tun += 1;
+        }
+    }
+    static DEV: OnceLock<Device> = OnceLock::new();
+    let dev = DEV.get_or_init(|| {
+        let mut c = Config::default();
+        c.interface.private_key = Some(key(0x41));
+        c.peers.push(PeerConfig {
+            public_key: key(0x42).public(),
+            preshared_key: None,
+            allowed_ips: vec!["10.0.0.2/32".parse().expect("literal"), "fd00::/64".parse().expect("literal")],
+            endpoint: Some(Endpoint::Addr("192.0.2.7:51820".parse().expect("literal"))),
+            persistent_keepalive: None,
+            tcp_port: None,
+        });
+        let d = Device::new();
+        d.reconfigure(&c).expect("fixed config");
+        d
+    });
+    let table = dev.snapshot();
+    let mut scratch = vec![0u8; SCRATCH_SIZE];
+    let mut sink = Sink { tun: 0 };
+    let from = PeerAddr::Udp("198.51.100.1:4242".parse().expect("literal"));
+    dev.handle_datagram(&table, from, data, &mut scratch, &mut sink);
+    assert_eq!(sink.tun, 0, "unauthenticated input reached the TUN");
+    dev.handle_tun_packet(&table, data, &mut scratch, &mut sink);
+}
+
+/// The TCP-fallback stream decoder, fed in chunks whose sizes come from the input.
+pub fn check_framing(data: &[u8]) {
+    use riceguard::core::framing::{check_message, FrameDecoder, MAX_MESSAGE_LEN};
+    let Some((&step, rest)) = data.split_first() else { return };
+    let step = usize::from(step).max(1);
+    let mut dec = FrameDecoder::new(MAX_MESSAGE_LEN);
+    for chunk in rest.chunks(step) {
+        let r = dec.feed(chunk, |m| {
+            assert!(check_message(m, MAX_MESSAGE_LEN).is_ok(), "decoder yielded an invalid message");
+        });
+        if r.is_err() {
+            break;
+        }
+    }
+}
+
+/// A TUN read with a `virtio_net_hdr`: split into segments, each a sane IP packet size.
+pub fn check_gso_split(data: &[u8]) {
+    use riceguard::core::gso::Splitter;
+    let Ok(mut sp) = Splitter::new(data) else { return };
+    let mut out = vec![0u8; 65536];
+    let mut n = 0;
+    while let Some(r) = sp.next_into(&mut out) {
+        match r {
+            Ok(len) => assert!(len <= out.len()),
+            Err(_) => break,
+        }
+        n += 1;
+        assert!(n <= 65536, "splitter does not terminate");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    /// Seed files for `target`: `seeds/<target>/` (committed) and `corpus/<target>/`
+    /// (what cargo-fuzz found locally, if anything).
+    fn seeds(target: &str) -> Vec<Vec<u8>> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut out = Vec::new();
+        for dir in ["seeds", "corpus"] {
+            let Ok(rd) = std::fs::read_dir(root.join(dir).join(target)) else {
+                continue;
+            };
+            let mut paths: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            for p in paths {
+                if let Ok(d) = std::fs::read(&p) {
+                    out.push(d);
+                }
+            }
+        }
+        assert!(!out.is_empty(), "no seeds for {target}");
+        out
+    }
+
+    /// libFuzzer-style mutations: flip, insert, delete, duplicate a span, splice in a
+    /// piece of another seed.
+    fn mutate(rng: &mut Rng, d: &mut Vec<u8>, other: &[u8]) {
+        for _ in 0..1 + rng.below(4) {
+            let n = d.len();
+            match rng.below(6) {
+                0 if n > 0 => {
+                    let i = rng.below(n);
+                    d[i] ^= 1 << rng.below(8);
+                }
+                1 => {
+                    let i = rng.below(n + 1);
+                    let c = *b"=\n[]#;,:/.-0123456789abcdefx "
+                        .get(rng.below(29))
+                        .unwrap_or(&b'=');
+                    d.insert(i, c);
+                }
+                2 if n > 0 => {
+                    let i = rng.below(n);
+                    let len = 1 + rng.below((n - i).min(16));
+                    d.drain(i..i + len);
+                }
+                3 if n > 0 => {
+                    let i = rng.below(n);
+                    let len = 1 + rng.below((n - i).min(64));
+                    let span: Vec<u8> = d[i..i + len].to_vec();
+                    let at = rng.below(n + 1);
+                    d.splice(at..at, span);
+                }
+                4 if !other.is_empty() => {
+                    let i = rng.below(other.len());
+                    let len = 1 + rng.below((other.len() - i).min(64));
+                    let at = rng.below(n + 1);
+                    d.splice(at..at, other[i..i + len].iter().copied());
+                }
+                _ => {
+                    let i = rng.below(n + 1);
+                    d.insert(i, rng.next() as u8);
+                }
+            }
+        }
+    }
+
+    fn run(target: &str, check: fn(&[u8]), iterations: usize) {
+        let seeds = seeds(target);
+        for s in &seeds {
+            check(s);
+        }
+        let mut rng = Rng(0x5eed_0000 ^ target.len() as u64 | 1);
+        for _ in 0..iterations {
+            let mut d = seeds[rng.below(seeds.len())].clone();
+            let other = &seeds[rng.below(seeds.len())];
+            mutate(&mut rng, &mut d, other);
+            check(&d);
+        }
+        // Pure random bytes too.
+        for _ in 0..iterations / 10 {
+            let d: Vec<u8> = (0..rng.below(512)).map(|_| rng.next() as u8).collect();
+            check(&d);
+        }
+    }
+
+    #[test]
+    fn ini_seeded() {
+        run("ini", check_ini, 20_000);
+    }
+
+    #[test]
+    fn uapi_seeded() {
+        run("uapi", check_uapi, 5_000);
+    }
+
+    #[test]
+    fn console_line_seeded() {
+        run("console_line", check_console_line, 3_000);
+    }
+
+    #[test]
+    fn datagram_seeded() {
+        run("datagram", check_datagram, 5_000);
+    }
+
+    #[test]
+    fn framing_seeded() {
+        run("framing", check_framing, 5_000);
+    }
+
+    #[test]
+    fn gso_split_seeded() {
+        run("gso_split", check_gso_split, 5_000);
+    }
+
+    #[test]
+    fn allowed_ips_seeded() {
+        run("allowed_ips", check_allowed_ips, 5_000);
+    }
+}

@@ -1,0 +1,340 @@
+//! Joins the TCP transport (`driver::tcp`) to the WireGuard device: messages arriving on
+//! TCP connections go into the device as `PeerAddr::Tcp`, the device's sends to a TCP
+//! endpoint go out on that connection, and the fallback client (`core::fallback`) moves
+//! peers with an `Endpoint` between UDP and TCP.
+//!
+//! The fallback machine is fed from the device's per-peer transport counters, sampled by
+//! the timer thread (a few times a second), so the packet path does no extra work.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use crate::core::config::{Config, Endpoint};
+use crate::core::device::{Device, Io, PeerAddr, TransportEvents, SCRATCH_SIZE};
+use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
+use crate::core::key::Key;
+use crate::driver::tcp::{ConnId, TcpConfig, TcpHandle, TcpSink, TcpTransport};
+use crate::driver::worker::{self, SocketSet, TcpOut};
+use crate::sys::tun::TunQueue;
+
+/// The current TCP transport's handle, replaceable when the listen port changes.
+#[derive(Default)]
+pub struct TcpSlot {
+    handle: RwLock<Option<TcpHandle>>,
+}
+
+impl TcpSlot {
+    pub fn set(&self, h: Option<TcpHandle>) {
+        *self.handle.write().unwrap_or_else(|p| p.into_inner()) = h;
+    }
+
+    pub fn get(&self) -> Option<TcpHandle> {
+        self.handle
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+impl TcpOut for TcpSlot {
+    fn send(&self, conn: u64, msg: &[u8]) {
+        if let Some(h) = self
+            .handle
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            // A full queue drops the whole packet: the inner TCP recovers.
+            let _ = h.send(conn, msg);
+        }
+    }
+}
+
+/// Outcome notes from the transport thread for the fallback manager.
+#[derive(Default)]
+struct ConnEvents {
+    connected: Vec<ConnId>,
+    closed: Vec<ConnId>,
+}
+
+/// The device's side of the TCP transport.
+pub struct DeviceSink {
+    device: Arc<Device>,
+    sockets: Arc<SocketSet>,
+    slot: Arc<TcpSlot>,
+    tun: TunQueue,
+    vnet_hdr: bool,
+    scratch: Mutex<(Vec<u8>, Vec<u8>)>,
+    events: Mutex<ConnEvents>,
+}
+
+impl DeviceSink {
+    pub fn new(
+        device: Arc<Device>,
+        sockets: Arc<SocketSet>,
+        slot: Arc<TcpSlot>,
+        tun: TunQueue,
+        vnet_hdr: bool,
+    ) -> DeviceSink {
+        DeviceSink {
+            device,
+            sockets,
+            slot,
+            tun,
+            vnet_hdr,
+            scratch: Mutex::new((vec![0u8; SCRATCH_SIZE], vec![0u8; SCRATCH_SIZE])),
+            events: Mutex::new(ConnEvents::default()),
+        }
+    }
+
+    fn take_events(&self) -> ConnEvents {
+        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Sink for the device while handling a TCP-carried message.
+struct SinkIo<'a> {
+    sockets: &'a SocketSet,
+    slot: &'a TcpSlot,
+    tun: &'a TunQueue,
+    vnet_hdr: bool,
+    tunbuf: &'a mut [u8],
+}
+
+impl Io for SinkIo<'_> {
+    fn send(&mut self, to: PeerAddr, d: &[u8]) {
+        match to {
+            PeerAddr::Tcp { conn, .. } => self.slot.send(conn, d),
+            PeerAddr::Udp(a) => {
+                if let Some(s) = self.sockets.any() {
+                    let v6 = s.local_addr().map(|l| l.is_ipv6()).unwrap_or(false);
+                    let _ = s.send_to(d, worker::to_sock_addr(a, v6));
+                }
+            }
+        }
+    }
+
+    fn tun_write(&mut self, p: &[u8]) {
+        let _ = worker::write_plain(self.tun, self.vnet_hdr, p, self.tunbuf);
+    }
+}
+
+impl TcpSink for DeviceSink {
+    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) {
+        let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
+        let (scratch, tunbuf) = &mut *g;
+        let table = self.device.snapshot();
+        let mut io = SinkIo {
+            sockets: &self.sockets,
+            slot: &self.slot,
+            tun: &self.tun,
+            vnet_hdr: self.vnet_hdr,
+            tunbuf,
+        };
+        let from = PeerAddr::Tcp {
+            conn,
+            remote: worker::canonical(remote),
+        };
+        self.device
+            .handle_datagram(&table, from, msg, scratch, &mut io);
+    }
+
+    fn on_closed(&self, conn: ConnId) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed
+            .push(conn);
+    }
+
+    fn on_connected(&self, conn: ConnId) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .connected
+            .push(conn);
+    }
+}
+
+/// Start a transport listening on `ports` (`[::]:port`, IPv4 too).
+pub fn start_transport(
+    cfg: &Config,
+    ports: &[u16],
+    sink: Arc<DeviceSink>,
+) -> std::io::Result<TcpTransport> {
+    let mut g = cfg.gateway.clone();
+    g.tcp_listen = ports.to_vec();
+    TcpTransport::start(TcpConfig::from_gateway(&g), sink)
+}
+
+/// One client peer's fallback state.
+struct PeerFb {
+    fb: Fallback,
+    seen: TransportEvents,
+    udp: SocketAddr,
+    tcp_port: u16,
+    conn: Option<(ConnId, SocketAddr)>,
+    logged: Transport,
+}
+
+/// Runs the fallback machines of all peers that have a configured endpoint.
+pub struct FallbackManager {
+    peers: HashMap<Key, PeerFb>,
+    seed: u64,
+}
+
+impl Default for FallbackManager {
+    fn default() -> Self {
+        FallbackManager::new()
+    }
+}
+
+impl FallbackManager {
+    pub fn new() -> FallbackManager {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            ^ u64::from(std::process::id());
+        FallbackManager {
+            peers: HashMap::new(),
+            seed,
+        }
+    }
+
+    /// Keep the set of managed peers in step with the configuration.
+    fn sync(&mut self, cfg: &Config) {
+        let mut keep = Vec::new();
+        for p in &cfg.peers {
+            let Some(Endpoint::Addr(ep)) = p.endpoint else {
+                continue;
+            };
+            keep.push(p.public_key);
+            let tcp_port = p.tcp_port.unwrap_or(ep.port());
+            let e = self.peers.entry(p.public_key).or_insert_with(|| {
+                self.seed = self
+                    .seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                PeerFb {
+                    fb: Fallback::new(FallbackConfig::default(), Jitter::new(self.seed)),
+                    seen: TransportEvents::default(),
+                    udp: ep,
+                    tcp_port,
+                    conn: None,
+                    logged: Transport::Udp,
+                }
+            });
+            e.udp = ep;
+            e.tcp_port = tcp_port;
+        }
+        self.peers.retain(|k, _| keep.contains(k));
+    }
+
+    /// One step: feed new events to each machine and carry out its actions.
+    pub fn tick(&mut self, now: Instant, device: &Device, sink: &DeviceSink, sockets: &SocketSet) {
+        let Some(handle) = sink.slot.get() else {
+            return;
+        };
+        let cfg = device.config();
+        if !cfg.gateway.tcp_fallback {
+            return;
+        }
+        self.sync(&cfg);
+        let ev = sink.take_events();
+        let mut scratch = vec![0u8; SCRATCH_SIZE];
+        let mut tunbuf = [0u8; 0];
+        for (key, pf) in self.peers.iter_mut() {
+            let Some((cur, _endpoint)) = device.peer_events(key) else {
+                continue;
+            };
+            for (i, t) in [Transport::Udp, Transport::Tcp].into_iter().enumerate() {
+                for _ in pf.seen.handshakes_sent[i]..cur.handshakes_sent[i] {
+                    pf.fb.handshake_sent(now, t);
+                }
+                if cur.handshakes_answered[i] > pf.seen.handshakes_answered[i] {
+                    pf.fb.handshake_answered(now, t);
+                }
+                if cur.authenticated_rx[i] > pf.seen.authenticated_rx[i] {
+                    pf.fb.authenticated_rx(now, t);
+                }
+            }
+            pf.seen = cur;
+            if let Some((id, _)) = pf.conn {
+                if ev.connected.contains(&id) {
+                    pf.fb.tcp_connected(now);
+                }
+                if ev.closed.contains(&id) {
+                    pf.conn = None;
+                    pf.fb.tcp_failed(now);
+                }
+            }
+            let mut io = SinkIo {
+                sockets,
+                slot: &sink.slot,
+                tun: &sink.tun,
+                vnet_hdr: false,
+                tunbuf: &mut tunbuf,
+            };
+            while let Some(action) = pf.fb.poll(now) {
+                match action {
+                    Action::ConnectTcp => {
+                        let remote = SocketAddr::new(pf.udp.ip(), pf.tcp_port);
+                        match handle.connect(remote) {
+                            Ok(id) => {
+                                log::info!("peer {}: UDP handshakes unanswered, connecting over TCP to {remote}", short(key));
+                                pf.conn = Some((id, remote));
+                            }
+                            Err(e) => {
+                                log::warn!("peer {}: TCP connect to {remote}: {e}", short(key));
+                                pf.fb.tcp_failed(now);
+                            }
+                        }
+                    }
+                    // Handled below with the silent Connecting -> Tcp transition.
+                    Action::SwitchToTcp => pf.logged = Transport::Udp,
+                    Action::ProbeUdp => {
+                        log::debug!("peer {}: probing UDP {}", short(key), pf.udp);
+                        device.force_handshake(key, PeerAddr::Udp(pf.udp), &mut scratch, &mut io);
+                    }
+                    Action::SwitchToUdp => device.set_endpoint(key, PeerAddr::Udp(pf.udp)),
+                    Action::CloseTcp => {
+                        if let Some((conn, _)) = pf.conn.take() {
+                            handle.close(conn);
+                        }
+                    }
+                }
+            }
+            let t = pf.fb.transport();
+            if t != pf.logged {
+                pf.logged = t;
+                if t == Transport::Tcp {
+                    if let Some((conn, remote)) = pf.conn {
+                        // Move the peer onto the connection and handshake over it; the
+                        // answer arriving on TCP confirms the endpoint (roaming).
+                        let to = PeerAddr::Tcp { conn, remote };
+                        device.set_endpoint(key, to);
+                        device.force_handshake(key, to, &mut scratch, &mut io);
+                    }
+                } else {
+                    device.set_endpoint(key, PeerAddr::Udp(pf.udp));
+                }
+                log::info!(
+                    "peer {}: transport now {}",
+                    short(key),
+                    if t == Transport::Tcp {
+                        "TCP (UDP blocked?)"
+                    } else {
+                        "UDP"
+                    }
+                );
+            }
+        }
+    }
+}
+
+fn short(k: &Key) -> String {
+    crate::core::device::short(k)
+}
