@@ -25,6 +25,16 @@ ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
 check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
 note() { notes+=("$*"); echo "     $*"; }
 t_all=$SECONDS
+missing=()
+for t in qemu-system-x86_64 qemu-system-aarch64 jq sfdisk mdir unsquashfs dumpe2fs file setsid; do
+    command -v "$t" >/dev/null || missing+=("$t")
+done
+[ -f /usr/share/OVMF/OVMF_CODE_4M.fd ] && [ -f /usr/share/AAVMF/AAVMF_CODE.fd ] || missing+=(ovmf/qemu-efi-aarch64)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "image tests need: ${missing[*]} (ci/deps.sh installs them)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 
 # sha256 lines of a manifest (what must match between two builds).
