@@ -4,9 +4,10 @@
 # variable stores, and watch the serial console:
 #   - both boards: slot booted, perm mounted, gateway up, console prompt, boot marked good
 #     (the ESP entry renamed, read back with mtools after QEMU exits)
-#   - x86_64 with a tap in a namespace and a pre-seeded perm: uplink address over netlink,
-#     WireGuard through the image with a wireguard-go peer, a killed gateway restarted by
-#     the supervisor, USO on (boot 1) and off (boot 2), perm surviving the second boot.
+#   - each board on a tap in a namespace with a pre-seeded perm: uplink address over
+#     netlink, WireGuard through the image with a wireguard-go peer, a killed gateway
+#     restarted by the supervisor, USO on (boot 1) and off (boot 2), perm surviving the
+#     second boot, `reboot` typed on the serial console (clean unmount of perm).
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the console fails that boot at once.
 #
 # usage: ci/test-image.sh [BOARD...]   (default: qemu-x86_64 qemu-aarch64)
@@ -138,12 +139,12 @@ for b in "${boards[@]}"; do
 done
 
 # ---------------------------------------------------------------------------------------
-# x86_64 on a tap in a namespace: uplink by netlink, WireGuard with a wireguard-go peer,
-# supervisor restart, USO on then off, second boot keeps perm.
-b=qemu-x86_64
-if [[ " ${boards[*]} " == *" $b "* ]] && command -v wireguard-go >/dev/null && command -v wg >/dev/null; then
-    echo "== boot: $b on a tap, WireGuard peer, restart, USO on/off, second boot"
-    seed=$work/perm-seed
+# Each board on a tap in a namespace: uplink by netlink, WireGuard with a wireguard-go
+# peer, supervisor restart, USO on then off, second boot keeps perm, console reboot.
+net_tests() {
+    local b=$1
+    echo "== boot: $b on a tap, WireGuard peer, restart, USO on/off, second boot, reboot"
+    seed=$work/perm-seed-$b
     mkdir -p "$seed"
     gpriv=$(wg genkey) hpriv=$(wg genkey)
     gpub=$(echo "$gpriv" | wg pubkey) hpub=$(echo "$hpriv" | wg pubkey)
@@ -165,9 +166,10 @@ EOF
         RG_CMDLINE_EXTRA="riceguard.uplink=192.0.2.2/24,gw=192.0.2.1 riceguard.selftest=restart" \
         image/build.sh "$b" >"$work/$b-net.build" 2>&1; then
         # The peer, inside the namespace qemu.sh makes; its result lands in a file.
-        wgif=rgi$$
+        netn=$((${netn:-0} + 1)); wgif=rgi$$n$netn
         echo "$hpriv" >"$work/peer.key"
-        cat >"$work/peer.sh" <<EOF
+        peer=$work/peer-$b.sh
+        cat >"$peer" <<EOF
 #!/bin/sh
 res=\$1
 WG_PROCESS_FOREGROUND=1 wireguard-go $wgif >/dev/null 2>&1 & wgp=\$!
@@ -183,7 +185,7 @@ while :; do
     sleep 1
 done
 EOF
-        chmod +x "$work/peer.sh"
+        chmod +x "$peer"
         disk=$work/$b-net.img
         cp --sparse=always "$work/$b-net/riceguard-$b.img" "$disk"
         net_done() {
@@ -191,9 +193,9 @@ EOF
         }
         for run in 1 2; do
             uso=on; [ $run = 2 ] && uso=off
-            res=$work/net$run
+            res=$work/$b-net$run
             boot "$b-net$run" "$disk" "$b" net_done RG_QEMU_NET=tap RG_QEMU_USO=$uso \
-                RG_QEMU_NS_HOOK="$work/peer.sh $res"
+                RG_QEMU_NS_HOOK="$peer $res"
             log=$work/$b-net$run.log.txt
             check "$b net boot $run (USO $uso): no kernel panic/oops" test "$boot_status" != 3
             check "$b net boot $run: uplink 192.0.2.2/24 set over netlink" have "$log" 'uplink eth0 up 192.0.2.2/24 via 192.0.2.1'
@@ -229,16 +231,22 @@ EOF
             have "$log" 'riceguard-init: rebooting'
         check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"
         poff=$(part_off "$disk" perm)
-        dd if="$disk" of="$work/perm.ext4" bs=1M skip=$((poff / 1048576)) count=64 status=none
+        pfs=$work/$b-perm.ext4
+        dd if="$disk" of="$pfs" bs=1M skip=$((poff / 1048576)) count=64 status=none
         check "$b reboot: perm was unmounted cleanly (no journal recovery needed)" \
-            sh -c "dumpe2fs -h '$work/perm.ext4' 2>/dev/null | grep -q '^Filesystem features:' && ! dumpe2fs -h '$work/perm.ext4' 2>/dev/null | grep -q needs_recovery"
+            sh -c "dumpe2fs -h '$pfs' 2>/dev/null | grep -q '^Filesystem features:' && ! dumpe2fs -h '$pfs' 2>/dev/null | grep -q needs_recovery"
         check "$b reboot: third boot counted on perm" have "$log" 'perm mounted \(.*, boot 3\)'
     else
         tail -20 "$work/$b-net.build"
         ko "$b: net test image build"
     fi
+}
+if command -v wireguard-go >/dev/null && command -v wg >/dev/null; then
+    for b in "${boards[@]}"; do
+        [ -f "$work/$b-1/riceguard-$b.img" ] && net_tests "$b"
+    done
 else
-    note "skipped the tap/WireGuard boots (needs $b, wireguard-go and wg)"
+    note "skipped the tap/WireGuard boots (needs wireguard-go and wg)"
 fi
 
 echo
