@@ -203,7 +203,15 @@ EOF
             check "$b net boot $run: WireGuard ping through the image (wireguard-go peer)" test -s "$res.wg"
             check "$b net boot $run: killed gateway restarted by the supervisor" \
                 test "$(count "$log" 'riceguard-init: gateway up')" -ge 2
-            grep -aiE 'gateway: .*(uso|gso|offload)' "$log" | head -3 | sed "s/^/     $b net $run (USO $uso): /"
+            # QEMU 10 host_uso=on: virtio-net offers USO, off but changeable; off: [fixed].
+            want='tx-udp-segmentation: off \[fixed\]'
+            [ $uso = on ] && want='tx-udp-segmentation: (on|off \(changeable\))'
+            check "$b net boot $run: guest NIC reports USO as QEMU host_uso=$uso offers it" have "$log" "$want"
+            if have "$log" 'gateway: .*(USO|GSO|sendmmsg|offload)'; then
+                grep -aE 'gateway: .*(USO|GSO|sendmmsg|offload)' "$log" | head -3 | sed "s/^/     $b net $run (USO $uso): /"
+            else
+                note "$b net boot $run: the gateway printed no offload decision line"
+            fi
             [ "$boot_status" = 0 ] || { echo "---- last serial lines"; tail -25 "$log"; }
         done
         l1=$work/$b-net1.log.txt l2=$work/$b-net2.log.txt

@@ -743,6 +743,27 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
         },
         gateway.map(|g| format!(" via {g}")).unwrap_or_default()
     );
+    report_uso(&dev);
+}
+
+/// Say once whether the uplink offers UDP segmentation offload (USO): the data plane's
+/// offload decision starts from this, and the image test checks it per QEMU `host_uso`.
+fn report_uso(dev: &str) {
+    match crate::sys::ethtool::NicFeatures::read(dev) {
+        Ok(f) => match f.get("tx-udp-segmentation") {
+            Some(b) => say!(
+                "uplink {dev} tx-udp-segmentation: {}{}",
+                if b.active { "on" } else { "off" },
+                if b.fixed() {
+                    " [fixed]"
+                } else {
+                    " (changeable)"
+                }
+            ),
+            None => say!("uplink {dev}: this kernel has no tx-udp-segmentation feature"),
+        },
+        Err(e) => say!("uplink {dev}: {e}"),
+    }
 }
 
 /// Steer the uplink's receive queues (RPS) to the data-plane cores that are online.
