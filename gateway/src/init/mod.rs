@@ -227,6 +227,7 @@ fn load_modules(names: &[String]) {
     let db = ModDeps::parse(&dep);
     let mut loaded: Vec<String> = Vec::new();
     let mut failed = 0;
+    let mut absent = 0;
     for name in names {
         let Some(order) = db.order(name) else {
             if ModDeps::is_builtin(&builtin, name) {
@@ -242,6 +243,12 @@ fn load_modules(names: &[String]) {
             }
             match os::load_module(&base.join(path), "") {
                 Ok(()) => loaded.push(path.to_string()),
+                // A driver whose hardware is absent (a board lists every watchdog or
+                // NIC it may have) refuses to load with ENODEV: not a fault.
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+                    absent += 1;
+                    loaded.push(path.to_string());
+                }
                 Err(e) => {
                     say!("module {path}: {e}");
                     failed += 1;
@@ -250,8 +257,13 @@ fn load_modules(names: &[String]) {
         }
     }
     say!(
-        "{} modules loaded{}",
-        loaded.len(),
+        "{} modules loaded{}{}",
+        loaded.len() - absent,
+        if absent > 0 {
+            format!(", {absent} without their hardware")
+        } else {
+            String::new()
+        },
         if failed > 0 {
             format!(", {failed} failed")
         } else {
@@ -395,6 +407,8 @@ fn stage2() -> ! {
     let started = Instant::now();
     let mut healthy_for: Option<u32> = None; // the gateway start that was seen healthy
     let mut warned_unhealthy = false;
+    let mut marked = false; // boot marked good (once per boot, whichever start got there)
+    let mut selftest_done = false;
     let mut next_health = Instant::now();
     let mut halt: Option<os::Halt> = None;
     loop {
@@ -407,10 +421,12 @@ fn stage2() -> ! {
             if uapi_healthy(&ifname) {
                 healthy_for = Some(starts);
                 say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers)");
-                if starts == 1 {
+                if !marked {
+                    marked = true;
                     mark_boot_good(slot);
                 }
-                if cmd.selftest_restart && starts == 1 {
+                if cmd.selftest_restart && !selftest_done {
+                    selftest_done = true;
                     if let Some(supervise::State::Running(pid)) =
                         sup.find("gateway").map(|s| s.state)
                     {
@@ -418,7 +434,8 @@ fn stage2() -> ! {
                         let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
                     }
                 }
-            } else if !warned_unhealthy && now.duration_since(started) > HEALTH_DEADLINE {
+            } else if !marked && !warned_unhealthy && now.duration_since(started) > HEALTH_DEADLINE
+            {
                 warned_unhealthy = true;
                 say!(
                     "gateway not healthy after {}s; boot left unmarked (it counts down)",
@@ -726,6 +743,27 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
         },
         gateway.map(|g| format!(" via {g}")).unwrap_or_default()
     );
+    report_uso(&dev);
+}
+
+/// Say once whether the uplink offers UDP segmentation offload (USO): the data plane's
+/// offload decision starts from this, and the image test checks it per QEMU `host_uso`.
+fn report_uso(dev: &str) {
+    match crate::sys::ethtool::NicFeatures::read(dev) {
+        Ok(f) => match f.get("tx-udp-segmentation") {
+            Some(b) => say!(
+                "uplink {dev} tx-udp-segmentation: {}{}",
+                if b.active { "on" } else { "off" },
+                if b.fixed() {
+                    " [fixed]"
+                } else {
+                    " (changeable)"
+                }
+            ),
+            None => say!("uplink {dev}: this kernel has no tx-udp-segmentation feature"),
+        },
+        Err(e) => say!("uplink {dev}: {e}"),
+    }
 }
 
 /// Steer the uplink's receive queues (RPS) to the data-plane cores that are online.
