@@ -207,11 +207,12 @@ EOF
             want='tx-udp-segmentation: off \[fixed\]'
             [ $uso = on ] && want='tx-udp-segmentation: (on|off \(changeable\))'
             check "$b net boot $run: guest NIC reports USO as QEMU host_uso=$uso offers it" have "$log" "$want"
-            if have "$log" 'gateway: .*(USO|GSO|sendmmsg|offload)'; then
-                grep -aE 'gateway: .*(USO|GSO|sendmmsg|offload)' "$log" | head -3 | sed "s/^/     $b net $run (USO $uso): /"
-            else
-                note "$b net boot $run: the gateway printed no offload decision line"
-            fi
+            # The daemon's one-line decision: a changeable USO is switched on and used.
+            dec='offload: .*-> software GSO'
+            [ $uso = on ] && dec='offload: .*-> hardware USO'
+            grep -aE 'offload: ' "$log" | head -2 | sed "s/^/     $b net $run (USO $uso): /"
+            check "$b net boot $run: gateway's offload decision matches (USO $uso)" have "$log" "$dec"
+
             [ "$boot_status" = 0 ] || { echo "---- last serial lines"; tail -25 "$log"; }
         done
         l1=$work/$b-net1.log.txt l2=$work/$b-net2.log.txt
