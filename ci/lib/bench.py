@@ -93,21 +93,12 @@ def measure(lab, dst, mtu, pids, secs):
     out["rtt_idle_ms"] = wgnet.ping(a, dst, count=20, interval=0.05)["rtt_avg_ms"]
 
     # Single TCP stream with a ping alongside for the loaded RTT.
-    pinger = subprocess.Popen(["ip", "netns", "exec", a.ns, "ping", "-n", "-q", "-c",
-                               str(max(1, int(secs / 0.2) - 5)), "-i", "0.2", dst],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              start_new_session=True)
-    lab.procs.append(pinger)
+    pinger = wgnet.ping_start(lab, a, dst, max(1, int(secs / 0.2) - 5), 0.2)
     c0 = daemon_cpu(pids)
     res = wgnet.iperf3(lab, a, b, dst, seconds=secs)
     c1 = daemon_cpu(pids)
-    try:
-        ping_out, _ = pinger.communicate(timeout=secs + 10)
-    except subprocess.TimeoutExpired:
-        wgnet.stop_process(pinger)
-        ping_out = ""
-    m = wgnet.RTT_RE.search(ping_out or "")
-    out["rtt_load_ms"] = float(m.group(2)) if m else None
+    loaded = wgnet.ping_finish(pinger, secs + 10)
+    out["rtt_load_ms"] = loaded["rtt_avg_ms"] if loaded else None
     out["tcp1_mbps"] = wgnet.tcp_mbps(res)
     gbits = res["end"]["sum_received"]["bytes"] * 8 / 1e9
     out["cpu_s_per_gbit_tcp1"] = (c1 - c0) / gbits if pids and c0 is not None \
