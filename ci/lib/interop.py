@@ -29,6 +29,7 @@ DEFAULT_PAIRS = [
 ]
 CHECKS = ("up", "handshake", "ping4", "ping6", "iperf3", "wg-show", "roaming")
 MAX_LOSS_PCT = 10.0        # steady-state ping loss tolerated (userspace peers on a busy host)
+AFTER_PINGS = 10           # pings each way after a move (so one late packet is tolerated)
 HANDSHAKE_MAX_AGE = 180    # seconds; WireGuard rekeys every 120 s
 
 
@@ -141,10 +142,10 @@ class PairRun:
                             f"{cp.stderr.strip()[-200:]}")
 
     def ping_family(self, check, a, b, a_addr, b_addr):
-        n = 5 if self.opts.quick else 10
+        gap = 0.1 if self.opts.quick else 0.2  # 10 pings either way: one loss is tolerated
         try:
-            ab = wgnet.ping(a, b_addr, count=n)
-            ba = wgnet.ping(b, a_addr, count=n)
+            ab = wgnet.ping(a, b_addr, count=10, interval=gap)
+            ba = wgnet.ping(b, a_addr, count=10, interval=gap)
         except LabError as e:
             self.record(check, False, str(e))
             return
@@ -220,8 +221,8 @@ class PairRun:
                 self.wait_endpoint(b, a, want4, 3)
             res = wgnet.ping_finish(bg, n * 0.1 + 15)
             during = res["loss_pct"] if res else 100.0
-            after_ab = wgnet.ping(a, b.inner4, count=5)
-            after_ba = wgnet.ping(b, a.inner4, count=5)
+            after_ab = wgnet.ping(a, b.inner4, count=AFTER_PINGS, interval=0.1)
+            after_ba = wgnet.ping(b, a.inner4, count=AFTER_PINGS, interval=0.1)
             ep4 = self.b_sees_endpoint(b, a)
             ok4 = (ep4 == want4 and after_ab["loss_pct"] <= MAX_LOSS_PCT
                    and after_ba["loss_pct"] <= MAX_LOSS_PCT)
@@ -238,8 +239,8 @@ class PairRun:
                 endpoint += ["allowed-ips", f"{b.inner4}/32,{b.inner6}/128"]
             a.sh(["wg", "set", a.ifname, "peer", b.public_key] + endpoint)
             wgnet.wait_reply(a, b.inner6, attempts=5)
-            after_ab = wgnet.ping(a, b.inner6, count=5)
-            after_ba = wgnet.ping(b, a.inner6, count=5)
+            after_ab = wgnet.ping(a, b.inner6, count=AFTER_PINGS, interval=0.1)
+            after_ba = wgnet.ping(b, a.inner6, count=AFTER_PINGS, interval=0.1)
             ep6 = self.b_sees_endpoint(b, a)
             want6 = f"[{a.outer6}]:{a.port}"
             ok6 = (ep6 == want6 and after_ab["loss_pct"] <= MAX_LOSS_PCT

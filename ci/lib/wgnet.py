@@ -168,14 +168,12 @@ class Side:
         self.outer4, self.outer6 = OUTER4[tag], OUTER6[tag]
         self.inner4, self.inner6 = INNER4[tag], INNER6[tag]
         self.impl = None
-        self.proc = None  # Popen of the daemon when we started it directly
         self.pid = None
         key = run(["wg", "genkey"]).stdout.strip()
         self.private_key = key
         self.public_key = run(["wg", "pubkey"], input_text=key + "\n").stdout.strip()
         self.keyfile = os.path.join(lab.workdir, f"{tag}.key")
-        with open(os.open(self.keyfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(key + "\n")
+        write_secret(self.keyfile, key + "\n")
 
     def sh(self, argv, **kw):
         return run(argv, ns=self.ns, **kw)
@@ -257,7 +255,7 @@ class Lab:
                                 start_new_session=True)
         logf.close()
         self.procs.append(proc)
-        side.proc, side.pid = proc, proc.pid  # `ip netns exec` execs: same PID as daemon
+        side.pid = proc.pid  # `ip netns exec` execs the daemon: same PID
         self.wait_ready(side, logpath, proc)
 
     def wait_ready(self, side, logpath, proc=None, timeout=10):
@@ -283,6 +281,12 @@ def stop_process(proc, grace=3):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=grace)
+
+
+def write_secret(path, text):
+    """Write a key or a config holding one, readable by root only (as wg-quick wants)."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(text)
 
 
 def tail(path, n=600):
@@ -312,10 +316,10 @@ def configure_server(server, client):
     """`wg setconf` for `server` with `client` as its one peer (no endpoint), then its
     tunnel addresses."""
     conf = os.path.join(server.lab.workdir, f"{server.ifname}.conf")
-    with open(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(f"[Interface]\nPrivateKey = {server.private_key}\nListenPort = {server.port}\n\n"
-                f"[Peer]\nPublicKey = {client.public_key}\n"
-                f"AllowedIPs = {client.inner4}/32, {client.inner6}/128\n")
+    write_secret(conf, f"[Interface]\nPrivateKey = {server.private_key}\n"
+                       f"ListenPort = {server.port}\n\n"
+                       f"[Peer]\nPublicKey = {client.public_key}\n"
+                       f"AllowedIPs = {client.inner4}/32, {client.inner6}/128\n")
     server.sh(["wg", "setconf", server.ifname, conf])
     address_tunnel(server)
 
@@ -329,13 +333,12 @@ def address_tunnel(side):
 def wg_quick_conf(lab, client, server):
     """A wg-quick file for `client` (named after its interface, as wg-quick wants)."""
     path = os.path.join(lab.workdir, f"{client.ifname}.conf")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(f"[Interface]\nPrivateKey = {client.private_key}\n"
-                f"ListenPort = {client.port}\n"
-                f"Address = {client.inner4}/24, {client.inner6}/64\nMTU = {TUNNEL_MTU}\n\n"
-                f"[Peer]\nPublicKey = {server.public_key}\n"
-                f"Endpoint = {server.outer4}:{server.port}\n"
-                f"AllowedIPs = {server.inner4}/32, {server.inner6}/128\n")
+    write_secret(path, f"[Interface]\nPrivateKey = {client.private_key}\n"
+                       f"ListenPort = {client.port}\n"
+                       f"Address = {client.inner4}/24, {client.inner6}/64\nMTU = {TUNNEL_MTU}\n\n"
+                       f"[Peer]\nPublicKey = {server.public_key}\n"
+                       f"Endpoint = {server.outer4}:{server.port}\n"
+                       f"AllowedIPs = {server.inner4}/32, {server.inner6}/128\n")
     return path
 
 
