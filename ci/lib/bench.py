@@ -28,13 +28,13 @@ def setup_veth(lab):
     return lab.b.outer4, 1500, []
 
 
-def setup_tunnel(impl, extra_args=()):
+def setup_tunnel(impl, extra_args=(), attempts=10):
     def setup(lab):
         lab.start(lab.b, impl, extra_args)
         lab.start(lab.a, impl, extra_args)
         wgnet.configure_pair(lab, lab.a, lab.b)
-        if wgnet.wait_reply(lab.a, lab.b.inner4) is None:
-            raise LabError(f"{impl}: no reply through the tunnel within 10 s")
+        if wgnet.wait_reply(lab.a, lab.b.inner4, attempts=attempts) is None:
+            raise LabError(f"{impl}: no reply through the tunnel within {attempts} s")
         return lab.b.inner4, wgnet.TUNNEL_MTU, [lab.a.pid, lab.b.pid]
     return setup
 
@@ -49,7 +49,8 @@ def setup_riceguard_tcp(lab):
             "  ip daddr 10.203.0.0/24 meta l4proto udp drop\n"
             "  ip6 daddr fd03::/64 meta l4proto udp drop\n }\n}\n"))
     extra = os.environ.get("RG_TCP_ARGS", "").split()
-    dst, _, pids = setup_tunnel("riceguard", extra)(lab)
+    # Two unanswered UDP handshakes (5 s apart) come before the switch to TCP.
+    dst, _, pids = setup_tunnel("riceguard", extra, attempts=25)(lab)
     return dst, wgnet.TUNNEL_MTU - 54, pids  # DESIGN.md: ~54 bytes less inside TCP
 
 
