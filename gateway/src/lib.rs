@@ -12,3 +12,5 @@ pub mod driver;
 pub mod init;
 pub mod logger;
 pub mod sys;
+#[cfg(test)]
+pub(crate) mod testutil;
