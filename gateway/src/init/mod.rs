@@ -373,6 +373,8 @@ fn stage2() -> ! {
     reserve_hugepages(board.hugepages);
     let perm_ok = mount_perm();
     let gw = load_config(perm_ok);
+    let failsafe = failsafe_prompt(FAILSAFE_WAIT);
+    let gateway_conf = gateway_config(failsafe);
     uplink(gw.as_ref(), &cmd);
     steer_rps(gw.as_ref(), &board);
     let mut dog = Watchdog::open(&board);
@@ -386,7 +388,12 @@ fn stage2() -> ! {
     sup.add(
         Spec {
             name: "gateway".into(),
-            argv: vec![BIN.into(), "up".into(), "--config".into(), CONFIG.into()],
+            argv: vec![
+                BIN.into(),
+                "up".into(),
+                "--config".into(),
+                gateway_conf.clone(),
+            ],
             tty: None,
             restart_delay: RESTART_DELAY,
         },
@@ -634,6 +641,88 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
         Err(e) => {
             say!("config: {e}; uplink from the kernel command line only, gateway will report the same");
             None
+        }
+    }
+}
+
+/// How long the early-boot failsafe prompt waits for a key (OpenWrt-style).
+const FAILSAFE_WAIT: Duration = Duration::from_secs(2);
+/// The configuration the gateway runs when it is not `/perm/riceguard.conf` itself.
+const RUN_CONFIG: &str = "/run/riceguard/boot.conf";
+
+/// Offer failsafe mode on the console: `f` (then Enter) within `wait` starts the gateway
+/// with no peers and leaves the saved configuration alone. Anything else typed is ignored.
+fn failsafe_prompt(wait: Duration) -> bool {
+    use std::os::fd::AsFd;
+    say!(
+        "press f and Enter within {} s for failsafe mode (no peers; saved configuration untouched)",
+        wait.as_secs()
+    );
+    let stdin = std::io::stdin();
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 64];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            stdin.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(0) => return false,
+            Ok(_) => match nix::unistd::read(0, &mut buf) {
+                Ok(0) | Err(_) => return false, // no console input (EOF or error)
+                Ok(n) if buf[..n].iter().any(|&b| b == b'f' || b == b'F') => {
+                    say!("failsafe mode");
+                    return true;
+                }
+                Ok(_) => {}
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// The file the gateway starts from: `/perm/riceguard.conf` when it loads and validates;
+/// otherwise the newest saved version that does (said on the console); in failsafe mode
+/// a copy without peers. Copies go to a tmpfs, so `/perm` is never rewritten here.
+fn gateway_config(failsafe: bool) -> String {
+    let mut text = String::new();
+    if let Ok(f) = File::open(CONFIG) {
+        let _ = f.take(1 << 20).read_to_string(&mut text);
+    }
+    let saved_ok = crate::core::ini::parse(CONFIG, &text).is_ok_and(|c| c.validate().is_ok());
+    if saved_ok && !failsafe {
+        return CONFIG.into();
+    }
+    let (mut cfg, warning) = crate::console::load_with_fallback(Path::new(PERM));
+    if let Some(w) = warning {
+        say!("config: {w}");
+    }
+    if !saved_ok {
+        say!("config: {CONFIG} does not load; the gateway runs the last good version (fix it on the console, commit, reboot)");
+    }
+    if failsafe {
+        cfg.peers.clear();
+        say!("failsafe: the gateway starts with no peers; {CONFIG} is untouched");
+    }
+    if cfg.interface.private_key.is_none() {
+        cfg.interface.private_key =
+            Some(private_key_line(&text).unwrap_or_else(Key::generate_private));
+    }
+    let out = crate::core::ini::emit(&cfg);
+    match write_atomic(Path::new(RUN_CONFIG), out.as_bytes()) {
+        Ok(()) => {
+            let _ = std::fs::set_permissions(
+                RUN_CONFIG,
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            );
+            RUN_CONFIG.into()
+        }
+        Err(e) => {
+            say!("config: cannot write {RUN_CONFIG}: {e}; starting from {CONFIG}");
+            CONFIG.into()
         }
     }
 }
