@@ -5,7 +5,8 @@
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
 #   fastpath the matrix on every forced data-plane path, pinning, GSO demotion, GRO on/off
 #   tcp      TCP-fallback helpers in namespaces
-#   image    build both QEMU boards' images twice, boot them under TCG, check the gateway
+#   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
+#            then drive the x86_64 serial console (ci/test-console-qemu.sh)
 # `ci/test.sh` runs all; `ci/test.sh unit interop` runs the named ones.
 # Ends with one line `N passed, N failed` counting stages.
 set -uo pipefail
@@ -45,7 +46,7 @@ for s in "${stages[@]}"; do
         interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
         fastpath) run_stage fastpath bash -c 'cargo build --locked --release -p riceguard && ci/fastpath.sh' ;;
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
-        image) run_stage image ci/test-image.sh ;;
+        image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh && [ $r = 0 ]' ;;
         *) echo "unknown stage $s (unit fuzz interop fastpath tcp image)"; exit 2 ;;
     esac
 done
