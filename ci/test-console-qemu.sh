@@ -106,6 +106,10 @@ boot() {
         ko "$1: serial input FIFO did not appear"
         return 1
     fi
+    # boot NAME failsafe: answer init's early failsafe prompt with `f`.
+    if [ "${2:-}" = failsafe ]; then
+        wait_re 'press f and Enter' "$T" && printf 'f\r' >&9
+    fi
     if wait_re 'riceguard-init: (boot marked good|FATAL)' "$T" && wait_re 'riceguard(\(edit\))?# ' 30; then
         echo "     $1: console prompt after $((SECONDS - t0)) s"
         printf '==== %s (console prompt after %s s)\n' "$1" "$((SECONDS - t0))" >>"$transcript"
@@ -222,4 +226,16 @@ if boot boot2; then
     check "boot 2: no kernel panic/oops" sh -c '! grep -qaE "Kernel panic|Oops|BUG:|Call Trace" "$1"' _ "$log"
 fi
 stop_qemu TERM
+
+# Failsafe (OpenWrt-style): `f` at the early prompt starts the gateway with no peers and
+# leaves the saved configuration alone.
+if [ "$failed" -eq 0 ] && boot boot3 failsafe; then
+    check "failsafe: init entered failsafe mode" grep -qaE 'riceguard-init: failsafe: the gateway starts with no peers' "$log"
+    check "failsafe: the gateway still came up" grep -qaE 'riceguard-init: gateway up' "$log"
+    cmd "show peers"
+    check "failsafe: the running gateway has no peers" sh -c '! printf "%s" "$1" | grep -q "^peer:"' _ "$out"
+    cmd "show"
+    check "failsafe: the saved configuration still has its peer" has "PublicKey = "
+    stop_qemu TERM
+fi
 finish
