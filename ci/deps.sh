@@ -66,7 +66,7 @@ BACKPORTS_LIST=/etc/apt/sources.list.d/riceguard-backports.sources
 add_backports_source() {
     [ -f "$BACKPORTS_LIST" ] && return 0
     local src=/etc/apt/sources.list.d/debian.sources uris
-    uris=$(awk -F': *' '$1=="URIs" && $2 !~ /security/ {print $2; exit}' "$src" 2>/dev/null || true)
+    uris=$(sed -n 's/^URIs:[[:space:]]*//p' "$src" 2>/dev/null | grep -v security | head -n 1 || true)
     if [ -z "$uris" ]; then
         echo "deps: cannot find the Debian mirror's URIs in $src; add bookworm-backports by hand" >&2
         return 1

@@ -4,9 +4,10 @@
 # variable stores, and watch the serial console:
 #   - both boards: slot booted, perm mounted, gateway up, console prompt, boot marked good
 #     (the ESP entry renamed, read back with mtools after QEMU exits)
-#   - x86_64 with a tap in a namespace and a pre-seeded perm: uplink address over netlink,
-#     WireGuard through the image with a wireguard-go peer, a killed gateway restarted by
-#     the supervisor, USO on (boot 1) and off (boot 2), perm surviving the second boot.
+#   - each board on a tap in a namespace with a pre-seeded perm: uplink address over
+#     netlink, WireGuard through the image with a wireguard-go peer, a killed gateway
+#     restarted by the supervisor, USO on (boot 1) and off (boot 2), perm surviving the
+#     second boot, `reboot` typed on the serial console (clean unmount of perm).
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the console fails that boot at once.
 #
 # usage: ci/test-image.sh [BOARD...]   (default: qemu-x86_64 qemu-aarch64)
@@ -25,6 +26,16 @@ ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
 check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
 note() { notes+=("$*"); echo "     $*"; }
 t_all=$SECONDS
+missing=()
+for t in qemu-system-x86_64 qemu-system-aarch64 jq sfdisk mdir unsquashfs dumpe2fs file setsid; do
+    command -v "$t" >/dev/null || missing+=("$t")
+done
+[ -f /usr/share/OVMF/OVMF_CODE_4M.fd ] && [ -f /usr/share/AAVMF/AAVMF_CODE.fd ] || missing+=(ovmf/qemu-efi-aarch64)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "image tests need: ${missing[*]} (ci/deps.sh installs them)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 
 # sha256 lines of a manifest (what must match between two builds).
@@ -128,12 +139,12 @@ for b in "${boards[@]}"; do
 done
 
 # ---------------------------------------------------------------------------------------
-# x86_64 on a tap in a namespace: uplink by netlink, WireGuard with a wireguard-go peer,
-# supervisor restart, USO on then off, second boot keeps perm.
-b=qemu-x86_64
-if [[ " ${boards[*]} " == *" $b "* ]] && command -v wireguard-go >/dev/null && command -v wg >/dev/null; then
-    echo "== boot: $b on a tap, WireGuard peer, restart, USO on/off, second boot"
-    seed=$work/perm-seed
+# Each board on a tap in a namespace: uplink by netlink, WireGuard with a wireguard-go
+# peer, supervisor restart, USO on then off, second boot keeps perm, console reboot.
+net_tests() {
+    local b=$1
+    echo "== boot: $b on a tap, WireGuard peer, restart, USO on/off, second boot, reboot"
+    seed=$work/perm-seed-$b
     mkdir -p "$seed"
     gpriv=$(wg genkey) hpriv=$(wg genkey)
     gpub=$(echo "$gpriv" | wg pubkey) hpub=$(echo "$hpriv" | wg pubkey)
@@ -155,9 +166,10 @@ EOF
         RG_CMDLINE_EXTRA="riceguard.uplink=192.0.2.2/24,gw=192.0.2.1 riceguard.selftest=restart" \
         image/build.sh "$b" >"$work/$b-net.build" 2>&1; then
         # The peer, inside the namespace qemu.sh makes; its result lands in a file.
-        wgif=rgi$$
+        netn=$((${netn:-0} + 1)); wgif=rgi$$n$netn
         echo "$hpriv" >"$work/peer.key"
-        cat >"$work/peer.sh" <<EOF
+        peer=$work/peer-$b.sh
+        cat >"$peer" <<EOF
 #!/bin/sh
 res=\$1
 WG_PROCESS_FOREGROUND=1 wireguard-go $wgif >/dev/null 2>&1 & wgp=\$!
@@ -173,7 +185,7 @@ while :; do
     sleep 1
 done
 EOF
-        chmod +x "$work/peer.sh"
+        chmod +x "$peer"
         disk=$work/$b-net.img
         cp --sparse=always "$work/$b-net/riceguard-$b.img" "$disk"
         net_done() {
@@ -181,9 +193,9 @@ EOF
         }
         for run in 1 2; do
             uso=on; [ $run = 2 ] && uso=off
-            res=$work/net$run
+            res=$work/$b-net$run
             boot "$b-net$run" "$disk" "$b" net_done RG_QEMU_NET=tap RG_QEMU_USO=$uso \
-                RG_QEMU_NS_HOOK="$work/peer.sh $res"
+                RG_QEMU_NS_HOOK="$peer $res"
             log=$work/$b-net$run.log.txt
             check "$b net boot $run (USO $uso): no kernel panic/oops" test "$boot_status" != 3
             check "$b net boot $run: uplink 192.0.2.2/24 set over netlink" have "$log" 'uplink eth0 up 192.0.2.2/24 via 192.0.2.1'
@@ -191,7 +203,16 @@ EOF
             check "$b net boot $run: WireGuard ping through the image (wireguard-go peer)" test -s "$res.wg"
             check "$b net boot $run: killed gateway restarted by the supervisor" \
                 test "$(count "$log" 'riceguard-init: gateway up')" -ge 2
-            grep -aiE 'gateway: .*(uso|gso|offload)' "$log" | head -3 | sed "s/^/     $b net $run (USO $uso): /"
+            # QEMU 10 host_uso=on: virtio-net offers USO, off but changeable; off: [fixed].
+            want='tx-udp-segmentation: off \[fixed\]'
+            [ $uso = on ] && want='tx-udp-segmentation: (on|off \(changeable\))'
+            check "$b net boot $run: guest NIC reports USO as QEMU host_uso=$uso offers it" have "$log" "$want"
+            # The daemon's one-line decision: a changeable USO is switched on and used.
+            dec='offload: .*-> software GSO'
+            [ $uso = on ] && dec='offload: .*-> hardware USO'
+            grep -aE 'offload: ' "$log" | head -2 | sed "s/^/     $b net $run (USO $uso): /"
+            check "$b net boot $run: gateway's offload decision matches (USO $uso)" have "$log" "$dec"
+
             [ "$boot_status" = 0 ] || { echo "---- last serial lines"; tail -25 "$log"; }
         done
         l1=$work/$b-net1.log.txt l2=$work/$b-net2.log.txt
@@ -199,12 +220,42 @@ EOF
         k1=$(grep -a '^riceguard: public key' "$l1" | head -1) k2=$(grep -a '^riceguard: public key' "$l2" | head -1)
         check "$b: pre-seeded key kept ($gpub)" test "$k1" = "riceguard: public key $gpub" -a "$k2" = "$k1"
         check "$b: entry stays good after the second boot" test "$(entries "$disk")" = "riceguard-a.conf"
+
+        # Boot 3: `reboot` typed on the serial console; init stops the services, unmounts
+        # perm and reboots (QEMU runs with -no-reboot, so it exits).
+        sin=$work/serial-in sent=0
+        reboot_typed() {
+            local l=$1
+            if [ $sent = 0 ] && have "$l" 'boot marked good' && have "$l" 'riceguard(\(edit\))?# '; then
+                timeout 5 sh -c "printf 'reboot\r' >'$sin'" && sent=1
+            elif [ $sent = 1 ] && have "$l" 'Type yes to continue'; then
+                timeout 5 sh -c "printf 'yes\r' >'$sin'" && sent=2
+            fi
+            return 1 # wait for QEMU to exit by itself
+        }
+        t0=$SECONDS
+        boot "$b-reboot" "$disk" "$b" reboot_typed RG_QEMU_SERIAL_IN="$sin"
+        log=$work/$b-reboot.log.txt
+        check "$b reboot: typed on the console, init stopped services and rebooted" \
+            have "$log" 'riceguard-init: rebooting'
+        check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"
+        poff=$(part_off "$disk" perm)
+        pfs=$work/$b-perm.ext4
+        dd if="$disk" of="$pfs" bs=1M skip=$((poff / 1048576)) count=64 status=none
+        check "$b reboot: perm was unmounted cleanly (no journal recovery needed)" \
+            sh -c "dumpe2fs -h '$pfs' 2>/dev/null | grep -q '^Filesystem features:' && ! dumpe2fs -h '$pfs' 2>/dev/null | grep -q needs_recovery"
+        check "$b reboot: third boot counted on perm" have "$log" 'perm mounted \(.*, boot 3\)'
     else
         tail -20 "$work/$b-net.build"
         ko "$b: net test image build"
     fi
+}
+if command -v wireguard-go >/dev/null && command -v wg >/dev/null; then
+    for b in "${boards[@]}"; do
+        [ -f "$work/$b-1/riceguard-$b.img" ] && net_tests "$b"
+    done
 else
-    note "skipped the tap/WireGuard boots (needs $b, wireguard-go and wg)"
+    note "skipped the tap/WireGuard boots (needs wireguard-go and wg)"
 fi
 
 echo

@@ -15,6 +15,8 @@
 #        RG_QEMU_LOG    non-interactive mode: serial output goes to this file, no stdin
 #        RG_QEMU_TIMEOUT  seconds before a non-interactive run is stopped (default 300)
 #        RG_QEMU_UNTIL  extended regex: stop successfully once the serial log matches
+#        RG_QEMU_SERIAL_IN  non-interactive: also create the FIFO PATH; what is written
+#                       to it is typed on the guest's serial line (the console)
 #        RG_QEMU_ACCEL  tcg (default) | kvm
 #        RG_QEMU_DISKS  extra raw disk files (space-separated), attached read-only as
 #                       virtio-blk after the boot disk (/dev/vdb, /dev/vdc...: e.g. bundles)
@@ -36,6 +38,7 @@ cleanup() {
     [ -n "$hookpid" ] && kill -TERM -- "-$hookpid" 2>/dev/null || true
     [ -n "$qpid" ] && kill "$qpid" 2>/dev/null && wait "$qpid" 2>/dev/null || true
     [ -n "$ns" ] && ip netns del "$ns" 2>/dev/null || true
+    [ -n "${RG_QEMU_SERIAL_IN:-}" ] && rm -f "$RG_QEMU_SERIAL_IN"
     rm -rf "$run"
 }
 trap cleanup EXIT
@@ -86,7 +89,17 @@ fi
 # Non-interactive: serial to the log file, watch it.
 log=$RG_QEMU_LOG
 : >"$log"
-"${prefix[@]}" "$QEMU" "${args[@]}" -serial "file:$log" -monitor none -display none \
+serial=(-serial "file:$log")
+if [ -n "${RG_QEMU_SERIAL_IN:-}" ]; then
+    # A QEMU pipe chardev: it reads PATH.in and writes PATH.out; a reader copies the
+    # output into the log, and the caller writes to PATH (a link to PATH.in).
+    sp=$run/serial
+    mkfifo "$sp.in" "$sp.out"
+    ln -sf "$sp.in" "$RG_QEMU_SERIAL_IN"
+    serial=(-chardev "pipe,id=ser0,path=$sp" -serial chardev:ser0)
+    cat "$sp.out" >>"$log" &
+fi
+"${prefix[@]}" "$QEMU" "${args[@]}" "${serial[@]}" -monitor none -display none \
     </dev/null >"$run/qemu.out" 2>&1 &
 qpid=$!
 deadline=$(( $(date +%s) + ${RG_QEMU_TIMEOUT:-300} ))

@@ -168,14 +168,12 @@ class Side:
         self.outer4, self.outer6 = OUTER4[tag], OUTER6[tag]
         self.inner4, self.inner6 = INNER4[tag], INNER6[tag]
         self.impl = None
-        self.proc = None  # Popen of the daemon when we started it directly
         self.pid = None
         key = run(["wg", "genkey"]).stdout.strip()
         self.private_key = key
         self.public_key = run(["wg", "pubkey"], input_text=key + "\n").stdout.strip()
         self.keyfile = os.path.join(lab.workdir, f"{tag}.key")
-        with open(os.open(self.keyfile, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            f.write(key + "\n")
+        write_secret(self.keyfile, key + "\n")
 
     def sh(self, argv, **kw):
         return run(argv, ns=self.ns, **kw)
@@ -257,7 +255,7 @@ class Lab:
                                 start_new_session=True)
         logf.close()
         self.procs.append(proc)
-        side.proc, side.pid = proc, proc.pid  # `ip netns exec` execs: same PID as daemon
+        side.pid = proc.pid  # `ip netns exec` execs the daemon: same PID
         self.wait_ready(side, logpath, proc)
 
     def wait_ready(self, side, logpath, proc=None, timeout=10):
@@ -285,6 +283,12 @@ def stop_process(proc, grace=3):
         proc.wait(timeout=grace)
 
 
+def write_secret(path, text):
+    """Write a key or a config holding one, readable by root only (as wg-quick wants)."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(text)
+
+
 def tail(path, n=600):
     try:
         with open(path, "rb") as f:
@@ -300,18 +304,24 @@ def tail(path, n=600):
 def configure_pair(lab, client, server):
     """`client` gets an endpoint for `server` (via `wg set`); `server` learns the client's
     endpoint from its handshake (configured with `wg setconf` from a file)."""
-    conf = os.path.join(lab.workdir, f"{server.ifname}.conf")
-    with open(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(f"[Interface]\nPrivateKey = {server.private_key}\nListenPort = {server.port}\n\n"
-                f"[Peer]\nPublicKey = {client.public_key}\n"
-                f"AllowedIPs = {client.inner4}/32, {client.inner6}/128\n")
-    server.sh(["wg", "setconf", server.ifname, conf])
+    configure_server(server, client)
     client.sh(["wg", "set", client.ifname, "private-key", client.keyfile,
                "listen-port", str(client.port), "peer", server.public_key,
                "endpoint", f"{server.outer4}:{server.port}",
                "allowed-ips", f"{server.inner4}/32,{server.inner6}/128"])
-    for s in (client, server):
-        address_tunnel(s)
+    address_tunnel(client)
+
+
+def configure_server(server, client):
+    """`wg setconf` for `server` with `client` as its one peer (no endpoint), then its
+    tunnel addresses."""
+    conf = os.path.join(server.lab.workdir, f"{server.ifname}.conf")
+    write_secret(conf, f"[Interface]\nPrivateKey = {server.private_key}\n"
+                       f"ListenPort = {server.port}\n\n"
+                       f"[Peer]\nPublicKey = {client.public_key}\n"
+                       f"AllowedIPs = {client.inner4}/32, {client.inner6}/128\n")
+    server.sh(["wg", "setconf", server.ifname, conf])
+    address_tunnel(server)
 
 
 def address_tunnel(side):
@@ -323,26 +333,13 @@ def address_tunnel(side):
 def wg_quick_conf(lab, client, server):
     """A wg-quick file for `client` (named after its interface, as wg-quick wants)."""
     path = os.path.join(lab.workdir, f"{client.ifname}.conf")
-    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(f"[Interface]\nPrivateKey = {client.private_key}\n"
-                f"ListenPort = {client.port}\n"
-                f"Address = {client.inner4}/24, {client.inner6}/64\nMTU = {TUNNEL_MTU}\n\n"
-                f"[Peer]\nPublicKey = {server.public_key}\n"
-                f"Endpoint = {server.outer4}:{server.port}\n"
-                f"AllowedIPs = {server.inner4}/32, {server.inner6}/128\n")
+    write_secret(path, f"[Interface]\nPrivateKey = {client.private_key}\n"
+                       f"ListenPort = {client.port}\n"
+                       f"Address = {client.inner4}/24, {client.inner6}/64\nMTU = {TUNNEL_MTU}\n\n"
+                       f"[Peer]\nPublicKey = {server.public_key}\n"
+                       f"Endpoint = {server.outer4}:{server.port}\n"
+                       f"AllowedIPs = {server.inner4}/32, {server.inner6}/128\n")
     return path
-
-
-def configure_server_only(server, client):
-    """Configure `server` (setconf) and its tunnel addresses; used when the client side is
-    brought up by wg-quick."""
-    conf = os.path.join(server.lab.workdir, f"{server.ifname}.conf")
-    with open(os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        f.write(f"[Interface]\nPrivateKey = {server.private_key}\nListenPort = {server.port}\n\n"
-                f"[Peer]\nPublicKey = {client.public_key}\n"
-                f"AllowedIPs = {client.inner4}/32, {client.inner6}/128\n")
-    server.sh(["wg", "setconf", server.ifname, conf])
-    address_tunnel(server)
 
 
 def wg_quick_up(lab, side, impl, conf):
@@ -414,14 +411,41 @@ def ping(side, dst, count=10, interval=0.2, wait=1):
     timeout = count * interval + wait + 10
     cp = side.sh(["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait),
                   dst], timeout=timeout, check=False)
-    m = PING_RE.search(cp.stdout)
-    if not m:
+    res = parse_ping(cp.stdout)
+    if res is None:
         raise LabError(f"ping {dst}: no summary: {(cp.stderr or cp.stdout).strip()[-200:]}")
+    return res
+
+
+def parse_ping(text):
+    m = PING_RE.search(text or "")
+    if not m:
+        return None
     sent, recv = int(m.group(1)), int(m.group(2))
-    r = RTT_RE.search(cp.stdout)
+    r = RTT_RE.search(text)
     return {"sent": sent, "received": recv,
             "loss_pct": 100.0 * (sent - recv) / sent if sent else 100.0,
             "rtt_avg_ms": float(r.group(2)) if r else None}
+
+
+def ping_start(lab, side, dst, count, interval):
+    """Start a ping in the background (stopped by the lab at the latest)."""
+    proc = subprocess.Popen(["ip", "netns", "exec", side.ns, "ping", "-n", "-q", "-c",
+                             str(count), "-i", str(interval), "-W", "1", dst],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    lab.procs.append(proc)
+    return proc
+
+
+def ping_finish(proc, timeout):
+    """Wait (bounded) for a ping_start() ping; its parsed summary or None."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(proc)
+        return None
+    return parse_ping(out)
 
 
 def wait_reply(side, dst, attempts=10):

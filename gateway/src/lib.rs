@@ -12,4 +12,6 @@ pub mod driver;
 pub mod init;
 pub mod logger;
 pub mod sys;
+#[cfg(test)]
+pub(crate) mod testutil;
 pub mod update;

@@ -170,20 +170,40 @@ fn commit_signals_the_daemon_with_sighup() {
     let d = Tmp::new("hup");
     let flag = d.0.join("got-hup");
     // A stand-in daemon whose command line says riceguard, recording SIGHUP in a file.
-    let mut child = Command::new("bash")
+    let child = Command::new("bash")
         .arg("-c")
         .arg("trap 'echo hup > \"$1\"' HUP; while :; do sleep 0.05; done")
         .arg("riceguard-fake-daemon")
         .arg(&flag)
         .spawn()
         .expect("spawn bash");
+    // Killed and reaped however the test ends.
+    struct Reap(std::process::Child);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reap(child);
+    let pid = child.0.id();
     let pidfile = d.0.join("riceguard.pid");
-    std::fs::write(&pidfile, format!("{}\n", child.id())).expect("pidfile");
+    std::fs::write(&pidfile, format!("{pid}\n")).expect("pidfile");
     let mut h = SystemHooks {
         pidfile: pidfile.clone(),
         ..SystemHooks::default()
     };
-    // bash installs the trap a moment after starting; retry the signal until it is seen.
+    // Until bash has exec'd, the child's command line is this test's: wait for it
+    // (bounded), then for the trap, retrying the signal until it is seen.
+    let cmdline = format!("/proc/{pid}/cmdline");
+    for _ in 0..200 {
+        if std::fs::read(&cmdline)
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("riceguard-fake-daemon"))
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
     let mut seen = false;
     for _ in 0..100 {
         let r = h.reload();
@@ -195,8 +215,8 @@ fn commit_signals_the_daemon_with_sighup() {
         }
     }
     assert!(h.status().iter().any(|l| l.starts_with("daemon: running")));
-    let _ = child.kill();
-    let _ = child.wait();
+    let _ = child.0.kill();
+    let _ = child.0.wait();
     assert!(seen, "the stand-in daemon never saw SIGHUP");
     // Its pid is gone now: reported, not signalled.
     assert!(h.reload().unwrap_err().contains("not running"));

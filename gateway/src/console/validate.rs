@@ -2,8 +2,7 @@
 //! a message saying what is expected, and whole-configuration checks.
 //!
 //! [`validate_candidate`] is the single gate `commit` and boot-time loading go through.
-//! It runs the console's own checks and is the place to call `Config::validate()` from
-//! core once that exists (see the `LEAD` note inside).
+//! It runs the console's own checks, then core's `Config::validate_consistency`.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -259,8 +258,13 @@ pub fn validate_candidate(cfg: &Config) -> Result<(), Vec<String>> {
         }
         Some(_) => {}
     }
-    // LEAD: once core/config.rs has `Config::validate()`, call it here and push its
-    // error(s) into `errs` (its messages are shown to the console user as they are).
+    // The same consistency rules the daemon applies to a config file, so the console
+    // never commits something `riceguard up` would refuse.
+    if errs.is_empty() {
+        if let Err(e) = cfg.validate_consistency() {
+            errs.push(e.to_string());
+        }
+    }
     if errs.is_empty() {
         Ok(())
     } else {

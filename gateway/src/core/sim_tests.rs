@@ -8,24 +8,10 @@ use std::time::Duration;
 use mock_instant::MockClock;
 
 use crate::core::config::{Config, Endpoint, PeerConfig};
-use crate::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
+use crate::core::device::{Device, PeerAddr, SCRATCH_SIZE};
 use crate::core::key::Key;
 
-#[derive(Default)]
-struct Wire {
-    /// (from, to, bytes)
-    sent: Vec<(PeerAddr, Vec<u8>)>,
-    tun: Vec<Vec<u8>>,
-}
-
-impl Io for Wire {
-    fn send(&mut self, to: PeerAddr, d: &[u8]) {
-        self.sent.push((to, d.to_vec()));
-    }
-    fn tun_write(&mut self, p: &[u8]) {
-        self.tun.push(p.to_vec());
-    }
-}
+use crate::testutil::Wire;
 
 struct Node {
     dev: Device,
@@ -57,19 +43,7 @@ fn pair(keepalive: Option<u16>) -> (Node, Node) {
     let a_addr: SocketAddr = "192.0.2.1:51820".parse().unwrap();
     let b_addr: SocketAddr = "192.0.2.2:51820".parse().unwrap();
     let mk = |own: Key, peer: Key, inner: &str, ep: SocketAddr, keepalive| {
-        let mut c = Config::default();
-        c.interface.private_key = Some(own);
-        c.peers.push(PeerConfig {
-            public_key: peer.public(),
-            preshared_key: None,
-            allowed_ips: vec![inner.parse().unwrap()],
-            endpoint: Some(Endpoint::Addr(ep)),
-            persistent_keepalive: keepalive,
-            tcp_port: None,
-        });
-        let d = Device::new();
-        d.reconfigure(&c).unwrap();
-        d
+        crate::testutil::one_peer_device(own, peer, inner, ep, keepalive)
     };
     let a = Node {
         dev: mk(ka, kb, "10.0.0.2/32", b_addr, keepalive),

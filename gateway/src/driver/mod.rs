@@ -339,6 +339,11 @@ pub fn bind_udp(
                 .map_err(|e| std::io::Error::other(e.to_string()))?,
         };
         set_mark(&s, fwmark);
+        if std::env::var("RG_FAULT_GSO").as_deref() == Ok("einval") {
+            if let Err(e) = s.inject_gso_failure() {
+                log::warn!("RG_FAULT_GSO: {e}");
+            }
+        }
         port = s.local_addr().port();
         socks.push(Arc::new(s));
     }
@@ -419,7 +424,10 @@ fn run(opts: Opts) -> Result<(), String> {
         apply_interface_settings(&ifname, &cfg)?;
     }
     if !opts.foreground {
-        crate::sys::process::daemonize(false).map_err(|e| format!("daemonize: {e}"))?;
+        // The log goes to $RG_LOG_FILE when set (wireguard-go's daemon is silent too).
+        let log_file = std::env::var("RG_LOG_FILE").ok();
+        crate::sys::process::daemonize(log_file.as_deref())
+            .map_err(|e| format!("daemonize: {e}"))?;
     }
     // Block the signals we handle before any thread exists, so only sigwait sees them.
     let mut sigs = SigSet::empty();

@@ -572,20 +572,7 @@ mod tests {
         allowed: &str,
         ep: SocketAddr,
     ) -> Device {
-        use crate::core::config::{Config, Endpoint, PeerConfig};
-        let mut c = Config::default();
-        c.interface.private_key = Some(own);
-        c.peers.push(PeerConfig {
-            public_key: peer.public(),
-            preshared_key: None,
-            allowed_ips: vec![allowed.parse().expect("cidr")],
-            endpoint: Some(Endpoint::Addr(ep)),
-            persistent_keepalive: None,
-            tcp_port: None,
-        });
-        let d = Device::new();
-        d.reconfigure(&c).expect("config");
-        d
+        crate::testutil::one_peer_device(own, peer, allowed, ep, None)
     }
 
     /// Two WireGuard devices, each behind a vnet_hdr TUN in its own namespace, joined

@@ -406,7 +406,6 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config::{Config, Endpoint, PeerConfig};
     use crate::core::device::Device;
     use crate::core::key::Key;
     use crate::driver::worker::SocketSet;
@@ -458,34 +457,10 @@ mod tests {
         p
     }
 
-    #[derive(Default)]
-    struct Wire {
-        sent: Vec<(PeerAddr, Vec<u8>)>,
-        tun: Vec<Vec<u8>>,
-    }
-    impl Io for Wire {
-        fn send(&mut self, to: PeerAddr, d: &[u8]) {
-            self.sent.push((to, d.to_vec()));
-        }
-        fn tun_write(&mut self, p: &[u8]) {
-            self.tun.push(p.to_vec());
-        }
-    }
+    use crate::testutil::Wire;
 
     fn device(own: Key, peer: Key, allowed: &str, ep: SocketAddr) -> Device {
-        let mut c = Config::default();
-        c.interface.private_key = Some(own);
-        c.peers.push(PeerConfig {
-            public_key: peer.public(),
-            preshared_key: None,
-            allowed_ips: vec![allowed.parse().expect("cidr")],
-            endpoint: Some(Endpoint::Addr(ep)),
-            persistent_keepalive: None,
-            tcp_port: None,
-        });
-        let d = Device::new();
-        d.reconfigure(&c).expect("config");
-        d
+        crate::testutil::one_peer_device(own, peer, allowed, ep, None)
     }
 
     /// Let peer B (driven by hand over a plain socket) answer everything that arrives

@@ -144,6 +144,14 @@ pub fn run(index: usize, tun: TunQueue, offload: TunOffload, vnet_hdr: bool, sha
                 tr.contains(PollFlags::POLLIN),
             )
         };
+        // After the wait, not before it: a listen-port change while we slept must not
+        // send this batch's answers from the old socket (the peer would roam to a port
+        // that is about to close).
+        if shared.sockets.generation() != gen {
+            (gen, socks) = shared.sockets.get();
+            sock = socks[index % socks.len()].clone();
+            continue;
+        }
         let table = cache.get(&shared.device);
         if udp_ready {
             if let Err(e) = w.pump_udp(

@@ -227,6 +227,7 @@ fn load_modules(names: &[String]) {
     let db = ModDeps::parse(&dep);
     let mut loaded: Vec<String> = Vec::new();
     let mut failed = 0;
+    let mut absent = 0;
     for name in names {
         let Some(order) = db.order(name) else {
             if ModDeps::is_builtin(&builtin, name) {
@@ -242,6 +243,12 @@ fn load_modules(names: &[String]) {
             }
             match os::load_module(&base.join(path), "") {
                 Ok(()) => loaded.push(path.to_string()),
+                // A driver whose hardware is absent (a board lists every watchdog or
+                // NIC it may have) refuses to load with ENODEV: not a fault.
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+                    absent += 1;
+                    loaded.push(path.to_string());
+                }
                 Err(e) => {
                     say!("module {path}: {e}");
                     failed += 1;
@@ -250,8 +257,13 @@ fn load_modules(names: &[String]) {
         }
     }
     say!(
-        "{} modules loaded{}",
-        loaded.len(),
+        "{} modules loaded{}{}",
+        loaded.len() - absent,
+        if absent > 0 {
+            format!(", {absent} without their hardware")
+        } else {
+            String::new()
+        },
         if failed > 0 {
             format!(", {failed} failed")
         } else {
@@ -361,6 +373,8 @@ fn stage2() -> ! {
     reserve_hugepages(board.hugepages);
     let perm_ok = mount_perm();
     let gw = load_config(perm_ok);
+    let failsafe = failsafe_prompt(FAILSAFE_WAIT);
+    let gateway_conf = gateway_config(failsafe);
     uplink(gw.as_ref(), &cmd);
     steer_rps(gw.as_ref(), &board);
     let mut dog = Watchdog::open(&board);
@@ -374,7 +388,12 @@ fn stage2() -> ! {
     sup.add(
         Spec {
             name: "gateway".into(),
-            argv: vec![BIN.into(), "up".into(), "--config".into(), CONFIG.into()],
+            argv: vec![
+                BIN.into(),
+                "up".into(),
+                "--config".into(),
+                gateway_conf.clone(),
+            ],
             tty: None,
             restart_delay: RESTART_DELAY,
         },
@@ -401,6 +420,8 @@ fn stage2() -> ! {
     };
     let mut healthy_for: Option<u32> = None; // the gateway start that was seen healthy
     let mut warned_unhealthy = false;
+    let mut marked = false; // boot marked good (once per boot, whichever start got there)
+    let mut selftest_done = false;
     let mut next_health = Instant::now();
     let mut halt: Option<os::Halt> = None;
     loop {
@@ -413,11 +434,13 @@ fn stage2() -> ! {
             if !cmd.selftest_unhealthy && uapi_healthy(&ifname) {
                 healthy_for = Some(starts);
                 say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers)");
-                if starts == 1 {
+                if !marked {
+                    marked = true;
                     mark_boot_good(slot);
                     crate::update::boot_request(BIN, &mut |l| say!("{l}"));
                 }
-                if cmd.selftest_restart && starts == 1 {
+                if cmd.selftest_restart && !selftest_done {
+                    selftest_done = true;
                     if let Some(supervise::State::Running(pid)) =
                         sup.find("gateway").map(|s| s.state)
                     {
@@ -425,7 +448,8 @@ fn stage2() -> ! {
                         let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
                     }
                 }
-            } else if !warned_unhealthy && now.duration_since(started) > health_deadline {
+            } else if !marked && !warned_unhealthy && now.duration_since(started) > health_deadline
+            {
                 warned_unhealthy = true;
                 if slot_on_trial(slot) {
                     // A new slot that cannot run the gateway: reboot so its tries count
@@ -638,6 +662,88 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
     }
 }
 
+/// How long the early-boot failsafe prompt waits for a key (OpenWrt-style).
+const FAILSAFE_WAIT: Duration = Duration::from_secs(2);
+/// The configuration the gateway runs when it is not `/perm/riceguard.conf` itself.
+const RUN_CONFIG: &str = "/run/riceguard/boot.conf";
+
+/// Offer failsafe mode on the console: `f` (then Enter) within `wait` starts the gateway
+/// with no peers and leaves the saved configuration alone. Anything else typed is ignored.
+fn failsafe_prompt(wait: Duration) -> bool {
+    use std::os::fd::AsFd;
+    say!(
+        "press f and Enter within {} s for failsafe mode (no peers; saved configuration untouched)",
+        wait.as_secs()
+    );
+    let stdin = std::io::stdin();
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 64];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            stdin.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(0) => return false,
+            Ok(_) => match nix::unistd::read(0, &mut buf) {
+                Ok(0) | Err(_) => return false, // no console input (EOF or error)
+                Ok(n) if buf[..n].iter().any(|&b| b == b'f' || b == b'F') => {
+                    say!("failsafe mode");
+                    return true;
+                }
+                Ok(_) => {}
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// The file the gateway starts from: `/perm/riceguard.conf` when it loads and validates;
+/// otherwise the newest saved version that does (said on the console); in failsafe mode
+/// a copy without peers. Copies go to a tmpfs, so `/perm` is never rewritten here.
+fn gateway_config(failsafe: bool) -> String {
+    let mut text = String::new();
+    if let Ok(f) = File::open(CONFIG) {
+        let _ = f.take(1 << 20).read_to_string(&mut text);
+    }
+    let saved_ok = crate::core::ini::parse(CONFIG, &text).is_ok_and(|c| c.validate().is_ok());
+    if saved_ok && !failsafe {
+        return CONFIG.into();
+    }
+    let (mut cfg, warning) = crate::console::load_with_fallback(Path::new(PERM));
+    if let Some(w) = warning {
+        say!("config: {w}");
+    }
+    if !saved_ok {
+        say!("config: {CONFIG} does not load; the gateway runs the last good version (fix it on the console, commit, reboot)");
+    }
+    if failsafe {
+        cfg.peers.clear();
+        say!("failsafe: the gateway starts with no peers; {CONFIG} is untouched");
+    }
+    if cfg.interface.private_key.is_none() {
+        cfg.interface.private_key =
+            Some(private_key_line(&text).unwrap_or_else(Key::generate_private));
+    }
+    let out = crate::core::ini::emit(&cfg);
+    match write_atomic(Path::new(RUN_CONFIG), out.as_bytes()) {
+        Ok(()) => {
+            let _ = std::fs::set_permissions(
+                RUN_CONFIG,
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            );
+            RUN_CONFIG.into()
+        }
+        Err(e) => {
+            say!("config: cannot write {RUN_CONFIG}: {e}; starting from {CONFIG}");
+            CONFIG.into()
+        }
+    }
+}
+
 /// The `PrivateKey =` of an `[Interface]`, read directly so the public key is printed even
 /// when the full parser refuses the file.
 fn private_key_line(text: &str) -> Option<Key> {
@@ -743,6 +849,27 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
         },
         gateway.map(|g| format!(" via {g}")).unwrap_or_default()
     );
+    report_uso(&dev);
+}
+
+/// Say once whether the uplink offers UDP segmentation offload (USO): the data plane's
+/// offload decision starts from this, and the image test checks it per QEMU `host_uso`.
+fn report_uso(dev: &str) {
+    match crate::sys::ethtool::NicFeatures::read(dev) {
+        Ok(f) => match f.get("tx-udp-segmentation") {
+            Some(b) => say!(
+                "uplink {dev} tx-udp-segmentation: {}{}",
+                if b.active { "on" } else { "off" },
+                if b.fixed() {
+                    " [fixed]"
+                } else {
+                    " (changeable)"
+                }
+            ),
+            None => say!("uplink {dev}: this kernel has no tx-udp-segmentation feature"),
+        },
+        Err(e) => say!("uplink {dev}: {e}"),
+    }
 }
 
 /// Steer the uplink's receive queues (RPS) to the data-plane cores that are online.

@@ -7,9 +7,10 @@ use nix::unistd::{dup2, fork, setsid, ForkResult};
 
 /// Fork into the background. The parent exits with status 0 at once (everything the
 /// caller needs to be ready — TUN, UAPI socket — must exist before this call); the
-/// child starts a new session and points stdin/stdout at /dev/null. Stderr is kept
-/// unless `quiet`, so the log still reaches a terminal or a file the caller chose.
-pub fn daemonize(quiet: bool) -> io::Result<()> {
+/// child starts a new session and points stdin and stdout at /dev/null, and stderr (the
+/// log) at `log_file` or /dev/null — never at the caller's stderr, which may be a pipe
+/// the caller reads to EOF (wg-quick's output captured by a script).
+pub fn daemonize(log_file: Option<&str>) -> io::Result<()> {
     // SAFETY: called before any thread is spawned (the caller's contract), so the child
     // is a faithful copy with no other thread's locks held.
     match unsafe { fork() }.map_err(io::Error::from)? {
@@ -24,8 +25,13 @@ pub fn daemonize(quiet: bool) -> io::Result<()> {
     let n = null.as_raw_fd();
     dup2(n, 0).map_err(io::Error::from)?;
     dup2(n, 1).map_err(io::Error::from)?;
-    if quiet {
-        dup2(n, 2).map_err(io::Error::from)?;
-    }
+    let log = log_file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    });
+    dup2(log.as_ref().map_or(n, |f| f.as_raw_fd()), 2).map_err(io::Error::from)?;
     Ok(())
 }

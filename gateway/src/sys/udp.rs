@@ -318,6 +318,14 @@ impl UdpSocket {
         }
     }
 
+    /// Fault injection for tests (`RG_FAULT_GSO=einval`): `SO_NO_CHECK` makes the kernel
+    /// refuse every GSO send with `EINVAL`, the way a route without checksum offload does
+    /// on kernels that return `EIO`, so the run-time demotion can be exercised on kernels
+    /// (like 6.18) that segment in software even with tx checksumming off.
+    pub fn inject_gso_failure(&self) -> io::Result<()> {
+        set_int(self.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+    }
+
     /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does). Logged at most
     /// once a minute per process, however many worker sockets demote.
     pub fn disable_gso(&self) {

@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# Serial-console tests in QEMU (qemu-x86_64 board, TCG): a script types on the
+# appliance's serial console (image/qemu.sh RG_QEMU_SERIAL_IN) and reads the serial log.
+#   boot 1 (factory disk):  set a peer, commit, and SIGKILL QEMU as soon as `commit`
+#                           answers (no clean shutdown, perm's journal not flushed)
+#   boot 2 (same disk):     the committed peer is there (`show`); an invalid `set` is
+#                           refused and changes nothing (`show`, `compare`, prompt);
+#                           commit a second peer, `rollback 1` + commit removes it again;
+#                           `commit-confirm 1` left unconfirmed rolls back by itself
+#                           (~60 s; RG_CONSOLE_CONFIRM=0 skips it)
+# Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
+#
+# usage: ci/test-console-qemu.sh
+# env:   RG_CONSOLE_TIMEOUT (s per wait for a boot, default 180), RG_CONSOLE_KEEP=1 keeps
+#        the disk copy; logs and the typed transcript stay in out/test-console-qemu/;
+#        RG_CONSOLE_REBUILD=1 rebuilds out/qemu-x86_64 first (else it is reused if
+#        present: it may be older than the working tree)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+board=qemu-x86_64
+T=${RG_CONSOLE_TIMEOUT:-180}
+work=$PWD/out/test-console-qemu
+img=out/$board/riceguard-$board.img
+passed=0 failed=0 fails=()
+ok() { passed=$((passed + 1)); echo "PASS $*"; }
+ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
+t_all=$SECONDS
+
+finish() {
+    echo
+    for f in "${fails[@]}"; do echo "failed: $f"; done
+    echo "console-qemu: serial logs and transcript in $work (took $((SECONDS - t_all)) s)"
+    echo "console-qemu: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+}
+
+for t in qemu-system-x86_64 wg mkfifo; do
+    command -v "$t" >/dev/null || { ko "missing tool $t (ci/deps.sh installs it)"; finish; }
+done
+rm -rf "$work"
+mkdir -p "$work"
+if [ ! -f "$img" ] || [ -n "${RG_CONSOLE_REBUILD:-}" ]; then
+    echo "== building $img"
+    image/build.sh "$board" >"$work/build.log" 2>&1 || { tail -20 "$work/build.log"; ko "image build"; finish; }
+fi
+disk=$work/disk.img
+cp --sparse=always "$img" "$disk"
+sin=$work/serial-in
+transcript=$work/transcript.txt
+: >"$transcript"
+
+wpid="" log="" boot_name=""
+# Stop the running boot: QEMU (qemu.sh's child) first, by its PID, then qemu.sh itself.
+stop_qemu() {
+    local sig=${1:-TERM} q
+    [ -n "$wpid" ] || return 0
+    exec 9>&- 2>/dev/null
+    q=$(qemu_pid)
+    [ -n "$q" ] && kill "-$sig" "$q" 2>/dev/null
+    # qemu.sh notices QEMU gone within 0.5 s and cleans up (FIFOs, reader).
+    for _ in $(seq 40); do kill -0 "$wpid" 2>/dev/null || break; sleep 0.25; done
+    kill "$wpid" 2>/dev/null
+    wait "$wpid" 2>/dev/null
+    wpid=""
+}
+qemu_pid() { ps -o pid=,comm= --ppid "$wpid" 2>/dev/null | awk '$2 ~ /^qemu-system/ {print $1; exit}'; }
+cleanup() {
+    stop_qemu KILL
+    [ -n "${RG_CONSOLE_KEEP:-}" ] || rm -f "$disk"
+    rm -f "$sin"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# The serial log without CRs (the tty's output processing adds them).
+clean() { tr -d '\r' <"$log"; }
+size() { stat -c %s "$log" 2>/dev/null || echo 0; }
+panic() { grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; }
+# wait_re REGEX SECONDS [OFFSET]: wait until the log after byte OFFSET matches REGEX.
+wait_re() {
+    local re=$1 left=$(($2 * 4)) off=${3:-0}
+    while [ "$left" -gt 0 ]; do
+        tail -c +$((off + 1)) "$log" | tr -d '\r' | grep -qaE "$re" && return 0
+        panic && return 1
+        kill -0 "$wpid" 2>/dev/null || return 1
+        sleep 0.25
+        left=$((left - 1))
+    done
+    return 1
+}
+
+# boot NAME: start QEMU on $disk with the serial FIFO, wait for the console prompt.
+boot() {
+    boot_name=$1
+    log=$work/$1.log
+    : >"$log"
+    local t0=$SECONDS
+    RG_QEMU_DISK="$disk" RG_QEMU_LOG="$log" RG_QEMU_TIMEOUT=$((T + 240)) \
+        RG_QEMU_UNTIL='^RG-NEVER$' RG_QEMU_SERIAL_IN="$sin" \
+        image/qemu.sh "$board" >"$work/$1.qemu" 2>&1 &
+    wpid=$!
+    for _ in $(seq 100); do [ -e "$sin" ] && break; sleep 0.1; done
+    # Read-write: opening never blocks and QEMU never sees the writer go away.
+    if ! exec 9<>"$sin"; then
+        ko "$1: serial input FIFO did not appear"
+        return 1
+    fi
+    # boot NAME failsafe: answer init's early failsafe prompt with `f`.
+    if [ "${2:-}" = failsafe ]; then
+        wait_re 'press f and Enter' "$T" && printf 'f\r' >&9
+    fi
+    if wait_re 'riceguard-init: (boot marked good|FATAL)' "$T" && wait_re 'riceguard(\(edit\))?# ' 30; then
+        echo "     $1: console prompt after $((SECONDS - t0)) s"
+        printf '==== %s (console prompt after %s s)\n' "$1" "$((SECONDS - t0))" >>"$transcript"
+        return 0
+    fi
+    panic && ko "$1: kernel panic/oops on the serial line"
+    ko "$1: no console prompt within $T s"
+    echo "---- last serial lines ($1)"
+    clean | tail -25
+    return 1
+}
+
+# cmd LINE [SECONDS] [WAIT_REGEX]: type LINE and wait for the next prompt (or WAIT_REGEX);
+# the serial output since typing (echo, answer, prompt, interleaved daemon lines) is in
+# $out and goes to the transcript.
+out=""
+cmd() {
+    local line=$1 secs=${2:-20} re=${3:-'riceguard(\(edit\))?# '} off
+    off=$(size)
+    printf '%s\r' "$line" >&9
+    wait_re "$re" "$secs" "$off"
+    local rc=$?
+    out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
+    printf '%s\n' "$out" >>"$transcript"
+    return $rc
+}
+# The answer only: drop the daemon's and init's interleaved lines.
+answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init): |^\[ *[0-9]+\.[0-9]+\]'; }
+has() { answer | grep -qaE -- "$1"; }
+# A whole answer line, as typed (keys hold base64 `+`, not for a regex).
+has_line() { answer | grep -qaxF -- "$1"; }
+check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
+# The configuration as `show` prints it, without prompt and echo lines.
+show_conf() {
+    cmd show || return 1
+    answer | grep -avE 'riceguard(\(edit\))?# |^show$'
+}
+
+pub1=$(wg genkey | wg pubkey) pub2=$(wg genkey | wg pubkey) pub3=$(wg genkey | wg pubkey)
+
+# ---------------------------------------------------------------------------------------
+echo "== boot 1: set a peer, commit, kill QEMU as soon as commit answers"
+if boot boot1; then
+    cmd "set peer $pub1 allowed-ips 10.100.0.2/32"
+    check "boot 1: set peer accepted, prompt shows uncommitted edits" \
+        sh -c "! printf '%s' \"\$1\" | grep -q '^error:' && printf '%s' \"\$1\" | grep -q 'riceguard(edit)# '" _ "$out"
+    # Kill on the commit's first answer line, before the prompt even comes back.
+    off=$(size)
+    printf 'commit\r' >&9
+    if wait_re 'committed and saved|error: ' 60 "$off"; then
+        stop_qemu KILL
+        out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
+        printf '%s\n[QEMU killed with SIGKILL here]\n' "$out" >>"$transcript"
+        check "boot 1: commit answered 'committed and saved'" has 'committed and saved'
+    else
+        ko "boot 1: commit did not answer"
+        stop_qemu KILL
+    fi
+fi
+stop_qemu KILL
+
+# ---------------------------------------------------------------------------------------
+echo "== boot 2: committed peer kept; invalid set refused; rollback; commit-confirm"
+if boot boot2; then
+    check "boot 2: perm mounted again (boot 2)" grep -qaE 'perm mounted \(.*boot 2\)' "$log"
+    conf=$(show_conf)
+    check "boot 2: \`show\` has the peer committed before the kill" \
+        sh -c 'printf "%s\n" "$1" | grep -qxF "PublicKey = $2" && printf "%s\n" "$1" | grep -qxF "AllowedIPs = 10.100.0.2/32"' _ "$conf" "$pub1"
+
+    cmd "set interface listen-port 99999"
+    check "invalid set: refused with an error" has '^error: .*99999'
+    check "invalid set: prompt has no uncommitted edits" sh -c 'printf "%s" "$1" | tail -1 | grep -q "^riceguard# "' _ "$out"
+    cmd compare
+    check "invalid set: \`compare\` shows no changes" has '^no changes'
+    conf2=$(show_conf)
+    check "invalid set: \`show\` unchanged" test "$conf2" = "$conf"
+
+    cmd "set peer $pub2 allowed-ips 10.100.0.3/32"
+    cmd commit
+    check "rollback: second peer committed" has 'committed and saved'
+    conf3=$(show_conf)
+    check "rollback: \`show\` has both peers" \
+        sh -c 'printf "%s\n" "$1" | grep -qxF "PublicKey = $2" && printf "%s\n" "$1" | grep -qxF "PublicKey = $3"' _ "$conf3" "$pub1" "$pub2"
+    cmd "rollback 1"
+    check "rollback: \`rollback 1\` loads saved version 1" has '^loaded saved version 1'
+    cmd compare
+    check "rollback: \`compare\` shows the second peer removed" has_line "- PublicKey = $pub2"
+    cmd commit
+    check "rollback: commit of version 1" has 'committed and saved'
+    conf4=$(show_conf)
+    check "rollback: \`show\` equals the configuration before the second peer" test "$conf4" = "$conf"
+
+    if [ "${RG_CONSOLE_CONFIRM:-1}" != 0 ] && [ "$failed" -eq 0 ]; then
+        cmd "set peer $pub3 allowed-ips 10.100.0.4/32"
+        cmd "commit-confirm 1"
+        check "commit-confirm: committed, rollback announced" has 'committed and saved'
+        conf5=$(show_conf)
+        check "commit-confirm: \`show\` has the new peer meanwhile" \
+            sh -c 'printf "%s\n" "$1" | grep -qxF "PublicKey = $2"' _ "$conf5" "$pub3"
+        t0=$SECONDS off=$(size)
+        if wait_re 'not confirmed in time' 100 "$off" && wait_re 'riceguard(\(edit\))?# ' 10 "$off"; then
+            out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
+            printf '%s\n' "$out" >>"$transcript"
+            echo "     commit-confirm rolled back $((SECONDS - t0)) s after the last command"
+            ok "commit-confirm: unconfirmed, rolled back by itself"
+            conf6=$(show_conf)
+            check "commit-confirm: \`show\` is the configuration before it again" test "$conf6" = "$conf"
+        else
+            ko "commit-confirm: no rollback within 100 s"
+        fi
+    elif [ "$failed" -ne 0 ]; then
+        echo "     commit-confirm test skipped: earlier failures"
+    fi
+    check "boot 2: no kernel panic/oops" sh -c '! grep -qaE "Kernel panic|Oops|BUG:|Call Trace" "$1"' _ "$log"
+fi
+stop_qemu TERM
+
+# Failsafe (OpenWrt-style): `f` at the early prompt starts the gateway with no peers and
+# leaves the saved configuration alone.
+if [ "$failed" -eq 0 ] && boot boot3 failsafe; then
+    check "failsafe: init entered failsafe mode" grep -qaE 'riceguard-init: failsafe: the gateway starts with no peers' "$log"
+    check "failsafe: the gateway still came up" grep -qaE 'riceguard-init: gateway up' "$log"
+    cmd "show peers"
+    check "failsafe: the running gateway has no peers" sh -c '! printf "%s" "$1" | grep -q "^peer:"' _ "$out"
+    cmd "show"
+    check "failsafe: the saved configuration still has its peer" has "PublicKey = "
+    stop_qemu TERM
+fi
+finish
