@@ -17,7 +17,10 @@ pub const MAX_CONFIRM_MINUTES: u32 = 1440;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
     Help(Vec<String>),
-    Show { what: Show, private: bool },
+    Show {
+        what: Show,
+        private: bool,
+    },
     Set(Vec<String>),
     Delete(Vec<String>),
     Compare,
@@ -29,9 +32,17 @@ pub enum Command {
     Save,
     Genkey,
     Pubkey,
-    FactoryReset { erase_history: bool },
+    FactoryReset {
+        erase_history: bool,
+    },
     Reboot,
-    Exit { discard: bool },
+    /// Install a signed update bundle into the inactive slot (`riceguard update SOURCE`).
+    Update(String),
+    /// Make the other slot the default boot entry again.
+    RollbackSlot,
+    Exit {
+        discard: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +127,16 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
         "replace everything with defaults and a new key (asks first)",
     ),
     ("reboot", "", "restart the appliance (asks first)"),
+    (
+        "update",
+        "SOURCE",
+        "install a signed update bundle (http://HOST/FILE or a file path) into the other slot",
+    ),
+    (
+        "rollback-slot",
+        "",
+        "boot the other (previous) slot next time",
+    ),
     (
         "exit",
         "[discard]",
@@ -322,6 +343,11 @@ pub fn parse(line: &str) -> Result<Command, String> {
             [w, ..] => Err(unknown(w, "factory-reset", "erase-history")),
         },
         "reboot" => no_args(Command::Reboot),
+        "rollback-slot" => no_args(Command::RollbackSlot),
+        "update" => match rest {
+            [src] => Ok(Command::Update((*src).to_string())),
+            _ => Err("usage: update SOURCE (http://HOST[:PORT]/PATH or a bundle file path)".into()),
+        },
         "exit" | "quit" => match rest {
             [] => Ok(Command::Exit { discard: false }),
             ["discard"] => Ok(Command::Exit { discard: true }),

@@ -447,6 +447,11 @@ impl Session {
                     }
                 ))
             }
+            Command::Update(src) => Reply::ok(format!(
+                "{}\n(the configuration in /perm is kept; `reboot` starts the new slot on trial)",
+                self.hooks.update(&src)
+            )),
+            Command::RollbackSlot => Reply::ok(self.hooks.rollback_slot()),
             Command::Reboot => {
                 self.question = Some(Question::Reboot);
                 let warn = if self.candidate != self.running {

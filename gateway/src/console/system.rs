@@ -47,6 +47,32 @@ pub trait Hooks {
     fn status(&mut self) -> Vec<String>;
     /// Restart the appliance; the text says what happened.
     fn reboot(&mut self) -> String;
+    /// Verify and install an update bundle into the inactive slot; the text is the
+    /// updater's report.
+    fn update(&mut self, _source: &str) -> String {
+        "updates are not available in this mode".into()
+    }
+    /// Make the other slot the default boot entry.
+    fn rollback_slot(&mut self) -> String {
+        "slot rollback is not available in this mode".into()
+    }
+}
+
+/// Run this binary with `args` (the updater runs in its own process, so a failure there
+/// cannot take the console down) and return what it printed.
+fn run_self(args: &[&str]) -> String {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/bin/riceguard"));
+    match std::process::Command::new(exe).args(args).output() {
+        Ok(o) => {
+            let mut t = String::from_utf8_lossy(&o.stdout).into_owned();
+            t.push_str(&String::from_utf8_lossy(&o.stderr));
+            if !o.status.success() {
+                t.push_str(&format!("({} failed: {})", args[0], o.status));
+            }
+            t.trim_end().to_string()
+        }
+        Err(e) => format!("could not run the updater: {e}"),
+    }
 }
 
 /// The real hooks.
@@ -193,6 +219,20 @@ impl Hooks for SystemHooks {
             )),
         }
         out
+    }
+
+    fn update(&mut self, source: &str) -> String {
+        if !on_appliance() {
+            return "host mode: updates are installed on the appliance (`riceguard update SOURCE` there)".into();
+        }
+        run_self(&["update", source])
+    }
+
+    fn rollback_slot(&mut self) -> String {
+        if !on_appliance() {
+            return "host mode: no boot slots here".into();
+        }
+        run_self(&["rollback-slot"])
     }
 
     fn reboot(&mut self) -> String {
