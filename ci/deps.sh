@@ -24,6 +24,8 @@ APT_PKGS=(
     # static builds (ci/build-static.sh): gcc's musl wrapper for x86_64 ring, clang/llvm-ar
     # for aarch64 ring; rust-lld ships with rustup, so no lld package is needed
     musl-tools clang llvm binutils file
+    # update bundles: signing with openssl (image/bundle.sh, image/keys.sh)
+    openssl
     # image builder: initramfs, squashfs roots, ESP, GPT, perm partition, module handling
     kmod cpio zstd xz-utils squashfs-tools dosfstools mtools fdisk e2fsprogs
 )
