@@ -30,7 +30,8 @@ pub struct InterfaceConfig {
     pub fwmark: Option<u32>,
     /// Addresses put on the tunnel interface (`Address = 10.0.0.1/24, fd00::1/64`).
     pub addresses: Vec<Cidr>,
-    /// Tunnel MTU; `None` means 1420 (1366 when the path is TCP).
+    /// Tunnel MTU; `None` means 1420 (riceguard keeps it over its TCP fallback: frames
+    /// in a byte stream do not fragment).
     pub mtu: Option<u16>,
 }
 
@@ -118,9 +119,6 @@ impl Default for GatewayConfig {
 
 /// Default tunnel MTU over UDP (as wg-quick picks for a 1500-byte path).
 pub const DEFAULT_MTU: u16 = 1420;
-/// Tunnel MTU when the outer transport is TCP: 20 bytes more TCP header than UDP's 8,
-/// the 2-byte frame length, and room for TCP options (timestamps, SACK) — 54 bytes.
-pub const DEFAULT_TCP_MTU: u16 = DEFAULT_MTU - 54;
 
 /// Why a host name or `HOST:PORT` endpoint was rejected.
 #[derive(Debug, Clone, PartialEq, Eq)]

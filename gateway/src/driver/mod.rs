@@ -371,10 +371,8 @@ fn run(opts: Opts) -> Result<(), String> {
     if let Some(path) = &opts.config_file {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
         cfg = crate::core::ini::parse(path, &text).map_err(|e| e.to_string())?;
+        // validate() also requires the private key `up` needs.
         cfg.validate().map_err(|e| format!("{path}: {e}"))?;
-        if cfg.interface.private_key.is_none() {
-            return Err(format!("{path}: [Interface] PrivateKey is required"));
-        }
     }
     let ifname = if appliance {
         cfg.gateway.interface_name.clone()
@@ -489,6 +487,9 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     rt.apply_config(&cfg).map_err(|e| e.to_string())?;
     log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
+    // Probe once for the whole process: a kernel without io_uring (or with it disabled by
+    // sysctl or seccomp) is said once, and every worker takes the portable loop.
+    let use_uring = gw.io_uring && !vnet_hdr && crate::sys::uring::check().is_ok();
     let report = vec![
         format!("interface: {ifname}"),
         format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
@@ -502,7 +503,7 @@ fn run(opts: Opts) -> Result<(), String> {
                 "plain (no offload)".into()
             }
         ),
-        format!("io: {}", io_path(&gw, vnet_hdr)),
+        format!("io: {}", io_path(gw.io_uring, vnet_hdr, use_uring)),
     ];
     write_status_file(&ifname, &report);
     if appliance {
@@ -511,9 +512,6 @@ fn run(opts: Opts) -> Result<(), String> {
     }
 
     let mut handles = Vec::new();
-    // Probe once for the whole process: a kernel without io_uring (or with it disabled by
-    // sysctl or seccomp) is said once, and every worker takes the portable loop.
-    let use_uring = gw.io_uring && !vnet_hdr && crate::sys::uring::check().is_ok();
     let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
@@ -619,12 +617,13 @@ fn run(opts: Opts) -> Result<(), String> {
     Ok(())
 }
 
-/// Which loop the workers run, for the status report.
-fn io_path(g: &crate::core::config::GatewayConfig, vnet_hdr: bool) -> &'static str {
-    match (g.io_uring, vnet_hdr) {
-        (true, false) => "io_uring workers (multishot recvmsg, registered buffers)",
-        (true, true) => "poll workers with TUN offload (io_uring asked for: it has no TUN-offload split yet, TUN offload wins)",
-        (false, _) => "poll workers (recvmmsg/sendmmsg batches)",
+/// Which loop the workers run, for the status report: the decision actually taken.
+fn io_path(requested: bool, vnet_hdr: bool, use_uring: bool) -> &'static str {
+    match (use_uring, requested, vnet_hdr) {
+        (true, _, _) => "io_uring workers (multishot recvmsg, registered buffers)",
+        (false, true, true) => "poll workers with TUN offload (io_uring asked for: it has no TUN-offload split yet, TUN offload wins)",
+        (false, true, false) => "poll workers (io_uring asked for but unavailable; see the log)",
+        (false, false, _) => "poll workers (recvmmsg/sendmmsg batches)",
     }
 }
 
@@ -671,21 +670,26 @@ pub fn status_main(args: &[String]) -> ExitCode {
         );
         return ExitCode::from(1);
     }
+    // Collected and written once: a closed pipe (`status | head`) ends the write, not
+    // the process with a panic.
     let mut rc = ExitCode::SUCCESS;
+    let mut out = String::new();
     for n in names {
         match std::fs::read_to_string(status_path(&n)) {
-            Ok(t) => print!("{t}"),
-            Err(_) => println!("interface: {n}"),
+            Ok(t) => out.push_str(&t),
+            Err(_) => out.push_str(&format!("interface: {n}\n")),
         }
         match query(&n) {
-            Ok(st) => print!("{}", format_status(&st)),
+            Ok(st) => out.push_str(&format_status(&st)),
             Err(e) => {
-                println!("  (daemon not answering: {e})");
+                out.push_str(&format!("  (daemon not answering: {e})\n"));
                 rc = ExitCode::from(1);
             }
         }
-        println!();
+        out.push('\n');
     }
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
     rc
 }
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::core::config::{Config, Endpoint};
-use crate::core::device::{Device, Io, PeerAddr, TransportEvents, SCRATCH_SIZE};
+use crate::core::device::{short, Device, Io, PeerAddr, TransportEvents, SCRATCH_SIZE};
 use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
 use crate::core::key::Key;
 use crate::driver::tcp::{ConnId, TcpConfig, TcpHandle, TcpSink, TcpTransport};
@@ -332,8 +332,4 @@ impl FallbackManager {
             }
         }
     }
-}
-
-fn short(k: &Key) -> String {
-    crate::core::device::short(k)
 }

@@ -148,9 +148,7 @@ pub fn run(index: usize, tun: TunQueue, offload: TunOffload, vnet_hdr: bool, sha
         // send this batch's answers from the old socket (the peer would roam to a port
         // that is about to close).
         if shared.sockets.generation() != gen {
-            (gen, socks) = shared.sockets.get();
-            sock = socks[index % socks.len()].clone();
-            continue;
+            continue; // the top of the loop picks up the new socket
         }
         let table = cache.get(&shared.device);
         if udp_ready {
