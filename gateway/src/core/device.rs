@@ -9,14 +9,21 @@
 //! workers keep a [`TableCache`] and reload it only when the generation counter moves, so
 //! the packet path takes no global lock.
 //!
+//! Authentication (the invariant ARCHITECTURE.md states): a peer's endpoint, rx counters,
+//! keepalive debt and TCP-fallback events move only on a message that proved the peer's
+//! keys — a decrypted data packet (keepalives included) or a completed handshake (an
+//! initiation we answered, a response we accepted). [`classify`] is the one place that
+//! decides; cookie replies (sent or received), rate-limited, replayed and forged
+//! messages are never authenticated.
+//!
 //! Time: boringtun's `Tunn` reads its own monotonic clock (the one place this core does;
 //! tests drive it with boringtun's `mock-instant` feature). Everything of ours that needs
 //! wall time (the UAPI's last-handshake time) takes it as an argument.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -25,6 +32,7 @@ use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
+use rand_core::{OsRng, RngCore};
 
 use crate::core::allowed_ips::AllowedIps;
 use crate::core::config::{Config, Endpoint};
@@ -82,7 +90,17 @@ pub const MAX_PACKET: usize = 65535;
 pub const SCRATCH_SIZE: usize = MAX_PACKET + 64;
 
 /// Handshake messages the whole device accepts per second before it answers with cookies.
-const HANDSHAKE_RATE_LIMIT: u64 = 100;
+/// One limiter serves the device and every peer's `Tunn` (one cookie secret): an
+/// initiation is counted twice (once before the DH that finds its peer, once inside the
+/// peer's `Tunn`), a response once, so this is about 100 initiations a second.
+const HANDSHAKE_RATE_LIMIT: u64 = 200;
+
+/// WireGuard's KEEPALIVE_TIMEOUT: after a data packet from a peer, an authenticated
+/// packet back is owed within this long.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Local peer indexes are random in 1..2^24 (boringtun shifts them left by 8).
+const INDEX_SPACE: u32 = 1 << 24;
 
 /// Counters of dropped input, by cause. Plain atomics: cheap and lock-free.
 #[derive(Default, Debug)]
@@ -103,6 +121,10 @@ pub struct DropCounters {
     pub no_endpoint: AtomicU64,
     /// Cookie replies sent because handshakes came in too fast.
     pub cookies_sent: AtomicU64,
+    /// TUN packet boringtun refused to encapsulate.
+    pub encapsulate: AtomicU64,
+    /// Timer errors other than an expired connection.
+    pub timers: AtomicU64,
 }
 
 impl DropCounters {
@@ -110,7 +132,7 @@ impl DropCounters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> [(&'static str, u64); 8] {
+    pub fn snapshot(&self) -> [(&'static str, u64); 10] {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         [
             ("malformed", l(&self.malformed)),
@@ -121,6 +143,8 @@ impl DropCounters {
             ("no_route", l(&self.no_route)),
             ("no_endpoint", l(&self.no_endpoint)),
             ("cookies_sent", l(&self.cookies_sent)),
+            ("encapsulate", l(&self.encapsulate)),
+            ("timers", l(&self.timers)),
         ]
     }
 }
@@ -138,6 +162,12 @@ pub struct PeerState {
     pub rx_bytes: u64,
     /// Whether the last `update_timers` saw an established session (for the log line).
     had_session: bool,
+    /// A data packet arrived and nothing has gone back since: a passive keepalive is
+    /// owed. The value is the device tick time (see [`Device::update_timers`]) at the
+    /// receive. Kept here rather than trusted to boringtun 0.7.1, whose timers compare
+    /// tick-granular timestamps with a strict `>` and so never send it when the data
+    /// arrived in the same 250 ms tick as our last send.
+    keepalive_owed_since: Option<Duration>,
     /// Transport events for the TCP-fallback client (index 0 UDP, 1 TCP), counted here
     /// and turned into state-machine inputs by the driver.
     pub events: TransportEvents,
@@ -155,13 +185,72 @@ fn tidx(a: &PeerAddr) -> usize {
     usize::from(a.is_tcp())
 }
 
-/// Send `d` to `to`, counting handshake initiations for the fallback client.
+/// Send a message of this peer's session to `to`: counts handshake initiations for the
+/// fallback client and settles a keepalive debt (any authenticated packet does).
 fn send_counted(st: &mut PeerState, to: PeerAddr, d: &[u8], io: &mut impl Io) {
-    if d.first() == Some(&1) {
+    if d.first() == Some(&MSG_INIT) {
         st.events.handshakes_sent[tidx(&to)] += 1;
     }
+    st.keepalive_owed_since = None;
     st.tx_bytes += d.len() as u64;
     io.send(to, d);
+}
+
+const MSG_INIT: u8 = 1;
+const MSG_RESPONSE: u8 = 2;
+const MSG_COOKIE: u8 = 3;
+const MSG_DATA: u8 = 4;
+
+/// What one message from the network did, decided from its type and boringtun's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// An initiation we answered with a response: the sender holds the peer's key.
+    HandshakeAnswered,
+    /// A response to our initiation that completed the handshake.
+    HandshakeCompleted,
+    /// A decrypted data packet (`keepalive`: empty).
+    Data { keepalive: bool },
+    /// Answered with a cookie reply (we are under load): proves nothing.
+    CookieSent,
+    /// A cookie reply we received: proves nothing about the peer.
+    CookieReceived,
+    /// Rejected: bad MAC, replay, no session, failed decryption.
+    Rejected,
+}
+
+impl Verdict {
+    /// Whether this message proved the peer's keys (the only thing that may move its
+    /// endpoint, counters or fallback state).
+    pub fn authenticated(self) -> bool {
+        matches!(
+            self,
+            Verdict::HandshakeAnswered | Verdict::HandshakeCompleted | Verdict::Data { .. }
+        )
+    }
+}
+
+/// The single place that decides whether a message authenticated. `kind` is the type of
+/// the message received; `result` what the peer's `Tunn` made of it. boringtun answers an
+/// initiation with a response (type 2) but a rate-limited one with a cookie reply
+/// (type 3), and a response with a keepalive (type 4) — so the *type of what it wrote*
+/// tells them apart, never the mere fact that it wrote something.
+fn classify(kind: u8, result: &TunnResult<'_>) -> Verdict {
+    match (kind, result) {
+        (_, TunnResult::Err(_)) => Verdict::Rejected,
+        (_, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_COOKIE) => Verdict::CookieSent,
+        (MSG_INIT, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_RESPONSE) => {
+            Verdict::HandshakeAnswered
+        }
+        (MSG_RESPONSE, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_DATA) => {
+            Verdict::HandshakeCompleted
+        }
+        (MSG_COOKIE, _) => Verdict::CookieReceived,
+        (MSG_DATA, TunnResult::Done) => Verdict::Data { keepalive: true },
+        (MSG_DATA, TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..)) => {
+            Verdict::Data { keepalive: false }
+        }
+        _ => Verdict::Rejected,
+    }
 }
 
 /// One configured peer.
@@ -243,8 +332,11 @@ impl std::error::Error for DeviceError {}
 pub struct Device {
     table: RwLock<Arc<Table>>,
     generation: AtomicU64,
-    next_index: AtomicU64,
     config: Mutex<Config>,
+    /// The TUN's MTU (0: unknown), the cap for data-packet padding.
+    mtu: AtomicU32,
+    /// The `now` of the latest `update_timers`, in milliseconds.
+    tick_ms: AtomicU64,
     pub drops: DropCounters,
 }
 
@@ -281,8 +373,9 @@ impl Device {
                 generation: 0,
             })),
             generation: AtomicU64::new(0),
-            next_index: AtomicU64::new(1),
             config: Mutex::new(Config::default()),
+            mtu: AtomicU32::new(0),
+            tick_ms: AtomicU64::new(0),
             drops: DropCounters::default(),
         }
     }
@@ -311,10 +404,21 @@ impl Device {
     ///
     /// Endpoints given as names must have been resolved by the caller (`Endpoint::Addr`);
     /// unresolved names are ignored here.
+    ///
+    /// New peers get random 24-bit local indexes (as kernel WireGuard and wireguard-go
+    /// do), so a receiver index cannot be guessed from the number of peers.
     pub fn reconfigure(&self, new: &Config) -> Result<(), DeviceError> {
         let mut cfg_guard = self.config.lock().unwrap_or_else(|p| p.into_inner());
         let old_table = self.snapshot();
         let old_cfg = cfg_guard.clone();
+        if new.peers.len() >= (INDEX_SPACE / 2) as usize {
+            // Random picks stay cheap only while the index space is mostly free.
+            return Err(DeviceError::TooManyPeers);
+        }
+        // Indexes of the old table stay reserved (kept peers keep theirs; a removed
+        // peer's may still be in flight).
+        let mut used: HashSet<u32> = old_table.by_index.keys().copied().collect();
+        let mut logs: Vec<String> = Vec::new();
 
         let identity = new.interface.private_key.filter(|k| !k.is_zero()).map(|k| {
             let private = x25519::StaticSecret::from(k.0);
@@ -373,20 +477,16 @@ impl Device {
                     })
                 }
                 (_, Some(id)) => {
-                    let index = self.next_index.fetch_add(1, Ordering::Relaxed);
-                    if index >= (1 << 24) {
-                        return Err(DeviceError::TooManyPeers);
-                    }
-                    let index = index as u32;
+                    let index = random_index(&mut used);
                     let tunn = Tunn::new(
                         id.private.clone(),
                         x25519::PublicKey::from(pc.public_key.0),
                         pc.preshared_key.map(|k| k.0),
                         pc.persistent_keepalive.filter(|&k| k > 0),
                         index,
-                        None,
+                        Some(id.rate_limiter.clone()),
                     );
-                    log::info!("peer {} added", short(&pc.public_key));
+                    logs.push(format!("peer {} added", short(&pc.public_key)));
                     Arc::new(Peer {
                         public_key: pc.public_key,
                         index,
@@ -401,6 +501,7 @@ impl Device {
                             tx_bytes: 0,
                             rx_bytes: 0,
                             had_session: false,
+                            keepalive_owed_since: None,
                             events: TransportEvents::default(),
                         }),
                     })
@@ -419,7 +520,7 @@ impl Device {
         }
         for op in old_table.peers() {
             if !by_key.contains_key(&op.public_key) {
-                log::info!("peer {} removed", short(&op.public_key));
+                logs.push(format!("peer {} removed", short(&op.public_key)));
             }
         }
 
@@ -435,10 +536,27 @@ impl Device {
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
         self.generation.store(generation, Ordering::Release);
         *cfg_guard = new.clone();
+        if let Some(mtu) = new.interface.mtu {
+            self.set_mtu(u32::from(mtu));
+        }
+        drop(cfg_guard);
+        for l in logs {
+            log::info!("{l}");
+        }
         Ok(())
     }
 
-    /// A packet read from the TUN: route it to its peer, encrypt, send.
+    /// Tell the device the TUN's MTU (the cap for padding; 0 if unknown). Drivers call
+    /// this when they learn it (config, or by reading the interface).
+    pub fn set_mtu(&self, mtu: u32) {
+        self.mtu.store(mtu, Ordering::Relaxed);
+    }
+
+    /// A packet read from the TUN: route it to its peer, pad, encrypt, send.
+    ///
+    /// The plaintext is zero-padded to a multiple of 16 bytes (never past the MTU), as
+    /// the protocol asks, so packet sizes leak less; the padded copy is built in the
+    /// top of `scratch` (which must be [`SCRATCH_SIZE`] long).
     pub fn handle_tun_packet(
         &self,
         table: &Table,
@@ -454,19 +572,32 @@ impl Device {
             DropCounters::bump(&self.drops.no_route);
             return;
         };
+        let padded = padded_len(packet.len(), self.mtu.load(Ordering::Relaxed) as usize);
         let mut st = peer.lock();
         let endpoint = st.endpoint;
-        match st.tunn.encapsulate(packet, scratch) {
+        let result = if padded > packet.len() && scratch.len() >= SCRATCH_SIZE {
+            // The padded plaintext sits at the top of scratch, the ciphertext at the
+            // bottom: padded <= MAX_PAD_SOURCE keeps them apart.
+            let (out, src) = scratch.split_at_mut(scratch.len() - MAX_PAD_SOURCE);
+            src[..packet.len()].copy_from_slice(packet);
+            src[packet.len()..padded].fill(0);
+            st.tunn.encapsulate(&src[..padded], out)
+        } else {
+            st.tunn.encapsulate(packet, scratch)
+        };
+        match result {
             TunnResult::WriteToNetwork(d) => match endpoint {
                 Some(ep) => send_counted(&mut st, ep, d, io),
                 None => DropCounters::bump(&self.drops.no_endpoint),
             },
-            TunnResult::Err(e) => log::trace!("encapsulate for {}: {e:?}", short(&peer.public_key)),
+            TunnResult::Err(_) => DropCounters::bump(&self.drops.encapsulate),
             _ => {}
         }
     }
 
-    /// A datagram (or TCP-framed message) from the network.
+    /// A datagram (or TCP-framed message) from the network. Returns whether it
+    /// authenticated (see [`classify`]): only then may the caller treat the sender as the
+    /// peer (e.g. reset a TCP connection's idle timer).
     pub fn handle_datagram(
         &self,
         table: &Table,
@@ -474,129 +605,151 @@ impl Device {
         datagram: &[u8],
         scratch: &mut [u8],
         io: &mut impl Io,
-    ) {
+    ) -> bool {
         let Some(id) = &table.identity else {
             DropCounters::bump(&self.drops.unknown_peer);
-            return;
+            return false;
         };
-        // Device-wide rate limiting and cookie replies happen before any expensive work.
-        let packet = match id
-            .rate_limiter
-            .verify_packet(Some(from.ip()), datagram, scratch)
-        {
-            Ok(p) => p,
-            Err(TunnResult::WriteToNetwork(cookie)) => {
-                DropCounters::bump(&self.drops.cookies_sent);
-                io.send(from, cookie);
-                return;
-            }
-            Err(_) => {
+        let kind = datagram.first().copied().unwrap_or(0);
+        // Initiations are rate-limited (and answered with cookies under load) before the
+        // DH that finds their peer; the other handshake messages are checked by the same
+        // limiter inside the peer's Tunn.
+        let peer = if kind == MSG_INIT {
+            let packet = match id
+                .rate_limiter
+                .verify_packet(Some(from.ip()), datagram, scratch)
+            {
+                Ok(p) => p,
+                Err(TunnResult::WriteToNetwork(cookie)) => {
+                    DropCounters::bump(&self.drops.cookies_sent);
+                    io.send(from, cookie);
+                    log::debug!(target: "net::cookie", "cookie reply sent to {from}");
+                    return false;
+                }
+                Err(_) => {
+                    DropCounters::bump(&self.drops.malformed);
+                    return false;
+                }
+            };
+            let Packet::HandshakeInit(ref p) = packet else {
                 DropCounters::bump(&self.drops.malformed);
-                return;
-            }
-        };
-        let peer = match packet {
-            Packet::HandshakeInit(ref p) => {
-                match parse_handshake_anon(&id.private, &id.public, p) {
-                    Ok(half) => match table.peer_by_key(&Key(half.peer_static_public)) {
-                        Some(peer) => peer,
-                        None => {
-                            DropCounters::bump(&self.drops.unknown_peer);
-                            return;
-                        }
-                    },
-                    Err(_) => {
-                        DropCounters::bump(&self.drops.rejected);
-                        return;
+                return false;
+            };
+            match parse_handshake_anon(&id.private, &id.public, p) {
+                Ok(half) => match table.peer_by_key(&Key(half.peer_static_public)) {
+                    Some(peer) => peer,
+                    None => {
+                        DropCounters::bump(&self.drops.unknown_peer);
+                        return false;
                     }
+                },
+                Err(_) => {
+                    DropCounters::bump(&self.drops.rejected);
+                    return false;
                 }
             }
-            Packet::HandshakeResponse(ref p) => match table.peer_by_receiver(p.receiver_idx) {
+        } else {
+            let receiver = match Tunn::parse_incoming_packet(datagram) {
+                Ok(Packet::HandshakeResponse(p)) => p.receiver_idx,
+                Ok(Packet::PacketCookieReply(p)) => p.receiver_idx,
+                Ok(Packet::PacketData(p)) => p.receiver_idx,
+                Ok(Packet::HandshakeInit(_)) | Err(_) => {
+                    DropCounters::bump(&self.drops.malformed);
+                    return false;
+                }
+            };
+            match table.peer_by_receiver(receiver) {
                 Some(peer) => peer,
                 None => {
                     DropCounters::bump(&self.drops.unknown_index);
-                    return;
+                    return false;
                 }
-            },
-            Packet::PacketCookieReply(ref p) => match table.peer_by_receiver(p.receiver_idx) {
-                Some(peer) => peer,
-                None => {
-                    DropCounters::bump(&self.drops.unknown_index);
-                    return;
-                }
-            },
-            Packet::PacketData(ref p) => match table.peer_by_receiver(p.receiver_idx) {
-                Some(peer) => peer,
-                None => {
-                    DropCounters::bump(&self.drops.unknown_index);
-                    return;
-                }
-            },
+            }
         };
-        let is_handshake = matches!(
-            packet,
-            Packet::HandshakeInit(_) | Packet::HandshakeResponse(_)
-        );
+
+        let mut note = None;
         let mut st = peer.lock();
-        let n = datagram.len() as u64;
-        let mut authenticated = false;
-        match st.tunn.decapsulate(Some(from.ip()), datagram, scratch) {
-            TunnResult::Done => authenticated = true,
-            TunnResult::Err(e) => {
-                log::trace!("from {from}: {e:?}");
-                DropCounters::bump(&self.drops.rejected);
-            }
-            TunnResult::WriteToNetwork(d) => {
-                authenticated = true;
+        let result = st.tunn.decapsulate(Some(from.ip()), datagram, scratch);
+        let verdict = classify(kind, &result);
+        match result {
+            TunnResult::WriteToNetwork(d) if verdict == Verdict::CookieSent => {
+                // Not the peer's packet: the sender gets the cookie, the peer's
+                // counters and endpoint stay.
+                DropCounters::bump(&self.drops.cookies_sent);
                 io.send(from, d);
-                st.tx_bytes += d.len() as u64;
             }
-            TunnResult::WriteToTunnelV4(p, src) => {
-                authenticated = true;
+            TunnResult::WriteToNetwork(d) if verdict.authenticated() => {
+                send_counted(&mut st, from, d, io);
+            }
+            TunnResult::WriteToTunnelV4(p, src) if verdict.authenticated() => {
                 self.deliver(table, peer, IpAddr::V4(src), p, io);
             }
-            TunnResult::WriteToTunnelV6(p, src) => {
-                authenticated = true;
+            TunnResult::WriteToTunnelV6(p, src) if verdict.authenticated() => {
                 self.deliver(table, peer, IpAddr::V6(src), p, io);
             }
+            TunnResult::Done if verdict.authenticated() => {}
+            TunnResult::Done if verdict == Verdict::CookieReceived => {}
+            _ => DropCounters::bump(&self.drops.rejected),
         }
-        if !authenticated {
-            return;
+        if !verdict.authenticated() {
+            return false;
         }
-        st.rx_bytes += n;
+
+        st.rx_bytes += datagram.len() as u64;
         st.events.authenticated_rx[tidx(&from)] += 1;
-        if matches!(packet, Packet::HandshakeResponse(_)) {
-            st.events.handshakes_answered[tidx(&from)] += 1;
+        match verdict {
+            Verdict::HandshakeCompleted => {
+                st.events.handshakes_answered[tidx(&from)] += 1;
+                st.last_handshake = Some(SystemTime::now());
+                note = Some(Note::HandshakeCompleted);
+            }
+            Verdict::HandshakeAnswered => st.last_handshake = Some(SystemTime::now()),
+            Verdict::Data { keepalive: false } => {
+                if st.keepalive_owed_since.is_none() {
+                    st.keepalive_owed_since =
+                        Some(Duration::from_millis(self.tick_ms.load(Ordering::Relaxed)));
+                }
+            }
+            _ => {}
         }
         // Roaming: the latest authenticated packet decides where the peer is.
         if st.endpoint != Some(from) {
-            if let Some(old) = st.endpoint {
-                if old.socket_addr() != from.socket_addr() || old.is_tcp() != from.is_tcp() {
-                    log::info!(
-                        "peer {} endpoint changed {old} -> {from}",
-                        short(&peer.public_key)
-                    );
-                }
-            } else {
-                log::info!("peer {} endpoint {from}", short(&peer.public_key));
-            }
-            st.endpoint = Some(from);
-        }
-        if is_handshake {
-            st.last_handshake = Some(SystemTime::now());
-            if matches!(packet, Packet::HandshakeResponse(_)) {
-                log::info!(
-                    "peer {} handshake completed (we initiated)",
-                    short(&peer.public_key)
-                );
+            let old = st.endpoint.replace(from);
+            if old.map(|o| o.socket_addr() != from.socket_addr() || o.is_tcp() != from.is_tcp())
+                != Some(false)
+            {
+                note = Some(Note::Roamed { old, new: from });
             }
         }
         // Packets queued while the handshake was pending go out now.
-        let ep = from;
         while let TunnResult::WriteToNetwork(d) = st.tunn.decapsulate(None, &[], scratch) {
-            st.tx_bytes += d.len() as u64;
-            io.send(ep, d);
+            send_counted(&mut st, from, d, io);
         }
+        drop(st);
+        // Logged after the peer lock is released; targets under `net::` are rate-limited
+        // by the logger (the network decides how often these happen).
+        match note {
+            Some(Note::Roamed {
+                old: Some(old),
+                new,
+            }) => log::info!(
+                target: "net::roam",
+                "peer {} endpoint changed {old} -> {new}",
+                short(&peer.public_key)
+            ),
+            Some(Note::Roamed { old: None, new }) => log::info!(
+                target: "net::roam",
+                "peer {} endpoint {new}",
+                short(&peer.public_key)
+            ),
+            Some(Note::HandshakeCompleted) => log::info!(
+                target: "net::handshake",
+                "peer {} handshake completed (we initiated)",
+                short(&peer.public_key)
+            ),
+            None => {}
+        }
+        true
     }
 
     fn deliver(
@@ -618,12 +771,16 @@ impl Device {
     }
 
     /// Drive every peer's timers: retransmit handshakes, rekey, keepalives. Call a few
-    /// times a second (boringtun's timers have one-second granularity).
-    pub fn update_timers(&self, scratch: &mut [u8], io: &mut impl Io) {
+    /// times a second (boringtun's timers have one-second granularity). `now` is a
+    /// monotonic time (any origin, never going back); it times the passive keepalive.
+    pub fn update_timers(&self, now: Duration, scratch: &mut [u8], io: &mut impl Io) {
+        self.tick_ms
+            .store(now.as_millis() as u64, Ordering::Relaxed);
         let table = self.snapshot();
         if let Some(id) = &table.identity {
             id.rate_limiter.reset_count();
         }
+        let mut established_now = Vec::new();
         for peer in table.peers() {
             let mut st = peer.lock();
             let endpoint = st.endpoint;
@@ -634,20 +791,34 @@ impl Device {
                     }
                 }
                 TunnResult::Err(WireGuardError::ConnectionExpired) => {}
-                TunnResult::Err(e) => log::trace!("timers {}: {e:?}", short(&peer.public_key)),
+                TunnResult::Err(_) => DropCounters::bump(&self.drops.timers),
                 _ => {}
             }
-            let established = st.tunn.time_since_last_handshake().is_some();
+            let session_age = st.tunn.time_since_last_handshake();
+            // The passive keepalive boringtun may have missed (see keepalive_owed_since).
+            if let (Some(since), Some(ep), Some(age)) =
+                (st.keepalive_owed_since, endpoint, session_age)
+            {
+                if now.saturating_sub(since) >= KEEPALIVE_TIMEOUT && age < SESSION_USABLE {
+                    if let TunnResult::WriteToNetwork(d) = st.tunn.encapsulate(&[], scratch) {
+                        send_counted(&mut st, ep, d, io);
+                    }
+                }
+            }
+            let established = session_age.is_some();
             if established != st.had_session {
                 st.had_session = established;
                 if established {
-                    log::info!("peer {} session established", short(&peer.public_key));
+                    established_now.push(peer.public_key);
                 }
             }
-            if let Some(age) = st.tunn.time_since_last_handshake() {
+            if let Some(age) = session_age {
                 // Keep the wall-clock handshake time in step with boringtun's view.
                 st.last_handshake = SystemTime::now().checked_sub(age);
             }
+        }
+        for k in established_now {
+            log::info!("peer {} session established", short(&k));
         }
     }
 
@@ -670,16 +841,14 @@ impl Device {
     /// Point a peer at `to` (the TCP-fallback client switching transports).
     pub fn set_endpoint(&self, key: &Key, to: PeerAddr) {
         if let Some(p) = self.snapshot().peer_by_key(key) {
-            let mut st = p.lock();
-            if st.endpoint != Some(to) {
+            let old = p.lock().endpoint.replace(to);
+            if old != Some(to) {
+                let old = old.map(|e| e.to_string());
                 log::info!(
                     "peer {} endpoint {} -> {to}",
                     short(key),
-                    st.endpoint
-                        .map(|e| e.to_string())
-                        .unwrap_or("(none)".into())
+                    old.as_deref().unwrap_or("(none)")
                 );
-                st.endpoint = Some(to);
             }
         }
     }
@@ -761,13 +930,13 @@ fn update_peer_state(
             pc.preshared_key.map(|k| k.0),
             ka,
             index,
-            None,
+            Some(id.rate_limiter.clone()),
         );
         st.preshared_key = pc.preshared_key;
         st.persistent_keepalive = ka;
     } else if key_changed {
         st.tunn
-            .set_static_private(id.private.clone(), id.public, None);
+            .set_static_private(id.private.clone(), id.public, Some(id.rate_limiter.clone()));
     }
     // A configured endpoint that changed wins over a roamed one; an unchanged config
     // endpoint leaves the roamed address alone.
@@ -788,7 +957,7 @@ fn placeholder_state(id: &Identity, public: Key, index: u32) -> PeerState {
             None,
             None,
             index,
-            None,
+            Some(id.rate_limiter.clone()),
         ),
         endpoint: None,
         preshared_key: None,
@@ -797,7 +966,44 @@ fn placeholder_state(id: &Identity, public: Key, index: u32) -> PeerState {
         tx_bytes: 0,
         rx_bytes: 0,
         had_session: false,
+        keepalive_owed_since: None,
         events: TransportEvents::default(),
+    }
+}
+
+/// Why a log line is due after a peer's lock is released.
+enum Note {
+    Roamed {
+        old: Option<PeerAddr>,
+        new: PeerAddr,
+    },
+    HandshakeCompleted,
+}
+
+/// A session older than this cannot carry a keepalive (REJECT_AFTER_TIME).
+const SESSION_USABLE: Duration = Duration::from_secs(180);
+
+/// Largest plaintext padded through a copy in scratch (kernel TUN MTUs are below this;
+/// larger packets go unpadded, as the kernel leaves GSO packets).
+const MAX_PAD_SOURCE: usize = 16 * 1024;
+
+/// WireGuard's padding: round the plaintext up to a multiple of 16, but never past the
+/// MTU (kernel `calculate_skb_padding`). With the MTU unknown (0) nothing is padded: a
+/// full-sized packet padded past the path MTU would fragment.
+fn padded_len(len: usize, mtu: usize) -> usize {
+    if len == 0 || len > MAX_PAD_SOURCE || len >= mtu {
+        return len;
+    }
+    (len.div_ceil(16) * 16).min(mtu)
+}
+
+/// A random local index in 1..2^24 not in `used`; it is added to `used`.
+fn random_index(used: &mut HashSet<u32>) -> u32 {
+    loop {
+        let i = OsRng.next_u32() % INDEX_SPACE;
+        if i != 0 && used.insert(i) {
+            return i;
+        }
     }
 }
 

@@ -95,7 +95,8 @@ fn send_tun(n: &mut Node, pkt: &[u8]) {
 
 fn timers(n: &mut Node) {
     let mut scratch = vec![0u8; SCRATCH_SIZE];
-    n.dev.update_timers(&mut scratch, &mut n.wire);
+    n.dev
+        .update_timers(MockClock::time(), &mut scratch, &mut n.wire);
 }
 
 #[test]

@@ -548,18 +548,30 @@ fn run(opts: Opts) -> Result<(), String> {
     {
         let sh = shared.clone();
         let sink = tcp_sink.clone();
+        let ifname = ifname.clone();
         std::thread::Builder::new()
             .name("rg-timers".into())
             .spawn(move || {
                 let mut scratch = vec![0u8; SCRATCH_SIZE];
                 let mut fallback = tcp_link::FallbackManager::new();
+                let start = std::time::Instant::now();
+                let mut ticks = 0u64;
                 while !sh.stop.load(Ordering::Relaxed) {
                     std::thread::sleep(Duration::from_millis(250));
+                    if ticks % 4 == 0 {
+                        // wg-quick (or anyone) may change the MTU at any time; padding
+                        // must never push a packet past it.
+                        if let Some(mtu) = read_mtu(&ifname) {
+                            sh.device.set_mtu(mtu);
+                        }
+                    }
+                    ticks += 1;
                     let mut io = TimerIo {
                         sockets: &sh.sockets,
                         tcp: sh.tcp.as_deref(),
                     };
-                    sh.device.update_timers(&mut scratch, &mut io);
+                    sh.device
+                        .update_timers(start.elapsed(), &mut scratch, &mut io);
                     if let Some(sink) = &sink {
                         fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
                     }
@@ -831,4 +843,13 @@ fn update_interface_settings(ifname: &str, old: &Config, new: &Config) -> Result
         }
     }
     Ok(())
+}
+
+/// The interface's MTU from sysfs (None when it cannot be read).
+fn read_mtu(ifname: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
