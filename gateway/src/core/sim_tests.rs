@@ -347,3 +347,236 @@ fn reconfigure_keeps_sessions_of_unchanged_peers() {
     );
     let _ = IpAddr::V4(Ipv4Addr::LOCALHOST);
 }
+
+// ---- Adversarial input: nothing that fails to authenticate may move a peer. ----------
+
+/// mac1 of a handshake message for `responder` (WireGuard: keyed BLAKE2s-128 with key
+/// BLAKE2s-256("mac1----" || responder's public key) over the bytes before mac1). An
+/// attacker needs only the public key for this.
+fn forge_mac1(responder: &Key, msg: &mut [u8]) {
+    use blake2::digest::{KeyInit, Mac};
+    use blake2::{Blake2s256, Blake2sMac, Digest};
+    let key = Blake2s256::new()
+        .chain_update(b"mac1----")
+        .chain_update(responder.0)
+        .finalize();
+    let at = msg.len() - 32;
+    let mut m = <Blake2sMac<blake2::digest::consts::U16> as KeyInit>::new_from_slice(&key)
+        .expect("32-byte key");
+    m.update(&msg[..at]);
+    msg[at..at + 16].copy_from_slice(&m.finalize().into_bytes());
+}
+
+fn forged(kind: u8, len: usize, receiver: u32, responder: &Key, seed: u8) -> Vec<u8> {
+    let mut m = vec![seed; len];
+    m[..4].copy_from_slice(&[kind, 0, 0, 0]);
+    // sender index, then receiver index (responses and cookie replies carry it first).
+    let at = if kind == 2 { 8 } else { 4 };
+    m[at..at + 4].copy_from_slice(&receiver.to_le_bytes());
+    if kind == 2 {
+        forge_mac1(responder, &mut m);
+    }
+    m
+}
+
+fn drive(n: &mut Node, from: SocketAddr, d: &[u8]) -> bool {
+    let mut scratch = vec![0u8; SCRATCH_SIZE];
+    let t = n.dev.snapshot();
+    n.dev
+        .handle_datagram(&t, PeerAddr::Udp(from), d, &mut scratch, &mut n.wire)
+}
+
+/// What an attacker must not be able to change.
+fn peer_view(
+    n: &Node,
+) -> (
+    Option<PeerAddr>,
+    u64,
+    Option<crate::core::device::TransportEvents>,
+) {
+    let s = &n.dev.peer_stats()[0];
+    let ev = n.dev.peer_events(&s.public_key).map(|e| e.0);
+    (s.endpoint, s.rx_bytes, ev)
+}
+
+#[test]
+fn forged_responses_and_cookies_never_move_the_endpoint() {
+    let (mut a, mut b) = pair(None);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    pump(&mut a, &mut b);
+    // B starts a handshake of its own, so a response is "expected" at its index.
+    MockClock::advance(Duration::from_secs(121));
+    timers(&mut b);
+    send_tun(&mut b, &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"rekey"));
+    b.wire.sent.clear();
+    let index = b.dev.snapshot().peers()[0].index;
+    let before = peer_view(&b);
+    let attacker: SocketAddr = "203.0.113.66:6666".parse().unwrap();
+    // The reported attack: eleven (and more) forged responses a second at the real
+    // index (the forger may even know it), then cookie replies, for every session slot.
+    for i in 0..64u32 {
+        let receiver = (index << 8) | (i & 3);
+        let r = forged(2, 92, receiver, &b.key.public(), i as u8);
+        assert!(
+            !drive(&mut b, attacker, &r),
+            "forged response authenticated"
+        );
+        let c = forged(3, 64, receiver, &b.key.public(), i as u8);
+        assert!(!drive(&mut b, attacker, &c), "forged cookie authenticated");
+    }
+    assert_eq!(
+        peer_view(&b),
+        before,
+        "endpoint, rx or fallback events moved"
+    );
+    assert!(
+        b.wire
+            .sent
+            .iter()
+            .all(|(to, d)| msg_type(d) == 3 || *to != PeerAddr::Udp(attacker)),
+        "only cookie replies may go to the forger"
+    );
+    // The real peer is unaffected.
+    b.wire.tun.clear();
+    let p = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"still mine");
+    send_tun(&mut a, &p);
+    pump(&mut a, &mut b);
+    assert_eq!(b.wire.tun, vec![p]);
+    assert_eq!(b.dev.peer_stats()[0].endpoint, Some(PeerAddr::Udp(a.addr)));
+}
+
+#[test]
+fn replayed_and_rate_limited_packets_do_not_roam() {
+    let (mut a, mut b) = pair(None);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    let init = a.wire.sent[0].1.clone();
+    pump(&mut a, &mut b);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"data"));
+    let data = a.wire.sent.last().unwrap().1.clone();
+    pump(&mut a, &mut b);
+    let before = peer_view(&b);
+    let attacker: SocketAddr = "203.0.113.77:7777".parse().unwrap();
+    assert!(!drive(&mut b, attacker, &data), "replayed data");
+    assert!(!drive(&mut b, attacker, &init), "replayed initiation");
+    // Flood the device with the captured initiation until it is under load: every
+    // answer must be a cookie reply to the sender, never a move of the peer.
+    for _ in 0..500 {
+        assert!(!drive(&mut b, attacker, &init));
+    }
+    assert_eq!(peer_view(&b), before);
+    assert!(
+        b.dev
+            .drops
+            .cookies_sent
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0,
+        "under load the device answers with cookies"
+    );
+}
+
+#[test]
+fn peer_indexes_are_random_and_distinct() {
+    let mut c = Config::default();
+    c.interface.private_key = Some(Key::generate_private());
+    for i in 0..200u32 {
+        c.peers.push(PeerConfig {
+            public_key: Key::generate_private().public(),
+            preshared_key: None,
+            allowed_ips: vec![format!("10.1.{}.{}/32", i / 250, i % 250 + 1)
+                .parse()
+                .unwrap()],
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+        });
+    }
+    let d = Device::new();
+    d.reconfigure(&c).unwrap();
+    let idx: Vec<u32> = d.snapshot().peers().iter().map(|p| p.index).collect();
+    let set: std::collections::HashSet<_> = idx.iter().collect();
+    assert_eq!(set.len(), 200, "collision-checked");
+    assert!(idx.iter().all(|&i| i > 0 && i < 1 << 24));
+    assert!(
+        idx.iter().filter(|&&i| i <= 1000).count() < 5,
+        "not small sequential numbers: {:?}",
+        &idx[..10]
+    );
+    // A reload keeps the indexes of unchanged peers.
+    d.reconfigure(&c).unwrap();
+    let again: Vec<u32> = d.snapshot().peers().iter().map(|p| p.index).collect();
+    assert_eq!(idx, again);
+}
+
+/// Ticks both nodes' timers in 250 ms steps (as the driver does) for `secs`.
+fn tick_for(a: &mut Node, b: &mut Node, secs: u64) {
+    for _ in 0..secs * 4 {
+        MockClock::advance(Duration::from_millis(250));
+        timers(a);
+        timers(b);
+    }
+}
+
+#[test]
+fn passive_keepalive_is_owed_after_a_reply_in_the_same_tick() {
+    let (mut a, mut b) = pair(None);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    pump(&mut a, &mut b);
+    tick_for(&mut a, &mut b, 1);
+    pump(&mut a, &mut b);
+    // A pings, B answers within the same tick: A received data after its last send
+    // and owes B an authenticated packet within KEEPALIVE_TIMEOUT.
+    send_tun(
+        &mut a,
+        &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"echo request"),
+    );
+    pump(&mut a, &mut b);
+    send_tun(
+        &mut b,
+        &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"echo reply"),
+    );
+    pump(&mut a, &mut b);
+    a.wire.sent.clear();
+    tick_for(&mut a, &mut b, 10);
+    let keepalives = a
+        .wire
+        .sent
+        .iter()
+        .filter(|(_, d)| msg_type(d) == 4 && d.len() == 32)
+        .count();
+    assert_eq!(
+        keepalives,
+        1,
+        "one keepalive within 10 s, sent: {:?}",
+        a.wire.sent.len()
+    );
+    // And B, having heard back, does not start a new handshake 15 s after its reply.
+    pump(&mut a, &mut b);
+    b.wire.sent.clear();
+    tick_for(&mut a, &mut b, 10);
+    assert!(
+        !b.wire.sent.iter().any(|(_, d)| msg_type(d) == 1),
+        "no handshake after the pause"
+    );
+}
+
+#[test]
+fn data_is_padded_to_16_within_the_mtu() {
+    let (mut a, mut b) = pair(None);
+    a.dev.set_mtu(1420);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    pump(&mut a, &mut b);
+    for payload in [1usize, 12, 13, 1395, 1400] {
+        b.wire.tun.clear();
+        let p = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], &vec![7u8; payload]);
+        send_tun(&mut a, &p);
+        let d = &a.wire.sent.last().unwrap().1;
+        let padded = if p.len() >= 1420 {
+            p.len()
+        } else {
+            p.len().div_ceil(16) * 16
+        };
+        assert_eq!(d.len(), 32 + padded.min(1420), "{} byte packet", p.len());
+        pump(&mut a, &mut b);
+        assert_eq!(b.wire.tun, vec![p], "the receiver trims the padding");
+    }
+}
