@@ -489,7 +489,7 @@ fn run(opts: Opts) -> Result<(), String> {
     log::info!("{ifname}: up, {workers} worker(s) on cores {cores:?}, UDP port {port}");
     // Probe once for the whole process: a kernel without io_uring (or with it disabled by
     // sysctl or seccomp) is said once, and every worker takes the portable loop.
-    let use_uring = gw.io_uring && !vnet_hdr && crate::sys::uring::check().is_ok();
+    let use_uring = gw.io_uring && crate::sys::uring::check().is_ok();
     let report = vec![
         format!("interface: {ifname}"),
         format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
@@ -503,7 +503,7 @@ fn run(opts: Opts) -> Result<(), String> {
                 "plain (no offload)".into()
             }
         ),
-        format!("io: {}", io_path(gw.io_uring, vnet_hdr, use_uring)),
+        format!("io: {}", io_path(gw.io_uring, use_uring)),
     ];
     write_status_file(&ifname, &report);
     if appliance {
@@ -522,7 +522,7 @@ fn run(opts: Opts) -> Result<(), String> {
                 .spawn(move || {
                     pin_to(core);
                     let q = if use_uring {
-                        match uring_worker::run(i, q, sh.clone(), &ucfg) {
+                        match uring_worker::run(i, q, tun_offload, vnet_hdr, sh.clone(), &ucfg) {
                             Ok(()) => None,
                             Err(ns) => {
                                 log::warn!(
@@ -630,12 +630,13 @@ fn run(opts: Opts) -> Result<(), String> {
 }
 
 /// Which loop the workers run, for the status report: the decision actually taken.
-fn io_path(requested: bool, vnet_hdr: bool, use_uring: bool) -> &'static str {
-    match (use_uring, requested, vnet_hdr) {
-        (true, _, _) => "io_uring workers (multishot recvmsg, registered buffers)",
-        (false, true, true) => "poll workers with TUN offload (io_uring asked for: it has no TUN-offload split yet, TUN offload wins)",
-        (false, true, false) => "poll workers (io_uring asked for but unavailable; see the log)",
-        (false, false, _) => "poll workers (recvmmsg/sendmmsg batches)",
+fn io_path(requested: bool, use_uring: bool) -> &'static str {
+    // Both backends run the same offload pipeline (TSO split, GSO batches, GRO receive,
+    // coalesced TUN writes); they differ only in how bytes reach the kernel.
+    match (use_uring, requested) {
+        (true, _) => "io_uring workers (multishot recvmsg, registered buffers, GSO batches)",
+        (false, true) => "poll workers (io_uring asked for but unavailable; see the log)",
+        (false, false) => "poll workers (IoUring = off)",
     }
 }
 

@@ -1,15 +1,18 @@
-//! Batching adapters that put the offload building blocks under a worker loop without
-//! changing the device: a [`TxBatch`] that gathers the WireGuard datagrams of one TUN
-//! read into `UDP_SEGMENT` sends, a [`TunBatch`] that gathers the decrypted packets of one
-//! UDP receive batch and coalesces them into `virtio_net_hdr` super-packets, and
-//! [`OffloadIo`], the device's `Io` sink over both.
+//! The offload pipeline both worker backends run: a [`TxBatch`] that gathers the WireGuard
+//! datagrams of one round into `UDP_SEGMENT` sends, a [`TunBatch`] that gathers the
+//! decrypted packets of one round and coalesces them into `virtio_net_hdr` super-packets,
+//! and [`OffloadIo`], the device's `Io` sink over both.
 //!
-//! Call sequence in a worker (everything allocated once, before the loop):
+//! What to batch with what is decided here and in `core::gso` (plain data: `GsoBatch`,
+//! the coalescer's groups); *how* bytes reach the kernel is the [`Backend`]'s: the poll
+//! backend ([`SyscallBackend`]: `sendmsg`/`sendmmsg`/`write`, waiting for room when the
+//! socket is full) or the io_uring backend (`driver::uring_worker`: registered pool
+//! buffers, one `SendMsg` per batch, `WriteFixed` to the TUN). Both therefore split TSO
+//! super-packets, send GSO batches, receive GRO trains and coalesce TUN writes alike.
+//!
+//! Call sequence in a poll worker (everything allocated once, before the loop):
 //!
 //! ```text
-//! let tun = Tun::create(name, workers, true)?;                 // vnet_hdr on
-//! let sock = UdpSocket::bind("[::]:port", &UdpOptions::default())?;  // one per worker
-//! sys::offload::decide_and_apply(egress.as_deref(), mode, &[&sock, ...]);  // once
 //! let mut w = OffloadWorker::new(tun.offload(), true);
 //! loop {
 //!     poll(queue, sock);
@@ -19,12 +22,15 @@
 //! }
 //! ```
 //!
-//! Or by hand: `split_tun_read` each TUN read into the device, `datagrams` each received
-//! buffer into it, with an [`OffloadIo`] as the device's sink and `flush` after each batch.
-//! Both batches also flush themselves when full, so `flush` only bounds latency.
+//! Both batches also flush themselves when full, so `flush` at the end of a round only
+//! bounds latency. No flush (no syscall, no submission) happens under a peer lock: the
+//! device's `Io` calls only copy into the batch buffers, and a full batch is handed to
+//! the backend, which for io_uring only queues an SQE.
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
 
 use crate::core::device::{Device, Io, PeerAddr, Table, SCRATCH_SIZE};
 use crate::core::gso::{
@@ -32,84 +38,113 @@ use crate::core::gso::{
 };
 use crate::driver::worker::TcpOut;
 use crate::sys::tun::{TunOffload, TunQueue};
-use crate::sys::udp::{RecvMeta, UdpSocket};
+use crate::sys::udp::{RecvMeta, UdpSocket, MAX_GSO_SEGMENTS};
 
 /// Largest send one GSO batch carries (also the biggest single datagram we send).
-const GSO_BUF: usize = 65536;
+pub const GSO_BUF: usize = 65536;
 /// Bytes of decrypted packets a [`TunBatch`] holds before it must flush.
 const ARENA: usize = 512 * 1024;
+/// How long a send may wait in total for room in a full socket before the rest of the
+/// batch is dropped (backpressure for the tunnel's TCP flows; bounded so a dead route
+/// cannot stall the worker).
+const SEND_WAIT: Duration = Duration::from_millis(200);
 
-/// Gathers datagrams to one destination at a time into a `UDP_SEGMENT` send.
-pub struct TxBatch {
-    buf: Vec<u8>,
-    batch: Option<GsoBatch>,
-    /// Sends the kernel refused (counted, not retried: UDP is lossy anyway).
-    pub send_errors: u64,
-    /// Sends that carried more than one datagram.
-    pub gso_sends: u64,
+/// How a worker's bytes reach the kernel. Buffers come from the backend so the batch is
+/// built where the kernel will read it (a registered pool buffer under io_uring).
+pub trait Backend {
+    /// A buffer of at least [`GSO_BUF`] bytes the backend lends out.
+    type Buf;
+    /// A free buffer, or `None` when none is left (the packet is dropped and counted).
+    fn alloc(&mut self) -> Option<Self::Buf>;
+    /// The bytes of a buffer this backend lent out.
+    fn bytes<'b>(&'b self, b: &'b mut Self::Buf) -> &'b mut [u8];
+    /// Give back a buffer that was not used.
+    fn release(&mut self, b: Self::Buf);
+    /// Datagrams one batch may carry (GSO segments, or datagrams of one `sendmmsg`).
+    fn max_segments(&self) -> usize;
+    /// Send the first `len` bytes of `b` to `dst` as datagrams of `seg` bytes (the last
+    /// may be shorter). Takes the buffer back.
+    fn send(&mut self, b: Self::Buf, len: usize, dst: SocketAddr, seg: usize);
+    /// Write the first `len` bytes of `b` to the TUN as one (super-)packet.
+    fn write_tun(&mut self, b: Self::Buf, len: usize);
+    /// Write one plain packet to the TUN (no `vnet_hdr`).
+    fn write_tun_plain(&mut self, p: &[u8]) {
+        if let Some(mut b) = self.alloc() {
+            let n = p.len().min(GSO_BUF);
+            self.bytes(&mut b)[..n].copy_from_slice(&p[..n]);
+            self.write_tun(b, n);
+        }
+    }
+    /// Drops for lack of a buffer, a ring slot or room in the socket.
+    fn dropped(&self) -> u64;
 }
 
-impl Default for TxBatch {
+/// Gathers datagrams to one destination at a time into one batch (a `UDP_SEGMENT` send,
+/// or one `sendmmsg`), built in a backend buffer.
+pub struct TxBatch<B> {
+    cur: Option<(B, GsoBatch)>,
+    /// Sends that carried more than one datagram.
+    pub batched_sends: u64,
+}
+
+impl<B> Default for TxBatch<B> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl TxBatch {
+impl<B> TxBatch<B> {
     pub fn new() -> Self {
         TxBatch {
-            buf: vec![0; GSO_BUF],
-            batch: None,
-            send_errors: 0,
-            gso_sends: 0,
+            cur: None,
+            batched_sends: 0,
         }
     }
 
     /// Queue one datagram for `dst`; sends what was queued first when `dst` changes or
     /// the datagram cannot join (bigger than the segment size, batch full).
-    pub fn push(&mut self, sock: &UdpSocket, dst: SocketAddr, d: &[u8]) {
+    pub fn push<K: Backend<Buf = B>>(&mut self, be: &mut K, dst: SocketAddr, d: &[u8]) {
         if d.is_empty() || d.len() > GSO_BUF {
             return;
         }
         let joins = self
-            .batch
+            .cur
             .as_ref()
-            .is_some_and(|b| b.destination() == dst && b.can_push(d.len()));
+            .is_some_and(|(_, b)| b.destination() == dst && b.can_push(d.len()));
         if !joins {
-            self.flush(sock);
-            let b = GsoBatch::new(dst, sock.max_gso_segments());
+            self.flush(be);
+            let b = GsoBatch::new(dst, be.max_segments());
             if !b.can_push(d.len()) {
                 // Too big for any batch (a 65507+ byte datagram): let the kernel judge it.
-                self.send(sock, dst, d, d.len());
+                if let Some(mut buf) = be.alloc() {
+                    be.bytes(&mut buf)[..d.len()].copy_from_slice(d);
+                    be.send(buf, d.len(), dst, d.len());
+                }
                 return;
             }
-            self.batch = Some(b);
+            let Some(buf) = be.alloc() else { return };
+            self.cur = Some((buf, b));
         }
-        if let Some(b) = self.batch.as_mut() {
+        if let Some((buf, b)) = self.cur.as_mut() {
             let at = b.size();
-            self.buf[at..at + d.len()].copy_from_slice(d);
+            be.bytes(buf)[at..at + d.len()].copy_from_slice(d);
             b.push(d.len());
         }
     }
 
     /// Send what is queued.
-    pub fn flush(&mut self, sock: &UdpSocket) {
-        let Some(t) = self.batch.take().and_then(|mut b| b.finish()) else {
+    pub fn flush<K: Backend<Buf = B>>(&mut self, be: &mut K) {
+        let Some((buf, mut b)) = self.cur.take() else {
             return;
         };
-        let buf = std::mem::take(&mut self.buf);
-        self.send(sock, t.destination, &buf[..t.size], t.segment_size);
-        self.buf = buf;
-    }
-
-    fn send(&mut self, sock: &UdpSocket, dst: SocketAddr, d: &[u8], seg: usize) {
-        if d.len() > seg {
-            self.gso_sends += 1;
-        }
-        let seg = u16::try_from(seg).unwrap_or(u16::MAX);
-        if let Err(e) = sock.send_segmented(dst, d, seg) {
-            self.send_errors += 1;
-            log::trace!("send to {dst}: {e}");
+        match b.finish() {
+            Some(t) => {
+                if t.size > t.segment_size {
+                    self.batched_sends += 1;
+                }
+                be.send(buf, t.size, t.destination, t.segment_size);
+            }
+            None => be.release(buf),
         }
     }
 }
@@ -120,9 +155,8 @@ pub struct TunBatch {
     used: usize,
     spans: heapless::Vec<(u32, u32), MAX_BATCH>,
     coalescer: Coalescer,
-    out: Vec<u8>,
     vnet_hdr: bool,
-    /// Writes the TUN refused.
+    /// Groups the coalescer could not write.
     pub write_errors: u64,
     /// Super-packets written (each merged two or more packets).
     pub coalesced: u64,
@@ -136,7 +170,6 @@ impl TunBatch {
             used: 0,
             spans: heapless::Vec::new(),
             coalescer: Coalescer::new(opts),
-            out: vec![0; VIRTIO_NET_HDR_LEN + 65535],
             vnet_hdr,
             write_errors: 0,
             coalesced: 0,
@@ -144,19 +177,16 @@ impl TunBatch {
     }
 
     /// Queue one plain IP packet.
-    pub fn push(&mut self, tun: &TunQueue, p: &[u8]) {
+    pub fn push<K: Backend>(&mut self, be: &mut K, p: &[u8]) {
         if !self.vnet_hdr {
-            if let Err(e) = tun.write(p) {
-                self.write_errors += 1;
-                log::trace!("tun write: {e}");
-            }
+            be.write_tun_plain(p);
             return;
         }
         if p.len() > ARENA {
             return;
         }
         if self.spans.is_full() || self.used + p.len() > ARENA {
-            self.flush(tun);
+            self.flush(be);
         }
         self.arena[self.used..self.used + p.len()].copy_from_slice(p);
         // Cannot fail: flushed above when full.
@@ -164,8 +194,8 @@ impl TunBatch {
         self.used += p.len();
     }
 
-    /// Coalesce and write what is queued.
-    pub fn flush(&mut self, tun: &TunQueue) {
+    /// Coalesce and write what is queued: each group straight into a backend buffer.
+    pub fn flush<K: Backend>(&mut self, be: &mut K) {
         if self.spans.is_empty() {
             return;
         }
@@ -174,51 +204,47 @@ impl TunBatch {
             let _ = pkts.push(&self.arena[at as usize..(at + len) as usize]);
         }
         self.coalescer.plan(&pkts);
-        let mut errors = 0;
         for g in self.coalescer.groups() {
-            match self.coalescer.write(&g, &pkts, &mut self.out) {
+            let Some(mut buf) = be.alloc() else { break };
+            match self.coalescer.write(&g, &pkts, be.bytes(&mut buf)) {
                 Ok(n) => {
                     if g.count > 1 {
                         self.coalesced += 1;
                     }
-                    if let Err(e) = tun.write(&self.out[..n]) {
-                        errors += 1;
-                        log::trace!("tun write: {e}");
-                    }
+                    be.write_tun(buf, n);
                 }
                 Err(e) => {
-                    errors += 1;
+                    be.release(buf);
+                    self.write_errors += 1;
                     log::trace!("coalesce: {e}");
                 }
             }
         }
-        self.write_errors += errors;
         self.spans.clear();
         self.used = 0;
     }
 }
 
-/// The device's `Io` sink for an offloading worker.
-pub struct OffloadIo<'a> {
-    pub sock: &'a UdpSocket,
-    pub tun: &'a TunQueue,
+/// The device's `Io` sink for a worker: the two batches over a backend.
+pub struct OffloadIo<'a, K: Backend> {
+    pub be: &'a mut K,
     pub tcp: Option<&'a dyn TcpOut>,
-    pub tx: &'a mut TxBatch,
+    pub tx: &'a mut TxBatch<K::Buf>,
     pub rx: &'a mut TunBatch,
 }
 
-impl OffloadIo<'_> {
-    /// Send and write everything queued (end of a TUN read or a UDP receive batch).
+impl<K: Backend> OffloadIo<'_, K> {
+    /// Send and write everything queued (end of a round).
     pub fn flush(&mut self) {
-        self.tx.flush(self.sock);
-        self.rx.flush(self.tun);
+        self.tx.flush(self.be);
+        self.rx.flush(self.be);
     }
 }
 
-impl Io for OffloadIo<'_> {
+impl<K: Backend> Io for OffloadIo<'_, K> {
     fn send(&mut self, to: PeerAddr, d: &[u8]) {
         match to {
-            PeerAddr::Udp(a) => self.tx.push(self.sock, a, d),
+            PeerAddr::Udp(a) => self.tx.push(self.be, a, d),
             PeerAddr::Tcp { conn, .. } => {
                 if let Some(t) = self.tcp {
                     t.send(conn, d);
@@ -228,7 +254,123 @@ impl Io for OffloadIo<'_> {
     }
 
     fn tun_write(&mut self, p: &[u8]) {
-        self.rx.push(self.tun, p);
+        self.rx.push(self.be, p);
+    }
+}
+
+/// The poll backend: plain syscalls on a socket and a TUN queue. Its buffers are two
+/// reusable vectors (a batch is sent before the next is built).
+pub struct SyscallBackend<'a> {
+    pub sock: &'a UdpSocket,
+    /// `None` for a send-only use (tests, the TCP sink's UDP sends).
+    pub tun: Option<&'a TunQueue>,
+    pub spare: &'a mut Vec<Vec<u8>>,
+    pub stats: &'a mut SendStats,
+}
+
+/// What the poll backend counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SendStats {
+    /// Datagrams dropped: the socket stayed full for [`SEND_WAIT`], or refused them.
+    pub dropped: u64,
+    /// Times a send waited for room in the socket (backpressure).
+    pub waits: u64,
+    /// TUN writes refused.
+    pub tun_errors: u64,
+}
+
+impl SyscallBackend<'_> {
+    fn wait_writable(&mut self, deadline: Instant) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        self.stats.waits += 1;
+        let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+        let mut pfd = [nix::poll::PollFd::new(
+            self.sock.as_fd(),
+            nix::poll::PollFlags::POLLOUT,
+        )];
+        matches!(nix::poll::poll(&mut pfd, ms), Ok(n) if n > 0)
+    }
+}
+
+impl Backend for SyscallBackend<'_> {
+    type Buf = Vec<u8>;
+
+    fn alloc(&mut self) -> Option<Vec<u8>> {
+        Some(self.spare.pop().unwrap_or_else(|| vec![0; GSO_BUF]))
+    }
+
+    fn bytes<'b>(&'b self, b: &'b mut Vec<u8>) -> &'b mut [u8] {
+        b
+    }
+
+    fn release(&mut self, b: Vec<u8>) {
+        self.spare.push(b);
+    }
+
+    fn max_segments(&self) -> usize {
+        // Without GSO the batch goes out as one sendmmsg (sys::udp splits it).
+        MAX_GSO_SEGMENTS
+    }
+
+    fn send(&mut self, b: Vec<u8>, len: usize, dst: SocketAddr, seg: usize) {
+        let seg = seg.clamp(1, usize::from(u16::MAX));
+        let total = len.div_ceil(seg);
+        let mut done = 0;
+        let mut deadline = None;
+        while done < total {
+            let from = done * seg;
+            match self.sock.send_segmented(dst, &b[from..len], seg as u16) {
+                Ok(k) => {
+                    done += k;
+                    if k == 0 {
+                        break;
+                    }
+                    if done < total {
+                        // Partly taken: the socket is full; wait for room.
+                        let d = *deadline.get_or_insert_with(|| Instant::now() + SEND_WAIT);
+                        if !self.wait_writable(d) {
+                            break;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let d = *deadline.get_or_insert_with(|| Instant::now() + SEND_WAIT);
+                    if !self.wait_writable(d) {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    log::trace!("send to {dst}: {e}");
+                    break;
+                }
+            }
+        }
+        self.stats.dropped += (total - done.min(total)) as u64;
+        self.spare.push(b);
+    }
+
+    fn write_tun(&mut self, b: Vec<u8>, len: usize) {
+        self.write_tun_plain(&b[..len]);
+        self.spare.push(b);
+    }
+
+    fn write_tun_plain(&mut self, p: &[u8]) {
+        let r = match self.tun {
+            Some(t) => t.write(p),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        };
+        if let Err(e) = r {
+            self.stats.tun_errors += 1;
+            log::trace!("tun write: {e}");
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        self.stats.dropped
     }
 }
 
@@ -238,8 +380,11 @@ pub const RECV_BATCH: usize = 16;
 /// Everything one offloading worker owns: the batches and every buffer, allocated once.
 /// Its two `pump_*` calls replace a worker's TUN and UDP drain loops.
 pub struct OffloadWorker {
-    pub tx: TxBatch,
+    pub tx: TxBatch<Vec<u8>>,
     pub rx: TunBatch,
+    /// The poll backend's buffers and counters.
+    spare: Vec<Vec<u8>>,
+    pub stats: SendStats,
     vnet_hdr: bool,
     rbuf: Vec<u8>,
     seg: Vec<u8>,
@@ -260,6 +405,8 @@ impl OffloadWorker {
         OffloadWorker {
             tx: TxBatch::new(),
             rx: TunBatch::new(co, vnet_hdr),
+            spare: vec![vec![0; GSO_BUF], vec![0; GSO_BUF]],
+            stats: SendStats::default(),
             vnet_hdr,
             rbuf: vec![0; VIRTIO_NET_HDR_LEN + 65535],
             seg: vec![0; 65535],
@@ -285,6 +432,8 @@ impl OffloadWorker {
         let OffloadWorker {
             tx,
             rx,
+            spare,
+            stats,
             vnet_hdr,
             rbuf,
             seg,
@@ -292,9 +441,14 @@ impl OffloadWorker {
             malformed_reads,
             ..
         } = self;
-        let mut io = OffloadIo {
+        let mut be = SyscallBackend {
             sock,
-            tun: q,
+            tun: Some(q),
+            spare,
+            stats,
+        };
+        let mut io = OffloadIo {
+            be: &mut be,
             tcp,
             tx,
             rx,
@@ -341,14 +495,21 @@ impl OffloadWorker {
         let OffloadWorker {
             tx,
             rx,
+            spare,
+            stats,
             scratch,
             bufs,
             metas,
             ..
         } = self;
-        let mut io = OffloadIo {
+        let mut be = SyscallBackend {
             sock,
-            tun: q,
+            tun: Some(q),
+            spare,
+            stats,
+        };
+        let mut io = OffloadIo {
+            be: &mut be,
             tcp,
             tx,
             rx,
@@ -454,20 +615,60 @@ mod tests {
         let a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
         let b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
         let c = UdpSocket::bind("127.0.0.1:0".parse().expect("c"), &opts).expect("c");
+        let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+        let mut be = SyscallBackend {
+            sock: &a,
+            tun: None,
+            spare: &mut spare,
+            stats: &mut stats,
+        };
         let mut tx = TxBatch::new();
         for _ in 0..5 {
-            tx.push(&a, b.local_addr(), &[1; 1200]);
+            tx.push(&mut be, b.local_addr(), &[1; 1200]);
         }
-        tx.push(&a, b.local_addr(), &[2; 300]); // short last: closes the batch
-        tx.push(&a, b.local_addr(), &[3; 1200]); // starts a new one
-        tx.push(&a, c.local_addr(), &[4; 80]); // other destination
-        tx.flush(&a);
+        tx.push(&mut be, b.local_addr(), &[2; 300]); // short last: closes the batch
+        tx.push(&mut be, b.local_addr(), &[3; 1200]); // starts a new one
+        tx.push(&mut be, c.local_addr(), &[4; 80]); // other destination
+        tx.flush(&mut be);
         assert_eq!(
             recv_all(&b, 1200 * 6 + 300),
             [1200, 1200, 1200, 1200, 1200, 300, 1200]
         );
         assert_eq!(recv_all(&c, 80), [80]);
-        assert_eq!(tx.send_errors, 0);
+        assert_eq!(be.dropped(), 0);
+        assert_eq!(tx.batched_sends, 1);
+        assert!(
+            spare.len() <= 2,
+            "buffers are reused, not allocated per batch"
+        );
+    }
+
+    /// Without GSO (demoted, or `Offload = mmsg`) a batch still carries many datagrams:
+    /// one sendmmsg, not one syscall each.
+    #[test]
+    fn tx_batch_without_gso_still_batches() {
+        let opts = UdpOptions {
+            gro: false,
+            ..UdpOptions::default()
+        };
+        let a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
+        let b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
+        a.disable_gso();
+        let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+        let mut be = SyscallBackend {
+            sock: &a,
+            tun: None,
+            spare: &mut spare,
+            stats: &mut stats,
+        };
+        let mut tx = TxBatch::new();
+        for i in 0..20u8 {
+            tx.push(&mut be, b.local_addr(), &[i; 1000]);
+        }
+        tx.flush(&mut be);
+        assert_eq!(tx.batched_sends, 1, "20 datagrams, one batch");
+        assert_eq!(recv_all(&b, 20_000), [1000; 20]);
+        assert_eq!(be.dropped(), 0);
     }
 
     #[test]
@@ -539,13 +740,21 @@ mod tests {
                 tcp: tun.offload().tso(),
                 udp: tun.offload().uso(),
             };
+            let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+            let mut be = SyscallBackend {
+                sock: &s,
+                tun: Some(q),
+                spare: &mut spare,
+                stats: &mut stats,
+            };
             let mut rx = TunBatch::new(co, true);
             for i in 0..10u8 {
-                rx.push(q, &udp4(5000, &[i; 1000]));
+                rx.push(&mut be, &udp4(5000, &[i; 1000]));
             }
-            rx.push(q, &udp4(5000, &[10; 400]));
-            rx.flush(q);
+            rx.push(&mut be, &udp4(5000, &[10; 400]));
+            rx.flush(&mut be);
             assert_eq!(rx.write_errors, 0);
+            assert_eq!(be.stats.tun_errors, 0);
             assert_eq!(
                 rx.coalesced,
                 u64::from(tun.offload().uso()),
@@ -561,7 +770,14 @@ mod tests {
             ip(&["link", "set", "rgob1", "up"]);
             let mut rx = TunBatch::new(CoalesceOptions::default(), false);
             let p = udp4_from([10, 81, 1, 2], 5000, &[1; 100]);
-            rx.push(plain.queue(0).expect("q"), &p);
+            let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+            let mut be = SyscallBackend {
+                sock: &s,
+                tun: Some(plain.queue(0).expect("q")),
+                spare: &mut spare,
+                stats: &mut stats,
+            };
+            rx.push(&mut be, &p);
             assert_eq!(recv_all(&s, 100), [100]);
         });
     }
@@ -734,14 +950,14 @@ mod tests {
         assert!(ok, "TCP bytes intact");
         assert_eq!(burst, vec![1200; 10], "UDP burst as 10 datagrams");
         assert_eq!(wa.malformed_reads + wb.malformed_reads, 0);
-        assert_eq!(wa.tx.send_errors + wb.rx.write_errors, 0);
+        assert_eq!(wa.stats.dropped + wb.stats.dropped + wb.rx.write_errors, 0);
         if offload && tun_a.offload().tso() && sock_a.gso_enabled() {
-            assert!(wa.tx.gso_sends > 0, "A sent GSO batches");
+            assert!(wa.tx.batched_sends > 0, "A sent GSO batches");
             assert!(wb.rx.coalesced > 0, "B wrote coalesced super-packets");
         }
         eprintln!(
             "A: {} GSO sends; B: {} coalesced TUN writes; B acks: {} GSO sends",
-            wa.tx.gso_sends, wb.rx.coalesced, wb.tx.gso_sends
+            wa.tx.batched_sends, wb.rx.coalesced, wb.tx.batched_sends
         );
         took
     }

@@ -24,12 +24,16 @@ use io_uring::cqueue;
 use nix::errno::Errno;
 
 use crate::core::config::GatewayConfig;
-use crate::core::device::{Io, PeerAddr, SCRATCH_SIZE};
+use std::net::SocketAddr;
+
+use crate::core::device::{PeerAddr, SCRATCH_SIZE};
+use crate::core::gso::CoalesceOptions;
+use crate::driver::offload_io::{split_tun_read, Backend, OffloadIo, TunBatch, TxBatch};
 #[cfg(doc)]
 use crate::driver::worker;
-use crate::driver::worker::{Shared, TcpOut};
-use crate::sys::hugepage::{BufPool, PoolConfig, PoolError};
-use crate::sys::tun::TunQueue;
+use crate::driver::worker::Shared;
+use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
+use crate::sys::tun::{TunOffload, TunQueue};
 use crate::sys::udp::UdpSocket;
 use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, UringError};
 
@@ -127,31 +131,19 @@ fn socket_of(shared: &Shared, index: usize) -> Option<(u64, Arc<UdpSocket>)> {
     Some((gen, s))
 }
 
-/// The device's sink on this worker: copy into a pool buffer, queue the SQE.
-struct UringIo<'r, 'p> {
+/// The io_uring backend of the offload pipeline: batches are built in registered pool
+/// buffers and handed to the kernel as SQEs (`SendMsg` with `UDP_SEGMENT`,
+/// `WriteFixed`); nothing here makes a syscall (the loop submits once per round).
+struct UringBackend<'r, 'p> {
     ring: &'r mut Ring<'p>,
     pool: &'p BufPool,
-    tcp: Option<&'r dyn TcpOut>,
+    sock: &'r UdpSocket,
     v6: bool,
-    /// Packets dropped for lack of a buffer or a slot (logged once per loop round).
+    /// Packets dropped for lack of a buffer or a slot.
     dropped: u64,
 }
 
-impl UringIo<'_, '_> {
-    /// A free buffer holding a copy of `data`, or `None` (drop) when the pool is empty.
-    fn copy(&mut self, data: &[u8]) -> Option<crate::sys::hugepage::BufId> {
-        if data.len() > self.pool.buf_size() {
-            self.dropped += 1;
-            return None;
-        }
-        let Some(mut b) = self.pool.alloc() else {
-            self.dropped += 1;
-            return None;
-        };
-        self.pool.buf_mut(&mut b)[..data.len()].copy_from_slice(data);
-        Some(b)
-    }
-
+impl UringBackend<'_, '_> {
     fn rejected(&mut self, r: Result<(), Rejected>) {
         if let Err(Rejected(buf, _)) = r {
             self.pool.free(buf);
@@ -160,30 +152,46 @@ impl UringIo<'_, '_> {
     }
 }
 
-impl Io for UringIo<'_, '_> {
-    fn send(&mut self, to: PeerAddr, d: &[u8]) {
-        match to {
-            PeerAddr::Udp(a) => {
-                if let Some(b) = self.copy(d) {
-                    let r =
-                        self.ring
-                            .send_udp(b, d.len(), uring::to_socket_family(a, self.v6), None);
-                    self.rejected(r);
-                }
-            }
-            PeerAddr::Tcp { conn, .. } => {
-                if let Some(t) = self.tcp {
-                    t.send(conn, d);
-                }
-            }
+impl Backend for UringBackend<'_, '_> {
+    type Buf = BufId;
+
+    fn alloc(&mut self) -> Option<BufId> {
+        let b = self.pool.alloc();
+        if b.is_none() {
+            self.dropped += 1;
         }
+        b
     }
 
-    fn tun_write(&mut self, p: &[u8]) {
-        if let Some(b) = self.copy(p) {
-            let r = self.ring.write_tun(b, p.len());
-            self.rejected(r);
-        }
+    fn bytes<'b>(&'b self, b: &'b mut BufId) -> &'b mut [u8] {
+        self.pool.buf_mut(b)
+    }
+
+    fn release(&mut self, b: BufId) {
+        self.pool.free(b);
+    }
+
+    fn max_segments(&self) -> usize {
+        // One SendMsg per batch: without GSO a batch is one datagram (the ring still
+        // submits many SendMsg per io_uring_enter).
+        self.sock.max_gso_segments()
+    }
+
+    fn send(&mut self, b: BufId, len: usize, dst: SocketAddr, seg: usize) {
+        let segment = (len > seg).then(|| u16::try_from(seg).unwrap_or(u16::MAX));
+        let r = self
+            .ring
+            .send_udp(b, len, uring::to_socket_family(dst, self.v6), segment);
+        self.rejected(r);
+    }
+
+    fn write_tun(&mut self, b: BufId, len: usize) {
+        let r = self.ring.write_tun(b, len);
+        self.rejected(r);
+    }
+
+    fn dropped(&self) -> u64 {
+        self.dropped
     }
 }
 
@@ -193,6 +201,8 @@ impl Io for UringIo<'_, '_> {
 pub fn run(
     index: usize,
     tun: TunQueue,
+    offload: TunOffload,
+    vnet_hdr: bool,
     shared: Arc<Shared>,
     cfg: &UringWorkerConfig,
 ) -> Result<(), NotStarted> {
@@ -235,6 +245,17 @@ pub fn run(
     );
 
     let mut scratch = vec![0u8; SCRATCH_SIZE];
+    // The TSO/USO splitter's output (one segment at a time, before encryption).
+    let mut seg = vec![0u8; 65535];
+    let mut tx: TxBatch<BufId> = TxBatch::new();
+    let mut rx = TunBatch::new(
+        CoalesceOptions {
+            tcp: vnet_hdr && offload.tso(),
+            udp: vnet_hdr && offload.uso(),
+        },
+        vnet_hdr,
+    );
+    let mut malformed_reads: u64 = 0;
     let mut cache = shared.device.cache();
     let tcp = shared.tcp.clone();
     let mut v6 = _sock.local_addr().is_ipv6();
@@ -283,20 +304,26 @@ pub fn run(
         }
 
         let table = cache.get(&shared.device);
-        let mut io = UringIo {
+        let mut be = UringBackend {
             ring: &mut ring,
             pool: &pool,
-            tcp: tcp.as_deref(),
+            sock: &_sock,
             v6,
             dropped: 0,
         };
+        let mut io = OffloadIo {
+            be: &mut be,
+            tcp: tcp.as_deref(),
+            tx: &mut tx,
+            rx: &mut rx,
+        };
         // A few rounds at most, so queued SQEs (re-armed reads) reach the kernel soon.
         for _ in 0..4 {
-            if io.ring.reap(&mut cqes) == 0 {
+            if io.be.ring.reap(&mut cqes) == 0 {
                 break;
             }
             for c in cqes.iter() {
-                match io.ring.complete(c) {
+                match io.be.ring.complete(c) {
                     Completion::Recv { res: Ok(tok), .. } => {
                         recv_errors = 0;
                         match tok.parse() {
@@ -323,7 +350,7 @@ pub fn run(
                                 "worker {index}: truncated or malformed datagram dropped"
                             ),
                         }
-                        io.ring.recycle(tok);
+                        io.be.ring.recycle(tok);
                     }
                     Completion::Recv { res: Err(e), .. } => match e {
                         // Out of receive buffers, or cancelled for a socket change: re-armed above.
@@ -339,13 +366,16 @@ pub fn run(
                     },
                     Completion::TunRead { buf, res: Ok(n) } => {
                         let n = n.min(pool.buf_size());
-                        shared.device.handle_tun_packet(
-                            table,
-                            &pool.buf(&buf)[..n],
-                            &mut scratch,
-                            &mut io,
-                        );
-                        if let Err(Rejected(b, _)) = io.ring.read_tun(buf) {
+                        let r = split_tun_read(&pool.buf(&buf)[..n], vnet_hdr, &mut seg, |p| {
+                            shared
+                                .device
+                                .handle_tun_packet(table, p, &mut scratch, &mut io)
+                        });
+                        if let Err(e) = r {
+                            malformed_reads += 1;
+                            log::trace!("worker {index}: tun read: {e} ({malformed_reads} so far)");
+                        }
+                        if let Err(Rejected(b, _)) = io.be.ring.read_tun(buf) {
                             pool.free(b);
                             reads -= 1;
                         }
@@ -355,7 +385,7 @@ pub fn run(
                         res: Err(Errno::EAGAIN),
                     } => {
                         // Kernels before 6.4 answer a non-blocking TUN read this way.
-                        if let Err(Rejected(b, _)) = io.ring.read_tun_after_poll(buf) {
+                        if let Err(Rejected(b, _)) = io.be.ring.read_tun_after_poll(buf) {
                             pool.free(b);
                             reads -= 1;
                         }
@@ -364,7 +394,7 @@ pub fn run(
                         buf,
                         res: Err(Errno::ECANCELED | Errno::EINTR),
                     } => {
-                        if let Err(Rejected(b, _)) = io.ring.read_tun(buf) {
+                        if let Err(Rejected(b, _)) = io.be.ring.read_tun(buf) {
                             pool.free(b);
                             reads -= 1;
                         }
@@ -384,18 +414,27 @@ pub fn run(
                     }
                     Completion::UdpSend { buf, res } => {
                         pool.free(buf);
-                        if let Err(e) = res {
+                        match res {
+                            // No checksum offload on the route: this socket sends one
+                            // datagram per SendMsg from now on (the batch is lost).
+                            Err(Errno::EIO | Errno::EINVAL) if _sock.gso_enabled() => {
+                                _sock.disable_gso();
+                            }
                             // ICMP errors (ECONNREFUSED) and the like: not fatal.
-                            log::trace!("worker {index}: send: {e}");
+                            Err(e) => log::trace!("worker {index}: send: {e}"),
+                            Ok(_) => {}
                         }
                     }
                     Completion::Internal => {}
                 }
             }
         }
-        if io.dropped > 0 {
-            dropped_total += io.dropped;
-            log::debug!("worker {index}: {} packets dropped (no free buffer or ring slot; {dropped_total} total)", io.dropped);
+        // The round's batches become SQEs; the next submit_and_wait hands them over.
+        io.flush();
+        let dropped = be.dropped();
+        if dropped > 0 {
+            dropped_total += dropped;
+            log::debug!("worker {index}: {dropped} packets dropped (no free buffer or ring slot; {dropped_total} total)");
         }
     }
     // `ring` drops first (cancels and reaps everything in flight), then `pool`.
@@ -500,13 +539,24 @@ mod tests {
     /// (handshake first), B answers, the worker decrypts and writes to the TUN.
     #[test]
     fn tunnel_through_the_uring_worker() {
+        tunnel_through_uring(false);
+    }
+
+    /// The same with `IFF_VNET_HDR` (the default): reads are split, writes coalesced.
+    #[test]
+    fn tunnel_through_the_uring_worker_with_tun_offload() {
+        tunnel_through_uring(true);
+    }
+
+    fn tunnel_through_uring(vnet_hdr: bool) {
         if uring::probe().is_err() || !can_net_admin() {
             eprintln!("skipped: needs io_uring with multishot recvmsg, root and /dev/net/tun");
             return;
         }
-        in_new_netns(|| {
+        in_new_netns(move || {
             ip(&["link", "set", "lo", "up"]);
-            let tun = Tun::create("rguw0", 1, false).expect("tun");
+            let tun = Tun::create("rguw0", 1, vnet_hdr).expect("tun");
+            assert_eq!(tun.vnet_hdr(), vnet_hdr);
             ip(&["addr", "add", "10.79.0.1/24", "dev", "rguw0"]);
             ip(&["link", "set", "rguw0", "up"]);
             let (ka, kb) = (Key::generate_private(), Key::generate_private());
@@ -535,10 +585,12 @@ mod tests {
                 ..GatewayConfig::default()
             };
             let cfg = UringWorkerConfig::from_gateway(&g);
+            let (off, vnet) = (tun.offload(), tun.vnet_hdr());
             let q = tun.into_queues().into_iter().next().expect("queue");
             let sh = shared.clone();
-            let worker =
-                std::thread::spawn(move || run(0, q, sh, &cfg).map_err(|n| n.error.to_string()));
+            let worker = std::thread::spawn(move || {
+                run(0, q, off, vnet, sh, &cfg).map_err(|n| n.error.to_string())
+            });
 
             // App -> TUN -> worker -> (handshake) -> B.
             let app = std::net::UdpSocket::bind("10.79.0.1:0").expect("app");
@@ -589,9 +641,10 @@ mod tests {
             let mut cfg = UringWorkerConfig::from_gateway(&GatewayConfig::default());
             cfg.pool.count = 8;
             cfg.pool.hugepages = false;
+            let (off, vnet) = (tun.offload(), tun.vnet_hdr());
             let q = tun.into_queues().into_iter().next().expect("queue");
             let fd = q.as_raw_fd();
-            let e = run(0, q, shared, &cfg).expect_err("no socket");
+            let e = run(0, q, off, vnet, shared, &cfg).expect_err("no socket");
             assert!(matches!(
                 e.error,
                 SetupError::NoSocket | SetupError::Unavailable(_)
