@@ -704,11 +704,9 @@ impl Device {
                 note = Some(Note::HandshakeCompleted);
             }
             Verdict::HandshakeAnswered => st.last_handshake = Some(SystemTime::now()),
-            Verdict::Data { keepalive: false } => {
-                if st.keepalive_owed_since.is_none() {
-                    st.keepalive_owed_since =
-                        Some(Duration::from_millis(self.tick_ms.load(Ordering::Relaxed)));
-                }
+            Verdict::Data { keepalive: false } if st.keepalive_owed_since.is_none() => {
+                st.keepalive_owed_since =
+                    Some(Duration::from_millis(self.tick_ms.load(Ordering::Relaxed)));
             }
             _ => {}
         }

@@ -129,7 +129,8 @@ pub fn check_message(msg: &[u8], max: usize) -> Result<(), FrameError> {
 
 /// Reassembles frames from a byte stream split anywhere. Complete frames found in the
 /// fed bytes are handed out without copying; only a frame cut by a read boundary is
-/// kept, in a buffer that never exceeds `HEADER_LEN + max` bytes.
+/// kept, in a buffer that never exceeds `HEADER_LEN + max` bytes (reserved exactly once
+/// the length is known, and given back by [`FrameDecoder::release_idle`]).
 #[derive(Debug)]
 pub struct FrameDecoder {
     partial: Vec<u8>,
@@ -152,6 +153,22 @@ impl FrameDecoder {
     /// slowloris detection).
     pub fn buffered(&self) -> usize {
         self.partial.len()
+    }
+
+    /// Heap bytes held for partial frames (capacity, not content).
+    pub fn held(&self) -> usize {
+        self.partial.capacity()
+    }
+
+    /// Give the partial-frame buffer back when no frame is in progress and it grew past
+    /// a small size (a large frame was cut by a read boundary once): a connection that
+    /// sent one big frame does not keep 64 KiB for the rest of its life. Meant for a
+    /// periodic timer, not the packet path.
+    pub fn release_idle(&mut self) {
+        const KEEP: usize = 4096;
+        if self.partial.is_empty() && self.partial.capacity() > KEEP {
+            self.partial = Vec::new();
+        }
     }
 
     /// Feed bytes read from the stream; `on_msg` gets each complete, checked message in
@@ -197,6 +214,14 @@ impl FrameDecoder {
             data = &data[total..];
         }
         if !data.is_empty() {
+            // The head of the cut frame was checked above; reserve the whole frame
+            // once it is known so the buffer never over-allocates.
+            let want = if data.len() >= HEADER_LEN {
+                HEADER_LEN + usize::from(u16::from_be_bytes([data[0], data[1]]))
+            } else {
+                HEADER_LEN + 4
+            };
+            self.partial.reserve_exact(want);
             self.partial.extend_from_slice(data);
         }
         Ok(count)
@@ -221,6 +246,8 @@ impl FrameDecoder {
                 HEADER_LEN + usize::from(u16::from_be_bytes([self.partial[0], self.partial[1]]));
             let need = total.saturating_sub(self.partial.len());
             let n = need.min(data.len() - taken);
+            // Exactly the frame: no doubling past HEADER_LEN + max.
+            self.partial.reserve_exact(n);
             self.partial.extend_from_slice(&data[taken..taken + n]);
             taken += n;
         }
@@ -333,20 +360,30 @@ pub struct QueueFull;
 /// Per-connection send ring of framed bytes with a fixed capacity. Frames go in whole
 /// or not at all; bytes go out in any split (the kernel may take part of a frame), and
 /// [`OutQueue::slices`] gives at most `budget` bytes as two slices for one `writev`.
+///
+/// Memory follows use: the ring starts empty and doubles (at most `capacity`) only when
+/// a frame does not fit, so a connection that only ever carries handshakes holds a few
+/// KiB, not the full capacity. Growth happens a handful of times per connection, never
+/// shrinks, and so adds no allocation per packet once a connection has warmed up.
 #[derive(Debug)]
 pub struct OutQueue {
-    buf: Box<[u8]>,
+    buf: Vec<u8>,
+    max: usize,
     head: usize,
     len: usize,
     /// Bytes of the newest frame (0 when unknown or partly written).
     last_frame: usize,
 }
 
+/// The first allocation of a ring: room for a few handshake messages.
+const OUT_QUEUE_MIN: usize = 4096;
+
 impl OutQueue {
-    /// A ring of `capacity` bytes, allocated once.
+    /// A ring of up to `capacity` bytes (at least one frame of the largest message).
     pub fn new(capacity: usize) -> Self {
         OutQueue {
-            buf: vec![0; capacity.max(HEADER_LEN + MAX_MESSAGE_LEN)].into_boxed_slice(),
+            buf: Vec::new(),
+            max: capacity.max(HEADER_LEN + MAX_MESSAGE_LEN),
             head: 0,
             len: 0,
             last_frame: 0,
@@ -361,8 +398,33 @@ impl OutQueue {
         self.len == 0
     }
 
+    /// The most bytes the ring will ever hold.
     pub fn capacity(&self) -> usize {
+        self.max
+    }
+
+    /// Bytes allocated now (grows towards [`OutQueue::capacity`] with use).
+    pub fn allocated(&self) -> usize {
         self.buf.len()
+    }
+
+    /// Make room for `need` more bytes if the limit allows: a new ring of twice the
+    /// size (at least what is needed, at most the limit), contents moved to its front.
+    fn grow(&mut self, need: usize) {
+        let want = self.len + need;
+        if want <= self.buf.len() || want > self.max {
+            return;
+        }
+        let size = (self.buf.len() * 2)
+            .max(want)
+            .max(OUT_QUEUE_MIN)
+            .min(self.max);
+        let mut buf = vec![0; size];
+        let (a, b) = self.slices(self.len);
+        buf[..a.len()].copy_from_slice(a);
+        buf[a.len()..a.len() + b.len()].copy_from_slice(b);
+        self.buf = buf;
+        self.head = 0;
     }
 
     /// Append one framed message, or refuse it whole. Invalid messages are refused as
@@ -371,6 +433,7 @@ impl OutQueue {
         let Ok(len) = u16::try_from(msg.len()) else {
             return Err(QueueFull);
         };
+        self.grow(HEADER_LEN + msg.len());
         if self.len + HEADER_LEN + msg.len() > self.buf.len() {
             return Err(QueueFull);
         }
@@ -398,6 +461,9 @@ impl OutQueue {
     pub fn slices(&self, budget: usize) -> (&[u8], &[u8]) {
         let n = self.len.min(budget);
         let cap = self.buf.len();
+        if cap == 0 {
+            return (&[], &[]);
+        }
         let first = n.min(cap - self.head);
         (
             &self.buf[self.head..self.head + first],
@@ -408,6 +474,9 @@ impl OutQueue {
     /// Drop `n` bytes from the front (they were written).
     pub fn consume(&mut self, n: usize) {
         let n = n.min(self.len);
+        if n == 0 {
+            return;
+        }
         self.head = (self.head + n) % self.buf.len();
         self.len -= n;
         self.last_frame = self.last_frame.min(self.len);
@@ -757,6 +826,51 @@ mod tests {
         assert_eq!(a.len() + b.len(), 10);
         q.consume(40003);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn out_queue_memory_follows_use_and_wraps() {
+        let mut q = OutQueue::new(128 * 1024);
+        assert_eq!(q.allocated(), 0, "nothing until the first frame");
+        q.push(&[1u8; 92]).unwrap();
+        assert_eq!(q.allocated(), OUT_QUEUE_MIN, "a handshake needs a few KiB");
+        // Fill, drain part, refill across the end of the ring, then grow while wrapped:
+        // order and content survive.
+        let mut sent = [(92u16).to_be_bytes().to_vec(), vec![1u8; 92]].concat();
+        let mut got = Vec::new();
+        for i in 0..200u8 {
+            let m = data_msg(100 + usize::from(i) * 7, i);
+            if q.push(&m).is_ok() {
+                sent.extend_from_slice(&(m.len() as u16).to_be_bytes());
+                sent.extend_from_slice(&m);
+            }
+            if i % 3 == 0 {
+                let (a, b) = q.slices(500);
+                let n = a.len() + b.len();
+                got.extend_from_slice(a);
+                got.extend_from_slice(b);
+                q.consume(n);
+            }
+        }
+        let (a, b) = q.slices(usize::MAX);
+        got.extend_from_slice(a);
+        got.extend_from_slice(b);
+        assert_eq!(got, sent);
+        assert!(q.allocated() <= q.capacity());
+        assert_eq!(q.capacity(), 128 * 1024);
+    }
+
+    #[test]
+    fn decoder_gives_back_big_buffers() {
+        let mut dec = FrameDecoder::new(MAX_MESSAGE_LEN);
+        let f = frame(&data_msg(60000, 1));
+        assert_eq!(dec.feed(&f[..30000], |_| {}), Ok(0));
+        assert!(dec.held() >= 30000 && dec.held() <= HEADER_LEN + MAX_MESSAGE_LEN);
+        dec.release_idle();
+        assert_eq!(dec.buffered(), 30000, "never drops a frame in progress");
+        assert_eq!(dec.feed(&f[30000..], |_| {}), Ok(1));
+        dec.release_idle();
+        assert_eq!(dec.held(), 0);
     }
 
     #[test]

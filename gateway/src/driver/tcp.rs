@@ -5,8 +5,18 @@
 //!
 //! Invariants:
 //! - A frame that cannot be a WireGuard message closes that connection only.
-//! - Sends never block and never grow memory: each connection has one fixed
-//!   [`OutQueue`]; when it is full whole packets are dropped. A header and its message
+//! - The listener is bounded and fair ([`Admission`], [`expiry`]): an inbound
+//!   connection is *unauthenticated* until the sink says one of its messages proved a
+//!   peer's keys. Unauthenticated connections are limited per source prefix (/64 IPv6,
+//!   /32 IPv4), must authenticate within [`AUTH_DEADLINE`], and are the only ones ever
+//!   evicted to make room; `max_conns - reserved_outbound` is all inbound may take, so
+//!   an inbound flood never blocks [`TcpHandle::connect`]. Only authenticated frames
+//!   reset the idle timer: well-framed garbage does not keep a connection open.
+//! - Per-connection memory is bounded: a send ring that grows with use up to
+//!   `send_queue`, a partial-frame buffer of at most one frame, given back when idle.
+//! - Sends never block and never grow memory past a bound: each connection has one
+//!   [`OutQueue`] of at most `send_queue` bytes; when it is full whole packets are
+//!   dropped. A header and its message
 //!   always leave in the same `sendmsg`; a batch leaves in one `sendmsg` (up to the
 //!   write budget, a multiple of the MSS).
 //! - The connection table lock is never held while calling the sink, and the sink may
@@ -20,15 +30,15 @@
 //! [`TcpHandle::queue`] + [`TcpHandle::flush`] (a batch from one TUN read), on
 //! `SendError::Full` counting a drop as for a full UDP socket. `on_closed` forgets the
 //! endpoint. For peers with an `Endpoint`, `core::fallback::Fallback` decides when to
-//! [`TcpHandle::connect`] (to the endpoint's IP and `TcpPort`) and `on_connected` /
-//! `on_closed` become its `tcp_connected` / `tcp_failed`.
+//! [`TcpHandle::connect`] (to the endpoint's IP and `TcpPort`) and polls
+//! [`TcpHandle::is_connecting`] for its `tcp_connected` / `tcp_failed`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::io::{self, IoSlice, Read};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -49,7 +59,11 @@ pub type ConnId = u64;
 pub trait TcpSink: Send + Sync + 'static {
     /// One checked WireGuard message from `remote` on `conn`. Called on the transport's
     /// thread; may call [`TcpHandle::send`]/[`TcpHandle::close`] synchronously.
-    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]);
+    /// Returns whether the message *authenticated* (proved a peer's keys: a decrypted
+    /// data packet or a completed handshake). Only such messages make a connection
+    /// authenticated and reset its idle timer; a sink that cannot tell (a relay)
+    /// returns `true` for every message it accepts.
+    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool;
     /// `conn` is gone (peer closed, error, bad frame, timeout, limit, or `close`).
     fn on_closed(&self, conn: ConnId);
     /// An outgoing connection from [`TcpHandle::connect`] is established.
@@ -65,16 +79,21 @@ pub struct TcpConfig {
     pub cc: CcPolicy,
     /// All connections, in and out.
     pub max_conns: usize,
-    /// Inbound connections from one source address.
+    /// Of `max_conns`, slots inbound connections can never take: kept for our own
+    /// [`TcpHandle::connect`] (the fallback client), whatever arrives from outside.
+    pub reserved_outbound: usize,
+    /// Unauthenticated inbound connections from one source prefix (/64 for IPv6, /32
+    /// for IPv4 and v4-mapped IPv6). Authenticated ones do not count: many peers may
+    /// sit behind one NAT address.
     pub max_per_source: usize,
-    /// No frame received for this long: close.
+    /// No authenticated frame received for this long: close.
     pub idle_timeout: Duration,
     /// An outbound connection must be established within this.
     pub connect_timeout: Duration,
-    /// An inbound connection must deliver a complete valid frame within this (silent
-    /// and half-open connections). Not shorter: Mullvad's udp2tcp connects when it
-    /// starts, before the WireGuard client behind it says anything.
-    pub first_message_timeout: Duration,
+    /// An inbound connection must deliver an authenticated message within this, or
+    /// be closed (silent, slow and garbage-speaking connections). See
+    /// [`AUTH_DEADLINE`].
+    pub auth_timeout: Duration,
     /// A frame once started must complete within this (slowloris).
     pub partial_timeout: Duration,
     /// Bytes of each connection's send queue.
@@ -93,10 +112,11 @@ impl Default for TcpConfig {
             tuning: TcpTuning::default(),
             cc: CcPolicy::default(),
             max_conns: 256,
+            reserved_outbound: 16,
             max_per_source: 8,
             idle_timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(10),
-            first_message_timeout: Duration::from_secs(60),
+            auth_timeout: AUTH_DEADLINE,
             partial_timeout: Duration::from_secs(10),
             send_queue: 128 * 1024,
             connecting_queue: 16 * 1024,
@@ -118,6 +138,334 @@ impl TcpConfig {
                 .collect(),
             cc: CcPolicy::with_threshold_ms(g.bbr_rtt_ms),
             ..TcpConfig::default()
+        }
+    }
+}
+
+/// How long an inbound connection may stay unauthenticated. WireGuard retries an
+/// unanswered handshake after REKEY_TIMEOUT (5 s) plus up to 1/3 s of jitter, and a
+/// first initiation that meets a device under load gets only a cookie reply (which
+/// proves nothing), so the retry carrying the cookie must still fit: 5.33 s, plus a
+/// round trip, plus the moment a relay such as udp2tcp connects before the client
+/// behind it speaks. Any longer only lets silent and slow-loris connections hold slots;
+/// floods are bounded by the per-prefix limit and eviction, not by this.
+pub const AUTH_DEADLINE: Duration = Duration::from_secs(8);
+
+/// The source a connection is counted against: the /64 of an IPv6 address (one
+/// subscriber's allocation), the /32 of an IPv4 address (v4-mapped IPv6 included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SourcePrefix {
+    V4(u32),
+    V6(u64),
+}
+
+impl SourcePrefix {
+    pub fn of(ip: IpAddr) -> SourcePrefix {
+        match ip.to_canonical() {
+            IpAddr::V4(a) => SourcePrefix::V4(u32::from(a)),
+            IpAddr::V6(a) => SourcePrefix::V6((u128::from(a) >> 64) as u64),
+        }
+    }
+}
+
+impl fmt::Display for SourcePrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SourcePrefix::V4(a) => write!(f, "{}/32", std::net::Ipv4Addr::from(a)),
+            SourcePrefix::V6(p) => {
+                write!(f, "{}/64", std::net::Ipv6Addr::from(u128::from(p) << 64))
+            }
+        }
+    }
+}
+
+/// Why a connection was not admitted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Its source prefix already has `max_per_source` unauthenticated connections.
+    PerPrefix,
+    /// The table is full of authenticated (and outbound) connections.
+    Full,
+}
+
+/// What to do with a new connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Admit,
+    /// Admit after closing this unauthenticated inbound connection.
+    Evict(ConnId),
+    Refuse(Refusal),
+}
+
+/// The listener's admission policy, without sockets or clocks: counts of inbound and
+/// outbound connections and, per source prefix, the unauthenticated inbound ones in
+/// arrival order (ids only grow, so the front of each list is its oldest).
+///
+/// Eviction, when the table is full, takes the oldest unauthenticated connection of
+/// the prefix holding the most of them: with equal shares that is the oldest overall;
+/// a flood from a few prefixes churns its own connections before touching a lone
+/// newcomer from elsewhere. Authenticated and outbound connections are never evicted
+/// for a newcomer.
+#[derive(Debug)]
+pub struct Admission {
+    max_conns: usize,
+    reserved_outbound: usize,
+    per_prefix: usize,
+    inbound: usize,
+    outbound: usize,
+    unauth: HashMap<SourcePrefix, VecDeque<ConnId>>,
+    unauth_total: usize,
+}
+
+impl Admission {
+    pub fn new(max_conns: usize, reserved_outbound: usize, per_prefix: usize) -> Admission {
+        Admission {
+            max_conns,
+            reserved_outbound: reserved_outbound.min(max_conns),
+            per_prefix: per_prefix.max(1),
+            inbound: 0,
+            outbound: 0,
+            unauth: HashMap::new(),
+            unauth_total: 0,
+        }
+    }
+
+    fn from_config(cfg: &TcpConfig) -> Admission {
+        Admission::new(cfg.max_conns, cfg.reserved_outbound, cfg.max_per_source)
+    }
+
+    /// Decide on an inbound connection from `p` (changes nothing).
+    pub fn admit_inbound(&self, p: SourcePrefix) -> Decision {
+        if self.unauth.get(&p).map_or(0, VecDeque::len) >= self.per_prefix {
+            return Decision::Refuse(Refusal::PerPrefix);
+        }
+        let inbound_cap = self.max_conns - self.reserved_outbound;
+        if self.inbound < inbound_cap && self.total() < self.max_conns {
+            return Decision::Admit;
+        }
+        self.victim()
+            .map_or(Decision::Refuse(Refusal::Full), Decision::Evict)
+    }
+
+    /// Decide on one of our own outbound connections (changes nothing).
+    pub fn admit_outbound(&self) -> Decision {
+        if self.total() < self.max_conns {
+            return Decision::Admit;
+        }
+        self.victim()
+            .map_or(Decision::Refuse(Refusal::Full), Decision::Evict)
+    }
+
+    /// The unauthenticated inbound connection to evict: the oldest of the prefix
+    /// with the most; ties go to the older one.
+    pub fn victim(&self) -> Option<ConnId> {
+        self.unauth
+            .values()
+            .filter_map(|q| q.front().map(|&id| (q.len(), id)))
+            .max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)))
+            .map(|(_, id)| id)
+    }
+
+    /// An admitted inbound connection (unauthenticated).
+    pub fn add_inbound(&mut self, id: ConnId, p: SourcePrefix) {
+        self.inbound += 1;
+        self.unauth.entry(p).or_default().push_back(id);
+        self.unauth_total += 1;
+    }
+
+    pub fn add_outbound(&mut self) {
+        self.outbound += 1;
+    }
+
+    /// An inbound connection delivered an authenticated message: it no longer counts
+    /// against its prefix and can no longer be evicted.
+    pub fn authenticated(&mut self, id: ConnId, p: SourcePrefix) {
+        self.forget_unauth(id, p);
+    }
+
+    /// A connection is gone. `inbound`: the prefix it was counted against.
+    pub fn remove(&mut self, id: ConnId, inbound: Option<SourcePrefix>) {
+        match inbound {
+            Some(p) => {
+                self.inbound = self.inbound.saturating_sub(1);
+                self.forget_unauth(id, p);
+            }
+            None => self.outbound = self.outbound.saturating_sub(1),
+        }
+    }
+
+    fn forget_unauth(&mut self, id: ConnId, p: SourcePrefix) {
+        if let Some(q) = self.unauth.get_mut(&p) {
+            if let Some(i) = q.iter().position(|&x| x == id) {
+                q.remove(i);
+                self.unauth_total -= 1;
+            }
+            if q.is_empty() {
+                self.unauth.remove(&p);
+            }
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.inbound + self.outbound
+    }
+
+    pub fn unauthenticated(&self) -> usize {
+        self.unauth_total
+    }
+}
+
+/// What the timers know about one connection (all instants from one clock).
+#[derive(Clone, Copy, Debug)]
+pub struct ConnTimes {
+    pub inbound: bool,
+    pub connecting: bool,
+    /// Accepted, or (outbound) established / started connecting.
+    pub since: Instant,
+    /// The latest authenticated message (`None`: none yet).
+    pub last_auth: Option<Instant>,
+    /// A frame has been in progress since.
+    pub partial_since: Option<Instant>,
+}
+
+/// Why the timers close a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    ConnectTimeout,
+    /// Inbound, and no authenticated message within `auth_timeout`.
+    AuthDeadline,
+    /// A frame started and did not complete within `partial_timeout` (slowloris).
+    PartialFrame,
+    /// No authenticated message for `idle_timeout`.
+    Idle,
+}
+
+impl Expiry {
+    fn reason(self) -> &'static str {
+        match self {
+            Expiry::ConnectTimeout => "connect timed out",
+            Expiry::AuthDeadline => "no authenticated WireGuard message in time",
+            Expiry::PartialFrame => "frame incomplete for too long",
+            Expiry::Idle => "idle (no authenticated message)",
+        }
+    }
+}
+
+/// The timer rule. Only authenticated messages count as life: an inbound connection
+/// that never authenticates is closed `auth_timeout` after it arrived however much
+/// well-framed traffic it sends; the idle clock runs from the latest authenticated
+/// message (or from `since` for an outbound connection that has none yet).
+pub fn expiry(t: &ConnTimes, now: Instant, cfg: &TcpConfig) -> Option<Expiry> {
+    let age = now.saturating_duration_since(t.since);
+    if t.connecting {
+        return (age > cfg.connect_timeout).then_some(Expiry::ConnectTimeout);
+    }
+    if t.inbound && t.last_auth.is_none() && age > cfg.auth_timeout {
+        return Some(Expiry::AuthDeadline);
+    }
+    if t.partial_since
+        .is_some_and(|p| now.saturating_duration_since(p) > cfg.partial_timeout)
+    {
+        return Some(Expiry::PartialFrame);
+    }
+    let life = t.last_auth.unwrap_or(t.since);
+    (now.saturating_duration_since(life) > cfg.idle_timeout).then_some(Expiry::Idle)
+}
+
+/// Transport-wide counters, cumulative since start (a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpCounters {
+    /// Inbound connections admitted.
+    pub accepted: u64,
+    /// Connections (in or out) whose first authenticated message arrived.
+    pub authenticated: u64,
+    /// Refused: the source prefix had `max_per_source` unauthenticated connections.
+    pub refused_per_prefix: u64,
+    /// Refused: the table was full of authenticated or outbound connections.
+    pub refused_full: u64,
+    /// Unauthenticated connections closed to make room for a newcomer.
+    pub evicted: u64,
+    /// Closed for not authenticating within `auth_timeout`.
+    pub deadline_closed: u64,
+    /// Closed for a frame left incomplete (slowloris).
+    pub partial_closed: u64,
+    /// Closed for `idle_timeout` without an authenticated message.
+    pub idle_closed: u64,
+    /// Closed for a frame that cannot be a WireGuard message.
+    pub bad_frame: u64,
+    /// Connections open now, and how many of them are unauthenticated inbound.
+    pub open: u64,
+    pub unauthenticated: u64,
+}
+
+impl TcpCounters {
+    /// The counters that only move when something is refused or cut off.
+    fn trouble(&self) -> u64 {
+        self.refused_per_prefix
+            + self.refused_full
+            + self.evicted
+            + self.deadline_closed
+            + self.partial_closed
+            + self.bad_frame
+    }
+}
+
+impl fmt::Display for TcpCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "accepted={} authenticated={} refused_per_prefix={} refused_full={} evicted={} \
+             deadline_closed={} partial_closed={} idle_closed={} bad_frame={} open={} \
+             unauthenticated={}",
+            self.accepted,
+            self.authenticated,
+            self.refused_per_prefix,
+            self.refused_full,
+            self.evicted,
+            self.deadline_closed,
+            self.partial_closed,
+            self.idle_closed,
+            self.bad_frame,
+            self.open,
+            self.unauthenticated
+        )
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    accepted: AtomicU64,
+    authenticated: AtomicU64,
+    refused_per_prefix: AtomicU64,
+    refused_full: AtomicU64,
+    evicted: AtomicU64,
+    deadline_closed: AtomicU64,
+    partial_closed: AtomicU64,
+    idle_closed: AtomicU64,
+    bad_frame: AtomicU64,
+    open: AtomicU64,
+    unauthenticated: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    fn snapshot(&self) -> TcpCounters {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        TcpCounters {
+            accepted: g(&self.accepted),
+            authenticated: g(&self.authenticated),
+            refused_per_prefix: g(&self.refused_per_prefix),
+            refused_full: g(&self.refused_full),
+            evicted: g(&self.evicted),
+            deadline_closed: g(&self.deadline_closed),
+            partial_closed: g(&self.partial_closed),
+            idle_closed: g(&self.idle_closed),
+            bad_frame: g(&self.bad_frame),
+            open: g(&self.open),
+            unauthenticated: g(&self.unauthenticated),
         }
     }
 }
@@ -163,6 +511,8 @@ pub struct ConnStats {
     pub writes: u64,
     pub bytes_received: u64,
     pub messages_received: u64,
+    /// An authenticated message has arrived on it (outbound: from the server).
+    pub authenticated: bool,
     /// Packets dropped because the send queue was full.
     pub dropped: u64,
     /// Bytes waiting in our send queue.
@@ -199,17 +549,32 @@ struct Conn {
     out: Mutex<Out>,
     bytes_received: AtomicU64,
     messages_received: AtomicU64,
+    authenticated: AtomicBool,
 }
 
 /// Loop-only state of a connection.
 struct Local {
     conn: Arc<Conn>,
     dec: FrameDecoder,
-    created: Instant,
-    last_rx: Instant,
+    /// Inbound: the prefix it counts against in [`Admission`].
+    prefix: Option<SourcePrefix>,
+    /// Accepted, or (outbound) started connecting / established.
+    since: Instant,
+    last_auth: Option<Instant>,
     partial_since: Option<Instant>,
-    got_frame: bool,
     cc_checked: bool,
+}
+
+impl Local {
+    fn times(&self, connecting: bool) -> ConnTimes {
+        ConnTimes {
+            inbound: self.conn.inbound,
+            connecting,
+            since: self.since,
+            last_auth: self.last_auth,
+            partial_since: self.partial_since,
+        }
+    }
 }
 
 struct Shared {
@@ -218,7 +583,9 @@ struct Shared {
     epoll: Epoll,
     wake: EventFd,
     conns: RwLock<HashMap<ConnId, Arc<Conn>>>,
-    next_id: AtomicU64,
+    /// Outbound connections from `connect` not yet closed (bounds the adopt list).
+    outbound: AtomicUsize,
+    counters: Counters,
     adopt: Mutex<Vec<Arc<Conn>>>,
     closing: Mutex<Vec<ConnId>>,
     /// Connections with bulk packets waiting for the loop to write them.
@@ -231,7 +598,21 @@ const LISTENER_BASE: u64 = 1 << 63;
 const READ_BUF: usize = 64 * 1024;
 /// Reads per readiness event, so one busy connection cannot starve the others.
 const READS_PER_EVENT: usize = 8;
+/// Accepts per readiness event of a listener, so a connection flood cannot starve
+/// established connections (the listener stays readable; the rest come next round).
+const ACCEPTS_PER_EVENT: usize = 64;
 const TICK: Duration = Duration::from_millis(250);
+/// At most one counter summary in the log per this long, and only when connections
+/// were refused or cut off since the last.
+const SUMMARY_EVERY: Duration = Duration::from_secs(5);
+
+/// Connection ids, unique in the process (transports are replaced when the listen port
+/// changes; an id kept by the fallback client must never name another connection).
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+fn next_id() -> ConnId {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere must not take the transport down with it.
@@ -277,7 +658,8 @@ impl TcpTransport {
             epoll,
             wake,
             conns: RwLock::new(HashMap::new()),
-            next_id: AtomicU64::new(1),
+            outbound: AtomicUsize::new(0),
+            counters: Counters::default(),
             adopt: Mutex::new(Vec::new()),
             closing: Mutex::new(Vec::new()),
             dirty: Mutex::new(Vec::new()),
@@ -477,14 +859,19 @@ impl TcpHandle {
 
     /// Open a connection to `remote`. Returns at once; the sink hears `on_connected`
     /// or `on_closed`. Messages sent meanwhile are queued (up to `connecting_queue`).
+    ///
+    /// Inbound connections never hold the slots reserved for this, and an
+    /// unauthenticated one is evicted when the table is full; only a table full of
+    /// authenticated and outbound connections refuses (reported as `on_closed`).
     pub fn connect(&self, remote: SocketAddr) -> io::Result<ConnId> {
         let sh = &self.shared;
-        if sh.conns.read().unwrap_or_else(|p| p.into_inner()).len() >= sh.cfg.max_conns {
+        if sh.outbound.load(Ordering::Relaxed) >= sh.cfg.max_conns {
             return Err(io::Error::other("TCP connection limit reached"));
         }
         let stream = systcp::connect_nonblocking(remote, &sh.cfg.tuning)?;
         let cc = set_cc(&stream, sh.cfg.cc.choose(None));
-        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        sh.outbound.fetch_add(1, Ordering::Relaxed);
+        let id = next_id();
         let conn = Arc::new(new_conn(
             &sh.cfg,
             id,
@@ -528,9 +915,27 @@ impl TcpHandle {
             writes: out.writes,
             bytes_received: c.bytes_received.load(Ordering::Relaxed),
             messages_received: c.messages_received.load(Ordering::Relaxed),
+            authenticated: c.authenticated.load(Ordering::Relaxed),
             dropped: out.dropped,
             queued: out.q.len(),
         })
+    }
+
+    /// Whether `conn` is still connecting (`Some(false)`: open), or gone or closing
+    /// (`None`). Cheap (no syscall): the fallback client polls its connection with it.
+    pub fn is_connecting(&self, conn: ConnId) -> Option<bool> {
+        let c = self.get(conn).ok()?;
+        let state = lock(&c.out).state;
+        match state {
+            State::Connecting => Some(true),
+            State::Open => Some(false),
+            State::Closed => None,
+        }
+    }
+
+    /// The transport's counters (admission, eviction, timeouts, bad frames).
+    pub fn counters(&self) -> TcpCounters {
+        self.shared.counters.snapshot()
     }
 
     /// Ids of all open connections.
@@ -573,6 +978,7 @@ fn new_conn(
         }),
         bytes_received: AtomicU64::new(0),
         messages_received: AtomicU64::new(0),
+        authenticated: AtomicBool::new(false),
     }
 }
 
@@ -595,26 +1001,45 @@ fn canonical(a: SocketAddr) -> SocketAddr {
     SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
+/// Make the coming close send a RST: the kernel forgets the connection at once (no
+/// FIN exchange, no TIME_WAIT) — for connections we refuse or cut off.
+fn reset_on_close(fd: &impl AsFd) {
+    let _ = nix::sys::socket::setsockopt(
+        fd,
+        nix::sys::socket::sockopt::Linger,
+        &libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        },
+    );
+}
+
 struct EventLoop {
     sh: Arc<Shared>,
     listeners: Vec<TcpListener>,
     paused_until: Option<Instant>,
     local: HashMap<ConnId, Local>,
-    per_source: HashMap<IpAddr, usize>,
+    admission: Admission,
     rbuf: Box<[u8]>,
     scratch_ids: Vec<ConnId>,
+    expired: Vec<(ConnId, Expiry)>,
+    /// The counters' `trouble()` at the last summary line, and when it was logged.
+    summarized: (u64, Option<Instant>),
 }
 
 impl EventLoop {
     fn new(sh: Arc<Shared>, listeners: Vec<TcpListener>) -> Self {
+        let admission = Admission::from_config(&sh.cfg);
         EventLoop {
             sh,
             listeners,
             paused_until: None,
             local: HashMap::new(),
-            per_source: HashMap::new(),
+            admission,
             rbuf: vec![0; READ_BUF].into_boxed_slice(),
             scratch_ids: Vec::new(),
+            expired: Vec::new(),
+            summarized: (0, None),
         }
     }
 
@@ -658,37 +1083,79 @@ impl EventLoop {
                 last_tick = now;
                 self.tick(now);
             }
+            self.publish();
         }
         let ids: Vec<ConnId> = self.local.keys().copied().collect();
         for id in ids {
             self.close(id, "transport stopped");
+        }
+        self.publish();
+        self.summary(Instant::now(), true);
+    }
+
+    /// Current table figures into the shared counters.
+    fn publish(&self) {
+        let c = &self.sh.counters;
+        c.open
+            .store(self.admission.total() as u64, Ordering::Relaxed);
+        c.unauthenticated
+            .store(self.admission.unauthenticated() as u64, Ordering::Relaxed);
+    }
+
+    /// One log line with the counters when connections were refused or cut off since
+    /// the last one, at most every [`SUMMARY_EVERY`] (`force`: whenever they moved).
+    fn summary(&mut self, now: Instant, force: bool) {
+        let c = self.sh.counters.snapshot();
+        let trouble = c.trouble();
+        let due = force
+            || self
+                .summarized
+                .1
+                .map_or(true, |at| now.duration_since(at) >= SUMMARY_EVERY);
+        if trouble != self.summarized.0 && due {
+            self.summarized = (trouble, Some(now));
+            log::info!(target: "net::tcp", "TCP transport counters: {c}");
         }
     }
 
     fn adopt(&mut self) {
         let new = std::mem::take(&mut *lock(&self.sh.adopt));
         for conn in new {
-            let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT, conn.id);
+            let id = conn.id;
+            let decision = self.admission.admit_outbound();
+            if let Decision::Evict(victim) = decision {
+                self.evict(victim);
+            }
+            let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLOUT, id);
             if let Err(e) = self.sh.epoll.add(&conn.stream, ev) {
                 log::warn!(
                     "TCP transport: cannot watch connection to {}: {e}",
                     conn.remote
                 );
             }
-            let id = conn.id;
-            self.local.insert(id, self.new_local(conn));
+            self.admission.add_outbound();
+            let remote = conn.remote;
+            self.local.insert(id, self.new_local(conn, None));
+            if let Decision::Refuse(_) = decision {
+                bump(&self.sh.counters.refused_full);
+                log::warn!(
+                    target: "net::tcp",
+                    "TCP connection limit: table full of authenticated connections; \
+                     not connecting to {remote}"
+                );
+                self.close(id, "connection limit");
+            }
         }
     }
 
-    fn new_local(&self, conn: Arc<Conn>) -> Local {
-        let now = Instant::now();
+    fn new_local(&self, conn: Arc<Conn>, prefix: Option<SourcePrefix>) -> Local {
         Local {
             conn,
             dec: FrameDecoder::new(self.sh.cfg.max_message),
-            created: now,
-            last_rx: now,
+            prefix,
+            since: Instant::now(),
+            last_auth: None,
             partial_since: None,
-            got_frame: false,
             cc_checked: false,
         }
     }
@@ -718,8 +1185,14 @@ impl EventLoop {
         self.scratch_ids = ids;
     }
 
+    fn evict(&mut self, victim: ConnId) {
+        bump(&self.sh.counters.evicted);
+        log::debug!(target: "net::tcp", "TCP conn {victim}: evicted for a newcomer");
+        self.close_as(victim, "evicted: table full, still unauthenticated", true);
+    }
+
     fn accept(&mut self, i: usize) {
-        loop {
+        for _ in 0..ACCEPTS_PER_EVENT {
             let Some(l) = self.listeners.get(i) else {
                 return;
             };
@@ -738,11 +1211,29 @@ impl EventLoop {
                 }
             };
             let remote = canonical(remote);
-            let count = self.per_source.get(&remote.ip()).copied().unwrap_or(0);
-            if self.local.len() >= self.sh.cfg.max_conns || count >= self.sh.cfg.max_per_source {
-                log::debug!("TCP transport: refusing {remote}: connection limit");
-                drop(stream);
-                continue;
+            let prefix = SourcePrefix::of(remote.ip());
+            match self.admission.admit_inbound(prefix) {
+                Decision::Admit => {}
+                Decision::Evict(victim) => self.evict(victim),
+                Decision::Refuse(r) => {
+                    let (counter, why) = match r {
+                        Refusal::PerPrefix => (
+                            &self.sh.counters.refused_per_prefix,
+                            "too many unauthenticated connections from",
+                        ),
+                        Refusal::Full => (
+                            &self.sh.counters.refused_full,
+                            "table full of authenticated connections; from",
+                        ),
+                    };
+                    bump(counter);
+                    log::warn!(
+                        target: "net::tcp",
+                        "TCP connection limit: refusing {remote}: {why} {prefix}"
+                    );
+                    reset_on_close(&stream);
+                    continue;
+                }
             }
             if let Err(e) = stream
                 .set_nonblocking(true)
@@ -751,11 +1242,11 @@ impl EventLoop {
                     systcp::apply(&stream, &self.sh.cfg.tuning).map_err(|e| e.to_string())
                 })
             {
-                log::warn!("TCP transport: dropping {remote}: {e}");
+                log::warn!(target: "net::tcp", "TCP transport: dropping {remote}: {e}");
                 continue;
             }
             let cc = set_cc(&stream, self.sh.cfg.cc.choose(None));
-            let id = self.sh.next_id.fetch_add(1, Ordering::Relaxed);
+            let id = next_id();
             let conn = Arc::new(new_conn(
                 &self.sh.cfg,
                 id,
@@ -774,13 +1265,14 @@ impl EventLoop {
                 continue;
             }
             update_mss(&conn);
-            *self.per_source.entry(remote.ip()).or_insert(0) += 1;
+            self.admission.add_inbound(id, prefix);
+            bump(&self.sh.counters.accepted);
             self.sh
                 .conns
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id, conn.clone());
-            self.local.insert(id, self.new_local(conn));
+            self.local.insert(id, self.new_local(conn, Some(prefix)));
             log::debug!("TCP transport: conn {id} from {remote}");
         }
     }
@@ -797,8 +1289,7 @@ impl EventLoop {
                         drop(out);
                         update_mss(&conn);
                         if let Some(l) = self.local.get_mut(&id) {
-                            l.created = Instant::now();
-                            l.last_rx = l.created;
+                            l.since = Instant::now();
                         }
                         self.sh.sink.on_connected(id);
                         out = lock(&conn.out);
@@ -824,42 +1315,58 @@ impl EventLoop {
         let Some(l) = self.local.get_mut(&id) else {
             return;
         };
-        let mut reason = None;
+        let mut reason: Option<(String, bool)> = None;
         for _ in 0..READS_PER_EVENT {
             let n = match (&conn.stream).read(&mut self.rbuf) {
                 Ok(0) => {
-                    reason = Some("peer closed".to_string());
+                    reason = Some(("peer closed".to_string(), false));
                     break;
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    reason = Some(format!("read failed: {e}"));
+                    reason = Some((format!("read failed: {e}"), false));
                     break;
                 }
             };
             conn.bytes_received.fetch_add(n as u64, Ordering::Relaxed);
             let remote = conn.remote;
-            match l
-                .dec
-                .feed(&self.rbuf[..n], |m| sink.on_message(id, remote, m))
-            {
+            let mut authenticated = 0usize;
+            let fed = l.dec.feed(&self.rbuf[..n], |m| {
+                if sink.on_message(id, remote, m) {
+                    authenticated += 1;
+                }
+            });
+            match fed {
                 Ok(frames) => {
                     let now = Instant::now();
                     if frames > 0 {
-                        l.got_frame = true;
-                        l.last_rx = now;
                         conn.messages_received
                             .fetch_add(frames as u64, Ordering::Relaxed);
                         l.partial_since = None;
+                    }
+                    if authenticated > 0 {
+                        // Only proof of a peer's keys counts as life.
+                        l.last_auth = Some(now);
+                        if !conn.authenticated.swap(true, Ordering::Relaxed) {
+                            bump(&self.sh.counters.authenticated);
+                            if let Some(p) = l.prefix {
+                                self.admission.authenticated(id, p);
+                            }
+                        }
                     }
                     if l.dec.buffered() > 0 && (frames > 0 || l.partial_since.is_none()) {
                         l.partial_since = Some(now);
                     }
                 }
                 Err(e) => {
-                    reason = Some(format!("bad frame: {e}"));
+                    bump(&self.sh.counters.bad_frame);
+                    log::warn!(
+                        target: "net::frame",
+                        "TCP conn {id} from {remote}: bad frame: {e}; closing it"
+                    );
+                    reason = Some((format!("bad frame: {e}"), true));
                     break;
                 }
             }
@@ -867,8 +1374,8 @@ impl EventLoop {
                 break;
             }
         }
-        if let Some(r) = reason {
-            self.close(id, &r);
+        if let Some((r, rst)) = reason {
+            self.close_as(id, &r, rst);
         }
     }
 
@@ -883,29 +1390,16 @@ impl EventLoop {
             }
         }
         let cfg = &self.sh.cfg;
-        let mut expired: Vec<(ConnId, &'static str)> = Vec::new();
+        let mut expired = std::mem::take(&mut self.expired);
         for (id, l) in self.local.iter_mut() {
             let state = lock(&l.conn.out).state;
-            let age = now.duration_since(l.created);
-            let why = if state == State::Connecting && age > cfg.connect_timeout {
-                Some("connect timed out")
-            } else if l.conn.inbound && !l.got_frame && age > cfg.first_message_timeout {
-                Some("no WireGuard message after connecting")
-            } else if l
-                .partial_since
-                .is_some_and(|t| now.duration_since(t) > cfg.partial_timeout)
-            {
-                Some("frame incomplete for too long")
-            } else if now.duration_since(l.last_rx) > cfg.idle_timeout {
-                Some("idle")
-            } else {
-                None
-            };
-            if let Some(w) = why {
-                expired.push((*id, w));
+            if let Some(x) = expiry(&l.times(state == State::Connecting), now, cfg) {
+                expired.push((*id, x));
                 continue;
             }
+            l.dec.release_idle();
             // Re-check congestion control once the kernel has an RTT sample from data.
+            let age = now.saturating_duration_since(l.since);
             if state == State::Open && !l.cc_checked && age >= Duration::from_secs(1) {
                 if let Ok(info) = systcp::tcp_info(&l.conn.stream) {
                     if info.bytes_acked > 0 || info.bytes_received > 0 {
@@ -927,12 +1421,30 @@ impl EventLoop {
                 }
             }
         }
-        for (id, why) in expired {
-            self.close(id, why);
+        for (id, x) in expired.drain(..) {
+            let counters = &self.sh.counters;
+            let (counter, rst) = match x {
+                Expiry::ConnectTimeout => (None, false),
+                Expiry::AuthDeadline => (Some(&counters.deadline_closed), true),
+                Expiry::PartialFrame => (Some(&counters.partial_closed), true),
+                Expiry::Idle => (Some(&counters.idle_closed), false),
+            };
+            if let Some(c) = counter {
+                bump(c);
+            }
+            self.close_as(id, x.reason(), rst);
         }
+        self.expired = expired;
+        self.summary(now, false);
     }
 
     fn close(&mut self, id: ConnId, why: &str) {
+        self.close_as(id, why, false);
+    }
+
+    /// Close `id` and report it to the sink; `reset`: with a RST (connections we cut
+    /// off), so the kernel frees it at once.
+    fn close_as(&mut self, id: ConnId, why: &str, reset: bool) {
         let Some(l) = self.local.remove(&id) else {
             // Never adopted or already gone; make sure the table forgets it too.
             self.sh
@@ -949,15 +1461,13 @@ impl EventLoop {
             .remove(&id);
         lock(&l.conn.out).state = State::Closed;
         let _ = self.sh.epoll.delete(&l.conn.stream);
+        if reset {
+            reset_on_close(&l.conn.stream);
+        }
         let _ = l.conn.stream.shutdown(std::net::Shutdown::Both);
-        if l.conn.inbound {
-            let ip = l.conn.remote.ip();
-            if let Some(c) = self.per_source.get_mut(&ip) {
-                *c -= 1;
-                if *c == 0 {
-                    self.per_source.remove(&ip);
-                }
-            }
+        self.admission.remove(id, l.prefix);
+        if !l.conn.inbound {
+            self.sh.outbound.fetch_sub(1, Ordering::Relaxed);
         }
         {
             let out = lock(&l.conn.out);
@@ -997,8 +1507,9 @@ mod tests {
     struct Chan(Mutex<mpsc::Sender<Ev>>);
 
     impl TcpSink for Chan {
-        fn on_message(&self, conn: ConnId, _remote: SocketAddr, msg: &[u8]) {
+        fn on_message(&self, conn: ConnId, _remote: SocketAddr, msg: &[u8]) -> bool {
             let _ = lock(&self.0).send(Ev::Msg(conn, msg.to_vec()));
+            authentic(msg)
         }
         fn on_closed(&self, conn: ConnId) {
             let _ = lock(&self.0).send(Ev::Closed(conn));
@@ -1013,12 +1524,19 @@ mod tests {
     struct Echo(Mutex<Option<TcpHandle>>);
 
     impl TcpSink for Echo {
-        fn on_message(&self, conn: ConnId, _remote: SocketAddr, msg: &[u8]) {
+        fn on_message(&self, conn: ConnId, _remote: SocketAddr, msg: &[u8]) -> bool {
             if let Some(h) = lock(&self.0).as_ref() {
                 let _ = h.send(conn, msg);
             }
+            authentic(msg)
         }
         fn on_closed(&self, _conn: ConnId) {}
+    }
+
+    /// The test sinks' stand-in for decryption: a data message whose fill byte is
+    /// 0xEE is "garbage" (well framed, never authenticates); everything else passes.
+    fn authentic(msg: &[u8]) -> bool {
+        msg.get(4) != Some(&0xEE)
     }
 
     fn msg(len: usize, fill: u8) -> Vec<u8> {
@@ -1216,7 +1734,7 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         let cfg = TcpConfig {
             max_per_source: 2,
-            first_message_timeout: Duration::from_millis(600),
+            auth_timeout: Duration::from_millis(600),
             partial_timeout: Duration::from_millis(600),
             ..listen_cfg()
         };
@@ -1268,5 +1786,294 @@ mod tests {
         let st = h.stats(id).unwrap();
         assert!(full > 0 && st.dropped == full);
         assert!(st.queued <= 128 * 1024, "bounded: {}", st.queued);
+    }
+
+    fn v4(s: &str) -> SourcePrefix {
+        SourcePrefix::of(s.parse().unwrap())
+    }
+
+    #[test]
+    fn source_prefixes() {
+        assert_eq!(v4("192.0.2.1"), v4("::ffff:192.0.2.1"), "v4-mapped is v4");
+        assert_ne!(v4("192.0.2.1"), v4("192.0.2.2"), "IPv4: /32");
+        assert_eq!(
+            v4("2001:db8:1:2::1"),
+            v4("2001:db8:1:2:ffff::9"),
+            "IPv6: /64"
+        );
+        assert_ne!(v4("2001:db8:1:2::1"), v4("2001:db8:1:3::1"));
+        assert_eq!(v4("2001:db8:1:2::1").to_string(), "2001:db8:1:2::/64");
+        assert_eq!(v4("::ffff:10.0.0.1").to_string(), "10.0.0.1/32");
+    }
+
+    #[test]
+    fn admission_per_prefix_limit_counts_only_unauthenticated() {
+        let mut a = Admission::new(100, 10, 2);
+        let (p, q) = (v4("2001:db8::1"), v4("2001:db8:0:1::1"));
+        assert_eq!(a.admit_inbound(p), Decision::Admit);
+        a.add_inbound(1, p);
+        a.add_inbound(2, p);
+        assert_eq!(a.admit_inbound(p), Decision::Refuse(Refusal::PerPrefix));
+        assert_eq!(a.admit_inbound(q), Decision::Admit, "another /64");
+        // An authenticated connection frees its prefix's share but stays counted.
+        a.authenticated(1, p);
+        assert_eq!(a.admit_inbound(p), Decision::Admit);
+        assert_eq!((a.total(), a.unauthenticated()), (2, 1));
+        a.remove(2, Some(p));
+        a.remove(1, Some(p));
+        assert_eq!((a.total(), a.unauthenticated()), (0, 0));
+        assert!(a.unauth.is_empty(), "no empty per-prefix lists left behind");
+    }
+
+    #[test]
+    fn admission_evicts_oldest_unauthenticated_of_the_biggest_prefix() {
+        // 6 slots, 2 reserved for outbound: inbound may hold 4.
+        let mut a = Admission::new(6, 2, 3);
+        let (attacker, lone, other) = (v4("198.51.100.7"), v4("203.0.113.9"), v4("192.0.2.5"));
+        a.add_inbound(1, lone);
+        a.add_inbound(2, attacker);
+        a.add_inbound(3, attacker);
+        a.add_inbound(4, other);
+        // Full for inbound: the attacker's prefix has the most; its oldest goes, not
+        // the older connection of the lone client.
+        assert_eq!(a.admit_inbound(other), Decision::Evict(2));
+        a.remove(2, Some(attacker));
+        a.add_inbound(5, other);
+        // Now attacker 1, lone 1, other 2: other's oldest.
+        assert_eq!(a.admit_inbound(lone), Decision::Evict(4));
+        // Equal shares: the oldest overall.
+        let mut b = Admission::new(3, 0, 8);
+        b.add_inbound(10, v4("10.0.0.1"));
+        b.add_inbound(11, v4("10.0.0.2"));
+        b.add_inbound(12, v4("10.0.0.3"));
+        assert_eq!(b.admit_inbound(v4("10.0.0.4")), Decision::Evict(10));
+    }
+
+    #[test]
+    fn admission_never_evicts_authenticated_and_keeps_outbound_slots() {
+        let mut a = Admission::new(4, 1, 8);
+        for id in 1..=3 {
+            let p = v4(&format!("10.0.0.{id}"));
+            assert_eq!(a.admit_inbound(p), Decision::Admit);
+            a.add_inbound(id, p);
+            a.authenticated(id, p);
+        }
+        // Inbound has its 3; all authenticated: a newcomer is refused, not admitted
+        // into the reserved slot and not given an authenticated victim.
+        assert_eq!(
+            a.admit_inbound(v4("10.9.9.9")),
+            Decision::Refuse(Refusal::Full)
+        );
+        // Our own connect still gets the reserved slot.
+        assert_eq!(a.admit_outbound(), Decision::Admit);
+        a.add_outbound();
+        assert_eq!(a.admit_outbound(), Decision::Refuse(Refusal::Full));
+        // With an unauthenticated inbound in the table, outbound evicts it.
+        let mut b = Admission::new(2, 1, 8);
+        b.add_inbound(1, v4("10.0.0.1"));
+        b.add_outbound();
+        assert_eq!(b.admit_outbound(), Decision::Evict(1));
+        b.remove(1, Some(v4("10.0.0.1")));
+        b.remove(99, None);
+        assert_eq!(b.total(), 0);
+    }
+
+    #[test]
+    fn admission_flood_stays_bounded() {
+        // 3000 connections from 200 addresses against a 256-slot table: the table
+        // never exceeds its inbound share and no prefix exceeds its limit.
+        let mut a = Admission::new(256, 16, 8);
+        let mut open: std::collections::VecDeque<(ConnId, SourcePrefix)> = Default::default();
+        let (mut refused, mut evicted) = (0, 0);
+        for id in 0..3000u64 {
+            let p = v4(&format!("10.1.{}.{}", id % 200 / 100, id % 100));
+            match a.admit_inbound(p) {
+                Decision::Admit => {}
+                Decision::Evict(v) => {
+                    let i = open.iter().position(|&(x, _)| x == v).unwrap();
+                    let (_, vp) = open.remove(i).unwrap();
+                    a.remove(v, Some(vp));
+                    evicted += 1;
+                }
+                Decision::Refuse(_) => {
+                    refused += 1;
+                    continue;
+                }
+            }
+            a.add_inbound(id, p);
+            open.push_back((id, p));
+            assert!(a.total() <= 240);
+            assert!(a.unauth.values().all(|q| q.len() <= 8));
+        }
+        assert!(evicted > 2000 && refused == 0, "{evicted} {refused}");
+        // Same from one /64: refused past 8.
+        let mut b = Admission::new(256, 16, 8);
+        let p = v4("2001:db8:1:1::1");
+        let mut admitted = 0;
+        for id in 0..3000u64 {
+            if b.admit_inbound(p) == Decision::Admit {
+                b.add_inbound(id, p);
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 8);
+    }
+
+    #[test]
+    fn expiry_rule() {
+        let cfg = TcpConfig::default();
+        let t0 = Instant::now();
+        let s = |d: u64| t0 + Duration::from_millis(d);
+        let fresh = ConnTimes {
+            inbound: true,
+            connecting: false,
+            since: t0,
+            last_auth: None,
+            partial_since: None,
+        };
+        let deadline = cfg.auth_timeout.as_millis() as u64;
+        assert_eq!(expiry(&fresh, s(deadline - 1), &cfg), None);
+        assert_eq!(
+            expiry(&fresh, s(deadline + 1), &cfg),
+            Some(Expiry::AuthDeadline),
+            "silent, or talking garbage: the deadline runs from arrival regardless"
+        );
+        let authed = ConnTimes {
+            last_auth: Some(s(100)),
+            ..fresh
+        };
+        assert_eq!(expiry(&authed, s(deadline + 1), &cfg), None);
+        let idle = cfg.idle_timeout.as_millis() as u64;
+        assert_eq!(expiry(&authed, s(100 + idle - 1), &cfg), None);
+        assert_eq!(
+            expiry(&authed, s(100 + idle + 1), &cfg),
+            Some(Expiry::Idle),
+            "only authenticated messages reset the idle clock"
+        );
+        // Slowloris: a frame started and never finished.
+        let slow = ConnTimes {
+            partial_since: Some(s(200)),
+            ..authed
+        };
+        let partial = cfg.partial_timeout.as_millis() as u64;
+        assert_eq!(
+            expiry(&slow, s(200 + partial + 1), &cfg),
+            Some(Expiry::PartialFrame)
+        );
+        // Outbound: no auth deadline; connect timeout while connecting; idle from
+        // establishment.
+        let out = ConnTimes {
+            inbound: false,
+            ..fresh
+        };
+        assert_eq!(expiry(&out, s(deadline * 10), &cfg), None);
+        assert_eq!(
+            expiry(
+                &ConnTimes {
+                    connecting: true,
+                    ..out
+                },
+                s(10_001),
+                &cfg
+            ),
+            Some(Expiry::ConnectTimeout)
+        );
+        assert_eq!(expiry(&out, s(idle + 1), &cfg), Some(Expiry::Idle));
+        assert!(
+            AUTH_DEADLINE > Duration::from_millis(5333),
+            "a cookie retry fits"
+        );
+    }
+
+    fn framed(m: &[u8]) -> Vec<u8> {
+        let mut f = (m.len() as u16).to_be_bytes().to_vec();
+        f.extend_from_slice(m);
+        f
+    }
+
+    /// Well-framed garbage does not keep a connection: it is closed at the deadline
+    /// although it keeps talking; an authenticated one outlives it.
+    #[test]
+    fn garbage_does_not_keep_a_connection_alive() {
+        let (tx, rx) = mpsc::channel();
+        let cfg = TcpConfig {
+            auth_timeout: Duration::from_millis(800),
+            ..listen_cfg()
+        };
+        let server = TcpTransport::start(cfg, Arc::new(Chan(Mutex::new(tx)))).unwrap();
+        let h = server.handle();
+        let addr = server.local_addrs()[0];
+        let mut garbage = std::net::TcpStream::connect(addr).unwrap();
+        let mut good = std::net::TcpStream::connect(addr).unwrap();
+        good.write_all(&framed(&msg(40, 1))).unwrap();
+        let t0 = Instant::now();
+        let mut closed = None;
+        while t0.elapsed() < Duration::from_secs(3) && closed.is_none() {
+            let _ = garbage.write_all(&framed(&msg(40, 0xEE)));
+            std::thread::sleep(Duration::from_millis(100));
+            while let Ok(ev) = rx.try_recv() {
+                if let Ev::Closed(id) = ev {
+                    closed = Some(id);
+                }
+            }
+        }
+        assert!(closed.is_some(), "the garbage talker was closed");
+        let c = h.counters();
+        assert_eq!(
+            (c.deadline_closed, c.authenticated, c.open),
+            (1, 1, 1),
+            "{c}"
+        );
+        let st = h.stats(h.connections()[0]).unwrap();
+        assert!(st.authenticated);
+        good.write_all(&framed(&msg(40, 2))).unwrap();
+    }
+
+    /// A full table evicts the oldest unauthenticated connection for a newcomer and
+    /// never an authenticated one; our own connect() has its reserved slot.
+    #[test]
+    fn full_table_evicts_unauthenticated_only() {
+        let (tx, rx) = mpsc::channel();
+        let cfg = TcpConfig {
+            max_conns: 4,
+            reserved_outbound: 1,
+            ..listen_cfg()
+        };
+        let server = TcpTransport::start(cfg, Arc::new(Chan(Mutex::new(tx)))).unwrap();
+        let h = server.handle();
+        let addr = server.local_addrs()[0];
+        let mut authed = std::net::TcpStream::connect(addr).unwrap();
+        authed.write_all(&framed(&msg(40, 1))).unwrap();
+        let Ev::Msg(authed_id, _) = recv(&rx) else {
+            panic!()
+        };
+        // Same /32 (127.0.0.1): per-prefix limit 8 is not the constraint here.
+        let mut keep = Vec::new();
+        for _ in 0..6 {
+            keep.push(std::net::TcpStream::connect(addr).unwrap());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut evicted = 0;
+        while let Ok(Ev::Closed(id)) = rx.recv_timeout(Duration::from_millis(500)) {
+            assert_ne!(id, authed_id);
+            evicted += 1;
+        }
+        let c = h.counters();
+        assert_eq!(evicted, 4, "6 newcomers into 2 free inbound slots");
+        assert_eq!((c.evicted, c.open, c.unauthenticated), (4, 3, 2), "{c}");
+        // The reserved slot: connect out (to ourselves).
+        let out = h.connect(addr).unwrap();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(5)).expect("connected") {
+                Ev::Connected(id) => {
+                    assert_eq!(id, out);
+                    break;
+                }
+                Ev::Closed(id) => assert_ne!(id, authed_id),
+                Ev::Msg(..) => {}
+            }
+        }
+        authed.write_all(&framed(&msg(40, 2))).unwrap();
+        assert_eq!(recv(&rx), Ev::Msg(authed_id, msg(40, 2)));
     }
 }

@@ -5,6 +5,12 @@
 //!
 //! The fallback machine is fed from the device's per-peer transport counters, sampled by
 //! the timer thread (a few times a second), so the packet path does no extra work.
+//!
+//! Bounded under floods: nothing here keeps per-connection state for connections it did
+//! not open. The fallback client learns what became of its own connection by asking the
+//! transport ([`TcpHandle::is_connecting`]) on each tick, so the thousands of inbound
+//! connections a flood opens and closes leave no trace, whether `TcpFallback` is on or
+//! off.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -52,13 +58,6 @@ impl TcpOut for TcpSlot {
     }
 }
 
-/// Outcome notes from the transport thread for the fallback manager.
-#[derive(Default)]
-struct ConnEvents {
-    connected: Vec<ConnId>,
-    closed: Vec<ConnId>,
-}
-
 /// The device's side of the TCP transport.
 pub struct DeviceSink {
     device: Arc<Device>,
@@ -67,7 +66,6 @@ pub struct DeviceSink {
     tun: TunQueue,
     vnet_hdr: bool,
     scratch: Mutex<(Vec<u8>, Vec<u8>)>,
-    events: Mutex<ConnEvents>,
 }
 
 impl DeviceSink {
@@ -85,12 +83,7 @@ impl DeviceSink {
             tun,
             vnet_hdr,
             scratch: Mutex::new((vec![0u8; SCRATCH_SIZE], vec![0u8; SCRATCH_SIZE])),
-            events: Mutex::new(ConnEvents::default()),
         }
-    }
-
-    fn take_events(&self) -> ConnEvents {
-        std::mem::take(&mut *self.events.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
@@ -121,7 +114,9 @@ impl Io for SinkIo<'_> {
 }
 
 impl TcpSink for DeviceSink {
-    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) {
+    /// The device decides (one place, `Device::handle_datagram`) whether the message
+    /// proved a peer's keys; the transport lets only such messages keep the connection.
+    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool {
         let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let (scratch, tunbuf) = &mut *g;
         let table = self.device.snapshot();
@@ -137,24 +132,12 @@ impl TcpSink for DeviceSink {
             remote: worker::canonical(remote),
         };
         self.device
-            .handle_datagram(&table, from, msg, scratch, &mut io);
+            .handle_datagram(&table, from, msg, scratch, &mut io)
     }
 
-    fn on_closed(&self, conn: ConnId) {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .closed
-            .push(conn);
-    }
-
-    fn on_connected(&self, conn: ConnId) {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .connected
-            .push(conn);
-    }
+    // Deliberately records nothing: the fallback client polls its own connection (see
+    // the module doc), so closes of inbound connections cannot pile up here.
+    fn on_closed(&self, _conn: ConnId) {}
 }
 
 /// Start a transport listening on `ports` (`[::]:port`, IPv4 too).
@@ -174,8 +157,36 @@ struct PeerFb {
     seen: TransportEvents,
     udp: SocketAddr,
     tcp_port: u16,
-    conn: Option<(ConnId, SocketAddr)>,
+    conn: Option<OwnConn>,
     logged: Transport,
+}
+
+/// The fallback client's own TCP connection.
+#[derive(Clone, Copy, Debug)]
+struct OwnConn {
+    id: ConnId,
+    remote: SocketAddr,
+    /// `tcp_connected` has been fed for it.
+    reported: bool,
+}
+
+/// What polling the transport says about the fallback client's connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LinkNews {
+    Nothing,
+    Connected,
+    Failed,
+}
+
+/// `state` is [`TcpHandle::is_connecting`] for the connection: `Some(true)` still
+/// connecting, `Some(false)` open, `None` gone (refused, failed, closed: ids are never
+/// reused, so an id the transport no longer knows is gone for good).
+fn link_news(c: &OwnConn, state: Option<bool>) -> LinkNews {
+    match state {
+        None => LinkNews::Failed,
+        Some(false) if !c.reported => LinkNews::Connected,
+        Some(_) => LinkNews::Nothing,
+    }
 }
 
 /// Runs the fallback machines of all peers that have a configured endpoint.
@@ -242,7 +253,6 @@ impl FallbackManager {
             return;
         }
         self.sync(&cfg);
-        let ev = sink.take_events();
         let mut scratch = vec![0u8; SCRATCH_SIZE];
         let mut tunbuf = [0u8; 0];
         for (key, pf) in self.peers.iter_mut() {
@@ -261,13 +271,17 @@ impl FallbackManager {
                 }
             }
             pf.seen = cur;
-            if let Some((id, _)) = pf.conn {
-                if ev.connected.contains(&id) {
-                    pf.fb.tcp_connected(now);
-                }
-                if ev.closed.contains(&id) {
-                    pf.conn = None;
-                    pf.fb.tcp_failed(now);
+            if let Some(c) = pf.conn.as_mut() {
+                match link_news(c, handle.is_connecting(c.id)) {
+                    LinkNews::Nothing => {}
+                    LinkNews::Connected => {
+                        c.reported = true;
+                        pf.fb.tcp_connected(now);
+                    }
+                    LinkNews::Failed => {
+                        pf.conn = None;
+                        pf.fb.tcp_failed(now);
+                    }
                 }
             }
             let mut io = SinkIo {
@@ -284,7 +298,11 @@ impl FallbackManager {
                         match handle.connect(remote) {
                             Ok(id) => {
                                 log::info!("peer {}: UDP handshakes unanswered, connecting over TCP to {remote}", short(key));
-                                pf.conn = Some((id, remote));
+                                pf.conn = Some(OwnConn {
+                                    id,
+                                    remote,
+                                    reported: false,
+                                });
                             }
                             Err(e) => {
                                 log::warn!("peer {}: TCP connect to {remote}: {e}", short(key));
@@ -300,8 +318,8 @@ impl FallbackManager {
                     }
                     Action::SwitchToUdp => device.set_endpoint(key, PeerAddr::Udp(pf.udp)),
                     Action::CloseTcp => {
-                        if let Some((conn, _)) = pf.conn.take() {
-                            handle.close(conn);
+                        if let Some(c) = pf.conn.take() {
+                            handle.close(c.id);
                         }
                     }
                 }
@@ -310,10 +328,13 @@ impl FallbackManager {
             if t != pf.logged {
                 pf.logged = t;
                 if t == Transport::Tcp {
-                    if let Some((conn, remote)) = pf.conn {
+                    if let Some(c) = pf.conn {
                         // Move the peer onto the connection and handshake over it; the
                         // answer arriving on TCP confirms the endpoint (roaming).
-                        let to = PeerAddr::Tcp { conn, remote };
+                        let to = PeerAddr::Tcp {
+                            conn: c.id,
+                            remote: c.remote,
+                        };
                         device.set_endpoint(key, to);
                         device.force_handshake(key, to, &mut scratch, &mut io);
                     }
@@ -331,5 +352,108 @@ impl FallbackManager {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::tcp::TcpConfig;
+    use std::time::Duration;
+
+    #[test]
+    fn link_news_from_polling() {
+        let mut c = OwnConn {
+            id: 7,
+            remote: "192.0.2.1:443".parse().unwrap(),
+            reported: false,
+        };
+        assert_eq!(link_news(&c, Some(true)), LinkNews::Nothing, "connecting");
+        assert_eq!(link_news(&c, Some(false)), LinkNews::Connected);
+        c.reported = true;
+        assert_eq!(link_news(&c, Some(false)), LinkNews::Nothing, "told once");
+        assert_eq!(link_news(&c, None), LinkNews::Failed, "gone");
+    }
+
+    /// A sink that, like `DeviceSink`, keeps nothing per connection.
+    struct Nothing;
+
+    impl TcpSink for Nothing {
+        fn on_message(&self, _: ConnId, _: SocketAddr, _: &[u8]) -> bool {
+            false
+        }
+        fn on_closed(&self, _: ConnId) {}
+    }
+
+    /// What the fallback client polls: its own connection goes connecting -> open ->
+    /// gone, while inbound connections come and go without anything being recorded
+    /// for them (the unbounded event lists this replaced grew by one per close).
+    #[test]
+    fn own_connection_polled_inbound_churn_leaves_nothing() {
+        let server = TcpTransport::start(
+            TcpConfig {
+                listen: vec!["127.0.0.1:0".parse().unwrap()],
+                ..TcpConfig::default()
+            },
+            Arc::new(Nothing),
+        )
+        .unwrap();
+        let addr = server.local_addrs()[0];
+        let client = TcpTransport::start(TcpConfig::default(), Arc::new(Nothing)).unwrap();
+        let h = client.handle();
+        let mut own = OwnConn {
+            id: h.connect(addr).unwrap(),
+            remote: addr,
+            reported: false,
+        };
+        let mut news = Vec::new();
+        for _ in 0..100 {
+            match link_news(&own, h.is_connecting(own.id)) {
+                LinkNews::Nothing => {}
+                LinkNews::Connected => {
+                    own.reported = true;
+                    news.push(LinkNews::Connected);
+                    break;
+                }
+                LinkNews::Failed => panic!("connection to a listener failed"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(news, [LinkNews::Connected]);
+        // Inbound churn on the server: 300 connections open and close.
+        for _ in 0..300 {
+            drop(std::net::TcpStream::connect(addr).unwrap());
+        }
+        h.close(own.id);
+        let mut gone = false;
+        for _ in 0..100 {
+            if link_news(&own, h.is_connecting(own.id)) == LinkNews::Failed {
+                gone = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(gone, "a closed connection reads as gone");
+        // A refused connect is gone too (nothing listens on the port any more).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let refused = OwnConn {
+            id: h.connect(port).unwrap(),
+            remote: port,
+            reported: false,
+        };
+        let mut failed = false;
+        for _ in 0..100 {
+            if link_news(&refused, h.is_connecting(refused.id)) == LinkNews::Failed {
+                failed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(failed);
+        server.shutdown();
+        client.shutdown();
     }
 }

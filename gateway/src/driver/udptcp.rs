@@ -514,11 +514,14 @@ impl Tcp2UdpSink {
 }
 
 impl TcpSink for Tcp2UdpSink {
-    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) {
-        if let Some(side) = self.side(conn, remote) {
-            // A lost datagram is what UDP allows; the relay keeps going.
-            let _ = side.udp.send(msg);
-        }
+    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool {
+        let Some(side) = self.side(conn, remote) else {
+            return false;
+        };
+        // A lost datagram is what UDP allows; the relay keeps going.
+        let _ = side.udp.send(msg);
+        // A relay holds no keys: every message it forwards counts as authenticated.
+        true
     }
 
     fn on_closed(&self, conn: ConnId) {
