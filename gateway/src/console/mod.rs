@@ -10,7 +10,7 @@
 //! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own
 //! - [`store`]: files in DIR (saved config, history, password, confirm deadline), and
 //!   [`store::load_with_fallback`] for boot
-//! - [`atomic`]: crash-safe file replacement
+//! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash
 //!
@@ -32,7 +32,6 @@
 //! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
 //!   configuration another console saved meanwhile (`discard` reloads it).
 
-pub mod atomic;
 pub mod command;
 pub mod line;
 pub mod password;

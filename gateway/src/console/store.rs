@@ -10,8 +10,9 @@
 //! DIR/.riceguard.conf.tmp         only between the steps of an atomic write
 //! ```
 //!
-//! Every file is replaced through [`atomic::write()`], so a power cut leaves the old or the
-//! new version. The text format is behind [`Format`] so the history and fallback logic is
+//! Every file is replaced through [`crate::store::write()`] (secrets mode 0600 from
+//! creation) and removed through [`crate::store::remove()`], so a power cut leaves the old or
+//! the new version and a removal stays removed. The text format is behind [`Format`] so the history and fallback logic is
 //! tested without depending on the INI code.
 
 use std::fmt;
@@ -23,9 +24,9 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use std::time::SystemTime;
 
-use super::atomic;
 use super::validate::validate_candidate;
 use crate::core::config::Config;
+use crate::store::{self as durable, SECRET};
 
 pub const CONF: &str = "riceguard.conf";
 pub const HISTORY: &str = "history";
@@ -225,14 +226,14 @@ impl<F: Format> Store<F> {
             // the name, not the file. Fall back to a copy where links are not supported.
             if std::fs::hard_link(&conf, &h1).is_err() {
                 let old = std::fs::read(&conf).map_err(io_err(&conf))?;
-                atomic::write(&h1, &old).map_err(io_err(&h1))?;
+                durable::write(&h1, &old, SECRET).map_err(io_err(&h1))?;
             }
             let hdir = self.dir.join(HISTORY);
             std::fs::File::open(&hdir)
                 .and_then(|d| d.sync_all())
                 .map_err(io_err(&hdir))?;
         }
-        atomic::write(&conf, text.as_bytes()).map_err(io_err(&conf))
+        durable::write(&conf, text.as_bytes(), SECRET).map_err(io_err(&conf))
     }
 
     /// history/N -> N+1 for N = KEEP-1..1; the oldest is dropped.
@@ -277,7 +278,7 @@ impl<F: Format> Store<F> {
         let hdir = self.dir.join(HISTORY);
         match std::fs::remove_dir_all(&hdir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&hdir)(e)),
-            _ => Ok(()),
+            _ => durable::sync_dir(&self.dir).map_err(io_err(&self.dir)),
         }
     }
 
@@ -294,12 +295,9 @@ impl<F: Format> Store<F> {
         match hash {
             Some(h) => {
                 std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
-                atomic::write(&p, format!("{h}\n").as_bytes()).map_err(io_err(&p))
+                durable::write(&p, format!("{h}\n").as_bytes(), SECRET).map_err(io_err(&p))
             }
-            None => match std::fs::remove_file(&p) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&p)(e)),
-                _ => Ok(()),
-            },
+            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
         }
     }
 
@@ -316,11 +314,9 @@ impl<F: Format> Store<F> {
     pub fn set_pending_confirm(&self, deadline_unix: Option<u64>) -> Result<(), StoreError> {
         let p = self.dir.join(CONFIRM);
         match deadline_unix {
-            Some(t) => atomic::write(&p, format!("{t}\n").as_bytes()).map_err(io_err(&p)),
-            None => match std::fs::remove_file(&p) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&p)(e)),
-                _ => Ok(()),
-            },
+            Some(t) => durable::write(&p, format!("{t}\n").as_bytes(), SECRET).map_err(io_err(&p)),
+            // fsyncs the directory: after `confirm` and a power cut the rollback stays off.
+            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
         }
     }
 }
@@ -336,8 +332,8 @@ pub fn load_with_fallback(dir: &Path) -> (Config, Option<String>) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::console::atomic::tests::TempDir;
     use crate::core::key::Key;
+    use crate::store::tests::TempDir;
     use std::sync::Mutex;
 
     /// A stand-in for the INI format so the store's logic is tested on its own: the file

@@ -36,6 +36,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use crate::core::config::GatewayConfig;
 use crate::core::key::Key;
 use crate::core::net::Cidr;
+use crate::store;
 use crate::sys::netlink::{Netlink, Route};
 use crate::sys::os;
 
@@ -589,7 +590,11 @@ fn mount_perm() -> bool {
             mkdir("/perm/log");
             let boots = std::fs::read_to_string("/perm/log/boots").unwrap_or_default();
             let n = boots.trim().parse::<u64>().unwrap_or(0) + 1;
-            let _ = write_atomic(Path::new("/perm/log/boots"), format!("{n}\n").as_bytes());
+            let _ = store::write(
+                Path::new("/perm/log/boots"),
+                format!("{n}\n").as_bytes(),
+                store::PUBLIC,
+            );
             say!("perm mounted ({dev}, boot {n})");
             true
         }
@@ -602,21 +607,6 @@ fn mount_perm() -> bool {
             false
         }
     }
-}
-
-/// Write a file atomically: temp file, fsync, rename, fsync the directory.
-fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(d) = path.parent() {
-        File::open(d)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Make sure `/perm/riceguard.conf` exists (first boot: from the default config with a new
@@ -640,11 +630,11 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
             "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
         });
         let text = template.replace("@PRIVATE_KEY@", &key.to_base64());
-        match write_atomic(path, text.as_bytes()) {
+        // 0600 from creation: the file holds the private key.
+        match store::write(path, text.as_bytes(), store::SECRET) {
             Ok(()) => say!("first boot: generated a private key into {CONFIG}"),
             Err(e) => say!("first boot: writing {CONFIG}: {e}"),
         }
-        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
     }
     let mut text = String::new();
     if let Ok(f) = File::open(path) {
@@ -729,14 +719,8 @@ fn gateway_config(failsafe: bool) -> String {
             Some(private_key_line(&text).unwrap_or_else(Key::generate_private));
     }
     let out = crate::core::ini::emit(&cfg);
-    match write_atomic(Path::new(RUN_CONFIG), out.as_bytes()) {
-        Ok(()) => {
-            let _ = std::fs::set_permissions(
-                RUN_CONFIG,
-                std::os::unix::fs::PermissionsExt::from_mode(0o600),
-            );
-            RUN_CONFIG.into()
-        }
+    match store::write(Path::new(RUN_CONFIG), out.as_bytes(), store::SECRET) {
+        Ok(()) => RUN_CONFIG.into(),
         Err(e) => {
             say!("config: cannot write {RUN_CONFIG}: {e}; starting from {CONFIG}");
             CONFIG.into()

@@ -7,9 +7,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::console::atomic::tests::TempDir;
 use crate::console::store::tests::TableFormat;
 use crate::console::system::{Clock, Hooks};
+use crate::store::tests::TempDir;
 
 #[derive(Clone)]
 struct FakeClock {
