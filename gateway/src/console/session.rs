@@ -447,9 +447,12 @@ impl Session {
                     }
                 ))
             }
-            Command::Update(src) => Reply::ok(format!(
+            Command::Update {
+                source,
+                allow_downgrade,
+            } => Reply::ok(format!(
                 "{}\n(the configuration in /perm is kept; `reboot` starts the new slot on trial)",
-                self.hooks.update(&src)
+                self.hooks.update(&source, allow_downgrade)
             )),
             Command::RollbackSlot => Reply::ok(self.hooks.rollback_slot()),
             Command::Reboot => {
