@@ -59,13 +59,16 @@ pub fn main(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(opts) {
+    let rc = match run(opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("{e}");
             ExitCode::from(1)
         }
-    }
+    };
+    // The last lines (often the reason for exiting) reach the console first.
+    crate::logger::flush();
+    rc
 }
 
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -424,8 +427,11 @@ fn run(opts: Opts) -> Result<(), String> {
     if !opts.foreground {
         // The log goes to $RG_LOG_FILE when set (wireguard-go's daemon is silent too).
         let log_file = std::env::var("RG_LOG_FILE").ok();
-        crate::sys::process::daemonize(log_file.as_deref())
-            .map_err(|e| format!("daemonize: {e}"))?;
+        // No thread may run across fork: the log writer stops and restarts in the child.
+        crate::logger::pause();
+        let r = crate::sys::process::daemonize(log_file.as_deref());
+        crate::logger::resume();
+        r.map_err(|e| format!("daemonize: {e}"))?;
     }
     // Block the signals we handle before any thread exists, so only sigwait sees them.
     let mut sigs = SigSet::empty();
