@@ -98,7 +98,27 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 pub struct Store<F: Format> {
     dir: PathBuf,
     pub format: F,
+    /// False when init could not mount `perm` (DIR is then an empty tmpfs): its files
+    /// say nothing, so no password file there cannot mean "no password".
+    perm_mounted: bool,
 }
+
+/// What the console password file says. Only a password file that does not exist on a
+/// mounted `perm` means "no password"; anything unreadable keeps the console locked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Password {
+    /// No password is set.
+    Off,
+    /// The stored hash line.
+    Set(String),
+    /// The console stays locked; the text says why and how to recover.
+    Locked(String),
+}
+
+/// Said whenever the console is locked: failsafe mode does not need the console.
+pub const FAILSAFE_NOTE: &str =
+    "failsafe mode still works on purpose (press f and Enter at the early boot prompt: \
+the gateway starts without peers, the saved configuration is untouched)";
 
 /// What [`Store::load`] found.
 #[derive(Debug, Clone)]
@@ -115,7 +135,14 @@ impl<F: Format> Store<F> {
         Store {
             dir: dir.into(),
             format,
+            perm_mounted: true,
         }
+    }
+
+    /// Say that `perm` is not mounted (init's `--perm-unmounted`): the console stays locked.
+    pub fn perm_unmounted(mut self) -> Self {
+        self.perm_mounted = false;
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -282,11 +309,44 @@ impl<F: Format> Store<F> {
         }
     }
 
-    /// The stored console password hash line, if a password is set.
-    pub fn password(&self) -> Option<String> {
-        let s = std::fs::read_to_string(self.dir.join(PASSWD)).ok()?;
-        let s = s.trim();
-        (!s.is_empty()).then(|| s.to_string())
+    /// Whether a console password is set, fail-closed: a perm that is not mounted, a
+    /// read error, non-UTF-8, an empty or a damaged file all lock the console.
+    pub fn password(&self) -> Password {
+        let p = self.dir.join(PASSWD);
+        if !self.perm_mounted {
+            return Password::Locked(format!(
+                "the perm partition is not mounted, so the console password ({}) cannot be checked: \
+                 the console stays locked; {FAILSAFE_NOTE}; repair or re-flash the disk",
+                p.display()
+            ));
+        }
+        let fix = |what: String| {
+            Password::Locked(format!(
+                "{what}: the console stays locked; fix or remove {} on the perm partition from another machine; {FAILSAFE_NOTE}",
+                p.display()
+            ))
+        };
+        let bytes = match std::fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Password::Off,
+            Err(e) => {
+                return fix(format!(
+                    "cannot read the console password {}: {e}",
+                    p.display()
+                ))
+            }
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            return fix(format!("the console password {} is not text", p.display()));
+        };
+        let line = text.trim();
+        if line.is_empty() {
+            return fix(format!("the console password {} is empty", p.display()));
+        }
+        if !super::password::well_formed(line) {
+            return fix(format!("the console password {} is damaged", p.display()));
+        }
+        Password::Set(line.to_string())
     }
 
     /// Store a password hash line, or remove the password with `None`.
@@ -426,15 +486,59 @@ pub(crate) mod tests {
     fn password_and_confirm_marker() {
         let d = TempDir::new("pw");
         let s = Store::new(&d.0, TableFormat);
-        assert_eq!(s.password(), None);
-        s.set_password(Some("h$1")).unwrap();
-        assert_eq!(s.password().as_deref(), Some("h$1"));
+        assert_eq!(s.password(), Password::Off);
+        let h = crate::console::password::hash("a password");
+        s.set_password(Some(&h)).unwrap();
+        assert_eq!(s.password(), Password::Set(h));
         s.set_password(None).unwrap();
         s.set_password(None).unwrap();
-        assert_eq!(s.password(), None);
+        assert_eq!(s.password(), Password::Off);
         s.set_pending_confirm(Some(1234)).unwrap();
         assert_eq!(s.pending_confirm(), Some(1234));
         s.set_pending_confirm(None).unwrap();
         assert_eq!(s.pending_confirm(), None);
+    }
+
+    /// Only a missing file on a mounted perm means no password.
+    #[test]
+    fn password_fails_closed() {
+        let d = TempDir::new("pwlock");
+        let s = Store::new(&d.0, TableFormat);
+        let p = d.0.join(PASSWD);
+        for (what, bytes) in [
+            ("empty", &b""[..]),
+            ("empty", b" \n\n"),
+            ("not text", b"\xff\xfeblake2s-iter$1$AA$AA\n"),
+            ("damaged", b"hunter2\n"),
+        ] {
+            std::fs::write(&p, bytes).unwrap();
+            match s.password() {
+                Password::Locked(why) => assert!(
+                    why.contains(what) && why.contains("locked") && why.contains("failsafe"),
+                    "{why}"
+                ),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        // A read error (here: the name is a directory).
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        assert!(
+            matches!(s.password(), Password::Locked(w) if w.contains("cannot read")),
+            "directory"
+        );
+        std::fs::remove_dir(&p).unwrap();
+        assert_eq!(s.password(), Password::Off);
+        // perm not mounted: locked, with or without a file.
+        let u = Store::new(&d.0, TableFormat).perm_unmounted();
+        match u.password() {
+            Password::Locked(why) => {
+                assert!(
+                    why.contains("not mounted") && why.contains("failsafe"),
+                    "{why}"
+                )
+            }
+            other => panic!("unmounted: {other:?}"),
+        }
     }
 }

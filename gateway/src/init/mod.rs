@@ -401,10 +401,13 @@ fn stage2() -> ! {
         now,
     );
     if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
+        if !perm_ok {
+            say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");
+        }
         sup.add(
             Spec {
                 name: "console".into(),
-                argv: vec![BIN.into(), "console".into(), "--root".into(), PERM.into()],
+                argv: console_argv(perm_ok),
                 tty: Some(format!("/dev/{}", board.console)),
                 restart_delay: RESTART_DELAY,
             },
@@ -650,6 +653,16 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
             None
         }
     }
+}
+
+/// The console's command line; a `perm` that did not mount (an empty tmpfs is there
+/// instead) locks it: no password file there proves nothing.
+fn console_argv(perm_ok: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec![BIN.into(), "console".into(), "--root".into(), PERM.into()];
+    if !perm_ok {
+        v.push("--perm-unmounted".into());
+    }
+    v
 }
 
 /// How long the early-boot failsafe prompt waits for a key (OpenWrt-style).
@@ -1043,6 +1056,16 @@ mod tests {
             "kernel/drivers/virtio/virtio_pci.ko\n",
             "virtio_pci"
         ));
+    }
+
+    #[test]
+    fn console_locked_when_perm_did_not_mount() {
+        assert!(!console_argv(true).contains(&"--perm-unmounted".to_string()));
+        assert_eq!(
+            console_argv(false).last().map(String::as_str),
+            Some("--perm-unmounted")
+        );
+        assert_eq!(&console_argv(false)[1..4], ["console", "--root", PERM]);
     }
 
     #[test]
