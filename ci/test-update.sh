@@ -8,10 +8,11 @@
 #     byte written): too small, mounted loop device, file attached to a loop device, a
 #     partition, the host's own system disk, no confirmation
 #   - bundles: make, sign, and the refused variants (bad signature, wrong board,
-#     incompatible, corrupted body)
+#     incompatible, corrupted body, not newer: a downgrade)
 # QEMU (TCG, OVMF; bundles reach the guest as extra virtio disks, the request as a file
 # seeded into perm, see gateway/src/update/mod.rs BOOT_REQUEST):
-#   1. flashed v1 boots, refuses 4 bad bundles naming the check, installs v2 into slot B
+#   1. flashed v1 (build 1) boots, refuses 5 bad bundles naming the check (one of them
+#      v2's content signed as build 1: a downgrade), installs v2 (build 2) into slot B
 #   2. reboots into slot B running v2: on trial, marked good, perm (key) kept
 #   3. QEMU killed in the middle of writing an update: the old slot still boots
 #   4. a broken v3 (root without /sbin/init) installed into slot A fails 3 boots, then
@@ -71,7 +72,7 @@ bin=$top/target/x86_64-unknown-linux-musl/release/riceguard
 seed=$work/seed
 mkdir -p "$seed"
 # The guest installs the first of these that verifies, once, after its first good boot.
-printf '/dev/vdb\n/dev/vdc\n/dev/vdd\n/dev/vde\n/dev/vdf\n' >"$seed/update-on-boot"
+printf '/dev/vdb\n/dev/vdc\n/dev/vdd\n/dev/vde\n/dev/vdf\n/dev/vdg\n' >"$seed/update-on-boot"
 build() { # NAME VERSION [env...]
     local name=$1 v=$2; shift 2
     env "$@" RG_OUT="$work/$name" RG_VERSION="$v" RG_BIN="$bin" image/build.sh "$board" >"$work/$name.build" 2>&1 \
@@ -79,8 +80,9 @@ build() { # NAME VERSION [env...]
 }
 # QEMU user networking: the guest reaches the host's loopback as 10.0.2.2 (HTTP source).
 net=riceguard.uplink=10.0.2.15/24,gw=10.0.2.2
-if build v1 v1 RG_PERM_SEED="$seed" RG_CMDLINE_EXTRA=$net && build v2 v2 RG_CMDLINE_EXTRA=$net \
-    && build v3u v3-unhealthy RG_CMDLINE_EXTRA=riceguard.selftest=unhealthy; then
+# Build numbers (signed into bundles; a device takes only newer ones): v1 1, v2 2, v3 3.
+if build v1 v1 RG_BUILD=1 RG_PERM_SEED="$seed" RG_CMDLINE_EXTRA=$net && build v2 v2 RG_BUILD=2 RG_CMDLINE_EXTRA=$net \
+    && build v3u v3-unhealthy RG_BUILD=3 RG_CMDLINE_EXTRA=riceguard.selftest=unhealthy; then
     ok "images v1, v2 and v3-unhealthy built ($((SECONDS - t0))s)"
 else
     ko "image builds"; exit 1
@@ -94,8 +96,10 @@ mkb() { # NAME [env...]: bundle of v2 with overrides, copied to $work/NAME.bundl
 }
 openssl genpkey -algorithm ed25519 -out "$work/other.key" 2>/dev/null
 mkb badsig RG_UPDATE_KEY="$work/other.key" && mkb board RG_BUNDLE_BOARD=qemu-aarch64 \
-    && mkb compat RG_BUNDLE_COMPAT=3 RG_BUNDLE_MIN_COMPAT=2 && mkb good \
-    && ok "bundles made: good v2 ($(stat -c %s "$work/good.bundle") bytes) and 3 refused variants" || ko "bundle making"
+    && mkb compat RG_BUNDLE_COMPAT=3 RG_BUNDLE_MIN_COMPAT=2 && mkb old RG_BUNDLE_BUILD=1 && mkb good \
+    && ok "bundles made: good v2 ($(stat -c %s "$work/good.bundle") bytes) and 4 refused variants" || ko "bundle making"
+check "v1 root records its build number (etc/riceguard/build = 1)" sh -c "unsquashfs -q -cat '$work/v1/root.squashfs' etc/riceguard/build | grep -qx 1"
+check "good bundle's signed manifest carries build 2, the downgrade one build 1" sh -c "grep -aqx 'build 2' '$work/good.bundle' && grep -aqx 'build 1' '$work/old.bundle'"
 cp "$work/good.bundle" "$work/corrupt.bundle"
 # Flip one byte in the root part: 76 header bytes, the manifest, then the root.
 mlen=$(od -An -tu4 -j8 -N4 "$work/good.bundle" | tr -d ' ')
@@ -216,8 +220,8 @@ pad() { # bundle as a disk: whole sectors (the bundle ends where its manifest sa
 echo "== QEMU 1: flashed v1 refuses bad bundles, installs v2 into slot B, reboots"
 disk=$work/disk.img
 cp --sparse=always "$work/big.img" "$disk"
-for b in badsig board compat corrupt good; do pad "$work/$b.bundle" "$work/$b.disk"; done
-boot q1 "$disk" never RG_QEMU_DISKS="$work/badsig.disk $work/board.disk $work/compat.disk $work/corrupt.disk $work/good.disk"
+for b in badsig board compat corrupt old good; do pad "$work/$b.bundle" "$work/$b.disk"; done
+boot q1 "$disk" never RG_QEMU_DISKS="$work/badsig.disk $work/board.disk $work/compat.disk $work/corrupt.disk $work/old.disk $work/good.disk"
 l=$work/q1.log.txt
 check "q1: v1 booted from slot a" have "$l" 'riceguard-init: slot a booted'
 check "q1: boot marked good" have "$l" 'riceguard-init: boot marked good'
@@ -226,7 +230,8 @@ check "q1: bad signature refused" have "$l" 'vdb: bundle refused, nothing writte
 check "q1: wrong board refused" have "$l" 'vdc: bundle refused, nothing written: board check failed'
 check "q1: incompatible schema refused" have "$l" 'vdd: bundle refused, nothing written: compatibility check failed'
 check "q1: corrupted body refused" have "$l" 'vde: bundle refused, nothing written: hash check failed: part root'
-check "q1: good bundle verified" have "$l" 'update: verified v2'
+check "q1: downgrade (build 1 on build 1) refused" have "$l" 'vdf: bundle refused, nothing written: downgrade check failed: bundle v2 \(build 1\) is not newer than the running slot.s build 1'
+check "q1: good bundle verified" have "$l" 'update: verified v2 \(build 2\)'
 check "q1: read back checked" have "$l" 'read back: root and UKI match'
 check "q1: installed v2 into slot b, rebooting" have "$l" 'rebooting into slot b'
 check "q1: guest rebooted (QEMU exited by itself)" test "$boot_status" = 0
@@ -247,7 +252,7 @@ check "q2: gateway up" have "$l" 'riceguard-init: gateway up'
 k2=$(grep -a '^riceguard: public key' "$l" | head -1)
 check "q2: configuration/key kept across the update ($k2)" test -n "$k1" -a "$k1" = "$k2"
 check "q2: ESP entries: a and b good" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
-check "q2: the request was consumed (update-on-boot.done)" bash -c "$(declare -f perm_cat part_off); perm_cat '$disk' update-on-boot.done | grep -q vdf"
+check "q2: the request was consumed (update-on-boot.done)" bash -c "$(declare -f perm_cat part_off); perm_cat '$disk' update-on-boot.done | grep -q vdg"
 check "q2: no update requested again" test "$(grep -ca 'update requested' "$l")" = 0
 
 echo "== QEMU 3: QEMU killed while an update is being written: the old slot boots"
@@ -266,7 +271,7 @@ check "q3: next boot: marked good" have "$work/q3b.log.txt" 'riceguard-init: boo
 echo "== QEMU 4: a broken v3 fails its 3 tries, systemd-boot falls back to slot B"
 mkdir -p "$work/v3"
 cp "$work/v2/slot-a.efi" "$work/v2/slot-b.efi" "$work/v3/"
-sed 's/^version .*/version v3-broken/' "$work/v2/manifest.txt" >"$work/v3/manifest.txt"
+sed 's/^version .*/version v3-broken/; s/^build .*/build 3/' "$work/v2/manifest.txt" >"$work/v3/manifest.txt"
 mkdir -p "$work/v3root/etc/riceguard"
 echo "broken: no /sbin/init" >"$work/v3root/etc/riceguard/version"
 mksquashfs "$work/v3root" "$work/v3/root.squashfs" -quiet -noappend -comp zstd >/dev/null

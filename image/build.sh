@@ -17,7 +17,9 @@
 #        binary; default: build it), RG_CMDLINE_EXTRA (appended to the kernel command
 #        line, e.g. riceguard.uplink=192.0.2.2/24,gw=192.0.2.1), RG_PERM_SEED (a dir
 #        whose contents pre-seed the perm filesystem, e.g. riceguard.conf for tests),
-#        RG_VERSION (image version; default git describe), RG_UPDATE_KEY (image/keys.sh)
+#        RG_VERSION (image version; default git describe), RG_BUILD (monotonic build number,
+#        signed into update bundles: a device refuses bundles not newer than its own; default
+#        SOURCE_DATE_EPOCH, the commit time), RG_UPDATE_KEY (image/keys.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
@@ -38,6 +40,8 @@ work=$out/work
 rm -rf "$work"
 mkdir -p "$work"
 version=${RG_VERSION:-$(git describe --always --dirty 2>/dev/null || echo unknown)}
+build=${RG_BUILD:-$E}
+case $build in ''|*[!0-9]*) echo "build: RG_BUILD=$build is not a whole number" >&2; exit 2 ;; esac
 t_start=$(date +%s)
 step=0
 STEP() { step=$((step + 1)); printf '[%s %2d] %s\n' "$board" "$step" "$*"; }
@@ -126,6 +130,8 @@ mkdir -p "$rfs"/{dev,proc,sys,run,tmp,perm,usr/bin,sbin,var,etc/riceguard}
 cp -a rootfs-overlay/. "$rfs/"
 sed -i "s/@VERSION@/$version/g" "$rfs/etc/os-release"
 printf 'riceguard %s %s\n' "$version" "$board" >"$rfs/etc/riceguard/version"
+# The running slot's build number: the updater refuses bundles that are not newer.
+printf '%s\n' "$build" >"$rfs/etc/riceguard/build"
 install -m 0755 "$bin" "$rfs/usr/bin/riceguard"
 ln -s ../usr/bin/riceguard "$rfs/sbin/init"
 ln -s ../run "$rfs/var/run"
@@ -245,6 +251,7 @@ cp "$work/initramfs.cpio.zst" "$out/initramfs-$board.cpio.zst"
     echo "# riceguard image manifest"
     echo "board $board"
     echo "version $version"
+    echo "build $build"
     echo "source_date_epoch $E"
     echo "kernel $kver"
     for p in "${pkgs[@]}"; do echo "package $p"; done

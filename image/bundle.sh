@@ -7,13 +7,17 @@
 # (format, board, arch, version, compat, min-compat, sha256 and size of each part) +
 # root.squashfs + slot-a.efi + slot-b.efi. Format: gateway/src/core/bundle.rs. Only the
 # manifest is signed (openssl pkeyutl -rawin, ed25519); it binds each part by its sha256.
+# `build` (from the image's manifest.txt, RG_BUILD at image/build.sh time) is the signed,
+# monotonic build number: a device refuses a bundle not newer than its running slot.
 # The device writes the root and the UKI of the slot it installs into.
 #
 # usage: image/bundle.sh BOARD        (after image/build.sh BOARD; `make bundle` does both)
 # env:   RG_OUT (default out/<board>), RG_UPDATE_KEY (default keys/update.key, see
 #        image/keys.sh), RG_BUNDLE_COMPAT / RG_BUNDLE_MIN_COMPAT (configuration schema
 #        range this firmware handles, default 1/1), RG_BUNDLE_BOARD / RG_BUNDLE_ARCH
-#        (override, for tests of refusals)
+#        (override, for tests of refusals), RG_BUNDLE_BUILD (override the build number, for
+#        tests; RG_BUNDLE_BUILD=none leaves it out, as bundles made before build numbers:
+#        the only kind that devices running firmware from before build numbers accept)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 board=${1:?usage: image/bundle.sh BOARD}
@@ -24,6 +28,11 @@ for f in root.squashfs slot-a.efi slot-b.efi manifest.txt; do
     [ -s "$out/$f" ] || { echo "bundle: no $out/$f: run image/build.sh $board first (or make bundle)" >&2; exit 1; }
 done
 version=$(awk '$1 == "version" {print $2}' "$out/manifest.txt")
+build=${RG_BUNDLE_BUILD:-$(awk '$1 == "build" {print $2}' "$out/manifest.txt")}
+case $build in
+    none) build= ;;
+    ''|*[!0-9]*) echo "bundle: no build number in $out/manifest.txt (${build:-empty}): rebuild the image with image/build.sh" >&2; exit 1 ;;
+esac
 key=$(image/keys.sh key)
 # The image must carry the public key of the key that signs (else its devices refuse).
 if ! unsquashfs -q -cat "$out/root.squashfs" etc/riceguard/update.pub 2>/dev/null | grep -qxF "$(grep -v '^#' "$(image/keys.sh pub)")"; then
@@ -37,6 +46,7 @@ trap 'rm -rf "$tmp"' EXIT
     echo "board ${RG_BUNDLE_BOARD:-$board}"
     echo "arch ${RG_BUNDLE_ARCH:-$ARCH}"
     echo "version $version"
+    [ -z "$build" ] || echo "build $build"
     echo "compat ${RG_BUNDLE_COMPAT:-1}"
     echo "min-compat ${RG_BUNDLE_MIN_COMPAT:-${RG_BUNDLE_COMPAT:-1}}"
     for p in root:root.squashfs uki-a:slot-a.efi uki-b:slot-b.efi; do

@@ -36,8 +36,12 @@ pub enum Command {
         erase_history: bool,
     },
     Reboot,
-    /// Install a signed update bundle into the inactive slot (`riceguard update SOURCE`).
-    Update(String),
+    /// Install a signed update bundle into the inactive slot (`riceguard update SOURCE`);
+    /// `allow_downgrade`: also when its build is not newer than the running one.
+    Update {
+        source: String,
+        allow_downgrade: bool,
+    },
     /// Make the other slot the default boot entry again.
     RollbackSlot,
     Exit {
@@ -129,7 +133,7 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ("reboot", "", "restart the appliance (asks first)"),
     (
         "update",
-        "SOURCE",
+        "SOURCE [allow-downgrade]",
         "install a signed update bundle (http://HOST/FILE or a file path) into the other slot",
     ),
     (
@@ -344,9 +348,22 @@ pub fn parse(line: &str) -> Result<Command, String> {
         },
         "reboot" => no_args(Command::Reboot),
         "rollback-slot" => no_args(Command::RollbackSlot),
+        // A source is never taken for an option of `riceguard update`.
+        "update" if rest.iter().any(|w| w.starts_with('-')) => Err(
+            "usage: update SOURCE [allow-downgrade] (a SOURCE does not start with `-`)".into(),
+        ),
         "update" => match rest {
-            [src] => Ok(Command::Update((*src).to_string())),
-            _ => Err("usage: update SOURCE (http://HOST[:PORT]/PATH or a bundle file path)".into()),
+            [src] if *src != "allow-downgrade" => Ok(Command::Update {
+                source: (*src).to_string(),
+                allow_downgrade: false,
+            }),
+            [src, "allow-downgrade"] | ["allow-downgrade", src] if *src != "allow-downgrade" => {
+                Ok(Command::Update {
+                    source: (*src).to_string(),
+                    allow_downgrade: true,
+                })
+            }
+            _ => Err("usage: update SOURCE [allow-downgrade] (SOURCE: http://HOST[:PORT]/PATH or a bundle file path)".into()),
         },
         "exit" | "quit" => match rest {
             [] => Ok(Command::Exit { discard: false }),
@@ -460,6 +477,15 @@ pub fn help(topic: &[String]) -> Result<String, String> {
             .to_string(),
         "save" => "`commit` writes DIR/riceguard.conf itself (atomically, keeping 10 previous versions), so\n\
              `save` has nothing to do; it only says whether uncommitted changes exist.\n"
+            .to_string(),
+        "update" => "update SOURCE installs a signed update bundle (http://HOST[:PORT]/PATH, a file, or a block\n\
+             device) into the slot that is not running; `reboot` then starts it on trial (3 boots to\n\
+             become healthy, else the current slot comes back). The whole bundle is checked before\n\
+             anything is written: signature, board, arch, configuration schema, sizes, hashes, and\n\
+             its build number, which must be newer than the running slot's.\n\
+             update SOURCE allow-downgrade installs an older (or the same) build on purpose, e.g. to\n\
+             go back to a known release; without it such a bundle is refused, since an old bundle\n\
+             is still signed and anyone on a plain-HTTP path could offer one.\n"
             .to_string(),
         "factory-reset" => "factory-reset replaces the configuration with defaults and a freshly generated private\n\
              key, applies it, and removes the console password. The old configuration stays in the\n\
@@ -762,6 +788,36 @@ mod tests {
         );
         assert!(parse("show foo").unwrap_err().contains("candidate, peers"));
         assert!(parse("commit now").is_err());
+        assert_eq!(
+            parse("update http://192.0.2.1/a.bundle"),
+            Ok(Command::Update {
+                source: "http://192.0.2.1/a.bundle".into(),
+                allow_downgrade: false
+            })
+        );
+        for l in [
+            "update /dev/vdb allow-downgrade",
+            "update allow-downgrade /dev/vdb",
+        ] {
+            assert_eq!(
+                parse(l),
+                Ok(Command::Update {
+                    source: "/dev/vdb".into(),
+                    allow_downgrade: true
+                }),
+                "{l}"
+            );
+        }
+        for l in [
+            "update",
+            "update allow-downgrade",
+            "update a b",
+            "update a allow-downgrade x",
+            "update --reboot",
+        ] {
+            assert!(parse(l).unwrap_err().contains("allow-downgrade"), "{l}");
+        }
+        assert!(help(&s("update")).unwrap().contains("allow-downgrade"));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own
 //! - [`store`]: files in DIR (saved config, history, password, confirm deadline), and
 //!   [`store::load_with_fallback`] for boot
-//! - [`atomic`]: crash-safe file replacement
+//! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash
 //!
@@ -28,11 +28,14 @@
 //!   undone with `rollback 1`) unless `factory-reset erase-history`, and removes the
 //!   console password.
 //! - Console password: off by default, checked for every session (tty or script: the
-//!   first line is then the password), set/removed at once, not through commit.
+//!   first line is then the password), set/removed at once, not through commit. Fail
+//!   closed: only a password file that does not exist on a mounted `perm` means "no
+//!   password"; an unreadable, non-text, empty or damaged file, or a `perm` init could
+//!   not mount (`--perm-unmounted`), locks the console (failsafe mode at boot still works
+//!   without it, and the lock message says so).
 //! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
 //!   configuration another console saved meanwhile (`discard` reloads it).
 
-pub mod atomic;
 pub mod command;
 pub mod line;
 pub mod password;
@@ -57,8 +60,10 @@ use system::{Clock, RawMode, SystemClock, SystemHooks};
 
 pub use store::load_with_fallback;
 
-const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidfile PATH] [--status-file PATH]
+const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidfile PATH] [--status-file PATH] [--perm-unmounted]
   DIR          the appliance's perm partition (riceguard.conf, history/, console.passwd)
+  --perm-unmounted  DIR is not the perm partition (init could not mount it): the console
+               stays locked, since its password cannot be checked
   --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)
   --pidfile    the daemon's pid file, signalled with SIGHUP after a commit (default /run/riceguard.pid)
   --status-file  data-plane status written by the daemon (default /run/riceguard.status)";
@@ -66,11 +71,13 @@ const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidf
 struct Args {
     root: PathBuf,
     hooks: SystemHooks,
+    perm_unmounted: bool,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut root = None;
     let mut hooks = SystemHooks::default();
+    let mut perm_unmounted = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| {
@@ -83,12 +90,17 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--socket" => hooks.socket = Some(PathBuf::from(val("--socket")?)),
             "--pidfile" => hooks.pidfile = PathBuf::from(val("--pidfile")?),
             "--status-file" => hooks.status_file = PathBuf::from(val("--status-file")?),
+            "--perm-unmounted" => perm_unmounted = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{}`", validate::short(other))),
         }
     }
     let root = root.ok_or("--root DIR is required")?;
-    Ok(Args { root, hooks })
+    Ok(Args {
+        root,
+        hooks,
+        perm_unmounted,
+    })
 }
 
 /// Where replies go, with the terminal's needs (CRLF is done by the tty's output
@@ -150,7 +162,10 @@ pub fn main(args: &[String]) -> ExitCode {
         None
     };
     let format: Box<dyn Format> = Box::new(Ini);
-    let store = Store::new(args.root, format);
+    let mut store = Store::new(args.root, format);
+    if args.perm_unmounted {
+        store = store.perm_unmounted();
+    }
     let (session, hello) = Session::open(store, Box::new(args.hooks), Box::new(SystemClock));
     run(session, hello, tty)
 }

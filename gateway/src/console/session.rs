@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::command::{self, Command, Show};
 use super::password;
 use super::peers;
-use super::store::{Format, Store};
+use super::store::{Format, Password, Store};
 use super::system::{Clock, Hooks};
 use super::validate::{check_consistency, validate_candidate};
 use crate::core::config::Config;
@@ -89,6 +89,9 @@ pub struct Session {
     candidate: Config,
     pending: Option<PendingConfirm>,
     question: Option<Question>,
+    /// Why the console refuses every command (the password cannot be checked). A pending
+    /// `commit-confirm` still rolls back on time.
+    locked: Option<String>,
 }
 
 const MIN_PASSWORD: usize = 8;
@@ -188,6 +191,7 @@ impl Session {
             candidate: loaded.config,
             pending: None,
             question: None,
+            locked: None,
         };
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
@@ -222,8 +226,13 @@ impl Session {
                 }
             }
         }
-        if s.store.password().is_some() {
-            s.question = Some(Question::Login { tries: 0 });
+        match s.store.password() {
+            Password::Off => {}
+            Password::Set(_) => s.question = Some(Question::Login { tries: 0 }),
+            Password::Locked(why) => {
+                let _ = writeln!(text, "console locked: {why}");
+                s.locked = Some(why);
+            }
         }
         let reply = Reply::ok(text.trim_end());
         (s, reply)
@@ -239,6 +248,9 @@ impl Session {
 
     /// The prompt to show before the next line.
     pub fn prompt(&self) -> &'static str {
+        if self.locked.is_some() {
+            return "locked> ";
+        }
         match &self.question {
             Some(Question::Login { .. }) => "Password: ",
             Some(Question::FactoryReset { .. } | Question::Reboot) => "Type yes to continue: ",
@@ -310,6 +322,9 @@ impl Session {
 
     /// Execute one input line.
     pub fn handle_line(&mut self, line: &str) -> Reply {
+        if let Some(why) = &self.locked {
+            return Reply::err(format!("console locked: {why}"));
+        }
         if let Some(q) = self.question.take() {
             return self.answer(q, line);
         }
@@ -447,9 +462,12 @@ impl Session {
                     }
                 ))
             }
-            Command::Update(src) => Reply::ok(format!(
+            Command::Update {
+                source,
+                allow_downgrade,
+            } => Reply::ok(format!(
                 "{}\n(the configuration in /perm is kept; `reboot` starts the new slot on trial)",
-                self.hooks.update(&src)
+                self.hooks.update(&source, allow_downgrade)
             )),
             Command::RollbackSlot => Reply::ok(self.hooks.rollback_slot()),
             Command::Reboot => {
@@ -609,17 +627,18 @@ impl Session {
         let yes = line.trim().eq_ignore_ascii_case("yes");
         match q {
             Question::Login { tries } => {
-                let stored = self.store.password().unwrap_or_default();
+                let stored = match self.store.password() {
+                    Password::Set(h) => h,
+                    // Removed or damaged since the console started: never fail open.
+                    Password::Off => String::new(),
+                    Password::Locked(why) => {
+                        let r = Reply::err(format!("console locked: {why}"));
+                        self.locked = Some(why);
+                        return r;
+                    }
+                };
                 if password::verify(line, &stored) {
                     return Reply::ok("");
-                }
-                if !password::well_formed(&stored) {
-                    // Not fail-open: say how to recover instead.
-                    self.question = Some(Question::Login { tries });
-                    return Reply::err(format!(
-                        "{} is damaged; remove it from the perm partition to reset the password",
-                        self.store.dir().join(super::store::PASSWD).display()
-                    ));
                 }
                 if tries + 1 >= 3 {
                     return Reply {

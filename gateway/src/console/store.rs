@@ -10,8 +10,9 @@
 //! DIR/.riceguard.conf.tmp         only between the steps of an atomic write
 //! ```
 //!
-//! Every file is replaced through [`atomic::write()`], so a power cut leaves the old or the
-//! new version. The text format is behind [`Format`] so the history and fallback logic is
+//! Every file is replaced through [`crate::store::write()`] (secrets mode 0600 from
+//! creation) and removed through [`crate::store::remove()`], so a power cut leaves the old or
+//! the new version and a removal stays removed. The text format is behind [`Format`] so the history and fallback logic is
 //! tested without depending on the INI code.
 
 use std::fmt;
@@ -23,9 +24,9 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::{Flock, FlockArg};
 use std::time::SystemTime;
 
-use super::atomic;
 use super::validate::validate_candidate;
 use crate::core::config::Config;
+use crate::store::{self as durable, SECRET};
 
 pub const CONF: &str = "riceguard.conf";
 pub const HISTORY: &str = "history";
@@ -97,7 +98,27 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
 pub struct Store<F: Format> {
     dir: PathBuf,
     pub format: F,
+    /// False when init could not mount `perm` (DIR is then an empty tmpfs): its files
+    /// say nothing, so no password file there cannot mean "no password".
+    perm_mounted: bool,
 }
+
+/// What the console password file says. Only a password file that does not exist on a
+/// mounted `perm` means "no password"; anything unreadable keeps the console locked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Password {
+    /// No password is set.
+    Off,
+    /// The stored hash line.
+    Set(String),
+    /// The console stays locked; the text says why and how to recover.
+    Locked(String),
+}
+
+/// Said whenever the console is locked: failsafe mode does not need the console.
+pub const FAILSAFE_NOTE: &str =
+    "failsafe mode still works on purpose (press f and Enter at the early boot prompt: \
+the gateway starts without peers, the saved configuration is untouched)";
 
 /// What [`Store::load`] found.
 #[derive(Debug, Clone)]
@@ -114,7 +135,14 @@ impl<F: Format> Store<F> {
         Store {
             dir: dir.into(),
             format,
+            perm_mounted: true,
         }
+    }
+
+    /// Say that `perm` is not mounted (init's `--perm-unmounted`): the console stays locked.
+    pub fn perm_unmounted(mut self) -> Self {
+        self.perm_mounted = false;
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -225,14 +253,14 @@ impl<F: Format> Store<F> {
             // the name, not the file. Fall back to a copy where links are not supported.
             if std::fs::hard_link(&conf, &h1).is_err() {
                 let old = std::fs::read(&conf).map_err(io_err(&conf))?;
-                atomic::write(&h1, &old).map_err(io_err(&h1))?;
+                durable::write(&h1, &old, SECRET).map_err(io_err(&h1))?;
             }
             let hdir = self.dir.join(HISTORY);
             std::fs::File::open(&hdir)
                 .and_then(|d| d.sync_all())
                 .map_err(io_err(&hdir))?;
         }
-        atomic::write(&conf, text.as_bytes()).map_err(io_err(&conf))
+        durable::write(&conf, text.as_bytes(), SECRET).map_err(io_err(&conf))
     }
 
     /// history/N -> N+1 for N = KEEP-1..1; the oldest is dropped.
@@ -277,15 +305,48 @@ impl<F: Format> Store<F> {
         let hdir = self.dir.join(HISTORY);
         match std::fs::remove_dir_all(&hdir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&hdir)(e)),
-            _ => Ok(()),
+            _ => durable::sync_dir(&self.dir).map_err(io_err(&self.dir)),
         }
     }
 
-    /// The stored console password hash line, if a password is set.
-    pub fn password(&self) -> Option<String> {
-        let s = std::fs::read_to_string(self.dir.join(PASSWD)).ok()?;
-        let s = s.trim();
-        (!s.is_empty()).then(|| s.to_string())
+    /// Whether a console password is set, fail-closed: a perm that is not mounted, a
+    /// read error, non-UTF-8, an empty or a damaged file all lock the console.
+    pub fn password(&self) -> Password {
+        let p = self.dir.join(PASSWD);
+        if !self.perm_mounted {
+            return Password::Locked(format!(
+                "the perm partition is not mounted, so the console password ({}) cannot be checked: \
+                 the console stays locked; {FAILSAFE_NOTE}; repair or re-flash the disk",
+                p.display()
+            ));
+        }
+        let fix = |what: String| {
+            Password::Locked(format!(
+                "{what}: the console stays locked; fix or remove {} on the perm partition from another machine; {FAILSAFE_NOTE}",
+                p.display()
+            ))
+        };
+        let bytes = match std::fs::read(&p) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Password::Off,
+            Err(e) => {
+                return fix(format!(
+                    "cannot read the console password {}: {e}",
+                    p.display()
+                ))
+            }
+        };
+        let Ok(text) = String::from_utf8(bytes) else {
+            return fix(format!("the console password {} is not text", p.display()));
+        };
+        let line = text.trim();
+        if line.is_empty() {
+            return fix(format!("the console password {} is empty", p.display()));
+        }
+        if !super::password::well_formed(line) {
+            return fix(format!("the console password {} is damaged", p.display()));
+        }
+        Password::Set(line.to_string())
     }
 
     /// Store a password hash line, or remove the password with `None`.
@@ -294,12 +355,9 @@ impl<F: Format> Store<F> {
         match hash {
             Some(h) => {
                 std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
-                atomic::write(&p, format!("{h}\n").as_bytes()).map_err(io_err(&p))
+                durable::write(&p, format!("{h}\n").as_bytes(), SECRET).map_err(io_err(&p))
             }
-            None => match std::fs::remove_file(&p) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&p)(e)),
-                _ => Ok(()),
-            },
+            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
         }
     }
 
@@ -316,11 +374,9 @@ impl<F: Format> Store<F> {
     pub fn set_pending_confirm(&self, deadline_unix: Option<u64>) -> Result<(), StoreError> {
         let p = self.dir.join(CONFIRM);
         match deadline_unix {
-            Some(t) => atomic::write(&p, format!("{t}\n").as_bytes()).map_err(io_err(&p)),
-            None => match std::fs::remove_file(&p) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err(&p)(e)),
-                _ => Ok(()),
-            },
+            Some(t) => durable::write(&p, format!("{t}\n").as_bytes(), SECRET).map_err(io_err(&p)),
+            // fsyncs the directory: after `confirm` and a power cut the rollback stays off.
+            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
         }
     }
 }
@@ -336,8 +392,8 @@ pub fn load_with_fallback(dir: &Path) -> (Config, Option<String>) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::console::atomic::tests::TempDir;
     use crate::core::key::Key;
+    use crate::store::tests::TempDir;
     use std::sync::Mutex;
 
     /// A stand-in for the INI format so the store's logic is tested on its own: the file
@@ -430,15 +486,59 @@ pub(crate) mod tests {
     fn password_and_confirm_marker() {
         let d = TempDir::new("pw");
         let s = Store::new(&d.0, TableFormat);
-        assert_eq!(s.password(), None);
-        s.set_password(Some("h$1")).unwrap();
-        assert_eq!(s.password().as_deref(), Some("h$1"));
+        assert_eq!(s.password(), Password::Off);
+        let h = crate::console::password::hash("a password");
+        s.set_password(Some(&h)).unwrap();
+        assert_eq!(s.password(), Password::Set(h));
         s.set_password(None).unwrap();
         s.set_password(None).unwrap();
-        assert_eq!(s.password(), None);
+        assert_eq!(s.password(), Password::Off);
         s.set_pending_confirm(Some(1234)).unwrap();
         assert_eq!(s.pending_confirm(), Some(1234));
         s.set_pending_confirm(None).unwrap();
         assert_eq!(s.pending_confirm(), None);
+    }
+
+    /// Only a missing file on a mounted perm means no password.
+    #[test]
+    fn password_fails_closed() {
+        let d = TempDir::new("pwlock");
+        let s = Store::new(&d.0, TableFormat);
+        let p = d.0.join(PASSWD);
+        for (what, bytes) in [
+            ("empty", &b""[..]),
+            ("empty", b" \n\n"),
+            ("not text", b"\xff\xfeblake2s-iter$1$AA$AA\n"),
+            ("damaged", b"hunter2\n"),
+        ] {
+            std::fs::write(&p, bytes).unwrap();
+            match s.password() {
+                Password::Locked(why) => assert!(
+                    why.contains(what) && why.contains("locked") && why.contains("failsafe"),
+                    "{why}"
+                ),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        // A read error (here: the name is a directory).
+        std::fs::remove_file(&p).unwrap();
+        std::fs::create_dir(&p).unwrap();
+        assert!(
+            matches!(s.password(), Password::Locked(w) if w.contains("cannot read")),
+            "directory"
+        );
+        std::fs::remove_dir(&p).unwrap();
+        assert_eq!(s.password(), Password::Off);
+        // perm not mounted: locked, with or without a file.
+        let u = Store::new(&d.0, TableFormat).perm_unmounted();
+        match u.password() {
+            Password::Locked(why) => {
+                assert!(
+                    why.contains("not mounted") && why.contains("failsafe"),
+                    "{why}"
+                )
+            }
+            other => panic!("unmounted: {other:?}"),
+        }
     }
 }

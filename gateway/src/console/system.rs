@@ -47,9 +47,9 @@ pub trait Hooks {
     fn status(&mut self) -> Vec<String>;
     /// Restart the appliance; the text says what happened.
     fn reboot(&mut self) -> String;
-    /// Verify and install an update bundle into the inactive slot; the text is the
-    /// updater's report.
-    fn update(&mut self, _source: &str) -> String {
+    /// Verify and install an update bundle into the inactive slot (`allow_downgrade`: also
+    /// a build not newer than the running one); the text is the updater's report.
+    fn update(&mut self, _source: &str, _allow_downgrade: bool) -> String {
         "updates are not available in this mode".into()
     }
     /// Make the other slot the default boot entry.
@@ -193,6 +193,15 @@ impl Hooks for SystemHooks {
 
     fn status(&mut self) -> Vec<String> {
         let mut out = vec![format!("version: riceguard {}", env!("CARGO_PKG_VERSION"))];
+        if let Ok(v) = std::fs::read_to_string("/etc/riceguard/version") {
+            let build =
+                crate::update::parse_build_file(std::fs::read_to_string(crate::update::BUILD_FILE));
+            out.push(format!(
+                "firmware: {} (build {})",
+                v.trim().chars().take(100).collect::<String>(),
+                build.map_or_else(|e| format!("unknown: {e}"), |b| b.to_string())
+            ));
+        }
         let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
         out.push(match slot_from_cmdline(&cmdline) {
             Some(s) => format!("boot slot: {s}"),
@@ -221,11 +230,15 @@ impl Hooks for SystemHooks {
         out
     }
 
-    fn update(&mut self, source: &str) -> String {
+    fn update(&mut self, source: &str, allow_downgrade: bool) -> String {
         if !on_appliance() {
             return "host mode: updates are installed on the appliance (`riceguard update SOURCE` there)".into();
         }
-        run_self(&["update", source])
+        if allow_downgrade {
+            run_self(&["update", "--allow-downgrade", source])
+        } else {
+            run_self(&["update", source])
+        }
     }
 
     fn rollback_slot(&mut self) -> String {

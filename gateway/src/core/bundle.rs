@@ -12,12 +12,22 @@
 //! | 76 | M | manifest, UTF-8 text, one `key value` per line |
 //! | 76+M | ... | the parts, in manifest order, back to back, nothing after |
 //!
-//! Manifest keys: `format 1`, `board B`, `arch A`, `version V`, `compat N`,
+//! Manifest keys: `format 1`, `board B`, `arch A`, `version V`, `build N`, `compat N`,
 //! `min-compat N`, and per part `part NAME SIZE SHA256HEX` with NAME `root` (the
 //! squashfs root), `uki-a` and `uki-b` (the unified kernel images of the two slots: they
 //! differ only in the `riceguard.slot=` baked into their command line, and the device
 //! installs the one of the slot it writes). Only the manifest is signed; each part is
 //! bound to it by its sha256 and size.
+//!
+//! `build` is the monotonic build number (a u64; `image/build.sh` uses `RG_BUILD`, by
+//! default the commit time). It is signed with the rest of the manifest, and a device
+//! refuses a bundle whose build is not greater than the running slot's
+//! (`/etc/riceguard/build` in its root) unless the user allows a downgrade: an older
+//! bundle, although signed by us, is old firmware with its old bugs, and over plain HTTP
+//! anyone on the path could offer one. A bundle without `build` (made before build numbers
+//! existed) counts as build 0: refused as a downgrade by default, installable on purpose
+//! with `allow-downgrade` (it is still ours, and going back to a known release is a
+//! legitimate choice).
 use core::fmt;
 
 use ed25519_dalek::{Signature, VerifyingKey};
@@ -63,6 +73,13 @@ pub enum BundleError {
         max: u32,
         device: u32,
     },
+    /// Not newer than the running slot (`running` is `None` when its build number is
+    /// unreadable) and no downgrade was allowed.
+    Downgrade {
+        version: String,
+        bundle: Option<u64>,
+        running: Option<u64>,
+    },
     PartTooBig {
         part: String,
         size: u64,
@@ -102,6 +119,27 @@ impl fmt::Display for BundleError {
                 f,
                 "compatibility check failed: bundle takes configuration schema {min}..={max}, this device has {device}"
             ),
+            Self::Downgrade {
+                version,
+                bundle,
+                running,
+            } => {
+                let b = match bundle {
+                    Some(b) => format!("bundle {version} (build {b})"),
+                    None => format!(
+                        "bundle {version} (no build number: made before build numbers, counts as 0)"
+                    ),
+                };
+                let r = match running {
+                    Some(r) => format!("is not newer than the running slot's build {r}"),
+                    None => "cannot be compared: the running slot's build number is unreadable"
+                        .to_string(),
+                };
+                write!(
+                    f,
+                    "downgrade check failed: {b} {r}; to install it anyway: `update SOURCE allow-downgrade` on the console (riceguard update --allow-downgrade)"
+                )
+            }
             Self::PartTooBig { part, size, limit } => write!(
                 f,
                 "size check failed: part {part} is {size} bytes, its place holds {limit}"
@@ -129,6 +167,8 @@ pub struct Manifest {
     pub board: String,
     pub arch: String,
     pub version: String,
+    /// The signed, monotonic build number; `None` for bundles made before it existed.
+    pub build: Option<u64>,
     pub compat: u32,
     pub min_compat: u32,
     pub parts: Vec<Part>,
@@ -201,7 +241,7 @@ fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
     let bad = |n: usize, s: &str| BundleError::Manifest(n, s.to_string());
     let text = core::str::from_utf8(bytes).map_err(|_| bad(0, "not UTF-8"))?;
     let (mut format, mut board, mut arch, mut version) = (None, None, None, None);
-    let (mut compat, mut min_compat) = (None, None);
+    let (mut compat, mut min_compat, mut build) = (None, None, None);
     let mut parts: Vec<Part> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
@@ -224,6 +264,15 @@ fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
             "arch" => arch = Some(word(v)?),
             "version" => version = Some(word(v)?),
             "compat" => compat = Some(num(v)?),
+            "build" => {
+                if build.is_some() {
+                    return Err(bad(n, "build listed twice"));
+                }
+                build = Some(
+                    v.parse::<u64>()
+                        .map_err(|_| bad(n, "build must be a whole number"))?,
+                )
+            }
             "min-compat" => min_compat = Some(num(v)?),
             "part" => {
                 let f: Vec<&str> = v.split_whitespace().collect();
@@ -263,6 +312,7 @@ fn parse_manifest(bytes: &[u8]) -> Result<Manifest, BundleError> {
         board: need(board, "board")?,
         arch: need(arch, "arch")?,
         version: need(version, "version")?,
+        build,
         compat,
         min_compat: min_compat.unwrap_or(compat),
         parts,
@@ -297,13 +347,18 @@ pub struct DeviceInfo {
     pub board: String,
     pub arch: String,
     pub compat: u32,
+    /// The running slot's build number (`None`: unreadable, so only an allowed downgrade
+    /// installs).
+    pub build: Option<u64>,
 }
 
-/// Board, arch and schema compatibility, then each part against the space it goes to.
+/// Board, arch, schema compatibility and the downgrade check (skipped when
+/// `allow_downgrade`), then each part against the space it goes to.
 pub fn check_policy(
     m: &Manifest,
     dev: &DeviceInfo,
     limits: &[(&str, u64)],
+    allow_downgrade: bool,
 ) -> Result<(), BundleError> {
     if m.board != dev.board {
         return Err(BundleError::WrongBoard {
@@ -324,6 +379,17 @@ pub fn check_policy(
             min: m.min_compat,
             max: m.compat,
             device: dev.compat,
+        });
+    }
+    let newer = match (m.build, dev.build) {
+        (b, Some(r)) => b.unwrap_or(0) > r,
+        (_, None) => false,
+    };
+    if !newer && !allow_downgrade {
+        return Err(BundleError::Downgrade {
+            version: m.version.clone(),
+            bundle: m.build,
+            running: dev.build,
         });
     }
     for (name, limit) in limits {
@@ -359,7 +425,7 @@ pub(crate) mod tests {
 
     pub fn manifest_for(board: &str, root: &[u8], uki: &[u8], extra: &str) -> String {
         let mut m = format!(
-            "format 1\nboard {board}\narch x86_64\nversion v2\ncompat 1\nmin-compat 1\n{extra}part root {} {}\n",
+            "format 1\nboard {board}\narch x86_64\nversion v2\nbuild 2\ncompat 1\nmin-compat 1\n{extra}part root {} {}\n",
             root.len(),
             hex(&Sha256::digest(root)),
         );
@@ -392,6 +458,7 @@ pub(crate) mod tests {
             board: "qemu-x86_64".into(),
             arch: "x86_64".into(),
             compat: 1,
+            build: Some(1),
         }
     }
 
@@ -402,9 +469,10 @@ pub(crate) mod tests {
         let b = make_bundle(&k, &m, b"rootfs", b"kernel");
         let man = verify_header(&b, &k.verifying_key()).unwrap();
         assert_eq!(man.version, "v2");
+        assert_eq!(man.build, Some(2));
         assert_eq!(man.part("root").unwrap().size, 6);
         assert_eq!(man.body_len(), 20);
-        check_policy(&man, &dev(), &[("root", 6), ("uki-a", 100)]).unwrap();
+        check_policy(&man, &dev(), &[("root", 6), ("uki-a", 100)], false).unwrap();
     }
 
     #[test]
@@ -429,20 +497,20 @@ pub(crate) mod tests {
         let mut d = dev();
         d.board = "qemu-aarch64".into();
         assert!(matches!(
-            check_policy(&man, &d, &[]),
+            check_policy(&man, &d, &[], false),
             Err(BundleError::WrongBoard { .. })
         ));
         let mut d = dev();
         d.arch = "aarch64".into();
         assert!(matches!(
-            check_policy(&man, &d, &[]),
+            check_policy(&man, &d, &[], false),
             Err(BundleError::WrongArch { .. })
         ));
         let mut d = dev();
         d.compat = 2;
-        let e = check_policy(&man, &d, &[]).unwrap_err();
+        let e = check_policy(&man, &d, &[], false).unwrap_err();
         assert!(e.to_string().contains("compatibility check failed"), "{e}");
-        let e = check_policy(&man, &dev(), &[("root", 0)]).unwrap_err();
+        let e = check_policy(&man, &dev(), &[("root", 0)], false).unwrap_err();
         assert!(e.to_string().contains("size check failed"), "{e}");
         // A manifest part beyond MAX_PART is refused while parsing.
         let m = format!(
@@ -470,6 +538,10 @@ pub(crate) mod tests {
             "format 1\nboard b\narch a\nversion v\ncompat x\n",
             "format 1\nboard b\narch a\nversion v\ncompat 1\npart root 1 zz\npart uki-a 1 00\n",
             "format 1\nboard b\narch a\nversion v\ncompat 1\npart kernel 1 00\n",
+            "format 1\nboard b\narch a\nversion v\nbuild -1\ncompat 1\n",
+            "format 1\nboard b\narch a\nversion v\nbuild 1.5\ncompat 1\n",
+            "format 1\nboard b\narch a\nversion v\nbuild 2\nbuild 3\ncompat 1\n",
+            "format 1\nboard b\narch a\nversion v\nbuild 99999999999999999999\ncompat 1\n",
         ] {
             let b = make_bundle(&k, m, b"", b"");
             assert!(
@@ -477,6 +549,66 @@ pub(crate) mod tests {
                 "{m}"
             );
         }
+    }
+
+    /// The build number is signed and must be greater than the running slot's; equal,
+    /// older, missing (old bundles: build 0) and an unreadable running build are refused
+    /// unless the downgrade is allowed.
+    #[test]
+    fn downgrade_refused_unless_allowed() {
+        let k = test_key(5);
+        let pk = k.verifying_key();
+        let with_build = |b: &str| {
+            let m = manifest_for("qemu-x86_64", b"r", b"u", "").replace("build 2\n", b);
+            verify_header(&make_bundle(&k, &m, b"r", b"u"), &pk).unwrap()
+        };
+        let at = |running: Option<u64>| DeviceInfo {
+            build: running,
+            ..dev()
+        };
+        let v2 = with_build("build 2\n");
+        assert_eq!(check_policy(&v2, &at(Some(1)), &[], false), Ok(()));
+        for (man, running) in [
+            (&v2, Some(2)),
+            (&v2, Some(3)),
+            (&v2, None),
+            (&with_build(""), Some(0)),
+            (&with_build(""), Some(5)),
+            (&with_build("build 0\n"), Some(0)),
+        ] {
+            let e = check_policy(man, &at(running), &[], false).unwrap_err();
+            assert!(
+                matches!(e, BundleError::Downgrade { .. }),
+                "{running:?}: {e}"
+            );
+            let t = e.to_string();
+            assert!(
+                t.contains("downgrade check failed") && t.contains("allow-downgrade"),
+                "{t}"
+            );
+            assert_eq!(check_policy(man, &at(running), &[], true), Ok(()));
+        }
+        assert!(with_build("").build.is_none());
+        let t = check_policy(&with_build(""), &at(Some(7)), &[], false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            t.contains("no build number") && t.contains("build 7"),
+            "{t}"
+        );
+        // The build line is covered by the signature: editing it breaks the signature.
+        let m = manifest_for("qemu-x86_64", b"r", b"u", "");
+        let mut b = make_bundle(&k, &m, b"r", b"u");
+        let at_build = HEADER_LEN + m.find("build 2").unwrap() + 6;
+        b[at_build] = b'9';
+        assert_eq!(verify_header(&b, &pk), Err(BundleError::BadSignature));
+        // Other checks still come first: a wrong board is reported as such.
+        let mut d = at(Some(9));
+        d.board = "other".into();
+        assert!(matches!(
+            check_policy(&v2, &d, &[], false),
+            Err(BundleError::WrongBoard { .. })
+        ));
     }
 
     #[test]

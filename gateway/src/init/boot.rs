@@ -59,7 +59,7 @@ pub fn mark_good(esp: &Path, slot: char) -> std::io::Result<Marked> {
     let Some((from, to)) = counted_entry(names.iter().map(String::as_str), slot) else {
         return Ok(Marked::AlreadyGood);
     };
-    std::fs::rename(dir.join(from), dir.join(&to))?;
+    crate::store::rename(&dir.join(from), &dir.join(&to))?;
     crate::sys::os::sync();
     Ok(Marked::Renamed {
         from: from.to_string(),

@@ -36,6 +36,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use crate::core::config::GatewayConfig;
 use crate::core::key::Key;
 use crate::core::net::Cidr;
+use crate::store;
 use crate::sys::netlink::{Netlink, Route};
 use crate::sys::os;
 
@@ -400,10 +401,13 @@ fn stage2() -> ! {
         now,
     );
     if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
+        if !perm_ok {
+            say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");
+        }
         sup.add(
             Spec {
                 name: "console".into(),
-                argv: vec![BIN.into(), "console".into(), "--root".into(), PERM.into()],
+                argv: console_argv(perm_ok),
                 tty: Some(format!("/dev/{}", board.console)),
                 restart_delay: RESTART_DELAY,
             },
@@ -589,7 +593,11 @@ fn mount_perm() -> bool {
             mkdir("/perm/log");
             let boots = std::fs::read_to_string("/perm/log/boots").unwrap_or_default();
             let n = boots.trim().parse::<u64>().unwrap_or(0) + 1;
-            let _ = write_atomic(Path::new("/perm/log/boots"), format!("{n}\n").as_bytes());
+            let _ = store::write(
+                Path::new("/perm/log/boots"),
+                format!("{n}\n").as_bytes(),
+                store::PUBLIC,
+            );
             say!("perm mounted ({dev}, boot {n})");
             true
         }
@@ -602,21 +610,6 @@ fn mount_perm() -> bool {
             false
         }
     }
-}
-
-/// Write a file atomically: temp file, fsync, rename, fsync the directory.
-fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Some(d) = path.parent() {
-        File::open(d)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Make sure `/perm/riceguard.conf` exists (first boot: from the default config with a new
@@ -640,11 +633,11 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
             "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
         });
         let text = template.replace("@PRIVATE_KEY@", &key.to_base64());
-        match write_atomic(path, text.as_bytes()) {
+        // 0600 from creation: the file holds the private key.
+        match store::write(path, text.as_bytes(), store::SECRET) {
             Ok(()) => say!("first boot: generated a private key into {CONFIG}"),
             Err(e) => say!("first boot: writing {CONFIG}: {e}"),
         }
-        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
     }
     let mut text = String::new();
     if let Ok(f) = File::open(path) {
@@ -660,6 +653,16 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
             None
         }
     }
+}
+
+/// The console's command line; a `perm` that did not mount (an empty tmpfs is there
+/// instead) locks it: no password file there proves nothing.
+fn console_argv(perm_ok: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec![BIN.into(), "console".into(), "--root".into(), PERM.into()];
+    if !perm_ok {
+        v.push("--perm-unmounted".into());
+    }
+    v
 }
 
 /// How long the early-boot failsafe prompt waits for a key (OpenWrt-style).
@@ -729,14 +732,8 @@ fn gateway_config(failsafe: bool) -> String {
             Some(private_key_line(&text).unwrap_or_else(Key::generate_private));
     }
     let out = crate::core::ini::emit(&cfg);
-    match write_atomic(Path::new(RUN_CONFIG), out.as_bytes()) {
-        Ok(()) => {
-            let _ = std::fs::set_permissions(
-                RUN_CONFIG,
-                std::os::unix::fs::PermissionsExt::from_mode(0o600),
-            );
-            RUN_CONFIG.into()
-        }
+    match store::write(Path::new(RUN_CONFIG), out.as_bytes(), store::SECRET) {
+        Ok(()) => RUN_CONFIG.into(),
         Err(e) => {
             say!("config: cannot write {RUN_CONFIG}: {e}; starting from {CONFIG}");
             CONFIG.into()
@@ -1059,6 +1056,16 @@ mod tests {
             "kernel/drivers/virtio/virtio_pci.ko\n",
             "virtio_pci"
         ));
+    }
+
+    #[test]
+    fn console_locked_when_perm_did_not_mount() {
+        assert!(!console_argv(true).contains(&"--perm-unmounted".to_string()));
+        assert_eq!(
+            console_argv(false).last().map(String::as_str),
+            Some("--perm-unmounted")
+        );
+        assert_eq!(&console_argv(false)[1..4], ["console", "--root", PERM]);
     }
 
     #[test]

@@ -2,10 +2,15 @@
 //! its own session/process group, is restarted after a fixed delay when it exits, keeps a
 //! ring buffer of its last output lines, and exit code [`DONT_RESTART`] means "leave me
 //! stopped". Reaping is the caller's job (PID 1 reaps everything and hands statuses here).
+//!
+//! Output relay: a service's stdout/stderr is read line by line and copied to the
+//! console; a line longer than [`MAX_RELAY_LINE`] bytes is cut there and the rest of it
+//! is read and discarded (the cut line says how much), so a service that prints a huge
+//! or endless line cannot make PID 1 allocate without bound.
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::OwnedFd;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -21,6 +26,64 @@ pub const DONT_RESTART: i32 = 125;
 /// Lines kept per service, and the longest line kept (longer ones are cut).
 const RING_LINES: usize = 100;
 const MAX_LINE: usize = 1024;
+/// The longest line relayed to the console; the rest of a longer line is discarded.
+pub const MAX_RELAY_LINE: usize = 4096;
+
+/// Read one line (without its `\n`) into `buf`, keeping at most `max` bytes of it; the
+/// rest of a longer line is read and thrown away. `Ok(None)` at the end of input, else
+/// `Ok(Some(n))` with `n` the bytes discarded. Memory use is `max` plus the reader's buffer
+/// whatever the input.
+pub fn read_line_capped(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> io::Result<Option<u64>> {
+    buf.clear();
+    let mut dropped = 0u64;
+    let mut any = false;
+    loop {
+        let chunk = match r.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok(any.then_some(dropped));
+        }
+        any = true;
+        let nl = chunk.iter().position(|&b| b == b'\n');
+        let part = &chunk[..nl.unwrap_or(chunk.len())];
+        let keep = part.len().min(max.saturating_sub(buf.len()));
+        buf.extend_from_slice(&part[..keep]);
+        dropped += (part.len() - keep) as u64;
+        let used = nl.map_or(chunk.len(), |i| i + 1);
+        r.consume(used);
+        if nl.is_some() {
+            return Ok(Some(dropped));
+        }
+    }
+}
+
+/// Copy a service's output to `out` as `NAME: line` and into its ring, line by line,
+/// each line capped at [`MAX_RELAY_LINE`] bytes. Returns at the end of input (the
+/// service and everything it started closed the pipe) or on a read error.
+pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<Ring>, out: &mut dyn Write) {
+    let mut rd = BufReader::with_capacity(8192, input);
+    let mut buf = Vec::with_capacity(256);
+    while let Ok(Some(dropped)) = read_line_capped(&mut rd, &mut buf, MAX_RELAY_LINE) {
+        let text = String::from_utf8_lossy(&buf);
+        let mut line = text.trim_end().to_string();
+        if dropped > 0 {
+            line.push_str(&format!(
+                " [... {dropped} more bytes of this line discarded]"
+            ));
+        }
+        let _ = writeln!(out, "{name}: {line}");
+        if let Ok(mut g) = ring.lock() {
+            g.push(&line);
+        }
+    }
+}
 
 /// The last lines a service printed.
 #[derive(Debug, Default)]
@@ -33,11 +96,23 @@ impl Ring {
         if self.lines.len() == RING_LINES {
             self.lines.pop_front();
         }
-        let mut end = line.len().min(MAX_LINE);
+        if line.len() <= MAX_LINE {
+            self.lines.push_back(line.to_string());
+            return;
+        }
+        // Keep the end too: it says how much the relay discarded.
+        const MARK: &str = " [...] ";
+        let tail_len = 100;
+        let mut end = MAX_LINE - tail_len - MARK.len();
         while !line.is_char_boundary(end) {
             end -= 1;
         }
-        self.lines.push_back(line[..end].to_string());
+        let mut start = line.len() - tail_len;
+        while !line.is_char_boundary(start) {
+            start += 1;
+        }
+        self.lines
+            .push_back(format!("{}{MARK}{}", &line[..end], &line[start..]));
     }
 
     pub fn lines(&self) -> impl Iterator<Item = &str> {
@@ -248,22 +323,7 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<Ring>>) -> std::io::Result<Pid> {
         let ring = Arc::clone(ring);
         let name = spec.name.clone();
         std::thread::spawn(move || {
-            let mut rd = BufReader::new(std::fs::File::from(r));
-            let mut buf = Vec::with_capacity(256);
-            loop {
-                buf.clear();
-                match rd.read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        let line = String::from_utf8_lossy(&buf);
-                        let line = line.trim_end();
-                        eprintln!("{name}: {line}");
-                        if let Ok(mut g) = ring.lock() {
-                            g.push(line);
-                        }
-                    }
-                }
-            }
+            relay(std::fs::File::from(r), &name, &ring, &mut io::stderr());
         });
     }
     Ok(pid)
@@ -284,6 +344,102 @@ mod tests {
         assert_eq!(r.lines().next(), Some("line 5"));
         r.push(&"é".repeat(MAX_LINE));
         assert!(r.lines().last().unwrap().len() <= MAX_LINE);
+        let long = format!(
+            "{} [... 7 more bytes of this line discarded]",
+            "x".repeat(4096)
+        );
+        r.push(&long);
+        let last = r.lines().last().unwrap();
+        assert!(
+            last.len() <= MAX_LINE && last.ends_with("discarded]"),
+            "{last}"
+        );
+    }
+
+    /// A line far longer than the cap (and one without any newline at all) is relayed cut
+    /// to MAX_RELAY_LINE bytes with a marker; the lines around it are intact.
+    #[test]
+    fn relay_caps_huge_lines() {
+        let mut input = b"first\n".to_vec();
+        input.extend(std::iter::repeat(b'x').take(10 << 20));
+        input.extend_from_slice(b"\nafter\n");
+        input.extend(std::iter::repeat(b'y').take(3 * MAX_RELAY_LINE));
+        let ring = Mutex::new(Ring::default());
+        let mut out = Vec::new();
+        relay(io::Cursor::new(input), "svc", &ring, &mut out);
+        let out = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 4, "{}", out.len());
+        assert_eq!(lines[0], "svc: first");
+        let want = format!(
+            "svc: {} [... {} more bytes of this line discarded]",
+            "x".repeat(MAX_RELAY_LINE),
+            (10 << 20) - MAX_RELAY_LINE
+        );
+        assert!(lines[1] == want, "{}", &lines[1][..80]);
+        assert_eq!(lines[2], "svc: after");
+        assert!(lines[3].ends_with(&format!(
+            "[... {} more bytes of this line discarded]",
+            2 * MAX_RELAY_LINE
+        )));
+        let g = ring.lock().unwrap();
+        let kept: Vec<&str> = g.lines().collect();
+        assert_eq!(kept.len(), 4);
+        assert!(kept[1].len() <= MAX_LINE && kept[1].ends_with("discarded]"));
+        // The capped reader itself: exact lines, end of input, an unterminated last line.
+        let mut rd = io::Cursor::new(b"ab\n\ncdefg".to_vec());
+        let mut b = Vec::new();
+        assert_eq!(read_line_capped(&mut rd, &mut b, 3).unwrap(), Some(0));
+        assert_eq!(b, b"ab");
+        assert_eq!(read_line_capped(&mut rd, &mut b, 3).unwrap(), Some(0));
+        assert_eq!(b, b"");
+        assert_eq!(read_line_capped(&mut rd, &mut b, 3).unwrap(), Some(2));
+        assert_eq!(b, b"cde");
+        assert_eq!(read_line_capped(&mut rd, &mut b, 3).unwrap(), None);
+    }
+
+    /// Through the supervisor: a service printing a 1 MiB line gets it relayed cut, with
+    /// the marker, and its next line still arrives.
+    #[test]
+    fn supervised_service_huge_line_is_capped() {
+        let mut sup = Supervisor::default();
+        let t0 = Instant::now();
+        sup.add(
+            Spec {
+                name: "big".into(),
+                argv: vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    "head -c 1048576 /dev/zero | tr '\\0' z; echo; echo after-big".into(),
+                ],
+                tty: None,
+                restart_delay: Duration::from_secs(60),
+            },
+            t0,
+        );
+        sup.tick(t0);
+        let State::Running(pid) = sup.services[0].state else {
+            panic!("not started")
+        };
+        let _ = wait_for(pid);
+        for _ in 0..250 {
+            let g = sup.services[0].ring.lock().unwrap();
+            let lines: Vec<&str> = g.lines().collect();
+            if lines.contains(&"after-big") {
+                let big = lines.iter().find(|l| l.starts_with("zzz")).unwrap();
+                assert!(
+                    big.ends_with(&format!(
+                        "[... {} more bytes of this line discarded]",
+                        (1 << 20) - MAX_RELAY_LINE
+                    )),
+                    "{big}"
+                );
+                return;
+            }
+            drop(g);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("output not relayed");
     }
 
     #[test]

@@ -35,3 +35,19 @@ pub fn daemonize(log_file: Option<&str>) -> io::Result<()> {
     dup2(log.as_ref().map_or(n, |f| f.as_raw_fd()), 2).map_err(io::Error::from)?;
     Ok(())
 }
+
+/// Run `f` when the process exits normally (return from `main`, `exit`), as C's
+/// `atexit`. False if the registration failed (the table is full).
+pub fn at_exit(f: extern "C" fn()) -> bool {
+    // SAFETY: atexit only records the pointer; `f` is a safe `extern "C" fn()` with no
+    // arguments that lives for the whole program.
+    unsafe { libc::atexit(f) == 0 }
+}
+
+/// Set the process's file-creation mask, returning the previous one. Process-wide: call
+/// it only while no other thread creates files (wireguard-go binds its UAPI socket
+/// under umask 0077 the same way).
+pub fn umask(mask: u32) -> u32 {
+    use nix::sys::stat::Mode;
+    nix::sys::stat::umask(Mode::from_bits_truncate(mask as libc::mode_t)).bits() as u32
+}

@@ -3,13 +3,19 @@
 //! the other slot the default again. Owns the systemd-boot entries of the two slots.
 //!
 //! Order, so that a power cut at any point leaves a bootable device:
-//! 1. read the whole bundle once: signature, board, arch, compatibility, sizes, sha256 of
+//! 1. read the whole bundle once: signature, board, arch, compatibility, build number
+//!    (newer than the running slot's, unless a downgrade is allowed), sizes, sha256 of
 //!    every part. Nothing is written before all of that passed.
 //! 2. remove the inactive slot's boot entries (it must not be booted half-written);
 //! 3. read the bundle again and write the root partition and `slot-X.efi.new` on the ESP,
 //!    hashing what is written; fsync; drop the cached pages and read both back, hashing;
 //! 4. rename the UKI into place, add `riceguard-X+3.conf` (3 tries) with the sort key that
-//!    makes it the default, give the running slot's entry the second sort key; sync.
+//!    makes it the default, and only once that entry is on the disk give the running
+//!    slot's entry the second sort key; sync. The running slot's entry is never rewritten
+//!    while it is the only bootable one: a power cut between the two leaves two bootable
+//!    entries (either boots; the new one is on trial), never none.
+//!
+//! Files on the ESP are changed through [`crate::store`] (temp, fsync, rename, fsync dir).
 //!
 //! systemd-boot (no `default` line in loader.conf) boots the first entry in sort order;
 //! an entry with no tries left sorts last, so a new slot that never gets marked good
@@ -29,6 +35,7 @@ use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
 use crate::core::bundle::{self, BundleError, DeviceInfo, Manifest, HEADER_LEN};
+use crate::store;
 
 /// Tries a freshly installed slot gets before systemd-boot gives up on it.
 pub const TRIES: u32 = 3;
@@ -38,6 +45,8 @@ const KEY_OTHER: &str = "riceguard-1";
 /// A UKI bigger than this is refused (arm64 UKIs with an uncompressed Image are ~40 MiB).
 pub const MAX_UKI: u64 = 256 << 20;
 pub const PUBLIC_KEY: &str = "/etc/riceguard/update.pub";
+/// The running root's build number (`image/build.sh` writes it; see `core::bundle`).
+pub const BUILD_FILE: &str = "/etc/riceguard/build";
 const ESP_MNT: &str = "/run/riceguard/esp-update";
 /// A file on perm naming a bundle to install once after a good boot (tests, USB drop-in).
 pub const BOOT_REQUEST: &str = "/perm/update-on-boot";
@@ -234,6 +243,7 @@ pub fn verify(
     key: &VerifyingKey,
     dev: &DeviceInfo,
     root_capacity: u64,
+    allow_downgrade: bool,
 ) -> Result<(Vec<u8>, Manifest), UpdateError> {
     let (mut r, len) = src.open()?;
     let (head, man) = read_header(&mut *r, key)?;
@@ -245,6 +255,7 @@ pub fn verify(
             ("uki-a", MAX_UKI),
             ("uki-b", MAX_UKI),
         ],
+        allow_downgrade,
     )?;
     let total = head.len() as u64 + man.body_len();
     if let Some(len) = len {
@@ -334,21 +345,28 @@ pub fn entry_tries(name: &str) -> Option<(u32, u32)> {
     }
 }
 
-/// Write a small file atomically: temp file, fsync, rename.
-fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)
-}
-
 fn entry_text(version: &str, slot: char, sort_key: &str) -> String {
     format!(
         "title RiceGuard {version} (slot {slot})\nversion {version}\nsort-key {sort_key}\nefi /EFI/riceguard/slot-{slot}.efi\n"
     )
+}
+
+/// `build N` of a manifest, for log lines.
+fn build_str(b: Option<u64>) -> String {
+    b.map_or_else(|| "no build number".to_string(), |b| format!("build {b}"))
+}
+
+/// The running slot's build number from the text of [`BUILD_FILE`]: `Ok(0)` when the file
+/// does not exist (a root made before build numbers), `Err` when it is unreadable.
+pub fn parse_build_file(text: io::Result<String>) -> Result<u64, String> {
+    match text {
+        Ok(t) => t
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| format!("{BUILD_FILE} holds no build number")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(format!("{BUILD_FILE}: {e}")),
+    }
 }
 
 /// Set `sort-key` of an entry file (added when missing), keeping the other lines.
@@ -360,13 +378,16 @@ fn set_sort_key(path: &Path, key: &str) -> io::Result<()> {
         .map(|l| format!("{l}\n"))
         .collect();
     out.push_str(&format!("sort-key {key}\n"));
-    write_atomic(path, out.as_bytes())
+    store::write(path, out.as_bytes(), store::PUBLIC)
 }
 
 /// Install `src` into the inactive slot. `log` gets one line per step.
+/// Install `src` into the inactive slot. `allow_downgrade` skips the build-number check
+/// (the user asked for an older or equal build). `log` gets one line per step.
 pub fn install(
     p: &mut dyn Platform,
     src: &Source,
+    allow_downgrade: bool,
     log: &mut dyn FnMut(&str),
 ) -> Result<Installed, UpdateError> {
     let key = p.verifying_key()?;
@@ -379,10 +400,20 @@ pub fn install(
         region.len
     ));
     // 1. Verify everything before writing anything.
-    let (head, man) = verify(src, &key, &dev, region.len)?;
+    let (head, man) = verify(src, &key, &dev, region.len, allow_downgrade)?;
+    let newer = matches!((man.build, dev.build), (Some(b), Some(r)) if b > r);
+    if !newer {
+        log(&format!(
+            "DOWNGRADE allowed by the user: bundle {} ({}) over the running slot's {}",
+            man.version,
+            build_str(man.build),
+            build_str(dev.build)
+        ));
+    }
     log(&format!(
-        "verified {} {} for {} ({}): signature, board, arch, compat {}..={}, sizes, sha256 of {}",
+        "verified {} ({}) {} for {} ({}): signature, board, arch, compat {}..={}, build, sizes, sha256 of {}",
         man.version,
+        build_str(man.build),
         bundle::hex(&man.part("root").map(|p| p.sha256).unwrap_or_default()[..4]),
         man.board,
         man.arch,
@@ -398,7 +429,7 @@ pub fn install(
     let esp = p.esp_dir()?;
     let entries = esp.join("loader/entries");
     for n in slot_entries(&esp, target).map_err(dev_err("listing ESP entries"))? {
-        std::fs::remove_file(entries.join(&n)).map_err(dev_err(format!("removing entry {n}")))?;
+        store::remove(&entries.join(&n)).map_err(dev_err(format!("removing entry {n}")))?;
         log(&format!("removed old entry {n}"));
     }
     crate::sys::os::sync();
@@ -459,19 +490,21 @@ pub fn install(
         return Err(UpdateError::ReadBack(format!("slot-{target}.efi")));
     }
     log("read back: root and UKI match their sha256");
-    // 4. Enable: UKI into place, the new entry first in sort order with tries.
-    std::fs::rename(&uki_new, uki_dir.join(format!("slot-{target}.efi")))
+    // 4. Enable: UKI into place, the new entry first in sort order with tries; only then
+    // (the new entry is durable) the running slot's entry gets the second sort key.
+    store::rename(&uki_new, &uki_dir.join(format!("slot-{target}.efi")))
         .map_err(dev_err("renaming the UKI"))?;
+    let entry = format!("riceguard-{target}+{TRIES}.conf");
+    store::write(
+        &entries.join(&entry),
+        entry_text(&man.version, target, KEY_DEFAULT).as_bytes(),
+        store::PUBLIC,
+    )
+    .map_err(dev_err(format!("writing entry {entry}")))?;
     for n in slot_entries(&esp, running).map_err(dev_err("listing ESP entries"))? {
         set_sort_key(&entries.join(&n), KEY_OTHER)
             .map_err(dev_err(format!("updating entry {n}")))?;
     }
-    let entry = format!("riceguard-{target}+{TRIES}.conf");
-    write_atomic(
-        &entries.join(&entry),
-        entry_text(&man.version, target, KEY_DEFAULT).as_bytes(),
-    )
-    .map_err(dev_err(format!("writing entry {entry}")))?;
     crate::sys::os::sync();
     log(&format!(
         "slot {target} enabled: {entry} ({TRIES} tries), default from the next boot; slot {running} stays as the fallback"
@@ -499,7 +532,7 @@ pub fn rollback(p: &mut dyn Platform, log: &mut dyn FnMut(&str)) -> Result<char,
     // A slot whose tries are used up would sort last anyway: give it one more try.
     if entry_tries(&name).map(|(left, _)| left) == Some(0) {
         let fresh = format!("riceguard-{target}+1.conf");
-        std::fs::rename(entries.join(&name), entries.join(&fresh))
+        store::rename(&entries.join(&name), &entries.join(&fresh))
             .map_err(dev_err("renaming entry"))?;
         log(&format!("{name} had no tries left: renamed to {fresh}"));
         name = fresh;
@@ -599,6 +632,7 @@ impl Platform for DevicePlatform {
             })?,
             arch: std::env::consts::ARCH.to_string(),
             compat: bundle::COMPAT,
+            build: parse_build_file(std::fs::read_to_string(BUILD_FILE)).ok(),
         })
     }
     fn verifying_key(&self) -> Result<VerifyingKey, UpdateError> {
@@ -656,9 +690,12 @@ impl Platform for DevicePlatform {
 }
 
 const USAGE: &str = "usage:
-  riceguard update SOURCE... [--reboot]  install a signed bundle (file, block device or
+  riceguard update SOURCE... [--reboot] [--allow-downgrade]
+                                       install a signed bundle (file, block device or
                                        http:// URL) into the inactive slot; with several
-                                       sources the first that verifies; --reboot boots it
+                                       sources the first that verifies; --reboot boots it.
+                                       A bundle whose build number is not newer than the
+                                       running slot's is refused unless --allow-downgrade
   riceguard update --verify SOURCE     check a bundle without writing anything
   riceguard rollback-slot [--reboot]   make the other slot the default boot entry again";
 
@@ -676,10 +713,12 @@ fn reboot() {
 pub fn update_main(args: &[String]) -> ExitCode {
     let mut reboot_after = false;
     let mut verify_only = false;
+    let mut allow_downgrade = false;
     let mut srcs = Vec::new();
     for a in args {
         match a.as_str() {
             "--reboot" => reboot_after = true,
+            "--allow-downgrade" => allow_downgrade = true,
             "--verify" => verify_only = true,
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -705,14 +744,16 @@ pub fn update_main(args: &[String]) -> ExitCode {
                 let dev = p.device_info()?;
                 let slot = other(p.running_slot()?);
                 let cap = p.root_region(slot)?.len;
-                let (_, m) = verify(&s, &key, &dev, cap)?;
+                let (_, m) = verify(&s, &key, &dev, cap, allow_downgrade)?;
                 log(&format!(
-                    "{src}: {} for {} verifies: signature, board, arch, compat, sizes, sha256",
-                    m.version, m.board
+                    "{src}: {} ({}) for {} verifies: signature, board, arch, compat, build, sizes, sha256",
+                    m.version,
+                    build_str(m.build),
+                    m.board
                 ));
                 return Ok(None);
             }
-            install(&mut p, &s, &mut log).map(Some)
+            install(&mut p, &s, allow_downgrade, &mut log).map(Some)
         });
         match r {
             Ok(Some(i)) => {
@@ -762,10 +803,9 @@ pub fn boot_request(bin: &str, say: &mut dyn FnMut(&str)) {
         return;
     };
     let done = format!("{BOOT_REQUEST}.done");
-    if std::fs::rename(BOOT_REQUEST, &done).is_err() {
+    if store::rename(Path::new(BOOT_REQUEST), Path::new(&done)).is_err() {
         return;
     }
-    crate::sys::os::sync();
     let srcs: Vec<&str> = text
         .lines()
         .map(str::trim)

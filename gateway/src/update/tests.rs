@@ -14,6 +14,7 @@ struct FilePlatform {
     esp: PathBuf,
     key: VerifyingKey,
     running: char,
+    build: Option<u64>,
 }
 
 impl Platform for FilePlatform {
@@ -22,6 +23,7 @@ impl Platform for FilePlatform {
             board: "qemu-x86_64".into(),
             arch: "x86_64".into(),
             compat: 1,
+            build: self.build,
         })
     }
     fn verifying_key(&self) -> Result<VerifyingKey, UpdateError> {
@@ -79,6 +81,7 @@ impl Fixture {
                 esp,
                 key: key.verifying_key(),
                 running: 'a',
+                build: Some(1),
             },
             dir,
             key,
@@ -131,7 +134,7 @@ fn installs_into_the_inactive_slot() {
     let m = manifest_for("qemu-x86_64", &root, &uki, "");
     let src = f.bundle("v2.bundle", &make_bundle(&f.key, &m, &root, &uki));
     let mut lines = Vec::new();
-    let i = install(&mut f.p, &src, &mut |s| lines.push(s.to_string())).unwrap();
+    let i = install(&mut f.p, &src, false, &mut |s| lines.push(s.to_string())).unwrap();
     assert_eq!((i.slot, i.version.as_str()), ('b', "v2"));
     assert_eq!(i.entry, "riceguard-b+3.conf");
     let disk = std::fs::read(&f.p.disk).unwrap();
@@ -162,7 +165,7 @@ fn installs_into_the_inactive_slot() {
     )
     .unwrap();
     f.p.running = 'b';
-    let i = install(&mut f.p, &src, &mut |_| {}).unwrap();
+    let i = install(&mut f.p, &src, false, &mut |_| {}).unwrap();
     assert_eq!(i.slot, 'a');
     assert!(
         std::fs::read(f.p.esp.join("EFI/riceguard/slot-a.efi")).unwrap() == slot_uki(&uki, b'a')
@@ -201,7 +204,7 @@ fn installs_over_http() {
         }
     });
     let src = Source::parse(&format!("http://127.0.0.1:{port}/v2.bundle")).unwrap();
-    let i = install(&mut f.p, &src, &mut |_| {}).unwrap();
+    let i = install(&mut f.p, &src, false, &mut |_| {}).unwrap();
     assert_eq!(i.slot, 'b');
     t.join().unwrap();
 }
@@ -278,7 +281,7 @@ fn bad_bundles_change_nothing() {
     ];
     for (name, bytes, want) in cases {
         let src = f.bundle(&format!("{name}.bundle"), &bytes);
-        let e = install(&mut f.p, &src, &mut |_| {}).unwrap_err();
+        let e = install(&mut f.p, &src, false, &mut |_| {}).unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains(want), "{name}: {msg}");
         assert!(msg.contains("nothing written"), "{name}: {msg}");
@@ -309,7 +312,7 @@ fn seeded_corruption_never_half_installs() {
         }
         let src = f.bundle("fz.bundle", &b);
         assert!(
-            install(&mut f.p, &src, &mut |_| {}).is_err(),
+            install(&mut f.p, &src, false, &mut |_| {}).is_err(),
             "mutation {i} at {at} accepted"
         );
         assert!(f.snapshot() == before, "mutation {i} changed the disk");
@@ -366,4 +369,112 @@ fn rollback_needs_the_other_slot() {
     assert!(f
         .entry("riceguard-b+1.conf")
         .contains("sort-key riceguard-0"));
+}
+
+/// A bundle must carry a build number greater than the running slot's; an equal, older or
+/// missing one (bundles made before build numbers count as 0) is refused with nothing
+/// written, unless the downgrade is allowed.
+#[test]
+fn downgrade_refused_unless_allowed() {
+    let mut f = Fixture::new("downgrade");
+    let (root, uki) = good_parts();
+    let m2 = manifest_for("qemu-x86_64", &root, &uki, "");
+    let before = f.snapshot();
+    f.p.build = Some(2);
+    for (name, m) in [
+        ("same", m2.clone()),
+        ("older", m2.replace("build 2\n", "build 1\n")),
+        ("unnumbered", m2.replace("build 2\n", "")),
+    ] {
+        let src = f.bundle(
+            &format!("{name}.bundle"),
+            &make_bundle(&f.key, &m, &root, &uki),
+        );
+        let e = install(&mut f.p, &src, false, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("nothing written: downgrade check failed") && e.contains("allow-downgrade"),
+            "{name}: {e}"
+        );
+        assert!(f.snapshot() == before, "{name} changed the disk or the ESP");
+    }
+    // An unreadable running build refuses too.
+    f.p.build = None;
+    let src = f.bundle("v2.bundle", &make_bundle(&f.key, &m2, &root, &uki));
+    assert!(install(&mut f.p, &src, false, &mut |_| {}).is_err());
+    assert!(f.snapshot() == before);
+    // The user allows it: installed, and the log says it was a downgrade.
+    f.p.build = Some(2);
+    let old = m2.replace("build 2\n", "build 1\n");
+    let src = f.bundle("v1.bundle", &make_bundle(&f.key, &old, &root, &uki));
+    let mut lines = Vec::new();
+    let i = install(&mut f.p, &src, true, &mut |l| lines.push(l.to_string())).unwrap();
+    assert_eq!(i.slot, 'b');
+    assert!(
+        lines.iter().any(|l| l.contains("DOWNGRADE allowed")),
+        "{lines:?}"
+    );
+    // A newer one needs nothing special.
+    f.p.build = Some(1);
+    let src = f.bundle("v2.bundle", &make_bundle(&f.key, &m2, &root, &uki));
+    let mut lines = Vec::new();
+    install(&mut f.p, &src, false, &mut |l| lines.push(l.to_string())).unwrap();
+    assert!(!lines.iter().any(|l| l.contains("DOWNGRADE")), "{lines:?}");
+}
+
+#[test]
+fn build_file() {
+    use std::io::{Error, ErrorKind};
+    assert_eq!(
+        parse_build_file(Ok("1732982400\n".into())),
+        Ok(1_732_982_400)
+    );
+    assert_eq!(
+        parse_build_file(Err(Error::from(ErrorKind::NotFound))),
+        Ok(0)
+    );
+    assert!(parse_build_file(Ok("v2\n".into())).is_err());
+    assert!(parse_build_file(Ok(String::new())).is_err());
+    assert!(parse_build_file(Err(Error::from(ErrorKind::PermissionDenied))).is_err());
+}
+
+/// If the new entry cannot be written, the running slot's entry is untouched: it is only
+/// rewritten (to sort second) once the new entry exists, so a failure or power cut in
+/// between never leaves the ESP without an entry that sorts first and boots.
+#[test]
+fn running_entry_untouched_until_the_new_entry_exists() {
+    let mut f = Fixture::new("order");
+    let (root, uki) = good_parts();
+    let m = manifest_for("qemu-x86_64", &root, &uki, "");
+    let src = f.bundle("v2.bundle", &make_bundle(&f.key, &m, &root, &uki));
+    let entries = f.p.esp.join("loader/entries");
+    let a_before = f.entry("riceguard-a.conf");
+    // Writing riceguard-b+3.conf fails: its temporary name is taken by a non-empty
+    // directory (both the store's name and the one an older updater used).
+    for t in [".riceguard-b+3.conf.tmp", "riceguard-b+3.tmp"] {
+        std::fs::create_dir_all(entries.join(t).join("x")).unwrap();
+    }
+    let e = install(&mut f.p, &src, false, &mut |_| {}).unwrap_err();
+    assert!(e.to_string().contains("riceguard-b+3.conf"), "{e}");
+    assert_eq!(
+        f.entry("riceguard-a.conf"),
+        a_before,
+        "running entry rewritten"
+    );
+    assert!(!entries.join("riceguard-b+3.conf").exists());
+    for t in [".riceguard-b+3.conf.tmp", "riceguard-b+3.tmp"] {
+        std::fs::remove_dir_all(entries.join(t)).unwrap();
+    }
+    install(&mut f.p, &src, false, &mut |_| {}).unwrap();
+    assert!(f.entry("riceguard-a.conf").contains("sort-key riceguard-1"));
+    assert!(f
+        .entry("riceguard-b+3.conf")
+        .contains("sort-key riceguard-0"));
+    let stray: Vec<_> = std::fs::read_dir(&entries)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(stray.is_empty(), "{stray:?}");
 }

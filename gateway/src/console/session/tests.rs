@@ -7,9 +7,9 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::console::atomic::tests::TempDir;
 use crate::console::store::tests::TableFormat;
 use crate::console::system::{Clock, Hooks};
+use crate::store::tests::TempDir;
 
 #[derive(Clone)]
 struct FakeClock {
@@ -503,4 +503,73 @@ fn commit_confirm_settled_by_another_console() {
     assert!(rep.text.contains("another console"), "{}", rep.text);
     assert_eq!(r.saved().interface.listen_port, Some(2));
     assert!(r.s.confirm_deadline().is_none());
+}
+
+/// The password fails closed: an empty, non-text or unreadable password file, or a perm
+/// that did not mount, keeps the console locked. Every command is refused and nothing
+/// changes, the message names failsafe mode, and a pending commit-confirm still rolls
+/// back on time.
+#[test]
+fn password_fails_closed() {
+    let mut r = Rig::new();
+    r.ok("genkey");
+    r.ok("set interface listen-port 1000");
+    r.ok("commit");
+    let pw = r.dir.0.join(crate::console::store::PASSWD);
+    for bytes in [&b""[..], b" \n", b"\xff\xfe\xfd\n", b"garbage\n"] {
+        std::fs::write(&pw, bytes).unwrap();
+        r.restart();
+        assert_eq!(r.s.prompt(), "locked> ", "{bytes:?}");
+        for l in [
+            "show",
+            "correct horse battery",
+            "delete system console-password",
+            "set system console-password",
+            "set interface listen-port 7",
+            "factory-reset",
+            "yes",
+        ] {
+            let e = r.err(l);
+            assert!(
+                e.contains("console locked") && e.contains("failsafe"),
+                "{l}: {e}"
+            );
+        }
+        assert_eq!(std::fs::read(&pw).unwrap(), bytes, "password file changed");
+        assert_eq!(r.saved().interface.listen_port, Some(1000));
+    }
+    // A read error (the name is a directory) locks too.
+    std::fs::remove_file(&pw).unwrap();
+    std::fs::create_dir(&pw).unwrap();
+    r.restart();
+    assert!(r.err("show").contains("cannot read"));
+    std::fs::remove_dir(&pw).unwrap();
+    // Missing on a mounted perm: no password.
+    r.restart();
+    assert_eq!(r.s.prompt(), "riceguard# ");
+    // A commit-confirm pending while the console is locked still rolls back in time.
+    r.ok("set interface listen-port 2000");
+    r.ok("commit-confirm 1");
+    std::fs::write(&pw, b"").unwrap();
+    r.restart();
+    assert_eq!(r.s.prompt(), "locked> ");
+    assert!(r.advance(59).is_none());
+    assert!(r.advance(1).expect("rollback while locked").ok);
+    assert_eq!(r.saved().interface.listen_port, Some(1000));
+    std::fs::remove_file(&pw).unwrap();
+
+    // perm not mounted (init's --perm-unmounted): locked although no file exists.
+    let store = Store::new(&r.dir.0, Box::new(TableFormat) as Box<dyn Format>).perm_unmounted();
+    let clock = FakeClock {
+        base: Instant::now(),
+        secs: r.secs.clone(),
+    };
+    let (mut s, hello) = Session::open(store, Box::<Recorder>::default(), Box::new(clock));
+    assert!(
+        hello.text.contains("not mounted") && hello.text.contains("failsafe"),
+        "{}",
+        hello.text
+    );
+    assert_eq!(s.prompt(), "locked> ");
+    assert!(!s.handle_line("show").ok);
 }
