@@ -77,12 +77,35 @@ impl fmt::Display for PeerAddr {
 
 /// What the device asks its driver to do. Calls happen while a peer's lock is held:
 /// implementations must only queue or write, never call back into the device.
+///
+/// A sink that batches can also lend the device its buffers, so a packet is encrypted
+/// straight into its slot of the send batch and decrypted straight into the coalescing
+/// buffer (no copy after boringtun's own): `send_slot` + `send_commit`, `tun_slot` +
+/// `tun_commit`. A slot is scratch until committed; the defaults lend nothing.
 pub trait Io {
     /// Send one WireGuard message to a peer address.
     fn send(&mut self, to: PeerAddr, datagram: &[u8]);
     /// Write one decrypted IP packet to the TUN.
     fn tun_write(&mut self, packet: &[u8]);
+    /// Room for the next message to `to`, at least `max` bytes, where it will be sent
+    /// from; `None`: the device uses its scratch buffer and [`Io::send`].
+    fn send_slot(&mut self, _to: PeerAddr, _max: usize) -> Option<&mut [u8]> {
+        None
+    }
+    /// The first `len` bytes of the last `send_slot` are a message for `to`.
+    fn send_commit(&mut self, _to: PeerAddr, _len: usize) {}
+    /// Room for the next decrypted packet, at least `max` bytes; `None`: scratch and
+    /// [`Io::tun_write`].
+    fn tun_slot(&mut self, _max: usize) -> Option<&mut [u8]> {
+        None
+    }
+    /// The first `len` bytes of the last `tun_slot` are a packet for the TUN.
+    fn tun_commit(&mut self, _len: usize) {}
 }
+
+/// Size of a handshake initiation, the largest message `encapsulate` may write instead
+/// of the data packet (when no session exists yet).
+const HANDSHAKE_INIT_LEN: usize = 148;
 
 /// Largest datagram we handle; buffers passed in must be at least this plus overhead.
 pub const MAX_PACKET: usize = 65535;
@@ -185,15 +208,21 @@ fn tidx(a: &PeerAddr) -> usize {
     usize::from(a.is_tcp())
 }
 
-/// Send a message of this peer's session to `to`: counts handshake initiations for the
-/// fallback client and settles a keepalive debt (any authenticated packet does).
+/// Send a message of this peer's session to `to` (see [`note_sent`]).
 fn send_counted(st: &mut PeerState, to: PeerAddr, d: &[u8], io: &mut impl Io) {
-    if d.first() == Some(&MSG_INIT) {
+    note_sent(st, to, d.first().copied(), d.len());
+    io.send(to, d);
+}
+
+/// Account for a message of this peer's session going to `to`: counts handshake
+/// initiations for the fallback client and settles a keepalive debt (any authenticated
+/// packet does).
+fn note_sent(st: &mut PeerState, to: PeerAddr, kind: Option<u8>, len: usize) {
+    if kind == Some(MSG_INIT) {
         st.events.handshakes_sent[tidx(&to)] += 1;
     }
     st.keepalive_owed_since = None;
-    st.tx_bytes += d.len() as u64;
-    io.send(to, d);
+    st.tx_bytes += len as u64;
 }
 
 const MSG_INIT: u8 = 1;
@@ -554,17 +583,20 @@ impl Device {
 
     /// A packet read from the TUN: route it to its peer, pad, encrypt, send.
     ///
-    /// The plaintext is zero-padded to a multiple of 16 bytes (never past the MTU), as
-    /// the protocol asks, so packet sizes leak less; the padded copy is built in the
-    /// top of `scratch` (which must be [`SCRATCH_SIZE`] long).
+    /// `buf[..len]` is the packet; the bytes after it are the caller's room for the
+    /// zero padding WireGuard asks for (a multiple of 16, never past the MTU), so padding
+    /// costs no copy. With less room the packet goes out padded as far as the room allows.
+    /// The ciphertext goes straight into the sink's send slot when it lends one.
     pub fn handle_tun_packet(
         &self,
         table: &Table,
-        packet: &[u8],
+        buf: &mut [u8],
+        len: usize,
         scratch: &mut [u8],
         io: &mut impl Io,
     ) {
-        let Some(dst) = Tunn::dst_address(packet) else {
+        let len = len.min(buf.len());
+        let Some(dst) = Tunn::dst_address(&buf[..len]) else {
             DropCounters::bump(&self.drops.malformed);
             return;
         };
@@ -572,24 +604,35 @@ impl Device {
             DropCounters::bump(&self.drops.no_route);
             return;
         };
-        let padded = padded_len(packet.len(), self.mtu.load(Ordering::Relaxed) as usize);
+        let padded = padded_len(len, self.mtu.load(Ordering::Relaxed) as usize).min(buf.len());
+        buf[len..padded].fill(0);
+        let src = &buf[..padded];
         let mut st = peer.lock();
-        let endpoint = st.endpoint;
-        let result = if padded > packet.len() && scratch.len() >= SCRATCH_SIZE {
-            // The padded plaintext sits at the top of scratch, the ciphertext at the
-            // bottom: padded <= MAX_PAD_SOURCE keeps them apart.
-            let (out, src) = scratch.split_at_mut(scratch.len() - MAX_PAD_SOURCE);
-            src[..packet.len()].copy_from_slice(packet);
-            src[packet.len()..padded].fill(0);
-            st.tunn.encapsulate(&src[..padded], out)
-        } else {
-            st.tunn.encapsulate(packet, scratch)
+        let Some(ep) = st.endpoint else {
+            // No endpoint: boringtun still queues the packet for when a handshake makes
+            // one known; nothing goes out now.
+            let _ = st.tunn.encapsulate(src, scratch);
+            DropCounters::bump(&self.drops.no_endpoint);
+            return;
         };
-        match result {
-            TunnResult::WriteToNetwork(d) => match endpoint {
-                Some(ep) => send_counted(&mut st, ep, d, io),
-                None => DropCounters::bump(&self.drops.no_endpoint),
-            },
+        let room = (padded + 32).max(HANDSHAKE_INIT_LEN);
+        if let Some(slot) = io.send_slot(ep, room) {
+            let written = match st.tunn.encapsulate(src, slot) {
+                TunnResult::WriteToNetwork(d) => Some((d.first().copied(), d.len())),
+                TunnResult::Err(_) => {
+                    DropCounters::bump(&self.drops.encapsulate);
+                    None
+                }
+                _ => None,
+            };
+            if let Some((kind, n)) = written {
+                note_sent(&mut st, ep, kind, n);
+                io.send_commit(ep, n);
+            }
+            return;
+        }
+        match st.tunn.encapsulate(src, scratch) {
+            TunnResult::WriteToNetwork(d) => send_counted(&mut st, ep, d, io),
             TunnResult::Err(_) => DropCounters::bump(&self.drops.encapsulate),
             _ => {}
         }
@@ -667,8 +710,58 @@ impl Device {
             }
         };
 
-        let mut note = None;
         let mut st = peer.lock();
+        // A data packet decrypts straight into the sink's TUN slot when it lends one.
+        let in_slot = if kind == MSG_DATA {
+            match io.tun_slot(datagram.len()) {
+                Some(slot) => {
+                    let r = st.tunn.decapsulate(Some(from.ip()), datagram, slot);
+                    let verdict = classify(kind, &r);
+                    let packet = match r {
+                        TunnResult::WriteToTunnelV4(p, s) => Some((p.len(), IpAddr::V4(s))),
+                        TunnResult::WriteToTunnelV6(p, s) => Some((p.len(), IpAddr::V6(s))),
+                        _ => None,
+                    };
+                    if !verdict.authenticated() {
+                        DropCounters::bump(&self.drops.rejected);
+                    } else if let Some((n, src)) = packet.filter(|&(n, _)| n > 0) {
+                        if self.source_allowed(table, peer, src) {
+                            io.tun_commit(n);
+                        }
+                    }
+                    Some(verdict)
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        let verdict = match in_slot {
+            Some(v) => v,
+            None => {
+                self.decapsulate_to_scratch(table, peer, &mut st, from, kind, datagram, scratch, io)
+            }
+        };
+        if !verdict.authenticated() {
+            return false;
+        }
+        self.authenticated(peer, st, from, verdict, datagram.len(), scratch, io);
+        true
+    }
+
+    /// Decapsulate into `scratch` and act on the result (send, deliver); the verdict.
+    #[allow(clippy::too_many_arguments)]
+    fn decapsulate_to_scratch(
+        &self,
+        table: &Table,
+        peer: &Arc<Peer>,
+        st: &mut PeerState,
+        from: PeerAddr,
+        kind: u8,
+        datagram: &[u8],
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) -> Verdict {
         let result = st.tunn.decapsulate(Some(from.ip()), datagram, scratch);
         let verdict = classify(kind, &result);
         match result {
@@ -679,7 +772,7 @@ impl Device {
                 io.send(from, d);
             }
             TunnResult::WriteToNetwork(d) if verdict.authenticated() => {
-                send_counted(&mut st, from, d, io);
+                send_counted(st, from, d, io);
             }
             TunnResult::WriteToTunnelV4(p, src) if verdict.authenticated() => {
                 self.deliver(table, peer, IpAddr::V4(src), p, io);
@@ -691,11 +784,24 @@ impl Device {
             TunnResult::Done if verdict == Verdict::CookieReceived => {}
             _ => DropCounters::bump(&self.drops.rejected),
         }
-        if !verdict.authenticated() {
-            return false;
-        }
+        verdict
+    }
 
-        st.rx_bytes += datagram.len() as u64;
+    /// Bookkeeping after an authenticated message: counters, keepalive debt, roaming,
+    /// queued packets; logs after the peer lock is released.
+    #[allow(clippy::too_many_arguments)]
+    fn authenticated(
+        &self,
+        peer: &Arc<Peer>,
+        mut st: MutexGuard<'_, PeerState>,
+        from: PeerAddr,
+        verdict: Verdict,
+        n: usize,
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
+        let mut note = None;
+        st.rx_bytes += n as u64;
         st.events.authenticated_rx[tidx(&from)] += 1;
         match verdict {
             Verdict::HandshakeCompleted => {
@@ -747,7 +853,15 @@ impl Device {
             ),
             None => {}
         }
-        true
+    }
+
+    /// Cryptokey routing on the way in: the inner source must belong to this peer.
+    fn source_allowed(&self, table: &Table, peer: &Arc<Peer>, src: IpAddr) -> bool {
+        let ok = table.route(src).is_some_and(|p| Arc::ptr_eq(p, peer));
+        if !ok {
+            DropCounters::bump(&self.drops.not_allowed_src);
+        }
+        ok
     }
 
     fn deliver(
@@ -761,10 +875,8 @@ impl Device {
         if packet.is_empty() {
             return; // keepalive
         }
-        // Cryptokey routing on the way in: the inner source must belong to this peer.
-        match table.route(src) {
-            Some(p) if Arc::ptr_eq(p, peer) => io.tun_write(packet),
-            _ => DropCounters::bump(&self.drops.not_allowed_src),
+        if self.source_allowed(table, peer, src) {
+            io.tun_write(packet);
         }
     }
 

@@ -90,7 +90,11 @@ fn pump(a: &mut Node, b: &mut Node) {
 fn send_tun(n: &mut Node, pkt: &[u8]) {
     let mut scratch = vec![0u8; SCRATCH_SIZE];
     let t = n.dev.snapshot();
-    n.dev.handle_tun_packet(&t, pkt, &mut scratch, &mut n.wire);
+    // Room after the packet for padding, as the drivers' buffers have.
+    let mut buf = pkt.to_vec();
+    buf.resize(pkt.len() + 64, 0xee);
+    n.dev
+        .handle_tun_packet(&t, &mut buf, pkt.len(), &mut scratch, &mut n.wire);
 }
 
 fn timers(n: &mut Node) {

@@ -132,6 +132,56 @@ impl<B> TxBatch<B> {
         }
     }
 
+    /// Room for the next datagram to `dst` (at least `max` bytes) at the end of the
+    /// batch, starting a new batch when it cannot join; the device encrypts into it and
+    /// then calls [`Self::commit`]. `None` when no buffer is left.
+    pub fn slot<'s, K: Backend<Buf = B>>(
+        &'s mut self,
+        be: &'s mut K,
+        dst: SocketAddr,
+        max: usize,
+    ) -> Option<&'s mut [u8]> {
+        if max > GSO_BUF {
+            return None;
+        }
+        let fits = |b: &GsoBatch| b.destination() == dst && b.size() + max <= GSO_BUF;
+        let joins = self
+            .cur
+            .as_ref()
+            .is_some_and(|(_, b)| fits(b) && b.can_push(1));
+        if !joins {
+            self.flush(be);
+            let buf = be.alloc()?;
+            self.cur = Some((buf, GsoBatch::new(dst, be.max_segments())));
+        }
+        let (buf, b) = self.cur.as_mut()?;
+        let at = b.size();
+        Some(&mut be.bytes(buf)[at..at + max])
+    }
+
+    /// The datagram of `len` bytes written into the last [`Self::slot`] for `dst`
+    /// joins the batch. One that cannot (a handshake initiation where the batch holds
+    /// data of another size) goes out on its own, after what was queued.
+    pub fn commit<K: Backend<Buf = B>>(&mut self, be: &mut K, dst: SocketAddr, len: usize) {
+        let Some((buf, b)) = self.cur.as_mut() else {
+            return;
+        };
+        if b.destination() == dst && b.can_push(len) {
+            b.push(len);
+            return;
+        }
+        // Rare (only small messages get here: data sizes are what the batch expects):
+        // take the bytes out, send the batch, queue them anew.
+        let at = b.size();
+        let mut tmp = [0u8; 256];
+        let Some(t) = tmp.get_mut(..len) else {
+            return;
+        };
+        t.copy_from_slice(&be.bytes(buf)[at..at + len]);
+        self.flush(be);
+        self.push(be, dst, &tmp[..len]);
+    }
+
     /// Send what is queued.
     pub fn flush<K: Backend<Buf = B>>(&mut self, be: &mut K) {
         let Some((buf, mut b)) = self.cur.take() else {
@@ -192,6 +242,26 @@ impl TunBatch {
         // Cannot fail: flushed above when full.
         let _ = self.spans.push((self.used as u32, p.len() as u32));
         self.used += p.len();
+    }
+
+    /// Room for the next decrypted packet (at least `max` bytes) in the arena, where the
+    /// device decrypts it; [`Self::commit`] queues it. `None` without `vnet_hdr` (plain
+    /// writes go straight from the device's buffer) or for a packet that cannot fit.
+    pub fn slot<K: Backend>(&mut self, be: &mut K, max: usize) -> Option<&mut [u8]> {
+        if !self.vnet_hdr || max > ARENA {
+            return None;
+        }
+        if self.spans.is_full() || self.used + max > ARENA {
+            self.flush(be);
+        }
+        Some(&mut self.arena[self.used..self.used + max])
+    }
+
+    /// The first `len` bytes of the last [`Self::slot`] are a packet to write.
+    pub fn commit(&mut self, len: usize) {
+        if self.used + len <= ARENA && self.spans.push((self.used as u32, len as u32)).is_ok() {
+            self.used += len;
+        }
     }
 
     /// Coalesce and write what is queued: each group straight into a backend buffer.
@@ -255,6 +325,27 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
 
     fn tun_write(&mut self, p: &[u8]) {
         self.rx.push(self.be, p);
+    }
+
+    fn send_slot(&mut self, to: PeerAddr, max: usize) -> Option<&mut [u8]> {
+        match to {
+            PeerAddr::Udp(a) => self.tx.slot(self.be, a, max),
+            PeerAddr::Tcp { .. } => None,
+        }
+    }
+
+    fn send_commit(&mut self, to: PeerAddr, len: usize) {
+        if let PeerAddr::Udp(a) = to {
+            self.tx.commit(self.be, a, len);
+        }
+    }
+
+    fn tun_slot(&mut self, max: usize) -> Option<&mut [u8]> {
+        self.rx.slot(self.be, max)
+    }
+
+    fn tun_commit(&mut self, len: usize) {
+        self.rx.commit(len);
     }
 }
 
@@ -466,8 +557,8 @@ impl OffloadWorker {
                 }
             };
             reads += 1;
-            let r = split_tun_read(&rbuf[..n], *vnet_hdr, seg, |p| {
-                dev.handle_tun_packet(table, p, scratch, &mut io)
+            let r = split_tun_read(rbuf, n, *vnet_hdr, seg, |p, len| {
+                dev.handle_tun_packet(table, p, len, scratch, &mut io)
             });
             if let Err(e) = r {
                 *malformed_reads += 1;
@@ -550,27 +641,32 @@ impl OffloadWorker {
     }
 }
 
-/// Hand each plain IP packet of one TUN read to `f`: the read itself without
-/// `vnet_hdr`, else its segments (split into `seg`, which needs 65535 bytes).
-/// Returns the number of packets; a malformed read is an error (count and drop it).
+/// Hand each plain IP packet of one TUN read (`read[..n]`) to `f` as `(buffer, len)`:
+/// the packet is `buffer[..len]` and the rest of the buffer is room the device may pad
+/// into. Without `vnet_hdr` that is the read buffer itself (no copy), else each segment
+/// split into `seg` (which needs 65535 bytes; the split is the one copy this direction
+/// makes before boringtun's). Returns the number of packets; a malformed read is an
+/// error (count and drop it).
 pub fn split_tun_read(
-    read: &[u8],
+    read: &mut [u8],
+    n: usize,
     vnet_hdr: bool,
     seg: &mut [u8],
-    mut f: impl FnMut(&[u8]),
+    mut f: impl FnMut(&mut [u8], usize),
 ) -> Result<usize, GsoError> {
+    let n = n.min(read.len());
     if !vnet_hdr {
-        f(read);
+        f(read, n);
         return Ok(1);
     }
-    let mut s = Splitter::new(read)?;
-    let mut n = 0;
+    let mut s = Splitter::new(&read[..n])?;
+    let mut count = 0;
     while let Some(r) = s.next_into(seg) {
         let len = r?;
-        f(&seg[..len]);
-        n += 1;
+        f(seg, len);
+        count += 1;
     }
-    Ok(n)
+    Ok(count)
 }
 
 /// The datagrams of one received buffer (several when GRO coalesced them).
@@ -964,20 +1060,26 @@ mod tests {
 
     #[test]
     fn split_tun_read_plain_and_malformed() {
-        let p = udp4(1, &[1; 10]);
+        let mut p = udp4(1, &[1; 10]);
+        let n = p.len();
+        p.resize(n + 16, 0);
         let mut seg = vec![0u8; 65535];
         let mut seen = Vec::new();
         assert_eq!(
-            split_tun_read(&p, false, &mut seg, |x| seen.push(x.len())),
+            split_tun_read(&mut p, n, false, &mut seg, |x, len| seen
+                .push((len, x.len()))),
             Ok(1)
         );
         let mut v = vec![0u8; VIRTIO_NET_HDR_LEN];
-        v.extend_from_slice(&p);
+        v.extend_from_slice(&p[..n]);
+        let vn = v.len();
         assert_eq!(
-            split_tun_read(&v, true, &mut seg, |x| seen.push(x.len())),
+            split_tun_read(&mut v, vn, true, &mut seg, |x, len| seen
+                .push((len, x.len()))),
             Ok(1)
         );
-        assert_eq!(seen, [38, 38]);
-        assert!(split_tun_read(&v[..5], true, &mut seg, |_| {}).is_err());
+        // The packet, and the room after it for padding.
+        assert_eq!(seen, [(38, 54), (38, 65535)]);
+        assert!(split_tun_read(&mut v, 5, true, &mut seg, |_, _| {}).is_err());
     }
 }

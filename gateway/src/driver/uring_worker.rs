@@ -364,12 +364,15 @@ pub fn run(
                             }
                         }
                     },
-                    Completion::TunRead { buf, res: Ok(n) } => {
-                        let n = n.min(pool.buf_size());
-                        let r = split_tun_read(&pool.buf(&buf)[..n], vnet_hdr, &mut seg, |p| {
+                    Completion::TunRead {
+                        mut buf,
+                        res: Ok(n),
+                    } => {
+                        let frame = pool.buf_mut(&mut buf);
+                        let r = split_tun_read(frame, n, vnet_hdr, &mut seg, |p, len| {
                             shared
                                 .device
-                                .handle_tun_packet(table, p, &mut scratch, &mut io)
+                                .handle_tun_packet(table, p, len, &mut scratch, &mut io)
                         });
                         if let Err(e) = r {
                             malformed_reads += 1;
@@ -607,7 +610,14 @@ mod tests {
             let reply = ipv4_udp([10, 79, 0, 2], 5555, [10, 79, 0, 1], app_port, b"hello-a");
             let mut scratch = vec![0u8; SCRATCH_SIZE];
             let mut cache = dev_b.cache();
-            dev_b.handle_tun_packet(cache.get(&dev_b), &reply, &mut scratch, &mut wire);
+            let mut reply_buf = reply.clone();
+            dev_b.handle_tun_packet(
+                cache.get(&dev_b),
+                &mut reply_buf,
+                reply.len(),
+                &mut scratch,
+                &mut wire,
+            );
             assert!(!wire.sent.is_empty(), "B encrypted the reply");
             for (to, d) in wire.sent.drain(..) {
                 sock_b.send_to(&d, to.socket_addr()).expect("b send");
