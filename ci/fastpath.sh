@@ -36,7 +36,7 @@ trap cleanup EXIT
 
 # --- 1. the interop matrix on every forced path ------------------------------------------
 if [ -z "${FASTPATH_SKIP_MATRIX:-}" ]; then
-    for args in "--io-uring on --tun-offload off" "--io-uring off --tun-offload off" \
+    for args in "--io-uring on --tun-offload off" "--io-uring off --tun-offload off" "--io-uring off" \
                 "--offload mmsg" "--offload off --tun-offload off --io-uring off"; do
         out="$WORK/matrix.log"
         if RG_ARGS="$args" ci/interop.sh --pairs riceguard:wireguard-go,riceguard:riceguard --quick >"$out" 2>&1; then
