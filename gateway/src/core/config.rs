@@ -77,6 +77,9 @@ pub struct GatewayConfig {
     /// Cores for the data-plane workers; empty means all online cores.
     pub cores: Vec<usize>,
     pub io_uring: bool,
+    /// `Poll = busy`: workers never sleep (dedicated cores, lowest latency); the default
+    /// `adaptive` keeps polling briefly after traffic, then sleeps.
+    pub busy_poll: bool,
     pub offload: OffloadMode,
     pub tun_offload: bool,
     pub hugepages: bool,
@@ -103,6 +106,7 @@ impl Default for GatewayConfig {
             interface_name: "wg0".into(),
             cores: Vec::new(),
             io_uring: true,
+            busy_poll: false,
             offload: OffloadMode::Auto,
             tun_offload: true,
             hugepages: true,

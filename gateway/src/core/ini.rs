@@ -458,6 +458,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         }
                     }
                     "iouring" => g.io_uring = on_off(v).map_err(e)?,
+                    "poll" => {
+                        g.busy_poll = match v.to_ascii_lowercase().as_str() {
+                            "adaptive" => false,
+                            "busy" => true,
+                            _ => {
+                                return Err(e(format!(
+                                    "expected adaptive or busy, got {}",
+                                    shown(v)
+                                )))
+                            }
+                        }
+                    }
                     "offload" => g.offload = offload(v).map_err(e)?,
                     "tunoffload" => g.tun_offload = on_off(v).map_err(e)?,
                     "hugepages" => g.hugepages = on_off(v).map_err(e)?,
@@ -588,6 +600,13 @@ pub fn emit(cfg: &Config) -> String {
     list_lines(&mut gs, "Cores", &g.cores);
     if g.io_uring != d.io_uring {
         let _ = writeln!(gs, "IoUring = {}", on_off_str(g.io_uring));
+    }
+    if g.busy_poll != d.busy_poll {
+        let _ = writeln!(
+            gs,
+            "Poll = {}",
+            if g.busy_poll { "busy" } else { "adaptive" }
+        );
     }
     if g.offload != d.offload {
         let o = match g.offload {
@@ -743,6 +762,7 @@ pub(crate) mod tests {
             g.cores = (0..n as usize).map(|i| i * 2 + 1).collect();
         }
         g.io_uring = !rng.chance(3);
+        g.busy_poll = rng.chance(4);
         g.offload = [
             OffloadMode::Auto,
             OffloadMode::Gso,

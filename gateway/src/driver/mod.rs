@@ -37,6 +37,7 @@ struct Opts {
     io_uring: Option<bool>,
     offload: Option<OffloadMode>,
     tun_offload: Option<bool>,
+    busy_poll: Option<bool>,
     hugepages: Option<bool>,
 }
 
@@ -80,6 +81,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         io_uring: None,
         offload: None,
         tun_offload: None,
+        busy_poll: None,
         hugepages: None,
     };
     let mut it = args.iter();
@@ -108,6 +110,13 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             }
             "--io-uring" => o.io_uring = Some(on_off(it.next(), "--io-uring")?),
             "--tun-offload" => o.tun_offload = Some(on_off(it.next(), "--tun-offload")?),
+            "--poll" => {
+                o.busy_poll = Some(match it.next().map(String::as_str) {
+                    Some("busy") => true,
+                    Some("adaptive") => false,
+                    _ => return Err("--poll takes adaptive or busy".into()),
+                })
+            }
             "--hugepages" => o.hugepages = Some(on_off(it.next(), "--hugepages")?),
             "--offload" => {
                 o.offload = Some(match it.next().map(String::as_str) {
@@ -722,6 +731,7 @@ fn run(opts: Opts) -> Result<(), String> {
     g.io_uring = opts.io_uring.unwrap_or(g.io_uring);
     g.offload = opts.offload.unwrap_or(g.offload);
     g.tun_offload = opts.tun_offload.unwrap_or(g.tun_offload);
+    g.busy_poll = opts.busy_poll.unwrap_or(g.busy_poll);
     g.hugepages = opts.hugepages.unwrap_or(g.hugepages);
     let gw = cfg.gateway.clone();
 
@@ -845,6 +855,7 @@ fn run(opts: Opts) -> Result<(), String> {
 
     let mut handles = Vec::new();
     let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);
+    let busy_poll = gw.busy_poll;
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
         let core = cores[i % cores.len()];
@@ -868,7 +879,7 @@ fn run(opts: Opts) -> Result<(), String> {
                         Some(q)
                     };
                     if let Some(q) = q {
-                        worker::run(i, q, tun_offload, vnet_hdr, sh.clone());
+                        worker::run(i, q, tun_offload, vnet_hdr, busy_poll, sh.clone());
                     }
                     if sh.tun_gone.load(Ordering::Relaxed) {
                         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);

@@ -42,6 +42,11 @@ use crate::core::device::Device;
 
 /// How long one wait may block, so `stop` and socket changes are noticed.
 const WAIT: Duration = Duration::from_millis(100);
+/// After a round with traffic, keep polling the ring without sleeping this long: an
+/// answer (a ping reply from the stack, the next packet of a burst) usually comes within
+/// it, and a sleeping worker costs a wake-up per packet. Bounded, so an idle worker
+/// sleeps.
+pub const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
 /// Completions handled per reap (more stay in the CQ for the next round).
 const REAP: usize = 256;
 /// After this many receive errors in a row, pause re-arming for [`RECV_BACKOFF`].
@@ -55,6 +60,8 @@ pub struct UringWorkerConfig {
     pub ring: RingConfig,
     /// TUN reads kept in flight.
     pub tun_reads: u32,
+    /// `Poll = busy`: never sleep in the kernel (a dedicated core).
+    pub busy_poll: bool,
 }
 
 impl UringWorkerConfig {
@@ -75,6 +82,7 @@ impl UringWorkerConfig {
             pool,
             ring,
             tun_reads: quarter.min(64),
+            busy_poll: g.busy_poll,
         }
     }
 }
@@ -264,6 +272,7 @@ pub fn run(
     let mut recv_errors: u32 = 0;
     let mut recv_paused_until: Option<Instant> = None;
     let mut dropped_total: u64 = 0;
+    let mut hot_until = Instant::now();
 
     while !shared.stop.load(Ordering::Relaxed) {
         if shared.sockets.generation() != gen {
@@ -297,7 +306,14 @@ pub fn run(
                 log::warn!("worker {index}: cannot arm UDP receive: {e}");
             }
         }
-        if let Err(e) = ring.submit_and_wait(WAIT) {
+        // Adaptive wait: poll (a zero-timeout enter, which also runs deferred task work)
+        // while traffic is recent or the core is dedicated; otherwise sleep.
+        let wait = if cfg.busy_poll || Instant::now() < hot_until {
+            Duration::ZERO
+        } else {
+            WAIT
+        };
+        if let Err(e) = ring.submit_and_wait(wait) {
             log::error!("worker {index}: {e}");
             std::thread::sleep(WAIT);
             continue;
@@ -318,10 +334,13 @@ pub fn run(
             rx: &mut rx,
         };
         // A few rounds at most, so queued SQEs (re-armed reads) reach the kernel soon.
+        let mut handled = 0usize;
         for _ in 0..4 {
-            if io.be.ring.reap(&mut cqes) == 0 {
+            let n = io.be.ring.reap(&mut cqes);
+            if n == 0 {
                 break;
             }
+            handled += n;
             for c in cqes.iter() {
                 match io.be.ring.complete(c) {
                     Completion::Recv { res: Ok(tok), .. } => {
@@ -434,6 +453,9 @@ pub fn run(
         }
         // The round's batches become SQEs; the next submit_and_wait hands them over.
         io.flush();
+        if handled > 0 {
+            hot_until = Instant::now() + ADAPTIVE_SPIN;
+        }
         let dropped = be.dropped();
         if dropped > 0 {
             dropped_total += dropped;

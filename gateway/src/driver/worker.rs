@@ -9,12 +9,13 @@ use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::core::device::Device;
 use crate::driver::offload_io::OffloadWorker;
+use crate::driver::uring_worker::ADAPTIVE_SPIN;
 use crate::sys::tun::{TunOffload, TunQueue};
 use crate::sys::udp::UdpSocket;
 
@@ -106,12 +107,22 @@ pub struct Shared {
 /// Run one worker until `stop` is set. `index` picks this worker's socket. The TUN side
 /// reads (and, with `vnet_hdr`, splits) super-packets and sends the ciphertexts as GSO
 /// batches; the UDP side receives in batches (GRO) and coalesces into the TUN.
-pub fn run(index: usize, tun: TunQueue, offload: TunOffload, vnet_hdr: bool, shared: Arc<Shared>) {
+pub fn run(
+    index: usize,
+    tun: TunQueue,
+    offload: TunOffload,
+    vnet_hdr: bool,
+    busy_poll: bool,
+    shared: Arc<Shared>,
+) {
     let mut w = OffloadWorker::new(offload, vnet_hdr);
     let mut cache = shared.device.cache();
     let (mut gen, mut socks) = shared.sockets.get();
     let mut sock = socks[index % socks.len()].clone();
     let tcp = shared.tcp.clone();
+    // Adaptive wait, as in the io_uring loop: poll without sleeping for a moment after
+    // traffic (or always, with `Poll = busy`).
+    let mut hot_until = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         if shared.sockets.generation() != gen {
             (gen, socks) = shared.sockets.get();
@@ -122,7 +133,12 @@ pub fn run(index: usize, tun: TunQueue, offload: TunOffload, vnet_hdr: bool, sha
                 PollFd::new(sock.as_fd(), PollFlags::POLLIN),
                 PollFd::new(tun.as_fd(), PollFlags::POLLIN),
             ];
-            match poll(&mut fds, PollTimeout::from(100u16)) {
+            let timeout = if busy_poll || Instant::now() < hot_until {
+                PollTimeout::ZERO
+            } else {
+                PollTimeout::from(100u16)
+            };
+            match poll(&mut fds, timeout) {
                 Ok(0) => continue,
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -151,6 +167,9 @@ pub fn run(index: usize, tun: TunQueue, offload: TunOffload, vnet_hdr: bool, sha
             continue; // the top of the loop picks up the new socket
         }
         let table = cache.get(&shared.device);
+        if udp_ready || tun_ready {
+            hot_until = Instant::now() + ADAPTIVE_SPIN;
+        }
         if udp_ready {
             if let Err(e) = w.pump_udp(
                 &shared.device,
