@@ -3,6 +3,7 @@
 //! `riceguard up --config FILE`).
 
 pub mod offload_io;
+pub mod status;
 pub mod uapi;
 pub mod uring_worker;
 pub mod worker;
@@ -847,17 +848,19 @@ fn run(opts: Opts) -> Result<(), String> {
         ),
         format!("io: {}", io_path(gw.io_uring, use_uring)),
     ];
-    write_status_file(&ifname, &report);
+    let mut status_paths = vec![status_path(&ifname)];
     if appliance {
         // The console's `show status` reads this one.
-        let _ = std::fs::write("/run/riceguard.status", report.join("\n") + "\n");
+        status_paths.push("/run/riceguard.status".into());
     }
+    let board = Arc::new(status::StatusBoard::new(status_paths, report, workers));
 
     let mut handles = Vec::new();
     let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);
     let busy_poll = gw.busy_poll;
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
+        let board = board.clone();
         let core = cores[i % cores.len()];
         handles.push(
             std::thread::Builder::new()
@@ -865,17 +868,35 @@ fn run(opts: Opts) -> Result<(), String> {
                 .spawn(move || {
                     pin_to(core);
                     let q = if use_uring {
-                        match uring_worker::run(i, q, tun_offload, vnet_hdr, sh.clone(), &ucfg) {
+                        let started =
+                            |line: String| board.worker(i, format!("core {core}, {line}"));
+                        match uring_worker::run(
+                            i,
+                            q,
+                            tun_offload,
+                            vnet_hdr,
+                            sh.clone(),
+                            &ucfg,
+                            started,
+                        ) {
                             Ok(()) => None,
                             Err(ns) => {
                                 log::warn!(
                                     "worker {i}: io_uring not used ({}); portable loop",
                                     ns.error
                                 );
+                                board.worker(
+                                    i,
+                                    format!(
+                                        "core {core}, poll loop (io_uring not used: {})",
+                                        ns.error
+                                    ),
+                                );
                                 Some(ns.tun)
                             }
                         }
                     } else {
+                        board.worker(i, format!("core {core}, poll loop"));
                         Some(q)
                     };
                     if let Some(q) = q {
@@ -990,15 +1011,6 @@ fn status_path(ifname: &str) -> std::path::PathBuf {
 }
 
 /// The data-plane decisions made at start, for `riceguard status` and the console.
-fn write_status_file(ifname: &str, lines: &[String]) {
-    let _ = std::fs::create_dir_all(STATUS_DIR);
-    let mut text = lines.join("\n");
-    text.push('\n');
-    if let Err(e) = std::fs::write(status_path(ifname), text) {
-        log::warn!("cannot write {}: {e}", status_path(ifname).display());
-    }
-}
-
 /// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.
 pub fn status_main(args: &[String]) -> ExitCode {
     let names: Vec<String> = match args.first() {

@@ -213,6 +213,7 @@ pub fn run(
     vnet_hdr: bool,
     shared: Arc<Shared>,
     cfg: &UringWorkerConfig,
+    started: impl FnOnce(String),
 ) -> Result<(), NotStarted> {
     // Probe first (logged once per process), so an unusable io_uring costs no pool.
     if let Err(e) = uring::check() {
@@ -246,11 +247,19 @@ pub fn run(
             })
         }
     };
-    log::debug!(
-        "worker {index}: io_uring loop, {} buffers, {} TUN reads in flight",
-        pool.count(),
+    let (level, pool_line) = pool.summary();
+    log::log!(level, "worker {index}: {pool_line}");
+    started(format!(
+        "io_uring ({} wait{}{}), {} TUN reads in flight, {pool_line}",
+        if cfg.busy_poll { "busy" } else { "adaptive" },
+        if ring.sqpoll() { ", SQPOLL" } else { "" },
+        if ring.defer_taskrun() {
+            ", deferred task work"
+        } else {
+            ""
+        },
         cfg.tun_reads
-    );
+    ));
 
     let mut scratch = vec![0u8; SCRATCH_SIZE];
     // The TSO/USO splitter's output (one segment at a time, before encryption).
@@ -614,7 +623,7 @@ mod tests {
             let q = tun.into_queues().into_iter().next().expect("queue");
             let sh = shared.clone();
             let worker = std::thread::spawn(move || {
-                run(0, q, off, vnet, sh, &cfg).map_err(|n| n.error.to_string())
+                run(0, q, off, vnet, sh, &cfg, |_| {}).map_err(|n| n.error.to_string())
             });
 
             // App -> TUN -> worker -> (handshake) -> B.
@@ -676,7 +685,7 @@ mod tests {
             let (off, vnet) = (tun.offload(), tun.vnet_hdr());
             let q = tun.into_queues().into_iter().next().expect("queue");
             let fd = q.as_raw_fd();
-            let e = run(0, q, off, vnet, shared, &cfg).expect_err("no socket");
+            let e = run(0, q, off, vnet, shared, &cfg, |_| {}).expect_err("no socket");
             assert!(matches!(
                 e.error,
                 SetupError::NoSocket | SetupError::Unavailable(_)
