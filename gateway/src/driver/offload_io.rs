@@ -77,6 +77,10 @@ pub trait Backend {
     }
     /// Drops for lack of a buffer, a ring slot or room in the socket.
     fn dropped(&self) -> u64;
+    /// Hand everything queued to the kernel. Called at the end of a round, never under a
+    /// peer lock; `send` and `write_tun` only queue (a backend may submit early when its
+    /// queue is full, which bounds memory).
+    fn submit(&mut self) {}
 }
 
 /// Gathers datagrams to one destination at a time into one batch (a `UDP_SEGMENT` send,
@@ -295,19 +299,48 @@ impl TunBatch {
     }
 }
 
+/// TCP-fallback messages gathered during a round, sent when it ends (the transport's
+/// send may write to the socket: not under a peer lock).
+#[derive(Default)]
+pub struct TcpQueue {
+    bytes: Vec<u8>,
+    msgs: Vec<(u64, u32, u32)>,
+}
+
+impl TcpQueue {
+    fn push(&mut self, conn: u64, d: &[u8]) {
+        self.msgs
+            .push((conn, self.bytes.len() as u32, d.len() as u32));
+        self.bytes.extend_from_slice(d);
+    }
+
+    fn send(&mut self, tcp: Option<&dyn TcpOut>) {
+        if let Some(t) = tcp {
+            for &(conn, at, len) in &self.msgs {
+                t.send(conn, &self.bytes[at as usize..(at + len) as usize]);
+            }
+        }
+        self.msgs.clear();
+        self.bytes.clear();
+    }
+}
+
 /// The device's `Io` sink for a worker: the two batches over a backend.
 pub struct OffloadIo<'a, K: Backend> {
     pub be: &'a mut K,
     pub tcp: Option<&'a dyn TcpOut>,
+    pub tcp_queue: &'a mut TcpQueue,
     pub tx: &'a mut TxBatch<K::Buf>,
     pub rx: &'a mut TunBatch,
 }
 
 impl<K: Backend> OffloadIo<'_, K> {
-    /// Send and write everything queued (end of a round).
+    /// Send and write everything queued (end of a round, outside any peer lock).
     pub fn flush(&mut self) {
         self.tx.flush(self.be);
         self.rx.flush(self.be);
+        self.be.submit();
+        self.tcp_queue.send(self.tcp);
     }
 }
 
@@ -316,8 +349,8 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
         match to {
             PeerAddr::Udp(a) => self.tx.push(self.be, a, d),
             PeerAddr::Tcp { conn, .. } => {
-                if let Some(t) = self.tcp {
-                    t.send(conn, d);
+                if self.tcp.is_some() {
+                    self.tcp_queue.push(conn, d);
                 }
             }
         }
@@ -349,14 +382,34 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 }
 
-/// The poll backend: plain syscalls on a socket and a TUN queue. Its buffers are two
-/// reusable vectors (a batch is sent before the next is built).
+/// The poll backend: plain syscalls on a socket and a TUN queue, made when the round
+/// ends ([`Backend::submit`]). Its buffers are reusable vectors: the batches of one round
+/// (at most [`MAX_PENDING`] before an early submit) and two being built.
 pub struct SyscallBackend<'a> {
     pub sock: &'a UdpSocket,
-    /// `None` for a send-only use (tests, the TCP sink's UDP sends).
+    /// `None` for a send-only use (tests).
     pub tun: Option<&'a TunQueue>,
     pub spare: &'a mut Vec<Vec<u8>>,
+    pub pending: &'a mut Vec<Pending>,
     pub stats: &'a mut SendStats,
+}
+
+/// Most batches the poll backend holds before it must submit (bounds its memory to
+/// about this many 64 KiB buffers).
+pub const MAX_PENDING: usize = 16;
+
+/// A send or TUN write the poll backend will make at the end of the round.
+pub enum Pending {
+    Send {
+        buf: Vec<u8>,
+        len: usize,
+        dst: SocketAddr,
+        seg: usize,
+    },
+    Tun {
+        buf: Vec<u8>,
+        len: usize,
+    },
 }
 
 /// What the poll backend counted.
@@ -371,6 +424,24 @@ pub struct SendStats {
 }
 
 impl SyscallBackend<'_> {
+    fn queue(&mut self, p: Pending) {
+        if self.pending.len() >= MAX_PENDING {
+            self.submit();
+        }
+        self.pending.push(p);
+    }
+
+    fn write_now(&mut self, p: &[u8]) {
+        let r = match self.tun {
+            Some(t) => t.write(p),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        };
+        if let Err(e) = r {
+            self.stats.tun_errors += 1;
+            log::trace!("tun write: {e}");
+        }
+    }
+
     fn wait_writable(&mut self, deadline: Instant) -> bool {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -406,7 +477,47 @@ impl Backend for SyscallBackend<'_> {
         MAX_GSO_SEGMENTS
     }
 
-    fn send(&mut self, b: Vec<u8>, len: usize, dst: SocketAddr, seg: usize) {
+    fn send(&mut self, buf: Vec<u8>, len: usize, dst: SocketAddr, seg: usize) {
+        self.queue(Pending::Send { buf, len, dst, seg });
+    }
+
+    fn write_tun(&mut self, buf: Vec<u8>, len: usize) {
+        self.queue(Pending::Tun { buf, len });
+    }
+
+    fn write_tun_plain(&mut self, p: &[u8]) {
+        // A copy, so the write can wait for the end of the round (plain TUN only; with
+        // vnet_hdr packets are decrypted straight into the coalescing arena).
+        if let Some(mut b) = self.alloc() {
+            let n = p.len().min(b.len());
+            b[..n].copy_from_slice(&p[..n]);
+            self.queue(Pending::Tun { buf: b, len: n });
+        }
+    }
+
+    fn submit(&mut self) {
+        let pending = std::mem::take(self.pending);
+        for p in pending {
+            match p {
+                Pending::Send { buf, len, dst, seg } => {
+                    self.send_now(&buf, len, dst, seg);
+                    self.spare.push(buf);
+                }
+                Pending::Tun { buf, len } => {
+                    self.write_now(&buf[..len]);
+                    self.spare.push(buf);
+                }
+            }
+        }
+    }
+
+    fn dropped(&self) -> u64 {
+        self.stats.dropped
+    }
+}
+
+impl SyscallBackend<'_> {
+    fn send_now(&mut self, b: &[u8], len: usize, dst: SocketAddr, seg: usize) {
         let seg = seg.clamp(1, usize::from(u16::MAX));
         let total = len.div_ceil(seg);
         let mut done = 0;
@@ -441,27 +552,6 @@ impl Backend for SyscallBackend<'_> {
             }
         }
         self.stats.dropped += (total - done.min(total)) as u64;
-        self.spare.push(b);
-    }
-
-    fn write_tun(&mut self, b: Vec<u8>, len: usize) {
-        self.write_tun_plain(&b[..len]);
-        self.spare.push(b);
-    }
-
-    fn write_tun_plain(&mut self, p: &[u8]) {
-        let r = match self.tun {
-            Some(t) => t.write(p),
-            None => Err(io::ErrorKind::NotConnected.into()),
-        };
-        if let Err(e) = r {
-            self.stats.tun_errors += 1;
-            log::trace!("tun write: {e}");
-        }
-    }
-
-    fn dropped(&self) -> u64 {
-        self.stats.dropped
     }
 }
 
@@ -473,8 +563,10 @@ pub const RECV_BATCH: usize = 16;
 pub struct OffloadWorker {
     pub tx: TxBatch<Vec<u8>>,
     pub rx: TunBatch,
-    /// The poll backend's buffers and counters.
+    tcp_queue: TcpQueue,
+    /// The poll backend's buffers, queued syscalls and counters.
     spare: Vec<Vec<u8>>,
+    pending: Vec<Pending>,
     pub stats: SendStats,
     vnet_hdr: bool,
     rbuf: Vec<u8>,
@@ -496,7 +588,9 @@ impl OffloadWorker {
         OffloadWorker {
             tx: TxBatch::new(),
             rx: TunBatch::new(co, vnet_hdr),
+            tcp_queue: TcpQueue::default(),
             spare: vec![vec![0; GSO_BUF], vec![0; GSO_BUF]],
+            pending: Vec::with_capacity(MAX_PENDING),
             stats: SendStats::default(),
             vnet_hdr,
             rbuf: vec![0; VIRTIO_NET_HDR_LEN + 65535],
@@ -523,7 +617,9 @@ impl OffloadWorker {
         let OffloadWorker {
             tx,
             rx,
+            tcp_queue,
             spare,
+            pending,
             stats,
             vnet_hdr,
             rbuf,
@@ -536,11 +632,13 @@ impl OffloadWorker {
             sock,
             tun: Some(q),
             spare,
+            pending,
             stats,
         };
         let mut io = OffloadIo {
             be: &mut be,
             tcp,
+            tcp_queue,
             tx,
             rx,
         };
@@ -586,7 +684,9 @@ impl OffloadWorker {
         let OffloadWorker {
             tx,
             rx,
+            tcp_queue,
             spare,
+            pending,
             stats,
             scratch,
             bufs,
@@ -597,11 +697,13 @@ impl OffloadWorker {
             sock,
             tun: Some(q),
             spare,
+            pending,
             stats,
         };
         let mut io = OffloadIo {
             be: &mut be,
             tcp,
+            tcp_queue,
             tx,
             rx,
         };
@@ -711,11 +813,12 @@ mod tests {
         let a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
         let b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
         let c = UdpSocket::bind("127.0.0.1:0".parse().expect("c"), &opts).expect("c");
-        let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
         let mut be = SyscallBackend {
             sock: &a,
             tun: None,
             spare: &mut spare,
+            pending: &mut pending,
             stats: &mut stats,
         };
         let mut tx = TxBatch::new();
@@ -726,6 +829,7 @@ mod tests {
         tx.push(&mut be, b.local_addr(), &[3; 1200]); // starts a new one
         tx.push(&mut be, c.local_addr(), &[4; 80]); // other destination
         tx.flush(&mut be);
+        be.submit();
         assert_eq!(
             recv_all(&b, 1200 * 6 + 300),
             [1200, 1200, 1200, 1200, 1200, 300, 1200]
@@ -750,11 +854,12 @@ mod tests {
         let a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
         let b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
         a.disable_gso();
-        let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
         let mut be = SyscallBackend {
             sock: &a,
             tun: None,
             spare: &mut spare,
+            pending: &mut pending,
             stats: &mut stats,
         };
         let mut tx = TxBatch::new();
@@ -762,6 +867,7 @@ mod tests {
             tx.push(&mut be, b.local_addr(), &[i; 1000]);
         }
         tx.flush(&mut be);
+        be.submit();
         assert_eq!(tx.batched_sends, 1, "20 datagrams, one batch");
         assert_eq!(recv_all(&b, 20_000), [1000; 20]);
         assert_eq!(be.dropped(), 0);
@@ -836,8 +942,10 @@ mod tests {
                 tcp: tun.offload().tso(),
                 udp: tun.offload().uso(),
             };
-            let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+            let (mut spare, mut pending, mut stats) =
+                (Vec::new(), Vec::new(), SendStats::default());
             let mut be = SyscallBackend {
+                pending: &mut pending,
                 sock: &s,
                 tun: Some(q),
                 spare: &mut spare,
@@ -849,6 +957,7 @@ mod tests {
             }
             rx.push(&mut be, &udp4(5000, &[10; 400]));
             rx.flush(&mut be);
+            be.submit();
             assert_eq!(rx.write_errors, 0);
             assert_eq!(be.stats.tun_errors, 0);
             assert_eq!(
@@ -866,14 +975,17 @@ mod tests {
             ip(&["link", "set", "rgob1", "up"]);
             let mut rx = TunBatch::new(CoalesceOptions::default(), false);
             let p = udp4_from([10, 81, 1, 2], 5000, &[1; 100]);
-            let (mut spare, mut stats) = (Vec::new(), SendStats::default());
+            let (mut spare, mut pending, mut stats) =
+                (Vec::new(), Vec::new(), SendStats::default());
             let mut be = SyscallBackend {
+                pending: &mut pending,
                 sock: &s,
                 tun: Some(plain.queue(0).expect("q")),
                 spare: &mut spare,
                 stats: &mut stats,
             };
             rx.push(&mut be, &p);
+            be.submit();
             assert_eq!(recv_all(&s, 100), [100]);
         });
     }

@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 
 use crate::core::device::{PeerAddr, SCRATCH_SIZE};
 use crate::core::gso::CoalesceOptions;
-use crate::driver::offload_io::{split_tun_read, Backend, OffloadIo, TunBatch, TxBatch};
+use crate::driver::offload_io::{split_tun_read, Backend, OffloadIo, TcpQueue, TunBatch, TxBatch};
 #[cfg(doc)]
 use crate::driver::worker;
 use crate::driver::worker::Shared;
@@ -273,6 +273,7 @@ pub fn run(
         vnet_hdr,
     );
     let mut malformed_reads: u64 = 0;
+    let mut tcp_queue = TcpQueue::default();
     let mut cache = shared.device.cache();
     let tcp = shared.tcp.clone();
     let mut v6 = _sock.local_addr().is_ipv6();
@@ -339,6 +340,7 @@ pub fn run(
         let mut io = OffloadIo {
             be: &mut be,
             tcp: tcp.as_deref(),
+            tcp_queue: &mut tcp_queue,
             tx: &mut tx,
             rx: &mut rx,
         };
