@@ -214,8 +214,10 @@ check $? "a1: one /64 (50 addresses) got $(field closed_5_12s "$o") connections 
 ATTACKERS="a2-many silent 3000 1000 $V4_MANY 10.98.2.1:$PORT"
 run_attack a2
 o=$(out a2-many)
-[ "$(d evicted)" -gt 0 ] && [ "$(field still_open "$o")" = 0 ] && [ "$(field peak_open "$o")" -le 256 ]
-check $? "a2: 200 addresses held at most $(field peak_open "$o") connections at once (table 256, 240 for inbound), $(d evicted) evicted, $(d refused_per_prefix) refused per prefix, none left open"
+# Held to the deadline = what the table kept when the flood stopped (the attacker's own
+# peak_open also counts connections whose RST it has not read yet).
+[ "$(d evicted)" -gt 0 ] && [ "$(field still_open "$o")" = 0 ] && [ "$(field closed_5_12s "$o")" -le 240 ]
+check $? "a2: 200 addresses got $(field closed_5_12s "$o") connections held (240 inbound slots of 256), $(d evicted) evicted, $(d refused_per_prefix) refused per prefix, none left open"
 
 # --- b: silent and slow-loris clients ---------------------------------------------------
 ATTACKERS="b-silent silent 80 200 $(v4_first 10) 10.98.2.1:$PORT

@@ -1115,7 +1115,9 @@ impl EventLoop {
                 .map_or(true, |at| now.duration_since(at) >= SUMMARY_EVERY);
         if trouble != self.summarized.0 && due {
             self.summarized = (trouble, Some(now));
-            log::info!(target: "net::tcp", "TCP transport counters: {c}");
+            // Not a `net::` target: this line is already paced here, and the logger's
+            // per-target limit must not let refusal warnings starve it.
+            log::info!("TCP transport counters: {c}");
         }
     }
 
