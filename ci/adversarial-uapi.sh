@@ -6,7 +6,8 @@
 # 1. The socket file is private: mode 0600-ish, no group or world access.
 # 2. Silent clients, half-request clients and slow-loris clients (one byte a second),
 #    more of them than the server serves at once, hold the socket: `timeout 5 wg show`
-#    still answers, every time, quickly; the daemon's thread count stays bounded.
+#    still answers, every time, quickly; the daemon's thread count stays bounded; a
+#    set cut off inside a line is not applied.
 # 3. `wg set listen-port P` with UDP P held by another program fails (errno, like
 #    wireguard-go); the old port keeps working (ping through the tunnel, same session:
 #    no new handshake), the peer is intact.
@@ -136,6 +137,12 @@ else
 fi
 kill $CLIENTS 2>/dev/null; wait $CLIENTS 2>/dev/null
 kill -0 $RGPID 2>/dev/null && ok "daemon alive after the client flood" || bad "daemon died under the client flood"
+# A client gone in the middle of a line: its set is not applied (`listen_port=4` could
+# be the front of `listen_port=48000`).
+python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"set=1\nlisten_port=4"); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode().strip())' "$SOCK" >"$WORK/cut.out" 2>&1
+lp=$(ip netns exec $A wg show $IA listen-port)
+[ "$lp" = $PORT ] && ok "set cut off inside a line: not applied ($(tr '\n' ' ' <"$WORK/cut.out"))" ||
+    bad "set cut off inside a line moved the port to $lp"
 
 # --- 3. listen-port already in use (UDP) -------------------------------------------------
 hold() { # $1 = udp|tcp, $2 = port: hold it in namespace A until killed

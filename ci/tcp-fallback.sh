@@ -12,6 +12,10 @@
 # 3. Hostile TCP input to the gateway (random bytes, u32-LE framing, a silent
 #    connection): each is closed, and the tunnel still carries traffic afterwards.
 # 4. A stock wireguard-go client reaches the gateway through `riceguard udp2tcp`.
+# 5. A config-file client (`riceguard up --config`, TcpFallback = on, Endpoint and
+#    TcpPort, no TcpListen) falls back to TCP without listening on TCP, against a
+#    gateway that is not riceguard: stock wireguard-go behind `riceguard tcp2udp`, UDP
+#    to it dropped by nftables.
 # Needs root, wireguard-tools, wireguard-go, iperf3, nftables, tcpdump, python3.
 # Prints "N passed, N failed"; exit status 1 when anything failed.
 set -u
@@ -20,8 +24,8 @@ cd "$(dirname "$0")/.."
 RG=$(realpath "${RG_BIN:-target/release/riceguard}")
 [ -x "$RG" ] || { echo "build riceguard first (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
 WORK=$(mktemp -d /tmp/rg-tcp-fallback.XXXXXX)
-A=rgfA B=rgfB C=rgfC
-IA=rgf$$a IB=rgf$$b IC=rgf$$c
+A=rgfA$$ B=rgfB$$ C=rgfC$$
+IA=rgf$$a IB=rgf$$b IC=rgf$$c ID=rgf$$d IE=rgf$$e
 PIDS=()
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "PASS $*"; }
@@ -32,7 +36,8 @@ cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
     ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
-    rm -f /var/run/wireguard/$IA.sock /var/run/wireguard/$IB.sock /var/run/wireguard/$IC.sock
+    rm -f /var/run/wireguard/$IA.sock /var/run/wireguard/$IB.sock /var/run/wireguard/$IC.sock \
+        /var/run/wireguard/$ID.sock /var/run/wireguard/$IE.sock
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -162,6 +167,66 @@ for i in $(seq 15); do
 done
 [ $up = 1 ] && ok "wireguard-go -> riceguard udp2tcp -> TCP -> riceguard gateway: ping" ||
     bad "wireguard-go through udp2tcp: no ping"
+
+# --- 5. config-file client, no TcpListen, gateway = wireguard-go behind tcp2udp -------------
+kd=$(wg genkey); ke=$(wg genkey)
+ip netns exec $B nft add table inet rgftest5
+ip netns exec $B nft add chain inet rgftest5 input '{ type filter hook input priority 0; }'
+ip netns exec $B nft add rule inet rgftest5 input iifname vfb udp dport 51822 counter drop
+ip netns exec $B env WG_PROCESS_FOREGROUND=1 wireguard-go $IE >"$WORK/e.log" 2>&1 & PIDS+=($!)
+for i in $(seq 50); do [ -S /var/run/wireguard/$IE.sock ] && break; sleep 0.1; done
+ip netns exec $B wg set $IE private-key <(echo "$ke") listen-port 51822 \
+    peer "$(echo "$kd" | wg pubkey)" allowed-ips 10.97.4.1/32
+ip -n $B addr add 10.97.4.2/24 dev $IE
+ip -n $B link set $IE mtu 1366 up
+ip netns exec $B "$RG" tcp2udp --tcp-listen 10.97.0.2:51823 --udp-forward 127.0.0.1:51822 --nodelay \
+    >"$WORK/t2u.log" 2>&1 & PIDS+=($!)
+cat >"$WORK/d.conf" <<EOF
+[Interface]
+PrivateKey = $kd
+Address = 10.97.4.1/24
+MTU = 1366
+
+[Peer]
+PublicKey = $(echo "$ke" | wg pubkey)
+AllowedIPs = 10.97.4.2/32
+Endpoint = 10.97.0.2:51822
+TcpPort = 51823
+PersistentKeepalive = 25
+
+[Gateway]
+InterfaceName = $ID
+TcpFallback = on
+EOF
+t0=$SECONDS
+RG_LOG=info ip netns exec $A "$RG" up --config "$WORK/d.conf" >"$WORK/d.log" 2>&1 & DPID=$!; PIDS+=($DPID)
+up=0
+for i in $(seq 40); do
+    if ip netns exec $A ping -c1 -W1 10.97.4.2 >/dev/null 2>&1; then up=1; break; fi
+done
+took=$((SECONDS - t0))
+if [ $up = 1 ] && grep -q "transport now TCP" "$WORK/d.log"; then
+    ok "config client (no TcpListen) -> wireguard-go behind tcp2udp: ping over TCP after ${took} s, log says 'transport now TCP'"
+else
+    bad "config client without TcpListen: no tunnel over TCP within ${took} s (up=$up)"; tail -5 "$WORK/d.log"
+fi
+grep -q "TCP fallback client ready (no TCP listener)" "$WORK/d.log" &&
+    ok "config client started a client-only TCP transport" || bad "no client-only TCP transport in the log"
+# `ip netns exec` runs riceguard as the child it waits for: look for sockets of either.
+dpids=" $DPID $(pgrep -P $DPID | tr '\n' ' ')"
+listening=$(ip netns exec $A ss -Hltnp | grep -o 'pid=[0-9]*' | cut -d= -f2 | while read -r p; do
+    case "$dpids" in *" $p "*) echo "$p";; esac; done)
+[ -z "$listening" ] && ok "config client has no TCP listener" ||
+    bad "config client listens on TCP: $(ip netns exec $A ss -Hltnp)"
+drops=$(ip netns exec $B nft list chain inet rgftest5 input | grep -o 'packets [0-9]*' | awk '{print $2}')
+conn=$(ip netns exec $A ss -Htn state established "dport = :51823" | wc -l)
+if [ "${drops:-0}" -gt 0 ] && [ "$conn" -ge 1 ]; then
+    ok "UDP handshakes dropped by nftables ($drops packets), tunnel on an established TCP connection to tcp2udp"
+else
+    bad "drops=${drops:-?} established TCP connections to 51823: $conn"
+fi
+loss=$(ip netns exec $A ping -c 10 -i 0.2 -W 2 10.97.4.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)
+[ "${loss:-100}" = 0 ] && ok "config client over TCP: ping 0% loss" || bad "config client over TCP: ${loss:-?}% loss"
 
 echo
 echo "tcp-fallback: $pass passed, $fail failed"

@@ -7,7 +7,9 @@
 #                           refused and changes nothing (`show`, `compare`, prompt);
 #                           commit a second peer, `rollback 1` + commit removes it again;
 #                           `commit-confirm 1` left unconfirmed rolls back by itself
-#                           (~60 s; RG_CONSOLE_CONFIRM=0 skips it)
+#                           (~60 s; RG_CONSOLE_CONFIRM=0 skips it), on time although an
+#                           `update` whose source never answers is running meanwhile (it
+#                           runs in the background; the console keeps answering)
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
 #
 # usage: ci/test-console-qemu.sh
@@ -209,6 +211,11 @@ if boot boot2; then
         conf5=$(show_conf)
         check "commit-confirm: \`show\` has the new peer meanwhile" \
             sh -c 'printf "%s\n" "$1" | grep -qxF "PublicKey = $2"' _ "$conf5" "$pub3"
+        # A long command meanwhile: an update whose source never answers (a pty master
+        # nobody writes to: like a download stalled below the per-read timeout).
+        cmd "update /dev/ptmx" 20
+        check "commit-confirm: a stalled update runs in the background, the console answers at once" \
+            has 'update started in the background'
         t0=$SECONDS off=$(size)
         if wait_re 'not confirmed in time' 100 "$off" && wait_re 'riceguard(\(edit\))?# ' 10 "$off"; then
             out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
@@ -217,6 +224,9 @@ if boot boot2; then
             ok "commit-confirm: unconfirmed, rolled back by itself"
             conf6=$(show_conf)
             check "commit-confirm: \`show\` is the configuration before it again" test "$conf6" = "$conf"
+            cmd "show status"
+            check "commit-confirm: rolled back while the update was still running (show status)" \
+                has '^background: update \(pid [0-9]+\) running'
         else
             ko "commit-confirm: no rollback within 100 s"
         fi

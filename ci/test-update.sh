@@ -21,13 +21,14 @@
 #      with riceguard.selftest=unhealthy: init gives up after 20 s and reboots)
 #
 # usage: ci/test-update.sh [host]     (host: skip the QEMU part)
-# env:   RG_UPDATE_BOOT_TIMEOUT (s per boot, default 240), RG_UPDATE_KEEP=1 keeps out/test-update
+# env:   RG_UPDATE_BOOT_TIMEOUT (s per boot, default 240), RG_UPDATE_KEEP=1 keeps out/test-update,
+#        RG_UPDATE_WORK (work directory, default out/test-update)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 board=qemu-x86_64
 T=${RG_UPDATE_BOOT_TIMEOUT:-240}
-work=$top/out/test-update
+work=${RG_UPDATE_WORK:-$top/out/test-update}
 rm -rf "$work"
 mkdir -p "$work"
 passed=0 failed=0 fails=() notes=()

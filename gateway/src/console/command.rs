@@ -485,7 +485,10 @@ pub fn help(topic: &[String]) -> Result<String, String> {
              its build number, which must be newer than the running slot's.\n\
              update SOURCE allow-downgrade installs an older (or the same) build on purpose, e.g. to\n\
              go back to a known release; without it such a bundle is refused, since an old bundle\n\
-             is still signed and anyone on a plain-HTTP path could offer one.\n"
+             is still signed and anyone on a plain-HTTP path could offer one.\n\
+             The update runs in the background (stopped after 30 min at most): the console stays\n\
+             usable meanwhile (a pending commit-confirm still rolls back on time), `show status`\n\
+             shows it, and its report is printed when it ends. `rollback-slot` runs the same way.\n"
             .to_string(),
         "factory-reset" => "factory-reset replaces the configuration with defaults and a freshly generated private\n\
              key, applies it, and removes the console password. The old configuration stays in the\n\

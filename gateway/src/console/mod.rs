@@ -279,7 +279,15 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
         }
     }
     // Input is over. An unconfirmed commit-confirm must still roll back on time: wait for
-    // it here (on the appliance init restarts the console, which resumes it anyway).
+    // it here (on the appliance init restarts the console, which resumes it anyway). A
+    // background job (a scripted update) is waited for too, so its report is printed.
+    if let Some(j) = session.job_running() {
+        out.reply(&Reply {
+            text: format!("input ended while {j}: waiting for its report"),
+            ok: true,
+            exit: false,
+        });
+    }
     if let Some(deadline) = session.confirm_deadline() {
         let left = deadline.saturating_duration_since(clock.now()).as_secs();
         out.reply(&Reply {
@@ -289,15 +297,18 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
             ok: true,
             exit: false,
         });
-        while session.confirm_deadline().is_some() {
-            let d = session
-                .confirm_deadline()
-                .map(|d| d.saturating_duration_since(clock.now()));
-            std::thread::sleep(d.unwrap_or_default().min(Duration::from_secs(1)));
-            if let Some(r) = session.poll() {
-                out.reply(&r);
-                failed |= !r.ok;
-            }
+    }
+    while session.confirm_deadline().is_some() || session.job_running().is_some() {
+        let d = session
+            .confirm_deadline()
+            .map(|d| d.saturating_duration_since(clock.now()));
+        std::thread::sleep(
+            d.unwrap_or(Duration::from_millis(200))
+                .min(Duration::from_secs(1)),
+        );
+        if let Some(r) = session.poll() {
+            out.reply(&r);
+            failed |= !r.ok;
         }
     }
     out.raw(b"\n");

@@ -274,8 +274,25 @@ impl Session {
         self.pending.as_ref().map(|p| p.deadline)
     }
 
-    /// Let time pass: roll back an unconfirmed `commit-confirm` whose deadline is over.
+    /// A background job (update, rollback-slot) still running, described.
+    pub fn job_running(&self) -> Option<String> {
+        self.hooks.job_running()
+    }
+
+    /// Let time pass: roll back an unconfirmed `commit-confirm` whose deadline is over,
+    /// else report a background job that ended.
     pub fn poll(&mut self) -> Option<Reply> {
+        if let Some(r) = self.poll_confirm() {
+            return Some(r);
+        }
+        self.hooks.job_done().map(|j| Reply {
+            text: j.text,
+            ok: j.ok,
+            exit: false,
+        })
+    }
+
+    fn poll_confirm(&mut self) -> Option<Reply> {
         let now = self.clock.now();
         let p = self.pending.as_ref()?;
         if now < p.deadline {
@@ -462,21 +479,36 @@ impl Session {
                     }
                 ))
             }
+            // Long work runs as a background job: the console (and a pending
+            // commit-confirm's deadline) does not wait for it.
+            Command::Update { .. } | Command::RollbackSlot if self.hooks.job_running().is_some() => {
+                Reply::err(format!(
+                    "{} is still running: wait for its report",
+                    self.hooks.job_running().unwrap_or_default()
+                ))
+            }
             Command::Update {
                 source,
                 allow_downgrade,
-            } => Reply::ok(format!(
-                "{}\n(the configuration in /perm is kept; `reboot` starts the new slot on trial)",
-                self.hooks.update(&source, allow_downgrade)
-            )),
-            Command::RollbackSlot => Reply::ok(self.hooks.rollback_slot()),
+            } => match self.hooks.update(&source, allow_downgrade) {
+                Ok(t) => Reply::ok(format!(
+                    "{t}\n(the configuration in /perm is kept; after the update `reboot` starts the new slot on trial)"
+                )),
+                Err(e) => Reply::err(e),
+            },
+            Command::RollbackSlot => self.hooks.rollback_slot().into(),
             Command::Reboot => {
                 self.question = Some(Question::Reboot);
-                let warn = if self.candidate != self.running {
-                    "\nuncommitted changes will be lost."
+                let mut warn = if self.candidate != self.running {
+                    "\nuncommitted changes will be lost.".to_string()
                 } else {
-                    ""
+                    String::new()
                 };
+                if let Some(j) = self.hooks.job_running() {
+                    warn.push_str(&format!(
+                        "\n{j}: rebooting stops it (the running slot stays the default)."
+                    ));
+                }
                 Reply::ok(format!(
                     "reboot the appliance now?{warn}\nType yes to continue:"
                 ))

@@ -4,16 +4,22 @@
 //! - [`Clock`]: monotonic time (commit-confirm deadlines) and wall time (the deadline
 //!   marker that survives a console restart, handshake ages).
 //! - [`Hooks`]: reload the daemon (SIGHUP to the pid in `--pidfile`), ask it for peers
-//!   (UAPI `get=1` on its socket), status lines, reboot.
+//!   (UAPI `get=1` on its socket), status lines, reboot, and long work (update,
+//!   rollback-slot) as a [`Job`]: its own process with an overall deadline, so the console
+//!   keeps answering and its commit-confirm deadline fires on time meanwhile.
 //! - [`RawMode`]: the serial terminal in character mode while the console runs.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::termios::{self, LocalFlags, SetArg, SpecialCharacterIndices, Termios};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 pub trait Clock {
@@ -36,6 +42,13 @@ impl Clock for SystemClock {
     }
 }
 
+/// How a background job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobReport {
+    pub text: String,
+    pub ok: bool,
+}
+
 /// What the console asks of the rest of the appliance.
 pub trait Hooks {
     /// Tell the running daemon to re-read `riceguard.conf`. `Ok` says it was told;
@@ -47,36 +60,146 @@ pub trait Hooks {
     fn status(&mut self) -> Vec<String>;
     /// Restart the appliance; the text says what happened.
     fn reboot(&mut self) -> String;
-    /// Verify and install an update bundle into the inactive slot (`allow_downgrade`: also
-    /// a build not newer than the running one); the text is the updater's report.
-    fn update(&mut self, _source: &str, _allow_downgrade: bool) -> String {
-        "updates are not available in this mode".into()
+    /// Start verifying and installing an update bundle into the inactive slot
+    /// (`allow_downgrade`: also a build not newer than the running one) as a background
+    /// job; `Ok` says it started, its report comes from [`Hooks::job_done`].
+    fn update(&mut self, _source: &str, _allow_downgrade: bool) -> Result<String, String> {
+        Err("updates are not available in this mode".into())
     }
-    /// Make the other slot the default boot entry.
-    fn rollback_slot(&mut self) -> String {
-        "slot rollback is not available in this mode".into()
+    /// Start making the other slot the default boot entry, as a background job.
+    fn rollback_slot(&mut self) -> Result<String, String> {
+        Err("slot rollback is not available in this mode".into())
+    }
+    /// The background job still running, described (`None`: none is).
+    fn job_running(&self) -> Option<String> {
+        None
+    }
+    /// The report of a background job that ended since the last call.
+    fn job_done(&mut self) -> Option<JobReport> {
+        None
     }
 }
 
-/// Run this binary with `args` (the updater runs in its own process, so a failure there
-/// cannot take the console down) and return what it printed.
-fn run_self(args: &[&str]) -> String {
-    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/bin/riceguard"));
-    match std::process::Command::new(exe).args(args).output() {
-        Ok(o) => {
-            let mut t = String::from_utf8_lossy(&o.stdout).into_owned();
-            t.push_str(&String::from_utf8_lossy(&o.stderr));
-            if !o.status.success() {
-                t.push_str(&format!("({} failed: {})", args[0], o.status));
+/// The longest an update may take, download included (the HTTP client only bounds each
+/// read); then it is killed (harmless: the new slot is only enabled at its very end).
+pub const UPDATE_DEADLINE: Duration = Duration::from_secs(30 * 60);
+/// The longest `rollback-slot` may take.
+pub const ROLLBACK_SLOT_DEADLINE: Duration = Duration::from_secs(120);
+/// Output of a job kept for its report (the rest is read and dropped).
+const JOB_OUTPUT: u64 = 64 * 1024;
+
+/// A long command in its own process (and process group), with an overall deadline.
+/// The console only polls it, so it never waits for it.
+pub struct Job {
+    what: String,
+    pid: i32,
+    started: Instant,
+    deadline: Duration,
+    rx: mpsc::Receiver<JobReport>,
+}
+
+impl Job {
+    /// Start `program args`, stdout and stderr captured together, stdin closed.
+    pub fn spawn(
+        what: &str,
+        program: &Path,
+        args: &[&str],
+        deadline: Duration,
+    ) -> std::io::Result<Job> {
+        let (r, w) = nix::unistd::pipe()?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(w.try_clone()?))
+            .stderr(Stdio::from(w))
+            // Its own group: the deadline kills it and whatever it started, nothing else.
+            .process_group(0);
+        let mut child = cmd.spawn()?;
+        drop(cmd); // our copies of the pipe's write end: EOF once the job's side closes
+        let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+        let (tx, rx) = mpsc::channel();
+        let name = what.to_string();
+        let started = Instant::now();
+        std::thread::spawn(move || {
+            let reader = std::thread::spawn(move || {
+                let mut f = std::fs::File::from(r);
+                let mut out = Vec::new();
+                let _ = (&mut f).take(JOB_OUTPUT).read_to_end(&mut out);
+                let _ = std::io::copy(&mut f, &mut std::io::sink());
+                out
+            });
+            let group = nix::unistd::Pid::from_raw(pid);
+            let mut timed_out = false;
+            loop {
+                // Exited? (WNOWAIT: not reaped yet, so its pid still names its group.)
+                let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+                match waitid(Id::Pid(group), flags) {
+                    Ok(WaitStatus::StillAlive) => {}
+                    _ => break,
+                }
+                if started.elapsed() >= deadline {
+                    timed_out = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
             }
-            t.trim_end().to_string()
+            // Anything left in its group goes too (its output pipe then closes).
+            let _ = killpg(group, Signal::SIGKILL);
+            let status = child.wait();
+            let out = reader.join().unwrap_or_default();
+            let mut text = String::from_utf8_lossy(&out).trim_end().to_string();
+            let ok = !timed_out && status.as_ref().is_ok_and(|s| s.success());
+            if !text.is_empty() {
+                text.push('\n');
+            }
+            if timed_out {
+                text.push_str(&format!(
+                    "{name}: stopped after {} s, its overall deadline",
+                    deadline.as_secs()
+                ));
+            } else {
+                match status {
+                    Ok(s) if s.success() => text.push_str(&format!("{name}: done")),
+                    Ok(s) => text.push_str(&format!("{name}: failed ({s})")),
+                    Err(e) => text.push_str(&format!("{name}: {e}")),
+                }
+            }
+            let _ = tx.send(JobReport { text, ok });
+        });
+        Ok(Job {
+            what: what.to_string(),
+            pid,
+            started,
+            deadline,
+            rx,
+        })
+    }
+
+    /// What runs, since when, until when at most.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (pid {}) running for {} s, stopped after {} s at most",
+            self.what,
+            self.pid,
+            self.started.elapsed().as_secs(),
+            self.deadline.as_secs()
+        )
+    }
+
+    /// The report, once the job ended.
+    pub fn try_done(&self) -> Option<JobReport> {
+        match self.rx.try_recv() {
+            Ok(r) => Some(r),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(JobReport {
+                text: format!("{}: lost track of it", self.what),
+                ok: false,
+            }),
         }
-        Err(e) => format!("could not run the updater: {e}"),
     }
 }
 
 /// The real hooks.
-#[derive(Debug, Clone)]
 pub struct SystemHooks {
     /// The daemon's pid file (`--pidfile`, default `/run/riceguard.pid`).
     pub pidfile: PathBuf,
@@ -86,6 +209,8 @@ pub struct SystemHooks {
     /// (offload path chosen, workers and their cores, TCP fallback state), one
     /// `name: value` per line. `show status` prints it as it is.
     pub status_file: PathBuf,
+    /// The update or rollback-slot running in the background, if any.
+    pub job: Option<Job>,
 }
 
 pub const DEFAULT_PIDFILE: &str = "/run/riceguard.pid";
@@ -97,11 +222,39 @@ impl Default for SystemHooks {
             pidfile: DEFAULT_PIDFILE.into(),
             socket: None,
             status_file: DEFAULT_STATUS_FILE.into(),
+            job: None,
         }
     }
 }
 
 impl SystemHooks {
+    /// Run this binary with `args` as a background [`Job`] (in its own process, so a
+    /// failure there cannot take the console down, and the console does not wait for it).
+    pub fn start_job(
+        &mut self,
+        what: &str,
+        args: &[&str],
+        deadline: Duration,
+    ) -> Result<String, String> {
+        if let Some(j) = &self.job {
+            return Err(format!(
+                "{} is still running: wait for its report",
+                j.describe()
+            ));
+        }
+        let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/bin/riceguard"));
+        let job = Job::spawn(what, &exe, args, deadline)
+            .map_err(|e| format!("could not start {what}: {e}"))?;
+        let t = format!(
+            "{what} started in the background (pid {}, stopped after {} min at most); the console stays usable \
+             and prints its report when it ends (`show status` shows it meanwhile)",
+            job.pid,
+            deadline.as_secs() / 60
+        );
+        self.job = Some(job);
+        Ok(t)
+    }
+
     /// The daemon's pid, checked to be a live riceguard process (a stale pid file must not
     /// make us signal whatever process reused the number).
     fn daemon_pid(&self) -> Result<i32, String> {
@@ -220,6 +373,9 @@ impl Hooks for SystemHooks {
             Ok(pid) => format!("daemon: running (pid {pid})"),
             Err(e) => format!("daemon: {e}"),
         });
+        if let Some(j) = &self.job {
+            out.push(format!("background: {}", j.describe()));
+        }
         match std::fs::read_to_string(&self.status_file) {
             Ok(t) => out.extend(t.lines().take(64).map(|l| l.chars().take(200).collect())),
             Err(_) => out.push(format!(
@@ -230,22 +386,33 @@ impl Hooks for SystemHooks {
         out
     }
 
-    fn update(&mut self, source: &str, allow_downgrade: bool) -> String {
+    fn update(&mut self, source: &str, allow_downgrade: bool) -> Result<String, String> {
         if !on_appliance() {
-            return "host mode: updates are installed on the appliance (`riceguard update SOURCE` there)".into();
+            return Err("host mode: updates are installed on the appliance (`riceguard update SOURCE` there)".into());
         }
+        let mut args = vec!["update"];
         if allow_downgrade {
-            run_self(&["update", "--allow-downgrade", source])
-        } else {
-            run_self(&["update", source])
+            args.push("--allow-downgrade");
         }
+        args.push(source);
+        self.start_job("update", &args, UPDATE_DEADLINE)
     }
 
-    fn rollback_slot(&mut self) -> String {
+    fn rollback_slot(&mut self) -> Result<String, String> {
         if !on_appliance() {
-            return "host mode: no boot slots here".into();
+            return Err("host mode: no boot slots here".into());
         }
-        run_self(&["rollback-slot"])
+        self.start_job("rollback-slot", &["rollback-slot"], ROLLBACK_SLOT_DEADLINE)
+    }
+
+    fn job_running(&self) -> Option<String> {
+        self.job.as_ref().map(Job::describe)
+    }
+
+    fn job_done(&mut self) -> Option<JobReport> {
+        let r = self.job.as_ref()?.try_done()?;
+        self.job = None;
+        Some(r)
     }
 
     fn reboot(&mut self) -> String {
@@ -313,6 +480,7 @@ mod tests {
             pidfile: "/nonexistent/riceguard.pid".into(),
             socket: Some("/nonexistent/x.sock".into()),
             status_file: "/nonexistent/status".into(),
+            job: None,
         };
         assert!(h.reload().unwrap_err().contains("no daemon running"));
         assert!(h
@@ -323,5 +491,98 @@ mod tests {
             .status()
             .iter()
             .any(|l| l.starts_with("daemon: no daemon running")));
+    }
+
+    fn wait_report(j: &Job, within: Duration) -> Option<JobReport> {
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if let Some(r) = j.try_done() {
+                return Some(r);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// A job that outlives its overall deadline is killed with everything it started, and
+    /// says so; the caller never waits for it.
+    #[test]
+    fn job_has_an_overall_deadline() {
+        let t0 = Instant::now();
+        let sh = Path::new("/bin/sh");
+        // The grandchild (sleep) holds the output pipe too: it must go as well.
+        let j = Job::spawn(
+            "update",
+            sh,
+            &["-c", "echo fetching; sleep 30 & sleep 30"],
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        assert!(t0.elapsed() < Duration::from_millis(400), "spawn waited");
+        assert!(j.try_done().is_none());
+        assert!(j.describe().starts_with("update (pid "));
+        let r = wait_report(&j, Duration::from_secs(10)).expect("no report");
+        assert!(!r.ok);
+        assert!(
+            r.text.starts_with("fetching\n")
+                && r.text.contains("stopped after 0 s, its overall deadline"),
+            "{}",
+            r.text
+        );
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert!(
+            kill(nix::unistd::Pid::from_raw(j.pid), None).is_err(),
+            "job still alive"
+        );
+        // Ends in time: its output and status.
+        let j = Job::spawn(
+            "update",
+            sh,
+            &["-c", "echo installed; exit 0"],
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let r = wait_report(&j, Duration::from_secs(10)).expect("no report");
+        assert_eq!(
+            r,
+            JobReport {
+                text: "installed\nupdate: done".into(),
+                ok: true
+            }
+        );
+        let j = Job::spawn(
+            "update",
+            sh,
+            &["-c", "echo refused >&2; exit 1"],
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let r = wait_report(&j, Duration::from_secs(10)).expect("no report");
+        assert!(
+            !r.ok && r.text.starts_with("refused\nupdate: failed"),
+            "{}",
+            r.text
+        );
+        // A second job is refused while one runs.
+        let mut h = SystemHooks {
+            job: Some(
+                Job::spawn("update", sh, &["-c", "sleep 5"], Duration::from_millis(300)).unwrap(),
+            ),
+            ..SystemHooks::default()
+        };
+        assert!(h
+            .start_job("update", &[], UPDATE_DEADLINE)
+            .unwrap_err()
+            .contains("still running"));
+        assert!(h.job_running().is_some());
+        assert!(h
+            .status()
+            .iter()
+            .any(|l| l.starts_with("background: update")));
+        let t0 = Instant::now();
+        while h.job_done().is_none() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(h.job_running().is_none());
     }
 }

@@ -12,6 +12,9 @@
 //!   (wireguard-go applies line by line and leaves earlier lines applied on error);
 //! - after a bad line the rest of the request is still read up to its blank line, so
 //!   the answer `errno=-22` arrives and the connection stays usable;
+//! - a `set` whose input ends inside a line (the client went away mid-request) is
+//!   refused (`EIO`): the cut line may be the front of another value; wireguard-go's
+//!   scanner would apply it;
 //! - an endpoint with port 0 is refused (`EINVAL`): nothing can be sent there and the
 //!   configuration file could not hold it;
 //! - within one peer block, order between lines is summarised: `replace_allowed_ips`
@@ -344,7 +347,9 @@ fn set_line(req: &mut SetRequest, ignoring: &mut bool, line: &str) -> Result<(),
 }
 
 /// Read one request. `get=1` must be followed by an empty line; `set=1` by `key=value`
-/// lines ending with an empty line (or the end of input, as wireguard-go accepts).
+/// lines ending with an empty line (or the end of input after a whole line, as
+/// wireguard-go accepts). Input that ends inside a line (a client gone mid-request) is
+/// refused whole: `listen_port=4` may be the front of `listen_port=48000`.
 /// Bounded by [`MAX_REQUEST_BYTES`] and [`MAX_LINE_BYTES`]. After a bad line the rest of
 /// the set request is consumed, so the connection can carry the next request; after an
 /// [`UapiError::Io`] (limits, read failure) the stream position is unknown: answer and
@@ -369,6 +374,12 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, UapiError> {
             let mut ignoring = false;
             let mut first_err: Option<UapiError> = None;
             while let Some((line, terminated)) = read_line(r, &mut budget)? {
+                if !terminated {
+                    return Err(UapiError::Io(format!(
+                        "set request cut off inside a line ({:?})",
+                        line.chars().take(40).collect::<String>()
+                    )));
+                }
                 if line.is_empty() {
                     break;
                 }
@@ -376,9 +387,6 @@ pub fn read_request(r: &mut impl BufRead) -> Result<Request, UapiError> {
                     if let Err(e) = set_line(&mut req, &mut ignoring, &line) {
                         first_err = Some(e);
                     }
-                }
-                if !terminated {
-                    break;
                 }
             }
             match first_err {
@@ -946,6 +954,11 @@ mod tests {
         assert!(r.peers[1].remove);
         // The emitted form reads back to the same request.
         assert_eq!(set(&emit_set(&r)), r);
+        // End of input after whole lines ends a set, as in wireguard-go; inside a line
+        // (a client gone mid-request) it refuses the whole set.
+        assert_eq!(set("set=1\nlisten_port=4000\n").listen_port, Some(4000));
+        let e = read("set=1\nlisten_port=4").unwrap_err();
+        assert_eq!(e.errno(), -EIO, "{e}");
     }
 
     #[test]
@@ -999,9 +1012,10 @@ mod tests {
             big.push_str("listen_port=1\n");
         }
         assert_eq!(read(&big).unwrap_err().errno(), -EIO);
-        // End of input ends a set as wireguard-go's scanner does.
+        // End of input after a whole line ends a set as wireguard-go's scanner does;
+        // inside a line it does not (see `reads_get_and_set`).
         assert_eq!(
-            set("set=1\nlisten_port=7"),
+            set("set=1\nlisten_port=7\n"),
             SetRequest {
                 listen_port: Some(7),
                 ..Default::default()

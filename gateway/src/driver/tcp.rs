@@ -81,6 +81,7 @@ pub struct TcpConfig {
     pub max_conns: usize,
     /// Of `max_conns`, slots inbound connections can never take: kept for our own
     /// [`TcpHandle::connect`] (the fallback client), whatever arrives from outside.
+    /// At most half of `max_conns` (a small table stays usable for inbound).
     pub reserved_outbound: usize,
     /// Unauthenticated inbound connections from one source prefix (/64 for IPv6, /32
     /// for IPv4 and v4-mapped IPv6). Authenticated ones do not count: many peers may
@@ -221,7 +222,7 @@ impl Admission {
     pub fn new(max_conns: usize, reserved_outbound: usize, per_prefix: usize) -> Admission {
         Admission {
             max_conns,
-            reserved_outbound: reserved_outbound.min(max_conns),
+            reserved_outbound: reserved_outbound.min(max_conns / 2),
             per_prefix: per_prefix.max(1),
             inbound: 0,
             outbound: 0,
@@ -1114,7 +1115,9 @@ impl EventLoop {
                 .map_or(true, |at| now.duration_since(at) >= SUMMARY_EVERY);
         if trouble != self.summarized.0 && due {
             self.summarized = (trouble, Some(now));
-            log::info!(target: "net::tcp", "TCP transport counters: {c}");
+            // Not a `net::` target: this line is already paced here, and the logger's
+            // per-target limit must not let refusal warnings starve it.
+            log::info!("TCP transport counters: {c}");
         }
     }
 
@@ -1876,6 +1879,11 @@ mod tests {
         b.remove(1, Some(v4("10.0.0.1")));
         b.remove(99, None);
         assert_eq!(b.total(), 0);
+        // A small table (a relay with --max-connections 1) still takes inbound.
+        assert_eq!(
+            Admission::new(1, 16, 8).admit_inbound(v4("10.0.0.1")),
+            Decision::Admit
+        );
     }
 
     #[test]

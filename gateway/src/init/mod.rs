@@ -427,11 +427,13 @@ fn stage2() -> ! {
     let mut marked = false; // boot marked good (once per boot, whichever start got there)
     let mut selftest_done = false;
     let mut next_health = Instant::now();
+    let mut confirm_guard = ConfirmGuard::default();
     let mut halt: Option<os::Halt> = None;
     loop {
         let now = Instant::now();
         let next_start = sup.tick(now);
         dog.pet(now);
+        confirm_guard.check(&sup);
         let starts = sup.find("gateway").map(|s| s.starts).unwrap_or(0);
         if halt.is_none() && starts > 0 && healthy_for != Some(starts) && now >= next_health {
             next_health = now + Duration::from_millis(500);
@@ -548,6 +550,11 @@ fn shutdown(
         std::thread::sleep(Duration::from_millis(200));
         reap(sup);
     }
+    // Whatever else runs (a console's background update: safe to interrupt, the new slot
+    // is enabled only at its end) must not keep perm busy.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), Signal::SIGKILL);
+    std::thread::sleep(Duration::from_millis(100));
+    reap(sup);
     os::sync();
     for m in [ESP_MNT, PERM] {
         if os::umount(m).is_err() {
@@ -652,6 +659,61 @@ fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
             say!("config: {e}; uplink from the kernel command line only, gateway will report the same");
             None
         }
+    }
+}
+
+/// How long past a `commit-confirm` deadline init waits for the console to roll back
+/// before it restarts the console (a console that starts after the deadline rolls back
+/// at once).
+const CONFIRM_GRACE_SECS: u64 = 15;
+
+/// The deadline (unix seconds) in the text of `/perm/commit-confirm`, if the console is
+/// more than [`CONFIRM_GRACE_SECS`] late with it at wall time `now`.
+fn confirm_overdue(marker: &str, now: u64) -> Option<u64> {
+    let d: u64 = marker.trim().parse().ok()?;
+    (now > d.saturating_add(CONFIRM_GRACE_SECS)).then_some(d)
+}
+
+/// The commit-confirm deadline holds whatever the console does: the console rolls back
+/// on time itself (long work runs in its own process), and if it is ever stuck past the
+/// deadline (a blocked write to the serial line, say), init restarts it, once per
+/// deadline, and the new console rolls back.
+#[derive(Default)]
+struct ConfirmGuard {
+    next: Option<Instant>,
+    acted_on: Option<u64>,
+}
+
+impl ConfirmGuard {
+    fn check(&mut self, sup: &Supervisor) {
+        let now = Instant::now();
+        if self.next.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next = Some(now + Duration::from_secs(1));
+        let Some(supervise::State::Running(pid)) = sup.find("console").map(|s| s.state) else {
+            return;
+        };
+        let path = Path::new(PERM).join(crate::console::store::CONFIRM);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let Some(deadline) = confirm_overdue(&text, unix) else {
+            return;
+        };
+        if self.acted_on == Some(deadline) {
+            return;
+        }
+        self.acted_on = Some(deadline);
+        say!(
+            "console: the commit-confirm deadline passed {} s ago and it has not rolled back: restarting the console (it rolls back at once)",
+            unix.saturating_sub(deadline)
+        );
+        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
     }
 }
 
@@ -1056,6 +1118,19 @@ mod tests {
             "kernel/drivers/virtio/virtio_pci.ko\n",
             "virtio_pci"
         ));
+    }
+
+    #[test]
+    fn confirm_deadline_guard() {
+        assert_eq!(confirm_overdue("1000\n", 1000), None);
+        assert_eq!(confirm_overdue("1000\n", 1000 + CONFIRM_GRACE_SECS), None);
+        assert_eq!(
+            confirm_overdue("1000\n", 1001 + CONFIRM_GRACE_SECS),
+            Some(1000)
+        );
+        assert_eq!(confirm_overdue("", 5000), None);
+        assert_eq!(confirm_overdue("garbage", 5000), None);
+        assert_eq!(confirm_overdue(&u64::MAX.to_string(), u64::MAX), None);
     }
 
     #[test]

@@ -64,10 +64,10 @@ pub fn read_line_capped(
     }
 }
 
-/// Copy a service's output to `out` as `NAME: line` and into its ring, line by line,
+/// Hand a service's output to `out` as `NAME: line` and into its ring, line by line,
 /// each line capped at [`MAX_RELAY_LINE`] bytes. Returns at the end of input (the
 /// service and everything it started closed the pipe) or on a read error.
-pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<Ring>, out: &mut dyn Write) {
+pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<Ring>, out: &mut dyn FnMut(&str)) {
     let mut rd = BufReader::with_capacity(8192, input);
     let mut buf = Vec::with_capacity(256);
     while let Ok(Some(dropped)) = read_line_capped(&mut rd, &mut buf, MAX_RELAY_LINE) {
@@ -78,7 +78,7 @@ pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<Ring>, out: &mut dyn
                 " [... {dropped} more bytes of this line discarded]"
             ));
         }
-        let _ = writeln!(out, "{name}: {line}");
+        out(&format!("{name}: {line}"));
         if let Ok(mut g) = ring.lock() {
             g.push(&line);
         }
@@ -323,7 +323,9 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<Ring>>) -> std::io::Result<Pid> {
         let ring = Arc::clone(ring);
         let name = spec.name.clone();
         std::thread::spawn(move || {
-            relay(std::fs::File::from(r), &name, &ring, &mut io::stderr());
+            relay(std::fs::File::from(r), &name, &ring, &mut |l| {
+                eprintln!("{l}")
+            });
         });
     }
     Ok(pid)
@@ -365,9 +367,11 @@ mod tests {
         input.extend_from_slice(b"\nafter\n");
         input.extend(std::iter::repeat(b'y').take(3 * MAX_RELAY_LINE));
         let ring = Mutex::new(Ring::default());
-        let mut out = Vec::new();
-        relay(io::Cursor::new(input), "svc", &ring, &mut out);
-        let out = String::from_utf8(out).unwrap();
+        let mut out = String::new();
+        relay(io::Cursor::new(input), "svc", &ring, &mut |l| {
+            out.push_str(l);
+            out.push('\n');
+        });
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 4, "{}", out.len());
         assert_eq!(lines[0], "svc: first");

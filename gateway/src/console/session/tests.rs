@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::console::store::tests::TableFormat;
-use crate::console::system::{Clock, Hooks};
+use crate::console::system::{Clock, Hooks, JobReport};
 use crate::store::tests::TempDir;
 
 #[derive(Clone)]
@@ -26,10 +26,14 @@ impl Clock for FakeClock {
     }
 }
 
+/// A background job of the fake hooks: what runs, and its report once it "ended".
+type FakeJob = Rc<RefCell<Option<(String, Option<JobReport>)>>>;
+
 #[derive(Clone, Default)]
 struct Recorder {
     log: Rc<RefCell<Vec<String>>>,
     daemon: bool,
+    job: FakeJob,
 }
 
 impl Hooks for Recorder {
@@ -51,6 +55,22 @@ impl Hooks for Recorder {
     fn reboot(&mut self) -> String {
         self.log.borrow_mut().push("reboot".into());
         "rebooting".into()
+    }
+    fn update(&mut self, source: &str, allow_downgrade: bool) -> Result<String, String> {
+        self.log
+            .borrow_mut()
+            .push(format!("update {source} {allow_downgrade}"));
+        *self.job.borrow_mut() = Some((format!("update {source}"), None));
+        Ok("update started in the background".into())
+    }
+    fn job_running(&self) -> Option<String> {
+        self.job.borrow().as_ref().map(|j| j.0.clone())
+    }
+    fn job_done(&mut self) -> Option<JobReport> {
+        let mut j = self.job.borrow_mut();
+        let r = j.as_mut()?.1.take()?;
+        *j = None;
+        Some(r)
     }
 }
 
@@ -79,6 +99,7 @@ impl Rig {
         let hooks = Recorder {
             log: log.clone(),
             daemon: true,
+            job: FakeJob::default(),
         };
         Session::open(store, Box::new(hooks), Box::new(clock)).0
     }
@@ -572,4 +593,62 @@ fn password_fails_closed() {
     );
     assert_eq!(s.prompt(), "locked> ");
     assert!(!s.handle_line("show").ok);
+}
+
+/// A long update does not hold up the console: it runs as a background job, the
+/// commit-confirm deadline fires on time meanwhile, the job's report arrives when it ends,
+/// and a second update is refused while one runs.
+#[test]
+fn commit_confirm_fires_on_time_during_an_update() {
+    let dir = TempDir::new("job");
+    let secs = Rc::new(Cell::new(0));
+    let job = FakeJob::default();
+    let hooks = Recorder {
+        daemon: true,
+        job: job.clone(),
+        ..Recorder::default()
+    };
+    let store = Store::new(&dir.0, Box::new(TableFormat) as Box<dyn Format>);
+    let clock = FakeClock {
+        base: Instant::now(),
+        secs: secs.clone(),
+    };
+    let (mut s, _) = Session::open(store, Box::new(hooks), Box::new(clock));
+    let ok = |s: &mut Session, l: &str| {
+        let r = s.handle_line(l);
+        assert!(r.ok, "{l}: {}", r.text);
+        r.text
+    };
+    ok(&mut s, "genkey");
+    ok(&mut s, "set interface listen-port 1000");
+    ok(&mut s, "commit");
+    ok(&mut s, "set interface listen-port 2000");
+    ok(&mut s, "commit-confirm 1");
+    let t = ok(&mut s, "update http://192.0.2.1/v2.bundle allow-downgrade");
+    assert!(t.contains("started in the background"), "{t}");
+    let again = s.handle_line("update http://192.0.2.1/v3.bundle");
+    assert!(
+        !again.ok && again.text.contains("still running"),
+        "{}",
+        again.text
+    );
+    assert!(!s.handle_line("rollback-slot").ok);
+    assert!(s.handle_line("reboot").text.contains("rebooting stops it"));
+    ok(&mut s, "no");
+    secs.set(59);
+    assert!(s.poll().is_none());
+    secs.set(60);
+    let rb = s.poll().expect("rollback on time while the update runs");
+    assert!(rb.ok && rb.text.contains("restored"), "{}", rb.text);
+    assert_eq!(s.running().interface.listen_port, Some(1000));
+    assert!(s.job_running().is_some());
+    // The update ends: its report comes through poll, once.
+    job.borrow_mut().as_mut().unwrap().1 = Some(JobReport {
+        text: "update: installed v2 into slot b".into(),
+        ok: true,
+    });
+    let r = s.poll().expect("job report");
+    assert_eq!(r.text, "update: installed v2 into slot b");
+    assert!(s.poll().is_none() && s.job_running().is_none());
+    ok(&mut s, "update /dev/vdb");
 }
