@@ -1,19 +1,23 @@
 """Throughput/latency/CPU benchmark of riceguard against wireguard-go, boringtun and the plain
 veth ceiling, in the same namespaces as the interop test (run through ci/bench.sh).
 
-Owns: the benchmark setups, the measurements, median/spread/ratios, and the markdown + JSON
-report. Not a test: it fails only when a setup cannot be brought up at all.
+Owns: the benchmark setups, the measurements, median/spread/ratios, and the markdown + JSON +
+SVG report (`--plot-only JSON` redraws the SVG of an earlier run). Not a test: it fails only
+when a setup cannot be brought up at all.
 """
 
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
+from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wgnet  # noqa: E402
@@ -29,6 +33,8 @@ def setup_veth(lab):
 
 
 def setup_tunnel(impl, extra_args=(), attempts=10):
+    """Setup for `impl` on both sides; riceguard gets `extra_args` after $RG_ARGS (recorded
+    in the JSON as the setup's "args")."""
     def setup(lab):
         lab.start(lab.b, impl, extra_args)
         lab.start(lab.a, impl, extra_args)
@@ -36,6 +42,7 @@ def setup_tunnel(impl, extra_args=(), attempts=10):
         if wgnet.wait_reply(lab.a, lab.b.inner4, attempts=attempts) is None:
             raise LabError(f"{impl}: no reply through the tunnel within {attempts} s")
         return lab.b.inner4, wgnet.TUNNEL_MTU, [lab.a.pid, lab.b.pid]
+    setup.extra_args = list(extra_args)
     return setup
 
 
@@ -59,22 +66,28 @@ SETUPS = {
     "wireguard-go": (setup_tunnel("wireguard-go"), "wireguard-go"),
     "boringtun": (setup_tunnel("boringtun"), "boringtun"),
     "riceguard": (setup_tunnel("riceguard"), "riceguard"),
+    # Busy-polling workers (the latency target); one worker per side, so the two daemons
+    # spinning do not oversubscribe a 2-core host that also runs iperf3.
+    "riceguard-busy": (setup_tunnel("riceguard", ["--poll", "busy", "--workers", "1"]), "riceguard"),
     "riceguard-tcp": (setup_riceguard_tcp, "riceguard"),
 }
-DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard"]
+DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard", "riceguard-busy"]
 
 # --- metrics ----------------------------------------------------------------------------
-# name -> (label, unit, whether to show ratios vs wireguard-go and veth: throughputs only)
+# name -> (label, unit, baselines the median is divided by for the ratio columns). The
+# throughputs are compared with wireguard-go and the veth ceiling, idle RTT with the bare veth
+# (the issue-11 targets); veth itself and a baseline against itself get no ratio.
+TPUT = ("wireguard-go", "veth")
 METRICS = {
-    "tcp1_mbps": ("TCP 1 stream", "Mbit/s", True),
-    "tcp4_mbps": ("TCP 4 streams", "Mbit/s", True),
-    "udp_goodput_mbps": ("UDP @1G goodput", "Mbit/s", True),
-    "udp_loss_pct": ("UDP @1G loss", "%", False),
-    "pps64_kpps": ("UDP 64 B", "kpps", True),
-    "rtt_idle_ms": ("ping idle", "ms", False),
-    "rtt_load_ms": ("ping under load", "ms", False),
-    "cpu_s_per_gbit_tcp1": ("CPU TCP 1", "s/Gbit", False),
-    "cpu_s_per_gbit_udp": ("CPU UDP", "s/Gbit", False),
+    "tcp1_mbps": ("TCP 1 stream", "Mbit/s", TPUT),
+    "tcp4_mbps": ("TCP 4 streams", "Mbit/s", TPUT),
+    "udp_goodput_mbps": ("UDP @1G goodput", "Mbit/s", TPUT),
+    "udp_loss_pct": ("UDP @1G loss", "%", ()),
+    "pps64_kpps": ("UDP 64 B", "kpps", TPUT),
+    "rtt_idle_ms": ("ping idle", "ms", ("veth",)),
+    "rtt_load_ms": ("ping under load", "ms", ()),
+    "cpu_s_per_gbit_tcp1": ("CPU TCP 1", "s/Gbit", ()),
+    "cpu_s_per_gbit_udp": ("CPU UDP", "s/Gbit", ()),
 }
 
 
@@ -155,6 +168,8 @@ def run_setup(name, opts, index, logdir):
     if impl and wgnet.impl_path(impl) is None:
         return {"skipped": f"{impl} not available"}
     reps, extra = [], {}
+    if getattr(setup, "extra_args", None):
+        extra["args"] = setup.extra_args
     for rep in range(opts.reps):
         log(f"== {name} rep {rep + 1}/{opts.reps}")
         try:
@@ -183,17 +198,17 @@ def fmt(v):
 
 
 def add_ratios(results):
-    """results[setup]["ratios"][metric] = {baseline: median / baseline's median} for the
-    throughput metrics, against wireguard-go and the veth ceiling."""
+    """results[setup]["ratios"][metric] = {baseline: median / baseline's median} for each
+    metric's baselines (METRICS)."""
     for n, r in results.items():
         if "summary" not in r or n == "veth":
             continue
         r["ratios"] = {}
-        for k, (_, _, ratio) in METRICS.items():
+        for k, (_, _, bases) in METRICS.items():
             mine = r["summary"].get(k)
-            for base in ("wireguard-go", "veth"):
+            for base in bases:
                 b = results.get(base, {}).get("summary", {}).get(k)
-                if ratio and mine and b and b["median"] and n != base:
+                if mine and b and b["median"] and n != base:
                     r["ratios"].setdefault(k, {})[base] = mine["median"] / b["median"]
 
 
@@ -222,9 +237,136 @@ def report(results, opts):
     if opts.reps > 1:
         lines.append(f"\nmedian of {opts.reps} runs of {opts.seconds} s, [min–max]; ratios of medians.")
     for n, r in results.items():
+        if r.get("args"):
+            lines.append(f"- {n}: riceguard {' '.join(r['args'])}")
+    for n, r in results.items():
         if "summary" not in r:
             lines.append(f"- {n}: {r.get('skipped') or 'error: ' + r.get('error', '?')}")
     return "\n".join(lines)
+
+
+# --- the plot: three panels of bars, one bar per setup, SVG by hand -----------------------
+# metric, panel title, y-axis label, what the small "N×" under each value is relative to
+PANELS = [
+    ("tcp1_mbps", "single-stream TCP", "Mbit/s (higher is better)", "wireguard-go"),
+    ("cpu_s_per_gbit_tcp1", "daemon CPU per Gbit/s (TCP 1)", "CPU s per Gbit (lower is better)",
+     None),
+    ("rtt_idle_ms", "idle ping RTT", "ms (lower is better)", "veth"),
+]
+COLORS = {"veth": "#9e9e9e", "wireguard-go": "#4e79a7", "boringtun": "#f28e2b",
+          "riceguard": "#59a14f", "riceguard-busy": "#2e6b2a", "riceguard-tcp": "#76b7b2"}
+PALETTE = ["#e15759", "#b07aa1", "#edc948", "#ff9da7", "#9c755f"]
+
+
+def nice_axis(top, ticks=5):
+    """(axis maximum, tick step) with the step 1, 2, 2.5 or 5 × 10^k and max >= top."""
+    if not top or top <= 0:
+        return 1.0, 0.2
+    raw = top / ticks
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    return math.ceil(top / step - 1e-9) * step, step
+
+
+def plot_svg(doc):
+    """The SVG text for a bench JSON document (as written by main())."""
+    results = doc["results"]
+    names = [n for n in results if "summary" in results[n]]
+    colors, spare = {}, iter(PALETTE * 4)
+    for n in names:
+        colors[n] = COLORS.get(n) or next(spare)
+    n_bars = max(1, len(names))
+    slot, left_pad, right_pad, gap = 46, 58, 8, 26
+    pw = left_pad + slot * n_bars + right_pad           # one panel
+    top, ph = 78, 210                                   # plot area top and height
+    label_h = 16 + 4.5 * max((len(n) for n in names), default=4)  # names at -40°
+    width = 16 + len(PANELS) * pw + (len(PANELS) - 1) * gap + 16
+    foot_y = top + ph + label_h + 20
+    height = foot_y + 46
+    reps = doc.get("reps", 1)
+    env = doc.get("environment", {})
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif">',
+           f'<rect width="{width}" height="{height}" fill="white"/>']
+
+    def text(x, y, s, size=11, anchor="middle", extra=""):
+        out.append(f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"'
+                   f'{extra}>{escape(str(s))}</text>')
+
+    def line(x1, y1, x2, y2, stroke="#333", w=1):
+        out.append(f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
+                   f'stroke="{stroke}" stroke-width="{w}"/>')
+
+    text(16, 24, f"RiceGuard make bench {doc.get('date', '')}", 15, "start", ' font-weight="bold"')
+    text(16, 42, f"{reps} × {doc.get('seconds', '?')} s runs; kernel {env.get('kernel', '?')}, "
+         f"{env.get('nproc', '?')} cpus, load at start "
+         f"{(env.get('loadavg_at_start') or ['?'])[0]}", 11, "start", ' fill="#555"')
+
+    for i, (key, title, ylabel, base) in enumerate(PANELS):
+        x0 = 16 + i * (pw + gap)
+        left, right, bottom = x0 + left_pad, x0 + pw - right_pad, top + ph
+        sums = {n: results[n]["summary"].get(key) for n in names}
+        hi = max((max(s["max"], s["median"]) for s in sums.values() if s), default=0)
+        ymax, step = nice_axis(hi * 1.2)   # head room for the value and ratio labels
+
+        def y(v):
+            return bottom - ph * v / ymax
+        text((left + right) / 2, top - 16, title, 13, extra=' font-weight="bold"')
+        k = 0
+        while k * step <= ymax * (1 + 1e-9):
+            v = k * step
+            line(left, y(v), right, y(v), "#e4e4e4" if k else "#333")
+            text(left - 5, y(v) + 4, f"{round(v, 10):g}", 10, "end")
+            k += 1
+        line(left, top, left, bottom)
+        out.append(f'<text x="{x0 + 13:.1f}" y="{top + ph / 2:.1f}" font-size="11" '
+                   f'text-anchor="middle" transform="rotate(-90 {x0 + 13:.1f} {top + ph / 2:.1f})"'
+                   f'>{escape(ylabel)}</text>')
+        for j, n in enumerate(names):
+            cx, s = left + slot * (j + 0.5), sums[n]
+            lx, ly = cx + 3, bottom + 12
+            out.append(f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" text-anchor="end" '
+                       f'transform="rotate(-40 {lx:.1f} {ly:.1f})">{escape(n)}</text>')
+            if not s:
+                text(cx, bottom - 4, "n/a", 9, extra=' fill="#888"')
+                continue
+            bw = slot * 0.62
+            out.append(f'<rect x="{cx - bw / 2:.1f}" y="{y(s["median"]):.1f}" width="{bw:.1f}" '
+                       f'height="{bottom - y(s["median"]):.1f}" fill="{colors[n]}"/>')
+            label_top = y(s["median"])
+            if s["max"] > s["min"]:
+                line(cx, y(s["min"]), cx, y(s["max"]), "#111", 1.2)
+                for v in (s["min"], s["max"]):
+                    line(cx - bw / 5, y(v), cx + bw / 5, y(v), "#111", 1.2)
+                label_top = min(label_top, y(s["max"]))
+            ratio = results[n].get("ratios", {}).get(key, {}).get(base) if base else None
+            if ratio is not None:
+                r = f"{ratio:.2f}" if ratio < 1 else f"{ratio:.1f}" if ratio < 10 else f"{ratio:.0f}"
+                text(cx, label_top - 4, f"{r}×", 9, extra=' fill="#666"')
+                label_top -= 11
+            text(cx, label_top - 4, fmt(s["median"]), 10, extra=' font-weight="bold"')
+        if base:
+            text((left + right) / 2, top - 3, f"grey: ratio to {base}", 9, extra=' fill="#666"')
+
+    notes = [("bars: median of %d runs, whiskers min–max" % reps) if reps > 1
+             else "bars: a single run (no spread)"]
+    notes += [f"{n}: riceguard {' '.join(r['args'])}" for n, r in results.items() if r.get("args")]
+    notes += [f"{n}: {r.get('skipped') or 'error: ' + str(r.get('error', '?'))[:80]}"
+              for n, r in results.items() if "summary" not in r]
+    for j, ln in enumerate([" · ".join(notes[:3])] + ([" · ".join(notes[3:])] if notes[3:] else [])):
+        text(16, foot_y + 16 * j, ln, 10, "start", ' fill="#555"')
+    out.append("</svg>")
+    svg = "\n".join(out) + "\n"
+    ET.fromstring(svg)  # well-formed, or this raises
+    return svg
+
+
+def write_plot(doc, json_path):
+    """Write the SVG next to `json_path` (same basename, .svg) and return its path."""
+    path = os.path.splitext(json_path)[0] + ".svg"
+    with open(path, "w") as f:
+        f.write(plot_svg(doc))
+    return path
 
 
 def environment():
@@ -265,8 +407,17 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=10, help="length of each iperf3 run")
     ap.add_argument("--quick", action="store_true", help="1 repetition of 3 s runs")
-    ap.add_argument("--out", help="JSON path (default out/bench/bench-<UTC time>.json)")
+    ap.add_argument("--out", help="JSON path (default out/bench/bench-<UTC time>.json); "
+                    "the SVG plot goes next to it (same name, .svg)")
+    ap.add_argument("--plot-only", metavar="JSON",
+                    help="only (re)draw the SVG of an earlier run's JSON, next to it; no root")
     opts = ap.parse_args(argv)
+    if opts.plot_only:
+        with open(opts.plot_only) as f:
+            doc = json.load(f)
+        add_ratios(doc["results"])  # JSON from before a METRICS change gets today's ratios
+        print(f"SVG: {write_plot(doc, opts.plot_only)}")
+        return 0
     if opts.quick:
         opts.reps, opts.seconds = 1, 3
     setups = opts.setups.split(",")
@@ -295,12 +446,15 @@ def main(argv=None):
     text = report(results, opts)
     print(text)
     path = opts.out or os.path.join(outdir, f"bench-{stamp}.json")
+    doc = {"date": stamp, "reps": opts.reps, "seconds": opts.seconds,
+           "environment": env, "results": results,
+           "elapsed_s": round(time.monotonic() - t0, 1)}
     with open(path, "w") as f:
-        json.dump({"date": stamp, "reps": opts.reps, "seconds": opts.seconds,
-                   "environment": env, "results": results,
-                   "elapsed_s": round(time.monotonic() - t0, 1)}, f, indent=1)
+        json.dump(doc, f, indent=1)
+    svg = write_plot(doc, path)
     print(f"\nJSON: {os.path.relpath(path, wgnet.REPO)}; kernel {env['kernel']}, "
           f"{env['nproc']} cpus, load at start {env['loadavg_at_start'][0]:.1f}")
+    print(f"SVG: {os.path.relpath(svg, wgnet.REPO)}")
     return 1 if any("error" in r for r in results.values()) else 0
 
 
