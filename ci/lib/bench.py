@@ -249,8 +249,7 @@ def report(results, opts):
 # metric, panel title, y-axis label, what the small "N×" under each value is relative to
 PANELS = [
     ("tcp1_mbps", "single-stream TCP", "Mbit/s (higher is better)", "wireguard-go"),
-    ("cpu_s_per_gbit_tcp1", "daemon CPU per Gbit/s (TCP 1)", "CPU s per Gbit (lower is better)",
-     None),
+    ("cpu_s_per_gbit_tcp1", "daemon CPU per Gbit/s", "CPU s per Gbit (lower is better)", None),
     ("rtt_idle_ms", "idle ping RTT", "ms (lower is better)", "veth"),
 ]
 COLORS = {"veth": "#9e9e9e", "wireguard-go": "#4e79a7", "boringtun": "#f28e2b",
@@ -275,7 +274,7 @@ def plot_svg(doc):
     colors, spare = {}, iter(PALETTE * 4)
     for n in names:
         colors[n] = COLORS.get(n) or next(spare)
-    n_bars = max(1, len(names))
+    n_bars = max(4, len(names))  # a panel is never narrower than its title
     slot, left_pad, right_pad, gap = 46, 58, 8, 26
     pw = left_pad + slot * n_bars + right_pad           # one panel
     top, ph = 78, 210                                   # plot area top and height
@@ -300,7 +299,7 @@ def plot_svg(doc):
     text(16, 24, f"RiceGuard make bench {doc.get('date', '')}", 15, "start", ' font-weight="bold"')
     text(16, 42, f"{reps} × {doc.get('seconds', '?')} s runs; kernel {env.get('kernel', '?')}, "
          f"{env.get('nproc', '?')} cpus, load at start "
-         f"{(env.get('loadavg_at_start') or ['?'])[0]}", 11, "start", ' fill="#555"')
+         f"{(env.get('loadavg_at_start') or [0])[0]:.1f}; TCP CPU of both daemons", 11, "start", ' fill="#555"')
 
     for i, (key, title, ylabel, base) in enumerate(PANELS):
         x0 = 16 + i * (pw + gap)
@@ -312,7 +311,7 @@ def plot_svg(doc):
         def y(v):
             return bottom - ph * v / ymax
         text((left + right) / 2, top - 16, title, 13, extra=' font-weight="bold"')
-        k = 0
+        k, ratios = 0, 0
         while k * step <= ymax * (1 + 1e-9):
             v = k * step
             line(left, y(v), right, y(v), "#e4e4e4" if k else "#333")
@@ -323,7 +322,7 @@ def plot_svg(doc):
                    f'text-anchor="middle" transform="rotate(-90 {x0 + 13:.1f} {top + ph / 2:.1f})"'
                    f'>{escape(ylabel)}</text>')
         for j, n in enumerate(names):
-            cx, s = left + slot * (j + 0.5), sums[n]
+            cx, s = left + slot * (j + 0.5 + (n_bars - len(names)) / 2), sums[n]
             lx, ly = cx + 3, bottom + 12
             out.append(f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" text-anchor="end" '
                        f'transform="rotate(-40 {lx:.1f} {ly:.1f})">{escape(n)}</text>')
@@ -344,8 +343,9 @@ def plot_svg(doc):
                 r = f"{ratio:.2f}" if ratio < 1 else f"{ratio:.1f}" if ratio < 10 else f"{ratio:.0f}"
                 text(cx, label_top - 4, f"{r}×", 9, extra=' fill="#666"')
                 label_top -= 11
+                ratios += 1
             text(cx, label_top - 4, fmt(s["median"]), 10, extra=' font-weight="bold"')
-        if base:
+        if ratios:
             text((left + right) / 2, top - 3, f"grey: ratio to {base}", 9, extra=' fill="#666"')
 
     notes = [("bars: median of %d runs, whiskers min–max" % reps) if reps > 1
