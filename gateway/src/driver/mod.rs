@@ -271,13 +271,11 @@ impl Runtime {
             .map_err(ApplyError::Device)?;
         self.commit(prepared, new);
         let mut scratch = vec![0u8; SCRATCH_SIZE];
-        let mut io = TimerIo {
-            sockets: &self.shared.sockets,
-            tcp: self.shared.tcp.as_deref(),
-        };
+        let mut io = TimerIo::new(&self.shared.sockets, self.shared.tcp.as_deref());
         self.shared
             .device
             .initiate_keepalive_peers(&mut scratch, &mut io);
+        io.send_all();
         Ok(())
     }
 
@@ -591,25 +589,45 @@ fn with_names(cfg: &Config, names: &Names) -> Config {
 }
 
 /// Sends from outside the workers (timer-driven handshakes and keepalives).
+/// The device's sink for timer work (handshake retries, keepalives): it records, and
+/// [`TimerIo::send_all`] sends once the device has returned (no syscall under a peer
+/// lock). Timer messages are few; a small allocation each is fine here.
 struct TimerIo<'a> {
     sockets: &'a SocketSet,
     tcp: Option<&'a dyn worker::TcpOut>,
+    queued: Vec<(PeerAddr, Vec<u8>)>,
+}
+
+impl<'a> TimerIo<'a> {
+    fn new(sockets: &'a SocketSet, tcp: Option<&'a dyn worker::TcpOut>) -> Self {
+        TimerIo {
+            sockets,
+            tcp,
+            queued: Vec::new(),
+        }
+    }
+
+    fn send_all(&mut self) {
+        for (to, d) in self.queued.drain(..) {
+            match to {
+                PeerAddr::Udp(a) => {
+                    if let Some(s) = self.sockets.any() {
+                        let _ = s.send_to(&d, a);
+                    }
+                }
+                PeerAddr::Tcp { conn, .. } => {
+                    if let Some(t) = self.tcp {
+                        t.send(conn, &d);
+                    }
+                }
+            }
+        }
+    }
 }
 
 impl Io for TimerIo<'_> {
     fn send(&mut self, to: PeerAddr, d: &[u8]) {
-        match to {
-            PeerAddr::Udp(a) => {
-                if let Some(s) = self.sockets.any() {
-                    let _ = s.send_to(d, a);
-                }
-            }
-            PeerAddr::Tcp { conn, .. } => {
-                if let Some(t) = self.tcp {
-                    t.send(conn, d);
-                }
-            }
-        }
+        self.queued.push((to, d.to_vec()));
     }
 
     fn tun_write(&mut self, _p: &[u8]) {}
@@ -930,12 +948,10 @@ fn run(opts: Opts) -> Result<(), String> {
                         }
                     }
                     ticks += 1;
-                    let mut io = TimerIo {
-                        sockets: &sh.sockets,
-                        tcp: sh.tcp.as_deref(),
-                    };
+                    let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
                     sh.device
                         .update_timers(start.elapsed(), &mut scratch, &mut io);
+                    io.send_all();
                     if let Some(sink) = &sink {
                         fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
                     }

@@ -838,7 +838,11 @@ mod tests {
         assert_eq!(be.dropped(), 0);
         assert_eq!(tx.batched_sends, 1);
         // One buffer per batch of the round (3), given back and reused next round.
-        assert_eq!(spare.len(), 3, "buffers are reused, not allocated per batch");
+        assert_eq!(
+            spare.len(),
+            3,
+            "buffers are reused, not allocated per batch"
+        );
     }
 
     /// Without GSO (demoted, or `Offload = mmsg`) a batch still carries many datagrams:

@@ -65,7 +65,7 @@ pub struct DeviceSink {
     slot: Arc<TcpSlot>,
     tun: TunQueue,
     vnet_hdr: bool,
-    scratch: Mutex<(Vec<u8>, Vec<u8>)>,
+    scratch: Mutex<(Vec<u8>, Vec<u8>, Deferred)>,
 }
 
 impl DeviceSink {
@@ -82,34 +82,76 @@ impl DeviceSink {
             slot,
             tun,
             vnet_hdr,
-            scratch: Mutex::new((vec![0u8; SCRATCH_SIZE], vec![0u8; SCRATCH_SIZE])),
+            scratch: Mutex::new((
+                vec![0u8; SCRATCH_SIZE],
+                vec![0u8; SCRATCH_SIZE],
+                Deferred::default(),
+            )),
         }
     }
 }
 
-/// Sink for the device while handling a TCP-carried message.
-struct SinkIo<'a> {
+/// The device's sink outside the workers (TCP-carried messages, fallback probes): it
+/// only records, and [`Deferred::run`] does the sends and TUN writes once the device
+/// has returned, so no syscall happens under a peer lock.
+#[derive(Default)]
+struct Deferred {
+    bytes: Vec<u8>,
+    sends: Vec<(PeerAddr, usize, usize)>,
+    writes: Vec<(usize, usize)>,
+}
+
+impl Io for Deferred {
+    fn send(&mut self, to: PeerAddr, d: &[u8]) {
+        self.sends.push((to, self.bytes.len(), d.len()));
+        self.bytes.extend_from_slice(d);
+    }
+
+    fn tun_write(&mut self, p: &[u8]) {
+        self.writes.push((self.bytes.len(), p.len()));
+        self.bytes.extend_from_slice(p);
+    }
+}
+
+/// Where a [`Deferred`]'s sends and writes go.
+struct Outlets<'a> {
     sockets: &'a SocketSet,
     slot: &'a TcpSlot,
     tun: &'a TunQueue,
     vnet_hdr: bool,
-    tunbuf: &'a mut [u8],
 }
 
-impl Io for SinkIo<'_> {
-    fn send(&mut self, to: PeerAddr, d: &[u8]) {
-        match to {
-            PeerAddr::Tcp { conn, .. } => self.slot.send(conn, d),
-            PeerAddr::Udp(a) => {
-                if let Some(s) = self.sockets.any() {
-                    let _ = s.send_to(d, a);
+impl Deferred {
+    fn run(&mut self, out: &Outlets<'_>, tunbuf: &mut [u8]) {
+        for &(to, at, len) in &self.sends {
+            let d = &self.bytes[at..at + len];
+            match to {
+                PeerAddr::Tcp { conn, .. } => out.slot.send(conn, d),
+                PeerAddr::Udp(a) => {
+                    if let Some(s) = out.sockets.any() {
+                        let _ = s.send_to(d, a);
+                    }
                 }
             }
         }
+        for &(at, len) in &self.writes {
+            let p = &self.bytes[at..at + len];
+            let _ = worker::write_plain(out.tun, out.vnet_hdr, p, tunbuf);
+        }
+        self.bytes.clear();
+        self.sends.clear();
+        self.writes.clear();
     }
+}
 
-    fn tun_write(&mut self, p: &[u8]) {
-        let _ = worker::write_plain(self.tun, self.vnet_hdr, p, self.tunbuf);
+impl DeviceSink {
+    fn outlets(&self) -> Outlets<'_> {
+        Outlets {
+            sockets: &self.sockets,
+            slot: &self.slot,
+            tun: &self.tun,
+            vnet_hdr: self.vnet_hdr,
+        }
     }
 }
 
@@ -118,21 +160,17 @@ impl TcpSink for DeviceSink {
     /// proved a peer's keys; the transport lets only such messages keep the connection.
     fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool {
         let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let (scratch, tunbuf) = &mut *g;
+        let (scratch, tunbuf, deferred) = &mut *g;
         let table = self.device.snapshot();
-        let mut io = SinkIo {
-            sockets: &self.sockets,
-            slot: &self.slot,
-            tun: &self.tun,
-            vnet_hdr: self.vnet_hdr,
-            tunbuf,
-        };
         let from = PeerAddr::Tcp {
             conn,
             remote: worker::canonical(remote),
         };
-        self.device
-            .handle_datagram(&table, from, msg, scratch, &mut io)
+        let authenticated = self
+            .device
+            .handle_datagram(&table, from, msg, scratch, deferred);
+        deferred.run(&self.outlets(), tunbuf);
+        authenticated
     }
 
     // Deliberately records nothing: the fallback client polls its own connection (see
@@ -255,6 +293,7 @@ impl FallbackManager {
         self.sync(&cfg);
         let mut scratch = vec![0u8; SCRATCH_SIZE];
         let mut tunbuf = [0u8; 0];
+        let mut io = Deferred::default();
         for (key, pf) in self.peers.iter_mut() {
             let Some((cur, _endpoint)) = device.peer_events(key) else {
                 continue;
@@ -284,13 +323,6 @@ impl FallbackManager {
                     }
                 }
             }
-            let mut io = SinkIo {
-                sockets,
-                slot: &sink.slot,
-                tun: &sink.tun,
-                vnet_hdr: false,
-                tunbuf: &mut tunbuf,
-            };
             while let Some(action) = pf.fb.poll(now) {
                 match action {
                     Action::ConnectTcp => {
@@ -352,6 +384,13 @@ impl FallbackManager {
                 );
             }
         }
+        let out = Outlets {
+            sockets,
+            slot: &sink.slot,
+            tun: &sink.tun,
+            vnet_hdr: false,
+        };
+        io.run(&out, &mut tunbuf);
     }
 }
 
