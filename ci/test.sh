@@ -12,7 +12,9 @@
 #            (ci/keepalive.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
 #            then drive the x86_64 serial console (ci/test-console-qemu.sh)
-#   update   flash script and signed A/B updates: host checks, then QEMU (ci/test-update.sh)
+#   update   the flash script refuses disks with anything stacked on them in use
+#            (ci/test-flash-stacking.sh), then signed A/B updates: host checks, then QEMU
+#            (ci/test-update.sh)
 # `ci/test.sh` runs all; `ci/test.sh unit interop` runs the named ones.
 # Ends with one line `N passed, N failed` counting stages.
 set -uo pipefail
@@ -65,7 +67,7 @@ for s in "${stages[@]}"; do
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
         adversarial) run_stage adversarial stage_adversarial ;;
         image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh && [ $r = 0 ]' ;;
-        update) run_stage update ci/test-update.sh ;;
+        update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
         *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial image update)"; exit 2 ;;
     esac
 done
