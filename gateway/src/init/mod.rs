@@ -621,7 +621,10 @@ fn reserve_hugepages(need: u32, cap: u32) {
         return;
     }
     let got = std::fs::read_to_string(p).unwrap_or_default();
-    say!("hugepages: {} of {n} reserved (the gateway's buffer pools)", got.trim());
+    say!(
+        "hugepages: {} of {n} reserved (the gateway's buffer pools)",
+        got.trim()
+    );
 }
 
 fn mount_perm() -> bool {
@@ -1146,12 +1149,20 @@ mod tests {
         assert_eq!(pool_hugepages(&g, 2, two_mib), 0);
         g.hugepages = true;
         g.io_uring = false;
-        assert_eq!(pool_hugepages(&g, 2, two_mib), 0, "the poll loop has no pool");
+        assert_eq!(
+            pool_hugepages(&g, 2, two_mib),
+            0,
+            "the poll loop has no pool"
+        );
         let b = Board {
             hugepages: 7,
             ..Board::default()
         };
-        assert_eq!(hugepages_needed(None, &b), 7, "no config: the board's number");
+        assert_eq!(
+            hugepages_needed(None, &b),
+            7,
+            "no config: the board's number"
+        );
     }
 
     #[test]
