@@ -28,6 +28,8 @@ APT_PKGS=(
     openssl
     # image builder: initramfs, squashfs roots, ESP, GPT, perm partition, module handling
     kmod cpio zstd xz-utils squashfs-tools dosfstools mtools fdisk e2fsprogs
+    # flash-script safety test (ci/test-flash-stacking.sh): stacked devices to refuse
+    lvm2 btrfs-progs
 )
 
 # ---- image helper: packages from bookworm-backports ------------------------------------

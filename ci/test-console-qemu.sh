@@ -16,13 +16,14 @@
 # env:   RG_CONSOLE_TIMEOUT (s per wait for a boot, default 180), RG_CONSOLE_KEEP=1 keeps
 #        the disk copy; logs and the typed transcript stay in out/test-console-qemu/;
 #        RG_CONSOLE_REBUILD=1 rebuilds out/qemu-x86_64 first (else it is reused if
-#        present: it may be older than the working tree)
+#        present: it may be older than the working tree); RG_OUT: another image dir
 set -uo pipefail
 cd "$(dirname "$0")/.."
 board=qemu-x86_64
 T=${RG_CONSOLE_TIMEOUT:-180}
 work=$PWD/out/test-console-qemu
-img=out/$board/riceguard-$board.img
+export RG_OUT=${RG_OUT:-out/$board}
+img=$RG_OUT/riceguard-$board.img
 passed=0 failed=0 fails=()
 ok() { passed=$((passed + 1)); echo "PASS $*"; }
 ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }

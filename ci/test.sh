@@ -5,16 +5,23 @@
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
 #   fastpath the matrix on every forced data-plane path, pinning, GSO demotion, GRO on/off
 #   tcp      TCP-fallback helpers in namespaces
+#   adversarial  the data plane under attack in namespaces: forged responses/cookies,
+#            initiation floods, replays (ci/adversarial.sh), TCP listener floods and
+#            slow clients (ci/adversarial-tcp.sh), slow UAPI clients and failing sets
+#            (ci/adversarial-uapi.sh), passive keepalive and padding with a stock peer
+#            (ci/keepalive.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
 #            then drive the x86_64 serial console (ci/test-console-qemu.sh)
-#   update   flash script and signed A/B updates: host checks, then QEMU (ci/test-update.sh)
+#   update   the flash script refuses disks with anything stacked on them in use
+#            (ci/test-flash-stacking.sh), then signed A/B updates: host checks, then QEMU
+#            (ci/test-update.sh)
 # `ci/test.sh` runs all; `ci/test.sh unit interop` runs the named ones.
 # Ends with one line `N passed, N failed` counting stages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp image update)
+[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp adversarial image update)
 
 passed=0; failed=0; failed_names=()
 run_stage() {
@@ -35,6 +42,17 @@ stage_unit() {
     cargo test --locked -p riceguard
 }
 
+# Every attack script runs even when an earlier one failed; the stage fails if any did.
+stage_adversarial() {
+    cargo build --locked --release -p riceguard || return 1
+    local s rc=0
+    for s in ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh; do
+        echo "--- $s"
+        bash "$s" || { echo "--- $s FAILED"; rc=1; }
+    done
+    return $rc
+}
+
 # Release binary for the network tests (host target; static musl for the image).
 build_release() {
     cargo build --locked --release -p riceguard
@@ -47,9 +65,10 @@ for s in "${stages[@]}"; do
         interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
         fastpath) run_stage fastpath bash -c 'cargo build --locked --release -p riceguard && ci/fastpath.sh' ;;
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
+        adversarial) run_stage adversarial stage_adversarial ;;
         image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh && [ $r = 0 ]' ;;
-        update) run_stage update ci/test-update.sh ;;
-        *) echo "unknown stage $s (unit fuzz interop fastpath tcp image update)"; exit 2 ;;
+        update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
+        *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial image update)"; exit 2 ;;
     esac
 done
 

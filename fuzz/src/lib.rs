@@ -155,9 +155,19 @@ pub fn check_uapi(data: &[u8]) {
     }
 }
 
+mod coalesce;
+mod datagram;
+mod sys;
+
 /// Byte reader for the op stream; reads zeros past the end.
-struct Bytes<'a>(&'a [u8]);
-impl Bytes<'_> {
+pub(crate) struct Bytes<'a>(pub(crate) &'a [u8]);
+impl<'a> Bytes<'a> {
+    /// Up to `n` bytes (fewer at the end of the input).
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let (a, b) = self.0.split_at(n.min(self.0.len()));
+        self.0 = b;
+        a
+    }
     fn u8(&mut self) -> u8 {
         match self.0.split_first() {
             Some((b, rest)) => {
@@ -245,56 +255,44 @@ pub fn check_console_line(data: &[u8]) {
     riceguard::console::fuzz_check_input(data);
 }
 
-/// A datagram from the network and a packet from the TUN, into a configured device:
-/// never a panic, and nothing reaches the TUN from unauthenticated input.
+/// A scripted exchange between the gateway and a real in-memory peer, with replays,
+/// mutations, forgeries and floods: nothing that does not authenticate moves a peer
+/// (endpoint, rx counters, transport events) or reaches the TUN (see `datagram.rs`).
 pub fn check_datagram(data: &[u8]) {
-    use riceguard::core::device::{Device, Io, PeerAddr, SCRATCH_SIZE};
-    use std::sync::OnceLock;
-    struct Sink {
-        tun: usize,
-    }
-    impl Io for Sink {
-        fn send(&mut self, _to: PeerAddr, d: &[u8]) {
-            assert!(!d.is_empty() && d.len() <= SCRATCH_SIZE);
-        }
-        fn tun_write(&mut self, _p: &[u8]) {
-            self.tun += 1;
-        }
-    }
-    static DEV: OnceLock<Device> = OnceLock::new();
-    let dev = DEV.get_or_init(|| {
-        let mut c = Config::default();
-        c.interface.private_key = Some(key(0x41));
-        c.peers.push(PeerConfig {
-            public_key: key(0x42).public(),
-            preshared_key: None,
-            allowed_ips: vec!["10.0.0.2/32".parse().expect("literal"), "fd00::/64".parse().expect("literal")],
-            endpoint: Some(Endpoint::Addr("192.0.2.7:51820".parse().expect("literal"))),
-            persistent_keepalive: None,
-            tcp_port: None,
-        });
-        let d = Device::new();
-        d.reconfigure(&c).expect("fixed config");
-        d
-    });
-    let table = dev.snapshot();
-    let mut scratch = vec![0u8; SCRATCH_SIZE];
-    let mut sink = Sink { tun: 0 };
-    let from = PeerAddr::Udp("198.51.100.1:4242".parse().expect("literal"));
-    dev.handle_datagram(&table, from, data, &mut scratch, &mut sink);
-    assert_eq!(sink.tun, 0, "unauthenticated input reached the TUN");
-    dev.handle_tun_packet(&table, data, &mut scratch, &mut sink);
+    datagram::check(data);
+}
+
+/// Decrypted packets into the GRO coalescer: the super-packets re-split to exactly the
+/// packets merged (see `coalesce.rs`).
+pub fn check_coalesce(data: &[u8]) {
+    coalesce::check(data);
+}
+
+/// Received control messages and metadata (`sys::udp`), checked against a reference
+/// cmsg walk (see `sys.rs`).
+pub fn check_udp_cmsg(data: &[u8]) {
+    sys::check_cmsg(data);
+}
+
+/// An io_uring multishot-recvmsg buffer (`sys::uring`) and the datagrams cut from it.
+pub fn check_uring_recv(data: &[u8]) {
+    sys::check_uring_recv(data);
 }
 
 /// The TCP-fallback stream decoder, fed in chunks whose sizes come from the input.
 pub fn check_framing(data: &[u8]) {
     use riceguard::core::framing::{check_message, FrameDecoder, MAX_MESSAGE_LEN};
-    let Some((&step, rest)) = data.split_first() else { return };
+    let Some((&step, rest)) = data.split_first() else {
+        return;
+    };
     let step = usize::from(step).max(1);
     let mut dec = FrameDecoder::new(MAX_MESSAGE_LEN);
     for chunk in rest.chunks(step) {
         let r = dec.feed(chunk, |m| {
-            assert!(check_message(m, MAX_MESSAGE_LEN).is_ok(), "decoder yielded an invalid message");
+            assert!(
+                check_message(m, MAX_MESSAGE_LEN).is_ok(),
+                "decoder yielded an invalid message"
+            );
         });
         if r.is_err() {
             break;
@@ -305,7 +303,9 @@ pub fn check_framing(data: &[u8]) {
 /// A TUN read with a `virtio_net_hdr`: split into segments, each a sane IP packet size.
 pub fn check_gso_split(data: &[u8]) {
     use riceguard::core::gso::Splitter;
-    let Ok(mut sp) = Splitter::new(data) else { return };
+    let Ok(mut sp) = Splitter::new(data) else {
+        return;
+    };
     let mut out = vec![0u8; 65536];
     let mut n = 0;
     while let Some(r) = sp.next_into(&mut out) {
@@ -447,6 +447,21 @@ mod tests {
     #[test]
     fn gso_split_seeded() {
         run("gso_split", check_gso_split, 5_000);
+    }
+
+    #[test]
+    fn coalesce_seeded() {
+        run("coalesce", check_coalesce, 5_000);
+    }
+
+    #[test]
+    fn udp_cmsg_seeded() {
+        run("udp_cmsg", check_udp_cmsg, 20_000);
+    }
+
+    #[test]
+    fn uring_recv_seeded() {
+        run("uring_recv", check_uring_recv, 20_000);
     }
 
     #[test]

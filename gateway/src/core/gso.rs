@@ -863,6 +863,11 @@ impl Coalescer {
         if p.proto == PROTO_TCP && head[p.l3 + 20..p.l3 + p.l4h] != pkt[p.l3 + 20..p.l3 + p.l4h] {
             return false; // TCP options differ
         }
+        // A window update: merged, the receiver would only see the head's window (Linux
+        // GRO flushes on it: `tcp_flag_word` covers the window).
+        if p.proto == PROTO_TCP && head[p.l3 + 14..p.l3 + 16] != pkt[p.l3 + 14..p.l3 + 16] {
+            return false;
+        }
         self.next[usize::from(g.last)] = i as u16;
         let g = &mut self.groups[gi];
         g.last = i as u16;
@@ -989,11 +994,14 @@ fn parse_candidate(pkt: &[u8], opts: CoalesceOptions) -> Option<Parsed> {
             if ihl != 20 {
                 return None;
             }
+            // A bad header checksum: the kernel drops the packet; merged, its header
+            // would be replaced by a valid one (Linux GRO does not merge it either).
+            let hdr_ok = checksum::fold(checksum::sum(&pkt[..20], 0)) == 0xffff;
             (
                 false,
                 ihl,
                 pkt[9],
-                usize::from(be16(pkt, 2)) == pkt.len(),
+                hdr_ok && usize::from(be16(pkt, 2)) == pkt.len(),
                 frag,
             )
         }
@@ -1686,6 +1694,14 @@ mod tests {
         for q in [other_ack, other_opts, other_port] {
             assert_eq!(coalesce(BOTH, &[tcp(0, 100).build(), q.build()]).len(), 2);
         }
+        // A window update is not merged away (found by the coalesce fuzz target: the
+        // re-split segment carried the head's window).
+        let mut win = tcp(100, 100).build();
+        win[20 + 14..20 + 16].copy_from_slice(&512u16.to_be_bytes());
+        fill_l4_checksum(&mut win, false, 20, PROTO_TCP);
+        let g = coalesce(BOTH, &[tcp(0, 100).build(), win.clone()]);
+        assert_eq!(g.len(), 2);
+        assert_eq!(&g[1].1[10..], &win[..]);
         let mut ttl = tcp(100, 100).build();
         ttl[8] = 3;
         fix_ipv4_checksum(&mut ttl, 20);
@@ -1712,6 +1728,23 @@ mod tests {
         assert_eq!(g.len(), 2);
         assert_eq!(&g[1].1[10..], &badsum[..]);
         assert_eq!(&g[1].1[..10], &[0u8; 10], "GSO_NONE header");
+        // So is a bad IPv4 header checksum, at the head of a train or after it: merged,
+        // the head's header would have been rewritten with a valid checksum (found by
+        // the coalesce fuzz target).
+        let mut badhdr = tcp(0, 100).build();
+        badhdr[10] ^= 0x01;
+        let g = coalesce(
+            BOTH,
+            &[badhdr.clone(), tcp(100, 100).build(), tcp(200, 100).build()],
+        );
+        assert_eq!(
+            g.iter().map(|g| g.0.clone()).collect::<Vec<_>>(),
+            vec![vec![0], vec![1, 2]]
+        );
+        assert_eq!(&g[0].1[10..], &badhdr[..]);
+        let mut badhdr = tcp(100, 100).build();
+        badhdr[10] ^= 0x01;
+        assert_eq!(coalesce(BOTH, &[tcp(0, 100).build(), badhdr]).len(), 2);
         // TCP off: nothing merges.
         let off = CoalesceOptions {
             tcp: false,

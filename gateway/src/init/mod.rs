@@ -371,9 +371,9 @@ fn stage2() -> ! {
     for p in problems.iter().take(20) {
         say!("sysctl: {p}");
     }
-    reserve_hugepages(board.hugepages);
     let perm_ok = mount_perm();
     let gw = load_config(perm_ok);
+    reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     let failsafe = failsafe_prompt(FAILSAFE_WAIT);
     let gateway_conf = gateway_config(failsafe);
     uplink(gw.as_ref(), &cmd);
@@ -575,7 +575,43 @@ fn shutdown(
     emergency();
 }
 
-fn reserve_hugepages(n: u32) {
+/// Hugepages the gateway's buffer pools take: one pool per worker (`Cores`, else every
+/// online core), `Buffers` buffers each; none when io_uring or hugepages are off. Without
+/// a loadable configuration the board's number stands.
+fn hugepages_needed(gw: Option<&GatewayConfig>, board: &Board) -> u32 {
+    let Some(g) = gw else {
+        return board.hugepages;
+    };
+    let workers = if g.cores.is_empty() {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        g.cores.len()
+    };
+    let page = crate::sys::hugepage::huge_info()
+        .map(|h| h.page_size)
+        .filter(|&p| p > 0)
+        .unwrap_or(2 << 20);
+    pool_hugepages(g, workers, page)
+}
+
+/// The arithmetic of [`hugepages_needed`], apart for tests.
+fn pool_hugepages(g: &GatewayConfig, workers: usize, page_size: usize) -> u32 {
+    if !g.io_uring || !g.hugepages {
+        return 0;
+    }
+    let pool = crate::driver::uring_worker::UringWorkerConfig::from_gateway(g).pool;
+    let n = pool.hugepages_needed(page_size) * workers as u64;
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Reserve `need` hugepages, at most the board's budget `cap` (0: no cap).
+fn reserve_hugepages(need: u32, cap: u32) {
+    let n = if cap > 0 && need > cap {
+        say!("hugepages: the configured pools need {need}, the board allows {cap}; the rest of the pools use ordinary pages");
+        cap
+    } else {
+        need
+    };
     if n == 0 {
         return;
     }
@@ -585,7 +621,10 @@ fn reserve_hugepages(n: u32) {
         return;
     }
     let got = std::fs::read_to_string(p).unwrap_or_default();
-    say!("hugepages: {} of {n} reserved", got.trim());
+    say!(
+        "hugepages: {} of {n} reserved (the gateway's buffer pools)",
+        got.trim()
+    );
 }
 
 fn mount_perm() -> bool {
@@ -1095,6 +1134,36 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reservation follows Cores and Buffers: 1024 buffers of 68 KiB are 34 pages of
+    /// 2 MiB per worker (the qemu board's fixed 32 was short by 2 for one worker).
+    #[test]
+    fn hugepages_follow_cores_and_buffers() {
+        let mut g = GatewayConfig::default();
+        let two_mib = 2 << 20;
+        assert_eq!(pool_hugepages(&g, 1, two_mib), 34);
+        assert_eq!(pool_hugepages(&g, 2, two_mib), 68);
+        g.buffers = 256;
+        assert_eq!(pool_hugepages(&g, 2, two_mib), 18);
+        g.hugepages = false;
+        assert_eq!(pool_hugepages(&g, 2, two_mib), 0);
+        g.hugepages = true;
+        g.io_uring = false;
+        assert_eq!(
+            pool_hugepages(&g, 2, two_mib),
+            0,
+            "the poll loop has no pool"
+        );
+        let b = Board {
+            hugepages: 7,
+            ..Board::default()
+        };
+        assert_eq!(
+            hugepages_needed(None, &b),
+            7,
+            "no config: the board's number"
+        );
+    }
 
     #[test]
     fn modules_dep_order() {

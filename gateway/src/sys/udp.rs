@@ -627,20 +627,36 @@ fn invalid(msg: &'static str) -> io::Error {
 
 /// Check one received header: not truncated, known address, valid GRO size.
 fn parse_received(h: &libc::mmsghdr, addr: &RawAddr, ctrl: &CmsgBuf) -> io::Result<RecvMeta> {
-    let len = h.msg_len as usize;
     let m = &h.msg_hdr;
-    if m.msg_flags & libc::MSG_TRUNC != 0 {
-        return Err(invalid("UDP datagram larger than the receive buffer"));
-    }
-    if m.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(invalid("UDP control data truncated"));
-    }
-    let src = from_raw(addr, m.msg_namelen)
-        .ok_or_else(|| invalid("unknown UDP source address family"))?;
     // size_t on glibc, socklen_t on musl.
     #[allow(clippy::unnecessary_cast)]
     let clen = (m.msg_controllen as usize).min(ctrl.0.len());
-    let c = parse_control(&ctrl.0[..clen])?;
+    recv_meta(
+        h.msg_len as usize,
+        m.msg_flags,
+        from_raw(addr, m.msg_namelen),
+        &ctrl.0[..clen],
+    )
+}
+
+/// The pure part of [`parse_received`]: `len` bytes received with `msg_flags`, from
+/// `src` (`None`: an address family we do not know), with `control` bytes. Rejects
+/// truncation, unknown families and bad cmsgs; the GRO segment size is clamped to
+/// `1..=len`.
+pub fn recv_meta(
+    len: usize,
+    msg_flags: libc::c_int,
+    src: Option<SocketAddr>,
+    control: &[u8],
+) -> io::Result<RecvMeta> {
+    if msg_flags & libc::MSG_TRUNC != 0 {
+        return Err(invalid("UDP datagram larger than the receive buffer"));
+    }
+    if msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(invalid("UDP control data truncated"));
+    }
+    let src = src.ok_or_else(|| invalid("unknown UDP source address family"))?;
+    let c = parse_control(control)?;
     let segment_size = match c.gro {
         Some(s) => s.min(len.max(1)),
         None => len,
@@ -683,7 +699,9 @@ pub fn parse_control(control: &[u8]) -> io::Result<RecvControl> {
         let clen = usize::from_ne_bytes(lenb.try_into().map_err(|_| invalid("cmsg"))?);
         let level = i32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]);
         let ty = i32::from_ne_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if clen < CMSG_HDR || at + clen > control.len() {
+        // `at + clen` could wrap on a huge length; the loop condition keeps `len - at`
+        // from underflowing.
+        if clen < CMSG_HDR || clen > control.len() - at {
             return Err(invalid("malformed control message"));
         }
         let d = &control[at + CMSG_HDR..at + clen];
@@ -1153,6 +1171,15 @@ mod tests {
         assert!(gro_segment_size(&gro_cmsg(1200, Some(500))).is_err());
         assert!(gro_segment_size(&gro_cmsg(1200, Some(3))).is_err());
         assert!(gro_segment_size(&gro_cmsg(1200, Some(CMSG_HDR + 2))).is_err());
+        // A length that wraps `offset + length` (found by the udp_cmsg fuzz target: it
+        // passed the bounds check and panicked slicing).
+        let mut wrap = gro_cmsg(1400, None);
+        let at = wrap.len();
+        wrap.extend_from_slice(&gro_cmsg(1200, Some(usize::MAX - at + 1)));
+        assert!(gro_segment_size(&wrap).is_err());
+        wrap.truncate(at);
+        wrap.extend_from_slice(&gro_cmsg(1200, Some(usize::MAX)));
+        assert!(parse_control(&wrap).is_err());
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub const RECV_NAME_LEN: u32 = std::mem::size_of::<libc::sockaddr_storage>() as 
 pub const RECV_CONTROL_LEN: u32 = 64;
 /// `struct io_uring_recvmsg_out` (namelen, controllen, payloadlen, flags: four u32s)
 /// that starts every multishot receive buffer.
-const RECVMSG_OUT_LEN: usize = 16;
+pub const RECVMSG_OUT_LEN: usize = 16;
 /// Buffer group id of the provided receive ring.
 const RECV_BGID: u16 = 0;
 
@@ -461,21 +461,28 @@ impl RecvToken<'_> {
 
     /// Parse source address, payload and cmsgs; `None` for a malformed buffer.
     pub fn parse(&self) -> Option<RecvMsg<'_>> {
-        let hdr = recv_msghdr_value();
-        let bytes = self.bytes();
-        // The crate validates the layout and clamps the lengths; its accessors borrow the
-        // parser, so take the lengths and slice our own bytes at the fixed offsets.
-        let out = RecvMsgOut::parse(bytes, &hdr).ok()?;
-        let name_at = RECVMSG_OUT_LEN;
-        let control_at = name_at + RECV_NAME_LEN as usize;
-        let payload_at = control_at + RECV_CONTROL_LEN as usize;
-        Some(RecvMsg {
-            from: parse_sockaddr(bytes.get(name_at..name_at + out.name_data().len())?),
-            control: bytes.get(control_at..control_at + out.control_data().len())?,
-            payload: bytes.get(payload_at..payload_at + out.payload_data().len())?,
-            truncated: out.is_payload_truncated(),
-        })
+        parse_recv_buffer(self.bytes())
     }
+}
+
+/// Parse one filled multishot-recvmsg buffer: the `io_uring_recvmsg_out` header, then
+/// [`RECV_NAME_LEN`] bytes of name, [`RECV_CONTROL_LEN`] bytes of control, then the
+/// payload. Trusts none of the lengths in the header; `None` for a buffer shorter than
+/// the fixed part. Pure over bytes (the fuzz target `uring_recv` drives it).
+pub fn parse_recv_buffer(bytes: &[u8]) -> Option<RecvMsg<'_>> {
+    let hdr = recv_msghdr_value();
+    // The crate validates the layout and clamps the lengths; its accessors borrow the
+    // parser, so take the lengths and slice our own bytes at the fixed offsets.
+    let out = RecvMsgOut::parse(bytes, &hdr).ok()?;
+    let name_at = RECVMSG_OUT_LEN;
+    let control_at = name_at + RECV_NAME_LEN as usize;
+    let payload_at = control_at + RECV_CONTROL_LEN as usize;
+    Some(RecvMsg {
+        from: parse_sockaddr(bytes.get(name_at..name_at + out.name_data().len())?),
+        control: bytes.get(control_at..control_at + out.control_data().len())?,
+        payload: bytes.get(payload_at..payload_at + out.payload_data().len())?,
+        truncated: out.is_payload_truncated(),
+    })
 }
 
 fn recv_msghdr_value() -> libc::msghdr {
@@ -524,7 +531,7 @@ pub fn gro_segment_size(control: &[u8]) -> Option<usize> {
         if len < hdr {
             return None;
         }
-        let data = control.get(off + hdr..off + len)?;
+        let data = control.get(off + hdr..off.checked_add(len)?)?;
         if level == libc::SOL_UDP && ty == libc::UDP_GRO {
             let v = i32::from_ne_bytes(data.get(..4)?.try_into().ok()?);
             return usize::try_from(v).ok().filter(|&v| v > 0);
@@ -1188,6 +1195,11 @@ mod tests {
         assert_eq!(gro_segment_size(&bad), None);
         bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
         assert_eq!(gro_segment_size(&bad), None);
+        // The second cmsg's length wraps `offset + length` (overflow panic in debug
+        // builds, found by the udp_cmsg fuzz target).
+        let mut wrap = c.clone();
+        wrap[32..40].copy_from_slice(&(usize::MAX - 31).to_ne_bytes());
+        assert_eq!(gro_segment_size(&wrap), None);
     }
 
     #[test]
