@@ -629,7 +629,7 @@ impl Sim {
                 self.inner.insert(p.clone());
                 let t = self.p.snapshot();
                 self.p
-                    .handle_tun_packet(&t, &p, &mut self.scratch, &mut self.p_wire);
+                    .handle_tun_packet(&t, &mut padded(&p), p.len(), &mut self.scratch, &mut self.p_wire);
                 self.route_p();
             }
             2 | 3 => {
@@ -707,7 +707,7 @@ impl Sim {
                     let t = self.g.snapshot();
                     let n0 = self.g_wire.sent.len();
                     self.g
-                        .handle_tun_packet(&t, &p, &mut self.scratch, &mut self.g_wire);
+                        .handle_tun_packet(&t, &mut padded(&p), p.len(), &mut self.scratch, &mut self.g_wire);
                     self.route_g(n0);
                 }
                 // P starts a new handshake (e.g. with a cookie it got).
@@ -727,7 +727,7 @@ impl Sim {
                     let t = self.g.snapshot();
                     let n0 = self.g_wire.sent.len();
                     self.g
-                        .handle_tun_packet(&t, &p, &mut self.scratch, &mut self.g_wire);
+                        .handle_tun_packet(&t, &mut padded(&p), p.len(), &mut self.scratch, &mut self.g_wire);
                     self.route_g(n0);
                 }
             },
@@ -790,4 +790,11 @@ mod tests {
         let s = seed("g_initiates_cookie");
         assert!(s.by_type[2] >= 1 && s.rejected >= 4, "{s:?}");
     }
+}
+
+/// The packet with room after it for WireGuard's padding, as the drivers' buffers have.
+fn padded(p: &[u8]) -> Vec<u8> {
+    let mut b = p.to_vec();
+    b.resize(p.len() + 16, 0);
+    b
 }
