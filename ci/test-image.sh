@@ -131,6 +131,10 @@ for b in "${boards[@]}"; do
     check "$b: console prompt on the serial line" have "$log" 'riceguard(\(edit\))?# '
     check "$b: 'boot marked good'" have "$log" 'riceguard-init: boot marked good'
     check "$b: ESP entry renamed to riceguard-a.conf" test "$(entries "$disk")" = "riceguard-a.conf"
+    # The fast path the product is named for, by default: io_uring workers whose buffer
+    # pools sit on the hugepages init reserved for exactly them.
+    check "$b: hugepages reserved for the configured pools" have "$log" 'hugepages: [1-9][0-9]* of [1-9][0-9]* reserved \(the gateway'"'"'s buffer pools\)'
+    check "$b: io_uring worker pool on hugepages" have "$log" 'worker [0-9]+: buffer pool: .* on [0-9]+ hugepages'
     if have "$log" 'gateway: .*(offload|USO|GSO|sendmmsg)'; then
         note "$b: offload: $(grep -aE 'gateway: .*(offload|USO|GSO|sendmmsg)' "$log" | head -3 | tr '\n' ' ')"
     fi
