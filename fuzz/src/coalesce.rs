@@ -46,7 +46,10 @@ fn be16(b: &[u8], at: usize) -> u16 {
 /// at least looks like one); `None` for anything else.
 fn layout(p: &[u8]) -> Option<(bool, usize, u8)> {
     match p.first()? >> 4 {
-        4 if p.len() >= 20 => Some((false, usize::from(p[0] & 0x0f) * 4, p[9])),
+        4 if p.len() >= 20 => {
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            (20..=p.len()).contains(&ihl).then_some((false, ihl, p[9]))
+        }
         6 if p.len() >= 40 => Some((true, 40, p[6])),
         _ => None,
     }

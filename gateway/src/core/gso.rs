@@ -863,9 +863,13 @@ impl Coalescer {
         if p.proto == PROTO_TCP && head[p.l3 + 20..p.l3 + p.l4h] != pkt[p.l3 + 20..p.l3 + p.l4h] {
             return false; // TCP options differ
         }
-        // A window update: merged, the receiver would only see the head's window (Linux
-        // GRO flushes on it: `tcp_flag_word` covers the window).
-        if p.proto == PROTO_TCP && head[p.l3 + 14..p.l3 + 16] != pkt[p.l3 + 14..p.l3 + 16] {
+        // The rest of the flag word must match too, as Linux GRO's `tcp_flag_word`
+        // compare has it: a window update (merged, the receiver would only see the
+        // head's window) and the reserved/AE bits next to the data offset.
+        if p.proto == PROTO_TCP
+            && (head[p.l3 + 12] != pkt[p.l3 + 12]
+                || head[p.l3 + 14..p.l3 + 16] != pkt[p.l3 + 14..p.l3 + 16])
+        {
             return false;
         }
         self.next[usize::from(g.last)] = i as u16;
@@ -1702,6 +1706,13 @@ mod tests {
         let g = coalesce(BOTH, &[tcp(0, 100).build(), win.clone()]);
         assert_eq!(g.len(), 2);
         assert_eq!(&g[1].1[10..], &win[..]);
+        // Nor are the reserved/AE bits of one segment (also found by the fuzz target).
+        let mut ae = tcp(100, 100).build();
+        ae[20 + 12] |= 0x01;
+        fill_l4_checksum(&mut ae, false, 20, PROTO_TCP);
+        let g = coalesce(BOTH, &[tcp(0, 100).build(), ae.clone()]);
+        assert_eq!(g.len(), 2);
+        assert_eq!(&g[1].1[10..], &ae[..]);
         let mut ttl = tcp(100, 100).build();
         ttl[8] = 3;
         fix_ipv4_checksum(&mut ttl, 20);
