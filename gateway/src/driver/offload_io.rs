@@ -804,15 +804,20 @@ mod tests {
         out
     }
 
-    #[test]
-    fn tx_batch_groups_by_destination_and_size() {
+    /// `n` loopback sockets without GRO (so each datagram is received on its own).
+    fn loopback(n: usize) -> Vec<UdpSocket> {
         let opts = UdpOptions {
             gro: false,
             ..UdpOptions::default()
         };
-        let a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
-        let b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
-        let c = UdpSocket::bind("127.0.0.1:0".parse().expect("c"), &opts).expect("c");
+        (0..n)
+            .map(|_| UdpSocket::bind("127.0.0.1:0".parse().expect("addr"), &opts).expect("bind"))
+            .collect()
+    }
+
+    #[test]
+    fn tx_batch_groups_by_destination_and_size() {
+        let [a, b, c]: [UdpSocket; 3] = loopback(3).try_into().ok().expect("3 sockets");
         let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
         let mut be = SyscallBackend {
             sock: &a,
@@ -849,12 +854,7 @@ mod tests {
     /// one sendmmsg, not one syscall each.
     #[test]
     fn tx_batch_without_gso_still_batches() {
-        let opts = UdpOptions {
-            gro: false,
-            ..UdpOptions::default()
-        };
-        let a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
-        let b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
+        let [a, b]: [UdpSocket; 2] = loopback(2).try_into().ok().expect("2 sockets");
         a.disable_gso();
         let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
         let mut be = SyscallBackend {
