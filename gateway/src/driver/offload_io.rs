@@ -817,10 +817,11 @@ mod tests {
 
     #[test]
     fn tx_batch_groups_by_destination_and_size() {
-        let [a, b, c]: [UdpSocket; 3] = loopback(3).try_into().ok().expect("3 sockets");
+        let s = loopback(3);
+        let (a, b, c) = (&s[0], &s[1], &s[2]);
         let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
         let mut be = SyscallBackend {
-            sock: &a,
+            sock: a,
             tun: None,
             spare: &mut spare,
             pending: &mut pending,
@@ -854,11 +855,12 @@ mod tests {
     /// one sendmmsg, not one syscall each.
     #[test]
     fn tx_batch_without_gso_still_batches() {
-        let [a, b]: [UdpSocket; 2] = loopback(2).try_into().ok().expect("2 sockets");
+        let s = loopback(2);
+        let (a, b) = (&s[0], &s[1]);
         a.disable_gso();
         let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
         let mut be = SyscallBackend {
-            sock: &a,
+            sock: a,
             tun: None,
             spare: &mut spare,
             pending: &mut pending,
