@@ -837,10 +837,10 @@ mod tests {
         tx.flush(&mut be);
         be.submit();
         assert_eq!(
-            recv_all(&b, 1200 * 6 + 300),
+            recv_all(b, 1200 * 6 + 300),
             [1200, 1200, 1200, 1200, 1200, 300, 1200]
         );
-        assert_eq!(recv_all(&c, 80), [80]);
+        assert_eq!(recv_all(c, 80), [80]);
         assert_eq!(be.dropped(), 0);
         assert_eq!(tx.batched_sends, 1);
         // One buffer per batch of the round (3), given back and reused next round.
@@ -873,7 +873,7 @@ mod tests {
         tx.flush(&mut be);
         be.submit();
         assert_eq!(tx.batched_sends, 1, "20 datagrams, one batch");
-        assert_eq!(recv_all(&b, 20_000), [1000; 20]);
+        assert_eq!(recv_all(b, 20_000), [1000; 20]);
         assert_eq!(be.dropped(), 0);
     }
 
