@@ -40,6 +40,8 @@ struct Opts {
     tun_offload: Option<bool>,
     busy_poll: Option<bool>,
     hugepages: Option<bool>,
+    /// Test images only: SIGUSR2 freezes the worker heartbeats (see `Heartbeats`).
+    selftest_hang: bool,
 }
 
 const USAGE: &str = "usage: riceguard [-f|--foreground] [OPTIONS] IFNAME
@@ -84,6 +86,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         tun_offload: None,
         busy_poll: None,
         hugepages: None,
+        selftest_hang: false,
     };
     let mut it = args.iter();
     let mut up = false;
@@ -119,6 +122,8 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 })
             }
             "--hugepages" => o.hugepages = Some(on_off(it.next(), "--hugepages")?),
+            // Not in USAGE: init passes it on test images (`riceguard.selftest=hang`).
+            "--selftest-hang" => o.selftest_hang = true,
             "--offload" => {
                 o.offload = Some(match it.next().map(String::as_str) {
                     Some("auto") => OffloadMode::Auto,
@@ -803,6 +808,11 @@ fn run(opts: Opts) -> Result<(), String> {
     ] {
         sigs.add(s);
     }
+    if opts.selftest_hang {
+        // Only then: otherwise SIGUSR2 keeps its default action. A local signal from
+        // init, never anything the network can cause.
+        sigs.add(Signal::SIGUSR2);
+    }
     sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
 
     let device = Arc::new(Device::new());
@@ -830,6 +840,7 @@ fn run(opts: Opts) -> Result<(), String> {
         stop: Arc::new(AtomicBool::new(false)),
         tcp: Some(tcp_slot.clone() as Arc<dyn worker::TcpOut>),
         tun_gone: Arc::new(AtomicBool::new(false)),
+        heartbeats: Arc::new(worker::Heartbeats::new(workers)),
     });
     let rt = Arc::new(Runtime {
         shared: shared.clone(),
@@ -931,6 +942,7 @@ fn run(opts: Opts) -> Result<(), String> {
         let sh = shared.clone();
         let sink = tcp_sink.clone();
         let ifname = ifname.clone();
+        let board = board.clone();
         std::thread::Builder::new()
             .name("rg-timers".into())
             .spawn(move || {
@@ -946,6 +958,9 @@ fn run(opts: Opts) -> Result<(), String> {
                         if let Some(mtu) = read_mtu(&ifname) {
                             sh.device.set_mtu(mtu);
                         }
+                        // Once a second: the workers' heartbeats for init's health
+                        // watch (a stuck timer thread stops them moving too).
+                        board.heartbeats(sh.heartbeats.snapshot());
                     }
                     ticks += 1;
                     let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
@@ -973,13 +988,21 @@ fn run(opts: Opts) -> Result<(), String> {
         let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));
     }
 
+    // Reloads so far; the console waits for this to move after a commit.
+    let mut generation = 0u64;
     loop {
         match sigs.wait() {
             Ok(Signal::SIGHUP) if appliance => {
                 let Some(path) = opts.config_file.as_deref() else {
                     continue;
                 };
-                reload(&rt, path, &ifname);
+                generation += 1;
+                let result = reload(&rt, path, &ifname);
+                board.reload(status::Reload { generation, result });
+            }
+            Ok(Signal::SIGUSR2) => {
+                log::warn!("{ifname}: selftest: the workers stop their heartbeats");
+                shared.heartbeats.freeze();
             }
             Ok(Signal::SIGHUP) | Ok(Signal::SIGUSR1) => {
                 for (name, n) in device.drops.snapshot() {
@@ -1128,29 +1151,29 @@ fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
     o
 }
 
-/// SIGHUP in appliance mode: re-read the file; a bad file changes nothing.
-fn reload(rt: &Runtime, path: &str, ifname: &str) {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => return log::error!("reload: {path}: {e}; keeping the running configuration"),
-    };
-    let cfg = match crate::core::ini::parse(path, &text) {
-        Ok(c) => c,
-        Err(e) => return log::error!("reload: {e}; keeping the running configuration"),
-    };
-    if let Err(e) = cfg.validate() {
-        return log::error!("reload: {path}: {e}; keeping the running configuration");
+/// SIGHUP in appliance mode: re-read the file; a bad file changes nothing. `Err` says
+/// why it was refused (for the status file's `reload:` line; the console reports it).
+fn reload(rt: &Runtime, path: &str, ifname: &str) -> Result<(), String> {
+    let r = reload_file(rt, path, ifname);
+    if let Err(e) = &r {
+        log::error!("reload: {e}; keeping the running configuration");
     }
+    r
+}
+
+fn reload_file(rt: &Runtime, path: &str, ifname: &str) -> Result<(), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let cfg = crate::core::ini::parse(path, &text).map_err(|e| e.to_string())?;
+    cfg.validate().map_err(|e| format!("{path}: {e}"))?;
     let old = rt.shared.device.config();
-    match rt.apply_config(&cfg) {
-        Ok(()) => {
-            if let Err(e) = update_interface_settings(ifname, &old, &cfg) {
-                log::error!("reload: {e}");
-            }
-            log::info!("{ifname}: configuration reloaded from {path}");
-        }
-        Err(e) => log::error!("reload: {e}; keeping the running configuration"),
+    rt.apply_config(&cfg).map_err(|e| e.to_string())?;
+    // The device runs the new configuration; an address or route that netlink refused is
+    // said, but the reload counts as applied.
+    if let Err(e) = update_interface_settings(ifname, &old, &cfg) {
+        log::error!("reload: {e}");
     }
+    log::info!("{ifname}: configuration reloaded from {path}");
+    Ok(())
 }
 
 fn pin_to(core: usize) {

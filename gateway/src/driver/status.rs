@@ -1,6 +1,15 @@
 //! The daemon's status file (`riceguard status`, the console's `show status`): the
 //! start-up decisions, then one line per worker as each one starts (which backend it
 //! runs, its ring, where its buffer pool lives) and the hugepages used of those reserved.
+//!
+//! Two lines say the daemon is alive and what it did with its configuration, for init's
+//! health watch and the console's `commit`:
+//! - `heartbeat: N N ...`: each worker's heartbeat counter (rewritten about once a second
+//!   by the timer thread; a counter that stops moving is a stuck worker);
+//! - `reload: generation N ok` / `reload: generation N failed REASON`: the last
+//!   configuration reload (SIGHUP) and its result; generation 0 is the start-up file.
+//!
+//! The file is replaced whole (temp file, rename), so a reader never sees half of it.
 
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -11,6 +20,51 @@ pub struct StatusBoard {
     paths: Vec<PathBuf>,
     base: Vec<String>,
     workers: Mutex<Vec<Option<String>>>,
+    heartbeats: Mutex<Vec<u64>>,
+    reload: Mutex<Reload>,
+    writing: Mutex<()>,
+}
+
+/// The last reload (SIGHUP) of the configuration file and how it went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reload {
+    pub generation: u64,
+    /// `Err(reason)`: refused; the previous configuration keeps running.
+    pub result: Result<(), String>,
+}
+
+impl Reload {
+    fn line(&self) -> String {
+        match &self.result {
+            Ok(()) => format!("reload: generation {} ok", self.generation),
+            Err(r) => format!(
+                "reload: generation {} failed {}",
+                self.generation,
+                r.replace('\n', " ")
+            ),
+        }
+    }
+}
+
+/// The `reload:` line of a status file, if there is a well-formed one.
+pub fn parse_reload(text: &str) -> Option<Reload> {
+    let rest = text
+        .lines()
+        .find_map(|l| l.strip_prefix("reload: generation "))?;
+    let (n, rest) = rest.split_once(' ')?;
+    let generation = n.parse().ok()?;
+    let result = if rest == "ok" {
+        Ok(())
+    } else {
+        Err(rest.strip_prefix("failed ")?.to_string())
+    };
+    Some(Reload { generation, result })
+}
+
+/// The worker heartbeats of a status file (`heartbeat: N N ...`), if there is such a line.
+pub fn parse_heartbeats(text: &str) -> Option<Vec<u64>> {
+    let rest = text.lines().find_map(|l| l.strip_prefix("heartbeat:"))?;
+    rest.split_whitespace().map(|n| n.parse().ok()).collect()
 }
 
 impl StatusBoard {
@@ -20,6 +74,12 @@ impl StatusBoard {
             paths,
             base,
             workers: Mutex::new(vec![None; workers]),
+            heartbeats: Mutex::new(vec![0; workers]),
+            reload: Mutex::new(Reload {
+                generation: 0,
+                result: Ok(()),
+            }),
+            writing: Mutex::new(()),
         };
         b.write();
         b
@@ -42,6 +102,18 @@ impl StatusBoard {
         self.write();
     }
 
+    /// The workers' heartbeat counters now (the timer thread, about once a second).
+    pub fn heartbeats(&self, beats: Vec<u64>) {
+        *self.heartbeats.lock().unwrap_or_else(|p| p.into_inner()) = beats;
+        self.write();
+    }
+
+    /// A reload happened, with this result.
+    pub fn reload(&self, r: Reload) {
+        *self.reload.lock().unwrap_or_else(|p| p.into_inner()) = r;
+        self.write();
+    }
+
     /// The report as written.
     pub fn text(&self) -> String {
         let mut lines = self.base.clone();
@@ -52,6 +124,11 @@ impl StatusBoard {
                 l.as_deref().unwrap_or("starting")
             ));
         }
+        drop(w);
+        let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
+        let beats: Vec<String> = beats.iter().map(u64::to_string).collect();
+        lines.push(format!("heartbeat: {}", beats.join(" ")));
+        lines.push(self.reload.lock().unwrap_or_else(|p| p.into_inner()).line());
         if let Some(h) = crate::sys::hugepage::huge_info() {
             lines.push(format!(
                 "hugepages: {} used of {} reserved ({} KiB pages)",
@@ -65,16 +142,24 @@ impl StatusBoard {
         text
     }
 
+    /// Replace each file whole: readers (init every half second, the console) never see
+    /// a truncated one. Serialised, so two writers never share a temp file. No fsync: /run
+    /// is a tmpfs and the file means nothing after a reboot.
     fn write(&self) {
         if self.paths.is_empty() {
             return;
         }
+        let _g = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         let text = self.text();
         for p in &self.paths {
             if let Some(d) = p.parent() {
                 let _ = std::fs::create_dir_all(d);
             }
-            if let Err(e) = std::fs::write(p, &text) {
+            let mut tmp = p.clone().into_os_string();
+            tmp.push(".tmp");
+            let r = std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, p));
+            if let Err(e) = r {
+                let _ = std::fs::remove_file(&tmp);
                 log::warn!("cannot write {}: {e}", p.display());
             }
         }
@@ -98,6 +183,40 @@ mod tests {
             t.starts_with("interface: wg9\nworker 0: starting\nworker 1: io_uring\n"),
             "{t}"
         );
+        b.heartbeats(vec![7, 12]);
+        b.reload(Reload {
+            generation: 3,
+            result: Err("wg9.conf: line 4: bad key\nmore".into()),
+        });
+        let t = std::fs::read_to_string(&p).expect("rewritten");
+        assert!(t.contains("\nheartbeat: 7 12\n"), "{t}");
+        assert_eq!(parse_heartbeats(&t), Some(vec![7, 12]));
+        assert_eq!(
+            parse_reload(&t),
+            Some(Reload {
+                generation: 3,
+                result: Err("wg9.conf: line 4: bad key more".into())
+            })
+        );
+        assert!(!dir.join("wg9.status.tmp").exists());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn status_lines_parse() {
+        let t = "interface: wg0\nheartbeat: 1 2 3\nreload: generation 0 ok\n";
+        assert_eq!(parse_heartbeats(t), Some(vec![1, 2, 3]));
+        assert_eq!(
+            parse_reload(t),
+            Some(Reload {
+                generation: 0,
+                result: Ok(())
+            })
+        );
+        assert_eq!(parse_heartbeats("heartbeat: 1 x\n"), None);
+        assert_eq!(parse_heartbeats("interface: wg0\n"), None);
+        assert_eq!(parse_heartbeats("heartbeat: \n"), Some(vec![]));
+        assert_eq!(parse_reload("reload: generation 2 maybe\n"), None);
+        assert_eq!(parse_reload("reload: generation x ok\n"), None);
     }
 }

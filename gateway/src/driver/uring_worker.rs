@@ -285,6 +285,8 @@ pub fn run(
     let mut hot_until = Instant::now();
 
     while !shared.stop.load(Ordering::Relaxed) {
+        // Every round, idle ones too (one wait is at most WAIT).
+        shared.heartbeats.beat(index);
         if shared.sockets.generation() != gen {
             if let Some((g, s)) = socket_of(&shared, index) {
                 // In-flight sends keep the old socket alive in the kernel; the receive is
@@ -483,7 +485,7 @@ mod tests {
     use super::*;
     use crate::core::device::Device;
     use crate::core::key::Key;
-    use crate::driver::worker::SocketSet;
+    use crate::driver::worker::{Heartbeats, SocketSet};
     use crate::sys::tun::tests::{can_net_admin, in_new_netns, ip};
     use crate::sys::tun::Tun;
     use std::net::SocketAddr;
@@ -614,6 +616,7 @@ mod tests {
                 stop: Arc::new(AtomicBool::new(false)),
                 tcp: None,
                 tun_gone: Arc::new(AtomicBool::new(false)),
+                heartbeats: Arc::new(Heartbeats::new(1)),
             });
             let g = GatewayConfig {
                 buffers: 64,
@@ -680,6 +683,7 @@ mod tests {
                 stop: Arc::new(AtomicBool::new(false)),
                 tcp: None,
                 tun_gone: Arc::new(AtomicBool::new(false)),
+                heartbeats: Arc::new(Heartbeats::new(1)),
             });
             let mut cfg = UringWorkerConfig::from_gateway(&GatewayConfig::default());
             cfg.pool.count = 8;

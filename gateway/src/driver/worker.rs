@@ -102,6 +102,50 @@ pub struct Shared {
     pub tcp: Option<Arc<dyn TcpOut>>,
     /// Set when the TUN went away (interface deleted): the process should exit.
     pub tun_gone: Arc<AtomicBool>,
+    /// One heartbeat per worker, bumped every round (idle rounds too).
+    pub heartbeats: Arc<Heartbeats>,
+}
+
+/// The workers' heartbeats: each worker loop bumps its counter every round, and a round
+/// ends at least every 100 ms even when idle, so a counter that stops moving for seconds
+/// means a stuck worker. Written into the status file, where init watches them.
+#[derive(Debug, Default)]
+pub struct Heartbeats {
+    beats: Vec<AtomicU64>,
+    /// Test images only (`--selftest-hang`, then SIGUSR2): the workers stop bumping,
+    /// as a deadlocked worker would, so the image test sees init restart the gateway.
+    frozen: AtomicBool,
+}
+
+impl Heartbeats {
+    pub fn new(workers: usize) -> Heartbeats {
+        Heartbeats {
+            beats: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            frozen: AtomicBool::new(false),
+        }
+    }
+
+    /// Worker `i` finished a round.
+    pub fn beat(&self, i: usize) {
+        if self.frozen.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(b) = self.beats.get(i) {
+            b.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<u64> {
+        self.beats
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Selftest: stop every heartbeat from now on.
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Relaxed);
+    }
 }
 
 /// Run one worker until `stop` is set. `index` picks this worker's socket. The TUN side
@@ -124,6 +168,8 @@ pub fn run(
     // traffic (or always, with `Poll = busy`).
     let mut hot_until = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
+        // Every round, idle ones too (the wait below is at most 100 ms).
+        shared.heartbeats.beat(index);
         if shared.sockets.generation() != gen {
             (gen, socks) = shared.sockets.get();
             sock = socks[index % socks.len()].clone();
