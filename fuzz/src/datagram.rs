@@ -628,8 +628,13 @@ impl Sim {
                 let p = inner_packet(b);
                 self.inner.insert(p.clone());
                 let t = self.p.snapshot();
-                self.p
-                    .handle_tun_packet(&t, &mut padded(&p), p.len(), &mut self.scratch, &mut self.p_wire);
+                self.p.handle_tun_packet(
+                    &t,
+                    &mut padded(&p),
+                    p.len(),
+                    &mut self.scratch,
+                    &mut self.p_wire,
+                );
                 self.route_p();
             }
             2 | 3 => {
@@ -706,8 +711,13 @@ impl Sim {
                     }
                     let t = self.g.snapshot();
                     let n0 = self.g_wire.sent.len();
-                    self.g
-                        .handle_tun_packet(&t, &mut padded(&p), p.len(), &mut self.scratch, &mut self.g_wire);
+                    self.g.handle_tun_packet(
+                        &t,
+                        &mut padded(&p),
+                        p.len(),
+                        &mut self.scratch,
+                        &mut self.g_wire,
+                    );
                     self.route_g(n0);
                 }
                 // P starts a new handshake (e.g. with a cookie it got).
@@ -726,8 +736,13 @@ impl Sim {
                     let p = b.take(n).to_vec();
                     let t = self.g.snapshot();
                     let n0 = self.g_wire.sent.len();
-                    self.g
-                        .handle_tun_packet(&t, &mut padded(&p), p.len(), &mut self.scratch, &mut self.g_wire);
+                    self.g.handle_tun_packet(
+                        &t,
+                        &mut padded(&p),
+                        p.len(),
+                        &mut self.scratch,
+                        &mut self.g_wire,
+                    );
                     self.route_g(n0);
                 }
             },
