@@ -18,6 +18,10 @@ pub struct Cmdline {
     /// `riceguard.selftest=unhealthy`: never see the gateway as healthy and give up after
     /// 20 s, so the update test sees a slot on trial fail its health check (test images only).
     pub selftest_unhealthy: bool,
+    /// `riceguard.selftest=hang`: once the gateway is up, freeze its worker heartbeats
+    /// once (SIGUSR2; the gateway gets `--selftest-hang`), so the image test sees the
+    /// health watch restart it (test images only).
+    pub selftest_hang: bool,
     /// Problems found, for the console; a bad option is ignored, never fatal.
     pub errors: Vec<String>,
 }
@@ -44,6 +48,8 @@ pub fn parse(s: &str) -> Cmdline {
             c.selftest_restart = true;
         } else if word == "riceguard.selftest=unhealthy" {
             c.selftest_unhealthy = true;
+        } else if word == "riceguard.selftest=hang" {
+            c.selftest_hang = true;
         } else if let Some(v) = word.strip_prefix("riceguard.uplink=") {
             match parse_uplink(v) {
                 Ok(u) => c.uplink = Some(u),
@@ -109,6 +115,8 @@ mod tests {
         assert!(c.errors.is_empty());
         assert!(!c.selftest_restart);
         assert!(parse("riceguard.selftest=restart").selftest_restart);
+        assert!(!c.selftest_hang);
+        assert!(parse("riceguard.selftest=hang").selftest_hang);
     }
 
     #[test]

@@ -9,14 +9,17 @@
 //!
 //! Stage 2 (the long-lived PID 1): sysctl, hugepages, `perm` (ext4, pre-formatted at image
 //! build: the appliance carries no mkfs), first-boot key, lo + uplink over netlink, RPS,
-//! the supervised gateway daemon and serial console, the watchdog, marking the boot good
-//! once the gateway answers on its UAPI socket, and clean reboot/poweroff on signals.
+//! the supervised gateway daemon and serial console, the gateway's health watch (UAPI
+//! answers, worker heartbeats move; restarted when unhealthy, see `health.rs`), the
+//! watchdog (fed only while that watch is satisfied), marking the boot good once the
+//! gateway is healthy, and clean reboot/poweroff on signals.
 //!
 //! Every step prints one `riceguard-init:` line on the console; tests grep for them.
 
 pub mod board;
 pub mod boot;
 pub mod cmdline;
+pub mod health;
 pub mod supervise;
 pub mod sysctl;
 
@@ -51,9 +54,10 @@ const CONFIG: &str = "/perm/riceguard.conf";
 const DEFAULT_CONFIG: &str = "/etc/riceguard/default.conf";
 const ESP_MNT: &str = "/run/esp";
 const BIN: &str = "/usr/bin/riceguard";
-/// Delay before a service that exited is started again (gokrazy: 1 s; a gateway that
-/// fails at once should not flood the serial line).
-const RESTART_DELAY: Duration = Duration::from_secs(3);
+/// First delay before a service that exited is started again (gokrazy: 1 s); it doubles
+/// up to 60 s while the service keeps failing, so a gateway that fails at once does not
+/// flood the serial line (`supervise::Backoff`).
+const RESTART_DELAY: Duration = Duration::from_secs(1);
 /// How long the gateway has to answer on its UAPI socket before this boot is left
 /// unmarked (systemd-boot then counts it down and eventually falls back).
 const HEALTH_DEADLINE: Duration = Duration::from_secs(180);
@@ -386,17 +390,22 @@ fn stage2() -> ! {
         .unwrap_or_else(|| "wg0".into());
     let mut sup = Supervisor::default();
     let now = Instant::now();
+    let mut argv: Vec<String> = vec![
+        BIN.into(),
+        "up".into(),
+        "--config".into(),
+        gateway_conf.clone(),
+    ];
+    if cmd.selftest_hang {
+        argv.push("--selftest-hang".into());
+    }
     sup.add(
         Spec {
             name: "gateway".into(),
-            argv: vec![
-                BIN.into(),
-                "up".into(),
-                "--config".into(),
-                gateway_conf.clone(),
-            ],
+            argv,
             tty: None,
             restart_delay: RESTART_DELAY,
+            health_checked: true,
         },
         now,
     );
@@ -410,6 +419,7 @@ fn stage2() -> ! {
                 argv: console_argv(perm_ok),
                 tty: Some(format!("/dev/{}", board.console)),
                 restart_delay: RESTART_DELAY,
+                health_checked: false,
             },
             now,
         );
@@ -422,7 +432,9 @@ fn stage2() -> ! {
     } else {
         HEALTH_DEADLINE
     };
-    let mut healthy_for: Option<u32> = None; // the gateway start that was seen healthy
+    let mut watch = health::GatewayHealth::new(health::LIMITS);
+    let mut watched_start = 0u32; // the gateway start the watch follows
+    let mut starving = false; // the watchdog is not being fed (said once)
     let mut warned_unhealthy = false;
     let mut marked = false; // boot marked good (once per boot, whichever start got there)
     let mut selftest_done = false;
@@ -432,29 +444,67 @@ fn stage2() -> ! {
     loop {
         let now = Instant::now();
         let next_start = sup.tick(now);
-        dog.pet(now);
         confirm_guard.check(&sup);
-        let starts = sup.find("gateway").map(|s| s.starts).unwrap_or(0);
-        if halt.is_none() && starts > 0 && healthy_for != Some(starts) && now >= next_health {
+        let (starts, running) = match sup.find("gateway") {
+            Some(s) => match s.state {
+                supervise::State::Running(pid) => (s.starts, Some(pid)),
+                _ => (s.starts, None),
+            },
+            None => (0, None),
+        };
+        match running {
+            Some(_) if starts != watched_start => {
+                watched_start = starts;
+                watch.started(now);
+            }
+            Some(_) => {}
+            None => watch.exited(),
+        }
+        if let (Some(pid), None, true) = (running, halt, now >= next_health) {
             next_health = now + Duration::from_millis(500);
-            if !cmd.selftest_unhealthy && uapi_healthy(&ifname) {
-                healthy_for = Some(starts);
-                say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers)");
-                if !marked {
-                    marked = true;
-                    mark_boot_good(slot);
-                    crate::update::boot_request(BIN, &mut |l| say!("{l}"));
+            let probe = if cmd.selftest_unhealthy {
+                health::Probe {
+                    uapi: Err("selftest: never seen healthy".into()),
+                    beats: Err("selftest".into()),
                 }
-                if cmd.selftest_restart && !selftest_done {
-                    selftest_done = true;
-                    if let Some(supervise::State::Running(pid)) =
-                        sup.find("gateway").map(|s| s.state)
-                    {
+            } else {
+                probe_gateway(&ifname)
+            };
+            match watch.observe(now, &probe) {
+                health::Verdict::Up => {
+                    sup.health("gateway", true, now);
+                    say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers, worker heartbeats move)");
+                    if !marked {
+                        marked = true;
+                        mark_boot_good(slot);
+                        crate::update::boot_request(BIN, &mut |l| say!("{l}"));
+                    }
+                    if cmd.selftest_restart && !selftest_done {
+                        selftest_done = true;
                         say!("selftest: killing the gateway (pid {pid}) to check it is restarted");
                         let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
                     }
+                    if cmd.selftest_hang && !selftest_done {
+                        selftest_done = true;
+                        say!("selftest: freezing the gateway's worker heartbeats (pid {pid}) to check it is restarted");
+                        let _ = nix::sys::signal::kill(pid, Signal::SIGUSR2);
+                    }
                 }
-            } else if !marked && !warned_unhealthy && now.duration_since(started) > health_deadline
+                health::Verdict::Down(why) => {
+                    sup.health("gateway", false, now);
+                    say!("gateway unhealthy: {why}");
+                }
+                health::Verdict::Restart(why) => {
+                    sup.health("gateway", false, now);
+                    say!("gateway unhealthy ({why}): restarting it");
+                    let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+                }
+                health::Verdict::Same => {}
+            }
+            if !marked
+                && !watch.is_healthy()
+                && !warned_unhealthy
+                && now.duration_since(started) > health_deadline
             {
                 warned_unhealthy = true;
                 if slot_on_trial(slot) {
@@ -472,6 +522,15 @@ fn stage2() -> ! {
                     );
                 }
             }
+        }
+        // Fed only while the gateway is healthy or being handled on schedule; if this
+        // loop itself stops (init wedged), nothing feeds it.
+        if watch.feed(now) {
+            dog.pet(now);
+            starving = false;
+        } else if !starving {
+            starving = true;
+            say!("the gateway could not be restarted: the watchdog is no longer fed");
         }
         // Wait for a signal, a due restart, the watchdog or the next health probe.
         let mut wait = Duration::from_millis(500);
@@ -1005,17 +1064,30 @@ fn steer_rps(gw: Option<&GatewayConfig>, board: &Board) {
     say!("rps: {n} {dev} rx queues -> cpus {cores:?} (mask {mask})");
 }
 
-/// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
-fn uapi_healthy(ifname: &str) -> bool {
-    use std::os::unix::net::UnixStream;
-    let Ok(mut s) = UnixStream::connect(format!("/var/run/wireguard/{ifname}.sock")) else {
-        return false;
+/// One look at the gateway for the health watch: its UAPI answer and the worker
+/// heartbeats of its status file.
+fn probe_gateway(ifname: &str) -> health::Probe {
+    let status = format!("/run/riceguard/{ifname}.status");
+    let beats = match std::fs::read_to_string(&status) {
+        Ok(t) => crate::driver::status::parse_heartbeats(&t)
+            .ok_or_else(|| format!("no heartbeat line in {status}")),
+        Err(e) => Err(format!("{status}: {e}")),
     };
+    health::Probe {
+        uapi: uapi_answers(ifname),
+        beats,
+    }
+}
+
+/// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
+fn uapi_answers(ifname: &str) -> Result<(), String> {
+    use std::os::unix::net::UnixStream;
+    let mut s = UnixStream::connect(format!("/var/run/wireguard/{ifname}.sock"))
+        .map_err(|e| format!("connect: {e}"))?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
-    if s.write_all(b"get=1\n\n").is_err() {
-        return false;
-    }
+    s.write_all(b"get=1\n\n")
+        .map_err(|e| format!("write: {e}"))?;
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     while buf.len() < (1 << 20) {
@@ -1029,9 +1101,16 @@ fn uapi_healthy(ifname: &str) -> bool {
             }
         }
     }
-    String::from_utf8_lossy(&buf)
+    if String::from_utf8_lossy(&buf)
         .lines()
         .any(|l| l == "errno=0")
+    {
+        Ok(())
+    } else if buf.is_empty() {
+        Err("no answer within 1 s".into())
+    } else {
+        Err("no errno=0 in its answer".into())
+    }
 }
 
 /// Whether this slot booted from a boot-counted entry (an update on trial).

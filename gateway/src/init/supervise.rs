@@ -1,5 +1,6 @@
 //! The service supervisor of PID 1, after gokrazy's `supervise.go`: each service runs in
-//! its own session/process group, is restarted after a fixed delay when it exits, keeps a
+//! its own session/process group, is restarted after a back-off when it exits (see
+//! [`Backoff`]: 1 s doubling to 60 s, back to 1 s after a healthy minute), keeps a
 //! ring buffer of its last output lines, and exit code [`DONT_RESTART`] means "leave me
 //! stopped". Reaping is the caller's job (PID 1 reaps everything and hands statuses here).
 //!
@@ -120,6 +121,58 @@ impl Ring {
     }
 }
 
+/// The longest wait before a restart, and how long a service must stay healthy for the
+/// back-off to start again from its first delay.
+pub const MAX_RESTART_DELAY: Duration = Duration::from_secs(60);
+pub const HEALTHY_RESET: Duration = Duration::from_secs(60);
+
+/// The restart back-off of one service (pure; time passed in): the first delay, doubled
+/// after each restart up to [`MAX_RESTART_DELAY`], back to the first after the service
+/// was healthy for [`HEALTHY_RESET`]. A service without a health check is healthy while it
+/// runs; the gateway's health is said by init's health watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    first: Duration,
+    next: Duration,
+    healthy_since: Option<Instant>,
+}
+
+impl Backoff {
+    pub fn new(first: Duration) -> Backoff {
+        Backoff {
+            first,
+            next: first,
+            healthy_since: None,
+        }
+    }
+
+    /// Healthy at `now` (the first of a run of calls counts).
+    pub fn healthy(&mut self, now: Instant) {
+        if self.healthy_since.is_none() {
+            self.healthy_since = Some(now);
+        }
+    }
+
+    pub fn unhealthy(&mut self) {
+        self.healthy_since = None;
+    }
+
+    /// The service ended (or failed to start) at `now`: how long to wait before the next
+    /// start.
+    pub fn delay(&mut self, now: Instant) -> Duration {
+        if self
+            .healthy_since
+            .is_some_and(|t| now.duration_since(t) >= HEALTHY_RESET)
+        {
+            self.next = self.first;
+        }
+        self.healthy_since = None;
+        let d = self.next;
+        self.next = (self.next * 2).min(MAX_RESTART_DELAY.max(self.first));
+        d
+    }
+}
+
 /// How to run one service.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -128,7 +181,11 @@ pub struct Spec {
     /// Serial device for stdin/stdout/stderr (an interactive service, e.g. the console);
     /// `None`: output is captured line by line to the console and the ring.
     pub tty: Option<String>,
+    /// The first restart delay (the back-off doubles it from there).
     pub restart_delay: Duration,
+    /// Its health is said by the caller ([`Supervisor::health`]); otherwise running
+    /// counts as healthy.
+    pub health_checked: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +211,7 @@ pub struct Service {
     pub starts: u32,
     pub ring: Arc<Mutex<Ring>>,
     pub last_status: Option<String>,
+    pub backoff: Backoff,
 }
 
 #[derive(Default)]
@@ -177,7 +235,9 @@ impl Supervisor {
     /// Add a service; it starts at the next [`Supervisor::tick`].
     pub fn add(&mut self, spec: Spec, now: Instant) {
         let ring = Arc::new(Mutex::new(Ring::default()));
+        let backoff = Backoff::new(spec.restart_delay);
         self.services.push(Service {
+            backoff,
             spec,
             state: State::Waiting(now),
             starts: 0,
@@ -188,6 +248,17 @@ impl Supervisor {
 
     pub fn find(&self, name: &str) -> Option<&Service> {
         self.services.iter().find(|s| s.spec.name == name)
+    }
+
+    /// The caller's health check of a `health_checked` service says it is (not) healthy.
+    pub fn health(&mut self, name: &str, healthy: bool, now: Instant) {
+        if let Some(s) = self.services.iter_mut().find(|s| s.spec.name == name) {
+            if healthy {
+                s.backoff.healthy(now);
+            } else {
+                s.backoff.unhealthy();
+            }
+        }
     }
 
     /// Start whatever is due. Returns the earliest future start time, if any.
@@ -202,15 +273,19 @@ impl Supervisor {
                         Ok(pid) => {
                             s.starts += 1;
                             eprintln!("riceguard-init: {} started (pid {pid})", s.spec.name);
+                            if !s.spec.health_checked {
+                                s.backoff.healthy(now);
+                            }
                             State::Running(pid)
                         }
                         Err(e) => {
+                            let d = s.backoff.delay(now);
                             eprintln!(
                                 "riceguard-init: {} could not start: {e}; retrying in {}s",
                                 s.spec.name,
-                                s.spec.restart_delay.as_secs()
+                                d.as_secs()
                             );
-                            State::Waiting(now + s.spec.restart_delay)
+                            State::Waiting(now + d)
                         }
                     };
                 } else {
@@ -235,16 +310,17 @@ impl Supervisor {
             return false;
         };
         let why = describe(&status);
+        let delay = s.backoff.delay(now);
         s.state = if stopping {
             State::Stopped
         } else {
-            after_exit(&status, s.spec.restart_delay, now)
+            after_exit(&status, delay, now)
         };
         match s.state {
             State::Waiting(_) => eprintln!(
                 "riceguard-init: {} exited ({why}); restarting in {}s",
                 s.spec.name,
-                s.spec.restart_delay.as_secs()
+                delay.as_secs()
             ),
             _ => eprintln!(
                 "riceguard-init: {} exited ({why}); not restarting",
@@ -418,6 +494,7 @@ mod tests {
                 ],
                 tty: None,
                 restart_delay: Duration::from_secs(60),
+                health_checked: false,
             },
             t0,
         );
@@ -465,6 +542,59 @@ mod tests {
         );
     }
 
+    /// 1 s doubling to 60 s; a healthy minute starts it again from 1 s; a service
+    /// healthy for less than a minute keeps doubling.
+    #[test]
+    fn restart_backoff() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut b = Backoff::new(s(1));
+        let delays: Vec<u64> = (0..9).map(|_| b.delay(t0).as_secs()).collect();
+        assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        b.healthy(t0);
+        b.healthy(t0 + s(30)); // the first call counts
+        assert_eq!(b.delay(t0 + s(59)), s(60));
+        b.healthy(t0 + s(100));
+        assert_eq!(b.delay(t0 + s(160)), s(1));
+        assert_eq!(b.delay(t0 + s(161)), s(2));
+        b.healthy(t0 + s(200));
+        b.unhealthy(); // the healthy minute must be unbroken
+        b.healthy(t0 + s(230));
+        assert_eq!(b.delay(t0 + s(261)), s(4));
+        b.healthy(t0 + s(300));
+        assert_eq!(b.delay(t0 + s(360)), s(1));
+    }
+
+    /// Through the supervisor: a service that exits at once waits 5 s, then 10 s.
+    #[test]
+    fn supervisor_backs_off() {
+        let mut sup = Supervisor::default();
+        let t0 = Instant::now();
+        sup.add(
+            Spec {
+                name: "quick".into(),
+                argv: vec!["/bin/sh".into(), "-c".into(), "exit 1".into()],
+                tty: None,
+                restart_delay: Duration::from_secs(5),
+                health_checked: true,
+            },
+            t0,
+        );
+        let mut at = t0;
+        for want in [5, 10, 20] {
+            sup.tick(at);
+            let State::Running(pid) = sup.services[0].state else {
+                panic!("not started")
+            };
+            assert!(sup.on_exit(wait_for(pid), at));
+            assert_eq!(
+                sup.services[0].state,
+                State::Waiting(at + Duration::from_secs(want))
+            );
+            at += Duration::from_secs(want);
+        }
+    }
+
     fn wait_for(pid: Pid) -> WaitStatus {
         waitpid(pid, Some(WaitPidFlag::empty())).unwrap()
     }
@@ -482,6 +612,7 @@ mod tests {
             ],
             tty: None,
             restart_delay: Duration::from_secs(5),
+            health_checked: false,
         };
         sup.add(spec, t0);
         assert_eq!(sup.tick(t0), None);
@@ -540,6 +671,7 @@ mod tests {
                 ],
                 tty: None,
                 restart_delay: Duration::from_secs(1),
+                health_checked: false,
             },
             t0,
         );
