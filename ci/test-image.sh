@@ -6,7 +6,9 @@
 #     (the ESP entry renamed, read back with mtools after QEMU exits)
 #   - each board on a tap in a namespace with a pre-seeded perm: uplink address over
 #     netlink, WireGuard through the image with a wireguard-go peer, a killed gateway
-#     restarted by the supervisor, USO on (boot 1) and off (boot 2), perm surviving the
+#     restarted by the supervisor, a hung gateway (worker heartbeats frozen by
+#     riceguard.selftest=hang) seen unhealthy and restarted by init's health watch,
+#     USO on (boot 1) and off (boot 2), perm surviving the
 #     second boot, `reboot` typed on the serial console (clean unmount of perm).
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the console fails that boot at once.
 #
@@ -167,7 +169,7 @@ InterfaceName = wg0
 EOF
     chmod 600 "$seed/riceguard.conf"
     if RG_OUT=$work/$b-net RG_PERM_SEED=$seed \
-        RG_CMDLINE_EXTRA="riceguard.uplink=192.0.2.2/24,gw=192.0.2.1 riceguard.selftest=restart" \
+        RG_CMDLINE_EXTRA="riceguard.uplink=192.0.2.2/24,gw=192.0.2.1 riceguard.selftest=restart riceguard.selftest=hang" \
         image/build.sh "$b" >"$work/$b-net.build" 2>&1; then
         # The peer, inside the namespace qemu.sh makes; its result lands in a file.
         netn=$((${netn:-0} + 1)); wgif=rgi$$n$netn
@@ -193,7 +195,8 @@ EOF
         disk=$work/$b-net.img
         cp --sparse=always "$work/$b-net/riceguard-$b.img" "$disk"
         net_done() {
-            [ -s "$res.wg" ] && [ "$(count "$1" 'riceguard-init: gateway up')" -ge 2 ] && have "$1" 'boot marked good'
+            # Up three times: first start, after the selftest kill, after the hang restart.
+            [ -s "$res.wg" ] && [ "$(count "$1" 'riceguard-init: gateway up')" -ge 3 ] && have "$1" 'boot marked good'
         }
         for run in 1 2; do
             uso=on; [ $run = 2 ] && uso=off
@@ -207,6 +210,14 @@ EOF
             check "$b net boot $run: WireGuard ping through the image (wireguard-go peer)" test -s "$res.wg"
             check "$b net boot $run: killed gateway restarted by the supervisor" \
                 test "$(count "$log" 'riceguard-init: gateway up')" -ge 2
+            # The watchdog watches the gateway: frozen heartbeats (UAPI still answers) are
+            # unhealthy; a few seconds later init restarts it, and it comes back up.
+            check "$b net boot $run: hung gateway seen unhealthy (heartbeats stuck)" \
+                have "$log" 'riceguard-init: gateway unhealthy: worker [0-9]+ heartbeat stuck'
+            check "$b net boot $run: hung gateway restarted by init, reason said" \
+                have "$log" 'riceguard-init: gateway unhealthy \(worker [0-9]+ heartbeat stuck.*\): restarting it'
+            check "$b net boot $run: hung gateway back up after the restart" \
+                test "$(count "$log" 'riceguard-init: gateway up')" -ge 3
             # QEMU 10 host_uso=on: virtio-net offers USO, off but changeable; off: [fixed].
             want='tx-udp-segmentation: off \[fixed\]'
             [ $uso = on ] && want='tx-udp-segmentation: (on|off \(changeable\))'

@@ -438,6 +438,7 @@ fn stage2() -> ! {
     let mut warned_unhealthy = false;
     let mut marked = false; // boot marked good (once per boot, whichever start got there)
     let mut selftest_done = false;
+    let mut hang_done = false;
     let mut next_health = Instant::now();
     let mut confirm_guard = ConfirmGuard::default();
     let mut halt: Option<os::Halt> = None;
@@ -479,13 +480,13 @@ fn stage2() -> ! {
                         mark_boot_good(slot);
                         crate::update::boot_request(BIN, &mut |l| say!("{l}"));
                     }
+                    // With both selftests: the kill first, the hang on the next start.
                     if cmd.selftest_restart && !selftest_done {
                         selftest_done = true;
                         say!("selftest: killing the gateway (pid {pid}) to check it is restarted");
                         let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
-                    }
-                    if cmd.selftest_hang && !selftest_done {
-                        selftest_done = true;
+                    } else if cmd.selftest_hang && !hang_done {
+                        hang_done = true;
                         say!("selftest: freezing the gateway's worker heartbeats (pid {pid}) to check it is restarted");
                         let _ = nix::sys::signal::kill(pid, Signal::SIGUSR2);
                     }
