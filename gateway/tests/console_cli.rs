@@ -207,7 +207,7 @@ fn commit_signals_the_daemon_with_sighup() {
     let mut seen = false;
     let mut last = Ok(String::new());
     for _ in 0..400 {
-        last = h.reload();
+        last = h.reload(&d.0.join("riceguard.conf"));
         std::thread::sleep(std::time::Duration::from_millis(50));
         if last.is_ok() && flag.exists() {
             seen = true;
@@ -220,10 +220,13 @@ fn commit_signals_the_daemon_with_sighup() {
     let _ = child.0.wait();
     assert!(seen, "the stand-in daemon never saw SIGHUP");
     // Its pid is gone now: reported, not signalled.
-    assert!(h.reload().unwrap_err().contains("not running"));
+    assert!(h
+        .reload(&d.0.join("riceguard.conf"))
+        .unwrap_err()
+        .contains("not running"));
     // A pid that is not riceguard is refused.
     std::fs::write(&pidfile, format!("{}\n", std::process::id())).expect("pidfile");
-    let e = h.reload().unwrap_err();
+    let e = h.reload(&d.0.join("riceguard.conf")).unwrap_err();
     assert!(
         e.contains("not a riceguard process") || e.contains("not running"),
         "{e}"

@@ -803,7 +803,7 @@ impl Session {
             .save_text(&text)
             .map_err(|e| format!("not committed: could not save: {e}; nothing changed"))?;
         self.running = cfg;
-        let applied = match self.hooks.reload() {
+        let applied = match self.hooks.reload(&self.store.conf_path()) {
             Ok(m) => m,
             Err(e) => format!("{e}; the saved configuration applies when the gateway next starts"),
         };

@@ -3,7 +3,9 @@
 //!
 //! - [`Clock`]: monotonic time (commit-confirm deadlines) and wall time (the deadline
 //!   marker that survives a console restart, handshake ages).
-//! - [`Hooks`]: reload the daemon (SIGHUP to the pid in `--pidfile`), ask it for peers
+//! - [`Hooks`]: reload the daemon (SIGHUP to the pid in `--pidfile`, then wait briefly
+//!   for the `reload:` generation of its status file to move, and say what it did with
+//!   the file: applied, refused and why, or no answer), ask it for peers
 //!   (UAPI `get=1` on its socket), status lines, reboot, and long work (update,
 //!   rollback-slot) as a [`Job`]: its own process with an overall deadline, so the console
 //!   keeps answering and its commit-confirm deadline fires on time meanwhile.
@@ -51,9 +53,10 @@ pub struct JobReport {
 
 /// What the console asks of the rest of the appliance.
 pub trait Hooks {
-    /// Tell the running daemon to re-read `riceguard.conf`. `Ok` says it was told;
-    /// `Err` says why not (typically: no daemon running).
-    fn reload(&mut self) -> Result<String, String>;
+    /// Make the running daemon apply `saved` (the file just committed). `Ok` says what
+    /// the daemon did with it (applied, refused and why, or no answer); `Err` says why it
+    /// could not be told (typically: no daemon running).
+    fn reload(&mut self, saved: &Path) -> Result<String, String>;
     /// The daemon's raw UAPI `get=1` answer for interface `ifname`.
     fn peers(&mut self, ifname: &str) -> Result<String, String>;
     /// Lines for `show status`.
@@ -215,6 +218,85 @@ pub struct SystemHooks {
 
 pub const DEFAULT_PIDFILE: &str = "/run/riceguard.pid";
 pub const DEFAULT_STATUS_FILE: &str = "/run/riceguard.status";
+/// The file init starts the gateway from on a failsafe or fallback boot (a copy in
+/// /run; `/perm/riceguard.conf` itself otherwise).
+pub const BOOT_CONFIG: &str = "/run/riceguard/boot.conf";
+/// How long a commit waits for the daemon to say what it did with the file.
+pub const RELOAD_WAIT: Duration = Duration::from_secs(5);
+
+/// The `--config FILE` of a daemon's NUL-separated command line.
+pub fn config_arg(cmdline: &[u8]) -> Option<PathBuf> {
+    let mut args = cmdline.split(|&b| b == 0);
+    while let Some(a) = args.next() {
+        if a == b"--config" || a == b"-c" {
+            let v = args.next()?;
+            return Some(PathBuf::from(String::from_utf8_lossy(v).into_owned()));
+        }
+    }
+    None
+}
+
+/// After a failsafe or fallback boot the daemon runs from `runs` ([`BOOT_CONFIG`]), so
+/// a SIGHUP alone would re-read that copy, not the committed file. The committed file
+/// is copied over it (created 0600 from the start: it holds the private key) and then
+/// the daemon reloads it. Chosen over telling the daemon another path: the daemon's
+/// command line is also what init restarts it with (a crash, the health watch), so the
+/// committed configuration keeps running for the rest of this boot instead of the
+/// failsafe one coming back at the next restart; the next boot starts from /perm anyway.
+/// Only ever [`BOOT_CONFIG`] (`boot_config`) is written, never a path merely read
+/// from another process. `Ok(Some(note))` when it was replaced.
+pub fn hand_over(saved: &Path, runs: &Path, boot_config: &Path) -> Result<Option<String>, String> {
+    if runs == saved || runs != boot_config {
+        return Ok(None);
+    }
+    let text = std::fs::read(saved).map_err(|e| format!("cannot read {}: {e}", saved.display()))?;
+    crate::store::write(runs, &text, crate::store::SECRET).map_err(|e| {
+        format!(
+            "this boot's gateway runs from {} (failsafe or fallback boot) and it could not be replaced: {e}; \
+             the committed file applies at the next boot",
+            runs.display()
+        )
+    })?;
+    Ok(Some(format!(
+        "this boot ran a failsafe/fallback copy ({}): replaced by the committed file",
+        runs.display()
+    )))
+}
+
+/// The `reload:` line of the daemon's status file, if readable.
+fn last_reload(status_file: &Path) -> Option<crate::driver::status::Reload> {
+    let t = std::fs::read_to_string(status_file).ok()?;
+    crate::driver::status::parse_reload(&t)
+}
+
+/// Wait up to `wait` for the reload generation in `status_file` to move past `before`
+/// (`None`: there was none), and say what the daemon did.
+pub fn wait_reload(status_file: &Path, before: Option<u64>, wait: Duration) -> String {
+    let deadline = Instant::now() + wait;
+    loop {
+        if let Some(r) = last_reload(status_file) {
+            if before.map_or(r.generation > 0, |b| r.generation > b) {
+                return match r.result {
+                    Ok(()) => format!(
+                        "the gateway applied it (reload generation {})",
+                        r.generation
+                    ),
+                    Err(why) => format!(
+                        "the gateway refused it: {why}; it keeps running the previous configuration"
+                    ),
+                };
+            }
+        }
+        if Instant::now() >= deadline {
+            return format!(
+                "no answer from the gateway within {} s: it may not have applied it \
+                 (`show status` shows its last reload)",
+                wait.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 impl Default for SystemHooks {
     fn default() -> Self {
@@ -309,13 +391,23 @@ fn on_appliance() -> bool {
 }
 
 impl Hooks for SystemHooks {
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self, saved: &Path) -> Result<String, String> {
         let pid = self.daemon_pid()?;
+        let runs = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .ok()
+            .and_then(|c| config_arg(&c));
+        let note = match runs {
+            Some(runs) => hand_over(saved, &runs, Path::new(BOOT_CONFIG))?,
+            None => None,
+        };
+        let before = last_reload(&self.status_file).map(|r| r.generation);
         kill(Pid::from_raw(pid), Signal::SIGHUP)
             .map_err(|e| format!("could not signal the daemon (pid {pid}): {e}"))?;
-        Ok(format!(
-            "the running daemon (pid {pid}) was told to apply it (SIGHUP)"
-        ))
+        let answer = wait_reload(&self.status_file, before, RELOAD_WAIT);
+        Ok(match note {
+            Some(n) => format!("{n}\n{answer}"),
+            None => answer,
+        })
     }
 
     fn peers(&mut self, ifname: &str) -> Result<String, String> {
@@ -475,6 +567,85 @@ mod tests {
     }
 
     #[test]
+    fn daemon_config_from_cmdline() {
+        assert_eq!(
+            config_arg(b"/usr/bin/riceguard\0up\0--config\0/run/riceguard/boot.conf\0"),
+            Some(PathBuf::from("/run/riceguard/boot.conf"))
+        );
+        assert_eq!(config_arg(b"riceguard\0wg0\0"), None);
+        assert_eq!(config_arg(b"riceguard\0up\0--config"), None);
+    }
+
+    /// After a failsafe boot the gateway runs the /run copy: a commit replaces it (mode
+    /// 0600) with the committed file; when it runs the committed file itself, or any
+    /// other file, nothing is written.
+    #[test]
+    fn commit_after_failsafe_hands_the_file_over() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("rg-handover-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let saved = dir.join("riceguard.conf");
+        let boot = dir.join("boot.conf");
+        let other = dir.join("other.conf");
+        std::fs::write(&saved, "committed\n").unwrap();
+        std::fs::write(&boot, "failsafe, no peers\n").unwrap();
+        std::fs::write(&other, "other\n").unwrap();
+        assert_eq!(hand_over(&saved, &saved, &boot), Ok(None));
+        assert_eq!(hand_over(&saved, &other, &boot), Ok(None));
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "other\n");
+        let note = hand_over(&saved, &boot, &boot).unwrap().unwrap();
+        assert!(note.contains("replaced by the committed file"), "{note}");
+        assert_eq!(std::fs::read_to_string(&boot).unwrap(), "committed\n");
+        let mode = std::fs::metadata(&boot).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let e = hand_over(&dir.join("gone.conf"), &boot, &boot).unwrap_err();
+        assert!(e.contains("cannot read"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The commit's answer follows the daemon's `reload:` line: applied, refused with
+    /// its reason, or no answer when the generation does not move.
+    #[test]
+    fn reload_answer_follows_the_status_file() {
+        let dir = std::env::temp_dir().join(format!("rg-reload-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let st = dir.join("riceguard.status");
+        std::fs::write(&st, "interface: wg0\nreload: generation 2 ok\n").unwrap();
+        let short = Duration::from_millis(300);
+        let t0 = Instant::now();
+        let a = wait_reload(&st, Some(2), short);
+        assert!(a.starts_with("no answer from the gateway"), "{a}");
+        assert!(t0.elapsed() >= short);
+        // The daemon answers while the console waits.
+        let st2 = st.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            std::fs::write(&st2, "reload: generation 3 ok\n").unwrap();
+        });
+        let a = wait_reload(&st, Some(2), Duration::from_secs(5));
+        t.join().unwrap();
+        assert_eq!(a, "the gateway applied it (reload generation 3)");
+        std::fs::write(
+            &st,
+            "reload: generation 4 failed cannot listen on UDP port 53: Address in use\n",
+        )
+        .unwrap();
+        let a = wait_reload(&st, Some(3), short);
+        assert!(
+            a.starts_with("the gateway refused it: cannot listen on UDP port 53: Address in use;"),
+            "{a}"
+        );
+        // No status before: any reload after the start-up one counts.
+        std::fs::write(&st, "reload: generation 0 ok\n").unwrap();
+        assert!(wait_reload(&st, None, short).starts_with("no answer"));
+        std::fs::write(&st, "reload: generation 1 ok\n").unwrap();
+        assert!(wait_reload(&st, None, short).contains("applied"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn no_daemon_is_reported_not_fatal() {
         let mut h = SystemHooks {
             pidfile: "/nonexistent/riceguard.pid".into(),
@@ -482,7 +653,10 @@ mod tests {
             status_file: "/nonexistent/status".into(),
             job: None,
         };
-        assert!(h.reload().unwrap_err().contains("no daemon running"));
+        assert!(h
+            .reload(Path::new("/nonexistent/riceguard.conf"))
+            .unwrap_err()
+            .contains("no daemon running"));
         assert!(h
             .peers("wg0")
             .unwrap_err()

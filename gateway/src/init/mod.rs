@@ -829,7 +829,8 @@ fn console_argv(perm_ok: bool) -> Vec<String> {
 /// How long the early-boot failsafe prompt waits for a key (OpenWrt-style).
 const FAILSAFE_WAIT: Duration = Duration::from_secs(2);
 /// The configuration the gateway runs when it is not `/perm/riceguard.conf` itself.
-const RUN_CONFIG: &str = "/run/riceguard/boot.conf";
+/// A commit on the console replaces it with the committed file (`console::system::hand_over`).
+const RUN_CONFIG: &str = crate::console::system::BOOT_CONFIG;
 
 /// Offer failsafe mode on the console: `f` (then Enter) within `wait` starts the gateway
 /// with no peers and leaves the saved configuration alone. Anything else typed is ignored.

@@ -37,7 +37,7 @@ struct Recorder {
 }
 
 impl Hooks for Recorder {
-    fn reload(&mut self) -> Result<String, String> {
+    fn reload(&mut self, _saved: &std::path::Path) -> Result<String, String> {
         self.log.borrow_mut().push("reload".into());
         if self.daemon {
             Ok("daemon told".into())
