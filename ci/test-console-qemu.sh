@@ -10,6 +10,10 @@
 #                           (~60 s; RG_CONSOLE_CONFIRM=0 skips it), on time although an
 #                           `update` whose source never answers is running meanwhile (it
 #                           runs in the background; the console keeps answering)
+#   boot 3 (failsafe):      the gateway runs with no peers; a commit then must make it
+#                           run the committed file: the console says "applied" (the
+#                           daemon's reload generation moved, result ok) and `show
+#                           peers` lists the saved and the new peer
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
 #
 # usage: ci/test-console-qemu.sh
@@ -247,6 +251,14 @@ if [ "$failed" -eq 0 ] && boot boot3 failsafe; then
     check "failsafe: the running gateway has no peers" sh -c '! printf "%s" "$1" | grep -q "^peer:"' _ "$out"
     cmd "show"
     check "failsafe: the saved configuration still has its peer" has "PublicKey = "
+    # A commit after a failsafe boot applies the committed file (not the peerless copy).
+    cmd "set peer $pub3 allowed-ips 10.100.0.4/32"
+    cmd commit 30
+    check "failsafe commit: the failsafe copy was replaced by the committed file" has 'replaced by the committed file'
+    check "failsafe commit: the console says the gateway applied it" has '^the gateway applied it \(reload generation [0-9]+\)'
+    cmd "show peers"
+    check "failsafe commit: the running gateway has the saved and the new peer" \
+        sh -c 'printf "%s\n" "$1" | grep -qF "$2" && printf "%s\n" "$1" | grep -qF "$3"' _ "$out" "$pub1" "$pub3"
     stop_qemu TERM
 fi
 finish
