@@ -960,7 +960,10 @@ fn run(opts: Opts) -> Result<(), String> {
                         }
                         // Once a second: the workers' heartbeats for init's health
                         // watch (a stuck timer thread stops them moving too).
-                        board.heartbeats(sh.heartbeats.snapshot());
+                        // Not once stopping: the file is removed on the way out.
+                        if !sh.stop.load(Ordering::Relaxed) {
+                            board.heartbeats(sh.heartbeats.snapshot());
+                        }
                     }
                     ticks += 1;
                     let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
