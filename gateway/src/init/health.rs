@@ -76,8 +76,9 @@ pub enum Verdict {
 pub struct GatewayHealth {
     limits: Limits,
     phase: Phase,
-    /// Per worker: the last counter seen and when it last moved.
-    beats: Vec<(u64, Instant)>,
+    /// Per worker: the last counter seen, when it last moved, and whether it was ever
+    /// seen moving (a start is healthy only once every worker was).
+    beats: Vec<(u64, Instant, bool)>,
 }
 
 impl GatewayHealth {
@@ -117,21 +118,27 @@ impl GatewayHealth {
         };
         if beats.len() != self.beats.len() {
             // First sight (or a different gateway): the clock starts now.
-            self.beats = beats.iter().map(|&b| (b, now)).collect();
-            return None;
+            self.beats = beats.iter().map(|&b| (b, now, false)).collect();
+            return Some("worker heartbeats not seen moving yet".into());
         }
         let mut stuck = Vec::new();
+        let mut waiting = false;
         for (i, (&b, seen)) in beats.iter().zip(self.beats.iter_mut()).enumerate() {
             if b != seen.0 {
-                *seen = (b, now);
+                *seen = (b, now, true);
             } else if now.duration_since(seen.1) >= self.limits.stall {
                 stuck.push(format!(
                     "worker {i} heartbeat stuck at {b} for {} s",
                     now.duration_since(seen.1).as_secs()
                 ));
+            } else if !seen.2 {
+                waiting = true;
             }
         }
-        (!stuck.is_empty()).then(|| stuck.join(", "))
+        if !stuck.is_empty() {
+            return Some(stuck.join(", "));
+        }
+        waiting.then(|| "worker heartbeats not seen moving yet".into())
     }
 
     /// Take one probe of the running gateway into account.
@@ -211,6 +218,9 @@ mod tests {
         let mut h = GatewayHealth::new(LIMITS);
         assert!(h.feed(t0));
         h.started(t0);
+        // Healthy only once every worker was seen moving.
+        assert_eq!(h.observe(t0, &ok(&[0, 0])), Verdict::Same);
+        assert_eq!(h.observe(t0, &ok(&[1, 0])), Verdict::Same);
         assert_eq!(h.observe(t0, &ok(&[1, 1])), Verdict::Up);
         assert_eq!(h.observe(t0 + s(1), &ok(&[5, 9])), Verdict::Same);
         // Worker 1 stops; worker 0 goes on. Stuck only once `stall` has passed.
@@ -238,6 +248,7 @@ mod tests {
         let t0 = Instant::now();
         let mut h = GatewayHealth::new(LIMITS);
         h.started(t0);
+        assert_eq!(h.observe(t0, &ok(&[0])), Verdict::Same);
         assert_eq!(h.observe(t0, &ok(&[1])), Verdict::Up);
         let down = Probe {
             uapi: Err("timed out".into()),
@@ -289,6 +300,7 @@ mod tests {
         // A new start with a different number of workers starts its clocks afresh.
         h.exited();
         h.started(t0 + s(80));
+        assert_eq!(h.observe(t0 + s(81), &ok(&[3, 3, 3])), Verdict::Same);
         assert_eq!(h.observe(t0 + s(81), &ok(&[4, 4, 4])), Verdict::Up);
         assert_eq!(h.observe(t0 + s(83), &ok(&[4, 5, 6])), Verdict::Same);
         assert_eq!(h.observe(t0 + s(84), &ok(&[5, 6, 7])), Verdict::Same);
