@@ -396,8 +396,11 @@ impl Hooks for SystemHooks {
         let runs = std::fs::read(format!("/proc/{pid}/cmdline"))
             .ok()
             .and_then(|c| config_arg(&c));
-        let note = match runs {
-            Some(runs) => hand_over(saved, &runs, Path::new(BOOT_CONFIG))?,
+        let note = match runs.map(|r| hand_over(saved, &r, Path::new(BOOT_CONFIG))) {
+            Some(Ok(n)) => n,
+            // Not signalled: it would only re-read the failsafe copy. Said as it is (the
+            // session's "applies when the gateway next starts" would not hold this boot).
+            Some(Err(e)) => return Ok(e),
             None => None,
         };
         let before = last_reload(&self.status_file).map(|r| r.generation);
