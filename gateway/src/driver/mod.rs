@@ -816,6 +816,9 @@ fn run(opts: Opts) -> Result<(), String> {
     sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
 
     let device = Arc::new(Device::new());
+    if let Some(mtu) = read_mtu(&ifname) {
+        device.set_mtu(mtu); // before any worker encrypts: padding is capped by it
+    }
     let tcp_slot = Arc::new(tcp_link::TcpSlot::default());
     let sockets = Arc::new(SocketSet::new(socks, port));
     let vnet_hdr = tun.vnet_hdr();
@@ -950,14 +953,17 @@ fn run(opts: Opts) -> Result<(), String> {
                 let mut fallback = tcp_link::FallbackManager::new();
                 let start = std::time::Instant::now();
                 let mut ticks = 0u64;
-                while !sh.stop.load(Ordering::Relaxed) {
+                loop {
+                    // wg-quick (or anyone) may change the MTU at any time; padding must
+                    // never push a packet past it (and needs it known from the start).
+                    if let Some(mtu) = read_mtu(&ifname) {
+                        sh.device.set_mtu(mtu);
+                    }
+                    if sh.stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     std::thread::sleep(Duration::from_millis(250));
                     if ticks % 4 == 0 {
-                        // wg-quick (or anyone) may change the MTU at any time; padding
-                        // must never push a packet past it.
-                        if let Some(mtu) = read_mtu(&ifname) {
-                            sh.device.set_mtu(mtu);
-                        }
                         // Once a second: the workers' heartbeats for init's health
                         // watch (a stuck timer thread stops them moving too).
                         // Not once stopping: the file is removed on the way out.
