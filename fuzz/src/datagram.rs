@@ -807,6 +807,29 @@ mod tests {
     }
 }
 
+/// How much of what cargo-fuzz found locally (corpus/datagram) authenticates:
+/// `cargo test --release --no-default-features -- --ignored --nocapture corpus_reach`.
+#[cfg(test)]
+#[test]
+#[ignore]
+fn corpus_reach() {
+    let dir = format!("{}/corpus/datagram", env!("CARGO_MANIFEST_DIR"));
+    let (mut files, mut with_auth, mut total) = (0, 0, Stats::default());
+    for e in std::fs::read_dir(dir).expect("corpus/datagram").flatten() {
+        let s = run(&std::fs::read(e.path()).expect("read"));
+        files += 1;
+        with_auth += usize::from(s.authenticated > 0);
+        total.authenticated += s.authenticated;
+        total.rejected += s.rejected;
+        total.tun += s.tun;
+        total.cookies += s.cookies;
+        for (t, n) in s.by_type.iter().enumerate() {
+            total.by_type[t] += n;
+        }
+    }
+    eprintln!("{files} inputs, {with_auth} with an authenticated message; totals {total:?}");
+}
+
 /// The packet with room after it for WireGuard's padding, as the drivers' buffers have.
 fn padded(p: &[u8]) -> Vec<u8> {
     let mut b = p.to_vec();
