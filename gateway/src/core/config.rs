@@ -69,6 +69,39 @@ pub enum OffloadMode {
     Off,
 }
 
+/// How a data-plane worker waits for work (`Poll =` in `[Gateway]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PollMode {
+    /// Sleep in the kernel as soon as there is nothing to do (the default: cores may be
+    /// shared with other work, where spinning only steals their time).
+    #[default]
+    Sleep,
+    /// Keep polling for a short, bounded time after traffic before sleeping: fewer
+    /// wake-ups when data-plane cores are the workers' own.
+    Adaptive,
+    /// Never sleep: dedicated cores, lowest latency, one core busy per worker.
+    Busy,
+}
+
+impl PollMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PollMode::Sleep => "sleep",
+            PollMode::Adaptive => "adaptive",
+            PollMode::Busy => "busy",
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<PollMode> {
+        match v.to_ascii_lowercase().as_str() {
+            "sleep" => Some(PollMode::Sleep),
+            "adaptive" => Some(PollMode::Adaptive),
+            "busy" => Some(PollMode::Busy),
+            _ => None,
+        }
+    }
+}
+
 /// `[Gateway]`: appliance settings that wg-quick does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewayConfig {
@@ -77,9 +110,8 @@ pub struct GatewayConfig {
     /// Cores for the data-plane workers; empty means all online cores.
     pub cores: Vec<usize>,
     pub io_uring: bool,
-    /// `Poll = busy`: workers never sleep (dedicated cores, lowest latency); the default
-    /// `adaptive` keeps polling briefly after traffic, then sleeps.
-    pub busy_poll: bool,
+    /// How an idle worker waits (`Poll =`).
+    pub poll: PollMode,
     pub offload: OffloadMode,
     pub tun_offload: bool,
     pub hugepages: bool,
@@ -106,7 +138,7 @@ impl Default for GatewayConfig {
             interface_name: "wg0".into(),
             cores: Vec::new(),
             io_uring: true,
-            busy_poll: false,
+            poll: PollMode::Sleep,
             offload: OffloadMode::Auto,
             tun_offload: true,
             hugepages: true,

@@ -459,16 +459,12 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                     }
                     "iouring" => g.io_uring = on_off(v).map_err(e)?,
                     "poll" => {
-                        g.busy_poll = match v.to_ascii_lowercase().as_str() {
-                            "adaptive" => false,
-                            "busy" => true,
-                            _ => {
-                                return Err(e(format!(
-                                    "expected adaptive or busy, got {}",
-                                    shown(v)
-                                )))
-                            }
-                        }
+                        g.poll = crate::core::config::PollMode::parse(v).ok_or_else(|| {
+                            e(format!(
+                                "expected sleep, adaptive or busy, got {}",
+                                shown(v)
+                            ))
+                        })?
                     }
                     "offload" => g.offload = offload(v).map_err(e)?,
                     "tunoffload" => g.tun_offload = on_off(v).map_err(e)?,
@@ -601,12 +597,8 @@ pub fn emit(cfg: &Config) -> String {
     if g.io_uring != d.io_uring {
         let _ = writeln!(gs, "IoUring = {}", on_off_str(g.io_uring));
     }
-    if g.busy_poll != d.busy_poll {
-        let _ = writeln!(
-            gs,
-            "Poll = {}",
-            if g.busy_poll { "busy" } else { "adaptive" }
-        );
+    if g.poll != d.poll {
+        let _ = writeln!(gs, "Poll = {}", g.poll.as_str());
     }
     if g.offload != d.offload {
         let o = match g.offload {
@@ -762,7 +754,11 @@ pub(crate) mod tests {
             g.cores = (0..n as usize).map(|i| i * 2 + 1).collect();
         }
         g.io_uring = !rng.chance(3);
-        g.busy_poll = rng.chance(4);
+        g.poll = [
+            crate::core::config::PollMode::Sleep,
+            crate::core::config::PollMode::Adaptive,
+            crate::core::config::PollMode::Busy,
+        ][rng.below(3) as usize];
         g.offload = [
             OffloadMode::Auto,
             OffloadMode::Gso,

@@ -38,7 +38,7 @@ struct Opts {
     io_uring: Option<bool>,
     offload: Option<OffloadMode>,
     tun_offload: Option<bool>,
-    busy_poll: Option<bool>,
+    poll: Option<crate::core::config::PollMode>,
     hugepages: Option<bool>,
     /// Test images only: SIGUSR2 freezes the worker heartbeats (see `Heartbeats`).
     selftest_hang: bool,
@@ -84,7 +84,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         io_uring: None,
         offload: None,
         tun_offload: None,
-        busy_poll: None,
+        poll: None,
         hugepages: None,
         selftest_hang: false,
     };
@@ -115,11 +115,11 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
             "--io-uring" => o.io_uring = Some(on_off(it.next(), "--io-uring")?),
             "--tun-offload" => o.tun_offload = Some(on_off(it.next(), "--tun-offload")?),
             "--poll" => {
-                o.busy_poll = Some(match it.next().map(String::as_str) {
-                    Some("busy") => true,
-                    Some("adaptive") => false,
-                    _ => return Err("--poll takes adaptive or busy".into()),
-                })
+                o.poll = Some(
+                    it.next()
+                        .and_then(|v| crate::core::config::PollMode::parse(v))
+                        .ok_or("--poll takes sleep, adaptive or busy")?,
+                )
             }
             "--hugepages" => o.hugepages = Some(on_off(it.next(), "--hugepages")?),
             // Not in USAGE: init passes it on test images (`riceguard.selftest=hang`).
@@ -755,7 +755,7 @@ fn run(opts: Opts) -> Result<(), String> {
     g.io_uring = opts.io_uring.unwrap_or(g.io_uring);
     g.offload = opts.offload.unwrap_or(g.offload);
     g.tun_offload = opts.tun_offload.unwrap_or(g.tun_offload);
-    g.busy_poll = opts.busy_poll.unwrap_or(g.busy_poll);
+    g.poll = opts.poll.unwrap_or(g.poll);
     g.hugepages = opts.hugepages.unwrap_or(g.hugepages);
     let gw = cfg.gateway.clone();
 
@@ -889,7 +889,7 @@ fn run(opts: Opts) -> Result<(), String> {
 
     let mut handles = Vec::new();
     let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);
-    let busy_poll = gw.busy_poll;
+    let poll_mode = gw.poll;
     for (i, q) in tun.into_queues().into_iter().enumerate() {
         let sh = shared.clone();
         let board = board.clone();
@@ -932,7 +932,7 @@ fn run(opts: Opts) -> Result<(), String> {
                         Some(q)
                     };
                     if let Some(q) = q {
-                        worker::run(i, q, tun_offload, vnet_hdr, busy_poll, sh.clone());
+                        worker::run(i, q, tun_offload, vnet_hdr, poll_mode, sh.clone());
                     }
                     if sh.tun_gone.load(Ordering::Relaxed) {
                         let _ = nix::sys::signal::kill(nix::unistd::getpid(), Signal::SIGTERM);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use io_uring::cqueue;
 use nix::errno::Errno;
 
-use crate::core::config::GatewayConfig;
+use crate::core::config::{GatewayConfig, PollMode};
 use std::net::SocketAddr;
 
 use crate::core::device::{PeerAddr, SCRATCH_SIZE};
@@ -42,11 +42,23 @@ use crate::core::device::Device;
 
 /// How long one wait may block, so `stop` and socket changes are noticed.
 const WAIT: Duration = Duration::from_millis(100);
-/// After a round with traffic, keep polling the ring without sleeping this long: an
-/// answer (a ping reply from the stack, the next packet of a burst) usually comes within
-/// it, and a sleeping worker costs a wake-up per packet. Bounded, so an idle worker
-/// sleeps.
+/// `Poll = adaptive`: after a round with traffic, keep polling without sleeping this
+/// long: an answer (a ping reply from the stack, the next packet of a burst) usually
+/// comes within it, and a sleeping worker costs a wake-up per packet. Bounded, so an idle
+/// worker sleeps. Not the default: on cores shared with other work (our 2-core bench,
+/// where both tunnel ends and iperf3 run) the spinning took the time the other side
+/// needed — single-stream TCP fell from ~4000 to ~2500 Mbit/s and idle RTT rose from
+/// 0.37 to 0.82 ms.
 pub const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
+
+/// Whether a worker polls without sleeping now.
+pub fn spin_now(mode: PollMode, hot_until: Instant) -> bool {
+    match mode {
+        PollMode::Busy => true,
+        PollMode::Adaptive => Instant::now() < hot_until,
+        PollMode::Sleep => false,
+    }
+}
 /// Completions handled per reap (more stay in the CQ for the next round).
 const REAP: usize = 256;
 /// After this many receive errors in a row, pause re-arming for [`RECV_BACKOFF`].
@@ -60,8 +72,8 @@ pub struct UringWorkerConfig {
     pub ring: RingConfig,
     /// TUN reads kept in flight.
     pub tun_reads: u32,
-    /// `Poll = busy`: never sleep in the kernel (a dedicated core).
-    pub busy_poll: bool,
+    /// How the worker waits (`Poll =`).
+    pub poll: PollMode,
 }
 
 impl UringWorkerConfig {
@@ -82,7 +94,7 @@ impl UringWorkerConfig {
             pool,
             ring,
             tun_reads: quarter.min(64),
-            busy_poll: g.busy_poll,
+            poll: g.poll,
         }
     }
 }
@@ -251,7 +263,7 @@ pub fn run(
     log::log!(level, "worker {index}: {pool_line}");
     started(format!(
         "io_uring ({} wait{}{}), {} TUN reads in flight, {pool_line}",
-        if cfg.busy_poll { "busy" } else { "adaptive" },
+        cfg.poll.as_str(),
         if ring.sqpoll() { ", SQPOLL" } else { "" },
         if ring.defer_taskrun() {
             ", deferred task work"
@@ -320,7 +332,7 @@ pub fn run(
         }
         // Adaptive wait: poll (a zero-timeout enter, which also runs deferred task work)
         // while traffic is recent or the core is dedicated; otherwise sleep.
-        let wait = if cfg.busy_poll || Instant::now() < hot_until {
+        let wait = if spin_now(cfg.poll, hot_until) {
             Duration::ZERO
         } else {
             WAIT

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use crate::core::config::PollMode;
 use crate::core::device::Device;
 use crate::driver::offload_io::OffloadWorker;
-use crate::driver::uring_worker::ADAPTIVE_SPIN;
+use crate::driver::uring_worker::{spin_now, ADAPTIVE_SPIN};
 use crate::sys::tun::{TunOffload, TunQueue};
 use crate::sys::udp::UdpSocket;
 
@@ -156,7 +157,7 @@ pub fn run(
     tun: TunQueue,
     offload: TunOffload,
     vnet_hdr: bool,
-    busy_poll: bool,
+    poll_mode: PollMode,
     shared: Arc<Shared>,
 ) {
     let mut w = OffloadWorker::new(offload, vnet_hdr);
@@ -164,8 +165,8 @@ pub fn run(
     let (mut gen, mut socks) = shared.sockets.get();
     let mut sock = socks[index % socks.len()].clone();
     let tcp = shared.tcp.clone();
-    // Adaptive wait, as in the io_uring loop: poll without sleeping for a moment after
-    // traffic (or always, with `Poll = busy`).
+    // The wait, as in the io_uring loop: `Poll = adaptive` polls without sleeping for a
+    // moment after traffic, `busy` always, `sleep` (the default) never.
     let mut hot_until = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         // Every round, idle ones too (the wait below is at most 100 ms).
@@ -179,7 +180,7 @@ pub fn run(
                 PollFd::new(sock.as_fd(), PollFlags::POLLIN),
                 PollFd::new(tun.as_fd(), PollFlags::POLLIN),
             ];
-            let timeout = if busy_poll || Instant::now() < hot_until {
+            let timeout = if spin_now(poll_mode, hot_until) {
                 PollTimeout::ZERO
             } else {
                 PollTimeout::from(100u16)
