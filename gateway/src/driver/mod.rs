@@ -655,7 +655,7 @@ impl std::fmt::Display for BindError {
 }
 
 /// Bind `n` UDP sockets to one port with `SO_REUSEPORT` (dual-stack where IPv6 exists).
-/// Port 0 picks a free port for the first and binds the rest to the same. `gro`/`gso`
+/// Port 0 picks a port no one holds and binds all to it. `gro`/`gso`
 /// follow the configured offload level; the decision made at start is applied after.
 /// A port another program holds is refused even if that program also set
 /// `SO_REUSEPORT` (same user): the sockets would silently share its traffic.
@@ -676,16 +676,26 @@ pub fn bind_udp(
             e => std::io::Error::other(e.to_string()),
         })
     };
-    if port != 0 {
+    let probe = UdpOptions {
+        reuse_port: false,
+        gro: false,
+        gso: false,
+        pktinfo: false,
+        buffer_bytes: 0,
+    };
+    let mut port = port;
+    if port == 0 {
+        // Choose the port with an exclusive bind: the kernel may give a SO_REUSEPORT
+        // socket's port 0 the port of another program's SO_REUSEPORT socket (same user),
+        // and the two would split the traffic.
+        let s = UdpSocket::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)), &probe)
+            .or_else(|_| UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), &probe))
+            .map_err(udp_err)?;
+        port = s.local_addr().port();
+    }
+    {
         // An exclusive bind (no SO_REUSEPORT) fails if anyone holds the port; dropped
         // at once, so our own sockets can take it.
-        let probe = UdpOptions {
-            reuse_port: false,
-            gro: false,
-            gso: false,
-            pktinfo: false,
-            buffer_bytes: 0,
-        };
         let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
         if let Err(e) = UdpSocket::bind(any6, &probe) {
             let free_v4 = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)), &probe);
@@ -698,7 +708,6 @@ pub fn bind_udp(
         }
     }
     let mut socks = Vec::with_capacity(n);
-    let mut port = port;
     for _ in 0..n.max(1) {
         let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
         let s = match UdpSocket::bind(any6, &opts) {

@@ -804,10 +804,12 @@ mod tests {
         out
     }
 
-    /// `n` loopback sockets without GRO (so each datagram is received on its own).
+    /// `n` loopback sockets without GRO (so each datagram is received on its own) and
+    /// without `SO_REUSEPORT` (which lets the kernel give another test the same port).
     fn loopback(n: usize) -> Vec<UdpSocket> {
         let opts = UdpOptions {
             gro: false,
+            reuse_port: false,
             ..UdpOptions::default()
         };
         (0..n)
@@ -1122,6 +1124,7 @@ mod tests {
         let opts = UdpOptions {
             gso: offload,
             gro: offload,
+            reuse_port: false,
             ..UdpOptions::default()
         };
         let sock_a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");

@@ -612,7 +612,10 @@ mod tests {
             let (ka, kb) = (Key::generate_private(), Key::generate_private());
             let sock_a = UdpSocket::bind(
                 "127.0.0.1:0".parse().expect("literal"),
-                &crate::sys::udp::UdpOptions::default(),
+                &crate::sys::udp::UdpOptions {
+                    reuse_port: false, // no port shared with another test
+                    ..crate::sys::udp::UdpOptions::default()
+                },
             )
             .expect("bind a");
             let sock_b = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind b");

@@ -944,11 +944,18 @@ fn get_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc:
 mod tests {
     use super::*;
 
-    fn loopback(gro: bool) -> UdpSocket {
-        let opts = UdpOptions {
-            gro,
+    /// Test sockets on port 0 without `SO_REUSEPORT`: with it, the kernel may hand two
+    /// unrelated sockets (two tests running at once) the same ephemeral port and split
+    /// the datagrams between them.
+    fn test_opts() -> UdpOptions {
+        UdpOptions {
+            reuse_port: false,
             ..UdpOptions::default()
-        };
+        }
+    }
+
+    fn loopback(gro: bool) -> UdpSocket {
+        let opts = UdpOptions { gro, ..test_opts() };
         UdpSocket::bind("127.0.0.1:0".parse().expect("addr"), &opts).expect("bind")
     }
 
@@ -997,7 +1004,7 @@ mod tests {
 
     #[test]
     fn dual_stack_maps_ipv4() {
-        let opts = UdpOptions::default();
+        let opts = test_opts();
         let s6 = UdpSocket::bind("[::]:0".parse().expect("addr"), &opts).expect("bind v6");
         let a = loopback(false);
         let port = s6.local_addr().port();
@@ -1017,8 +1024,8 @@ mod tests {
 
     #[test]
     fn reuse_port_lets_workers_share() {
-        let a = loopback(false);
         let opts = UdpOptions::default();
+        let a = UdpSocket::bind("127.0.0.1:0".parse().expect("addr"), &opts).expect("bind");
         let b = UdpSocket::bind(a.local_addr(), &opts).expect("second bind on the same port");
         assert_eq!(a.local_addr(), b.local_addr());
     }
@@ -1184,8 +1191,8 @@ mod tests {
 
     #[test]
     fn pktinfo_replies_leave_from_the_address_used() {
-        let any = UdpSocket::bind("0.0.0.0:0".parse().expect("addr"), &UdpOptions::default())
-            .expect("bind any");
+        let any =
+            UdpSocket::bind("0.0.0.0:0".parse().expect("addr"), &test_opts()).expect("bind any");
         let port = any.local_addr().port();
         let client = loopback(false);
         // 127.0.0.2 is local too (all of 127/8 is), but not what routing picks for replies.
@@ -1232,8 +1239,8 @@ mod tests {
 
     #[test]
     fn pktinfo_dual_stack() {
-        let any = UdpSocket::bind("[::]:0".parse().expect("addr"), &UdpOptions::default())
-            .expect("bind any6");
+        let any =
+            UdpSocket::bind("[::]:0".parse().expect("addr"), &test_opts()).expect("bind any6");
         let port = any.local_addr().port();
         let client = loopback(false);
         client
@@ -1248,8 +1255,7 @@ mod tests {
         let got = collect(&client, 1);
         assert_eq!(got[0].src, SocketAddr::from(([127, 0, 0, 3], port)));
         // And IPv6.
-        let c6 = UdpSocket::bind("[::1]:0".parse().expect("addr"), &UdpOptions::default())
-            .expect("bind ::1");
+        let c6 = UdpSocket::bind("[::1]:0".parse().expect("addr"), &test_opts()).expect("bind ::1");
         c6.send_to(b"v6", SocketAddr::from((Ipv6Addr::LOCALHOST, port)))
             .expect("send6");
         wait_readable(&any);
