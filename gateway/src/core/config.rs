@@ -112,6 +112,9 @@ pub struct GatewayConfig {
     pub io_uring: bool,
     /// How an idle worker waits (`Poll =`).
     pub poll: PollMode,
+    /// `SqPoll = on`: each io_uring gets a kernel thread that polls its submission queue
+    /// (no `io_uring_enter` to submit; for dedicated cores, costs a busy kernel thread).
+    pub sqpoll: bool,
     pub offload: OffloadMode,
     pub tun_offload: bool,
     pub hugepages: bool,
@@ -139,6 +142,7 @@ impl Default for GatewayConfig {
             cores: Vec::new(),
             io_uring: true,
             poll: PollMode::Sleep,
+            sqpoll: false,
             offload: OffloadMode::Auto,
             tun_offload: true,
             hugepages: true,

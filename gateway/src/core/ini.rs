@@ -78,7 +78,7 @@ struct PeerDraft {
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored)";
 const PEER_KEYS: &str =
     "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -362,6 +362,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             (Section::Peer, "tcpport") => Some("TcpPort"),
             (Section::Gateway, "interfacename") => Some("InterfaceName"),
             (Section::Gateway, "iouring") => Some("IoUring"),
+            (Section::Gateway, "poll") => Some("Poll"),
+            (Section::Gateway, "sqpoll") => Some("SqPoll"),
             (Section::Gateway, "offload") => Some("Offload"),
             (Section::Gateway, "tunoffload") => Some("TunOffload"),
             (Section::Gateway, "hugepages") => Some("HugePages"),
@@ -458,6 +460,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         }
                     }
                     "iouring" => g.io_uring = on_off(v).map_err(e)?,
+                    "sqpoll" => g.sqpoll = on_off(v).map_err(e)?,
                     "poll" => {
                         g.poll = crate::core::config::PollMode::parse(v).ok_or_else(|| {
                             e(format!(
@@ -596,6 +599,9 @@ pub fn emit(cfg: &Config) -> String {
     list_lines(&mut gs, "Cores", &g.cores);
     if g.io_uring != d.io_uring {
         let _ = writeln!(gs, "IoUring = {}", on_off_str(g.io_uring));
+    }
+    if g.sqpoll != d.sqpoll {
+        let _ = writeln!(gs, "SqPoll = {}", on_off_str(g.sqpoll));
     }
     if g.poll != d.poll {
         let _ = writeln!(gs, "Poll = {}", g.poll.as_str());
@@ -754,6 +760,7 @@ pub(crate) mod tests {
             g.cores = (0..n as usize).map(|i| i * 2 + 1).collect();
         }
         g.io_uring = !rng.chance(3);
+        g.sqpoll = rng.chance(4);
         g.poll = [
             crate::core::config::PollMode::Sleep,
             crate::core::config::PollMode::Adaptive,

@@ -51,6 +51,10 @@ const WAIT: Duration = Duration::from_millis(100);
 /// 0.37 to 0.82 ms.
 pub const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
 
+/// `SqPoll = on`: how long the kernel's submission-polling thread spins idle before it
+/// sleeps (and the next submit wakes it with one `io_uring_enter`).
+const SQPOLL_IDLE_MS: u32 = 50;
+
 /// Whether a worker polls without sleeping now.
 pub fn spin_now(mode: PollMode, hot_until: Instant) -> bool {
     match mode {
@@ -88,6 +92,8 @@ impl UringWorkerConfig {
         let ring = RingConfig {
             recv_buffers: recv,
             max_in_flight: g.buffers.clamp(16, 4096),
+            // The kernel thread sleeps after this long without submissions.
+            sqpoll_idle_ms: g.sqpoll.then_some(SQPOLL_IDLE_MS),
             ..RingConfig::default()
         };
         UringWorkerConfig {
@@ -511,6 +517,12 @@ mod tests {
         assert!(c.pool.hugepages);
         assert_eq!(c.ring.recv_buffers, 256);
         assert_eq!(c.tun_reads, 64);
+        assert_eq!(c.ring.sqpoll_idle_ms, None, "SQPOLL only when asked for");
+        g.sqpoll = true;
+        assert_eq!(
+            UringWorkerConfig::from_gateway(&g).ring.sqpoll_idle_ms,
+            Some(SQPOLL_IDLE_MS)
+        );
         g.buffers = 20;
         g.hugepages = false;
         let c = UringWorkerConfig::from_gateway(&g);
