@@ -1064,6 +1064,55 @@ fn steer_rps(gw: Option<&GatewayConfig>, board: &Board) {
         }
     }
     say!("rps: {n} {dev} rx queues -> cpus {cores:?} (mask {mask})");
+    // XPS: each transmit queue is used by one data-plane core, so a worker's sends stay
+    // on its own queue (no lock shared with another core's transmits).
+    let mut txq: Vec<usize> = std::fs::read_dir(format!("/sys/class/net/{dev}/queues"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|q| {
+                    q.file_name()
+                        .to_string_lossy()
+                        .strip_prefix("tx-")
+                        .and_then(|i| i.parse().ok())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    txq.sort_unstable();
+    let mut set = 0;
+    for (q, m) in xps_plan(&txq, &cores) {
+        let path = format!("/sys/class/net/{dev}/queues/tx-{q}/xps_cpus");
+        if std::fs::write(path, &m).is_ok() {
+            set += 1;
+        }
+    }
+    say!(
+        "xps: {set} of {} {dev} tx queues -> one data-plane core each",
+        txq.len()
+    );
+}
+
+/// Transmit queue -> the CPU mask of the data-plane core that sends on it: queues in
+/// order, cores taken round-robin (with more cores than queues, a queue gets several).
+fn xps_plan(queues: &[usize], cores: &[usize]) -> Vec<(usize, String)> {
+    if queues.is_empty() || cores.is_empty() {
+        return Vec::new();
+    }
+    let mut per: Vec<Vec<usize>> = vec![Vec::new(); queues.len()];
+    for (i, &c) in cores.iter().enumerate() {
+        per[i % queues.len()].push(c);
+    }
+    queues
+        .iter()
+        .zip(per)
+        .enumerate()
+        .map(|(i, (&q, mut cs))| {
+            if cs.is_empty() {
+                cs.push(cores[i % cores.len()]);
+            }
+            (q, board::cpu_mask(&cs))
+        })
+        .collect()
 }
 
 /// One look at the gateway for the health watch: its UAPI answer and the worker
@@ -1215,6 +1264,17 @@ impl Watchdog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xps_one_core_per_queue() {
+        let m = |c: &[usize]| board::cpu_mask(c);
+        assert_eq!(
+            xps_plan(&[0, 1, 2, 3], &[1, 2]),
+            vec![(0, m(&[1])), (1, m(&[2])), (2, m(&[1])), (3, m(&[2]))]
+        );
+        assert_eq!(xps_plan(&[0], &[0, 1]), vec![(0, m(&[0, 1]))]);
+        assert!(xps_plan(&[], &[1]).is_empty());
+    }
 
     /// The reservation follows Cores and Buffers: 1024 buffers of 68 KiB are 34 pages of
     /// 2 MiB per worker (the qemu board's fixed 32 was short by 2 for one worker).
