@@ -88,8 +88,10 @@ pub trait Io {
     /// Write one decrypted IP packet to the TUN.
     fn tun_write(&mut self, packet: &[u8]);
     /// Room for the next message to `to`, at least `max` bytes, where it will be sent
-    /// from; `None`: the device uses its scratch buffer and [`Io::send`].
-    fn send_slot(&mut self, _to: PeerAddr, _max: usize) -> Option<&mut [u8]> {
+    /// from; `expected` is the size it will most likely have (the data packet's), which
+    /// decides whether it can join a batch. `None`: the device uses its scratch buffer
+    /// and [`Io::send`].
+    fn send_slot(&mut self, _to: PeerAddr, _expected: usize, _max: usize) -> Option<&mut [u8]> {
         None
     }
     /// The first `len` bytes of the last `send_slot` are a message for `to`.
@@ -615,8 +617,8 @@ impl Device {
             DropCounters::bump(&self.drops.no_endpoint);
             return;
         };
-        let room = (padded + 32).max(HANDSHAKE_INIT_LEN);
-        if let Some(slot) = io.send_slot(ep, room) {
+        let expected = padded + 32;
+        if let Some(slot) = io.send_slot(ep, expected, expected.max(HANDSHAKE_INIT_LEN)) {
             let written = match st.tunn.encapsulate(src, slot) {
                 TunnResult::WriteToNetwork(d) => Some((d.first().copied(), d.len())),
                 TunnResult::Err(_) => {

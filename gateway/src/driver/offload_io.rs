@@ -137,22 +137,21 @@ impl<B> TxBatch<B> {
     }
 
     /// Room for the next datagram to `dst` (at least `max` bytes) at the end of the
-    /// batch, starting a new batch when it cannot join; the device encrypts into it and
-    /// then calls [`Self::commit`]. `None` when no buffer is left.
+    /// batch, starting a new batch when one of `expected` bytes cannot join; the device
+    /// encrypts into it and then calls [`Self::commit`]. `None` when no buffer is left.
     pub fn slot<'s, K: Backend<Buf = B>>(
         &'s mut self,
         be: &'s mut K,
         dst: SocketAddr,
+        expected: usize,
         max: usize,
     ) -> Option<&'s mut [u8]> {
         if max > GSO_BUF {
             return None;
         }
-        let fits = |b: &GsoBatch| b.destination() == dst && b.size() + max <= GSO_BUF;
-        let joins = self
-            .cur
-            .as_ref()
-            .is_some_and(|(_, b)| fits(b) && b.can_push(1));
+        let joins = self.cur.as_ref().is_some_and(|(_, b)| {
+            b.destination() == dst && b.size() + max <= GSO_BUF && b.can_push(expected)
+        });
         if !joins {
             self.flush(be);
             let buf = be.alloc()?;
@@ -174,16 +173,15 @@ impl<B> TxBatch<B> {
             b.push(len);
             return;
         }
-        // Rare (only small messages get here: data sizes are what the batch expects):
-        // take the bytes out, send the batch, queue them anew.
+        // Rare (a handshake initiation written where a data packet was expected): move
+        // the bytes to a buffer of their own, send the batch, then them.
         let at = b.size();
-        let mut tmp = [0u8; 256];
-        let Some(t) = tmp.get_mut(..len) else {
+        let Some(mut own) = be.alloc() else {
             return;
         };
-        t.copy_from_slice(&be.bytes(buf)[at..at + len]);
+        be.bytes(&mut own)[..len].copy_from_slice(&be.bytes(buf)[at..at + len]);
         self.flush(be);
-        self.push(be, dst, &tmp[..len]);
+        be.send(own, len, dst, len);
     }
 
     /// Send what is queued.
@@ -360,9 +358,9 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
         self.rx.push(self.be, p);
     }
 
-    fn send_slot(&mut self, to: PeerAddr, max: usize) -> Option<&mut [u8]> {
+    fn send_slot(&mut self, to: PeerAddr, expected: usize, max: usize) -> Option<&mut [u8]> {
         match to {
-            PeerAddr::Udp(a) => self.tx.slot(self.be, a, max),
+            PeerAddr::Udp(a) => self.tx.slot(self.be, a, expected, max),
             PeerAddr::Tcp { .. } => None,
         }
     }
@@ -851,6 +849,37 @@ mod tests {
             3,
             "buffers are reused, not allocated per batch"
         );
+    }
+
+    /// The device writes into batch slots: small datagrams, then a larger one to the same
+    /// place, then one bigger than the device expected (a handshake where data was due).
+    /// Each must arrive; the larger one may not join a batch of smaller segments.
+    #[test]
+    fn tx_batch_slots_of_mixed_sizes_all_arrive() {
+        let s = loopback(2);
+        let (a, b) = (&s[0], &s[1]);
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
+        let mut be = SyscallBackend {
+            sock: a,
+            tun: None,
+            spare: &mut spare,
+            pending: &mut pending,
+            stats: &mut stats,
+        };
+        let mut tx = TxBatch::new();
+        let dst = b.local_addr();
+        for (expected, actual, fill) in [(80, 80, 1u8), (80, 80, 2), (1000, 1000, 3), (80, 148, 4)]
+        {
+            let slot = tx
+                .slot(&mut be, dst, expected, 148.max(expected))
+                .expect("slot");
+            slot[..actual].fill(fill);
+            tx.commit(&mut be, dst, actual);
+        }
+        tx.flush(&mut be);
+        be.submit();
+        assert_eq!(recv_all(b, 80 + 80 + 1000 + 148), [80, 80, 1000, 148]);
+        assert_eq!(be.dropped(), 0);
     }
 
     /// Without GSO (demoted, or `Offload = mmsg`) a batch still carries many datagrams:
