@@ -288,6 +288,7 @@ impl Sim {
             endpoint: Some(Endpoint::Addr(udp(ep))),
             persistent_keepalive: None,
             tcp_port: None,
+            name: None,
         };
         let dev = |own: Key, peers: Vec<PeerConfig>| {
             let mut c = Config::default();

@@ -51,6 +51,7 @@ pub fn uapi_base() -> Config {
         endpoint: ep.and_then(|e| e.parse().ok()).map(Endpoint::Addr),
         persistent_keepalive: Some(25),
         tcp_port: None,
+        name: None,
     };
     c.peers = vec![
         peer(1, &["10.0.0.1/32", "fd00::1/128"], Some("192.0.2.1:51820")),

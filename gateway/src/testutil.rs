@@ -41,6 +41,7 @@ pub fn one_peer_device(
         endpoint: Some(Endpoint::Addr(ep)),
         persistent_keepalive: keepalive,
         tcp_port: None,
+        name: None,
     });
     let d = Device::new();
     d.reconfigure(&c).expect("one-peer test config");

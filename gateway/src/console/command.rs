@@ -581,6 +581,7 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 endpoint: None,
                 persistent_keepalive: None,
                 tcp_port: None,
+                name: None,
             });
             match *field {
                 // Stored masked (10.0.0.1/24 -> 10.0.0.0/24), as the kernel, `wg` and the

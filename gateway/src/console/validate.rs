@@ -285,6 +285,7 @@ mod tests {
             endpoint: None,
             persistent_keepalive: None,
             tcp_port: None,
+            name: None,
         }
     }
 

@@ -46,6 +46,9 @@ pub struct PeerConfig {
     pub persistent_keepalive: Option<u16>,
     /// TCP port to use for this peer's fallback (`TcpPort =`); default is the endpoint's port.
     pub tcp_port: Option<u16>,
+    /// `Name = phone`: the console's handle for a client (`add client NAME`); riceguard's
+    /// extension, not sent over UAPI. 1-32 of `A-Za-z0-9._-`, unique among the peers.
+    pub name: Option<String>,
 }
 
 /// A peer endpoint as written: either an address or a name to resolve.
@@ -131,8 +134,23 @@ pub struct GatewayConfig {
     pub uplink: String,
     /// Static addresses for the uplink (`UplinkAddress = 192.0.2.2/24`); empty: leave as is.
     pub uplink_addresses: Vec<Cidr>,
-    /// Default gateway for the uplink (`UplinkGateway = 192.0.2.1`).
+    /// Default gateway for the uplink (`UplinkGateway = 192.0.2.1`). With no
+    /// `UplinkAddress` the uplink is configured by DHCP (and SLAAC for IPv6).
     pub uplink_gateway: Option<std::net::IpAddr>,
+    /// Two-armed deployment: the LAN port (`Lan = eth1`), routed to and from the tunnel.
+    /// Empty: one-armed (the uplink is the LAN).
+    pub lan: String,
+    /// Addresses of the LAN port (`LanAddress = 192.168.50.1/24`).
+    pub lan_addresses: Vec<Cidr>,
+    /// `ProxyArp = on` (default): answer ARP/NDP on the uplink and LAN port for peer host
+    /// addresses (`/32`, `/128` allowed IPs) inside those ports' subnets, so LAN hosts reach
+    /// peers numbered from the LAN subnet without routes (the one-armed deployment).
+    pub proxy_arp: bool,
+    /// What `add client` prints as the client's `Endpoint` (`PublicEndpoint =
+    /// vpn.example.net:51820`); unset: the uplink's address and the listen port.
+    pub public_endpoint: Option<Endpoint>,
+    /// `DNS =` line of the configurations `add client` prints (`ClientDns = 192.168.1.1`).
+    pub client_dns: Vec<std::net::IpAddr>,
 }
 
 impl Default for GatewayConfig {
@@ -153,6 +171,11 @@ impl Default for GatewayConfig {
             uplink: String::new(),
             uplink_addresses: Vec::new(),
             uplink_gateway: None,
+            lan: String::new(),
+            lan_addresses: Vec::new(),
+            proxy_arp: true,
+            public_endpoint: None,
+            client_dns: Vec::new(),
         }
     }
 }
@@ -232,6 +255,13 @@ impl FromStr for Endpoint {
     }
 }
 
+/// A peer's console name: 1-32 of `A-Za-z0-9._-`, not starting with `-` or `.`.
+pub fn valid_peer_name(s: &str) -> bool {
+    (1..=32).contains(&s.len())
+        && !s.starts_with(['-', '.'])
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// A Linux interface name: 1-15 bytes, no `/`, `:`, whitespace or control characters,
 /// not `.` or `..`.
 pub fn valid_ifname(s: &str) -> bool {
@@ -265,8 +295,12 @@ pub enum ValidationError {
     MtuTooSmallForIpv6 { mtu: u16, what: Cidr },
     /// No `PrivateKey` in `[Interface]`: the tunnel cannot be brought up.
     MissingPrivateKey,
-    /// `[Gateway] InterfaceName` or `Uplink` is not a valid Linux interface name.
+    /// `[Gateway] InterfaceName`, `Uplink` or `Lan` is not a valid Linux interface name.
     InvalidInterfaceName { name: String },
+    /// `Lan` names the uplink itself (one-armed is `Lan` unset).
+    LanIsUplink { name: String },
+    /// A peer `Name` outside 1-32 of `A-Za-z0-9._-`.
+    InvalidPeerName { name: String },
     /// A list holds the same value twice (`what` names the setting).
     DuplicateValue { what: &'static str, value: String },
 }
@@ -304,6 +338,15 @@ impl fmt::Display for ValidationError {
             ValidationError::InvalidInterfaceName { name } => write!(
                 f,
                 "`{name}` is not a valid interface name (1-15 characters, no spaces, `/` or `:`)"
+            ),
+            ValidationError::LanIsUplink { name } => write!(
+                f,
+                "Lan = {name} is the uplink too; leave Lan unset for the one-armed deployment"
+            ),
+            ValidationError::InvalidPeerName { name } => write!(
+                f,
+                "peer name `{}` is not valid (1-32 letters, digits, `.`, `_` or `-`, not starting with `.` or `-`)",
+                name.escape_debug()
             ),
             ValidationError::DuplicateValue { what, value } => {
                 write!(f, "{what} lists {value} twice")
@@ -386,10 +429,28 @@ impl Config {
                 name: g.interface_name.clone(),
             });
         }
-        if !g.uplink.is_empty() && !valid_ifname(&g.uplink) {
-            return Err(ValidationError::InvalidInterfaceName {
-                name: g.uplink.clone(),
-            });
+        for n in [&g.uplink, &g.lan] {
+            if !n.is_empty() && !valid_ifname(n) {
+                return Err(ValidationError::InvalidInterfaceName { name: n.clone() });
+            }
+        }
+        if !g.lan.is_empty() && g.lan == g.uplink {
+            return Err(ValidationError::LanIsUplink { name: g.lan.clone() });
+        }
+        let mut names: Vec<&str> = Vec::new();
+        for p in &self.peers {
+            if let Some(n) = &p.name {
+                if !valid_peer_name(n) {
+                    return Err(ValidationError::InvalidPeerName { name: n.clone() });
+                }
+                if names.contains(&n.as_str()) {
+                    return Err(ValidationError::DuplicateValue {
+                        what: "peer Name",
+                        value: n.clone(),
+                    });
+                }
+                names.push(n);
+            }
         }
         if let Some(d) = first_duplicate(&g.cores) {
             return Err(ValidationError::DuplicateValue {
@@ -428,6 +489,7 @@ mod tests {
             endpoint: None,
             persistent_keepalive: None,
             tcp_port: None,
+            name: None,
         }
     }
 

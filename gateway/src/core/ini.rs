@@ -73,12 +73,13 @@ struct PeerDraft {
     endpoint: Option<Endpoint>,
     persistent_keepalive: Option<u16>,
     tcp_port: Option<u16>,
+    name: Option<String>,
 }
 
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored)";
 const PEER_KEYS: &str =
-    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway";
+    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -255,6 +256,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             endpoint: d.endpoint,
             persistent_keepalive: d.persistent_keepalive,
             tcp_port: d.tcp_port,
+            name: d.name,
         });
         Ok(())
     };
@@ -322,6 +324,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         endpoint: None,
                         persistent_keepalive: None,
                         tcp_port: None,
+                        name: None,
                     });
                     Section::Peer
                 }
@@ -360,6 +363,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             (Section::Peer, "endpoint") => Some("Endpoint"),
             (Section::Peer, "persistentkeepalive") => Some("PersistentKeepalive"),
             (Section::Peer, "tcpport") => Some("TcpPort"),
+            (Section::Peer, "name") => Some("Name"),
             (Section::Gateway, "interfacename") => Some("InterfaceName"),
             (Section::Gateway, "iouring") => Some("IoUring"),
             (Section::Gateway, "poll") => Some("Poll"),
@@ -372,6 +376,9 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             (Section::Gateway, "bbrrttms") => Some("BbrRttMs"),
             (Section::Gateway, "uplink") => Some("Uplink"),
             (Section::Gateway, "uplinkgateway") => Some("UplinkGateway"),
+            (Section::Gateway, "lan") => Some("Lan"),
+            (Section::Gateway, "proxyarp") => Some("ProxyArp"),
+            (Section::Gateway, "publicendpoint") => Some("PublicEndpoint"),
             _ => None,
         };
         if let Some(name) = single {
@@ -444,6 +451,15 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         }
                     }
                     "tcpport" => d.tcp_port = Some(port(v).map_err(e)?),
+                    "name" => {
+                        if !crate::core::config::valid_peer_name(v) {
+                            return Err(e(format!(
+                                "expected 1-32 letters, digits, `.`, `_` or `-`, got {}",
+                                shown(v)
+                            )));
+                        }
+                        d.name = Some(v.to_string());
+                    }
                     _ => return Err(e(format!("unknown key in [Peer]; allowed are {PEER_KEYS}"))),
                 }
             }
@@ -510,6 +526,36 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                                     shown(v)
                                 ))
                             })?)
+                        }
+                    }
+                    "lan" => {
+                        g.lan = if v.is_empty() {
+                            String::new()
+                        } else {
+                            ifname(v).map_err(e)?
+                        }
+                    }
+                    "lanaddress" => g.lan_addresses.extend(cidrs(v).map_err(e)?),
+                    "proxyarp" => g.proxy_arp = on_off(v).map_err(e)?,
+                    "publicendpoint" => {
+                        g.public_endpoint = if v.is_empty() {
+                            None
+                        } else {
+                            Some(v.parse::<Endpoint>().map_err(|x| e(x.to_string()))?)
+                        }
+                    }
+                    "clientdns" => {
+                        for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                            let ip = a.parse::<IpAddr>().map_err(|_| {
+                                e(format!(
+                                    "expected IP addresses such as 192.168.1.1, got {}",
+                                    shown(a)
+                                ))
+                            })?;
+                            if g.client_dns.contains(&ip) {
+                                return Err(e(format!("{ip} is listed twice")));
+                            }
+                            g.client_dns.push(ip);
                         }
                     }
                     _ => {
@@ -589,6 +635,9 @@ pub fn emit(cfg: &Config) -> String {
         if let Some(t) = p.tcp_port {
             let _ = writeln!(s, "TcpPort = {t}");
         }
+        if let Some(n) = &p.name {
+            let _ = writeln!(s, "Name = {n}");
+        }
     }
     let g = &cfg.gateway;
     let d = GatewayConfig::default();
@@ -638,6 +687,17 @@ pub fn emit(cfg: &Config) -> String {
     if let Some(gw) = g.uplink_gateway {
         let _ = writeln!(gs, "UplinkGateway = {gw}");
     }
+    if g.lan != d.lan {
+        let _ = writeln!(gs, "Lan = {}", g.lan);
+    }
+    list_lines(&mut gs, "LanAddress", &g.lan_addresses);
+    if g.proxy_arp != d.proxy_arp {
+        let _ = writeln!(gs, "ProxyArp = {}", on_off_str(g.proxy_arp));
+    }
+    if let Some(e) = &g.public_endpoint {
+        let _ = writeln!(gs, "PublicEndpoint = {e}");
+    }
+    list_lines(&mut gs, "ClientDns", &g.client_dns);
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
@@ -720,6 +780,7 @@ pub(crate) mod tests {
                 endpoint: None,
                 persistent_keepalive: None,
                 tcp_port: None,
+                name: None,
             };
             if rng.chance(2) {
                 p.preshared_key = Some(rng.key());
@@ -749,6 +810,9 @@ pub(crate) mod tests {
             if rng.chance(4) {
                 p.tcp_port = Some(rng.port());
             }
+            if rng.chance(2) {
+                p.name = Some(format!("client-{}", c.peers.len()));
+            }
             c.peers.push(p);
         }
         let g = &mut c.gateway;
@@ -774,6 +838,20 @@ pub(crate) mod tests {
         ][rng.below(4) as usize];
         g.tun_offload = !rng.chance(3);
         g.hugepages = !rng.chance(3);
+        if rng.chance(3) {
+            g.lan = "eth1".into();
+            g.lan_addresses.push(rng.cidr(false));
+        }
+        g.proxy_arp = !rng.chance(3);
+        if rng.chance(3) {
+            g.public_endpoint = Some(Endpoint::Name {
+                host: format!("vpn{}.example.net", rng.below(1000)),
+                port: rng.port(),
+            });
+        }
+        if rng.chance(3) {
+            g.client_dns.push(rng.cidr(false).addr);
+        }
         if rng.chance(3) {
             g.buffers = 1 + rng.below(1 << 20) as u32;
         }
@@ -973,6 +1051,7 @@ pub(crate) mod tests {
             endpoint: None,
             persistent_keepalive: None,
             tcp_port: None,
+            name: None,
         });
         let text = emit(&c);
         assert!(text.lines().all(|l| l.len() < 1100));

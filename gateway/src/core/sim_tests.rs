@@ -269,6 +269,7 @@ fn hostile_datagrams_are_dropped_and_counted() {
         endpoint: Some(Endpoint::Addr(b.addr)),
         persistent_keepalive: None,
         tcp_port: None,
+        name: None,
     });
     stranger.dev.reconfigure(&c).unwrap();
     send_tun(
@@ -337,6 +338,7 @@ fn reconfigure_keeps_sessions_of_unchanged_peers() {
         endpoint: None,
         persistent_keepalive: None,
         tcp_port: None,
+        name: None,
     });
     b.dev.reconfigure(&c).unwrap();
     b.wire.tun.clear();
@@ -492,6 +494,7 @@ fn peer_indexes_are_random_and_distinct() {
             endpoint: None,
             persistent_keepalive: None,
             tcp_port: None,
+            name: None,
         });
     }
     let d = Device::new();

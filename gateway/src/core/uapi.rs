@@ -518,6 +518,7 @@ pub fn apply_set(cfg: &Config, req: &SetRequest) -> Result<Config, UapiError> {
                     endpoint: None,
                     persistent_keepalive: None,
                     tcp_port: None,
+                    name: None,
                 }));
                 live += 1;
                 let i = peers.len() - 1;
@@ -1035,6 +1036,7 @@ mod tests {
                 endpoint: Some(Endpoint::Addr("192.0.2.1:51820".parse().unwrap())),
                 persistent_keepalive: Some(25),
                 tcp_port: Some(443),
+                name: None,
             },
             PeerConfig {
                 public_key: k(2),
@@ -1043,6 +1045,7 @@ mod tests {
                 endpoint: None,
                 persistent_keepalive: None,
                 tcp_port: None,
+                name: None,
             },
         ];
         cfg
