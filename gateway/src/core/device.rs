@@ -180,8 +180,10 @@ pub struct PeerState {
     pub endpoint: Option<PeerAddr>,
     pub preshared_key: Option<Key>,
     pub persistent_keepalive: Option<u16>,
-    /// Wall-clock time of the last completed handshake (UAPI `last_handshake_time`).
-    pub last_handshake: Option<SystemTime>,
+    /// When the last handshake completed, on the device's monotonic clock (the `now` of
+    /// `update_timers`); `peer_stats` turns it into wall-clock time with the caller's
+    /// clock (UAPI `last_handshake_time`): core reads no clock.
+    pub last_handshake: Option<Duration>,
     /// Bytes of WireGuard messages sent and received (UAPI `tx_bytes`/`rx_bytes`).
     pub tx_bytes: u64,
     pub rx_bytes: u64,
@@ -808,13 +810,12 @@ impl Device {
         match verdict {
             Verdict::HandshakeCompleted => {
                 st.events.handshakes_answered[tidx(&from)] += 1;
-                st.last_handshake = Some(SystemTime::now());
+                st.last_handshake = Some(self.device_now());
                 note = Some(Note::HandshakeCompleted);
             }
-            Verdict::HandshakeAnswered => st.last_handshake = Some(SystemTime::now()),
+            Verdict::HandshakeAnswered => st.last_handshake = Some(self.device_now()),
             Verdict::Data { keepalive: false } if st.keepalive_owed_since.is_none() => {
-                st.keepalive_owed_since =
-                    Some(Duration::from_millis(self.tick_ms.load(Ordering::Relaxed)));
+                st.keepalive_owed_since = Some(self.device_now());
             }
             _ => {}
         }
@@ -925,8 +926,8 @@ impl Device {
                 }
             }
             if let Some(age) = session_age {
-                // Keep the wall-clock handshake time in step with boringtun's view.
-                st.last_handshake = SystemTime::now().checked_sub(age);
+                // Keep the handshake time in step with boringtun's view.
+                st.last_handshake = Some(now.saturating_sub(age));
             }
         }
         for k in established_now {
@@ -986,9 +987,17 @@ impl Device {
         Some((st.events, st.endpoint))
     }
 
-    /// Per-peer figures for `wg show` and the console.
-    pub fn peer_stats(&self) -> Vec<PeerStats> {
+    /// The device's monotonic time: the `now` of the last `update_timers` (a tick old at
+    /// most).
+    fn device_now(&self) -> Duration {
+        Duration::from_millis(self.tick_ms.load(Ordering::Relaxed))
+    }
+
+    /// Per-peer figures for `wg show` and the console; `wall_now` is the caller's
+    /// wall-clock time, which dates the last handshake.
+    pub fn peer_stats(&self, wall_now: SystemTime) -> Vec<PeerStats> {
         let table = self.snapshot();
+        let dev_now = self.device_now();
         table
             .peers()
             .iter()
@@ -998,7 +1007,9 @@ impl Device {
                     public_key: p.public_key,
                     preshared_key: st.preshared_key,
                     endpoint: st.endpoint,
-                    last_handshake: st.last_handshake,
+                    last_handshake: st
+                        .last_handshake
+                        .and_then(|t| wall_now.checked_sub(dev_now.saturating_sub(t))),
                     tx_bytes: st.tx_bytes,
                     rx_bytes: st.rx_bytes,
                     persistent_keepalive: st.persistent_keepalive,
