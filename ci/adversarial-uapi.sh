@@ -18,18 +18,15 @@
 # exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init adversarial-uapi
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}" 2>/dev/null)
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release -p riceguard)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 WORK=$(mktemp -d /tmp/rg-adv-uapi.XXXXXX)
 A=rgauA$$ B=rgauB$$
 IA=rgau$$a IB=rgau$$b
 SOCK=/var/run/wireguard/$IA.sock
 PORT=51830 PORT_UDP_BUSY=51899 PORT_TCP_BUSY=51898 PORT_FREE=51897
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     local p
@@ -39,9 +36,9 @@ cleanup() {
     rm -f "$SOCK" /var/run/wireguard/$IB.sock
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
+at_exit cleanup
 
-ip netns add $A && ip netns add $B || { echo "0 passed, 1 failed (netns)"; exit 1; }
+ip netns add $A && ip netns add $B || h_abort "cannot create namespaces"
 ip link add va$$ netns $A type veth peer name vb$$ netns $B
 ip -n $A addr add 10.96.0.1/24 dev va$$
 ip -n $B addr add 10.96.0.2/24 dev vb$$
@@ -211,5 +208,4 @@ fi
 kill -0 $RGPID 2>/dev/null && ok "daemon still running" || bad "daemon died"
 
 echo
-echo "adversarial-uapi: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

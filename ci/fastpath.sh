@@ -9,16 +9,13 @@
 # Needs root, wireguard-tools, wireguard-go, iperf3, ethtool. Prints "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init fastpath
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}")
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 WORK=$(mktemp -d /tmp/rg-fastpath.XXXXXX)
 A=rgpA B=rgpB
 IA=rgp$$a IB=rgp$$b
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 stop_daemons() {
     local p
@@ -32,7 +29,7 @@ cleanup() {
     rm -f /var/run/wireguard/$IA.sock /var/run/wireguard/$IB.sock
     rm -rf "$WORK"
 }
-trap cleanup EXIT
+at_exit cleanup
 
 # --- 1. the interop matrix on every forced path ------------------------------------------
 if [ -z "${FASTPATH_SKIP_MATRIX:-}" ]; then
@@ -154,5 +151,4 @@ for gro in on off; do
 done
 
 echo
-echo "fastpath: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

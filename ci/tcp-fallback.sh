@@ -20,16 +20,13 @@
 # Prints "N passed, N failed"; exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init tcp-fallback
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}")
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 WORK=$(mktemp -d /tmp/rg-tcp-fallback.XXXXXX)
 A=rgfA$$ B=rgfB$$ C=rgfC$$
 IA=rgf$$a IB=rgf$$b IC=rgf$$c ID=rgf$$d IE=rgf$$e
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     local p
@@ -40,7 +37,7 @@ cleanup() {
         /var/run/wireguard/$ID.sock /var/run/wireguard/$IE.sock
     rm -rf "$WORK"
 }
-trap cleanup EXIT
+at_exit cleanup
 ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
 
 ip netns add $A && ip netns add $B
@@ -229,5 +226,4 @@ loss=$(ip netns exec $A ping -c 10 -i 0.2 -W 2 10.97.4.2 | grep -o '[0-9.]*% pac
 [ "${loss:-100}" = 0 ] && ok "config client over TCP: ping 0% loss" || bad "config client over TCP: ${loss:-?}% loss"
 
 echo
-echo "tcp-fallback: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

@@ -13,16 +13,16 @@
 # Prints "N passed, N failed"; exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init tcp-helpers
 
 RG=${RG_BIN:-target/release/riceguard}
 if [ ! -x "$RG" ]; then
-    cargo build --release -p riceguard >&2 || { echo "0 passed, 1 failed (build)"; exit 1; }
+    cargo build --release -p riceguard >&2 || h_abort "build failed"
 fi
 RG=$(realpath "$RG")
 WORK=$(mktemp -d /tmp/rg-tcp-helpers.XXXXXX)
 A=rgtA B=rgtB
-PIDS=()
-pass=0 fail=0
 # Wait (up to 10 s) until something listens on port $2 (in namespace $1, or "-");
 # $3: ss protocol flag, -t (default) or -u.
 wait_listen() {
@@ -34,8 +34,6 @@ wait_listen() {
     done
     return 1
 }
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
@@ -46,7 +44,7 @@ cleanup() {
     rm -f /var/run/wireguard/rgtA0.sock /var/run/wireguard/rgtB0.sock
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
+at_exit cleanup
 
 # ---- 1. loopback: UDP echo through udp2tcp -> tcp2udp and back -------------------------
 if command -v python3 >/dev/null; then
@@ -99,9 +97,9 @@ fi
 
 # ---- 2. wireguard-go <-> (udp2tcp -> tcp2udp) <-> wireguard-go in two namespaces ----------
 for t in wireguard-go wg iperf3 tcpdump nft ethtool; do
-    command -v $t >/dev/null || { bad "missing tool $t"; echo "$pass passed, $fail failed"; exit 1; }
+    command -v $t >/dev/null || { h_abort "missing tool $t"; }
 done
-ip netns add $A && ip netns add $B || { bad "cannot create namespaces"; echo "$pass passed, $fail failed"; exit 1; }
+ip netns add $A && ip netns add $B || { h_abort "cannot create namespaces"; }
 ip link add rgta0 netns $A type veth peer name rgtb0 netns $B
 ip -n $A addr add 192.168.77.1/24 dev rgta0
 ip -n $B addr add 192.168.77.2/24 dev rgtb0
@@ -229,5 +227,4 @@ else
     bad "reference iperf3 over plain UDP"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+h_finish
