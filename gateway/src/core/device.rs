@@ -181,8 +181,8 @@ pub struct PeerState {
     pub preshared_key: Option<Key>,
     pub persistent_keepalive: Option<u16>,
     /// When the last handshake completed, on the device's monotonic clock (the `now` of
-    /// `update_timers`); `peer_stats` turns it into wall-clock time with the caller's
-    /// clock (UAPI `last_handshake_time`): core reads no clock.
+    /// `update_timers`); `peer_stats` dates it with the wall-clock time the last
+    /// `update_timers` was given (UAPI `last_handshake_time`): core reads no clock.
     pub last_handshake: Option<Duration>,
     /// Bytes of WireGuard messages sent and received (UAPI `tx_bytes`/`rx_bytes`).
     pub tx_bytes: u64,
@@ -370,6 +370,8 @@ pub struct Device {
     mtu: AtomicU32,
     /// The `now` of the latest `update_timers`, in milliseconds.
     tick_ms: AtomicU64,
+    /// The wall-clock time given to the latest `update_timers`, in ms since the epoch.
+    tick_wall_ms: AtomicU64,
     pub drops: DropCounters,
 }
 
@@ -409,6 +411,7 @@ impl Device {
             config: Mutex::new(Config::default()),
             mtu: AtomicU32::new(0),
             tick_ms: AtomicU64::new(0),
+            tick_wall_ms: AtomicU64::new(0),
             drops: DropCounters::default(),
         }
     }
@@ -886,9 +889,20 @@ impl Device {
     /// Drive every peer's timers: retransmit handshakes, rekey, keepalives. Call a few
     /// times a second (boringtun's timers have one-second granularity). `now` is a
     /// monotonic time (any origin, never going back); it times the passive keepalive.
-    pub fn update_timers(&self, now: Duration, scratch: &mut [u8], io: &mut impl Io) {
+    /// `wall` is the wall-clock time at `now`, which dates handshakes for `peer_stats`.
+    pub fn update_timers(
+        &self,
+        now: Duration,
+        wall: SystemTime,
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
         self.tick_ms
             .store(now.as_millis() as u64, Ordering::Relaxed);
+        let wall_ms = wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.tick_wall_ms.store(wall_ms, Ordering::Relaxed);
         let table = self.snapshot();
         if let Some(id) = &table.identity {
             id.rate_limiter.reset_count();
@@ -993,11 +1007,13 @@ impl Device {
         Duration::from_millis(self.tick_ms.load(Ordering::Relaxed))
     }
 
-    /// Per-peer figures for `wg show` and the console; `wall_now` is the caller's
-    /// wall-clock time, which dates the last handshake.
-    pub fn peer_stats(&self, wall_now: SystemTime) -> Vec<PeerStats> {
+    /// Per-peer figures for `wg show` and the console.
+    pub fn peer_stats(&self) -> Vec<PeerStats> {
         let table = self.snapshot();
+        // Both from the same tick, so a handshake's date does not move between calls.
         let dev_now = self.device_now();
+        let wall_now = SystemTime::UNIX_EPOCH
+            + Duration::from_millis(self.tick_wall_ms.load(Ordering::Relaxed));
         table
             .peers()
             .iter()

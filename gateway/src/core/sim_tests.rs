@@ -99,8 +99,12 @@ fn send_tun(n: &mut Node, pkt: &[u8]) {
 
 fn timers(n: &mut Node) {
     let mut scratch = vec![0u8; SCRATCH_SIZE];
-    n.dev
-        .update_timers(MockClock::time(), &mut scratch, &mut n.wire);
+    n.dev.update_timers(
+        MockClock::time(),
+        std::time::UNIX_EPOCH + Duration::from_secs(1 << 30) + MockClock::time(),
+        &mut scratch,
+        &mut n.wire,
+    );
 }
 
 #[test]
@@ -124,9 +128,7 @@ fn handshake_and_data_both_ways() {
     send_tun(&mut b, &p2);
     pump(&mut a, &mut b);
     assert_eq!(a.wire.tun, vec![p2]);
-    let sa = a
-        .dev
-        .peer_stats(std::time::UNIX_EPOCH + Duration::from_secs(1 << 30));
+    let sa = a.dev.peer_stats();
     assert!(sa[0].last_handshake.is_some());
     assert!(sa[0].tx_bytes > 0 && sa[0].rx_bytes > 0);
 }
@@ -191,10 +193,7 @@ fn roaming_moves_the_endpoint() {
     );
     let new = a.addr;
     deliver(&mut a, &mut b, new);
-    let ep = b
-        .dev
-        .peer_stats(std::time::UNIX_EPOCH + Duration::from_secs(1 << 30))[0]
-        .endpoint;
+    let ep = b.dev.peer_stats()[0].endpoint;
     assert_eq!(ep, Some(PeerAddr::Udp(new)));
     // B's reply goes to the new address.
     send_tun(&mut b, &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"reply"));
@@ -405,9 +404,7 @@ fn peer_view(
     u64,
     Option<crate::core::device::TransportEvents>,
 ) {
-    let s = &n
-        .dev
-        .peer_stats(std::time::UNIX_EPOCH + Duration::from_secs(1 << 30))[0];
+    let s = &n.dev.peer_stats()[0];
     let ev = n.dev.peer_events(&s.public_key).map(|e| e.0);
     (s.endpoint, s.rx_bytes, ev)
 }
@@ -455,12 +452,7 @@ fn forged_responses_and_cookies_never_move_the_endpoint() {
     send_tun(&mut a, &p);
     pump(&mut a, &mut b);
     assert_eq!(b.wire.tun, vec![p]);
-    assert_eq!(
-        b.dev
-            .peer_stats(std::time::UNIX_EPOCH + Duration::from_secs(1 << 30))[0]
-            .endpoint,
-        Some(PeerAddr::Udp(a.addr))
-    );
+    assert_eq!(b.dev.peer_stats()[0].endpoint, Some(PeerAddr::Udp(a.addr)));
 }
 
 #[test]

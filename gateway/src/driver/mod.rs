@@ -982,8 +982,12 @@ fn run(opts: Opts) -> Result<(), String> {
                     }
                     ticks += 1;
                     let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
-                    sh.device
-                        .update_timers(start.elapsed(), &mut scratch, &mut io);
+                    sh.device.update_timers(
+                        start.elapsed(),
+                        std::time::SystemTime::now(),
+                        &mut scratch,
+                        &mut io,
+                    );
                     io.send_all();
                     if let Some(sink) = &sink {
                         fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);

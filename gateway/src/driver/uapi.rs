@@ -223,7 +223,7 @@ pub fn status(rt: &Runtime) -> DeviceStatus {
     let peers = rt
         .shared
         .device
-        .peer_stats(std::time::SystemTime::now())
+        .peer_stats()
         .into_iter()
         .map(|p| PeerStatus {
             public_key: p.public_key,
