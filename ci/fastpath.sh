@@ -72,9 +72,7 @@ start_pair() {
 iperf_ab() {
     ip netns exec $B iperf3 -s -1 -D -B 10.95.1.2 >/dev/null 2>&1; sleep 0.3
     timeout 20 ip netns exec $A iperf3 -c 10.95.1.2 -t 3 -J 2>/dev/null |
-        python3 -c 'import json,sys
-try: print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))
-except Exception: print(0)'
+        python3 ci/lib/labtool.py iperf-mbit
 }
 
 # --- 2. pinning -------------------------------------------------------------------------

@@ -85,16 +85,12 @@ ip netns exec $B iperf3 -s -1 -D -B 10.97.1.2 >/dev/null 2>&1; sleep 0.5
 timeout 20 ip netns exec $A tcpdump -i vfa -nn -s 96 -w "$WORK/tcp.pcap" 'tcp port 51821' >/dev/null 2>&1 & TD=$!
 sleep 0.5
 mbit=$(timeout 30 ip netns exec $A iperf3 -c 10.97.1.2 -t 5 -J 2>/dev/null |
-    python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))' 2>/dev/null)
+    python3 ci/lib/labtool.py iperf-mbit)
 sleep 0.3; kill -INT $TD 2>/dev/null; wait $TD 2>/dev/null
 [ "${mbit:-0}" -gt 0 ] && ok "iperf3 over TCP fallback: ${mbit} Mbit/s" || bad "iperf3 over TCP fallback failed"
 cc=$(ip netns exec $B ss -tni "sport = :51821" | grep -oE '\b(cubic|bbr|reno)\b' | head -1)
 [ -n "$cc" ] && ok "ss -tni shows congestion control '$cc' on the gateway's connection" || bad "no congestion control shown by ss"
-read -r total bare small <<<"$(tcpdump -r "$WORK/tcp.pcap" -nn 2>/dev/null | python3 -c '
-import re, sys
-lens = [int(m.group(1)) for l in sys.stdin for m in [re.search(r"length (\d+)$", l.strip())] if m]
-data = [n for n in lens if n > 0]
-print(len(data), sum(1 for n in data if n == 2), sum(1 for n in data if n < 1000))')"
+read -r total bare small <<<"$(tcpdump -r "$WORK/tcp.pcap" -nn 2>/dev/null | python3 ci/lib/labtool.py pcap-segments)"
 if [ "${total:-0}" -gt 100 ] && [ "${bare:-1}" = 0 ]; then
     ok "capture: $total data segments, none with a bare 2-byte payload ($small under 1000 bytes)"
 else
@@ -114,30 +110,7 @@ loss=$(ip netns exec $A ping -c 5 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% pack
 [ "${loss:-100}" = 0 ] && ok "ping after return to UDP: 0% loss" || bad "ping after return to UDP: ${loss:-?}% loss"
 
 # --- 3. hostile TCP input -------------------------------------------------------------------
-ip netns exec $A python3 - <<'EOF' >"$WORK/garbage.out" 2>&1
-import os, socket, struct, time
-def conn():
-    s = socket.create_connection(("10.97.0.2", 51821), timeout=3)
-    return s
-closed = 0
-for payload in [os.urandom(4096), struct.pack("<I", 148) + os.urandom(148), b"\x00\x01", b"\xff\xff" + os.urandom(10)]:
-    s = conn()
-    try:
-        s.sendall(payload)
-        s.settimeout(3)
-        if s.recv(1) == b"":
-            closed += 1
-    except (ConnectionResetError, socket.timeout, BrokenPipeError):
-        closed += 1
-    s.close()
-# many connection attempts in a row, bounded
-for _ in range(200):
-    try:
-        socket.create_connection(("10.97.0.2", 51821), timeout=1).close()
-    except OSError:
-        pass
-print("closed", closed)
-EOF
+ip netns exec $A python3 ci/lib/labtool.py tcp-garbage 10.97.0.2 51821 >"$WORK/garbage.out" 2>&1
 grep -q "closed [34]" "$WORK/garbage.out" && ok "garbage TCP input: connections closed ($(cat "$WORK/garbage.out"))" ||
     bad "garbage TCP input: $(cat "$WORK/garbage.out")"
 loss=$(ip netns exec $A ping -c 5 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)

@@ -48,17 +48,7 @@ at_exit cleanup
 
 # ---- 1. loopback: UDP echo through udp2tcp -> tcp2udp and back -------------------------
 if command -v python3 >/dev/null; then
-    python3 - >"$WORK/echo.port" <<'EOF' &
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True); sys.stdout.close()
-s.settimeout(60)
-try:
-    while True:
-        d, a = s.recvfrom(65536); s.sendto(d, a)
-except Exception:
-    pass
-EOF
+    python3 ci/lib/labtool.py udp-echo >"$WORK/echo.port" &
     PIDS+=($!)
     sleep 0.5
     EPORT=$(cat "$WORK/echo.port")
@@ -70,25 +60,11 @@ EOF
         2>"$WORK/u2t-lo.log" &
     PIDS+=($!)
     wait_listen - 47900 -u
-    if python3 - <<'EOF'
-import socket
-c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(3)
-c.connect(("127.0.0.1", 47900))
-for i, n in enumerate([32, 148, 1398, 60000]):
-    m = bytes([4, 0, 0, 0]) + bytes([i]) * (n - 4)
-    c.send(m)
-    assert c.recv(65536) == m, n
-EOF
+    if python3 ci/lib/labtool.py udp-echo-check 47900
     then ok "loopback: WireGuard-shaped datagrams echoed through udp2tcp -> tcp2udp"
     else bad "loopback: echo through udp2tcp -> tcp2udp"; fi
     # crates.io udp-over-tcp's u32 little-endian framing must be refused at once.
-    if python3 - <<'EOF'
-import socket, struct
-s = socket.create_connection(("127.0.0.1", 47443)); s.settimeout(3)
-m = bytes([4, 0, 0, 0]) + bytes(60)
-s.sendall(struct.pack("<I", len(m)) + m)
-assert s.recv(10) == b""   # closed by tcp2udp
-EOF
+    if python3 ci/lib/labtool.py u32le-refused 47443
     then ok "loopback: u32-LE framed input closes the connection"
     else bad "loopback: u32-LE framed input not refused"; fi
 else
@@ -156,7 +132,7 @@ else
 fi
 
 mbps_of() {
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$1" 2>/dev/null || echo "?"
+    python3 ci/lib/labtool.py iperf-mbit "$1"
 }
 
 # ---- 3. 5 s of iperf3 each way, captured on the path ------------------------------------
