@@ -2,6 +2,7 @@
 //! directory: good bundles land in the inactive slot, bad ones change no byte.
 use super::*;
 use crate::core::bundle::tests::{make_bundle, manifest_for, slot_uki, test_key};
+use crate::slots::{entry_tries, is_slot_entry};
 use ed25519_dalek::SigningKey;
 
 const MIB: u64 = 1 << 20;
