@@ -46,20 +46,6 @@ cleanup() {
 }
 at_exit cleanup
 
-# Stop one process we started and forget it (so cleanup never signals a reused PID).
-stop_pid() {
-    local p=$1 keep=() q
-    kill "$p" 2>/dev/null; wait "$p" 2>/dev/null
-    for q in "${PIDS[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
-    PIDS=("${keep[@]}")
-}
-forget_pid() {
-    local p=$1 keep=() q
-    wait "$p" 2>/dev/null
-    for q in "${PIDS[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
-    PIDS=("${keep[@]}")
-}
-
 # --- namespaces and addresses ---------------------------------------------------------
 ip netns add $G && ip netns add $C && ip netns add $X || { h_abort "cannot create namespaces"; }
 ip link add gc netns $G type veth peer name cg netns $C

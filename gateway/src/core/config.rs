@@ -51,6 +51,21 @@ pub struct PeerConfig {
     pub name: Option<String>,
 }
 
+impl PeerConfig {
+    /// A peer with only its key: no allowed IPs, endpoint, keepalive or name.
+    pub fn new(public_key: Key) -> PeerConfig {
+        PeerConfig {
+            public_key,
+            preshared_key: None,
+            allowed_ips: Vec::new(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+            name: None,
+        }
+    }
+}
+
 /// A peer endpoint as written: either an address or a name to resolve.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {

@@ -235,15 +235,7 @@ pub fn apply_set(cfg: &Config, req: &SetRequest) -> Result<Config, UapiError> {
                         "failed to create new peer: a device holds at most {MAX_PEERS} peers"
                     )));
                 }
-                peers.push(Some(PeerConfig {
-                    public_key: ps.public_key,
-                    preshared_key: None,
-                    allowed_ips: Vec::new(),
-                    endpoint: None,
-                    persistent_keepalive: None,
-                    tcp_port: None,
-                    name: None,
-                }));
+                peers.push(Some(PeerConfig::new(ps.public_key)));
                 live += 1;
                 let i = peers.len() - 1;
                 index.insert(ps.public_key, i);
