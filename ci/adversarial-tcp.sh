@@ -47,12 +47,9 @@ cleanup() {
 at_exit cleanup
 
 # --- namespaces and addresses ---------------------------------------------------------
-ip netns add $G && ip netns add $C && ip netns add $X || { h_abort "cannot create namespaces"; }
-ip link add gc netns $G type veth peer name cg netns $C
-ip link add gx netns $G type veth peer name xg netns $X
-ip -n $G addr add 10.98.1.1/24 dev gc
-ip -n $C addr add 10.98.1.2/24 dev cg
-ip -n $G addr add 10.98.2.1/24 dev gx
+netns_add $G $C $X
+veth_pair $G gc 10.98.1.1/24 $C cg 10.98.1.2/24
+veth_pair $G gx 10.98.2.1/24 $X xg -
 ip -n $G addr add fd98:2::1/64 dev gx nodad
 {
     echo "addr add 10.98.2.2/24 dev xg"
@@ -60,9 +57,6 @@ ip -n $G addr add fd98:2::1/64 dev gx nodad
     for i in $(seq 10 209); do echo "addr add 10.98.2.$i/24 dev xg"; done
     for i in $(seq 0 49); do printf 'addr add fd98:2::%x/64 dev xg nodad\n' $((0x1000 + i)); done
 } | ip -n $X -batch -
-for n in $G $C $X; do ip -n $n link set lo up; done
-ip -n $G link set gc up; ip -n $G link set gx up
-ip -n $C link set cg up; ip -n $X link set xg up
 V4_MANY=$(seq -s, -f '10.98.2.%g' 10 209)
 V6_ONE64=$(for i in $(seq 0 49); do printf 'fd98:2::%x,' $((0x1000 + i)); done)
 v4_first() { seq -s, -f '10.98.2.%g' 10 $((9 + $1)); }   # the first N of the 200

@@ -38,12 +38,8 @@ cleanup() {
 }
 at_exit cleanup
 
-ip netns add $A && ip netns add $B || h_abort "cannot create namespaces"
-ip link add va$$ netns $A type veth peer name vb$$ netns $B
-ip -n $A addr add 10.96.0.1/24 dev va$$
-ip -n $B addr add 10.96.0.2/24 dev vb$$
-for n in $A $B; do ip -n $n link set lo up; done
-ip -n $A link set va$$ up; ip -n $B link set vb$$ up
+netns_add $A $B
+veth_pair $A va$$ 10.96.0.1/24 $B vb$$ 10.96.0.2/24
 
 RG_LOG=info ip netns exec $A "$RG" -f $IA >"$WORK/rg.log" 2>&1 & RGPID=$!; PIDS+=($RGPID)
 ip netns exec $B env WG_PROCESS_FOREGROUND=1 wireguard-go $IB >"$WORK/wg-go.log" 2>&1 & PIDS+=($!)

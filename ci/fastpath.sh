@@ -14,7 +14,7 @@ h_init fastpath
 
 require_rg
 WORK=$(mktemp -d /tmp/rg-fastpath.XXXXXX)
-A=rgpA B=rgpB
+A=rgpA$$ B=rgpB$$
 IA=rgp$$a IB=rgp$$b
 
 stop_daemons() {
@@ -45,12 +45,8 @@ if [ -z "${FASTPATH_SKIP_MATRIX:-}" ]; then
 fi
 
 # --- namespaces for the rest ------------------------------------------------------------
-ip netns add $A && ip netns add $B
-ip link add vpa netns $A type veth peer name vpb netns $B
-ip -n $A addr add 10.95.0.1/24 dev vpa
-ip -n $B addr add 10.95.0.2/24 dev vpb
-for n in $A $B; do ip -n $n link set lo up; done
-ip -n $A link set vpa up; ip -n $B link set vpb up
+netns_add $A $B
+veth_pair $A vpa 10.95.0.1/24 $B vpb 10.95.0.2/24
 ka=$(wg genkey); kb=$(wg genkey)
 
 # start NAME-SUFFIX ARGS...: both daemons, configured with wg, addresses 10.95.1.1/.2.

@@ -40,12 +40,8 @@ cleanup() {
 at_exit cleanup
 ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
 
-ip netns add $A && ip netns add $B
-ip link add vfa netns $A type veth peer name vfb netns $B
-ip -n $A addr add 10.97.0.1/24 dev vfa
-ip -n $B addr add 10.97.0.2/24 dev vfb
-for n in $A $B; do ip -n $n link set lo up; done
-ip -n $A link set vfa up; ip -n $B link set vfb up
+netns_add $A $B
+veth_pair $A vfa 10.97.0.1/24 $B vfb 10.97.0.2/24
 
 block_udp() {
     ip netns exec $B nft add table inet rgftest

@@ -75,13 +75,8 @@ fi
 for t in wireguard-go wg iperf3 tcpdump nft ethtool; do
     command -v $t >/dev/null || { h_abort "missing tool $t"; }
 done
-ip netns add $A && ip netns add $B || { h_abort "cannot create namespaces"; }
-ip link add rgta0 netns $A type veth peer name rgtb0 netns $B
-ip -n $A addr add 192.168.77.1/24 dev rgta0
-ip -n $B addr add 192.168.77.2/24 dev rgtb0
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set rgta0 up
-ip -n $B link set rgtb0 up
+netns_add $A $B
+veth_pair $A rgta0 192.168.77.1/24 $B rgtb0 192.168.77.2/24
 # Real segment sizes on the wire: no TSO/GSO super-segments, no GRO merging.
 ip netns exec $A ethtool -K rgta0 tso off gso off gro off >/dev/null 2>&1
 ip netns exec $B ethtool -K rgtb0 tso off gso off gro off >/dev/null 2>&1

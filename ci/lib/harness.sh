@@ -91,6 +91,16 @@ netns_add() {
         ip -n "$n" link set lo up
     done
 }
+# veth_pair NS1 IF1 CIDR1 NS2 IF2 CIDR2: a veth between two namespaces, addressed and up
+# (a CIDR of - leaves that end without an address).
+veth_pair() {
+    ip link add "$2" netns "$1" type veth peer name "$5" netns "$4" ||
+        h_abort "cannot create veth $2/$5"
+    [ "$3" = - ] || ip -n "$1" addr add "$3" dev "$2"
+    [ "$6" = - ] || ip -n "$4" addr add "$6" dev "$5"
+    ip -n "$1" link set "$2" up
+    ip -n "$4" link set "$5" up
+}
 # at_exit CMD...: run CMD at exit (after our processes are stopped), last added first.
 at_exit() { _h_at_exit+=("$*"); }
 
