@@ -13,6 +13,8 @@
 //! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash
+//! - [`client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
+//!   configuration) and its QR code in Unicode half blocks
 //!
 //! When stdin is a terminal the console prompts, echoes and edits; otherwise it reads
 //! one command per line, answers on stdout, and exits non-zero if any command failed.
@@ -36,10 +38,12 @@
 //! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
 //!   configuration another console saved meanwhile (`discard` reloads it).
 
+pub mod client;
 pub mod command;
 pub mod line;
 pub mod password;
 pub mod peers;
+pub mod qr;
 pub mod session;
 pub mod store;
 pub mod system;
