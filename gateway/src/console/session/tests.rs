@@ -488,6 +488,18 @@ fn random_commands_never_panic_and_failures_change_nothing() {
         "[::1]:0",
         "0x10",
         "yes",
+        "add",
+        "client",
+        "clients",
+        "keep-key",
+        "phone",
+        "name",
+        "lan",
+        "lan-address",
+        "proxy-arp",
+        "public-endpoint",
+        "client-dns",
+        "192.0.2.1,fd00::1",
     ]
     .iter()
     .map(|s| s.to_string())
