@@ -75,8 +75,8 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "show",
-        "[candidate|peers|status|history|clients|client NAME] [private]",
-        "show the running configuration (keys hidden unless `private`)",
+        "[WHAT] [private]",
+        "the running configuration (keys hidden unless `private`), or WHAT: see `help show`",
     ),
     (
         "add",
@@ -90,7 +90,7 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "delete",
-        "interface|peer|gateway|system ...",
+        "interface|peer|client|gateway|system ...",
         "remove settings from the candidate (see `help delete`)",
     ),
     (
@@ -498,7 +498,8 @@ pub fn help(topic: &[String]) -> Result<String, String> {
             "\nChanges go to a candidate configuration; `commit` checks, saves and applies it.\n\
              To set up a tunnel: genkey, set interface listen-port 51820,\n\
              set interface address 10.0.0.1/24, set peer PUBKEY allowed-ips 10.0.0.2/32,\n\
-             compare, commit; give `pubkey`'s output to the peer.\n",
+             compare, commit; give `pubkey`'s output to the peer.\n\
+             For a phone or laptop: add client NAME, then commit (`help add`).\n",
         );
         return Ok(s);
     };

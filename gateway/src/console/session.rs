@@ -582,7 +582,7 @@ impl Session {
             Show::Peers => {
                 let ifname = self.running.gateway.interface_name.clone();
                 match self.hooks.peers(&ifname) {
-                    Ok(reply) => peers::format_uapi(&reply, self.clock.unix())
+                    Ok(reply) => peers::format_uapi(&reply, self.clock.unix(), &self.peer_names())
                         .map(|s| s.trim_end().to_string())
                         .into(),
                     Err(e) => Reply::err(format!(
@@ -652,6 +652,15 @@ impl Session {
                 ))
             }
         }
+    }
+
+    /// Names of the running peers, for `show peers`.
+    fn peer_names(&self) -> Vec<(Key, String)> {
+        self.running
+            .peers
+            .iter()
+            .filter_map(|p| Some((p.public_key, p.name.clone()?)))
+            .collect()
     }
 
     /// The kept private key of client `p` (pending or stored), if it matches its public key.
