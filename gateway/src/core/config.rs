@@ -259,8 +259,7 @@ impl FromStr for Endpoint {
 pub fn valid_peer_name(s: &str) -> bool {
     (1..=32).contains(&s.len())
         && !s.starts_with(['-', '.'])
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// A Linux interface name: 1-15 bytes, no `/`, `:`, whitespace or control characters,
@@ -436,9 +435,7 @@ impl Config {
             }
         }
         if !g.lan.is_empty() && g.lan == g.uplink {
-            return Err(ValidationError::LanIsUplink {
-                name: g.lan.clone(),
-            });
+            return Err(ValidationError::LanIsUplink { name: g.lan.clone() });
         }
         let mut names: Vec<&str> = Vec::new();
         for p in &self.peers {
