@@ -189,6 +189,53 @@ mod tests {
         assert!(e.contains("does not fit"), "{e}");
     }
 
+    /// The drawing, read back as a light-on-dark terminal shows it (blocks light, spaces
+    /// dark) and scanned by a real decoder, gives the text back. Runs where `zbarimg`
+    /// (Debian `zbar-tools`) is installed; says so and passes where it is not.
+    #[test]
+    fn a_real_decoder_reads_it_back() {
+        let Ok(out) = std::process::Command::new("zbarimg")
+            .arg("--version")
+            .output()
+        else {
+            eprintln!("zbarimg not installed (apt-get install zbar-tools): decode check not run");
+            return;
+        };
+        assert!(out.status.success());
+        let k = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+        let text = format!(
+            "[Interface]\nPrivateKey = {k}\nAddress = 10.100.0.2/32, fd10::2/128\nDNS = 192.168.1.1\n\
+             [Peer]\nPublicKey = {k}\nPresharedKey = {k}\n\
+             AllowedIPs = 10.100.0.0/24, fd10::/64, 192.168.1.0/24\nEndpoint = vpn.example.net:51820\n\
+             PersistentKeepalive = 25\n"
+        );
+        let m = modules(&render(&text).unwrap());
+        const S: usize = 4; // pixels per module
+        let (w, h) = (m[0].len() * S, m.len() * S);
+        let mut pbm = format!("P1\n{w} {h}\n");
+        for row in &m {
+            let line: String = row
+                .iter()
+                .flat_map(|light| std::iter::repeat_n(if *light { "0 " } else { "1 " }, S))
+                .collect();
+            for _ in 0..S {
+                pbm.push_str(&line);
+                pbm.push('\n');
+            }
+        }
+        let d = crate::store::tests::TempDir::new("qr-decode");
+        let f = d.0.join("qr.pbm");
+        std::fs::write(&f, pbm).unwrap();
+        let out = std::process::Command::new("zbarimg")
+            .args(["--raw", "-q"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "zbarimg found no code: {out:?}");
+        let got = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(got.strip_suffix('\n').unwrap_or(&got), text);
+    }
+
     /// A full client configuration stays within an 80-column terminal.
     #[test]
     fn a_client_configuration_fits_80_columns() {
