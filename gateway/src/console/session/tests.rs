@@ -734,7 +734,7 @@ fn check_qr(after: &[String], conf: &str) {
     }
     assert_eq!(after[..n].join("\n") + "\n", qr::render(conf).unwrap());
     assert!(
-        after.get(n).is_none_or(|l| !l.starts_with(qr::FULL)),
+        !matches!(after.get(n), Some(l) if l.starts_with(qr::FULL)),
         "more QR lines than expected"
     );
 }
