@@ -165,6 +165,11 @@ pub fn ip(s: &str, what: &str) -> Result<IpAddr, String> {
     })
 }
 
+/// `IP[,IP...]`; empty items are an error.
+pub fn ip_list(s: &str, what: &str) -> Result<Vec<IpAddr>, String> {
+    s.split(',').map(|p| ip(p.trim(), what)).collect()
+}
+
 /// `1.2.3.4:51820`, `[fd00::1]:51820` or `vpn.example.com:51820`.
 pub fn endpoint(s: &str) -> Result<Endpoint, String> {
     let bad = || {
@@ -235,8 +240,27 @@ pub fn check_consistency(cfg: &Config) -> Vec<String> {
             }
         }
     }
+    let mut names: Vec<&str> = Vec::new();
+    for p in &cfg.peers {
+        if let Some(n) = &p.name {
+            if names.contains(&n.as_str()) {
+                errs.push(format!(
+                    "two peers are named {}: peer names must differ",
+                    short(n)
+                ));
+            }
+            names.push(n);
+        }
+    }
     if let Err(e) = ifname(&cfg.gateway.interface_name, "gateway interface-name") {
         errs.push(e);
+    }
+    let g = &cfg.gateway;
+    if !g.lan.is_empty() && g.lan == g.uplink {
+        errs.push(format!(
+            "the LAN port {} is the uplink too: for a one-armed gateway leave `gateway lan` unset",
+            g.lan
+        ));
     }
     if cfg.gateway.buffers == 0 {
         errs.push("gateway buffers must be at least 1".into());
@@ -358,5 +382,14 @@ mod tests {
         assert!(validate_candidate(&c).unwrap_err()[0].contains("twice"));
         c.peers[1] = peer(sk.public(), "10.9.0.0/24");
         assert!(validate_candidate(&c).unwrap_err()[0].contains("own public key"));
+        c.peers[1] = peer(b, "10.9.0.0/24");
+        c.peers[0].name = Some("phone".into());
+        c.peers[1].name = Some("phone".into());
+        assert!(check_consistency(&c)[0].contains("two peers are named phone"));
+        c.peers[1].name = Some("laptop".into());
+        assert_eq!(validate_candidate(&c), Ok(()));
+        c.gateway.uplink = "eth0".into();
+        c.gateway.lan = "eth0".into();
+        assert!(check_consistency(&c)[0].contains("is the uplink too"));
     }
 }
