@@ -30,6 +30,8 @@ APT_PKGS=(
     kmod cpio zstd xz-utils squashfs-tools dosfstools mtools fdisk e2fsprogs
     # flash-script safety test (ci/test-flash-stacking.sh): stacked devices to refuse
     lvm2 btrfs-progs
+    # the console's QR code read back by a real decoder (console/qr.rs test)
+    zbar-tools
 )
 
 # ---- image helper: packages from bookworm-backports ------------------------------------
