@@ -418,13 +418,8 @@ fn diff_shows_section_context() {
 /// never panics, and a command that fails leaves candidate and running as they were.
 #[test]
 fn random_commands_never_panic_and_failures_change_nothing() {
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = crate::testutil::Rng(0x2545_f491_4f6c_dd1d);
+    let mut next = move || rng.next();
     let peers = [peer_key(), peer_key()];
     let mut words: Vec<String> = [
         "set",
