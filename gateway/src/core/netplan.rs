@@ -138,8 +138,16 @@ pub fn owned_routes(routes: &[KernelRoute], tunnel: u32, protocol: u8) -> Vec<Ci
 /// or allowed IP), add the wanted ones we do not have yet.
 pub fn route_diff(want: &[Cidr], owned: &[Cidr]) -> Diff<Cidr> {
     Diff {
-        add: want.iter().filter(|c| !owned.contains(c)).copied().collect(),
-        delete: owned.iter().filter(|c| !want.contains(c)).copied().collect(),
+        add: want
+            .iter()
+            .filter(|c| !owned.contains(c))
+            .copied()
+            .collect(),
+        delete: owned
+            .iter()
+            .filter(|c| !want.contains(c))
+            .copied()
+            .collect(),
     }
 }
 
@@ -207,7 +215,13 @@ pub fn proxy_set(peers: &[PeerConfig], ports: &[Port]) -> BTreeSet<ProxyEntry> {
 
 fn proxiable(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(a) => !(a.is_unspecified() || a.is_loopback() || a.is_multicast() || a.is_broadcast() || a.is_link_local()),
+        IpAddr::V4(a) => {
+            !(a.is_unspecified()
+                || a.is_loopback()
+                || a.is_multicast()
+                || a.is_broadcast()
+                || a.is_link_local())
+        }
         IpAddr::V6(a) => {
             let link_local = (a.segments()[0] & 0xffc0) == 0xfe80;
             !(a.is_unspecified() || a.is_loopback() || a.is_multicast() || link_local)
@@ -327,8 +341,14 @@ mod tests {
         let want_old = tunnel_routes(&old).routes;
         // 10.0.0.x are covered by the tunnel's own /24: no route.
         assert_eq!(want_old, cs(&["10.1.0.0/16", "10.2.0.0/16", "fd02::/64"]));
-        let kernel: Vec<KernelRoute> = want_old.iter().map(|r| kroute(&r.to_string(), TUN, OURS)).collect();
-        let new = cfg(&["10.0.0.1/24"], vec![peer(1, &["10.0.0.2/32", "10.1.0.0/16"])]);
+        let kernel: Vec<KernelRoute> = want_old
+            .iter()
+            .map(|r| kroute(&r.to_string(), TUN, OURS))
+            .collect();
+        let new = cfg(
+            &["10.0.0.1/24"],
+            vec![peer(1, &["10.0.0.2/32", "10.1.0.0/16"])],
+        );
         let want = tunnel_routes(&new).routes;
         let d = route_diff(&want, &owned_routes(&kernel, TUN, OURS));
         assert_eq!(d.delete, cs(&["10.2.0.0/16", "fd02::/64"]));
@@ -338,9 +358,18 @@ mod tests {
 
     #[test]
     fn changed_allowed_ips_add_and_delete() {
-        let kernel = vec![kroute("10.1.0.0/16", TUN, OURS), kroute("10.3.0.0/16", TUN, OURS)];
-        let new = cfg(&["10.0.0.1/24"], vec![peer(1, &["10.1.0.0/16", "10.4.0.0/16"])]);
-        let d = route_diff(&tunnel_routes(&new).routes, &owned_routes(&kernel, TUN, OURS));
+        let kernel = vec![
+            kroute("10.1.0.0/16", TUN, OURS),
+            kroute("10.3.0.0/16", TUN, OURS),
+        ];
+        let new = cfg(
+            &["10.0.0.1/24"],
+            vec![peer(1, &["10.1.0.0/16", "10.4.0.0/16"])],
+        );
+        let d = route_diff(
+            &tunnel_routes(&new).routes,
+            &owned_routes(&kernel, TUN, OURS),
+        );
         assert_eq!(d.add, cs(&["10.4.0.0/16"]));
         assert_eq!(d.delete, cs(&["10.3.0.0/16"]));
     }
@@ -350,11 +379,11 @@ mod tests {
         let mut other_table = kroute("10.5.0.0/16", TUN, OURS);
         other_table.table = 100;
         let kernel = vec![
-            kroute("10.5.0.0/16", TUN, 3),      // `ip route add` by hand (proto boot)
-            kroute("10.6.0.0/16", TUN, 2),      // kernel: the connected route
-            kroute("10.7.0.0/16", 2, OURS),     // another interface
+            kroute("10.5.0.0/16", TUN, 3),  // `ip route add` by hand (proto boot)
+            kroute("10.6.0.0/16", TUN, 2),  // kernel: the connected route
+            kroute("10.7.0.0/16", 2, OURS), // another interface
             other_table,
-            kroute("10.8.0.0/16", TUN, OURS),   // ours, no longer wanted
+            kroute("10.8.0.0/16", TUN, OURS), // ours, no longer wanted
         ];
         let d = route_diff(&[], &owned_routes(&kernel, TUN, OURS));
         assert_eq!(d.delete, cs(&["10.8.0.0/16"]));
@@ -378,7 +407,13 @@ mod tests {
     fn address_diff_touches_only_changes() {
         let old = cs(&["10.0.0.1/24", "10.0.1.1/24", "fd00::1/64"]);
         let new = cs(&["10.0.0.1/24", "fd00::1/64", "10.0.2.1/24"]);
-        let present = cs(&["10.0.0.1/24", "10.0.1.1/24", "fd00::1/64", "fe80::1/64", "10.7.0.1/24"]);
+        let present = cs(&[
+            "10.0.0.1/24",
+            "10.0.1.1/24",
+            "fd00::1/64",
+            "fe80::1/64",
+            "10.7.0.1/24",
+        ]);
         let d = address_diff(&old, &new, &present);
         assert_eq!(d.delete, cs(&["10.0.1.1/24"]));
         assert_eq!(d.add, cs(&["10.0.2.1/24"]));
@@ -429,7 +464,15 @@ mod tests {
             peer(2, &["192.168.77.203/32", "192.168.78.5/32", "fd78::5/128"]),
             // Subnets are routed, not proxied; network, broadcast, the port's own address,
             // link-local and multicast are never proxied.
-            peer(3, &["192.168.77.0/28", "192.168.77.0/32", "192.168.77.255/32", "192.168.77.2/32"]),
+            peer(
+                3,
+                &[
+                    "192.168.77.0/28",
+                    "192.168.77.0/32",
+                    "192.168.77.255/32",
+                    "192.168.77.2/32",
+                ],
+            ),
             peer(4, &["fe80::5/128", "224.0.0.5/32"]),
         ];
         let uplink = port(2, &["192.168.77.2/24", "fd77::2/64", "fe80::2/64"]);
@@ -437,7 +480,11 @@ mod tests {
         let got = proxy_set(&peers, &[uplink.clone(), lan]);
         assert_eq!(
             got,
-            entries(&[(2, "192.168.77.202"), (2, "192.168.77.203"), (2, "fd77::202")])
+            entries(&[
+                (2, "192.168.77.202"),
+                (2, "192.168.77.203"),
+                (2, "fd77::202")
+            ])
         );
         // The uplink has no address yet (DHCP pending): nothing to proxy.
         assert!(proxy_set(&peers, &[port(2, &[])]).is_empty());
@@ -454,15 +501,33 @@ mod tests {
     #[test]
     fn proxy_diff_keeps_foreign_entries() {
         let want = entries(&[(2, "192.168.77.202"), (2, "fd77::202")]);
-        let present = entries(&[(2, "192.168.77.202"), (2, "192.168.77.203"), (2, "192.168.77.50"), (9, "192.168.77.202")]);
-        let ours = entries(&[(2, "192.168.77.202"), (2, "192.168.77.203"), (9, "192.168.77.202"), (2, "192.168.77.99")]);
+        let present = entries(&[
+            (2, "192.168.77.202"),
+            (2, "192.168.77.203"),
+            (2, "192.168.77.50"),
+            (9, "192.168.77.202"),
+        ]);
+        let ours = entries(&[
+            (2, "192.168.77.202"),
+            (2, "192.168.77.203"),
+            (9, "192.168.77.202"),
+            (2, "192.168.77.99"),
+        ]);
         let d = proxy_diff(&want, &present, &ours);
-        assert_eq!(d.add, vec![ProxyEntry { ifindex: 2, addr: "fd77::202".parse().unwrap() }]);
+        assert_eq!(
+            d.add,
+            vec![ProxyEntry {
+                ifindex: 2,
+                addr: "fd77::202".parse().unwrap()
+            }]
+        );
         // Ours and unwanted (a removed peer, an old port); .50 is someone else's; .99 is
         // remembered but already gone.
         assert_eq!(
             d.delete,
-            entries(&[(2, "192.168.77.203"), (9, "192.168.77.202")]).into_iter().collect::<Vec<_>>()
+            entries(&[(2, "192.168.77.203"), (9, "192.168.77.202")])
+                .into_iter()
+                .collect::<Vec<_>>()
         );
     }
 

@@ -660,6 +660,14 @@ mod netconf_ops {
             }
         }
 
+        /// The name of the link with index `ifindex`.
+        pub fn ifname(ifindex: u32) -> Result<String, NetlinkError> {
+            nix::net::if_::if_indextoname(ifindex)
+                .ok()
+                .and_then(|n| n.into_string().ok())
+                .ok_or_else(|| NetlinkError::NoSuchInterface(format!("#{ifindex}")))
+        }
+
         /// The addresses on the link with index `ifindex`.
         pub fn link_addresses(&mut self, ifindex: u32) -> Result<Vec<Cidr>, NetlinkError> {
             self.dump_addresses(ifindex)
@@ -696,7 +704,11 @@ mod netconf_ops {
 
         /// Delete our route to `dst` out of `ifindex` (only one tagged with our protocol
         /// matches). `Ok(false)`: there was none.
-        pub fn delete_owned_route(&mut self, dst: Cidr, ifindex: u32) -> Result<bool, NetlinkError> {
+        pub fn delete_owned_route(
+            &mut self,
+            dst: Cidr,
+            ifindex: u32,
+        ) -> Result<bool, NetlinkError> {
             let mut m = Vec::with_capacity(80);
             owned_route_msg(&mut m, RTM_DELROUTE, 0, self.next_seq(), dst, ifindex);
             match self.request(&m, &format!("delete route {}", dst.network())) {
@@ -726,7 +738,11 @@ mod netconf_ops {
 
         /// Answer ARP (IPv4) or NDP (IPv6) for `addr` on `ifindex`, tagged
         /// [`RTPROT_RICEGUARD`] (`ip neigh add proxy ADDR dev IF`).
-        pub fn add_proxy_neighbour(&mut self, ifindex: u32, addr: IpAddr) -> Result<(), NetlinkError> {
+        pub fn add_proxy_neighbour(
+            &mut self,
+            ifindex: u32,
+            addr: IpAddr,
+        ) -> Result<(), NetlinkError> {
             let mut m = Vec::with_capacity(48);
             neigh_msg(
                 &mut m,
@@ -736,14 +752,24 @@ mod netconf_ops {
                 ifindex,
                 addr,
             );
-            self.request(&m, &format!("add proxy neighbour {addr} on interface {ifindex}"))
+            self.request(
+                &m,
+                &format!("add proxy neighbour {addr} on interface {ifindex}"),
+            )
         }
 
         /// Remove a proxy entry. `Ok(false)`: there was none.
-        pub fn delete_proxy_neighbour(&mut self, ifindex: u32, addr: IpAddr) -> Result<bool, NetlinkError> {
+        pub fn delete_proxy_neighbour(
+            &mut self,
+            ifindex: u32,
+            addr: IpAddr,
+        ) -> Result<bool, NetlinkError> {
             let mut m = Vec::with_capacity(48);
             neigh_msg(&mut m, RTM_DELNEIGH, 0, self.next_seq(), ifindex, addr);
-            match self.request(&m, &format!("delete proxy neighbour {addr} on interface {ifindex}")) {
+            match self.request(
+                &m,
+                &format!("delete proxy neighbour {addr} on interface {ifindex}"),
+            ) {
                 Ok(()) => Ok(true),
                 Err(NetlinkError::Kernel {
                     errno: nix::Error::ENOENT | nix::Error::ESRCH,
@@ -806,7 +832,11 @@ mod netconf_ops {
             }
             let data = &rest[4..len];
             let aligned = (len + 3) & !3;
-            rest = if aligned >= rest.len() { &[] } else { &rest[aligned..] };
+            rest = if aligned >= rest.len() {
+                &[]
+            } else {
+                &rest[aligned..]
+            };
             Some((kind, data))
         })
     }
@@ -891,7 +921,14 @@ mod netconf_ops {
     }
 
     /// RTM_NEWROUTE / RTM_DELROUTE for a device route of ours in the main table.
-    pub(super) fn owned_route_msg(m: &mut Vec<u8>, kind: u16, extra: u16, seq: u32, dst: Cidr, ifindex: u32) {
+    pub(super) fn owned_route_msg(
+        m: &mut Vec<u8>,
+        kind: u16,
+        extra: u16,
+        seq: u32,
+        dst: Cidr,
+        ifindex: u32,
+    ) {
         put_hdr(m, kind, NLM_F_REQUEST | NLM_F_ACK | extra, seq);
         let v4 = dst.addr.is_ipv4();
         let scope = match (kind, v4) {
@@ -919,7 +956,14 @@ mod netconf_ops {
     }
 
     /// RTM_NEWNEIGH / RTM_DELNEIGH for a proxy entry.
-    pub(super) fn neigh_msg(m: &mut Vec<u8>, kind: u16, extra: u16, seq: u32, ifindex: u32, addr: IpAddr) {
+    pub(super) fn neigh_msg(
+        m: &mut Vec<u8>,
+        kind: u16,
+        extra: u16,
+        seq: u32,
+        ifindex: u32,
+        addr: IpAddr,
+    ) {
         put_hdr(m, kind, NLM_F_REQUEST | NLM_F_ACK | extra, seq);
         // struct ndmsg { u8 family, u8 pad, u16 pad, i32 ifindex, u16 state, u8 flags, u8 type }
         m.extend_from_slice(&[family(&addr), 0, 0, 0]);
@@ -944,13 +988,27 @@ mod netconf_ops {
         #[test]
         fn owned_route_round_trips_through_the_parser() {
             let mut m = Vec::new();
-            owned_route_msg(&mut m, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, 3, cidr("10.66.2.9/24"), 7);
+            owned_route_msg(
+                &mut m,
+                RTM_NEWROUTE,
+                NLM_F_CREATE | NLM_F_EXCL,
+                3,
+                cidr("10.66.2.9/24"),
+                7,
+            );
             let flags = u16::from_ne_bytes([m[6], m[7]]);
             assert_eq!(flags & NLM_F_EXCL, NLM_F_EXCL);
-            assert_eq!(flags & NLM_F_REPLACE, 0, "never replace someone else's route");
+            assert_eq!(
+                flags & NLM_F_REPLACE,
+                0,
+                "never replace someone else's route"
+            );
             let r = parse_route(&m[16..]).unwrap();
             assert_eq!(r.dst, cidr("10.66.2.0/24"));
-            assert_eq!((r.oif, r.table, r.protocol, r.unicast), (Some(7), 254, RTPROT_RICEGUARD, true));
+            assert_eq!(
+                (r.oif, r.table, r.protocol, r.unicast),
+                (Some(7), 254, RTPROT_RICEGUARD, true)
+            );
             owned_route_msg(&mut m, RTM_DELROUTE, 0, 4, cidr("fd77::203/128"), 7);
             assert_eq!(m[16 + 6], RT_SCOPE_NOWHERE);
             assert_eq!(parse_route(&m[16..]).unwrap().dst, cidr("fd77::203/128"));
@@ -959,7 +1017,14 @@ mod netconf_ops {
         #[test]
         fn proxy_neigh_round_trips_through_the_parser() {
             let mut m = Vec::new();
-            neigh_msg(&mut m, RTM_NEWNEIGH, NLM_F_CREATE, 1, 5, "192.168.77.202".parse().unwrap());
+            neigh_msg(
+                &mut m,
+                RTM_NEWNEIGH,
+                NLM_F_CREATE,
+                1,
+                5,
+                "192.168.77.202".parse().unwrap(),
+            );
             assert_eq!(m.len(), 16 + 12 + 8 + 8);
             let n = parse_proxy_neigh(&m[16..]).unwrap();
             assert_eq!(n.ifindex, 5);
@@ -1006,7 +1071,12 @@ mod netconf_ops {
                 nl.add_owned_route(cidr("10.66.2.0/24"), lo).unwrap();
                 nl.add_owned_route(cidr("fd66::/64"), lo).unwrap();
                 // Someone else's route to the same prefix is not replaced.
-                nl.add_route(Route { dst: cidr("10.66.3.0/24"), gateway: None, ifindex: Some(lo) }).unwrap();
+                nl.add_route(Route {
+                    dst: cidr("10.66.3.0/24"),
+                    gateway: None,
+                    ifindex: Some(lo),
+                })
+                .unwrap();
                 assert!(nl.add_owned_route(cidr("10.66.3.0/24"), lo).is_err());
                 let routes = nl.routes().unwrap();
                 let ours: Vec<Cidr> = routes
@@ -1026,15 +1096,29 @@ mod netconf_ops {
                 // Addresses go one at a time.
                 assert!(nl.delete_address("lo", cidr("10.9.8.1/24")).unwrap());
                 assert!(!nl.delete_address("lo", cidr("10.9.8.1/24")).unwrap());
-                assert!(nl.link_addresses(lo).unwrap().contains(&cidr("10.9.9.1/24")));
+                assert!(nl
+                    .link_addresses(lo)
+                    .unwrap()
+                    .contains(&cidr("10.9.9.1/24")));
                 // Proxy entries.
                 let a: IpAddr = "10.9.9.77".parse().unwrap();
                 let b: IpAddr = "fd99::77".parse().unwrap();
                 nl.add_proxy_neighbour(lo, a).unwrap();
                 nl.add_proxy_neighbour(lo, b).unwrap();
                 let px = nl.proxy_neighbours().unwrap();
-                assert!(px.contains(&ProxyNeighbour { ifindex: lo, addr: a, protocol: RTPROT_RICEGUARD }), "{px:?}");
-                assert!(px.iter().any(|p| p.addr == b && p.protocol == RTPROT_RICEGUARD), "{px:?}");
+                assert!(
+                    px.contains(&ProxyNeighbour {
+                        ifindex: lo,
+                        addr: a,
+                        protocol: RTPROT_RICEGUARD
+                    }),
+                    "{px:?}"
+                );
+                assert!(
+                    px.iter()
+                        .any(|p| p.addr == b && p.protocol == RTPROT_RICEGUARD),
+                    "{px:?}"
+                );
                 assert!(nl.delete_proxy_neighbour(lo, a).unwrap());
                 assert!(!nl.delete_proxy_neighbour(lo, a).unwrap());
                 assert!(nl.delete_proxy_neighbour(lo, b).unwrap());
