@@ -17,9 +17,9 @@
 #     IPv6 entries follow the uplink's IPv6 address when it appears later.
 # (b) reload to two-armed (Lan, LanAddress): the LAN port gets its address; the phone and
 #     M ping each other and a TCP exchange works.
-# (c) reload removing the second peer and changing the tunnel addresses: its routes and
-#     proxy entries are gone; the phone's stay; the unchanged address is not touched (a
-#     route using it as source survives), nor a hand-made route and address.
+# (c) reload removing the second peer: its routes and proxy entries are gone, the phone's
+#     stay; then one changing the tunnel addresses: the removed one goes, the kept one is
+#     not touched (a route using it as source survives), nor a hand-made route or address.
 # (d) the uplink loses its IPv6 address: the IPv6 entry goes; (e) stop: no proxy entry left.
 #
 # Needs root, wireguard-go, wireguard-tools, iproute2, nftables, python3.
@@ -166,8 +166,8 @@ RG_LOG=info ip netns exec $G "$RG" up --config "$CONF" --workers 1 >"$WORK/gw.lo
 STARTED=$!
 sleep 0.2
 # `ip netns exec` may exec riceguard (same PID) or run it as its child.
-if [ "$(cat /proc/$STARTED/comm 2>/dev/null)" = riceguard ]; then RGPID=$STARTED
-else RGPID=$(pgrep -P $STARTED -x riceguard | head -1); PIDS+=($STARTED); fi
+if [ "$(readlink /proc/$STARTED/exe)" = "$RG" ]; then RGPID=$STARTED
+else RGPID=$(pgrep -P $STARTED | head -1); PIDS+=($STARTED); fi
 up=0
 for _ in $(seq 100); do
     if [ -S /var/run/wireguard/$TUN.sock ] && ip -n $G -o link show $TUN 2>/dev/null | grep -q ',UP'; then up=1; break; fi
@@ -270,23 +270,29 @@ print("ok" if data == msg[::-1] else "mismatch %d" % len(data))
 ' 2>&1)
 [ "$got" = ok ] && ok "TCP phone -> 192.168.88.10:7777: 30 kB echoed reversed" || bad "TCP exchange: $got"
 
-# ---- (c) reload removing the second peer ----------------------------------------------------
-echo "--- (c) reload: second peer removed, tunnel addresses changed"
-# Things the reload must not touch: a route using the kept address as its source (gone if
+# ---- (c) reload removing the second peer, then one changing the tunnel addresses ----------
+echo "--- (c1) reload: second peer removed (addresses unchanged)"
+write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64" no "Lan = lan
+LanAddress = 192.168.88.1/24, fd88::1/64"
+if reload_to 2; then ok "reload 2 applied"; else bad "reload 2: $(grep reload: "$STATUS")"; fi
+check "removed peer's route 10.66.2.0/24 is gone" no_route 10.66.2.0/24
+check "removed peer's route fd77::203 is gone" no_route fd77::203 -6
+check "removed peer's proxy entry 192.168.77.203 is gone" no_proxy 192.168.77.203
+check "removed peer's NDP entry fd77::203 is gone" no_proxy fd77::203
+check "the phone's route 10.66.1.0/24 stays" route_of 10.66.1.0/24
+check "the phone's route fd77::202 stays" route_of fd77::202 -6
+check "the phone's proxy entry 192.168.77.202 stays" has_proxy 192.168.77.202 upl
+check "the phone's NDP entry fd77::202 stays" has_proxy fd77::202 upl
+
+echo "--- (c2) reload: tunnel address 10.66.8.1/24 replaced by 10.66.9.1/24"
+# Things the reload must not touch: a route using a kept address as its source (gone if
 # that address were flushed), a hand-made route and a hand-made address on the tunnel.
 ip -n $G route add 10.99.9.0/24 dev $TUN src 192.168.77.201
 ip -n $G route add 10.98.0.0/24 dev $TUN
 ip -n $G addr add 10.97.7.1/32 dev $TUN
 write_conf "192.168.77.201/29, 10.66.9.1/24, fd77:1::1/64" no "Lan = lan
 LanAddress = 192.168.88.1/24, fd88::1/64"
-if reload_to 2; then ok "reload 2 applied"; else bad "reload 2: $(grep reload: "$STATUS")"; fi
-check "removed peer's route 10.66.2.0/24 is gone" no_route 10.66.2.0/24
-check "removed peer's route fd77::203 is gone" no_route fd77::203 -6
-check "removed peer's proxy entry 192.168.77.203 is gone" no_proxy 192.168.77.203
-check "the phone's route 10.66.1.0/24 stays" route_of 10.66.1.0/24
-check "the phone's route fd77::202 stays" route_of fd77::202 -6
-check "the phone's proxy entry 192.168.77.202 stays" has_proxy 192.168.77.202 upl
-check "the phone's NDP entry fd77::202 stays" has_proxy fd77::202 upl
+if reload_to 3; then ok "reload 3 applied"; else bad "reload 3: $(grep reload: "$STATUS")"; fi
 check "removed address 10.66.8.1/24 is gone" sh -c "! ip -n $G -o addr show dev $TUN | grep -q 'inet 10.66.8.1/'"
 check "new address 10.66.9.1/24 is there" sh -c "ip -n $G -o addr show dev $TUN | grep -q 'inet 10.66.9.1/24'"
 check "kept address 192.168.77.201/29 is there" sh -c "ip -n $G -o addr show dev $TUN | grep -q 'inet 192.168.77.201/29'"
@@ -294,8 +300,9 @@ check "route with src 192.168.77.201 survived (the address was not flushed)" \
     sh -c "ip -n $G route show dev $TUN | grep -q '^10.99.9.0/24 .*src 192.168.77.201'"
 check "hand-made route 10.98.0.0/24 on the tunnel survived" sh -c "ip -n $G route show dev $TUN | grep -q '^10.98.0.0/24'"
 check "hand-made address 10.97.7.1 on the tunnel survived" sh -c "ip -n $G -o addr show dev $TUN | grep -q 'inet 10.97.7.1/32'"
+check "the phone's route 10.66.1.0/24 untouched" route_of 10.66.1.0/24
 check "LAN port address untouched" sh -c "ip -n $G -o addr show dev lan | grep -q 'inet 192.168.88.1/24'"
-check "phone still reaches 192.168.77.10 after the reload" ping_loss0 $P 192.168.77.10
+check "phone still reaches 192.168.77.10 after the reloads" ping_loss0 $P 192.168.77.10
 check "LAN host 192.168.77.10 still reaches the phone" ping_loss0 $L 192.168.77.202
 
 # ---- (d) the uplink's address goes ----------------------------------------------------------
