@@ -230,41 +230,18 @@ impl Netlink {
     }
 
     fn dump_addresses(&mut self, ifindex: u32) -> Result<Vec<Cidr>, NetlinkError> {
-        let seq = self.next_seq();
-        let mut m = Vec::with_capacity(32);
-        put_hdr(&mut m, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, seq);
-        m.extend_from_slice(&[0u8; 8]); // ifaddrmsg, family AF_UNSPEC: all
-        finish(&mut m);
-        self.send_all(&m)?;
         let mut out = Vec::new();
-        loop {
-            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
-                .map_err(NetlinkError::Socket)?;
-            for msg in Messages::new(&self.buf[..n]) {
-                let msg = msg?;
-                if msg.seq != seq {
-                    continue;
-                }
-                match msg.kind {
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let errno = parse_error(msg.payload)?;
-                        return Err(NetlinkError::Kernel {
-                            what: "list addresses".into(),
-                            errno: nix::Error::from_raw(-errno),
-                        });
+        // ifaddrmsg, family AF_UNSPEC: all
+        self.dump_each(RTM_GETADDR, &[0u8; 8], "list addresses", |kind, p| {
+            if kind == RTM_NEWADDR {
+                if let Some((idx, c)) = parse_addr(p) {
+                    if idx == ifindex {
+                        out.push(c);
                     }
-                    RTM_NEWADDR => {
-                        if let Some((idx, c)) = parse_addr(msg.payload) {
-                            if idx == ifindex {
-                                out.push(c);
-                            }
-                        }
-                    }
-                    _ => {}
                 }
             }
-        }
+        })?;
+        Ok(out)
     }
 }
 
@@ -781,7 +758,7 @@ mod netconf_ops {
 
         /// Send a dump request (`header` is the family header) and hand each answer's
         /// type and payload to `f` until the kernel says done.
-        fn dump_each(
+        pub(super) fn dump_each(
             &mut self,
             kind: u16,
             header: &[u8],
