@@ -423,3 +423,144 @@ fn set_sysctl(key: &str, value: &str) {
         Err(e) => log::warn!("sysctl {}: {e}", key.replace('/', ".")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::{GatewayConfig, PeerConfig};
+    use crate::core::key::Key;
+    use crate::sys::netlink::Route;
+    use std::net::IpAddr;
+
+    fn c(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn peer(n: u8, ips: &[&str]) -> PeerConfig {
+        PeerConfig {
+            public_key: Key([n; 32]),
+            preshared_key: None,
+            allowed_ips: ips.iter().map(|s| c(s)).collect(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+            name: None,
+        }
+    }
+
+    fn config(addrs: &[&str], peers: Vec<PeerConfig>) -> Config {
+        let mut cfg = Config {
+            gateway: GatewayConfig {
+                interface_name: "rgnt0".into(),
+                uplink: "lo".into(),
+                ..GatewayConfig::default()
+            },
+            ..Config::default()
+        };
+        cfg.interface.addresses = addrs.iter().map(|s| c(s)).collect();
+        cfg.peers = peers;
+        cfg
+    }
+
+    fn ours(nl: &mut Netlink, tun: u32) -> Vec<Cidr> {
+        netplan::owned_routes(&nl.routes().unwrap(), tun, RTPROT_RICEGUARD)
+    }
+
+    fn proxies(nl: &mut Netlink) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = nl
+            .proxy_neighbours()
+            .unwrap()
+            .iter()
+            .map(|p| p.addr)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Start, reload, watch and stop against the real kernel, in a private network
+    /// namespace of this test's thread: a TUN as the tunnel, `lo` as the uplink.
+    #[test]
+    #[ignore = "needs root (a private network namespace, a TUN device); run with --ignored as root"]
+    fn reload_is_a_diff_in_a_private_netns() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let _tun = crate::sys::tun::Tun::create("rgnt0", 1, false).unwrap();
+            let mut nl = Netlink::open().unwrap();
+            nl.set_link_up("lo", true).unwrap();
+            nl.add_address("lo", c("192.168.77.2/24")).unwrap();
+            let tun = Netlink::ifindex("rgnt0").unwrap();
+            let a = config(
+                &["192.168.77.201/29", "10.66.8.1/24"],
+                vec![
+                    peer(1, &["192.168.77.202/32", "10.66.1.0/24"]),
+                    peer(2, &["192.168.77.203/32", "10.66.2.0/24", "0.0.0.0/0"]),
+                ],
+            );
+            let nc = NetConf::start("rgnt0", &a).unwrap();
+            assert_eq!(
+                ours(&mut nl, tun),
+                vec![c("10.66.1.0/24"), c("10.66.2.0/24")]
+            );
+            let p202: IpAddr = "192.168.77.202".parse().unwrap();
+            let p203: IpAddr = "192.168.77.203".parse().unwrap();
+            assert_eq!(proxies(&mut nl), vec![p202, p203]);
+            let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
+            assert_eq!(fwd.trim(), "1");
+
+            // Someone else's route and address on the tunnel.
+            nl.add_route(Route {
+                dst: c("10.98.0.0/24"),
+                gateway: None,
+                ifindex: Some(tun),
+            })
+            .unwrap();
+            nl.add_address("rgnt0", c("10.97.7.1/32")).unwrap();
+
+            // Reload: peer 2 removed, one address replaced.
+            let b = config(
+                &["192.168.77.201/29", "10.66.9.1/24"],
+                vec![peer(1, &["192.168.77.202/32", "10.66.1.0/24"])],
+            );
+            nc.apply(&b).unwrap();
+            assert_eq!(ours(&mut nl, tun), vec![c("10.66.1.0/24")]);
+            let routes = nl.routes().unwrap();
+            assert!(
+                routes.iter().any(|r| r.dst == c("10.98.0.0/24")),
+                "{routes:?}"
+            );
+            assert!(
+                !routes.iter().any(|r| r.dst == c("10.66.2.0/24")),
+                "{routes:?}"
+            );
+            let addrs = nl.link_addresses(tun).unwrap();
+            for want in ["192.168.77.201/29", "10.66.9.1/24", "10.97.7.1/32"] {
+                assert!(addrs.contains(&c(want)), "{want} missing: {addrs:?}");
+            }
+            assert!(!addrs.contains(&c("10.66.8.1/24")), "{addrs:?}");
+            assert_eq!(proxies(&mut nl), vec![p202]);
+
+            // The uplink moves to another subnet: the watch drops the entry, and adds it
+            // back when the address returns.
+            nl.delete_address("lo", c("192.168.77.2/24")).unwrap();
+            nl.add_address("lo", c("192.168.78.2/24")).unwrap();
+            nc.tick();
+            assert!(proxies(&mut nl).is_empty());
+            nl.add_address("lo", c("192.168.77.2/24")).unwrap();
+            nc.tick();
+            assert_eq!(proxies(&mut nl), vec![p202]);
+
+            // An entry added after the start (even tagged like ours: only what is there at
+            // the start is adopted) stays through ticks and the stop; ours go.
+            let foreign: IpAddr = "192.168.77.50".parse().unwrap();
+            nl.add_proxy_neighbour(Netlink::ifindex("lo").unwrap(), foreign)
+                .unwrap();
+            nc.tick();
+            nc.shutdown();
+            assert_eq!(proxies(&mut nl), vec![foreign]);
+            nc.tick(); // stopped: does nothing
+            assert_eq!(proxies(&mut nl), vec![foreign]);
+        })
+        .join()
+        .unwrap();
+    }
+}
