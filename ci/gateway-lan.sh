@@ -27,31 +27,16 @@
 # Prints "gateway-lan: N passed, N failed"; exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
-
-RG=${RG_BIN:-target/release/riceguard}
-if [ ! -x "$RG" ]; then
-    echo "build riceguard first (cargo build --release), or set RG_BIN"
-    echo "gateway-lan: 0 passed, 1 failed"
-    exit 1
-fi
-RG=$(realpath "$RG")
-for t in wireguard-go wg ip nft python3; do
-    command -v $t >/dev/null || { echo "needs $t"; echo "gateway-lan: 0 passed, 1 failed"; exit 1; }
-done
+. ci/lib/harness.sh
+h_init gateway-lan
+require_rg
+require_tools wireguard-go wg ip nft python3
 
 P=rgnP$$ R=rgnR$$ G=rgnG$$ L=rgnL$$ M=rgnM$$
 TUN=rgnw$$ PHONE=rgnp$$
 WORK=$(mktemp -d /tmp/rgn-gateway-lan.XXXXXX)
 STATUS=/run/riceguard/$TUN.status
-PIDS=()
 RGPID=
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
-check() { # check "what" command...: PASS when the command succeeds
-    local what=$1; shift
-    if "$@" >/dev/null 2>&1; then ok "$what"; else bad "$what"; fi
-}
 
 cleanup() {
     local p
@@ -64,8 +49,7 @@ cleanup() {
     rm -f /var/run/wireguard/$TUN.sock /var/run/wireguard/$PHONE.sock "$STATUS"
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit cleanup
 
 G_() { ip netns exec $G "$@"; }
 
@@ -174,7 +158,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 if [ $up = 1 ] && [ -n "$RGPID" ]; then ok "gateway up (riceguard pid $RGPID)"
-else bad "gateway did not come up"; tail -20 "$WORK/gw.log"; echo "gateway-lan: $pass passed, $fail failed"; exit 1; fi
+else bad "gateway did not come up"; tail -20 "$WORK/gw.log"; h_finish; fi
 
 # wait_for SECONDS COMMAND...: poll (0.2 s) until the command succeeds, bounded.
 wait_for() {
@@ -242,32 +226,10 @@ check "phone pings LAN host 192.168.88.10" ping_ok $P 192.168.88.10
 check "LAN host 192.168.88.10 pings the phone" ping_loss0 $M 192.168.77.202
 check "phone pings LAN host fd88::10" ping_ok $P fd88::10
 # One TCP exchange: a one-shot echo server on the LAN host, bounded by timeouts.
-timeout 20 ip netns exec $M python3 -c '
-import socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("192.168.88.10", 7777)); s.listen(1); s.settimeout(15)
-c, _ = s.accept(); c.settimeout(5)
-data = b""
-while not data.endswith(b"\n"):
-    d = c.recv(65536)
-    if not d: break
-    data += d
-c.sendall(data[::-1]); c.close()
-' &
+timeout 20 ip netns exec $M python3 ci/lib/labtool.py tcp-reverse-once 192.168.88.10 7777 &
 PIDS+=($!)
 wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :7777' | grep -q ."
-got=$(timeout 15 ip netns exec $P python3 -c '
-import socket
-c = socket.create_connection(("192.168.88.10", 7777), timeout=5)
-msg = b"riceguard-" * 3000 + b"\n"
-c.sendall(msg); c.shutdown(socket.SHUT_WR)
-data = b""
-while True:
-    d = c.recv(65536)
-    if not d: break
-    data += d
-print("ok" if data == msg[::-1] else "mismatch %d" % len(data))
-' 2>&1)
+got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 7777 2>&1)
 [ "$got" = ok ] && ok "TCP phone -> 192.168.88.10:7777: 30 kB echoed reversed" || bad "TCP exchange: $got"
 
 # ---- (c) reload removing the second peer, then one changing the tunnel addresses ----------
@@ -322,6 +284,5 @@ else
     left=$(ip -n $G neigh show proxy)
     [ -z "$left" ] && ok "no proxy entry left after stop" || bad "proxy entries left after stop: $left"
 fi
-if [ $fail -gt 0 ]; then echo "--- gateway log (tail)"; tail -30 "$WORK/gw.log"; fi
-echo "gateway-lan: $pass passed, $fail failed"
-[ $fail = 0 ]
+if [ $failed -gt 0 ]; then echo "--- gateway log (tail)"; tail -30 "$WORK/gw.log"; fi
+h_finish

@@ -11,6 +11,9 @@ drives namespaces and processes, anything that talks sockets or parses output is
     labtool.py uapi-clients SOCK READY      40 silent, 10 half-request, 10 slow-loris UAPI clients for 25 s
     labtool.py uapi-cut SOCK                a `set` cut off inside a line; prints the reply
     labtool.py hold udp|tcp PORT READY      hold a port on [::] (dual-stack) for 120 s
+    labtool.py tcp-reverse-once HOST PORT   accept one TCP connection (15 s), send back what
+                                            it sent up to a newline, reversed
+    labtool.py tcp-reverse-check HOST PORT  30 kB to a tcp-reverse-once server; prints "ok"
 
 Every loop is bounded in count and time.
 """
@@ -151,7 +154,41 @@ def hold(args):
     time.sleep(120)
 
 
+def tcp_reverse_once(args):
+    s = socket.socket(socket.AF_INET6 if ":" in args[0] else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((args[0], int(args[1])))
+    s.listen(1)
+    s.settimeout(15)
+    c, _ = s.accept()
+    c.settimeout(5)
+    data = b""
+    while not data.endswith(b"\n"):
+        d = c.recv(65536)
+        if not d:
+            break
+        data += d
+    c.sendall(data[::-1])
+    c.close()
+
+
+def tcp_reverse_check(args):
+    c = socket.create_connection((args[0], int(args[1])), timeout=5)
+    msg = b"riceguard-" * 3000 + b"\n"
+    c.sendall(msg)
+    c.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        data += d
+    print("ok" if data == msg[::-1] else "mismatch %d" % len(data))
+
+
 TOOLS = {
+    "tcp-reverse-once": tcp_reverse_once,
+    "tcp-reverse-check": tcp_reverse_check,
     "iperf-mbit": iperf_mbit,
     "udp-echo": udp_echo,
     "udp-echo-check": udp_echo_check,
