@@ -345,7 +345,7 @@ impl Client {
             return;
         };
         let h = Held { lease, at };
-        if h.expiry().is_none_or(|e| e > now) {
+        if h.expiry().map_or(true, |e| e > now) {
             self.held = Some(h);
         }
     }
@@ -366,6 +366,22 @@ impl Client {
     /// The lease in use (bound, renewing, rebinding, or kept while re-confirming).
     pub fn lease(&self) -> Option<&Lease> {
         self.held.as_ref().map(|h| &h.lease)
+    }
+
+    /// How long ago the held lease's times began (its REQUEST went out).
+    pub fn lease_age(&self, now: Instant) -> Option<Duration> {
+        self.held
+            .as_ref()
+            .map(|h| now.saturating_duration_since(h.at))
+    }
+
+    /// Time left until the held lease expires; `None` without a lease or for an
+    /// infinite one.
+    pub fn lease_remaining(&self, now: Instant) -> Option<Duration> {
+        self.held
+            .as_ref()
+            .and_then(|h| h.expiry())
+            .map(|e| e.saturating_duration_since(now))
     }
 
     fn current_address(&self) -> Option<Ipv4Addr> {
@@ -478,7 +494,7 @@ impl Client {
 
     /// The next message to send, if one is due.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
-        if self.next_send.is_none_or(|t| now < t) {
+        if self.next_send.map_or(true, |t| now < t) {
             return None;
         }
         self.sent = self.sent.saturating_add(1);
@@ -685,13 +701,11 @@ impl Client {
                     }
                 }
             }
-            State::InitReboot => {
-                if Some(lease.address) != self.current_address() {
-                    return Err(Ignored::BadAddress(format!(
-                        "ACK for {} after asking for the previous address",
-                        lease.address
-                    )));
-                }
+            State::InitReboot if Some(lease.address) != self.current_address() => {
+                return Err(Ignored::BadAddress(format!(
+                    "ACK for {} after asking for the previous address",
+                    lease.address
+                )));
             }
             _ => {}
         }

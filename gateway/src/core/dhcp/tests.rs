@@ -323,10 +323,9 @@ fn unanswered_init_reboot_keeps_the_lease_until_it_ends() {
     let gap2 = sends[2] - sends[1];
     assert!(gap1 >= secs(3) && gap1 <= secs(5), "{gap1:?}");
     assert!(gap2 >= secs(7) && gap2 <= secs(9), "{gap2:?}");
-    assert!(events(&mut c).iter().any(|e| *e
-        == Event::RebootUnanswered {
-            keeping: Some(ADDR)
-        }));
+    assert!(events(&mut c).contains(&Event::RebootUnanswered {
+        keeping: Some(ADDR)
+    }));
     assert_eq!(c.state(), State::Bound);
     assert_eq!(c.lease().map(|l| l.address), Some(ADDR));
 }
