@@ -25,14 +25,21 @@ use crate::core::dhcp::{Client, Event, Ignored, Lease, CLIENT_PORT, INFINITE, SE
 use crate::core::net::Cidr;
 use crate::sys::netlink::{Lifetime, Netlink, Route};
 
-/// Where the lease files and resolv.conf go.
+/// Where the lease files and resolv.conf go (`RG_RUN_DIR` overrides it, for tests that
+/// run the client on a host).
 pub const RUN_DIR: &str = "/run/riceguard";
+
+fn run_dir() -> PathBuf {
+    std::env::var_os("RG_RUN_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(RUN_DIR), PathBuf::from)
+}
 const CARRIER_POLL: Duration = Duration::from_secs(1);
 const USAGE: &str = "usage: riceguard dhcp [--run-dir DIR] IFACE";
 
 pub fn main(args: &[String]) -> ExitCode {
     crate::logger::init();
-    let mut dir = PathBuf::from(RUN_DIR);
+    let mut dir = run_dir();
     let mut iface = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -437,7 +444,7 @@ impl Runner<'_> {
 /// One line per lease file in `/run/riceguard`, for `riceguard status` and the
 /// console's `show status`.
 pub fn lease_lines() -> Vec<String> {
-    lease_lines_in(Path::new(RUN_DIR), wall_secs())
+    lease_lines_in(&run_dir(), wall_secs())
 }
 
 /// [`lease_lines`] for a directory and a wall-clock time (unix seconds).
