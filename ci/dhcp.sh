@@ -85,7 +85,7 @@ start_dnsmasq() {
         --dhcp-range=192.168.77.10,192.168.77.50,255.255.255.0,2m \
         --dhcp-option=option:router,192.168.77.1 --dhcp-option=option:dns-server,192.168.77.1 \
         --dhcp-leasefile="$tmp/dnsmasq.leases" --pid-file="$tmp/dnsmasq.pid" \
-        --log-dhcp --log-facility="$tmp/dnsmasq.log" &
+        --log-dhcp >>"$tmp/dnsmasq.log" 2>&1 &
     dnsmasq_pid=$!
     pids+=("$dnsmasq_pid")
 }
@@ -125,8 +125,10 @@ check "renewal refreshed the lifetime (valid_lft $lft s > 100)" test "${lft:-0}"
 stop "$dnsmasq_pid"
 echo "     dnsmasq stopped; waiting for the next renewal to fail"
 renews=$(count "$log1" "renewed ")
+asks=$(count "$log1" "renewing with 192.168.77.1")
 # The next T1 is 60 s after the renewal; 70 s covers it and its first unanswered tries.
 sleep 70
+check "a renewal was tried" test "$(count "$log1" "renewing with 192.168.77.1")" -gt "$asks"
 check "no renewal without the server" test "$(count "$log1" "renewed ")" -eq "$renews"
 check "address kept after the failed renewal" has_addr "$addr/24"
 check "default route kept" has_default 192.168.77.1

@@ -191,6 +191,8 @@ pub enum Event {
     },
     /// The same address renewed (RENEWING or REBINDING): refresh its lifetime.
     Renewed(Lease),
+    /// T1 passed: asking the lease's server to extend it.
+    Renewing,
     /// T2 passed without a renewal: asking any server now.
     Rebinding,
     /// The lease ended: remove its address and route.
@@ -483,6 +485,7 @@ impl Client {
         } else if t1.is_some_and(|t| now >= t) {
             self.state = State::Renewing;
             if prev != State::Renewing {
+                self.events.push_back(Event::Renewing);
                 self.new_exchange(now);
                 self.next_send = Some(now);
             }

@@ -321,6 +321,10 @@ impl Runner<'_> {
                     lease.lease_secs
                 );
             }
+            Event::Renewing => match self.client.lease() {
+                Some(l) => log::info!("dhcp {iface}: renewing with {}", l.server),
+                None => log::info!("dhcp {iface}: renewing"),
+            },
             Event::Rebinding => log::info!("dhcp {iface}: rebinding"),
             Event::Expired(lease) => {
                 self.remove(&lease);

@@ -171,6 +171,7 @@ fn whole_lifecycle_renew_rebind_expire() {
     let rm = decode(&r);
     assert_eq!(rm.ciaddr(), ADDR);
     assert!(!rm.flags().broadcast());
+    assert_eq!(events(&mut c), vec![Event::Renewing]);
     c.handle_reply(now, &Reply::to(&rm, MessageType::Ack).bytes())
         .unwrap();
     assert!(matches!(events(&mut c).as_slice(), [Event::Renewed(l)] if l.address == ADDR));
@@ -187,7 +188,11 @@ fn whole_lifecycle_renew_rebind_expire() {
     let r2 = next_tx(&mut c, &mut now, renewed_at + secs(200)).unwrap();
     assert_eq!(r2.to, Some(SRV));
     assert!(now > renewed_at + secs(60) && now < renewed_at + secs(105));
-    assert!(events(&mut c).is_empty());
+    assert_eq!(
+        events(&mut c),
+        vec![Event::Renewing],
+        "one Renewing, no loss"
+    );
     // At T2: REBINDING, broadcast.
     let mut saw_rebind = false;
     let mut address_dropped_before_expiry = false;
@@ -244,7 +249,7 @@ fn nak_while_renewing_removes_the_address() {
     c.handle_reply(now, &Reply::to(&rm, MessageType::Nak).bytes())
         .unwrap();
     match events(&mut c).as_slice() {
-        [Event::Nak {
+        [Event::Renewing, Event::Nak {
             server,
             removed: Some(l),
             ..
