@@ -133,19 +133,26 @@ fn open_socket(iface: &str) -> Result<UdpSocket, String> {
     Ok(sock)
 }
 
-/// Say once when reverse-path filtering would drop the server's broadcast answers
-/// before the uplink has an address (the appliance sets it off; hosts may not).
-fn check_rp_filter(iface: &str) {
+/// The effective `rp_filter` of the uplink (the larger of `all` and the device's).
+fn rp_filter(iface: &str) -> u32 {
     let read = |k: &str| {
         std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{k}/rp_filter"))
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             .unwrap_or(0)
     };
-    let v = read("all").max(read(iface));
-    if v != 0 {
-        log::warn!("dhcp {iface}: rp_filter is {v}: answers to a client without an address may be dropped; set net.ipv4.conf.all.rp_filter and net.ipv4.conf.{iface}.rp_filter to 0");
+    read("all").max(read(iface))
+}
+
+/// Say when reverse-path filtering (strict or loose) would drop the server's answers
+/// while the uplink has no address and no route to the server: the kernel checks the
+/// source of a broadcast before any socket sees it. Said again only when it changes.
+fn check_rp_filter(iface: &str, last: &mut u32) {
+    let v = rp_filter(iface);
+    if v != *last && v != 0 {
+        log::warn!("dhcp {iface}: rp_filter is {v}: while the uplink has no address, the server's answers are dropped by the kernel; set net.ipv4.conf.all.rp_filter and net.ipv4.conf.{iface}.rp_filter to 0");
     }
+    *last = v;
 }
 
 struct Runner<'a> {
@@ -160,7 +167,8 @@ fn run(iface: &str, dir: &Path) -> Result<(), String> {
     let sock = open_socket(iface)?;
     let nl = Netlink::open().map_err(|e| e.to_string())?;
     let _ = std::fs::create_dir_all(dir);
-    check_rp_filter(iface);
+    let mut rp_seen = 0;
+    check_rp_filter(iface, &mut rp_seen);
     let now = Instant::now();
     let mut client = Client::new(mac, rand_core::OsRng.next_u64(), now);
     if let Ok(h) = nix::unistd::gethostname() {
@@ -216,6 +224,9 @@ fn run(iface: &str, dir: &Path) -> Result<(), String> {
         }
         r.client.handle_timeout(now);
         while let Some(tx) = r.client.poll_transmit(now) {
+            if r.client.lease().is_none() {
+                check_rp_filter(iface, &mut rp_seen);
+            }
             let to = SocketAddrV4::new(tx.to.unwrap_or(Ipv4Addr::BROADCAST), SERVER_PORT);
             if let Err(e) = sock.send_to(&tx.payload, to) {
                 log::warn!(target: "net::dhcp", "dhcp {iface}: send to {to}: {e}");
