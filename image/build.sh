@@ -135,6 +135,8 @@ printf '%s\n' "$build" >"$rfs/etc/riceguard/build"
 install -m 0755 "$bin" "$rfs/usr/bin/riceguard"
 ln -s ../usr/bin/riceguard "$rfs/sbin/init"
 ln -s ../run "$rfs/var/run"
+# The resolver (musl, for Endpoint host names) reads the DNS servers of the uplink's DHCP lease.
+ln -s ../run/riceguard/resolv.conf "$rfs/etc/resolv.conf"
 board_runtime >"$rfs/etc/riceguard/board.conf"
 # Update bundles must be signed by this key's private half (image/keys.sh, flash-scripts/README.md).
 install -m 0644 "$(image/keys.sh pub)" "$rfs/etc/riceguard/update.pub"

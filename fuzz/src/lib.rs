@@ -319,6 +319,95 @@ pub fn check_gso_split(data: &[u8]) {
     }
 }
 
+/// A DHCP reply as a server would send it (for bringing the client into a state).
+fn dhcp_reply(xid: &[u8], kind: u8, lease: u32) -> Vec<u8> {
+    let mut m = vec![0u8; 240];
+    m[..4].copy_from_slice(&[2, 1, 6, 0]);
+    m[4..8].copy_from_slice(xid);
+    m[16..20].copy_from_slice(&[192, 168, 77, 2]);
+    m[28..34].copy_from_slice(&DHCP_MAC);
+    m[236..240].copy_from_slice(&[99, 130, 83, 99]);
+    m.extend_from_slice(&[53, 1, kind, 54, 4, 192, 168, 77, 1, 1, 4, 255, 255, 255, 0]);
+    m.extend_from_slice(&[51, 4]);
+    m.extend_from_slice(&lease.to_be_bytes());
+    m.extend_from_slice(&[3, 4, 192, 168, 77, 1, 6, 4, 192, 168, 77, 1, 255]);
+    m
+}
+
+const DHCP_MAC: [u8; 6] = [2, 0, 0, 0, 0, 7];
+
+/// The DHCP client fed arbitrary bytes as replies, in the state the first byte picks
+/// (selecting, requesting, bound, renewing, rebinding, init-reboot); bit 7 patches our
+/// xid and MAC in, so the fuzzer gets past the "not ours" checks. Whatever arrives, the
+/// client never panics and never holds a lease with an impossible prefix or lease time;
+/// the rest also goes through `Lease::from_text`, whose accepted leases round-trip.
+pub fn check_dhcp(data: &[u8]) {
+    use riceguard::core::dhcp::{Client, Lease, MIN_LEASE};
+    use std::time::{Duration, Instant};
+    let Some((&sel, rest)) = data.split_first() else {
+        return;
+    };
+    if let Ok(l) = Lease::from_text(&String::from_utf8_lossy(rest)) {
+        assert_eq!(
+            Lease::from_text(&l.to_text()),
+            Ok(l.clone()),
+            "lease text round trip"
+        );
+    }
+    let mut now = Instant::now();
+    let mut c = Client::new(DHCP_MAC, u64::from(sel) + 1, now);
+    c.start(now);
+    let mut xid = [0u8; 4];
+    let mut send = |c: &mut Client, now: Instant, xid: &mut [u8; 4]| {
+        c.handle_timeout(now);
+        while let Some(t) = c.poll_transmit(now) {
+            assert!(t.payload.len() >= 300);
+            xid.copy_from_slice(&t.payload[4..8]);
+        }
+        while c.poll_event().is_some() {}
+    };
+    now += Duration::from_secs(2);
+    send(&mut c, now, &mut xid);
+    let steps = (sel & 0x7f) % 6;
+    if steps >= 1 && steps != 5 {
+        let _ = c.handle_reply(now, &dhcp_reply(&xid, 2, 120));
+        send(&mut c, now, &mut xid);
+    }
+    if steps >= 2 && steps != 5 {
+        let _ = c.handle_reply(now, &dhcp_reply(&xid, 5, 120));
+        send(&mut c, now, &mut xid);
+    }
+    if steps == 3 || steps == 4 {
+        now += Duration::from_secs(if steps == 3 { 61 } else { 106 });
+        send(&mut c, now, &mut xid);
+    }
+    if steps == 5 {
+        c.link_down(now);
+        c.link_up(now);
+        send(&mut c, now, &mut xid);
+    }
+    let mut msg = rest.to_vec();
+    if sel & 0x80 != 0 && msg.len() >= 34 {
+        msg[4..8].copy_from_slice(&xid);
+        msg[28..34].copy_from_slice(&DHCP_MAC);
+        msg[2] = 6;
+    }
+    let _ = c.handle_reply(now, &msg);
+    for _ in 0..8 {
+        while c.poll_event().is_some() {}
+        if let Some(l) = c.lease() {
+            assert!((1..=31).contains(&l.prefix), "held a /{} lease", l.prefix);
+            assert!(u64::from(l.lease_secs) >= MIN_LEASE.as_secs());
+            assert!(l.t1_secs < l.t2_secs || l.lease_secs == u32::MAX);
+        }
+        match c.poll_timeout() {
+            Some(t) => now = t.max(now),
+            None => break,
+        }
+        send(&mut c, now, &mut xid);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +552,11 @@ mod tests {
     #[test]
     fn uring_recv_seeded() {
         run("uring_recv", check_uring_recv, 20_000);
+    }
+
+    #[test]
+    fn dhcp_seeded() {
+        run("dhcp", check_dhcp, 20_000);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod bundle;
 pub mod config;
 pub mod congestion;
 pub mod device;
+pub mod dhcp;
 pub mod fallback;
 pub mod framing;
 pub mod gso;

@@ -2,6 +2,7 @@
 //! the process around them (the drop-in `riceguard IFNAME` and the appliance daemon
 //! `riceguard up --config FILE`).
 
+pub mod dhcp;
 pub mod netconf;
 pub mod offload_io;
 pub mod status;
@@ -1106,17 +1107,28 @@ pub fn status_main(args: &[String]) -> ExitCode {
             })
             .unwrap_or_default(),
     };
+    // Collected and written once: a closed pipe (`status | head`) ends the write, not
+    // the process with a panic.
+    let mut out = String::new();
+    // The uplink's DHCP lease(s) first: they say how the appliance is reached.
+    let leases = dhcp::lease_lines();
+    for l in &leases {
+        out.push_str(l);
+        out.push('\n');
+    }
     if names.is_empty() {
+        use std::io::Write as _;
+        let _ = std::io::stdout().lock().write_all(out.as_bytes());
         eprintln!(
             "no running riceguard interface (no sockets in {})",
             uapi::SOCKET_DIR
         );
         return ExitCode::from(1);
     }
-    // Collected and written once: a closed pipe (`status | head`) ends the write, not
-    // the process with a panic.
+    if !leases.is_empty() {
+        out.push('\n');
+    }
     let mut rc = ExitCode::SUCCESS;
-    let mut out = String::new();
     for n in names {
         match std::fs::read_to_string(status_path(&n)) {
             Ok(t) => out.push_str(&t),

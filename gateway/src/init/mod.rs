@@ -380,7 +380,7 @@ fn stage2() -> ! {
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     let failsafe = failsafe_prompt(FAILSAFE_WAIT);
     let gateway_conf = gateway_config(failsafe);
-    uplink(gw.as_ref(), &cmd);
+    let dhcp_dev = uplink(gw.as_ref(), &cmd);
     steer_rps(gw.as_ref(), &board);
     let mut dog = Watchdog::open(&board);
 
@@ -409,6 +409,20 @@ fn stage2() -> ! {
         },
         now,
     );
+    // No static uplink address: the uplink is configured by DHCP (riceguard dhcp DEV),
+    // supervised like the gateway but not health-checked (it has no UAPI).
+    if let Some(dev) = dhcp_dev {
+        sup.add(
+            Spec {
+                name: "dhcp".into(),
+                argv: vec![BIN.into(), "dhcp".into(), dev],
+                tty: None,
+                restart_delay: RESTART_DELAY,
+                health_checked: false,
+            },
+            now,
+        );
+    }
     if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
         if !perm_ok {
             say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");
@@ -924,12 +938,15 @@ fn first_ethernet() -> Option<String> {
     names.into_iter().next()
 }
 
-fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
+/// Bring up `lo` and the uplink with its static address (`riceguard.uplink=` on the
+/// kernel command line, else `UplinkAddress`). Without one the uplink is left to DHCP
+/// (and IPv6 SLAAC): the device name is returned for the supervised `riceguard dhcp`.
+fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) -> Option<String> {
     let mut nl = match Netlink::open() {
         Ok(n) => n,
         Err(e) => {
             say!("network: {e}");
-            return;
+            return None;
         }
     };
     if let Err(e) = nl.set_link_up("lo", true) {
@@ -959,13 +976,13 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
                 "network: no uplink interface{} found",
                 named.map(|n| format!(" `{n}`")).unwrap_or_default()
             );
-            return;
+            return None;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
     if let Err(e) = nl.set_link_up(&dev, true) {
         say!("network: {dev}: {e}");
-        return;
+        return None;
     }
     let (addrs, gateway): (Vec<Cidr>, _) = match spec {
         Some(s) => (vec![s.address], s.gateway),
@@ -973,6 +990,25 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
             .map(|g| (g.uplink_addresses.clone(), g.uplink_gateway))
             .unwrap_or_default(),
     };
+    if addrs.is_empty() {
+        // SLAAC while forwarding: accept_ra=2 (1 is ignored when forwarding is on).
+        for (k, v) in [("accept_ra", "2"), ("autoconf", "1")] {
+            let p = format!("/proc/sys/net/ipv6/conf/{dev}/{k}");
+            if let Err(e) = std::fs::write(&p, v) {
+                say!("network: {p}: {e}");
+            }
+        }
+        say!(
+            "uplink {dev} up (DHCP; IPv6 by SLAAC){}",
+            if gateway.is_some() {
+                " (UplinkGateway ignored without UplinkAddress)"
+            } else {
+                ""
+            }
+        );
+        report_uso(&dev);
+        return Some(dev);
+    }
     for a in &addrs {
         if let Err(e) = nl.add_address(&dev, *a) {
             say!("network: {e}");
@@ -1000,15 +1036,12 @@ fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) {
         .map(|a| format!("{}/{}", a.addr, a.prefix))
         .collect();
     say!(
-        "uplink {dev} up{}{}",
-        if list.is_empty() {
-            " (no address configured: set UplinkAddress)".to_string()
-        } else {
-            format!(" {}", list.join(" "))
-        },
+        "uplink {dev} up {}{}",
+        list.join(" "),
         gateway.map(|g| format!(" via {g}")).unwrap_or_default()
     );
     report_uso(&dev);
+    None
 }
 
 /// Say once whether the uplink offers UDP segmentation offload (USO): the data plane's

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The uplink by DHCP (issue 13, item 1): `riceguard dhcp VETH` in a client namespace
+# against dnsmasq in a server namespace (2-minute leases, dnsmasq's minimum):
+#   - bound: address (with a finite lifetime), default route, resolv.conf, lease file,
+#     the lease line of `riceguard status`;
+#   - renewed at T1 (about 60 s);
+#   - dnsmasq killed: the next renewal fails and the address stays;
+#   - link flap (veth down/up) with the server back: re-acquired (INIT-REBOOT), route back;
+#   - expiry, against a scripted server (ci/lib/dhcp_expiry_server.py) that answers once
+#     with a 20 s lease and then stays silent: rebinding, then the address and route go.
+# About 2.5 minutes. Needs root, iproute2, dnsmasq, python3. riceguard is $RG_BIN (default:
+# the static release build, else target/release/riceguard). Names are prefixed `rgd`.
+# Ends with "dhcp: N passed, N failed"; exit 1 on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init dhcp
+
+# The static release build if there is one (what the image ships), else target/release.
+if [ -z "${RG_BIN:-}" ] && [ -x target/x86_64-unknown-linux-musl/release/riceguard ]; then
+    RG_BIN=target/x86_64-unknown-linux-musl/release/riceguard
+fi
+require_rg
+require_tools ip dnsmasq python3
+
+SRV=rgd-srv-$$ CLI=rgd-cli-$$ VS=rgdv0 VC=rgdv1
+tmp=$(mktemp -d /tmp/rgd-dhcp.XXXXXX)
+at_exit rm -rf "$tmp"
+
+# wait_for SECONDS COMMAND...: poll every 0.5 s until COMMAND succeeds or time is up.
+wait_for() {
+    local end=$((SECONDS + $1)); shift
+    while [ $SECONDS -lt $end ]; do
+        "$@" && return 0
+        sleep 0.5
+    done
+    "$@"
+}
+
+count() { grep -c -- "$2" "$1" 2>/dev/null || true; }
+log_has() { grep -q -- "$2" "$1"; }
+log_count_ge() { [ "$(count "$1" "$2")" -ge "$3" ]; }
+cli() { ip netns exec $CLI "$@"; }
+has_addr() { ip -n $CLI -4 addr show dev $VC | grep -q "inet $1"; }
+no_addr() { ! has_addr "$1"; }
+has_default() { ip -n $CLI -4 route show default | grep -q "via $1 dev $VC"; }
+no_default() { [ -z "$(ip -n $CLI -4 route show default)" ]; }
+valid_lft() { ip -n $CLI -4 addr show dev $VC | sed -n 's/.*valid_lft \([0-9a-z]*\)sec.*/\1/p' | head -1; }
+
+netns_add $SRV $CLI
+# The client end has no address: DHCP gives it one.
+veth_pair $SRV $VS 192.168.77.1/24 $CLI $VC -
+ip -n $SRV addr add 192.168.78.1/24 dev $VS
+for ns in $SRV $CLI; do ip netns exec $ns sysctl -qw net.ipv4.conf.all.rp_filter=0; done
+
+start_dnsmasq() {
+    spawn ip netns exec $SRV dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
+        --interface=$VS --bind-interfaces --dhcp-authoritative \
+        --dhcp-range=192.168.77.10,192.168.77.50,255.255.255.0,2m \
+        --dhcp-option=option:router,192.168.77.1 --dhcp-option=option:dns-server,192.168.77.1 \
+        --dhcp-leasefile="$tmp/dnsmasq.leases" --pid-file="$tmp/dnsmasq.pid" \
+        --log-dhcp >>"$tmp/dnsmasq.log" 2>&1
+    dnsmasq_pid=$!
+}
+
+start_client() { # RUNDIR LOG
+    mkdir -p "$1"
+    spawn env RG_RUN_DIR="$1" ip netns exec $CLI "$RG" dhcp $VC >"$2" 2>&1
+    client_pid=$!
+}
+
+# ---- dnsmasq: bound, renewed, server lost, link flap -----------------------------------
+start_dnsmasq
+run1=$tmp/run1 log1=$tmp/client1.log
+start_client "$run1" "$log1"
+check "bound within 20 s" wait_for 20 log_has "$log1" "dhcp $VC: bound 192.168.77."
+addr=$(sed -n "s/.*dhcp $VC: bound \(192\.168\.77\.[0-9]*\)\/24 .*/\1/p" "$log1" | head -1)
+note "$(grep -m1 "bound " "$log1")"
+check "bound line says router, dns and lease" log_has "$log1" "bound $addr/24 router 192.168.77.1 dns 192.168.77.1 lease 120s"
+check "address $addr/24 on $VC" has_addr "$addr/24"
+lft=$(valid_lft)
+check "address lifetime is the lease's (valid_lft $lft s, not forever)" test -n "$lft" -a "$lft" != forever -a "${lft:-0}" -le 120 2>/dev/null
+check "default route via 192.168.77.1" has_default 192.168.77.1
+check "resolv.conf has the lease's DNS" grep -q "^nameserver 192.168.77.1$" "$run1/resolv.conf"
+check "lease file written" grep -q "^address $addr/24$" "$run1/lease.$VC"
+status=$(RG_RUN_DIR="$run1" "$RG" status 2>/dev/null)
+note "status: $(echo "$status" | head -1)"
+check "status prints the lease" grep -q "^uplink $VC: DHCP $addr/24 router 192.168.77.1 dns 192.168.77.1 server 192.168.77.1, expires in [0-9]* s (renews in [0-9]* s)$" <<<"$status"
+check "the router answers ping over the leased address" cli ping -c1 -W2 192.168.77.1 >/dev/null
+
+check "renewed at T1 (within 75 s)" wait_for 75 log_has "$log1" "dhcp $VC: renewed $addr/24 lease 120s"
+lft=$(valid_lft)
+check "renewal refreshed the lifetime (valid_lft $lft s > 100)" test "${lft:-0}" -gt 100 2>/dev/null
+
+stop_pid "$dnsmasq_pid"
+note "dnsmasq stopped; waiting for the next renewal to fail"
+renews=$(count "$log1" "renewed ")
+asks=$(count "$log1" "renewing with 192.168.77.1")
+# The next T1 is 60 s after the renewal; 70 s covers it and its first unanswered tries.
+sleep 70
+check "a renewal was tried" test "$(count "$log1" "renewing with 192.168.77.1")" -gt "$asks"
+check "no renewal without the server" test "$(count "$log1" "renewed ")" -eq "$renews"
+check "address kept after the failed renewal" has_addr "$addr/24"
+check "default route kept" has_default 192.168.77.1
+check "lease not declared expired" bash -c "! grep -q 'lease expired' '$log1'"
+
+start_dnsmasq
+sleep 1
+ip -n $CLI link set $VC down
+check "link down seen" wait_for 5 log_has "$log1" "dhcp $VC: link down"
+ip -n $CLI link set $VC up
+check "link up: re-acquiring" wait_for 5 log_has "$log1" "dhcp $VC: link up: re-acquiring"
+check "re-acquired after the flap" wait_for 20 log_count_ge "$log1" "dhcp $VC: bound $addr/24" 2
+check "address present after the flap" has_addr "$addr/24"
+check "default route back after the flap" wait_for 5 has_default 192.168.77.1
+stop_pid "$client_pid"
+stop_pid "$dnsmasq_pid"
+ip -n $CLI addr flush dev $VC
+
+# ---- expiry: a server that answers once with a 20 s lease, then never again ------------
+spawn ip netns exec $SRV python3 ci/lib/dhcp_expiry_server.py $VS 192.168.78.1 192.168.78.20 20 60 \
+    >"$tmp/server.log" 2>&1
+sleep 0.5
+run2=$tmp/run2 log2=$tmp/client2.log
+start_client "$run2" "$log2"
+check "expiry case: bound to the short lease" wait_for 10 log_has "$log2" "dhcp $VC: bound 192.168.78.20/24 router 192.168.78.1 dns 192.168.78.1 lease 20s"
+check "expiry case: rebinding after T2 (15 s)" wait_for 20 log_has "$log2" "dhcp $VC: rebinding"
+check "expiry case: address still there while rebinding" has_addr 192.168.78.20/24
+check "expiry case: lease expired" wait_for 10 log_has "$log2" "dhcp $VC: lease expired: address removed"
+check "expiry case: address removed at expiry" no_addr 192.168.78.20/24
+check "expiry case: default route removed" no_default
+check "expiry case: lease file removed" test ! -e "$run2/lease.$VC"
+check "client never panicked" bash -c "! grep -qi panick '$log1' '$log2'"
+
+if [ "$failed" -gt 0 ]; then
+    echo "---- client log (dnsmasq)"; tail -n 40 "$log1"
+    echo "---- client log (expiry)"; tail -n 20 "$log2"
+    echo "---- dnsmasq log"; tail -n 20 "$tmp/dnsmasq.log" 2>/dev/null
+fi
+h_finish

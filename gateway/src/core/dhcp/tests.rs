@@ -1,0 +1,584 @@
+//! The client's whole life with time passed in, against a scripted server.
+use super::*;
+
+const MAC: [u8; 6] = [2, 0, 0, 0, 0, 7];
+const SRV: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+const ADDR: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 2);
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn decode(t: &Transmit) -> Message {
+    Message::decode(&mut Decoder::new(&t.payload)).unwrap()
+}
+
+/// What a server answers, with knobs for the broken variants.
+#[derive(Clone)]
+struct Reply {
+    kind: MessageType,
+    xid: u32,
+    chaddr: [u8; 6],
+    yiaddr: Ipv4Addr,
+    server: Option<Ipv4Addr>,
+    mask: Option<Ipv4Addr>,
+    lease: Option<u32>,
+    t1: Option<u32>,
+    t2: Option<u32>,
+    router: Option<Ipv4Addr>,
+}
+
+impl Reply {
+    fn to(req: &Message, kind: MessageType) -> Reply {
+        Reply {
+            kind,
+            xid: req.xid(),
+            chaddr: MAC,
+            yiaddr: ADDR,
+            server: Some(SRV),
+            mask: Some(Ipv4Addr::new(255, 255, 255, 0)),
+            lease: Some(120),
+            t1: None,
+            t2: None,
+            router: Some(SRV),
+        }
+    }
+    fn bytes(&self) -> Vec<u8> {
+        let mut m = blank().unwrap();
+        m.set_opcode(Opcode::BootReply);
+        m.set_xid(self.xid);
+        m.set_chaddr(&self.chaddr);
+        m.set_yiaddr(self.yiaddr);
+        let o = m.opts_mut();
+        o.insert(DhcpOption::MessageType(self.kind));
+        if let Some(s) = self.server {
+            o.insert(DhcpOption::ServerIdentifier(s));
+        }
+        if let Some(x) = self.mask {
+            o.insert(DhcpOption::SubnetMask(x));
+        }
+        if let Some(l) = self.lease {
+            o.insert(DhcpOption::AddressLeaseTime(l));
+        }
+        if let Some(l) = self.t1 {
+            o.insert(DhcpOption::Renewal(l));
+        }
+        if let Some(l) = self.t2 {
+            o.insert(DhcpOption::Rebinding(l));
+        }
+        if let Some(r) = self.router {
+            o.insert(DhcpOption::Router(vec![r]));
+        }
+        o.insert(DhcpOption::DomainNameServer(vec![
+            SRV,
+            Ipv4Addr::new(9, 9, 9, 9),
+        ]));
+        let mut b = Vec::new();
+        m.encode(&mut Encoder::new(&mut b)).unwrap();
+        b
+    }
+}
+
+/// Run timers and return the next transmission at or before `until`, advancing `now`.
+fn next_tx(c: &mut Client, now: &mut Instant, until: Instant) -> Option<Transmit> {
+    for _ in 0..1000 {
+        c.handle_timeout(*now);
+        if let Some(t) = c.poll_transmit(*now) {
+            return Some(t);
+        }
+        match c.poll_timeout() {
+            Some(t) if t <= until => *now = t.max(*now),
+            _ => {
+                *now = until;
+                c.handle_timeout(*now);
+                return c.poll_transmit(*now);
+            }
+        }
+    }
+    panic!("timer loop did not settle");
+}
+
+fn tx_in(c: &mut Client, now: &mut Instant, within: Duration) -> Option<Transmit> {
+    let until = *now + within;
+    next_tx(c, now, until)
+}
+
+fn events(c: &mut Client) -> Vec<Event> {
+    std::iter::from_fn(|| c.poll_event()).collect()
+}
+
+/// DISCOVER → OFFER → REQUEST → ACK; returns the client bound at `now`.
+fn bound(now: &mut Instant) -> Client {
+    let mut c = Client::new(MAC, 42, *now);
+    c.start(*now);
+    let d = next_tx(&mut c, now, *now + secs(2)).expect("discover");
+    assert_eq!(d.to, None, "DISCOVER is broadcast");
+    let dm = decode(&d);
+    assert_eq!(dm.opts().msg_type(), Some(MessageType::Discover));
+    assert!(dm.flags().broadcast(), "BROADCAST flag: no address yet");
+    assert_eq!(&dm.chaddr()[..6], &MAC);
+    assert_eq!(c.state(), State::Selecting);
+    c.handle_reply(*now, &Reply::to(&dm, MessageType::Offer).bytes())
+        .unwrap();
+    assert_eq!(c.state(), State::Requesting);
+    let r = next_tx(&mut c, now, *now).expect("request");
+    let rm = decode(&r);
+    assert_eq!(rm.opts().msg_type(), Some(MessageType::Request));
+    assert_eq!(rm.xid(), dm.xid());
+    assert_eq!(
+        rm.opts().get(OptionCode::RequestedIpAddress),
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
+    );
+    assert_eq!(
+        rm.opts().get(OptionCode::ServerIdentifier),
+        Some(&DhcpOption::ServerIdentifier(SRV))
+    );
+    c.handle_reply(*now, &Reply::to(&rm, MessageType::Ack).bytes())
+        .unwrap();
+    match events(&mut c).as_slice() {
+        [Event::Bound {
+            lease,
+            replaces: None,
+        }] => {
+            assert_eq!((lease.address, lease.prefix), (ADDR, 24));
+            assert_eq!(lease.router, Some(SRV));
+            assert_eq!(lease.dns, vec![SRV, Ipv4Addr::new(9, 9, 9, 9)]);
+            assert_eq!(
+                (lease.lease_secs, lease.t1_secs, lease.t2_secs),
+                (120, 60, 105)
+            );
+        }
+        e => panic!("expected Bound, got {e:?}"),
+    }
+    assert_eq!(c.state(), State::Bound);
+    c
+}
+
+#[test]
+fn whole_lifecycle_renew_rebind_expire() {
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut c = bound(&mut now);
+    let bound_at = c.held.as_ref().unwrap().at;
+    // Nothing is sent while bound; the next wake-up is T1.
+    assert_eq!(c.poll_transmit(now), None);
+    assert_eq!(c.poll_timeout(), Some(bound_at + secs(60)));
+    // T1: RENEWING, unicast to the server with ciaddr set, no BROADCAST flag.
+    let r = next_tx(&mut c, &mut now, bound_at + secs(61)).expect("renew");
+    assert_eq!(c.state(), State::Renewing);
+    assert_eq!(now, bound_at + secs(60));
+    assert_eq!(r.to, Some(SRV));
+    let rm = decode(&r);
+    assert_eq!(rm.ciaddr(), ADDR);
+    assert!(!rm.flags().broadcast());
+    assert_eq!(events(&mut c), vec![Event::Renewing]);
+    c.handle_reply(now, &Reply::to(&rm, MessageType::Ack).bytes())
+        .unwrap();
+    assert!(matches!(events(&mut c).as_slice(), [Event::Renewed(l)] if l.address == ADDR));
+    assert_eq!(c.state(), State::Bound);
+    // The renewed lease counts from the renewal.
+    let renewed_at = now;
+    assert_eq!(c.poll_timeout(), Some(renewed_at + secs(60)));
+
+    // Now the server is gone: renewals go unanswered.
+    let r1 = next_tx(&mut c, &mut now, renewed_at + secs(200)).unwrap();
+    assert_eq!(r1.to, Some(SRV));
+    assert_eq!(now, renewed_at + secs(60));
+    // Retransmission while renewing: half the time left to T2 (45 s), at least 10 s.
+    let r2 = next_tx(&mut c, &mut now, renewed_at + secs(200)).unwrap();
+    assert_eq!(r2.to, Some(SRV));
+    assert!(now > renewed_at + secs(60) && now < renewed_at + secs(105));
+    assert_eq!(
+        events(&mut c),
+        vec![Event::Renewing],
+        "one Renewing, no loss"
+    );
+    // At T2: REBINDING, broadcast.
+    let mut saw_rebind = false;
+    let mut address_dropped_before_expiry = false;
+    for _ in 0..20 {
+        let Some(t) = next_tx(&mut c, &mut now, renewed_at + secs(119)) else {
+            break;
+        };
+        for e in events(&mut c) {
+            match e {
+                Event::Rebinding => saw_rebind = true,
+                Event::Expired(_) | Event::Nak { .. } => address_dropped_before_expiry = true,
+                _ => {}
+            }
+        }
+        if saw_rebind {
+            assert_eq!(t.to, None, "REBINDING is broadcast");
+            assert_eq!(decode(&t).ciaddr(), ADDR);
+        }
+    }
+    assert!(saw_rebind);
+    assert!(
+        !address_dropped_before_expiry,
+        "a lost server never removes the address early"
+    );
+    assert_eq!(c.state(), State::Rebinding);
+    assert!(c.lease().is_some());
+    // Expiry: the address goes, INIT starts over (asking for the old address).
+    let d = next_tx(&mut c, &mut now, renewed_at + secs(125)).expect("discover after expiry");
+    assert!(matches!(events(&mut c).as_slice(), [Event::Expired(l)] if l.address == ADDR));
+    assert!(now >= renewed_at + secs(120));
+    assert!(c.lease().is_none());
+    let dm = decode(&d);
+    assert_eq!(dm.opts().msg_type(), Some(MessageType::Discover));
+    assert_eq!(
+        dm.opts().get(OptionCode::RequestedIpAddress),
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
+    );
+}
+
+#[test]
+fn nak_while_renewing_removes_the_address() {
+    let mut now = Instant::now();
+    let mut c = bound(&mut now);
+    let until = now + secs(70);
+    let r = next_tx(&mut c, &mut now, until).unwrap();
+    let rm = decode(&r);
+    // A NAK from another server is not the one we asked: ignored.
+    let mut other = Reply::to(&rm, MessageType::Nak);
+    other.server = Some(Ipv4Addr::new(192, 168, 77, 99));
+    assert_eq!(
+        c.handle_reply(now, &other.bytes()),
+        Err(Ignored::OtherServer(Ipv4Addr::new(192, 168, 77, 99)))
+    );
+    c.handle_reply(now, &Reply::to(&rm, MessageType::Nak).bytes())
+        .unwrap();
+    match events(&mut c).as_slice() {
+        [Event::Renewing, Event::Nak {
+            server,
+            removed: Some(l),
+            ..
+        }] => {
+            assert_eq!((*server, l.address), (SRV, ADDR));
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(c.state(), State::Init);
+    let d = tx_in(&mut c, &mut now, secs(2)).unwrap();
+    // After a NAK the old address is not asked for again.
+    assert!(decode(&d)
+        .opts()
+        .get(OptionCode::RequestedIpAddress)
+        .is_none());
+}
+
+#[test]
+fn link_flap_reacquires_with_init_reboot() {
+    let mut now = Instant::now();
+    let mut c = bound(&mut now);
+    now += secs(5);
+    c.link_down(now);
+    assert_eq!(c.state(), State::Down);
+    assert_eq!(
+        c.poll_transmit(now + secs(30)),
+        None,
+        "nothing is sent without carrier"
+    );
+    now += secs(10);
+    c.link_up(now);
+    assert_eq!(c.state(), State::InitReboot);
+    let r = tx_in(&mut c, &mut now, secs(0)).unwrap();
+    assert_eq!(r.to, None);
+    let rm = decode(&r);
+    assert_eq!(rm.opts().msg_type(), Some(MessageType::Request));
+    assert!(rm.flags().broadcast());
+    assert_eq!(rm.ciaddr(), Ipv4Addr::UNSPECIFIED);
+    assert_eq!(
+        rm.opts().get(OptionCode::RequestedIpAddress),
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
+    );
+    assert!(rm.opts().get(OptionCode::ServerIdentifier).is_none());
+    c.handle_reply(now, &Reply::to(&rm, MessageType::Ack).bytes())
+        .unwrap();
+    match events(&mut c).as_slice() {
+        [Event::Bound {
+            lease,
+            replaces: Some(old),
+        }] => {
+            assert_eq!(lease.address, ADDR);
+            assert_eq!(old.address, ADDR);
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(c.state(), State::Bound);
+}
+
+#[test]
+fn unanswered_init_reboot_keeps_the_lease_until_it_ends() {
+    let mut now = Instant::now();
+    let mut c = bound(&mut now);
+    let at = c.held.as_ref().unwrap().at;
+    c.link_down(now);
+    c.link_up(now);
+    let mut sends = Vec::new();
+    while let Some(_t) = next_tx(&mut c, &mut now, at + secs(59)) {
+        sends.push(now);
+        if c.state() != State::InitReboot {
+            break;
+        }
+    }
+    // Three INIT-REBOOT tries, backing off (4 s, 8 s, jittered by ±1 s).
+    assert_eq!(sends.len(), 3, "{sends:?}");
+    let gap1 = sends[1] - sends[0];
+    let gap2 = sends[2] - sends[1];
+    assert!(gap1 >= secs(3) && gap1 <= secs(5), "{gap1:?}");
+    assert!(gap2 >= secs(7) && gap2 <= secs(9), "{gap2:?}");
+    assert!(events(&mut c).contains(&Event::RebootUnanswered {
+        keeping: Some(ADDR)
+    }));
+    assert_eq!(c.state(), State::Bound);
+    assert_eq!(c.lease().map(|l| l.address), Some(ADDR));
+}
+
+#[test]
+fn foreign_and_broken_replies_are_ignored_with_a_reason() {
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 7, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    let good = Reply::to(&d, MessageType::Offer);
+    let cases: Vec<(Reply, Ignored)> = vec![
+        (
+            Reply {
+                xid: d.xid() ^ 1,
+                ..good.clone()
+            },
+            Ignored::ForeignXid,
+        ),
+        (
+            Reply {
+                chaddr: [2, 0, 0, 0, 0, 8],
+                ..good.clone()
+            },
+            Ignored::ForeignChaddr,
+        ),
+        (
+            Reply {
+                server: None,
+                ..good.clone()
+            },
+            Ignored::Missing("server identifier"),
+        ),
+        (
+            Reply {
+                mask: None,
+                ..good.clone()
+            },
+            Ignored::Missing("subnet mask"),
+        ),
+        (
+            Reply {
+                lease: None,
+                ..good.clone()
+            },
+            Ignored::Missing("lease time"),
+        ),
+        (
+            Reply {
+                lease: Some(3),
+                ..good.clone()
+            },
+            Ignored::BadLease("3 s is shorter than 10 s".into()),
+        ),
+        (
+            Reply {
+                mask: Some(Ipv4Addr::new(0, 0, 0, 0)),
+                ..good.clone()
+            },
+            Ignored::BadAddress("prefix /0 is unusable".into()),
+        ),
+        (
+            Reply {
+                mask: Some(Ipv4Addr::new(255, 255, 255, 255)),
+                ..good.clone()
+            },
+            Ignored::BadAddress("prefix /32 is unusable".into()),
+        ),
+        (
+            Reply {
+                mask: Some(Ipv4Addr::new(255, 0, 255, 0)),
+                ..good.clone()
+            },
+            Ignored::BadAddress("subnet mask 255.0.255.0 is not contiguous".into()),
+        ),
+        (
+            Reply {
+                yiaddr: Ipv4Addr::new(224, 0, 0, 1),
+                ..good.clone()
+            },
+            Ignored::BadAddress("224.0.0.1 cannot be ours".into()),
+        ),
+        (
+            Reply {
+                kind: MessageType::Ack,
+                ..good.clone()
+            },
+            Ignored::Unexpected("Ack".into()),
+        ),
+    ];
+    for (r, why) in cases {
+        assert_eq!(c.handle_reply(now, &r.bytes()), Err(why));
+        assert_eq!(c.state(), State::Selecting);
+    }
+    assert!(matches!(
+        c.handle_reply(now, &[1, 2, 3]),
+        Err(Ignored::Malformed(_))
+    ));
+    let mut req = good.bytes();
+    req[0] = 1; // BOOTREQUEST: another client's broadcast
+    assert_eq!(c.handle_reply(now, &req), Err(Ignored::NotAReply));
+    assert!(events(&mut c).is_empty());
+    // Absurd T1/T2 (T1 past the lease) fall back to the RFC's defaults.
+    let mut odd = good.clone();
+    odd.t1 = Some(500);
+    odd.t2 = Some(400);
+    c.handle_reply(now, &odd.bytes()).unwrap();
+    assert_eq!(c.state(), State::Requesting);
+}
+
+#[test]
+fn unusable_ack_is_declined_then_init_after_a_wait() {
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 9, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    let mut offer = Reply::to(&d, MessageType::Offer);
+    offer.yiaddr = Ipv4Addr::new(192, 168, 77, 0);
+    c.handle_reply(now, &offer.bytes()).unwrap();
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    let mut ack = Reply::to(&r, MessageType::Ack);
+    ack.yiaddr = offer.yiaddr;
+    c.handle_reply(now, &ack.bytes()).unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Declined { removed: None, .. }]
+    ));
+    assert_eq!(c.state(), State::Declining);
+    let t0 = now;
+    let dec = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    assert_eq!(dec.opts().msg_type(), Some(MessageType::Decline));
+    assert_eq!(
+        dec.opts().get(OptionCode::RequestedIpAddress),
+        Some(&DhcpOption::RequestedIpAddress(offer.yiaddr))
+    );
+    let again = decode(&next_tx(&mut c, &mut now, t0 + secs(20)).unwrap());
+    assert_eq!(again.opts().msg_type(), Some(MessageType::Discover));
+    assert!(now >= t0 + DECLINE_WAIT);
+    assert!(again.opts().get(OptionCode::RequestedIpAddress).is_none());
+}
+
+#[test]
+fn request_gives_up_after_four_tries_and_discover_backs_off_bounded() {
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 11, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let mut requests = 0;
+    let end = now + secs(3600);
+    let mut discovers = Vec::new();
+    while let Some(t) = next_tx(&mut c, &mut now, end) {
+        match decode(&t).opts().msg_type() {
+            Some(MessageType::Request) => requests += 1,
+            Some(MessageType::Discover) => discovers.push(now),
+            k => panic!("{k:?}"),
+        }
+        if discovers.len() == 10 {
+            break;
+        }
+    }
+    assert_eq!(requests, 4);
+    let gaps: Vec<Duration> = discovers.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps[0] >= secs(3) && gaps[0] <= secs(5), "{gaps:?}");
+    assert!(gaps.iter().all(|g| *g <= secs(65)), "{gaps:?}");
+    assert!(gaps[6] >= secs(63), "capped at 64 s: {gaps:?}");
+}
+
+#[test]
+fn restored_lease_is_confirmed_with_init_reboot() {
+    let now = Instant::now() + secs(1000);
+    let lease = Lease {
+        address: ADDR,
+        prefix: 24,
+        router: Some(SRV),
+        dns: vec![SRV],
+        server: SRV,
+        lease_secs: 120,
+        t1_secs: 60,
+        t2_secs: 105,
+        obtained: 1_700_000_000,
+    };
+    let mut c = Client::new(MAC, 1, now);
+    c.restore(now, lease.clone(), secs(30));
+    c.start(now);
+    assert_eq!(c.state(), State::InitReboot);
+    assert_eq!(c.lease().map(|l| l.address), Some(ADDR));
+    assert!(c.poll_timeout().is_some_and(|t| t <= now + secs(90)));
+    // An expired lease only names the address to ask for.
+    let mut c = Client::new(MAC, 1, now);
+    c.restore(now, lease, secs(500));
+    c.start(now);
+    assert_eq!(c.state(), State::InitReboot);
+    assert!(c.lease().is_none());
+}
+
+#[test]
+fn lease_text_round_trip_and_errors() {
+    let l = Lease {
+        address: ADDR,
+        prefix: 24,
+        router: Some(SRV),
+        dns: vec![SRV, Ipv4Addr::new(9, 9, 9, 9)],
+        server: SRV,
+        lease_secs: 120,
+        t1_secs: 60,
+        t2_secs: 105,
+        obtained: 1_764_531_234,
+    };
+    let t = l.to_text();
+    assert_eq!(
+        t,
+        "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1 9.9.9.9\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n"
+    );
+    assert_eq!(Lease::from_text(&t), Ok(l.clone()));
+    let no_router = Lease {
+        router: None,
+        dns: vec![],
+        ..l.clone()
+    };
+    assert_eq!(Lease::from_text(&no_router.to_text()), Ok(no_router));
+    assert!(Lease::from_text("").is_err());
+    assert!(Lease::from_text(&t.replace("/24", "/32")).is_err());
+    assert!(Lease::from_text(&t.replace("lease 120", "lease x")).is_err());
+    assert!(Lease::from_text(&t.replace("server 192.168.77.1\n", "")).is_err());
+    assert_eq!(Lease::from_text(&format!("{t}future 1\n")), Ok(l));
+}
+
+#[test]
+fn arbitrary_bytes_never_panic() {
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 5, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    let base = Reply::to(&d, MessageType::Offer).bytes();
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for i in 0..5000 {
+        let mut b = base.clone();
+        for _ in 0..(i % 8 + 1) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let at = (x as usize) % b.len();
+            b[at] = (x >> 32) as u8;
+        }
+        b.truncate(b.len() - (x as usize >> 40) % 40);
+        let _ = c.handle_reply(now, &b);
+        let _ = Lease::from_text(&String::from_utf8_lossy(&b));
+    }
+}
