@@ -10,8 +10,11 @@
 //! - the LAN port of a two-armed gateway (`Lan =`, `LanAddress =`): up, its addresses;
 //! - proxy ARP / NDP proxy entries (`ProxyArp = on`, one-armed): an entry on the uplink
 //!   or LAN port for each peer host address inside one of that port's subnets;
-//! - forwarding on and `rp_filter` loose (2) on the tunnel, uplink and LAN port, once the
-//!   gateway routes to a LAN (two-armed, or some peer proxied); never turned off again.
+//! - forwarding on and `rp_filter` loose (2) on the tunnel and LAN port, once the gateway
+//!   routes to a LAN (two-armed, or some peer proxied); never turned off again. The
+//!   uplink's `rp_filter` is left as the system set it (the image: 0): a DHCP client
+//!   without an address must hear a server it has no route to yet, which strict and
+//!   loose filtering both drop.
 //!
 //! At start and on each reload [`NetConf::apply`] runs; the uplink's address can come
 //! later (DHCP) or change, so a watch thread re-evaluates the proxy entries every
@@ -390,9 +393,10 @@ fn sync_addresses(
     Ok(())
 }
 
-/// Forwarding on, reverse-path filtering loose on the tunnel, the uplink and the LAN
-/// port: replies to a LAN host come back through the tunnel, not the way a strict check
-/// expects. The uplink keeps accepting router advertisements (SLAAC) while forwarding.
+/// Forwarding on, reverse-path filtering loose on the tunnel and the LAN port: replies to
+/// a LAN host come back through the tunnel, not the way a strict check expects. The
+/// uplink keeps accepting router advertisements (SLAAC) while forwarding; its rp_filter is
+/// not touched (see the module doc: DHCP after a lost lease).
 fn routing_on(tunnel: &str, uplink: Option<&str>, lan: &str) {
     if let Some(u) = uplink {
         let ra = format!("/proc/sys/net/ipv6/conf/{u}/accept_ra");
@@ -404,7 +408,7 @@ fn routing_on(tunnel: &str, uplink: Option<&str>, lan: &str) {
     if std::path::Path::new("/proc/sys/net/ipv6").exists() {
         set_sysctl("net/ipv6/conf/all/forwarding", "1");
     }
-    for i in [Some(tunnel), uplink, Some(lan)].into_iter().flatten() {
+    for i in [tunnel, lan] {
         if !i.is_empty() {
             set_sysctl(&format!("net/ipv4/conf/{i}/rp_filter"), "2");
         }
