@@ -959,6 +959,90 @@ mod tests {
     }
 
     #[test]
+    fn sticky_sources_learn_answer_and_forget() {
+        let peer: SocketAddr = "192.0.2.1:51820".parse().expect("a");
+        let local = PktInfo {
+            ip: "198.51.100.7".parse().expect("ip"),
+            ifindex: 2,
+        };
+        let mut st = Sticky::default();
+        assert_eq!(st.get(peer), None);
+        st.learn(peer, None);
+        assert_eq!(st.get(peer), None, "no pktinfo, nothing learnt");
+        st.learn(peer, Some(local));
+        assert_eq!(st.get(peer), Some(local));
+        // Bounded: full, it starts over.
+        for i in 0..STICKY_MAX as u16 {
+            st.learn(SocketAddr::from(([10, 0, 0, 1], i)), Some(local));
+        }
+        assert!(st.map.len() <= STICKY_MAX);
+        st.forget();
+        assert_eq!(st.get(peer), None);
+        // While answering a datagram, its sender gets the address it used, others the
+        // sticky one (none here).
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
+        let s = loopback(1);
+        let mut be = SyscallBackend {
+            sock: &s[0],
+            tun: None,
+            spare: &mut spare,
+            pending: &mut pending,
+            stats: &mut stats,
+        };
+        let (mut tq, mut tx, mut rx) = (
+            TcpQueue::default(),
+            TxBatch::new(),
+            TunBatch::new(CoalesceOptions::default(), false),
+        );
+        let io = OffloadIo {
+            be: &mut be,
+            tcp: None,
+            tcp_queue: &mut tq,
+            tx: &mut tx,
+            rx: &mut rx,
+            sticky: &st,
+            reply: Some((peer, local)),
+        };
+        assert_eq!(io.dst(peer).src, Some(local));
+        assert_eq!(io.dst("192.0.2.2:1".parse().expect("a")).src, None);
+    }
+
+    /// Datagrams to one peer from two local addresses never share a batch (one
+    /// sendmsg has one source).
+    #[test]
+    fn tx_batch_splits_on_source_address() {
+        let s = loopback(2);
+        let (a, b) = (&s[0], &s[1]);
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
+        let mut be = SyscallBackend {
+            sock: a,
+            tun: None,
+            spare: &mut spare,
+            pending: &mut pending,
+            stats: &mut stats,
+        };
+        let lo = |ip: [u8; 4]| {
+            Some(PktInfo {
+                ip: ip.into(),
+                ifindex: 0,
+            })
+        };
+        let mut tx = TxBatch::new();
+        for src in [lo([127, 0, 0, 1]), lo([127, 0, 0, 1]), None, None] {
+            let to = Dst {
+                addr: b.local_addr(),
+                src,
+            };
+            tx.push(&mut be, to, &[1; 500]);
+        }
+        tx.flush(&mut be);
+        assert_eq!(be.pending.len(), 2, "two batches: one per source");
+        be.submit();
+        assert_eq!(recv_all(b, 2000), [500; 4]);
+        assert_eq!(be.dropped(), 0);
+    }
+
+    #[test]
     fn datagrams_of_a_gro_buffer() {
         let buf = [0u8; 2500];
         let m = RecvMeta {

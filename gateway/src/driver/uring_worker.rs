@@ -364,26 +364,36 @@ impl<'p> Engine for UringEngine<'p> {
                             log::trace!("tun write: {e}");
                         }
                     }
-                    Completion::UdpSend { buf, res, with_src } => {
+                    Completion::UdpSend {
+                        buf,
+                        res,
+                        with_src,
+                        segmented,
+                    } => {
                         pool.free(buf);
-                        match res {
-                            // From a sticky source that is gone (the address was
-                            // removed): forget the sources; the next sends let routing
-                            // pick. (Not a GSO verdict: EINVAL is ambiguous here.)
-                            Err(Errno::EINVAL | Errno::ENETUNREACH | Errno::EADDRNOTAVAIL)
-                                if with_src =>
-                            {
-                                p.sticky.forget();
-                            }
-                            // No checksum offload on the route: this socket sends one
-                            // datagram per SendMsg from now on (the batch is lost).
-                            Err(Errno::EIO | Errno::EINVAL) if be.sock.gso_enabled() => {
-                                be.sock.disable_gso();
-                            }
-                            // ICMP errors (ECONNREFUSED) and the like: not fatal.
-                            Err(e) => log::trace!("send: {e}"),
-                            Ok(_) => {}
+                        let Err(e) = res else { continue };
+                        // No checksum offload on the route, or segments the route cannot
+                        // carry: this socket sends one datagram per SendMsg from now on
+                        // (this batch is lost), as the poll backend's demotion does.
+                        if segmented
+                            && matches!(e, Errno::EIO | Errno::EINVAL)
+                            && be.sock.gso_enabled()
+                        {
+                            be.sock.disable_gso();
                         }
+                        // From a sticky source that is gone (the address was removed):
+                        // forget the sources, so the next sends let routing pick until
+                        // authenticated datagrams teach them again.
+                        if with_src
+                            && matches!(
+                                e,
+                                Errno::EINVAL | Errno::ENETUNREACH | Errno::EADDRNOTAVAIL
+                            )
+                        {
+                            p.sticky.forget();
+                        }
+                        // ICMP errors (ECONNREFUSED) and the like: not fatal.
+                        log::trace!("send: {e}");
                     }
                     Completion::Internal => {}
                 }
@@ -490,8 +500,8 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::device::Device;
     use crate::core::config::PollMode;
+    use crate::core::device::Device;
     use crate::core::device::{PeerAddr, SCRATCH_SIZE};
     use crate::core::key::Key;
     use crate::driver::worker::{Heartbeats, SocketSet};
@@ -715,7 +725,7 @@ mod tests {
         ip(&["link", "set", "rgfst0", "up"]);
         let (ka, kb) = (Key::generate_private(), Key::generate_private());
         let sock_a = UdpSocket::bind(
-            "0.0.0.0:0".parse().expect("literal"),
+            "[::]:0".parse().expect("literal"),
             &crate::sys::udp::UdpOptions {
                 reuse_port: false,
                 ..crate::sys::udp::UdpOptions::default()
@@ -813,7 +823,10 @@ mod tests {
             wire.tun.iter().any(|p| p.ends_with(b"hello-b")),
             "A's answer reached B (uring: {uring_backend})"
         );
-        assert!(sources.len() >= 2, "a handshake response and data: {sources:?}");
+        assert!(
+            sources.len() >= 2,
+            "a handshake response and data: {sources:?}"
+        );
         assert!(
             sources.iter().all(|s| *s == used),
             "every reply from {used} (uring: {uring_backend}): {sources:?}"

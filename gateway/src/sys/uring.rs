@@ -41,8 +41,11 @@ pub const FILE_UDP: u32 = 0;
 pub const FILE_TUN: u32 = 1;
 /// Bytes reserved for the source address in each multishot receive buffer.
 pub const RECV_NAME_LEN: u32 = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-/// Bytes reserved for control messages (UDP_GRO, IP_PKTINFO) in each receive buffer.
-pub const RECV_CONTROL_LEN: u32 = 64;
+/// Bytes reserved for control messages in each receive buffer: a dual-stack socket
+/// receiving IPv4 gets `UDP_GRO` (24 bytes with its header), `IPV6_PKTINFO` (40) and
+/// `IP_PKTINFO` (32): 96. A message whose control does not fit is dropped (MSG_CTRUNC),
+/// exactly as on the recvmmsg path, whose [`CmsgBuf`] is as large.
+pub const RECV_CONTROL_LEN: u32 = 128;
 /// `struct io_uring_recvmsg_out` (namelen, controllen, payloadlen, flags: four u32s)
 /// that starts every multishot receive buffer.
 pub const RECVMSG_OUT_LEN: usize = 16;
@@ -387,6 +390,8 @@ struct SendState {
     cmsg: CmsgBuf,
     /// The send named its source address (a pktinfo cmsg).
     with_src: bool,
+    /// The send carried a `UDP_SEGMENT` size.
+    segmented: bool,
 }
 
 /// What a slot's operation is.
@@ -419,11 +424,13 @@ pub enum Completion<'p> {
         res: Result<usize, Errno>,
     },
     /// A UDP send finished; the buffer is free again. `with_src`: it named its source
-    /// address (an error may then mean that address is gone, not a GSO failure).
+    /// address (an error may then mean that address is gone); `segmented`: it was a GSO
+    /// send (`EINVAL`/`EIO` may then mean GSO does not work on this route).
     UdpSend {
         buf: BufId,
         res: Result<usize, Errno>,
         with_src: bool,
+        segmented: bool,
     },
     /// The multishot receive produced a datagram (`Ok`) or an error. When `rearm` is
     /// true the receive has ended and must be armed again ([`Ring::arm_recv`]).
@@ -848,6 +855,7 @@ impl<'p> Ring<'p> {
         st.hdr.msg_iovlen = 1;
         let clen = write_send_cmsgs(&mut st.cmsg.0, segment, src);
         st.with_src = src.is_some() && clen > 0;
+        st.segmented = segment.is_some() && clen > 0;
         if clen > 0 {
             st.hdr.msg_control = st.cmsg.0.as_mut_ptr().cast();
             st.hdr.msg_controllen = clen as _;
@@ -986,14 +994,19 @@ impl<'p> Ring<'p> {
             return Completion::Internal;
         };
         let kind = slot.kind;
-        let with_src = slot.send.with_src;
+        let (with_src, segmented) = (slot.send.with_src, slot.send.segmented);
         self.free_slots.push(ud as u32);
         self.in_flight = self.in_flight.saturating_sub(1);
         let res = result();
         match kind {
             OpKind::TunRead => Completion::TunRead { buf, res },
             OpKind::TunWrite => Completion::TunWrite { buf, res },
-            OpKind::UdpSend => Completion::UdpSend { buf, res, with_src },
+            OpKind::UdpSend => Completion::UdpSend {
+                buf,
+                res,
+                with_src,
+                segmented,
+            },
         }
     }
 
