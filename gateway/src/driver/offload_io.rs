@@ -24,6 +24,8 @@ use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::core::device::{Device, Io, PeerAddr, Table, SCRATCH_SIZE};
@@ -343,20 +345,79 @@ impl TcpQueue {
     }
 }
 
-/// Sticky source addresses: for each peer address, the local address its last
-/// *authenticated* datagram came to (`IP_PKTINFO`), so replies leave from it — a
-/// multi-homed gateway answers from the address the client used, as wireguard-go's
-/// sticky sockets do. Only authenticated datagrams teach it (a forged one cannot move
-/// our source); bounded (cleared when full, relearned from the next datagram).
-#[derive(Default)]
-pub struct Sticky {
-    map: HashMap<SocketAddr, PktInfo>,
+/// Sticky source addresses, shared by all workers: for each peer address, the local
+/// address its last *authenticated* datagram came to (`IP_PKTINFO`), so replies leave
+/// from it — a multi-homed gateway answers from the address the client used, as
+/// wireguard-go's sticky sockets do. Shared because the peer's datagrams arrive on one
+/// worker (`SO_REUSEPORT` hashes the 4-tuple) while the TUN flows to it are read by any.
+/// Only authenticated datagrams teach it (a forged one cannot move our source); bounded
+/// (cleared when full, relearned from the next datagrams). Changes are rare (a new peer,
+/// a roam): each replaces the map whole and moves a generation, and workers reload
+/// their snapshot once per round when it moved — no lock on the packet path.
+#[derive(Debug, Default)]
+pub struct StickyTable {
+    generation: AtomicU64,
+    map: Mutex<Arc<HashMap<SocketAddr, PktInfo>>>,
 }
 
-/// Peer addresses [`Sticky`] remembers before it starts over.
+/// Peer addresses [`StickyTable`] remembers before it starts over.
 const STICKY_MAX: usize = 4096;
 
+impl StickyTable {
+    fn snapshot(&self) -> (u64, Arc<HashMap<SocketAddr, PktInfo>>) {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        (self.generation.load(Ordering::Acquire), m.clone())
+    }
+
+    fn publish(&self, peer: SocketAddr, local: PktInfo) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(&peer) == Some(&local) {
+            return;
+        }
+        let mut next = if m.len() >= STICKY_MAX {
+            HashMap::new()
+        } else {
+            (**m).clone()
+        };
+        next.insert(peer, local);
+        *m = Arc::new(next);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn clear(&self) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if !m.is_empty() {
+            *m = Arc::new(HashMap::new());
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// One worker's view of the [`StickyTable`]: a snapshot read without locking.
+#[derive(Debug)]
+pub struct Sticky {
+    table: Arc<StickyTable>,
+    generation: u64,
+    map: Arc<HashMap<SocketAddr, PktInfo>>,
+}
+
 impl Sticky {
+    pub fn new(table: Arc<StickyTable>) -> Sticky {
+        let (generation, map) = table.snapshot();
+        Sticky {
+            table,
+            generation,
+            map,
+        }
+    }
+
+    /// Take in what other workers learnt (once per round; a lock only when it moved).
+    pub fn refresh(&mut self) {
+        if self.table.generation.load(Ordering::Acquire) != self.generation {
+            (self.generation, self.map) = self.table.snapshot();
+        }
+    }
+
     /// The local address to answer `peer` from.
     pub fn get(&self, peer: SocketAddr) -> Option<PktInfo> {
         if self.map.is_empty() {
@@ -371,16 +432,15 @@ impl Sticky {
         if self.map.get(&peer) == Some(&local) {
             return;
         }
-        if self.map.len() >= STICKY_MAX {
-            self.map.clear();
-        }
-        self.map.insert(peer, local);
+        self.table.publish(peer, local);
+        self.refresh();
     }
 
     /// A send from a remembered address failed as if the address were gone: forget
     /// them all (rare; the next authenticated datagrams teach them again).
     pub fn forget(&mut self) {
-        self.map.clear();
+        self.table.clear();
+        self.refresh();
     }
 }
 
@@ -487,8 +547,9 @@ pub struct Pipeline<B> {
 }
 
 impl<B> Pipeline<B> {
-    /// For a TUN created with `vnet_hdr` whose `TUNSETOFFLOAD` left `offload`.
-    pub fn new(offload: TunOffload, vnet_hdr: bool) -> Self {
+    /// For a TUN created with `vnet_hdr` whose `TUNSETOFFLOAD` left `offload`; `sticky`
+    /// is shared by all workers.
+    pub fn new(offload: TunOffload, vnet_hdr: bool, sticky: Arc<StickyTable>) -> Self {
         let co = CoalesceOptions {
             tcp: vnet_hdr && offload.tso(),
             udp: vnet_hdr && offload.uso(),
@@ -497,12 +558,17 @@ impl<B> Pipeline<B> {
             tx: TxBatch::new(),
             rx: TunBatch::new(co, vnet_hdr),
             tcp_queue: TcpQueue::default(),
-            sticky: Sticky::default(),
+            sticky: Sticky::new(sticky),
             vnet_hdr,
             seg: vec![0; 65535],
             scratch: vec![0; SCRATCH_SIZE],
             malformed_reads: 0,
         }
+    }
+
+    /// Start of a round: take in what the other workers learnt.
+    pub fn begin_round(&mut self) {
+        self.sticky.refresh();
     }
 
     /// The datagrams of one received buffer (several for a GRO train) through the
@@ -965,19 +1031,33 @@ mod tests {
             ip: "198.51.100.7".parse().expect("ip"),
             ifindex: 2,
         };
-        let mut st = Sticky::default();
+        let table = Arc::new(StickyTable::default());
+        let (mut st, mut other) = (Sticky::new(table.clone()), Sticky::new(table.clone()));
         assert_eq!(st.get(peer), None);
         st.learn(peer, None);
         assert_eq!(st.get(peer), None, "no pktinfo, nothing learnt");
         st.learn(peer, Some(local));
         assert_eq!(st.get(peer), Some(local));
+        // Another worker sees it from its next round on.
+        assert_eq!(other.get(peer), None);
+        other.refresh();
+        assert_eq!(other.get(peer), Some(local));
+        let g = table.generation.load(Ordering::Relaxed);
+        other.learn(peer, Some(local));
+        assert_eq!(
+            table.generation.load(Ordering::Relaxed),
+            g,
+            "known: no change"
+        );
         // Bounded: full, it starts over.
         for i in 0..STICKY_MAX as u16 {
             st.learn(SocketAddr::from(([10, 0, 0, 1], i)), Some(local));
         }
-        assert!(st.map.len() <= STICKY_MAX);
+        assert!(table.snapshot().1.len() <= STICKY_MAX);
         st.forget();
         assert_eq!(st.get(peer), None);
+        other.refresh();
+        assert_eq!(other.get(peer), None, "forgotten for all workers");
         // While answering a datagram, its sender gets the address it used, others the
         // sticky one (none here).
         let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
@@ -1302,8 +1382,8 @@ mod tests {
         let dup = |q: &TunQueue| q.try_clone().expect("dup queue");
         let mut ea = PollEngine::new(dup(qa), sock_a.clone());
         let mut eb = PollEngine::new(dup(qb), sock_b.clone());
-        let mut pa: Pipeline<Vec<u8>> = Pipeline::new(tun_a.offload(), offload);
-        let mut pb: Pipeline<Vec<u8>> = Pipeline::new(tun_b.offload(), offload);
+        let mut pa: Pipeline<Vec<u8>> = Pipeline::new(tun_a.offload(), offload, Arc::default());
+        let mut pb: Pipeline<Vec<u8>> = Pipeline::new(tun_b.offload(), offload, Arc::default());
         let start = Instant::now();
         let (mut ca, mut cb) = (dev_a.cache(), dev_b.cache());
 

@@ -488,7 +488,7 @@ pub fn run(
         cqes: heapless::Vec::new(),
         dropped: 0,
     };
-    let mut p = Pipeline::new(offload, vnet_hdr);
+    let mut p = Pipeline::new(offload, vnet_hdr, shared.sockets.sticky.clone());
     run_loop(index, &mut engine, &mut p, cfg.poll, &shared, gen);
     // The ring drops first (cancels and reaps everything in flight), then the pool;
     // the TUN queue (registered in the ring) last.

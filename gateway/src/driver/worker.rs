@@ -24,7 +24,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use crate::core::config::PollMode;
 use crate::core::device::Device;
 use crate::driver::offload_io::{
-    Backend, Cx, Pending, Pipeline, SendStats, SyscallBackend, GSO_BUF, MAX_PENDING, RECV_BATCH,
+    Backend, Cx, Pending, Pipeline, SendStats, StickyTable, SyscallBackend, GSO_BUF, MAX_PENDING,
+    RECV_BATCH,
 };
 use crate::sys::cmsg::RecvMeta;
 use crate::sys::tun::{TunOffload, TunQueue};
@@ -57,11 +58,13 @@ pub fn spin_now(mode: PollMode, hot_until: Instant) -> bool {
     }
 }
 
-/// The UDP sockets of all workers, all bound to the listen port (`SO_REUSEPORT`).
+/// The UDP sockets of all workers, all bound to the listen port (`SO_REUSEPORT`), and
+/// the local address each peer reaches them at ([`StickyTable`]).
 pub struct SocketSet {
     inner: RwLock<Arc<Vec<Arc<UdpSocket>>>>,
     generation: AtomicU64,
     pub port: std::sync::atomic::AtomicU16,
+    pub sticky: Arc<StickyTable>,
 }
 
 impl SocketSet {
@@ -70,6 +73,7 @@ impl SocketSet {
             inner: RwLock::new(Arc::new(socks)),
             generation: AtomicU64::new(1),
             port: std::sync::atomic::AtomicU16::new(port),
+            sticky: Arc::default(),
         }
     }
 
@@ -228,6 +232,7 @@ pub trait Engine {
 /// One round after the wait: drain into the pipeline, then flush it (the batches go
 /// to the kernel here, outside any peer lock).
 pub fn round<E: Engine>(e: &mut E, p: &mut Pipeline<E::Buf>, cx: &Cx<'_>) -> Drained {
+    p.begin_round();
     let d = e.drain(p, cx);
     p.flush(&mut e.exec(), cx);
     d
@@ -252,10 +257,11 @@ pub fn run_loop<E: Engine>(
         shared.heartbeats.beat(index);
         if shared.sockets.generation() != gen {
             if let Some((g, s)) = socket_of(shared, index) {
-                match e.set_socket(&s) {
-                    Ok(()) => gen = g,
-                    Err(err) => log::warn!("worker {index}: {err}"),
+                // On failure the old socket goes on serving (said once, not every round).
+                if let Err(err) = e.set_socket(&s) {
+                    log::warn!("worker {index}: keeping the old UDP socket: {err}");
                 }
+                gen = g;
             }
         }
         e.arm();
@@ -486,6 +492,6 @@ pub fn run(
         return;
     };
     let mut e = PollEngine::new(tun, sock);
-    let mut p = Pipeline::new(offload, vnet_hdr);
+    let mut p = Pipeline::new(offload, vnet_hdr, shared.sockets.sticky.clone());
     run_loop(index, &mut e, &mut p, poll_mode, &shared, gen);
 }
