@@ -33,7 +33,7 @@ use crate::driver::worker;
 use crate::driver::worker::{run_loop, socket_of, Drained, Engine, Shared, Waited};
 use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
 use crate::sys::tun::{TunOffload, TunQueue};
-use crate::sys::udp::UdpSocket;
+use crate::sys::udp::{gso_errno, stale_source_errno, UdpSocket};
 use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, UringError};
 
 /// `SqPoll = on`: how long the kernel's submission-polling thread spins idle before it
@@ -375,21 +375,13 @@ impl<'p> Engine for UringEngine<'p> {
                         // No checksum offload on the route, or segments the route cannot
                         // carry: this socket sends one datagram per SendMsg from now on
                         // (this batch is lost), as the poll backend's demotion does.
-                        if segmented
-                            && matches!(e, Errno::EIO | Errno::EINVAL)
-                            && be.sock.gso_enabled()
-                        {
+                        if segmented && gso_errno(e as i32) && be.sock.gso_enabled() {
                             be.sock.disable_gso();
                         }
                         // From a sticky source that is gone (the address was removed):
                         // forget the sources, so the next sends let routing pick until
                         // authenticated datagrams teach them again.
-                        if with_src
-                            && matches!(
-                                e,
-                                Errno::EINVAL | Errno::ENETUNREACH | Errno::EADDRNOTAVAIL
-                            )
-                        {
+                        if with_src && stale_source_errno(e as i32) {
                             p.sticky.forget();
                         }
                         // ICMP errors (ECONNREFUSED) and the like: not fatal.

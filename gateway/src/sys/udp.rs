@@ -549,14 +549,27 @@ fn demotion_log_due() -> bool {
 /// What sending from a local address that is gone looks like (EINVAL with an
 /// interface index, ENETUNREACH/EADDRNOTAVAIL without).
 fn src_maybe_stale(e: &io::Error) -> bool {
+    e.raw_os_error().is_some_and(stale_source_errno)
+}
+
+/// Whether a send that named its source address failed as if that address were gone
+/// (both backends use this verdict).
+pub fn stale_source_errno(errno: i32) -> bool {
     matches!(
-        e.raw_os_error(),
-        Some(libc::EINVAL) | Some(libc::ENETUNREACH) | Some(libc::EADDRNOTAVAIL)
+        errno,
+        libc::EINVAL | libc::ENETUNREACH | libc::EADDRNOTAVAIL
     )
 }
 
 fn is_gso_error(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL))
+    e.raw_os_error().is_some_and(gso_errno)
+}
+
+/// Whether a `UDP_SEGMENT` send failed because GSO does not work on this route (no
+/// checksum offload, segments above the route's MTU): demote the socket. Both backends
+/// use this verdict.
+pub fn gso_errno(errno: i32) -> bool {
+    matches!(errno, libc::EIO | libc::EINVAL)
 }
 
 /// Check one received header: not truncated, known address, valid GRO size.
