@@ -401,7 +401,10 @@ pub fn check_uring_recv(data: &[u8]) {
     if m.payload.is_empty() {
         return;
     }
-    assert!((1..=m.payload.len()).contains(&seg), "segment size in 1..=len");
+    assert!(
+        (1..=m.payload.len()).contains(&seg),
+        "segment size in 1..=len"
+    );
     let mut total = 0;
     let mut count = 0;
     for d in m.payload.chunks(seg) {
