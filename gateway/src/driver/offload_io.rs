@@ -702,7 +702,7 @@ pub enum Pending {
 /// What the poll backend counted.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SendStats {
-    /// Datagrams dropped: the socket stayed full for [`SEND_WAIT`], or refused them.
+    /// Datagrams dropped: the socket stayed full for `SEND_WAIT` (200 ms), or refused them.
     pub dropped: u64,
     /// Times a send waited for room in the socket (backpressure).
     pub waits: u64,

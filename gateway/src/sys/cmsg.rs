@@ -108,10 +108,11 @@ pub(crate) fn invalid(msg: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
-/// The pure part of [`parse_received`]: `len` bytes received with `msg_flags`, from
-/// `src` (`None`: an address family we do not know), with `control` bytes. Rejects
-/// truncation, unknown families and bad cmsgs; the GRO segment size is clamped to
-/// `1..=len`.
+/// What one received message says, for both receive paths (a `recvmmsg` header, an
+/// io_uring multishot buffer): `len` bytes received with `msg_flags`, from `src`
+/// (`None`: an address family we do not know), with `control` bytes. Rejects
+/// truncation (payload or control), unknown families and bad cmsgs (a GRO size outside
+/// 1..=65535 included); a valid GRO segment size is clamped to `1..=len`.
 pub fn recv_meta(
     len: usize,
     msg_flags: libc::c_int,
