@@ -1,15 +1,17 @@
-//! The receive-side parsers of `sys/`: control messages (`sys::udp::parse_control`,
-//! `recv_meta`, `uring::gro_segment_size`), socket addresses, and the io_uring
-//! multishot-recvmsg buffer (`uring::parse_recv_buffer`). The bytes come from the
-//! kernel, so nothing here is attacker-controlled in practice; the parsers still must
-//! not trust a single length.
+//! The receive-side parsers of `sys/`: control messages and socket addresses
+//! (`sys::cmsg`: `parse_control`, `recv_meta`, `parse_sockaddr`, shared by the recvmmsg
+//! and io_uring paths), and the io_uring multishot-recvmsg buffer
+//! (`uring::parse_recv_buffer`, whose message is then checked by the same `recv_meta`).
+//! The bytes come from the kernel, so nothing here is attacker-controlled in practice;
+//! the parsers still must not trust a single length.
 //!
-//! Both cmsg parsers are checked against a straightforward reference walk written
-//! here with the CMSG rules (`size_t cmsg_len; int level; int type;` then data, each
-//! cmsg aligned to `size_t`).
+//! The cmsg parser is checked against a straightforward reference walk written here
+//! with the CMSG rules (`size_t cmsg_len; int level; int type;` then data, each cmsg
+//! aligned to `size_t`).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use riceguard::sys::cmsg;
 use riceguard::sys::udp::{self, PktInfo};
 use riceguard::sys::uring;
 
@@ -101,17 +103,6 @@ fn expect_udp(c: &[u8]) -> Option<udp::RecvControl> {
     clean.then_some(out)
 }
 
-/// What `uring::gro_segment_size` must answer: the first GRO cmsg before any malformed
-/// one, if its value is positive.
-fn expect_uring_gro(c: &[u8]) -> Option<usize> {
-    let (msgs, _) = walk(c);
-    let m = msgs
-        .iter()
-        .find(|m| m.level == SOL_UDP && m.ty == UDP_GRO)?;
-    let v = i32_of(m.data.get(..4)?, 0);
-    usize::try_from(v).ok().filter(|&v| v > 0)
-}
-
 /// Append one cmsg with a possibly lying length.
 fn push(c: &mut Vec<u8>, level: i32, ty: i32, data: &[u8], len_override: Option<usize>) {
     let clen = HDR + data.len();
@@ -175,17 +166,17 @@ fn control(b: &mut Bytes<'_>) -> Vec<u8> {
 }
 
 fn check_sockaddr(name: &[u8]) {
-    let a = udp::parse_sockaddr(name);
-    let b = uring::parse_sockaddr(name);
-    if let Some(a) = a {
-        // The uring decoder needs fewer bytes, never more.
-        let b = b.expect("uring decodes every address the udp decoder does");
-        assert_eq!(uring::canonical(b), a, "the two decoders disagree");
-        assert_eq!(
-            uring::canonical(a),
-            a,
-            "udp decoder returns canonical addresses"
-        );
+    let Some(a) = cmsg::parse_sockaddr(name) else {
+        return;
+    };
+    assert_eq!(cmsg::canonical(a), a, "decoded addresses are canonical");
+    // Encoding it again (as a dual-stack socket would, and natively) decodes the same.
+    for v6_socket in [false, true] {
+        let (raw, len) = cmsg::sockaddr_bytes(a, v6_socket);
+        let bytes = &raw[..len];
+        let back = cmsg::parse_sockaddr(bytes).expect("own encoding decodes");
+        assert_eq!(back.ip(), a.ip(), "round trip");
+        assert_eq!(back.port(), a.port(), "round trip");
     }
 }
 
@@ -200,11 +191,6 @@ pub fn check_cmsg(data: &[u8]) {
         udp::gro_segment_size(&c).ok(),
         got.map(|g| g.gro),
         "gro_segment_size = parse_control().gro"
-    );
-    assert_eq!(
-        uring::gro_segment_size(&c),
-        expect_uring_gro(&c),
-        "uring::gro_segment_size vs reference"
     );
 
     // recvmmsg metadata: length, flags and source as the kernel reports them.
@@ -388,7 +374,7 @@ pub fn check_uring_recv(data: &[u8]) {
     let name = &buf[name_at..name_at + namelen.min(uring::RECV_NAME_LEN as usize)];
     assert_eq!(
         m.from,
-        uring::parse_sockaddr(name),
+        cmsg::parse_sockaddr(name),
         "source from the name field"
     );
     check_sockaddr(name);
@@ -398,14 +384,27 @@ pub fn check_uring_recv(data: &[u8]) {
     assert_eq!(m.payload, want_p, "payload slice");
     assert_eq!(m.truncated, flags as i32 & MSG_TRUNC != 0);
 
-    // The worker: cut the payload at the GRO size into datagrams.
+    // The worker: the message checked exactly as a recvmmsg one (same function, same
+    // verdict), then the payload cut at the GRO size into datagrams.
+    let flags = flags as i32 & (MSG_TRUNC | MSG_CTRUNC);
+    let meta = m.meta().ok();
     assert_eq!(
-        uring::gro_segment_size(m.control),
-        expect_uring_gro(m.control)
+        meta,
+        udp::recv_meta(m.payload.len(), flags, m.from, m.control).ok(),
+        "io_uring and recvmmsg messages are judged alike"
     );
-    let seg = uring::gro_segment_size(m.control)
-        .unwrap_or(m.payload.len())
-        .max(1);
+    let Some(meta) = meta else {
+        return;
+    };
+    assert_eq!(meta.len, m.payload.len());
+    let seg = meta.segment_size;
+    if m.payload.is_empty() {
+        return;
+    }
+    assert!(
+        (1..=m.payload.len()).contains(&seg),
+        "segment size in 1..=len"
+    );
     let mut total = 0;
     let mut count = 0;
     for d in m.payload.chunks(seg) {
@@ -414,5 +413,5 @@ pub fn check_uring_recv(data: &[u8]) {
         count += 1;
     }
     assert_eq!(total, m.payload.len());
-    assert_eq!(count, m.payload.len().div_ceil(seg));
+    assert_eq!(count, meta.segments());
 }

@@ -10,35 +10,30 @@
 //! buffers, one `SendMsg` per batch, `WriteFixed` to the TUN). Both therefore split TSO
 //! super-packets, send GSO batches, receive GRO trains and coalesce TUN writes alike.
 //!
-//! Call sequence in a poll worker (everything allocated once, before the loop):
-//!
-//! ```text
-//! let mut w = OffloadWorker::new(tun.offload(), true);
-//! loop {
-//!     poll(queue, sock);
-//!     let table = cache.get(&device);
-//!     w.pump_udp(&device, table, queue, &sock, tcp, 4);       // Err: log, go on
-//!     w.pump_tun(&device, table, queue, &sock, tcp, 64)?;     // Err: the TUN is gone
-//! }
-//! ```
+//! [`Pipeline`] is the backend-independent half of a worker (batches, buffers, sticky
+//! sources); the one worker loop (`driver::worker::run_loop`) hands it what its backend
+//! received and flushes it when the round ends.
 //!
 //! Both batches also flush themselves when full, so `flush` at the end of a round only
-//! bounds latency. No flush (no syscall, no submission) happens under a peer lock: the
-//! device's `Io` calls only copy into the batch buffers, and a full batch is handed to
-//! the backend, which for io_uring only queues an SQE.
+//! bounds latency. No syscall happens under a peer lock: the device's `Io` calls only
+//! copy into the batch buffers, a full batch is only queued by the backend (a `Vec`
+//! entry, or an SQE), and queues are handed to the kernel between packets
+//! ([`Backend::relieve`]) or when the round ends.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::core::device::{Device, Io, PeerAddr, Table, SCRATCH_SIZE};
-use crate::core::gso::{
-    CoalesceOptions, Coalescer, GsoBatch, GsoError, Splitter, MAX_BATCH, VIRTIO_NET_HDR_LEN,
-};
+use crate::core::gso::{CoalesceOptions, Coalescer, GsoBatch, GsoError, Splitter, MAX_BATCH};
 use crate::driver::worker::TcpOut;
+use crate::sys::cmsg::{PktInfo, RecvMeta};
 use crate::sys::tun::{TunOffload, TunQueue};
-use crate::sys::udp::{RecvMeta, UdpSocket, MAX_GSO_SEGMENTS};
+use crate::sys::udp::{UdpSocket, MAX_GSO_SEGMENTS};
 
 /// Largest send one GSO batch carries (also the biggest single datagram we send).
 pub const GSO_BUF: usize = 65536;
@@ -63,8 +58,9 @@ pub trait Backend {
     /// Datagrams one batch may carry (GSO segments, or datagrams of one `sendmmsg`).
     fn max_segments(&self) -> usize;
     /// Send the first `len` bytes of `b` to `dst` as datagrams of `seg` bytes (the last
-    /// may be shorter). Takes the buffer back.
-    fn send(&mut self, b: Self::Buf, len: usize, dst: SocketAddr, seg: usize);
+    /// may be shorter), from the local address `src` when given (else routing picks).
+    /// Takes the buffer back.
+    fn send(&mut self, b: Self::Buf, len: usize, to: Dst, seg: usize);
     /// Write the first `len` bytes of `b` to the TUN as one (super-)packet.
     fn write_tun(&mut self, b: Self::Buf, len: usize);
     /// Write one plain packet to the TUN (no `vnet_hdr`).
@@ -78,15 +74,31 @@ pub trait Backend {
     /// Drops for lack of a buffer, a ring slot or room in the socket.
     fn dropped(&self) -> u64;
     /// Hand everything queued to the kernel. Called at the end of a round, never under a
-    /// peer lock; `send` and `write_tun` only queue (a backend may submit early when its
-    /// queue is full, which bounds memory).
+    /// peer lock; `send` and `write_tun` only queue (see [`Self::relieve`]).
     fn submit(&mut self) {}
+    /// Called by the drain between packets (outside any peer lock): hand what is queued
+    /// to the kernel early when the queue is long, which bounds memory.
+    fn relieve(&mut self) {}
+}
+
+/// Where a datagram goes: the peer, and the local address to send from (the one the
+/// peer last reached us at, `IP_PKTINFO`; `None`: routing picks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dst {
+    pub addr: SocketAddr,
+    pub src: Option<PktInfo>,
+}
+
+impl Dst {
+    pub fn to(addr: SocketAddr) -> Dst {
+        Dst { addr, src: None }
+    }
 }
 
 /// Gathers datagrams to one destination at a time into one batch (a `UDP_SEGMENT` send,
 /// or one `sendmmsg`), built in a backend buffer.
 pub struct TxBatch<B> {
-    cur: Option<(B, GsoBatch)>,
+    cur: Option<(B, GsoBatch, Option<PktInfo>)>,
     /// Sends that carried more than one datagram.
     pub batched_sends: u64,
 }
@@ -105,74 +117,80 @@ impl<B> TxBatch<B> {
         }
     }
 
-    /// Queue one datagram for `dst`; sends what was queued first when `dst` changes or
+    /// Whether a datagram of `len` bytes to `to` joins the batch being built.
+    fn joins(&self, to: Dst, len: usize) -> bool {
+        self.cur.as_ref().is_some_and(|(_, b, src)| {
+            b.destination() == to.addr && *src == to.src && b.can_push(len)
+        })
+    }
+
+    /// Queue one datagram for `to`; sends what was queued first when `to` changes or
     /// the datagram cannot join (bigger than the segment size, batch full).
-    pub fn push<K: Backend<Buf = B>>(&mut self, be: &mut K, dst: SocketAddr, d: &[u8]) {
+    pub fn push<K: Backend<Buf = B>>(&mut self, be: &mut K, to: Dst, d: &[u8]) {
         if d.is_empty() || d.len() > GSO_BUF {
             return;
         }
-        let joins = self
-            .cur
-            .as_ref()
-            .is_some_and(|(_, b)| b.destination() == dst && b.can_push(d.len()));
-        if !joins {
+        if !self.joins(to, d.len()) {
             self.flush(be);
-            let b = GsoBatch::new(dst, be.max_segments());
+            let b = GsoBatch::new(to.addr, be.max_segments());
             if !b.can_push(d.len()) {
                 // Too big for any batch (a 65507+ byte datagram): let the kernel judge it.
                 if let Some(mut buf) = be.alloc() {
                     be.bytes(&mut buf)[..d.len()].copy_from_slice(d);
-                    be.send(buf, d.len(), dst, d.len());
+                    be.send(buf, d.len(), to, d.len());
                 }
                 return;
             }
             let Some(buf) = be.alloc() else { return };
-            self.cur = Some((buf, b));
+            self.cur = Some((buf, b, to.src));
         }
-        if let Some((buf, b)) = self.cur.as_mut() {
+        if let Some((buf, b, _)) = self.cur.as_mut() {
             let at = b.size();
             be.bytes(buf)[at..at + d.len()].copy_from_slice(d);
             b.push(d.len());
         }
     }
 
-    /// Room for the next datagram to `dst` (at least `max` bytes) at the end of the
+    /// Room for the next datagram to `to` (at least `max` bytes) at the end of the
     /// batch, starting a new batch when one of `expected` bytes cannot join; the device
     /// encrypts into it and then calls [`Self::commit`]. `None` when no buffer is left.
     pub fn slot<'s, K: Backend<Buf = B>>(
         &'s mut self,
         be: &'s mut K,
-        dst: SocketAddr,
+        to: Dst,
         expected: usize,
         max: usize,
     ) -> Option<&'s mut [u8]> {
         if max > GSO_BUF {
             return None;
         }
-        let joins = self.cur.as_ref().is_some_and(|(_, b)| {
-            b.destination() == dst && b.size() + max <= GSO_BUF && b.can_push(expected)
-        });
-        if !joins {
+        let room = self
+            .cur
+            .as_ref()
+            .is_some_and(|(_, b, _)| b.size() + max <= GSO_BUF);
+        if !(room && self.joins(to, expected)) {
             self.flush(be);
             let buf = be.alloc()?;
-            self.cur = Some((buf, GsoBatch::new(dst, be.max_segments())));
+            self.cur = Some((buf, GsoBatch::new(to.addr, be.max_segments()), to.src));
         }
-        let (buf, b) = self.cur.as_mut()?;
+        let (buf, b, _) = self.cur.as_mut()?;
         let at = b.size();
         Some(&mut be.bytes(buf)[at..at + max])
     }
 
-    /// The datagram of `len` bytes written into the last [`Self::slot`] for `dst`
+    /// The datagram of `len` bytes written into the last [`Self::slot`] for `to`
     /// joins the batch. One that cannot (a handshake initiation where the batch holds
     /// data of another size) goes out on its own, after what was queued.
-    pub fn commit<K: Backend<Buf = B>>(&mut self, be: &mut K, dst: SocketAddr, len: usize) {
-        let Some((buf, b)) = self.cur.as_mut() else {
-            return;
-        };
-        if b.destination() == dst && b.can_push(len) {
-            b.push(len);
+    pub fn commit<K: Backend<Buf = B>>(&mut self, be: &mut K, to: Dst, len: usize) {
+        if self.joins(to, len) {
+            if let Some((_, b, _)) = self.cur.as_mut() {
+                b.push(len);
+            }
             return;
         }
+        let Some((buf, b, _)) = self.cur.as_mut() else {
+            return;
+        };
         // Rare (a handshake initiation written where a data packet was expected): move
         // the bytes to a buffer of their own, send the batch, then them.
         let at = b.size();
@@ -181,12 +199,12 @@ impl<B> TxBatch<B> {
         };
         be.bytes(&mut own)[..len].copy_from_slice(&be.bytes(buf)[at..at + len]);
         self.flush(be);
-        be.send(own, len, dst, len);
+        be.send(own, len, to, len);
     }
 
     /// Send what is queued.
     pub fn flush<K: Backend<Buf = B>>(&mut self, be: &mut K) {
-        let Some((buf, mut b)) = self.cur.take() else {
+        let Some((buf, mut b, src)) = self.cur.take() else {
             return;
         };
         match b.finish() {
@@ -194,7 +212,11 @@ impl<B> TxBatch<B> {
                 if t.size > t.segment_size {
                     self.batched_sends += 1;
                 }
-                be.send(buf, t.size, t.destination, t.segment_size);
+                let to = Dst {
+                    addr: t.destination,
+                    src,
+                };
+                be.send(buf, t.size, to, t.segment_size);
             }
             None => be.release(buf),
         }
@@ -323,6 +345,105 @@ impl TcpQueue {
     }
 }
 
+/// Sticky source addresses, shared by all workers: for each peer address, the local
+/// address its last *authenticated* datagram came to (`IP_PKTINFO`), so replies leave
+/// from it — a multi-homed gateway answers from the address the client used, as
+/// wireguard-go's sticky sockets do. Shared because the peer's datagrams arrive on one
+/// worker (`SO_REUSEPORT` hashes the 4-tuple) while the TUN flows to it are read by any.
+/// Only authenticated datagrams teach it (a forged one cannot move our source); bounded
+/// (cleared when full, relearned from the next datagrams). Changes are rare (a new peer,
+/// a roam): each replaces the map whole and moves a generation, and workers reload
+/// their snapshot once per round when it moved — no lock on the packet path.
+#[derive(Debug, Default)]
+pub struct StickyTable {
+    generation: AtomicU64,
+    map: Mutex<Arc<HashMap<SocketAddr, PktInfo>>>,
+}
+
+/// Peer addresses [`StickyTable`] remembers before it starts over.
+const STICKY_MAX: usize = 4096;
+
+impl StickyTable {
+    fn snapshot(&self) -> (u64, Arc<HashMap<SocketAddr, PktInfo>>) {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        (self.generation.load(Ordering::Acquire), m.clone())
+    }
+
+    fn publish(&self, peer: SocketAddr, local: PktInfo) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(&peer) == Some(&local) {
+            return;
+        }
+        let mut next = if m.len() >= STICKY_MAX {
+            HashMap::new()
+        } else {
+            (**m).clone()
+        };
+        next.insert(peer, local);
+        *m = Arc::new(next);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn clear(&self) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if !m.is_empty() {
+            *m = Arc::new(HashMap::new());
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// One worker's view of the [`StickyTable`]: a snapshot read without locking.
+#[derive(Debug)]
+pub struct Sticky {
+    table: Arc<StickyTable>,
+    generation: u64,
+    map: Arc<HashMap<SocketAddr, PktInfo>>,
+}
+
+impl Sticky {
+    pub fn new(table: Arc<StickyTable>) -> Sticky {
+        let (generation, map) = table.snapshot();
+        Sticky {
+            table,
+            generation,
+            map,
+        }
+    }
+
+    /// Take in what other workers learnt (once per round; a lock only when it moved).
+    pub fn refresh(&mut self) {
+        if self.table.generation.load(Ordering::Acquire) != self.generation {
+            (self.generation, self.map) = self.table.snapshot();
+        }
+    }
+
+    /// The local address to answer `peer` from.
+    pub fn get(&self, peer: SocketAddr) -> Option<PktInfo> {
+        if self.map.is_empty() {
+            return None;
+        }
+        self.map.get(&peer).copied()
+    }
+
+    /// An authenticated datagram from `peer` came to `local`.
+    pub fn learn(&mut self, peer: SocketAddr, local: Option<PktInfo>) {
+        let Some(local) = local else { return };
+        if self.map.get(&peer) == Some(&local) {
+            return;
+        }
+        self.table.publish(peer, local);
+        self.refresh();
+    }
+
+    /// A send from a remembered address failed as if the address were gone: forget
+    /// them all (rare; the next authenticated datagrams teach them again).
+    pub fn forget(&mut self) {
+        self.table.clear();
+        self.refresh();
+    }
+}
+
 /// The device's `Io` sink for a worker: the two batches over a backend.
 pub struct OffloadIo<'a, K: Backend> {
     pub be: &'a mut K,
@@ -330,6 +451,11 @@ pub struct OffloadIo<'a, K: Backend> {
     pub tcp_queue: &'a mut TcpQueue,
     pub tx: &'a mut TxBatch<K::Buf>,
     pub rx: &'a mut TunBatch,
+    pub sticky: &'a Sticky,
+    /// While the device handles one received datagram: its sender and the local address
+    /// it came to. Answers to that sender (a handshake response, a cookie reply) leave
+    /// from that address even before it authenticated.
+    pub reply: Option<(SocketAddr, PktInfo)>,
 }
 
 impl<K: Backend> OffloadIo<'_, K> {
@@ -340,12 +466,23 @@ impl<K: Backend> OffloadIo<'_, K> {
         self.be.submit();
         self.tcp_queue.send(self.tcp);
     }
+
+    fn dst(&self, a: SocketAddr) -> Dst {
+        let src = match self.reply {
+            Some((peer, local)) if peer == a => Some(local),
+            _ => self.sticky.get(a),
+        };
+        Dst { addr: a, src }
+    }
 }
 
 impl<K: Backend> Io for OffloadIo<'_, K> {
     fn send(&mut self, to: PeerAddr, d: &[u8]) {
         match to {
-            PeerAddr::Udp(a) => self.tx.push(self.be, a, d),
+            PeerAddr::Udp(a) => {
+                let to = self.dst(a);
+                self.tx.push(self.be, to, d)
+            }
             PeerAddr::Tcp { conn, .. } => {
                 if self.tcp.is_some() {
                     self.tcp_queue.push(conn, d);
@@ -360,14 +497,18 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
 
     fn send_slot(&mut self, to: PeerAddr, expected: usize, max: usize) -> Option<&mut [u8]> {
         match to {
-            PeerAddr::Udp(a) => self.tx.slot(self.be, a, expected, max),
+            PeerAddr::Udp(a) => {
+                let to = self.dst(a);
+                self.tx.slot(self.be, to, expected, max)
+            }
             PeerAddr::Tcp { .. } => None,
         }
     }
 
     fn send_commit(&mut self, to: PeerAddr, len: usize) {
         if let PeerAddr::Udp(a) = to {
-            self.tx.commit(self.be, a, len);
+            let to = self.dst(a);
+            self.tx.commit(self.be, to, len);
         }
     }
 
@@ -380,9 +521,157 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 }
 
+/// What the device sees of one round: the device, its table snapshot, the TCP transport.
+#[derive(Clone, Copy)]
+pub struct Cx<'a> {
+    pub dev: &'a Device,
+    pub table: &'a Table,
+    pub tcp: Option<&'a dyn TcpOut>,
+}
+
+/// The backend-independent half of a worker: the batches, the device's buffers and
+/// the sticky sources, allocated once. A backend hands it each received buffer
+/// ([`Self::datagrams`]) and each TUN read ([`Self::tun_read`]) with its executor, and
+/// the loop calls [`Self::flush`] when the round ends.
+pub struct Pipeline<B> {
+    pub tx: TxBatch<B>,
+    pub rx: TunBatch,
+    tcp_queue: TcpQueue,
+    pub sticky: Sticky,
+    vnet_hdr: bool,
+    /// The TSO/USO splitter's output (one segment at a time, before encryption).
+    seg: Vec<u8>,
+    scratch: Vec<u8>,
+    /// TUN reads the splitter rejected.
+    pub malformed_reads: u64,
+}
+
+impl<B> Pipeline<B> {
+    /// For a TUN created with `vnet_hdr` whose `TUNSETOFFLOAD` left `offload`; `sticky`
+    /// is shared by all workers.
+    pub fn new(offload: TunOffload, vnet_hdr: bool, sticky: Arc<StickyTable>) -> Self {
+        let co = CoalesceOptions {
+            tcp: vnet_hdr && offload.tso(),
+            udp: vnet_hdr && offload.uso(),
+        };
+        Pipeline {
+            tx: TxBatch::new(),
+            rx: TunBatch::new(co, vnet_hdr),
+            tcp_queue: TcpQueue::default(),
+            sticky: Sticky::new(sticky),
+            vnet_hdr,
+            seg: vec![0; 65535],
+            scratch: vec![0; SCRATCH_SIZE],
+            malformed_reads: 0,
+        }
+    }
+
+    /// Start of a round: take in what the other workers learnt.
+    pub fn begin_round(&mut self) {
+        self.sticky.refresh();
+    }
+
+    /// The datagrams of one received buffer (several for a GRO train) through the
+    /// device; returns how many. Authenticated ones teach the sticky source.
+    pub fn datagrams<K: Backend<Buf = B>>(
+        &mut self,
+        be: &mut K,
+        cx: &Cx<'_>,
+        buf: &[u8],
+        m: &RecvMeta,
+    ) -> usize {
+        let Pipeline {
+            tx,
+            rx,
+            tcp_queue,
+            sticky,
+            scratch,
+            ..
+        } = self;
+        let from = PeerAddr::Udp(m.src);
+        let mut n = 0;
+        for d in datagrams(buf, m) {
+            let mut io = OffloadIo {
+                be,
+                tcp: cx.tcp,
+                tcp_queue,
+                tx,
+                rx,
+                sticky,
+                reply: m.dst.map(|d| (m.src, d)),
+            };
+            let authenticated = cx.dev.handle_datagram(cx.table, from, d, scratch, &mut io);
+            // Outside the peer lock again: a long queue may go to the kernel now.
+            io.be.relieve();
+            if authenticated {
+                sticky.learn(m.src, m.dst);
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// One TUN read (`frame[..n]`, split when it is a super-packet) through the device;
+    /// returns the packets. A malformed read is counted and dropped.
+    pub fn tun_read<K: Backend<Buf = B>>(
+        &mut self,
+        be: &mut K,
+        cx: &Cx<'_>,
+        frame: &mut [u8],
+        n: usize,
+    ) -> usize {
+        let Pipeline {
+            tx,
+            rx,
+            tcp_queue,
+            sticky,
+            vnet_hdr,
+            seg,
+            scratch,
+            malformed_reads,
+        } = self;
+        let mut io = OffloadIo {
+            be,
+            tcp: cx.tcp,
+            tcp_queue,
+            tx,
+            rx,
+            sticky,
+            reply: None,
+        };
+        let r = split_tun_read(frame, n, *vnet_hdr, seg, |p, len| {
+            cx.dev.handle_tun_packet(cx.table, p, len, scratch, &mut io);
+            io.be.relieve();
+        });
+        match r {
+            Ok(k) => k,
+            Err(e) => {
+                *malformed_reads += 1;
+                log::trace!("tun read: {e} ({malformed_reads} so far)");
+                0
+            }
+        }
+    }
+
+    /// End of a round: send and write what is queued, hand it to the kernel, then the
+    /// TCP-fallback messages. Outside any peer lock.
+    pub fn flush<K: Backend<Buf = B>>(&mut self, be: &mut K, cx: &Cx<'_>) {
+        OffloadIo {
+            be,
+            tcp: cx.tcp,
+            tcp_queue: &mut self.tcp_queue,
+            tx: &mut self.tx,
+            rx: &mut self.rx,
+            sticky: &self.sticky,
+            reply: None,
+        }
+        .flush();
+    }
+}
+
 /// The poll backend: plain syscalls on a socket and a TUN queue, made when the round
 /// ends ([`Backend::submit`]). Its buffers are reusable vectors: the batches of one round
-/// (at most [`MAX_PENDING`] before an early submit) and two being built.
+/// (about [`MAX_PENDING`] before the drain submits early) and two being built.
 pub struct SyscallBackend<'a> {
     pub sock: &'a UdpSocket,
     /// `None` for a send-only use (tests).
@@ -401,7 +690,7 @@ pub enum Pending {
     Send {
         buf: Vec<u8>,
         len: usize,
-        dst: SocketAddr,
+        to: Dst,
         seg: usize,
     },
     Tun {
@@ -413,7 +702,7 @@ pub enum Pending {
 /// What the poll backend counted.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SendStats {
-    /// Datagrams dropped: the socket stayed full for [`SEND_WAIT`], or refused them.
+    /// Datagrams dropped: the socket stayed full for `SEND_WAIT` (200 ms), or refused them.
     pub dropped: u64,
     /// Times a send waited for room in the socket (backpressure).
     pub waits: u64,
@@ -423,9 +712,8 @@ pub struct SendStats {
 
 impl SyscallBackend<'_> {
     fn queue(&mut self, p: Pending) {
-        if self.pending.len() >= MAX_PENDING {
-            self.submit();
-        }
+        // No early submit here: this may run under a peer lock (a batch filled while
+        // the device encrypts). The drain calls `relieve` between packets instead.
         self.pending.push(p);
     }
 
@@ -475,8 +763,8 @@ impl Backend for SyscallBackend<'_> {
         MAX_GSO_SEGMENTS
     }
 
-    fn send(&mut self, buf: Vec<u8>, len: usize, dst: SocketAddr, seg: usize) {
-        self.queue(Pending::Send { buf, len, dst, seg });
+    fn send(&mut self, buf: Vec<u8>, len: usize, to: Dst, seg: usize) {
+        self.queue(Pending::Send { buf, len, to, seg });
     }
 
     fn write_tun(&mut self, buf: Vec<u8>, len: usize) {
@@ -497,8 +785,8 @@ impl Backend for SyscallBackend<'_> {
         let pending = std::mem::take(self.pending);
         for p in pending {
             match p {
-                Pending::Send { buf, len, dst, seg } => {
-                    self.send_now(&buf, len, dst, seg);
+                Pending::Send { buf, len, to, seg } => {
+                    self.send_now(&buf, len, to, seg);
                     self.spare.push(buf);
                 }
                 Pending::Tun { buf, len } => {
@@ -512,17 +800,28 @@ impl Backend for SyscallBackend<'_> {
     fn dropped(&self) -> u64 {
         self.stats.dropped
     }
+
+    fn relieve(&mut self) {
+        if self.pending.len() >= MAX_PENDING {
+            self.submit();
+        }
+    }
 }
 
 impl SyscallBackend<'_> {
-    fn send_now(&mut self, b: &[u8], len: usize, dst: SocketAddr, seg: usize) {
+    fn send_now(&mut self, b: &[u8], len: usize, to: Dst, seg: usize) {
+        let dst = to.addr;
         let seg = seg.clamp(1, usize::from(u16::MAX));
         let total = len.div_ceil(seg);
         let mut done = 0;
         let mut deadline = None;
         while done < total {
             let from = done * seg;
-            match self.sock.send_segmented(dst, &b[from..len], seg as u16) {
+            // A stale source (the address is gone) is retried without it inside.
+            match self
+                .sock
+                .send_segmented_from(to.src, dst, &b[from..len], seg as u16)
+            {
                 Ok(k) => {
                     done += k;
                     if k == 0 {
@@ -555,191 +854,6 @@ impl SyscallBackend<'_> {
 
 /// Datagram buffers per receive batch (64 KiB each: a GRO train can be that long).
 pub const RECV_BATCH: usize = 16;
-
-/// Everything one offloading worker owns: the batches and every buffer, allocated once.
-/// Its two `pump_*` calls replace a worker's TUN and UDP drain loops.
-pub struct OffloadWorker {
-    pub tx: TxBatch<Vec<u8>>,
-    pub rx: TunBatch,
-    tcp_queue: TcpQueue,
-    /// The poll backend's buffers, queued syscalls and counters.
-    spare: Vec<Vec<u8>>,
-    pending: Vec<Pending>,
-    pub stats: SendStats,
-    vnet_hdr: bool,
-    rbuf: Vec<u8>,
-    seg: Vec<u8>,
-    scratch: Vec<u8>,
-    bufs: Vec<Vec<u8>>,
-    metas: Vec<RecvMeta>,
-    /// TUN reads the splitter rejected.
-    pub malformed_reads: u64,
-}
-
-impl OffloadWorker {
-    /// For a TUN created with `vnet_hdr` whose `TUNSETOFFLOAD` left `offload`.
-    pub fn new(offload: TunOffload, vnet_hdr: bool) -> Self {
-        let co = CoalesceOptions {
-            tcp: vnet_hdr && offload.tso(),
-            udp: vnet_hdr && offload.uso(),
-        };
-        OffloadWorker {
-            tx: TxBatch::new(),
-            rx: TunBatch::new(co, vnet_hdr),
-            tcp_queue: TcpQueue::default(),
-            spare: vec![vec![0; GSO_BUF], vec![0; GSO_BUF]],
-            pending: Vec::with_capacity(MAX_PENDING),
-            stats: SendStats::default(),
-            vnet_hdr,
-            rbuf: vec![0; VIRTIO_NET_HDR_LEN + 65535],
-            seg: vec![0; 65535],
-            scratch: vec![0; SCRATCH_SIZE],
-            bufs: vec![vec![0; 65536]; RECV_BATCH],
-            metas: vec![RecvMeta::default(); RECV_BATCH],
-            malformed_reads: 0,
-        }
-    }
-
-    /// Up to `max_reads` TUN reads through the device, then the GSO sends. Returns the
-    /// reads done; `Err` only for a TUN error other than `WouldBlock`/`EINTR` (gone).
-    #[allow(clippy::too_many_arguments)]
-    pub fn pump_tun(
-        &mut self,
-        dev: &Device,
-        table: &Table,
-        q: &TunQueue,
-        sock: &UdpSocket,
-        tcp: Option<&dyn TcpOut>,
-        max_reads: usize,
-    ) -> io::Result<usize> {
-        let OffloadWorker {
-            tx,
-            rx,
-            tcp_queue,
-            spare,
-            pending,
-            stats,
-            vnet_hdr,
-            rbuf,
-            seg,
-            scratch,
-            malformed_reads,
-            ..
-        } = self;
-        let mut be = SyscallBackend {
-            sock,
-            tun: Some(q),
-            spare,
-            pending,
-            stats,
-        };
-        let mut io = OffloadIo {
-            be: &mut be,
-            tcp,
-            tcp_queue,
-            tx,
-            rx,
-        };
-        let mut reads = 0;
-        let mut result = Ok(());
-        while reads < max_reads {
-            let n = match q.read(rbuf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    result = Err(e);
-                    break;
-                }
-            };
-            reads += 1;
-            let r = split_tun_read(rbuf, n, *vnet_hdr, seg, |p, len| {
-                dev.handle_tun_packet(table, p, len, scratch, &mut io)
-            });
-            if let Err(e) = r {
-                *malformed_reads += 1;
-                log::trace!("tun read: {e}");
-            }
-        }
-        io.flush();
-        result.map(|()| reads)
-    }
-
-    /// Up to `max_batches` receive batches through the device, then the coalesced TUN
-    /// writes. Returns the datagrams handled. A receive error ends the pump; it is
-    /// returned only when nothing was handled, and is not fatal (ICMP errors such as
-    /// `ECONNREFUSED` surface here): log it and go on.
-    #[allow(clippy::too_many_arguments)]
-    pub fn pump_udp(
-        &mut self,
-        dev: &Device,
-        table: &Table,
-        q: &TunQueue,
-        sock: &UdpSocket,
-        tcp: Option<&dyn TcpOut>,
-        max_batches: usize,
-    ) -> io::Result<usize> {
-        let OffloadWorker {
-            tx,
-            rx,
-            tcp_queue,
-            spare,
-            pending,
-            stats,
-            scratch,
-            bufs,
-            metas,
-            ..
-        } = self;
-        let mut be = SyscallBackend {
-            sock,
-            tun: Some(q),
-            spare,
-            pending,
-            stats,
-        };
-        let mut io = OffloadIo {
-            be: &mut be,
-            tcp,
-            tcp_queue,
-            tx,
-            rx,
-        };
-        let mut handled = 0;
-        let mut result = Ok(());
-        for _ in 0..max_batches {
-            let received = {
-                let mut slices: heapless::Vec<&mut [u8], RECV_BATCH> = heapless::Vec::new();
-                for b in bufs.iter_mut() {
-                    let _ = slices.push(&mut b[..]);
-                }
-                sock.recv_batch(&mut slices, metas)
-            };
-            let k = match received {
-                Ok(k) => k,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    if handled == 0 {
-                        result = Err(e);
-                    }
-                    break;
-                }
-            };
-            for (m, b) in metas[..k].iter().zip(bufs.iter()) {
-                for d in datagrams(b, m) {
-                    dev.handle_datagram(table, PeerAddr::Udp(m.src), d, scratch, &mut io);
-                    handled += 1;
-                }
-            }
-            if k < RECV_BATCH {
-                break;
-            }
-        }
-        io.flush();
-        result.map(|()| handled)
-    }
-}
 
 /// Hand each plain IP packet of one TUN read (`read[..n]`) to `f` as `(buffer, len)`:
 /// the packet is `buffer[..len]` and the rest of the buffer is room the device may pad
@@ -779,6 +893,8 @@ pub fn datagrams<'b>(buf: &'b [u8], m: &RecvMeta) -> impl Iterator<Item = &'b [u
 mod tests {
     use super::*;
     use crate::core::gso::checksum;
+    use crate::core::gso::VIRTIO_NET_HDR_LEN;
+    use crate::driver::worker::{round, PollEngine};
     use crate::sys::tun::tests::{can_net_admin, in_new_netns, ip};
     use crate::sys::tun::Tun;
     use crate::sys::udp::UdpOptions;
@@ -829,11 +945,11 @@ mod tests {
         };
         let mut tx = TxBatch::new();
         for _ in 0..5 {
-            tx.push(&mut be, b.local_addr(), &[1; 1200]);
+            tx.push(&mut be, Dst::to(b.local_addr()), &[1; 1200]);
         }
-        tx.push(&mut be, b.local_addr(), &[2; 300]); // short last: closes the batch
-        tx.push(&mut be, b.local_addr(), &[3; 1200]); // starts a new one
-        tx.push(&mut be, c.local_addr(), &[4; 80]); // other destination
+        tx.push(&mut be, Dst::to(b.local_addr()), &[2; 300]); // short last: closes the batch
+        tx.push(&mut be, Dst::to(b.local_addr()), &[3; 1200]); // starts a new one
+        tx.push(&mut be, Dst::to(c.local_addr()), &[4; 80]); // other destination
         tx.flush(&mut be);
         be.submit();
         assert_eq!(
@@ -867,7 +983,7 @@ mod tests {
             stats: &mut stats,
         };
         let mut tx = TxBatch::new();
-        let dst = b.local_addr();
+        let dst = Dst::to(b.local_addr());
         for (expected, actual, fill) in [(80, 80, 1u8), (80, 80, 2), (1000, 1000, 3), (80, 148, 4)]
         {
             let slot = tx
@@ -899,12 +1015,110 @@ mod tests {
         };
         let mut tx = TxBatch::new();
         for i in 0..20u8 {
-            tx.push(&mut be, b.local_addr(), &[i; 1000]);
+            tx.push(&mut be, Dst::to(b.local_addr()), &[i; 1000]);
         }
         tx.flush(&mut be);
         be.submit();
         assert_eq!(tx.batched_sends, 1, "20 datagrams, one batch");
         assert_eq!(recv_all(b, 20_000), [1000; 20]);
+        assert_eq!(be.dropped(), 0);
+    }
+
+    #[test]
+    fn sticky_sources_learn_answer_and_forget() {
+        let peer: SocketAddr = "192.0.2.1:51820".parse().expect("a");
+        let local = PktInfo {
+            ip: "198.51.100.7".parse().expect("ip"),
+            ifindex: 2,
+        };
+        let table = Arc::new(StickyTable::default());
+        let (mut st, mut other) = (Sticky::new(table.clone()), Sticky::new(table.clone()));
+        assert_eq!(st.get(peer), None);
+        st.learn(peer, None);
+        assert_eq!(st.get(peer), None, "no pktinfo, nothing learnt");
+        st.learn(peer, Some(local));
+        assert_eq!(st.get(peer), Some(local));
+        // Another worker sees it from its next round on.
+        assert_eq!(other.get(peer), None);
+        other.refresh();
+        assert_eq!(other.get(peer), Some(local));
+        let g = table.generation.load(Ordering::Relaxed);
+        other.learn(peer, Some(local));
+        assert_eq!(
+            table.generation.load(Ordering::Relaxed),
+            g,
+            "known: no change"
+        );
+        // Bounded: full, it starts over.
+        for i in 0..STICKY_MAX as u16 {
+            st.learn(SocketAddr::from(([10, 0, 0, 1], i)), Some(local));
+        }
+        assert!(table.snapshot().1.len() <= STICKY_MAX);
+        st.forget();
+        assert_eq!(st.get(peer), None);
+        other.refresh();
+        assert_eq!(other.get(peer), None, "forgotten for all workers");
+        // While answering a datagram, its sender gets the address it used, others the
+        // sticky one (none here).
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
+        let s = loopback(1);
+        let mut be = SyscallBackend {
+            sock: &s[0],
+            tun: None,
+            spare: &mut spare,
+            pending: &mut pending,
+            stats: &mut stats,
+        };
+        let (mut tq, mut tx, mut rx) = (
+            TcpQueue::default(),
+            TxBatch::new(),
+            TunBatch::new(CoalesceOptions::default(), false),
+        );
+        let io = OffloadIo {
+            be: &mut be,
+            tcp: None,
+            tcp_queue: &mut tq,
+            tx: &mut tx,
+            rx: &mut rx,
+            sticky: &st,
+            reply: Some((peer, local)),
+        };
+        assert_eq!(io.dst(peer).src, Some(local));
+        assert_eq!(io.dst("192.0.2.2:1".parse().expect("a")).src, None);
+    }
+
+    /// Datagrams to one peer from two local addresses never share a batch (one
+    /// sendmsg has one source).
+    #[test]
+    fn tx_batch_splits_on_source_address() {
+        let s = loopback(2);
+        let (a, b) = (&s[0], &s[1]);
+        let (mut spare, mut pending, mut stats) = (Vec::new(), Vec::new(), SendStats::default());
+        let mut be = SyscallBackend {
+            sock: a,
+            tun: None,
+            spare: &mut spare,
+            pending: &mut pending,
+            stats: &mut stats,
+        };
+        let lo = |ip: [u8; 4]| {
+            Some(PktInfo {
+                ip: ip.into(),
+                ifindex: 0,
+            })
+        };
+        let mut tx = TxBatch::new();
+        for src in [lo([127, 0, 0, 1]), lo([127, 0, 0, 1]), None, None] {
+            let to = Dst {
+                addr: b.local_addr(),
+                src,
+            };
+            tx.push(&mut be, to, &[1; 500]);
+        }
+        tx.flush(&mut be);
+        assert_eq!(be.pending.len(), 2, "two batches: one per source");
+        be.submit();
+        assert_eq!(recv_all(b, 2000), [500; 4]);
         assert_eq!(be.dropped(), 0);
     }
 
@@ -1162,8 +1376,14 @@ mod tests {
         let dev_a = device(ka, kb, "10.82.1.0/24", sock_b.local_addr());
         let dev_b = device(kb, ka, "10.82.0.0/24", sock_a.local_addr());
         let (qa, qb) = (tun_a.queue(0).expect("qa"), tun_b.queue(0).expect("qb"));
-        let mut wa = OffloadWorker::new(tun_a.offload(), offload);
-        let mut wb = OffloadWorker::new(tun_b.offload(), offload);
+        // Each side is the worker loop's poll engine and pipeline, driven by hand here
+        // (one thread for both devices): the round is the loop's own `worker::round`.
+        let (sock_a, sock_b) = (std::sync::Arc::new(sock_a), std::sync::Arc::new(sock_b));
+        let dup = |q: &TunQueue| q.try_clone().expect("dup queue");
+        let mut ea = PollEngine::new(dup(qa), sock_a.clone());
+        let mut eb = PollEngine::new(dup(qb), sock_b.clone());
+        let mut pa: Pipeline<Vec<u8>> = Pipeline::new(tun_a.offload(), offload, Arc::default());
+        let mut pb: Pipeline<Vec<u8>> = Pipeline::new(tun_b.offload(), offload, Arc::default());
         let start = Instant::now();
         let (mut ca, mut cb) = (dev_a.cache(), dev_b.cache());
 
@@ -1177,15 +1397,20 @@ mod tests {
                 nix::poll::PollFd::new(sock_b.as_fd(), nix::poll::PollFlags::POLLIN),
             ];
             let _ = nix::poll::poll(&mut pfd, 20u16);
-            let (ta, tb) = (ca.get(&dev_a), cb.get(&dev_b));
-            wa.pump_tun(&dev_a, ta, qa, &sock_a, None, 64)
-                .expect("tun a");
-            wb.pump_udp(&dev_b, tb, qb, &sock_b, None, 4)
-                .expect("udp b");
-            wb.pump_tun(&dev_b, tb, qb, &sock_b, None, 64)
-                .expect("tun b");
-            wa.pump_udp(&dev_a, ta, qa, &sock_a, None, 4)
-                .expect("udp a");
+            let cxa = Cx {
+                dev: &dev_a,
+                table: ca.get(&dev_a),
+                tcp: None,
+            };
+            let cxb = Cx {
+                dev: &dev_b,
+                table: cb.get(&dev_b),
+                tcp: None,
+            };
+            ea.assume_ready();
+            assert!(round(&mut ea, &mut pa, &cxa).tun_gone.is_none(), "tun a");
+            eb.assume_ready();
+            assert!(round(&mut eb, &mut pb, &cxb).tun_gone.is_none(), "tun b");
         }
         let (got, ok, burst) = server.join().expect("server");
         let took = start.elapsed();
@@ -1193,15 +1418,15 @@ mod tests {
         assert_eq!(got, bytes, "every TCP byte through the tunnel");
         assert!(ok, "TCP bytes intact");
         assert_eq!(burst, vec![1200; 10], "UDP burst as 10 datagrams");
-        assert_eq!(wa.malformed_reads + wb.malformed_reads, 0);
-        assert_eq!(wa.stats.dropped + wb.stats.dropped + wb.rx.write_errors, 0);
+        assert_eq!(pa.malformed_reads + pb.malformed_reads, 0);
+        assert_eq!(ea.stats.dropped + eb.stats.dropped + pb.rx.write_errors, 0);
         if offload && tun_a.offload().tso() && sock_a.gso_enabled() {
-            assert!(wa.tx.batched_sends > 0, "A sent GSO batches");
-            assert!(wb.rx.coalesced > 0, "B wrote coalesced super-packets");
+            assert!(pa.tx.batched_sends > 0, "A sent GSO batches");
+            assert!(pb.rx.coalesced > 0, "B wrote coalesced super-packets");
         }
         eprintln!(
             "A: {} GSO sends; B: {} coalesced TUN writes; B acks: {} GSO sends",
-            wa.tx.batched_sends, wb.rx.coalesced, wb.tx.batched_sends
+            pa.tx.batched_sends, pb.rx.coalesced, pb.tx.batched_sends
         );
         took
     }

@@ -1,68 +1,44 @@
-//! The per-core worker loop on io_uring: the same job as [`worker::run`] (one UDP socket
-//! and one TUN queue per worker, drained into the [`Device`]), with the I/O done by one
-//! ring per worker and packet memory from one (hugepage) buffer pool per worker.
+//! The io_uring backend of the worker loop (the default): the same job as
+//! [`worker::run`] (one UDP socket and one TUN queue per worker, drained into the
+//! device), with the I/O done by one ring per worker and packet memory from one
+//! (hugepage) buffer pool per worker.
 //!
 //! - `K` TUN reads stay in flight (`ReadFixed` into pool buffers); each completion is
 //!   handed to `handle_tun_packet` and the buffer goes straight back into a new read.
 //! - One multishot `RecvMsg` on the UDP socket with a provided buffer ring; each datagram
 //!   (or each segment of a GRO batch) goes to `handle_datagram`, then the buffer is
 //!   recycled to the kernel.
-//! - The device's answers ([`Io`]) are copied into a free pool buffer and queued as
-//!   `SendMsg` / `WriteFixed`; nothing is allocated per packet. All queued SQEs go to the
+//! - The device encrypts straight into GSO batches built in pool buffers and decrypts
+//!   into the coalescing arena (the shared `Pipeline`); batches are queued as `SendMsg`
+//!   / `WriteFixed`; nothing is allocated per packet. All queued SQEs go to the
 //!   kernel with one `io_uring_enter` per loop iteration (the wait).
 //!
-//! When the ring or the pool cannot be set up, [`run`] gives the TUN queue back with the
-//! reason, and the caller runs the portable worker instead.
+//! The loop itself is [`worker::run_loop`], the same for both backends; this file holds
+//! only what io_uring does differently (the engine) and its set-up. When the ring or the
+//! pool cannot be set up, [`run`] gives the TUN queue back with the reason, and the
+//! caller runs the portable worker instead.
 
 use std::fmt;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use io_uring::cqueue;
 use nix::errno::Errno;
 
-use crate::core::config::{GatewayConfig, PollMode};
-use std::net::SocketAddr;
-
-use crate::core::device::{PeerAddr, SCRATCH_SIZE};
-use crate::core::gso::CoalesceOptions;
-use crate::driver::offload_io::{split_tun_read, Backend, OffloadIo, TcpQueue, TunBatch, TxBatch};
+use crate::core::config::GatewayConfig;
+use crate::driver::offload_io::{Backend, Cx, Dst, Pipeline};
 #[cfg(doc)]
 use crate::driver::worker;
-use crate::driver::worker::Shared;
+use crate::driver::worker::{run_loop, socket_of, Drained, Engine, Shared, Waited};
 use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
 use crate::sys::tun::{TunOffload, TunQueue};
-use crate::sys::udp::UdpSocket;
+use crate::sys::udp::{gso_errno, stale_source_errno, UdpSocket};
 use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, UringError};
-
-#[cfg(doc)]
-use crate::core::device::Device;
-
-/// How long one wait may block, so `stop` and socket changes are noticed.
-const WAIT: Duration = Duration::from_millis(100);
-/// `Poll = adaptive`: after a round with traffic, keep polling without sleeping this
-/// long: an answer (a ping reply from the stack, the next packet of a burst) usually
-/// comes within it, and a sleeping worker costs a wake-up per packet. Bounded, so an idle
-/// worker sleeps. Not the default: on cores shared with other work (our 2-core bench,
-/// where both tunnel ends and iperf3 run) the spinning took the time the other side
-/// needed — single-stream TCP fell from ~4000 to ~2500 Mbit/s and idle RTT rose from
-/// 0.37 to 0.82 ms.
-pub const ADAPTIVE_SPIN: Duration = Duration::from_micros(200);
 
 /// `SqPoll = on`: how long the kernel's submission-polling thread spins idle before it
 /// sleeps (and the next submit wakes it with one `io_uring_enter`).
 const SQPOLL_IDLE_MS: u32 = 50;
-
-/// Whether a worker polls without sleeping now.
-pub fn spin_now(mode: PollMode, hot_until: Instant) -> bool {
-    match mode {
-        PollMode::Busy => true,
-        PollMode::Adaptive => Instant::now() < hot_until,
-        PollMode::Sleep => false,
-    }
-}
 /// Completions handled per reap (more stay in the CQ for the next round).
 const REAP: usize = 256;
 /// After this many receive errors in a row, pause re-arming for [`RECV_BACKOFF`].
@@ -77,7 +53,7 @@ pub struct UringWorkerConfig {
     /// TUN reads kept in flight.
     pub tun_reads: u32,
     /// How the worker waits (`Poll =`).
-    pub poll: PollMode,
+    pub poll: crate::core::config::PollMode,
 }
 
 impl UringWorkerConfig {
@@ -151,29 +127,28 @@ pub struct NotStarted {
     pub tun: TunQueue,
 }
 
-fn socket_of(shared: &Shared, index: usize) -> Option<(u64, Arc<UdpSocket>)> {
-    let (gen, socks) = shared.sockets.get();
-    let s = socks.get(index % socks.len().max(1))?.clone();
-    Some((gen, s))
-}
+/// Sends short of this much room in the submission queue are handed to the kernel
+/// between packets (outside any peer lock), so a full queue never forces a submit while
+/// the device holds one.
+const SQ_HEADROOM: usize = 64;
 
-/// The io_uring backend of the offload pipeline: batches are built in registered pool
-/// buffers and handed to the kernel as SQEs (`SendMsg` with `UDP_SEGMENT`,
-/// `WriteFixed`); nothing here makes a syscall (the loop submits once per round).
+/// The io_uring executor of one round: batches are built in registered pool buffers
+/// and handed to the kernel as SQEs (`SendMsg` with `UDP_SEGMENT` and the sticky
+/// source, `WriteFixed`); nothing here makes a syscall except `relieve`, between packets.
 struct UringBackend<'r, 'p> {
     ring: &'r mut Ring<'p>,
     pool: &'p BufPool,
     sock: &'r UdpSocket,
     v6: bool,
     /// Packets dropped for lack of a buffer or a slot.
-    dropped: u64,
+    dropped: &'r mut u64,
 }
 
 impl UringBackend<'_, '_> {
     fn rejected(&mut self, r: Result<(), Rejected>) {
         if let Err(Rejected(buf, _)) = r {
             self.pool.free(buf);
-            self.dropped += 1;
+            *self.dropped += 1;
         }
     }
 }
@@ -184,7 +159,7 @@ impl Backend for UringBackend<'_, '_> {
     fn alloc(&mut self) -> Option<BufId> {
         let b = self.pool.alloc();
         if b.is_none() {
-            self.dropped += 1;
+            *self.dropped += 1;
         }
         b
     }
@@ -203,11 +178,10 @@ impl Backend for UringBackend<'_, '_> {
         self.sock.max_gso_segments()
     }
 
-    fn send(&mut self, b: BufId, len: usize, dst: SocketAddr, seg: usize) {
+    fn send(&mut self, b: BufId, len: usize, to: Dst, seg: usize) {
         let segment = (len > seg).then(|| u16::try_from(seg).unwrap_or(u16::MAX));
-        let r = self
-            .ring
-            .send_udp(b, len, uring::to_socket_family(dst, self.v6), segment);
+        let dst = uring::to_socket_family(to.addr, self.v6);
+        let r = self.ring.send_udp(b, len, dst, segment, to.src);
         self.rejected(r);
     }
 
@@ -217,13 +191,230 @@ impl Backend for UringBackend<'_, '_> {
     }
 
     fn dropped(&self) -> u64 {
-        self.dropped
+        *self.dropped
+    }
+
+    fn relieve(&mut self) {
+        if self.ring.sq_room() < SQ_HEADROOM {
+            if let Err(e) = self.ring.submit() {
+                log::trace!("submit: {e}");
+            }
+        }
+    }
+}
+
+/// The io_uring backend of the worker loop: `K` TUN reads in flight (`ReadFixed` into
+/// pool buffers, each re-armed with its own buffer once handled), one multishot
+/// `RecvMsg` on a provided buffer ring (GRO trains, `IP_PKTINFO`), and the round's
+/// sends and TUN writes as SQEs; the wait is the round's one `io_uring_enter`.
+struct UringEngine<'p> {
+    ring: Ring<'p>,
+    pool: &'p BufPool,
+    /// Held for the backend's GSO state; the registered file table keeps its own
+    /// reference to the socket.
+    sock: Arc<UdpSocket>,
+    v6: bool,
+    tun_reads: u32,
+    reads: u32,
+    recv_errors: u32,
+    recv_paused_until: Option<Instant>,
+    cqes: heapless::Vec<cqueue::Entry, REAP>,
+    dropped: u64,
+}
+
+impl<'p> Engine for UringEngine<'p> {
+    type Buf = BufId;
+    type Exec<'e>
+        = UringBackend<'e, 'p>
+    where
+        Self: 'e;
+
+    fn set_socket(&mut self, s: &Arc<UdpSocket>) -> Result<(), String> {
+        // In-flight sends keep the old socket alive in the kernel; the receive is
+        // cancelled and re-armed on the new one when its last completion arrives.
+        self.ring
+            .set_udp(s.as_raw_fd())
+            .map_err(|e| e.to_string())?;
+        let _ = self.ring.cancel_recv();
+        self.v6 = s.local_addr().is_ipv6();
+        self.sock = s.clone();
+        Ok(())
+    }
+
+    fn arm(&mut self) {
+        // Top up TUN reads (some may have been dropped when the ring was full).
+        while self.reads < self.tun_reads {
+            let Some(b) = self.pool.alloc() else { break };
+            match self.ring.read_tun(b) {
+                Ok(()) => self.reads += 1,
+                Err(Rejected(b, _)) => {
+                    self.pool.free(b);
+                    break;
+                }
+            }
+        }
+        if !self.ring.recv_armed() && self.recv_paused_until.map_or(true, |t| Instant::now() >= t) {
+            self.recv_paused_until = None;
+            if let Err(e) = self.ring.arm_recv() {
+                log::warn!("cannot arm UDP receive: {e}");
+            }
+        }
+    }
+
+    fn wait(&mut self, timeout: Duration) -> Waited {
+        // A zero timeout only submits and polls (and runs deferred task work).
+        match self.ring.submit_and_wait(timeout) {
+            Ok(()) => Waited::Ready,
+            Err(e) => Waited::Failed(e.to_string()),
+        }
+    }
+
+    fn drain(&mut self, p: &mut Pipeline<BufId>, cx: &Cx<'_>) -> Drained {
+        let UringEngine {
+            ring,
+            pool,
+            sock,
+            v6,
+            reads,
+            recv_errors,
+            recv_paused_until,
+            cqes,
+            dropped,
+            ..
+        } = self;
+        let pool: &'p BufPool = pool;
+        let mut be = UringBackend {
+            ring,
+            pool,
+            sock,
+            v6: *v6,
+            dropped,
+        };
+        let mut d = Drained::default();
+        // A few reaps at most, so queued SQEs (re-armed reads) reach the kernel soon.
+        for _ in 0..4 {
+            let n = be.ring.reap(cqes);
+            if n == 0 {
+                break;
+            }
+            d.handled += n;
+            for c in cqes.iter() {
+                match be.ring.complete(c) {
+                    Completion::Recv { res: Ok(tok), .. } => {
+                        *recv_errors = 0;
+                        // Checked exactly as a recvmmsg message is (sys::cmsg).
+                        match tok.parse().map(|m| (m.meta(), m.payload)) {
+                            Some((Ok(meta), payload)) => {
+                                p.datagrams(&mut be, cx, payload, &meta);
+                            }
+                            _ => log::trace!("truncated or malformed datagram dropped"),
+                        }
+                        be.ring.recycle(tok);
+                    }
+                    Completion::Recv { res: Err(e), .. } => match e {
+                        // Out of receive buffers, or cancelled for a socket change:
+                        // re-armed before the next wait.
+                        Errno::ENOBUFS | Errno::ECANCELED => {}
+                        e => {
+                            *recv_errors += 1;
+                            log::trace!("recv: {e}");
+                            if *recv_errors >= RECV_ERRORS_BEFORE_BACKOFF {
+                                *recv_paused_until = Some(Instant::now() + RECV_BACKOFF);
+                                *recv_errors = 0;
+                            }
+                        }
+                    },
+                    Completion::TunRead {
+                        mut buf,
+                        res: Ok(n),
+                    } => {
+                        p.tun_read(&mut be, cx, pool.buf_mut(&mut buf), n);
+                        if let Err(Rejected(b, _)) = be.ring.read_tun(buf) {
+                            pool.free(b);
+                            *reads -= 1;
+                        }
+                    }
+                    Completion::TunRead {
+                        buf,
+                        res: Err(Errno::EAGAIN),
+                    } => {
+                        // Kernels before 6.4 answer a non-blocking TUN read this way.
+                        if let Err(Rejected(b, _)) = be.ring.read_tun_after_poll(buf) {
+                            pool.free(b);
+                            *reads -= 1;
+                        }
+                    }
+                    Completion::TunRead {
+                        buf,
+                        res: Err(Errno::ECANCELED | Errno::EINTR),
+                    } => {
+                        if let Err(Rejected(b, _)) = be.ring.read_tun(buf) {
+                            pool.free(b);
+                            *reads -= 1;
+                        }
+                    }
+                    Completion::TunRead { buf, res: Err(e) } => {
+                        pool.free(buf);
+                        *reads -= 1;
+                        d.tun_gone = Some(format!("TUN read failed ({e})"));
+                    }
+                    Completion::TunWrite { buf, res } => {
+                        pool.free(buf);
+                        if let Err(e) = res {
+                            log::trace!("tun write: {e}");
+                        }
+                    }
+                    Completion::UdpSend {
+                        buf,
+                        res,
+                        with_src,
+                        segmented,
+                    } => {
+                        pool.free(buf);
+                        let Err(e) = res else { continue };
+                        // No checksum offload on the route, or segments the route cannot
+                        // carry: this socket sends one datagram per SendMsg from now on
+                        // (this batch is lost), as the poll backend's demotion does.
+                        if segmented && gso_errno(e as i32) && be.sock.gso_enabled() {
+                            be.sock.disable_gso();
+                        }
+                        // From a sticky source that is gone (the address was removed):
+                        // forget the sources, so the next sends let routing pick until
+                        // authenticated datagrams teach them again.
+                        if with_src && stale_source_errno(e as i32) {
+                            p.sticky.forget();
+                        }
+                        // ICMP errors (ECONNREFUSED) and the like: not fatal.
+                        log::trace!("send: {e}");
+                    }
+                    Completion::Internal => {}
+                }
+            }
+            if d.tun_gone.is_some() {
+                break;
+            }
+        }
+        d
+    }
+
+    fn exec(&mut self) -> UringBackend<'_, 'p> {
+        UringBackend {
+            ring: &mut self.ring,
+            pool: self.pool,
+            sock: &self.sock,
+            v6: self.v6,
+            dropped: &mut self.dropped,
+        }
+    }
+
+    fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
     }
 }
 
 /// Run one worker on io_uring until `shared.stop` is set (`Ok`), or give the TUN queue
 /// back when io_uring (or the pool) cannot be set up. `index` picks this worker's socket,
-/// as in [`worker::run`].
+/// as in [`worker::run`]. `started` gets the worker's status line once it runs.
 pub fn run(
     index: usize,
     tun: TunQueue,
@@ -249,14 +440,13 @@ pub fn run(
             })
         }
     };
-    // `_sock` is held for clarity only: the registered file table keeps its own reference.
-    let Some((mut gen, mut _sock)) = socket_of(&shared, index) else {
+    let Some((gen, sock)) = socket_of(&shared, index) else {
         return Err(NotStarted {
             error: SetupError::NoSocket,
             tun,
         });
     };
-    let mut ring = match Ring::new(&cfg.ring, &pool, _sock.as_raw_fd(), tun.as_raw_fd()) {
+    let ring = match Ring::new(&cfg.ring, &pool, sock.as_raw_fd(), tun.as_raw_fd()) {
         Ok(r) => r,
         Err(e) => {
             return Err(NotStarted {
@@ -278,236 +468,40 @@ pub fn run(
         },
         cfg.tun_reads
     ));
-
-    let mut scratch = vec![0u8; SCRATCH_SIZE];
-    // The TSO/USO splitter's output (one segment at a time, before encryption).
-    let mut seg = vec![0u8; 65535];
-    let mut tx: TxBatch<BufId> = TxBatch::new();
-    let mut rx = TunBatch::new(
-        CoalesceOptions {
-            tcp: vnet_hdr && offload.tso(),
-            udp: vnet_hdr && offload.uso(),
-        },
-        vnet_hdr,
-    );
-    let mut malformed_reads: u64 = 0;
-    let mut tcp_queue = TcpQueue::default();
-    let mut cache = shared.device.cache();
-    let tcp = shared.tcp.clone();
-    let mut v6 = _sock.local_addr().is_ipv6();
-    let mut cqes: heapless::Vec<cqueue::Entry, REAP> = heapless::Vec::new();
-    let mut reads: u32 = 0;
-    let mut recv_errors: u32 = 0;
-    let mut recv_paused_until: Option<Instant> = None;
-    let mut dropped_total: u64 = 0;
-    let mut hot_until = Instant::now();
-
-    while !shared.stop.load(Ordering::Relaxed) {
-        // Every round, idle ones too (one wait is at most WAIT).
-        shared.heartbeats.beat(index);
-        if shared.sockets.generation() != gen {
-            if let Some((g, s)) = socket_of(&shared, index) {
-                // In-flight sends keep the old socket alive in the kernel; the receive is
-                // cancelled and re-armed on the new one when its last completion arrives.
-                match ring.set_udp(s.as_raw_fd()) {
-                    Ok(()) => {
-                        let _ = ring.cancel_recv();
-                        v6 = s.local_addr().is_ipv6();
-                        (gen, _sock) = (g, s);
-                    }
-                    Err(e) => log::warn!("worker {index}: {e}"),
-                }
-            }
-        }
-        // Top up TUN reads (some may have been dropped when the ring was full).
-        while reads < cfg.tun_reads {
-            let Some(b) = pool.alloc() else { break };
-            match ring.read_tun(b) {
-                Ok(()) => reads += 1,
-                Err(Rejected(b, _)) => {
-                    pool.free(b);
-                    break;
-                }
-            }
-        }
-        if !ring.recv_armed() && recv_paused_until.map_or(true, |t| Instant::now() >= t) {
-            recv_paused_until = None;
-            if let Err(e) = ring.arm_recv() {
-                log::warn!("worker {index}: cannot arm UDP receive: {e}");
-            }
-        }
-        // Adaptive wait: poll (a zero-timeout enter, which also runs deferred task work)
-        // while traffic is recent or the core is dedicated; otherwise sleep.
-        let wait = if spin_now(cfg.poll, hot_until) {
-            Duration::ZERO
-        } else {
-            WAIT
-        };
-        if let Err(e) = ring.submit_and_wait(wait) {
-            log::error!("worker {index}: {e}");
-            std::thread::sleep(WAIT);
-            continue;
-        }
-
-        let table = cache.get(&shared.device);
-        let mut be = UringBackend {
-            ring: &mut ring,
-            pool: &pool,
-            sock: &_sock,
-            v6,
-            dropped: 0,
-        };
-        let mut io = OffloadIo {
-            be: &mut be,
-            tcp: tcp.as_deref(),
-            tcp_queue: &mut tcp_queue,
-            tx: &mut tx,
-            rx: &mut rx,
-        };
-        // A few rounds at most, so queued SQEs (re-armed reads) reach the kernel soon.
-        let mut handled = 0usize;
-        for _ in 0..4 {
-            let n = io.be.ring.reap(&mut cqes);
-            if n == 0 {
-                break;
-            }
-            handled += n;
-            for c in cqes.iter() {
-                match io.be.ring.complete(c) {
-                    Completion::Recv { res: Ok(tok), .. } => {
-                        recv_errors = 0;
-                        match tok.parse() {
-                            Some(m) if !m.truncated => {
-                                if let Some(from) = m.from {
-                                    let from = PeerAddr::Udp(uring::canonical(from));
-                                    // A GRO batch carries several datagrams of `seg`
-                                    // bytes (the last may be shorter).
-                                    let seg = uring::gro_segment_size(m.control)
-                                        .unwrap_or(m.payload.len())
-                                        .max(1);
-                                    for d in m.payload.chunks(seg) {
-                                        shared.device.handle_datagram(
-                                            table,
-                                            from,
-                                            d,
-                                            &mut scratch,
-                                            &mut io,
-                                        );
-                                    }
-                                }
-                            }
-                            _ => log::trace!(
-                                "worker {index}: truncated or malformed datagram dropped"
-                            ),
-                        }
-                        io.be.ring.recycle(tok);
-                    }
-                    Completion::Recv { res: Err(e), .. } => match e {
-                        // Out of receive buffers, or cancelled for a socket change: re-armed above.
-                        Errno::ENOBUFS | Errno::ECANCELED => {}
-                        e => {
-                            recv_errors += 1;
-                            log::trace!("worker {index}: recv: {e}");
-                            if recv_errors >= RECV_ERRORS_BEFORE_BACKOFF {
-                                recv_paused_until = Some(Instant::now() + RECV_BACKOFF);
-                                recv_errors = 0;
-                            }
-                        }
-                    },
-                    Completion::TunRead {
-                        mut buf,
-                        res: Ok(n),
-                    } => {
-                        let frame = pool.buf_mut(&mut buf);
-                        let r = split_tun_read(frame, n, vnet_hdr, &mut seg, |p, len| {
-                            shared
-                                .device
-                                .handle_tun_packet(table, p, len, &mut scratch, &mut io)
-                        });
-                        if let Err(e) = r {
-                            malformed_reads += 1;
-                            log::trace!("worker {index}: tun read: {e} ({malformed_reads} so far)");
-                        }
-                        if let Err(Rejected(b, _)) = io.be.ring.read_tun(buf) {
-                            pool.free(b);
-                            reads -= 1;
-                        }
-                    }
-                    Completion::TunRead {
-                        buf,
-                        res: Err(Errno::EAGAIN),
-                    } => {
-                        // Kernels before 6.4 answer a non-blocking TUN read this way.
-                        if let Err(Rejected(b, _)) = io.be.ring.read_tun_after_poll(buf) {
-                            pool.free(b);
-                            reads -= 1;
-                        }
-                    }
-                    Completion::TunRead {
-                        buf,
-                        res: Err(Errno::ECANCELED | Errno::EINTR),
-                    } => {
-                        if let Err(Rejected(b, _)) = io.be.ring.read_tun(buf) {
-                            pool.free(b);
-                            reads -= 1;
-                        }
-                    }
-                    Completion::TunRead { buf, res: Err(e) } => {
-                        pool.free(buf);
-                        // EBADFD/EIO: the interface was deleted under us (wg-quick down).
-                        log::info!("worker {index}: TUN read failed ({e}); interface gone");
-                        shared.tun_gone.store(true, Ordering::Relaxed);
-                        return Ok(());
-                    }
-                    Completion::TunWrite { buf, res } => {
-                        pool.free(buf);
-                        if let Err(e) = res {
-                            log::trace!("worker {index}: tun write: {e}");
-                        }
-                    }
-                    Completion::UdpSend { buf, res } => {
-                        pool.free(buf);
-                        match res {
-                            // No checksum offload on the route: this socket sends one
-                            // datagram per SendMsg from now on (the batch is lost).
-                            Err(Errno::EIO | Errno::EINVAL) if _sock.gso_enabled() => {
-                                _sock.disable_gso();
-                            }
-                            // ICMP errors (ECONNREFUSED) and the like: not fatal.
-                            Err(e) => log::trace!("worker {index}: send: {e}"),
-                            Ok(_) => {}
-                        }
-                    }
-                    Completion::Internal => {}
-                }
-            }
-        }
-        // The round's batches become SQEs; the next submit_and_wait hands them over.
-        io.flush();
-        if handled > 0 {
-            hot_until = Instant::now() + ADAPTIVE_SPIN;
-        }
-        let dropped = be.dropped();
-        if dropped > 0 {
-            dropped_total += dropped;
-            log::debug!("worker {index}: {dropped} packets dropped (no free buffer or ring slot; {dropped_total} total)");
-        }
-    }
-    // `ring` drops first (cancels and reaps everything in flight), then `pool`.
-    drop(ring);
+    let mut engine = UringEngine {
+        ring,
+        pool: &pool,
+        v6: sock.local_addr().is_ipv6(),
+        sock,
+        tun_reads: cfg.tun_reads,
+        reads: 0,
+        recv_errors: 0,
+        recv_paused_until: None,
+        cqes: heapless::Vec::new(),
+        dropped: 0,
+    };
+    let mut p = Pipeline::new(offload, vnet_hdr, shared.sockets.sticky.clone());
+    run_loop(index, &mut engine, &mut p, cfg.poll, &shared, gen);
+    // The ring drops first (cancels and reaps everything in flight), then the pool;
+    // the TUN queue (registered in the ring) last.
+    drop(engine);
+    drop(tun);
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::config::PollMode;
     use crate::core::device::Device;
+    use crate::core::device::{PeerAddr, SCRATCH_SIZE};
     use crate::core::key::Key;
     use crate::driver::worker::{Heartbeats, SocketSet};
     use crate::sys::tun::tests::{can_net_admin, in_new_netns, ip};
     use crate::sys::tun::Tun;
     use std::net::SocketAddr;
     use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn config_from_gateway() {
@@ -694,6 +688,141 @@ mod tests {
             assert_eq!(worker.join().expect("worker thread"), Ok(()));
             assert!(!shared.tun_gone.load(Ordering::Relaxed));
         });
+    }
+
+    /// Replies leave from the local address the peer used, on both backends: A's socket
+    /// is bound to 0.0.0.0 and B reaches it at 127.0.0.2, which is local but not what
+    /// routing picks to answer 127.0.0.1. B initiates; the handshake response (before
+    /// anything authenticated) and the data after it (the sticky source) must come from
+    /// 127.0.0.2.
+    #[test]
+    fn replies_leave_from_the_address_used_on_both_backends() {
+        if !can_net_admin() {
+            eprintln!("skipped: needs root and /dev/net/tun");
+            return;
+        }
+        for uring_backend in [false, true] {
+            if uring_backend && uring::probe().is_err() {
+                eprintln!("skipped (io_uring): needs multishot recvmsg");
+                continue;
+            }
+            in_new_netns(move || replies_from_the_address_used(uring_backend));
+        }
+    }
+
+    fn replies_from_the_address_used(uring_backend: bool) {
+        ip(&["link", "set", "lo", "up"]);
+        let tun = Tun::create("rgfst0", 1, true).expect("tun");
+        ip(&["addr", "add", "10.79.0.1/24", "dev", "rgfst0"]);
+        ip(&["link", "set", "rgfst0", "up"]);
+        let (ka, kb) = (Key::generate_private(), Key::generate_private());
+        let sock_a = UdpSocket::bind(
+            "[::]:0".parse().expect("literal"),
+            &crate::sys::udp::UdpOptions {
+                reuse_port: false,
+                ..crate::sys::udp::UdpOptions::default()
+            },
+        )
+        .expect("bind a");
+        let port_a = sock_a.local_addr().port();
+        let used = SocketAddr::from(([127, 0, 0, 2], port_a));
+        let sock_b = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind b");
+        sock_b
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("timeout");
+        let addr_b = sock_b.local_addr().expect("b");
+        let dev_a = Arc::new(device(ka, kb, "10.79.0.2/32", addr_b));
+        let dev_b = device(kb, ka, "10.79.0.1/32", used);
+        let shared = Arc::new(Shared {
+            device: dev_a,
+            sockets: Arc::new(SocketSet::new(vec![Arc::new(sock_a)], port_a)),
+            stop: Arc::new(AtomicBool::new(false)),
+            tcp: None,
+            tun_gone: Arc::new(AtomicBool::new(false)),
+            heartbeats: Arc::new(Heartbeats::new(1)),
+        });
+        let (off, vnet) = (tun.offload(), tun.vnet_hdr());
+        let q = tun.into_queues().into_iter().next().expect("queue");
+        let sh = shared.clone();
+        let worker = std::thread::spawn(move || {
+            if uring_backend {
+                let cfg = UringWorkerConfig::from_gateway(&GatewayConfig {
+                    buffers: 64,
+                    hugepages: false,
+                    ..GatewayConfig::default()
+                });
+                run(0, q, off, vnet, sh, &cfg, |_| {}).map_err(|n| n.error.to_string())
+            } else {
+                crate::driver::worker::run(0, q, off, vnet, PollMode::Sleep, sh);
+                Ok(())
+            }
+        });
+        let app = std::net::UdpSocket::bind("10.79.0.1:0").expect("app");
+        app.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let app_port = app.local_addr().expect("app addr").port();
+
+        // B -> A: B's data packet starts a handshake (B initiates).
+        let mut wire = Wire::default();
+        let mut scratch = vec![0u8; SCRATCH_SIZE];
+        let mut cache = dev_b.cache();
+        let reply = ipv4_udp([10, 79, 0, 2], 5555, [10, 79, 0, 1], app_port, b"hello-a");
+        let mut reply_buf = reply.clone();
+        dev_b.handle_tun_packet(
+            cache.get(&dev_b),
+            &mut reply_buf,
+            reply.len(),
+            &mut scratch,
+            &mut wire,
+        );
+        let mut sources = Vec::new();
+        let mut buf = vec![0u8; 65536];
+        let mut got_a = false;
+        for _ in 0..200 {
+            for (to, d) in wire.sent.drain(..) {
+                sock_b.send_to(&d, to.socket_addr()).expect("b send");
+            }
+            if !got_a {
+                let mut rb = [0u8; 64];
+                app.set_read_timeout(Some(Duration::from_millis(20)))
+                    .expect("timeout");
+                if let Ok((n, _)) = app.recv_from(&mut rb) {
+                    assert_eq!(&rb[..n], b"hello-a");
+                    got_a = true;
+                    // A -> B: the answer goes out through A's tunnel.
+                    app.send_to(b"hello-b", "10.79.0.2:5555").expect("app send");
+                }
+            }
+            if wire.tun.iter().any(|p| p.ends_with(b"hello-b")) {
+                break;
+            }
+            let Ok((n, from)) = sock_b.recv_from(&mut buf) else {
+                continue;
+            };
+            sources.push(from);
+            dev_b.handle_datagram(
+                cache.get(&dev_b),
+                PeerAddr::Udp(from),
+                &buf[..n],
+                &mut scratch,
+                &mut wire,
+            );
+        }
+        shared.stop.store(true, Ordering::Relaxed);
+        assert_eq!(worker.join().expect("worker thread"), Ok(()));
+        assert!(got_a, "B's packet reached the app (uring: {uring_backend})");
+        assert!(
+            wire.tun.iter().any(|p| p.ends_with(b"hello-b")),
+            "A's answer reached B (uring: {uring_backend})"
+        );
+        assert!(
+            sources.len() >= 2,
+            "a handshake response and data: {sources:?}"
+        );
+        assert!(
+            sources.iter().all(|s| *s == used),
+            "every reply from {used} (uring: {uring_backend}): {sources:?}"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@
 use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::OnceLock;
@@ -29,6 +29,10 @@ use io_uring::types::{BufRingEntry, CancelBuilder, Fd, Fixed, RecvMsgOut, Submit
 use io_uring::{cqueue, opcode, squeue, IoUring, Probe};
 use nix::errno::Errno;
 
+pub use crate::sys::cmsg::{canonical, to_socket_family};
+use crate::sys::cmsg::{
+    parse_sockaddr, recv_meta, to_raw, write_send_cmsgs, CmsgBuf, PktInfo, RawAddr, RecvMeta,
+};
 use crate::sys::hugepage::{BufId, BufPool};
 
 /// Registered file index of the UDP socket.
@@ -37,8 +41,11 @@ pub const FILE_UDP: u32 = 0;
 pub const FILE_TUN: u32 = 1;
 /// Bytes reserved for the source address in each multishot receive buffer.
 pub const RECV_NAME_LEN: u32 = std::mem::size_of::<libc::sockaddr_storage>() as u32;
-/// Bytes reserved for control messages (UDP_GRO, IP_PKTINFO) in each receive buffer.
-pub const RECV_CONTROL_LEN: u32 = 64;
+/// Bytes reserved for control messages in each receive buffer: a dual-stack socket
+/// receiving IPv4 gets `UDP_GRO` (24 bytes with its header), `IPV6_PKTINFO` (40) and
+/// `IP_PKTINFO` (32): 96. A message whose control does not fit is dropped (MSG_CTRUNC),
+/// exactly as on the recvmmsg path, whose [`CmsgBuf`] is as large.
+pub const RECV_CONTROL_LEN: u32 = 128;
 /// `struct io_uring_recvmsg_out` (namelen, controllen, payloadlen, flags: four u32s)
 /// that starts every multishot receive buffer.
 pub const RECVMSG_OUT_LEN: usize = 16;
@@ -378,9 +385,13 @@ impl Default for RingConfig {
 struct SendState {
     hdr: libc::msghdr,
     iov: libc::iovec,
-    addr: libc::sockaddr_storage,
-    /// Room for one `UDP_SEGMENT` cmsg (CMSG_SPACE(2) = 24 on 64-bit), u64-aligned.
-    cmsg: [u64; 4],
+    addr: RawAddr,
+    /// Room for a `UDP_SEGMENT` and a pktinfo cmsg, written by `cmsg::write_send_cmsgs`.
+    cmsg: CmsgBuf,
+    /// The send named its source address (a pktinfo cmsg).
+    with_src: bool,
+    /// The send carried a `UDP_SEGMENT` size.
+    segmented: bool,
 }
 
 /// What a slot's operation is.
@@ -412,10 +423,14 @@ pub enum Completion<'p> {
         buf: BufId,
         res: Result<usize, Errno>,
     },
-    /// A UDP send finished; the buffer is free again.
+    /// A UDP send finished; the buffer is free again. `with_src`: it named its source
+    /// address (an error may then mean that address is gone); `segmented`: it was a GSO
+    /// send (`EINVAL`/`EIO` may then mean GSO does not work on this route).
     UdpSend {
         buf: BufId,
         res: Result<usize, Errno>,
+        with_src: bool,
+        segmented: bool,
     },
     /// The multishot receive produced a datagram (`Ok`) or an error. When `rearm` is
     /// true the receive has ended and must be armed again ([`Ring::arm_recv`]).
@@ -448,6 +463,24 @@ pub struct RecvMsg<'a> {
     pub control: &'a [u8],
     /// The datagram did not fit the buffer.
     pub truncated: bool,
+    /// The control messages did not fit their room.
+    pub control_truncated: bool,
+}
+
+impl RecvMsg<'_> {
+    /// What the message says, checked exactly as a `recvmmsg` message is
+    /// ([`recv_meta`]): source, the local address it came to (`IP_PKTINFO`), the GRO
+    /// segment size (1..=65535, at most the payload). `Err` for a truncated message,
+    /// an unknown source family or malformed control data: drop it.
+    pub fn meta(&self) -> io::Result<RecvMeta> {
+        let flags = (if self.truncated { libc::MSG_TRUNC } else { 0 })
+            | (if self.control_truncated {
+                libc::MSG_CTRUNC
+            } else {
+                0
+            });
+        recv_meta(self.payload.len(), flags, self.from, self.control)
+    }
 }
 
 impl RecvToken<'_> {
@@ -482,6 +515,7 @@ pub fn parse_recv_buffer(bytes: &[u8]) -> Option<RecvMsg<'_>> {
         control: bytes.get(control_at..control_at + out.control_data().len())?,
         payload: bytes.get(payload_at..payload_at + out.payload_data().len())?,
         truncated: out.is_payload_truncated(),
+        control_truncated: out.is_control_data_truncated(),
     })
 }
 
@@ -491,110 +525,6 @@ fn recv_msghdr_value() -> libc::msghdr {
     h.msg_namelen = RECV_NAME_LEN;
     h.msg_controllen = RECV_CONTROL_LEN as _;
     h
-}
-
-/// Decode a `sockaddr_in`/`sockaddr_in6` from bytes (no trust in the length).
-pub fn parse_sockaddr(b: &[u8]) -> Option<SocketAddr> {
-    let family = i32::from(u16::from_ne_bytes([*b.first()?, *b.get(1)?]));
-    let port = u16::from_be_bytes([*b.get(2)?, *b.get(3)?]);
-    match family {
-        libc::AF_INET => {
-            let ip: [u8; 4] = b.get(4..8)?.try_into().ok()?;
-            Some(SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::from(ip), port)))
-        }
-        libc::AF_INET6 => {
-            let flow = u32::from_be_bytes(b.get(4..8)?.try_into().ok()?);
-            let ip: [u8; 16] = b.get(8..24)?.try_into().ok()?;
-            let scope = u32::from_ne_bytes(b.get(24..28)?.try_into().ok()?);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(ip),
-                port,
-                flow,
-                scope,
-            )))
-        }
-        _ => None,
-    }
-}
-
-/// The `UDP_GRO` segment size in received control data, if the kernel coalesced
-/// several datagrams into one receive. Parsed from bytes, trusting no length.
-pub fn gro_segment_size(control: &[u8]) -> Option<usize> {
-    let hdr = std::mem::size_of::<libc::cmsghdr>();
-    let align = std::mem::size_of::<usize>();
-    let mut off = 0usize;
-    while let Some(h) = control.get(off..off + hdr) {
-        let (len_b, rest) = h.split_at(std::mem::size_of::<usize>());
-        let len = usize::from_ne_bytes(len_b.try_into().ok()?);
-        let level = i32::from_ne_bytes(rest.get(..4)?.try_into().ok()?);
-        let ty = i32::from_ne_bytes(rest.get(4..8)?.try_into().ok()?);
-        if len < hdr {
-            return None;
-        }
-        let data = control.get(off + hdr..off.checked_add(len)?)?;
-        if level == libc::SOL_UDP && ty == libc::UDP_GRO {
-            let v = i32::from_ne_bytes(data.get(..4)?.try_into().ok()?);
-            return usize::try_from(v).ok().filter(|&v| v > 0);
-        }
-        off = off.checked_add(len.checked_add(align - 1)? & !(align - 1))?;
-    }
-    None
-}
-
-/// Encode `a` into `out`; returns the length to put in `msg_namelen`.
-fn write_sockaddr(a: SocketAddr, out: &mut libc::sockaddr_storage) -> u32 {
-    // SAFETY: sockaddr_storage is large and aligned enough for either; all-zero is valid.
-    *out = unsafe { std::mem::zeroed() };
-    match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is at least as large and aligned as sockaddr_in.
-            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>() as u32
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: v6.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: v6.ip().octets(),
-                },
-                sin6_scope_id: v6.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is at least as large and aligned as sockaddr_in6.
-            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>() as u32
-        }
-    }
-}
-
-/// Map a v4 destination to the v4-mapped v6 form a dual-stack (v6) socket needs.
-pub fn to_socket_family(a: SocketAddr, v6_socket: bool) -> SocketAddr {
-    match a {
-        SocketAddr::V4(v4) if v6_socket => {
-            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-        }
-        other => other,
-    }
-}
-
-/// A received address in canonical form (v4-mapped v6 back to v4).
-pub fn canonical(a: SocketAddr) -> SocketAddr {
-    match a {
-        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), v6.port()),
-            None => a,
-        },
-        v4 => v4,
-    }
 }
 
 /// The provided buffer ring for UDP receives: `entries` pool buffers lent to the kernel,
@@ -824,7 +754,8 @@ impl<'p> Ring<'p> {
         Ok(())
     }
 
-    fn sq_room(&mut self) -> usize {
+    /// Free entries in the submission queue.
+    pub fn sq_room(&mut self) -> usize {
         let sq = self.ring.submission();
         sq.capacity() - sq.len()
     }
@@ -894,45 +825,40 @@ impl<'p> Ring<'p> {
         self.push_for(i, &[sqe.user_data(u64::from(i))])
     }
 
-    /// Send the first `len` bytes of `buf` to `to` on the UDP socket. With `segment`,
-    /// the kernel (or NIC) cuts it into datagrams of that size (`UDP_SEGMENT`).
+    /// Send the first `len` bytes of `buf` to `to` on the UDP socket (give a v4 address
+    /// v4-mapped to a dual-stack socket: [`to_socket_family`]). With `segment`, the kernel
+    /// (or NIC) cuts it into datagrams of that size (`UDP_SEGMENT`); with `src`, it leaves
+    /// from that local address (`IP_PKTINFO`/`IPV6_PKTINFO`).
     pub fn send_udp(
         &mut self,
         buf: BufId,
         len: usize,
         to: SocketAddr,
         segment: Option<u16>,
+        src: Option<PktInfo>,
     ) -> Result<(), Rejected> {
         let len = len.min(self.pool.buf_size());
         let base = self.pool.ptr(&buf);
         let i = self.take_slot(OpKind::UdpSend, buf)?;
         let st = &mut self.slots[i as usize].send;
-        let namelen = write_sockaddr(to, &mut st.addr);
+        let (addr, namelen) = to_raw(to, to.is_ipv6());
+        st.addr = addr;
         st.iov = libc::iovec {
             iov_base: base.cast(),
             iov_len: len,
         };
         // SAFETY: plain old data; all-zero is a valid msghdr.
         st.hdr = unsafe { std::mem::zeroed() };
-        st.hdr.msg_name = (&mut st.addr as *mut libc::sockaddr_storage).cast();
+        st.hdr.msg_name = (&mut st.addr as *mut RawAddr).cast();
         st.hdr.msg_namelen = namelen;
         st.hdr.msg_iov = &mut st.iov;
         st.hdr.msg_iovlen = 1;
-        if let Some(seg) = segment {
-            st.cmsg = [0; 4];
-            // SAFETY: CMSG_SPACE is a pure computation.
-            let space = unsafe { libc::CMSG_SPACE(2) } as usize;
-            st.hdr.msg_control = st.cmsg.as_mut_ptr().cast();
-            st.hdr.msg_controllen = space as _;
-            // SAFETY: msg_control points to 32 u64-aligned bytes, at least CMSG_SPACE(2)
-            // (24), so CMSG_FIRSTHDR returns a header inside it with room for 2 data bytes.
-            unsafe {
-                let c = libc::CMSG_FIRSTHDR(&st.hdr);
-                (*c).cmsg_level = libc::SOL_UDP;
-                (*c).cmsg_type = libc::UDP_SEGMENT;
-                (*c).cmsg_len = libc::CMSG_LEN(2) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), seg);
-            }
+        let clen = write_send_cmsgs(&mut st.cmsg.0, segment, src);
+        st.with_src = src.is_some() && clen > 0;
+        st.segmented = segment.is_some() && clen > 0;
+        if clen > 0 {
+            st.hdr.msg_control = st.cmsg.0.as_mut_ptr().cast();
+            st.hdr.msg_controllen = clen as _;
         }
         let sqe = opcode::SendMsg::new(Fixed(FILE_UDP), &st.hdr)
             .build()
@@ -1068,13 +994,19 @@ impl<'p> Ring<'p> {
             return Completion::Internal;
         };
         let kind = slot.kind;
+        let (with_src, segmented) = (slot.send.with_src, slot.send.segmented);
         self.free_slots.push(ud as u32);
         self.in_flight = self.in_flight.saturating_sub(1);
         let res = result();
         match kind {
             OpKind::TunRead => Completion::TunRead { buf, res },
             OpKind::TunWrite => Completion::TunWrite { buf, res },
-            OpKind::UdpSend => Completion::UdpSend { buf, res },
+            OpKind::UdpSend => Completion::UdpSend {
+                buf,
+                res,
+                with_src,
+                segmented,
+            },
         }
     }
 
@@ -1175,63 +1107,91 @@ mod tests {
         assert_eq!(check(), Ok(f));
     }
 
-    #[test]
-    fn gro_cmsg_parsing() {
-        let mut c = Vec::new();
-        // An IP_PKTINFO-sized cmsg first, then UDP_GRO = 1400.
-        c.extend_from_slice(&(16usize + 12).to_ne_bytes());
-        c.extend_from_slice(&libc::IPPROTO_IP.to_ne_bytes());
-        c.extend_from_slice(&libc::IP_PKTINFO.to_ne_bytes());
-        c.extend_from_slice(&[0u8; 16]);
-        c.extend_from_slice(&(16usize + 4).to_ne_bytes());
-        c.extend_from_slice(&libc::SOL_UDP.to_ne_bytes());
-        c.extend_from_slice(&libc::UDP_GRO.to_ne_bytes());
-        c.extend_from_slice(&1400i32.to_ne_bytes());
-        assert_eq!(gro_segment_size(&c), Some(1400));
-        assert_eq!(gro_segment_size(&c[..32]), None);
-        assert_eq!(gro_segment_size(&[]), None);
-        let mut bad = c.clone();
-        bad[..8].copy_from_slice(&3usize.to_ne_bytes());
-        assert_eq!(gro_segment_size(&bad), None);
-        bad[..8].copy_from_slice(&usize::MAX.to_ne_bytes());
-        assert_eq!(gro_segment_size(&bad), None);
-        // The second cmsg's length wraps `offset + length` (overflow panic in debug
-        // builds, found by the udp_cmsg fuzz target).
-        let mut wrap = c.clone();
-        wrap[32..40].copy_from_slice(&(usize::MAX - 31).to_ne_bytes());
-        assert_eq!(gro_segment_size(&wrap), None);
+    /// A filled multishot-recvmsg buffer as the kernel lays it out: the
+    /// `io_uring_recvmsg_out` header, the name, the control room, the payload.
+    fn recv_buffer(name: &[u8], control: &[u8], payload: &[u8], flags: u32) -> Vec<u8> {
+        let mut v = Vec::new();
+        for x in [name.len(), control.len(), payload.len()] {
+            v.extend_from_slice(&(x as u32).to_ne_bytes());
+        }
+        v.extend_from_slice(&flags.to_ne_bytes());
+        let mut n = name.to_vec();
+        n.resize(RECV_NAME_LEN as usize, 0);
+        v.extend_from_slice(&n);
+        let mut c = control.to_vec();
+        c.resize(RECV_CONTROL_LEN as usize, 0);
+        v.extend_from_slice(&c);
+        v.extend_from_slice(payload);
+        v
     }
 
+    /// The io_uring receive reads what the recvmmsg path reads, with the same checks:
+    /// the source, the local address from IP_PKTINFO / IPV6_PKTINFO (replies leave from
+    /// it), the GRO size (range-checked), and truncation.
     #[test]
-    fn sockaddr_round_trip() {
-        for a in [
-            "192.0.2.7:51820",
-            "[2001:db8::1]:443",
-            "[::ffff:10.0.0.1]:9",
-        ] {
-            let a: SocketAddr = a.parse().expect("addr");
-            // SAFETY: plain old data.
-            let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            let n = write_sockaddr(a, &mut st);
-            // SAFETY: st is a live sockaddr_storage of at least n bytes.
-            let b = unsafe {
-                std::slice::from_raw_parts(
-                    (&st as *const libc::sockaddr_storage).cast::<u8>(),
-                    n as usize,
-                )
-            };
-            assert_eq!(parse_sockaddr(b), Some(a));
+    fn recv_buffer_meta_has_pktinfo_and_checked_gro() {
+        use crate::sys::cmsg::{sockaddr_bytes, write_send_cmsgs, SOL_UDP, UDP_GRO};
+        use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+        let from: SocketAddr = "192.0.2.9:51820".parse().expect("addr");
+        // As a dual-stack socket reports an IPv4 sender: v4-mapped.
+        let (raw, namelen) = sockaddr_bytes(from, true);
+        let name = &raw[..namelen];
+        let local = PktInfo {
+            ip: IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7)),
+            ifindex: 3,
+        };
+        let gro = |v: i32| {
+            let mut c = CmsgBuf::default();
+            let mut n = write_send_cmsgs(&mut c.0, None, Some(local));
+            // A UDP_GRO cmsg after the pktinfo: size_t len; int level; int type; int v.
+            let at = n;
+            let w = std::mem::size_of::<usize>();
+            c.0[at..at + w].copy_from_slice(&(w + 8 + 4).to_ne_bytes());
+            c.0[at + w..at + w + 4].copy_from_slice(&SOL_UDP.to_ne_bytes());
+            c.0[at + w + 4..at + w + 8].copy_from_slice(&UDP_GRO.to_ne_bytes());
+            c.0[at + w + 8..at + w + 12].copy_from_slice(&v.to_ne_bytes());
+            n += (w + 12).next_multiple_of(w);
+            c.0[..n].to_vec()
+        };
+        let payload = [7u8; 2500];
+        let buf = recv_buffer(name, &gro(1000), &payload, 0);
+        let m = parse_recv_buffer(&buf)
+            .expect("parses")
+            .meta()
+            .expect("valid");
+        assert_eq!(m.src, from, "canonical source");
+        assert_eq!(m.dst, Some(local), "IP_PKTINFO read on the io_uring path");
+        assert_eq!((m.len, m.segment_size, m.segments()), (2500, 1000, 3));
+
+        // IPv6 pktinfo.
+        let v6 = PktInfo {
+            ip: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 5)),
+            ifindex: 2,
+        };
+        let mut c = CmsgBuf::default();
+        let n = write_send_cmsgs(&mut c.0, None, Some(v6));
+        let buf = recv_buffer(name, &c.0[..n], &payload[..100], 0);
+        let m = parse_recv_buffer(&buf)
+            .expect("parses")
+            .meta()
+            .expect("valid");
+        assert_eq!((m.dst, m.segment_size), (Some(v6), 100));
+
+        // A GRO size out of 1..=65535 is malformed, not "one datagram" (as it was here
+        // before the parsers were shared).
+        for bad in [0, -1, 70_000] {
+            let buf = recv_buffer(name, &gro(bad), &payload, 0);
+            let msg = parse_recv_buffer(&buf).expect("parses");
+            assert!(msg.meta().is_err(), "GRO size {bad} accepted");
         }
-        assert_eq!(parse_sockaddr(&[]), None);
-        assert_eq!(parse_sockaddr(&[2, 0, 0]), None);
-        assert_eq!(
-            canonical("[::ffff:10.0.0.1]:9".parse().expect("a")),
-            "10.0.0.1:9".parse().expect("b")
-        );
-        assert_eq!(
-            to_socket_family("10.0.0.1:9".parse().expect("a"), true),
-            "[::ffff:10.0.0.1]:9".parse().expect("b")
-        );
+        // Truncated payload or control data: dropped like recvmmsg's MSG_TRUNC/CTRUNC.
+        for flags in [libc::MSG_TRUNC, libc::MSG_CTRUNC] {
+            let buf = recv_buffer(name, &gro(1000), &payload, flags as u32);
+            assert!(parse_recv_buffer(&buf).expect("parses").meta().is_err());
+        }
+        // An unknown source family.
+        let buf = recv_buffer(&[0xff; 16], &[], &payload, 0);
+        assert!(parse_recv_buffer(&buf).expect("parses").meta().is_err());
     }
 
     /// Drive `ring` until `want` completions of interest were handled by `f`.
@@ -1369,12 +1329,12 @@ mod tests {
                     if rearm {
                         ring.arm_recv().expect("rearm");
                     }
-                    ring.send_udp(b, n, from, None)
+                    ring.send_udp(b, n, from, None, None)
                         .map_err(|r| r.1)
                         .expect("send");
                     false
                 }
-                Completion::UdpSend { buf, res } => {
+                Completion::UdpSend { buf, res, .. } => {
                     assert_eq!(res, Ok(5));
                     p.free(buf);
                     true
@@ -1458,11 +1418,17 @@ mod tests {
         for (i, x) in p.buf_mut(&mut b)[..3000].iter_mut().enumerate() {
             *x = (i / 1000) as u8;
         }
-        ring.send_udp(b, 3000, client.local_addr().expect("addr"), Some(1000))
-            .map_err(|r| r.1)
-            .expect("send");
+        ring.send_udp(
+            b,
+            3000,
+            client.local_addr().expect("addr"),
+            Some(1000),
+            None,
+        )
+        .map_err(|r| r.1)
+        .expect("send");
         drive(&mut ring, |_, c| match c {
-            Completion::UdpSend { buf, res } => {
+            Completion::UdpSend { buf, res, .. } => {
                 assert_eq!(res, Ok(3000));
                 p.free(buf);
                 true
