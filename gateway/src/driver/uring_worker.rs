@@ -497,7 +497,7 @@ mod tests {
     use crate::core::device::{PeerAddr, SCRATCH_SIZE};
     use crate::core::key::Key;
     use crate::driver::worker::{Heartbeats, SocketSet};
-    use crate::sys::tun::tests::{can_net_admin, in_new_netns, ip};
+    use crate::sys::tun::tests::{in_new_netns, ip};
     use crate::sys::tun::Tun;
     use std::net::SocketAddr;
     use std::sync::atomic::AtomicBool;
@@ -594,21 +594,20 @@ mod tests {
     /// namespace sends through the TUN, the worker encrypts to peer B over loopback
     /// (handshake first), B answers, the worker decrypts and writes to the TUN.
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn tunnel_through_the_uring_worker() {
         tunnel_through_uring(false);
     }
 
     /// The same with `IFF_VNET_HDR` (the default): reads are split, writes coalesced.
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn tunnel_through_the_uring_worker_with_tun_offload() {
         tunnel_through_uring(true);
     }
 
     fn tunnel_through_uring(vnet_hdr: bool) {
-        if uring::probe().is_err() || !can_net_admin() {
-            eprintln!("skipped: needs io_uring with multishot recvmsg, root and /dev/net/tun");
-            return;
-        }
+        uring::probe().expect("io_uring with multishot recvmsg");
         in_new_netns(move || {
             ip(&["link", "set", "lo", "up"]);
             let tun = Tun::create("rguw0", 1, vnet_hdr).expect("tun");
@@ -696,14 +695,11 @@ mod tests {
     /// anything authenticated) and the data after it (the sticky source) must come from
     /// 127.0.0.2.
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn replies_leave_from_the_address_used_on_both_backends() {
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         for uring_backend in [false, true] {
             if uring_backend && uring::probe().is_err() {
-                eprintln!("skipped (io_uring): needs multishot recvmsg");
+                crate::testutil::not_run("needs multishot recvmsg");
                 continue;
             }
             in_new_netns(move || replies_from_the_address_used(uring_backend));
@@ -826,11 +822,8 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn setup_failure_gives_the_queue_back() {
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         in_new_netns(|| {
             let tun = Tun::create("rguw1", 1, false).expect("tun");
             let shared = Arc::new(Shared {

@@ -543,27 +543,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (sets vm.nr_hugepages): ci/test.sh unit runs it with --include-ignored"]
     fn hugepages_are_taken_while_the_pool_lives() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to set vm.nr_hugepages");
-            return;
-        }
         let _g = HUGE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let Some(old) = nr_hugepages() else {
-            eprintln!("skipped: no /proc/sys/vm/nr_hugepages (kernel without hugetlb)");
+            crate::testutil::not_run("no /proc/sys/vm/nr_hugepages (kernel without hugetlb)");
             return;
         };
         let _restore = Restore(old);
         if !set_nr_hugepages(old + 4) {
-            eprintln!("skipped: cannot write vm.nr_hugepages");
+            crate::testutil::not_run("cannot write vm.nr_hugepages");
             return;
         }
         let before = huge_info().expect("meminfo");
         if before.free < 3 || before.page_size != 2 << 20 {
-            eprintln!(
-                "skipped: the kernel reserved only {} free hugepages of {} B",
+            crate::testutil::not_run(&format!(
+                "the kernel reserved only {} free hugepages of {} B",
                 before.free, before.page_size
-            );
+            ));
             return;
         }
         // 40 buffers of 68 KiB = 2.7 MiB: two 2 MiB pages.
@@ -596,19 +593,16 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (sets vm.nr_hugepages): ci/test.sh unit runs it with --include-ignored"]
     fn falls_back_when_no_hugepages_are_reserved() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to set vm.nr_hugepages");
-            return;
-        }
         let _g = HUGE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let Some(old) = nr_hugepages() else {
-            eprintln!("skipped: no /proc/sys/vm/nr_hugepages");
+            crate::testutil::not_run("no /proc/sys/vm/nr_hugepages");
             return;
         };
         let _restore = Restore(old);
         if !set_nr_hugepages(0) || nr_hugepages() != Some(0) {
-            eprintln!("skipped: cannot set vm.nr_hugepages to 0 (pages in use elsewhere)");
+            crate::testutil::not_run("cannot set vm.nr_hugepages to 0 (pages in use elsewhere)");
             return;
         }
         let pool = BufPool::new(&PoolConfig::new(2)).expect("pool");

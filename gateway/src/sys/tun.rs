@@ -352,10 +352,6 @@ pub(crate) mod tests {
     use std::process::Command;
 
     /// Whether this process may create TUN devices and network namespaces.
-    pub(crate) fn can_net_admin() -> bool {
-        std::path::Path::new("/dev/net/tun").exists() && nix::unistd::geteuid().is_root()
-    }
-
     /// Run `body` on a fresh thread inside its own, anonymous network namespace, which
     /// vanishes when the thread ends. Commands spawned from that thread (`ip`) run in it.
     pub(crate) fn in_new_netns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {

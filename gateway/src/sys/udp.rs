@@ -749,7 +749,7 @@ mod tests {
         let a = loopback(false);
         let b = loopback(false);
         if !a.gso_enabled() {
-            eprintln!("skipped: kernel without UDP_SEGMENT");
+            crate::testutil::not_run("kernel without UDP_SEGMENT");
             return;
         }
         let mut buf = vec![0u8; 12_000];
@@ -788,7 +788,7 @@ mod tests {
         let a = loopback(false);
         let b = loopback(false);
         if !a.gso_enabled() {
-            eprintln!("skipped: kernel without UDP_SEGMENT");
+            crate::testutil::not_run("kernel without UDP_SEGMENT");
             return;
         }
         // More segments than any kernel's UDP_MAX_SEGMENTS (64, 128 since 6.x): EINVAL.
@@ -805,7 +805,7 @@ mod tests {
         let a = loopback(false);
         let b = loopback(true);
         if !a.gso_enabled() || !b.gro_enabled() {
-            eprintln!("skipped: kernel without UDP_SEGMENT/UDP_GRO");
+            crate::testutil::not_run("kernel without UDP_SEGMENT/UDP_GRO");
             return;
         }
         let buf = vec![3u8; 1200 * 10];

@@ -1083,7 +1083,7 @@ mod tests {
             match probe() {
                 Ok(f) => f,
                 Err(e) => {
-                    eprintln!("skipped: {e}");
+                    crate::testutil::not_run(&format!("{e}"));
                     return;
                 }
             }
@@ -1246,7 +1246,7 @@ mod tests {
         match Ring::new(&cfg, &p, sock.as_raw_fd(), -1) {
             Ok(r) if r.sqpoll() => {}
             _ => {
-                eprintln!("skipped: SQPOLL not available here");
+                crate::testutil::not_run("SQPOLL not available here");
                 return;
             }
         }
@@ -1254,29 +1254,26 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (sets vm.nr_hugepages): ci/test.sh unit runs it with --include-ignored"]
     fn udp_echo_from_registered_hugepage_buffers() {
         require_uring!();
         use crate::sys::hugepage::{tests as hp, Backing};
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to set vm.nr_hugepages");
-            return;
-        }
         let _g = hp::HUGE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let Some(old) = hp::nr_hugepages() else {
-            eprintln!("skipped: no hugetlb");
+            crate::testutil::not_run("no hugetlb");
             return;
         };
         let _restore = hp::Restore(old);
         if !hp::set_nr_hugepages(old + 2) {
-            eprintln!("skipped: cannot write vm.nr_hugepages");
+            crate::testutil::not_run("cannot write vm.nr_hugepages");
             return;
         }
         let p = BufPool::new(&PoolConfig::new(16)).expect("pool");
         if !matches!(p.backing(), Backing::Huge { .. }) {
-            eprintln!(
-                "skipped: the kernel did not give us hugepages ({:?})",
+            crate::testutil::not_run(&format!(
+                "the kernel did not give us hugepages ({:?})",
                 p.backing()
-            );
+            ));
             return;
         }
         echo(
@@ -1444,12 +1441,9 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn tun_read_fixed_and_write_fixed() {
         require_uring!();
-        if !crate::sys::tun::tests::can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         crate::sys::tun::tests::in_new_netns(|| {
             use crate::sys::tun::tests::ip;
             let tun = crate::sys::tun::Tun::create("rgur0", 1, false).expect("tun");
