@@ -8,18 +8,14 @@
 #   - link flap (veth down/up) with the server back: re-acquired (INIT-REBOOT), route back;
 #   - expiry, against a scripted server (ci/lib/dhcp_expiry_server.py) that answers once
 #     with a 20 s lease and then stays silent: rebinding, then the address and route go.
-# About 2.5 minutes. Needs root, iproute2, dnsmasq, python3. riceguard is $RG_BIN (default:
-# the static release build, else target/release/riceguard). Names are prefixed `rgd`.
+# About 2.5 minutes. Needs root, iproute2, dnsmasq, python3. riceguard is $RG_BIN (default
+# target/release/riceguard). Names are prefixed `rgd`.
 # Ends with "dhcp: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 h_init dhcp
 
-# The static release build if there is one (what the image ships), else target/release.
-if [ -z "${RG_BIN:-}" ] && [ -x target/x86_64-unknown-linux-musl/release/riceguard ]; then
-    RG_BIN=target/x86_64-unknown-linux-musl/release/riceguard
-fi
 require_rg
 require_tools ip dnsmasq python3
 

@@ -11,7 +11,8 @@
 #            (ci/adversarial-uapi.sh), passive keepalive and padding with a stock peer
 #            (ci/keepalive.sh)
 #   gateway  the appliance's network role in namespaces: one-armed (proxy ARP/NDP) and
-#            two-armed LAN with a stock peer, reloads applied as diffs (ci/gateway-lan.sh)
+#            two-armed LAN with a stock peer, reloads applied as diffs (ci/gateway-lan.sh);
+#            the DHCP uplink client against dnsmasq and a short-lease server (ci/dhcp.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
 #            then drive the x86_64 serial console (ci/test-console-qemu.sh)
 #   update   the flash script refuses disks with anything stacked on them in use
@@ -63,7 +64,7 @@ stage_adversarial() {
 stage_gateway() {
     cargo build --locked --release -p riceguard || return 1
     local s rc=0
-    for s in ci/gateway-lan.sh; do
+    for s in ci/gateway-lan.sh ci/dhcp.sh; do
         echo "--- $s"
         bash "$s" || { echo "--- $s FAILED"; rc=1; }
     done

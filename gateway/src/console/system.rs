@@ -548,6 +548,8 @@ impl Hooks for SystemHooks {
             Some(s) => format!("uptime: {}", format_uptime(s)),
             None => "uptime: unknown".into(),
         });
+        // The uplink's DHCP lease (address, router, DNS, expiry), when it has one.
+        out.extend(crate::driver::dhcp::lease_lines());
         out.push(match self.daemon_pid() {
             Ok(pid) => format!("daemon: running (pid {pid})"),
             Err(e) => format!("daemon: {e}"),
