@@ -150,28 +150,6 @@ impl Netlink {
         )
     }
 
-    /// Remove every address of `name` (both families), as `ip addr flush dev` does.
-    pub fn flush_addresses(&mut self, name: &str) -> Result<usize, NetlinkError> {
-        let idx = Self::ifindex(name)?;
-        let found = self.dump_addresses(idx)?;
-        for a in &found {
-            let mut m = Vec::with_capacity(64);
-            addr_msg(&mut m, RTM_DELADDR, 0, self.next_seq(), idx, *a);
-            match self.request(
-                &m,
-                &format!("delete address {}/{} from {name}", a.addr, a.prefix),
-            ) {
-                // Deleting an IPv4 primary also drops its secondaries: already gone is fine.
-                Err(NetlinkError::Kernel {
-                    errno: nix::Error::EADDRNOTAVAIL,
-                    ..
-                }) => {}
-                r => r?,
-            }
-        }
-        Ok(found.len())
-    }
-
     /// The addresses on the interface with index `ifindex`.
     pub fn addresses(&mut self, name: &str) -> Result<Vec<Cidr>, NetlinkError> {
         let idx = Self::ifindex(name)?;
@@ -406,44 +384,59 @@ fn parse_error(p: &[u8]) -> Result<i32, NetlinkError> {
     Ok(i32::from_ne_bytes([p[0], p[1], p[2], p[3]]))
 }
 
-/// An `RTM_NEWADDR` payload: (ifindex, address/prefix); `None` if it is not one we can read.
-fn parse_addr(p: &[u8]) -> Option<(u32, Cidr)> {
-    if p.len() < 8 {
-        return None;
-    }
-    let fam = p[0];
-    let prefix = p[1];
-    let idx = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
-    let mut rest = &p[8..];
-    let mut local = None;
-    let mut address = None;
-    while rest.len() >= 4 {
+/// The attributes after a family header: (type, data); stops at the first bad length.
+pub(super) fn attrs(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if rest.len() < 4 {
+            return None;
+        }
         let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]);
+        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff; // without NLA_F_ flags
         if len < 4 || len > rest.len() {
+            rest = &[];
             return None;
         }
         let data = &rest[4..len];
-        let ip = match (fam, data.len()) {
-            (AF_INET, 4) => Some(IpAddr::from([data[0], data[1], data[2], data[3]])),
-            (AF_INET6, 16) => {
-                let mut o = [0u8; 16];
-                o.copy_from_slice(data);
-                Some(IpAddr::from(o))
-            }
-            _ => None,
-        };
-        match kind {
-            IFA_LOCAL => local = ip,
-            IFA_ADDRESS => address = ip,
-            _ => {}
-        }
         let aligned = (len + 3) & !3;
         rest = if aligned >= rest.len() {
             &[]
         } else {
             &rest[aligned..]
         };
+        Some((kind, data))
+    })
+}
+
+pub(super) fn ip_from(family: u8, data: &[u8]) -> Option<IpAddr> {
+    match (family, data.len()) {
+        (AF_INET, 4) => Some(IpAddr::from([data[0], data[1], data[2], data[3]])),
+        (AF_INET6, 16) => {
+            let mut o = [0u8; 16];
+            o.copy_from_slice(data);
+            Some(IpAddr::from(o))
+        }
+        _ => None,
+    }
+}
+
+pub(super) fn u32_from(data: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(data.get(..4)?.try_into().ok()?))
+}
+
+/// An `RTM_NEWADDR` payload: (ifindex, address/prefix); `None` if it is not one we can read.
+fn parse_addr(p: &[u8]) -> Option<(u32, Cidr)> {
+    if p.len() < 8 {
+        return None;
+    }
+    let (fam, prefix) = (p[0], p[1]);
+    let idx = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
+    let (mut local, mut address) = (None, None);
+    for (kind, data) in attrs(&p[8..]) {
+        match kind {
+            IFA_LOCAL => local = ip_from(fam, data),
+            IFA_ADDRESS => address = ip_from(fam, data),
+            _ => {}
+        }
     }
     let ip = local.or(address)?;
     Cidr::new(ip, prefix).map(|c| (idx, c))
@@ -559,7 +552,8 @@ mod tests {
             let mtu = std::fs::read_to_string("/sys/class/net/lo/mtu").unwrap_or_default();
             // sysfs shows the mount's namespace, not the thread's: only check when it agrees.
             let _ = mtu;
-            assert!(nl.flush_addresses("lo").unwrap() >= 2);
+            assert!(nl.delete_address("lo", cidr("10.9.9.1/24")).unwrap());
+            assert!(!nl.delete_address("lo", cidr("10.9.9.1/24")).unwrap());
             assert!(!nl.addresses("lo").unwrap().contains(&cidr("10.9.9.1/24")));
             assert!(matches!(
                 nl.set_link_up("nope0", true),
@@ -792,45 +786,6 @@ mod netconf_ops {
                 }
             }
         }
-    }
-
-    /// The attributes after a family header: (type, data); stops at the first bad length.
-    fn attrs(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-        std::iter::from_fn(move || {
-            if rest.len() < 4 {
-                return None;
-            }
-            let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-            let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff; // without NLA_F_ flags
-            if len < 4 || len > rest.len() {
-                rest = &[];
-                return None;
-            }
-            let data = &rest[4..len];
-            let aligned = (len + 3) & !3;
-            rest = if aligned >= rest.len() {
-                &[]
-            } else {
-                &rest[aligned..]
-            };
-            Some((kind, data))
-        })
-    }
-
-    fn ip_from(family: u8, data: &[u8]) -> Option<IpAddr> {
-        match (family, data.len()) {
-            (AF_INET, 4) => Some(IpAddr::from([data[0], data[1], data[2], data[3]])),
-            (AF_INET6, 16) => {
-                let mut o = [0u8; 16];
-                o.copy_from_slice(data);
-                Some(IpAddr::from(o))
-            }
-            _ => None,
-        }
-    }
-
-    fn u32_from(data: &[u8]) -> Option<u32> {
-        Some(u32::from_ne_bytes(data.get(..4)?.try_into().ok()?))
     }
 
     /// An `RTM_NEWROUTE` payload; `None` for what we cannot read (another family, a
