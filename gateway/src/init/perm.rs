@@ -1,0 +1,270 @@
+//! The `perm` partition and the configuration the gateway runs: mount perm, load and
+//! check the saved configuration (falling back to the last good one from history), the
+//! commit-confirm guard, the early failsafe prompt (the gateway without peers), and
+//! the console's arguments.
+
+use super::*;
+
+pub(super) fn mount_perm() -> bool {
+    mkdir(PERM);
+    let Some(dev) = slots::find_partition("perm") else {
+        say!("perm: no partition labelled perm; configuration will not survive a reboot");
+        return false;
+    };
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
+    match os::mount(&dev, PERM, "ext4", flags, None) {
+        Ok(()) => {
+            mkdir("/perm/log");
+            let boots = std::fs::read_to_string("/perm/log/boots").unwrap_or_default();
+            let n = boots.trim().parse::<u64>().unwrap_or(0) + 1;
+            let _ = store::write(
+                Path::new("/perm/log/boots"),
+                format!("{n}\n").as_bytes(),
+                store::PUBLIC,
+            );
+            say!("perm mounted ({dev}, boot {n})");
+            true
+        }
+        Err(e) => {
+            // No mkfs on the appliance: the image builder formats perm; a damaged one
+            // needs re-flashing or `factory-reset` from a host. Keep running without it.
+            say!(
+                "perm: mounting {dev} as ext4 failed: {e}; configuration will not survive a reboot"
+            );
+            false
+        }
+    }
+}
+
+/// Make sure `/perm/riceguard.conf` exists (first boot: from the default config with a new
+/// private key), print the public key, and return the `[Gateway]` settings if it parses.
+pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
+    if !perm_ok {
+        // Run from a tmpfs copy so the gateway still starts; nothing is kept.
+        mkdir("/run/perm");
+        let _ = os::mount(
+            "tmpfs",
+            PERM,
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0700"),
+        );
+    }
+    let path = Path::new(CONFIG);
+    if !path.exists() {
+        let key = Key::generate_private();
+        let template = std::fs::read_to_string(DEFAULT_CONFIG).unwrap_or_else(|_| {
+            "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
+        });
+        let text = template.replace("@PRIVATE_KEY@", &key.to_base64());
+        // 0600 from creation: the file holds the private key.
+        match store::write(path, text.as_bytes(), store::SECRET) {
+            Ok(()) => say!("first boot: generated a private key into {CONFIG}"),
+            Err(e) => say!("first boot: writing {CONFIG}: {e}"),
+        }
+    }
+    let mut text = String::new();
+    if let Ok(f) = File::open(path) {
+        let _ = f.take(1 << 20).read_to_string(&mut text);
+    }
+    if let Some(k) = private_key_line(&text) {
+        eprintln!("riceguard: public key {}", k.public().to_base64());
+    }
+    match crate::core::ini::parse(CONFIG, &text) {
+        Ok(c) => Some(c.gateway),
+        Err(e) => {
+            say!("config: {e}; uplink from the kernel command line only, gateway will report the same");
+            None
+        }
+    }
+}
+
+/// How long past a `commit-confirm` deadline init waits for the console to roll back
+/// before it restarts the console (a console that starts after the deadline rolls back
+/// at once).
+pub(super) const CONFIRM_GRACE_SECS: u64 = 15;
+
+/// The deadline (unix seconds) in the text of `/perm/commit-confirm`, if the console is
+/// more than [`CONFIRM_GRACE_SECS`] late with it at wall time `now`.
+pub(super) fn confirm_overdue(marker: &str, now: u64) -> Option<u64> {
+    let d: u64 = marker.trim().parse().ok()?;
+    (now > d.saturating_add(CONFIRM_GRACE_SECS)).then_some(d)
+}
+
+/// The commit-confirm deadline holds whatever the console does: the console rolls back
+/// on time itself (long work runs in its own process), and if it is ever stuck past the
+/// deadline (a blocked write to the serial line, say), init restarts it, once per
+/// deadline, and the new console rolls back.
+#[derive(Default)]
+pub(super) struct ConfirmGuard {
+    next: Option<Instant>,
+    acted_on: Option<u64>,
+}
+
+impl ConfirmGuard {
+    pub(super) fn check(&mut self, sup: &Supervisor) {
+        let now = Instant::now();
+        if self.next.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next = Some(now + Duration::from_secs(1));
+        let Some(supervise::State::Running(pid)) = sup.find("console").map(|s| s.state) else {
+            return;
+        };
+        let path = Path::new(PERM).join(crate::console::store::CONFIRM);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let Some(deadline) = confirm_overdue(&text, unix) else {
+            return;
+        };
+        if self.acted_on == Some(deadline) {
+            return;
+        }
+        self.acted_on = Some(deadline);
+        say!(
+            "console: the commit-confirm deadline passed {} s ago and it has not rolled back: restarting the console (it rolls back at once)",
+            unix.saturating_sub(deadline)
+        );
+        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+    }
+}
+
+/// The console's command line; a `perm` that did not mount (an empty tmpfs is there
+/// instead) locks it: no password file there proves nothing.
+pub(super) fn console_argv(perm_ok: bool) -> Vec<String> {
+    let mut v: Vec<String> = vec![BIN.into(), "console".into(), "--root".into(), PERM.into()];
+    if !perm_ok {
+        v.push("--perm-unmounted".into());
+    }
+    v
+}
+
+/// How long the early-boot failsafe prompt waits for a key (OpenWrt-style).
+pub(super) const FAILSAFE_WAIT: Duration = Duration::from_secs(2);
+/// The configuration the gateway runs when it is not `/perm/riceguard.conf` itself.
+/// A commit on the console replaces it with the committed file (`console::system::hand_over`).
+pub(super) const RUN_CONFIG: &str = crate::console::system::BOOT_CONFIG;
+
+/// Offer failsafe mode on the console: `f` (then Enter) within `wait` starts the gateway
+/// with no peers and leaves the saved configuration alone. Anything else typed is ignored.
+pub(super) fn failsafe_prompt(wait: Duration) -> bool {
+    use std::os::fd::AsFd;
+    say!(
+        "press f and Enter within {} s for failsafe mode (no peers; saved configuration untouched)",
+        wait.as_secs()
+    );
+    let stdin = std::io::stdin();
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 64];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [nix::poll::PollFd::new(
+            stdin.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
+            Ok(0) => return false,
+            Ok(_) => match nix::unistd::read(0, &mut buf) {
+                Ok(0) | Err(_) => return false, // no console input (EOF or error)
+                Ok(n) if buf[..n].iter().any(|&b| b == b'f' || b == b'F') => {
+                    say!("failsafe mode");
+                    return true;
+                }
+                Ok(_) => {}
+            },
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+/// The file the gateway starts from: `/perm/riceguard.conf` when it loads and validates;
+/// otherwise the newest saved version that does (said on the console); in failsafe mode
+/// a copy without peers. Copies go to a tmpfs, so `/perm` is never rewritten here.
+pub(super) fn gateway_config(failsafe: bool) -> String {
+    let mut text = String::new();
+    if let Ok(f) = File::open(CONFIG) {
+        let _ = f.take(1 << 20).read_to_string(&mut text);
+    }
+    let saved_ok = crate::core::ini::parse(CONFIG, &text).is_ok_and(|c| c.validate().is_ok());
+    if saved_ok && !failsafe {
+        return CONFIG.into();
+    }
+    let (mut cfg, warning) = crate::console::load_with_fallback(Path::new(PERM));
+    if let Some(w) = warning {
+        say!("config: {w}");
+    }
+    if !saved_ok {
+        say!("config: {CONFIG} does not load; the gateway runs the last good version (fix it on the console, commit, reboot)");
+    }
+    if failsafe {
+        cfg.peers.clear();
+        say!("failsafe: the gateway starts with no peers; {CONFIG} is untouched");
+    }
+    if cfg.interface.private_key.is_none() {
+        cfg.interface.private_key =
+            Some(private_key_line(&text).unwrap_or_else(Key::generate_private));
+    }
+    let out = crate::core::ini::emit(&cfg);
+    match store::write(Path::new(RUN_CONFIG), out.as_bytes(), store::SECRET) {
+        Ok(()) => RUN_CONFIG.into(),
+        Err(e) => {
+            say!("config: cannot write {RUN_CONFIG}: {e}; starting from {CONFIG}");
+            CONFIG.into()
+        }
+    }
+}
+
+/// The `PrivateKey =` of an `[Interface]`, read directly so the public key is printed even
+/// when the full parser refuses the file.
+pub(super) fn private_key_line(text: &str) -> Option<Key> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim().eq_ignore_ascii_case("privatekey")).then(|| Key::from_base64(v.trim()).ok())?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confirm_deadline_guard() {
+        assert_eq!(confirm_overdue("1000\n", 1000), None);
+        assert_eq!(confirm_overdue("1000\n", 1000 + CONFIRM_GRACE_SECS), None);
+        assert_eq!(
+            confirm_overdue("1000\n", 1001 + CONFIRM_GRACE_SECS),
+            Some(1000)
+        );
+        assert_eq!(confirm_overdue("", 5000), None);
+        assert_eq!(confirm_overdue("garbage", 5000), None);
+        assert_eq!(confirm_overdue(&u64::MAX.to_string(), u64::MAX), None);
+    }
+
+    #[test]
+    fn console_locked_when_perm_did_not_mount() {
+        assert!(!console_argv(true).contains(&"--perm-unmounted".to_string()));
+        assert_eq!(
+            console_argv(false).last().map(String::as_str),
+            Some("--perm-unmounted")
+        );
+        assert_eq!(&console_argv(false)[1..4], ["console", "--root", PERM]);
+    }
+
+    #[test]
+    fn private_key_from_text() {
+        let k = Key::generate_private();
+        let t = format!(
+            "[Interface]\n PrivateKey = {}\nAddress = x\n",
+            k.to_base64()
+        );
+        assert_eq!(private_key_line(&t), Some(k));
+        assert_eq!(private_key_line("PrivateKey = junk"), None);
+    }
+}

@@ -1,0 +1,338 @@
+//! Stage 2, the long-lived PID 1: the boot sequence (sysctl, perm and configuration,
+//! hugepages, uplink, RPS/XPS, watchdog) and then the supervision loop: services started
+//! and restarted, the gateway's health watched, signals, reboot and poweroff.
+
+use super::*;
+
+pub(super) fn stage2() -> ! {
+    let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mkdir("/dev/pts");
+    let _ = os::mount(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("gid=5,mode=620,ptmxmode=666"),
+    );
+    mkdir("/dev/shm");
+    let _ = os::mount("tmpfs", "/dev/shm", "tmpfs", nodev, None);
+    let _ = os::mount("tmpfs", "/tmp", "tmpfs", nodev, Some("mode=1777"));
+    mkdir("/run/riceguard");
+    mkdir("/run/wireguard");
+    let cmd = read_cmdline();
+    let board = read_board();
+    let slot = cmd.slot.unwrap_or('a');
+    let rootdev = std::fs::read_to_string("/run/riceguard-root").unwrap_or_default();
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    say!(
+        "slot {slot} booted (board {}, root {} squashfs, kernel {kernel})",
+        board.name,
+        rootdev.trim()
+    );
+    let _ = nix::unistd::sethostname("riceguard");
+    os::soft_ctrl_alt_del();
+
+    // Signals are taken synchronously from a signalfd; block them before any thread
+    // starts so every thread inherits the mask (children get a clean mask from std).
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPWR,
+        Signal::SIGHUP,
+    ] {
+        mask.add(s);
+    }
+    let _ = mask.thread_block();
+    let mut sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC).ok();
+
+    let (n, problems) = sysctl::apply(Path::new("/etc/sysctl.d"));
+    say!(
+        "sysctl: {n} settings applied{}",
+        if problems.is_empty() {
+            String::new()
+        } else {
+            format!(", {} problems", problems.len())
+        }
+    );
+    for p in problems.iter().take(20) {
+        say!("sysctl: {p}");
+    }
+    let perm_ok = mount_perm();
+    let gw = load_config(perm_ok);
+    reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
+    let failsafe = failsafe_prompt(FAILSAFE_WAIT);
+    let gateway_conf = gateway_config(failsafe);
+    let dhcp_dev = uplink(gw.as_ref(), &cmd);
+    steer_rps(gw.as_ref(), &board);
+    let mut dog = Watchdog::open(&board);
+
+    let ifname = gw
+        .as_ref()
+        .map(|g| g.interface_name.clone())
+        .unwrap_or_else(|| "wg0".into());
+    let mut sup = Supervisor::default();
+    let now = Instant::now();
+    let mut argv: Vec<String> = vec![
+        BIN.into(),
+        "up".into(),
+        "--config".into(),
+        gateway_conf.clone(),
+    ];
+    if cmd.selftest_hang {
+        argv.push("--selftest-hang".into());
+    }
+    sup.add(
+        Spec {
+            name: "gateway".into(),
+            argv,
+            tty: None,
+            restart_delay: RESTART_DELAY,
+            health_checked: true,
+        },
+        now,
+    );
+    // No static uplink address: the uplink is configured by DHCP (riceguard dhcp DEV),
+    // supervised like the gateway but not health-checked (it has no UAPI).
+    if let Some(dev) = dhcp_dev {
+        sup.add(
+            Spec {
+                name: "dhcp".into(),
+                argv: vec![BIN.into(), "dhcp".into(), dev],
+                tty: None,
+                restart_delay: RESTART_DELAY,
+                health_checked: false,
+            },
+            now,
+        );
+    }
+    if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
+        if !perm_ok {
+            say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");
+        }
+        sup.add(
+            Spec {
+                name: "console".into(),
+                argv: console_argv(perm_ok),
+                tty: Some(format!("/dev/{}", board.console)),
+                restart_delay: RESTART_DELAY,
+                health_checked: false,
+            },
+            now,
+        );
+    }
+
+    let started = Instant::now();
+    let health_deadline = if cmd.selftest_unhealthy {
+        say!("selftest: the gateway is never seen healthy on this boot");
+        Duration::from_secs(20)
+    } else {
+        HEALTH_DEADLINE
+    };
+    let mut watch = health::GatewayHealth::new(health::LIMITS);
+    let mut watched_start = 0u32; // the gateway start the watch follows
+    let mut starving = false; // the watchdog is not being fed (said once)
+    let mut warned_unhealthy = false;
+    let mut marked = false; // boot marked good (once per boot, whichever start got there)
+    let mut selftest_done = false;
+    let mut hang_done = false;
+    let mut next_health = Instant::now();
+    let mut confirm_guard = ConfirmGuard::default();
+    let mut halt: Option<os::Halt> = None;
+    loop {
+        let now = Instant::now();
+        let next_start = sup.tick(now);
+        confirm_guard.check(&sup);
+        let (starts, running) = match sup.find("gateway") {
+            Some(s) => match s.state {
+                supervise::State::Running(pid) => (s.starts, Some(pid)),
+                _ => (s.starts, None),
+            },
+            None => (0, None),
+        };
+        match running {
+            Some(_) if starts != watched_start => {
+                watched_start = starts;
+                watch.started(now);
+            }
+            Some(_) => {}
+            None => watch.exited(),
+        }
+        if let (Some(pid), None, true) = (running, halt, now >= next_health) {
+            next_health = now + Duration::from_millis(500);
+            let probe = if cmd.selftest_unhealthy {
+                health::Probe {
+                    uapi: Err("selftest: never seen healthy".into()),
+                    beats: Err("selftest".into()),
+                }
+            } else {
+                probe_gateway(&ifname)
+            };
+            match watch.observe(now, &probe) {
+                health::Verdict::Up => {
+                    sup.health("gateway", true, now);
+                    say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers, worker heartbeats move)");
+                    if !marked {
+                        marked = true;
+                        mark_boot_good(slot);
+                        crate::update::boot_request(BIN, &mut |l| say!("{l}"));
+                    }
+                    // With both selftests: the kill first, the hang on the next start.
+                    if cmd.selftest_restart && !selftest_done {
+                        selftest_done = true;
+                        say!("selftest: killing the gateway (pid {pid}) to check it is restarted");
+                        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+                    } else if cmd.selftest_hang && !hang_done {
+                        hang_done = true;
+                        say!("selftest: freezing the gateway's worker heartbeats (pid {pid}) to check it is restarted");
+                        let _ = nix::sys::signal::kill(pid, Signal::SIGUSR2);
+                    }
+                }
+                health::Verdict::Down(why) => {
+                    sup.health("gateway", false, now);
+                    say!("gateway unhealthy: {why}");
+                }
+                health::Verdict::Restart(why) => {
+                    sup.health("gateway", false, now);
+                    say!("gateway unhealthy ({why}): restarting it");
+                    let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+                }
+                health::Verdict::Same => {}
+            }
+            if !marked
+                && !watch.is_healthy()
+                && !warned_unhealthy
+                && now.duration_since(started) > health_deadline
+            {
+                warned_unhealthy = true;
+                if slot_on_trial(slot) {
+                    // A new slot that cannot run the gateway: reboot so its tries count
+                    // down and systemd-boot falls back to the previous slot.
+                    say!(
+                        "gateway not healthy after {}s on slot {slot} (on trial): rebooting to count down its tries",
+                        health_deadline.as_secs()
+                    );
+                    halt = Some(os::Halt::Reboot);
+                } else {
+                    say!(
+                        "gateway not healthy after {}s; boot left unmarked (it counts down)",
+                        health_deadline.as_secs()
+                    );
+                }
+            }
+        }
+        // Fed only while the gateway is healthy or being handled on schedule; if this
+        // loop itself stops (init wedged), nothing feeds it.
+        if watch.feed(now) {
+            dog.pet(now);
+            starving = false;
+        } else if !starving {
+            starving = true;
+            say!("the gateway could not be restarted: the watchdog is no longer fed");
+        }
+        // Wait for a signal, a due restart, the watchdog or the next health probe.
+        let mut wait = Duration::from_millis(500);
+        if let Some(t) = next_start {
+            wait = wait.min(t.saturating_duration_since(now));
+        }
+        wait_signal(&mut sfd, wait, &mut halt);
+        reap(&mut sup);
+        if let Some(h) = halt {
+            shutdown(&mut sup, &mut sfd, h, &mut dog);
+        }
+    }
+}
+
+/// Sleep until a signal or `wait` passes; note a requested halt.
+pub(super) fn wait_signal(sfd: &mut Option<SignalFd>, wait: Duration, halt: &mut Option<os::Halt>) {
+    let Some(fd) = sfd.as_mut() else {
+        std::thread::sleep(wait);
+        return;
+    };
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+    {
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+    }
+    while let Ok(Some(info)) = fd.read_signal() {
+        let sig = Signal::try_from(info.ssi_signo as i32).ok();
+        match sig {
+            Some(Signal::SIGTERM) | Some(Signal::SIGINT) | Some(Signal::SIGUSR1) => {
+                *halt = Some(os::Halt::Reboot)
+            }
+            Some(Signal::SIGUSR2) | Some(Signal::SIGPWR) => *halt = Some(os::Halt::PowerOff),
+            _ => {}
+        }
+    }
+}
+
+/// PID 1 reaps every child (orphans included) and tells the supervisor about its own.
+pub(super) fn reap(sup: &mut Supervisor) {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(st) => {
+                sup.on_exit(st, Instant::now());
+            }
+        }
+    }
+}
+
+pub(super) fn shutdown(
+    sup: &mut Supervisor,
+    sfd: &mut Option<SignalFd>,
+    how: os::Halt,
+    dog: &mut Watchdog,
+) -> ! {
+    say!(
+        "{} requested: stopping services",
+        if how == os::Halt::Reboot {
+            "reboot"
+        } else {
+            "poweroff"
+        }
+    );
+    sup.stop_all(Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut ignore = None;
+    while sup.running() > 0 && Instant::now() < deadline {
+        wait_signal(sfd, Duration::from_millis(100), &mut ignore);
+        reap(sup);
+        dog.pet(Instant::now());
+    }
+    if sup.running() > 0 {
+        sup.stop_all(Signal::SIGKILL);
+        std::thread::sleep(Duration::from_millis(200));
+        reap(sup);
+    }
+    // Whatever else runs (a console's background update: safe to interrupt, the new slot
+    // is enabled only at its end) must not keep perm busy.
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), Signal::SIGKILL);
+    std::thread::sleep(Duration::from_millis(100));
+    reap(sup);
+    os::sync();
+    for m in [ESP_MNT, PERM] {
+        if os::umount(m).is_err() {
+            let _ = os::remount_ro(m);
+        }
+    }
+    os::sync();
+    say!(
+        "{}",
+        if how == os::Halt::Reboot {
+            "rebooting"
+        } else {
+            "powering off"
+        }
+    );
+    let e = os::halt(how);
+    say!("halt failed: {e}");
+    emergency();
+}
