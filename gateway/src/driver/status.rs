@@ -12,6 +12,10 @@
 //! The file is replaced whole (temp file, rename), so a reader never sees half of it.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::{dhcp, uapi};
 use std::sync::Mutex;
 
 /// The lines of the status report; rewritten whole whenever a worker reports.
@@ -164,6 +168,127 @@ impl StatusBoard {
             }
         }
     }
+}
+
+// ---- `riceguard status`: the reader of the file above, and the live peer table ----
+
+const STATUS_DIR: &str = "/run/riceguard";
+
+pub(super) fn status_path(ifname: &str) -> std::path::PathBuf {
+    std::path::Path::new(STATUS_DIR).join(format!("{ifname}.status"))
+}
+
+/// The data-plane decisions made at start, for `riceguard status` and the console.
+/// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.
+pub fn status_main(args: &[String]) -> ExitCode {
+    let names: Vec<String> = match args.first() {
+        Some(n) => vec![n.clone()],
+        None => std::fs::read_dir(uapi::SOCKET_DIR)
+            .map(|d| {
+                let mut v: Vec<String> = d
+                    .filter_map(|e| e.ok())
+                    .filter_map(|e| {
+                        e.file_name()
+                            .to_str()
+                            .and_then(|n| n.strip_suffix(".sock"))
+                            .map(String::from)
+                    })
+                    .collect();
+                v.sort();
+                v
+            })
+            .unwrap_or_default(),
+    };
+    // Collected and written once: a closed pipe (`status | head`) ends the write, not
+    // the process with a panic.
+    let mut out = String::new();
+    // The uplink's DHCP lease(s) first: they say how the appliance is reached.
+    let leases = dhcp::lease_lines();
+    for l in &leases {
+        out.push_str(l);
+        out.push('\n');
+    }
+    if names.is_empty() {
+        use std::io::Write as _;
+        let _ = std::io::stdout().lock().write_all(out.as_bytes());
+        eprintln!(
+            "no running riceguard interface (no sockets in {})",
+            uapi::SOCKET_DIR
+        );
+        return ExitCode::from(1);
+    }
+    if !leases.is_empty() {
+        out.push('\n');
+    }
+    let mut rc = ExitCode::SUCCESS;
+    for n in names {
+        match std::fs::read_to_string(status_path(&n)) {
+            Ok(t) => out.push_str(&t),
+            Err(_) => out.push_str(&format!("interface: {n}\n")),
+        }
+        match query(&n) {
+            Ok(st) => out.push_str(&format_status(&st)),
+            Err(e) => {
+                out.push_str(&format!("  (daemon not answering: {e})\n"));
+                rc = ExitCode::from(1);
+            }
+        }
+        out.push('\n');
+    }
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    rc
+}
+
+fn query(ifname: &str) -> Result<crate::core::uapi::DeviceStatus, String> {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(uapi::socket_path(ifname))
+        .map_err(|e| e.to_string())?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    s.write_all(b"get=1\n\n").map_err(|e| e.to_string())?;
+    let mut r = std::io::BufReader::new(s);
+    crate::core::uapi::read_get_response(&mut r).map_err(|e| e.to_string())
+}
+
+fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    if let Some(k) = st.private_key {
+        let _ = writeln!(o, "public key: {}", k.public().to_base64());
+    }
+    let _ = writeln!(o, "listening port: {}", st.listen_port);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for p in &st.peers {
+        let _ = writeln!(o, "peer: {}", p.public_key.to_base64());
+        if let Some(e) = p.endpoint {
+            let _ = writeln!(o, "  endpoint: {e}");
+        }
+        let ips: Vec<String> = p.allowed_ips.iter().map(|c| c.to_string()).collect();
+        let _ = writeln!(
+            o,
+            "  allowed ips: {}",
+            if ips.is_empty() {
+                "(none)".into()
+            } else {
+                ips.join(", ")
+            }
+        );
+        match p.last_handshake {
+            Some((s, _)) if s > 0 => {
+                let _ = writeln!(o, "  latest handshake: {} s ago", now.saturating_sub(s));
+            }
+            _ => {}
+        }
+        let _ = writeln!(
+            o,
+            "  transfer: {} B received, {} B sent",
+            p.rx_bytes, p.tx_bytes
+        );
+    }
+    o
 }
 
 #[cfg(test)]

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
+use super::runtime::Runtime;
 use crate::core::uapi::{self, DeviceStatus, PeerStatus, Request, SetRequest, UapiError};
-use crate::driver::Runtime;
 
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 /// A request (from waiting for its first line to its blank line) must arrive within
