@@ -21,7 +21,7 @@
 #   two-armed `set gateway lan eth1`, `set gateway lan-address 192.168.88.1/24`,
 #             `add client phone2`, commit; the phone (with phone2's config) reaches
 #             lanhost2 by ping and TCP
-#   lease     dnsmasq stopped right after a renewal: the address stays past the next renewal
+#   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
 #
@@ -452,36 +452,34 @@ if [ -s "$work/phone2.conf" ] && phone_up "$work/phone2.conf"; then
     ok "phone: wireguard-go up with phone2's printed config"
     check "two-armed: phone pings lanhost2 $LANHOST2" wait_ping "$P" "$LANHOST2" 30
     check "two-armed: phone opens a TCP connection to lanhost2 (echo)" tcp_echo "$H2" "$LANHOST2" "$P"
-    check "two-armed: the one-armed LAN still reachable (lanhost)" wait_ping "$P" "$LANHOST" 10
 else
     ko "phone: could not bring up wireguard-go with phone2's config"
 fi
 phone_down
 
 # --- the lease without a server ------------------------------------------------------------
-echo "== lease: renewal seen, then dnsmasq stopped; the address stays past the next renewal attempt"
+echo "== lease: renewed, then dnsmasq stopped; the address stays past the next renewal attempt"
+# With a 2-minute lease the client renews every 60 s (T1) while the server answers; the
+# last renewal is less than 60 s old when dnsmasq stops. The next renewal attempt gets no
+# answer, rebinding starts at T2 (105 s after it), the lease would end at 120 s.
 if [ -z "${t_bound:-}" ]; then
     ko "dhcp: renewal and lost-server tests skipped: never bound"
-elif wait_re 'dhcp eth0: renewed ' 150; then
-    ok "dhcp: lease renewed ($(line_of 'dhcp eth0: renewed '))"
 else
-    ko "dhcp: no 'dhcp eth0: renewed' within 150 s of the tests"
-fi
-if [ -n "${t_bound:-}" ]; then
-    # Right after a fresh renewal: the next renewal attempt comes at T1 (60 s), rebinding at
-    # T2 (105 s), expiry at 120 s.
-    off=$(size)
-    wait_re 'dhcp eth0: renewed ' 90 "$off"
+    if wait_re 'dhcp eth0: renewed ' 90; then
+        ok "dhcp: lease renewed ($(line_of 'dhcp eth0: renewed '))"
+    else
+        ko "dhcp: no 'dhcp eth0: renewed' within 90 s"
+    fi
     off=$(size)
     stop_pid "$dpid"
     t_stop=$SECONDS
-    note "dnsmasq stopped $((t_stop - ${t_bound:-t_stop})) s after the first lease"
+    echo "     dnsmasq stopped $((t_stop - t_bound)) s after the first lease"
     if wait_re 'dhcp eth0: rebinding' 115 "$off"; then
-        ok "dhcp: no server: renewal unanswered, rebinding after $((SECONDS - t_stop)) s"
+        ok "dhcp: no server: renewal unanswered, rebinding $((SECONDS - t_stop)) s after the stop"
     else
         ko "dhcp: no 'rebinding' line within 115 s of stopping dnsmasq"
     fi
-    check "dhcp: no server: the lease did not expire early (no 'lease expired')" \
+    check "dhcp: no server: the lease did not end early (no 'lease expired')" \
         sh -c '! tail -c +$(($2 + 1)) "$1" | grep -qa "lease expired"' _ "$log" "$off"
     check "dhcp: no server: the router still pings $LEASE $((SECONDS - t_stop)) s after the stop" \
         inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
