@@ -21,6 +21,7 @@
 #   two-armed `set gateway lan eth1`, `set gateway lan-address 192.168.88.1/24`,
 #             `add client phone2`, commit; the phone (with phone2's config) reaches
 #             lanhost2 by ping and TCP
+#   flap      eth0's carrier off and on (QEMU monitor set_link): the lease is re-acquired
 #   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
@@ -194,7 +195,7 @@ mkfifo "$sin.in" "$sin.out"
 # SR-IOV functions collide with the first's).
 Q=${RG_BOARD_QUEUES:-2}
 qargs=(-accel tcg -machine q35 -cpu max -smp "${RG_BOARD_SMP:-2}" -m 1024 -nodefaults -display none
-    -monitor none -device i6300esb -no-reboot
+    -monitor "unix:$work/monitor.sock,server=on,wait=off" -device i6300esb -no-reboot
     -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
     -drive "if=pflash,format=raw,unit=1,file=$work/vars.fd"
     -drive "if=none,id=disk0,format=raw,file=$disk" -device "nvme,drive=disk0,serial=rg0"
@@ -226,6 +227,15 @@ wait_re() {
         left=$((left - 1))
     done
     return 1
+}
+# hmp LINE: a command on QEMU's human monitor (set_link: the guest sees the carrier go).
+hmp() {
+    timeout 10 python3 - "$work/monitor.sock" "$1" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+time.sleep(0.3); s.recv(65536)
+s.sendall(sys.argv[2].encode() + b"\n"); time.sleep(0.5); s.close()
+PY
 }
 # The first line after byte OFFSET matching REGEX.
 line_of() { tail -c +$((${2:-0} + 1)) "$log" | tr -d '\r' | grep -aE -m1 -- "$1"; }
@@ -410,6 +420,9 @@ else
     ko "add client phone: no config between '----- BEGIN WIREGUARD CONFIG phone -----' and END"
     bad_answer
 fi
+echo "---- console transcript: add client phone (test keys, thrown away with the disk)"
+printf '%s\n' "$add_out" | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]'
+echo "----"
 check "add client phone: a QR code (Unicode blocks) follows the config" \
     sh -c 'printf "%s\n" "$1" | sed -n "/END WIREGUARD CONFIG phone/,\$p" | grep -qa "█\|▀\|▄"' _ "$add_out"
 check "add client phone: Endpoint is the public endpoint 203.0.113.1:51820" grep -qxE 'Endpoint *= *203\.0\.113\.1:51820' "$work/phone.conf"
@@ -458,6 +471,26 @@ fi
 phone_down
 
 # --- the lease without a server ------------------------------------------------------------
+# --- link flap -----------------------------------------------------------------------------
+echo "== link flap: eth0's carrier off and on again (QEMU set_link): the lease is re-acquired"
+if [ -n "${t_bound:-}" ]; then
+    off=$(size)
+    if hmp "set_link n0 off" && wait_re 'dhcp eth0: link down' 20 "$off"; then
+        ok "link flap: the DHCP client saw eth0's carrier go"
+        sleep 2
+        hmp "set_link n0 on"
+        if wait_re 'dhcp eth0: link up' 20 "$off" && wait_re 'dhcp eth0: (bound|renewed) ' 40 "$off"; then
+            ok "link flap: lease re-acquired after the link came back ($(line_of 'dhcp eth0: (bound|renewed) ' "$off"))"
+        else
+            ko "link flap: no lease within 40 s of the link coming back"
+        fi
+        check "link flap: the router pings $LEASE again" inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
+    else
+        ko "link flap: no 'dhcp eth0: link down' after set_link off"
+        hmp "set_link n0 on"
+    fi
+fi
+
 echo "== lease: renewed, then dnsmasq stopped; the address stays past the next renewal attempt"
 # With a 2-minute lease the client renews every 60 s (T1) while the server answers; the
 # last renewal is less than 60 s old when dnsmasq stops. The next renewal attempt gets no
