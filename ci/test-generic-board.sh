@@ -312,7 +312,8 @@ check "dhcp: \`show status\` names the lease" has "$LEASE"
 client_conf() { # NAME FILE: from $out
     printf '%s\n' "$out" | awk -v b="----- BEGIN WIREGUARD CONFIG $1 -----" -v e="----- END WIREGUARD CONFIG $1 -----" '
         $0 == b { on = 1; next } $0 == e { on = 0; found = 1; exit } on { print }
-        END { exit !found }' | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]' >"$2"
+        END { exit !found }' | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]' >"$2" &&
+        chmod 600 "$2" && [ -s "$2" ]
 }
 # phone_up CONF: stock wireguard-go in the phone namespace, set up as wg-quick does it:
 # `wg setconf` with the wg-quick-only keys stripped (by `wg-quick strip` itself), the
@@ -321,7 +322,7 @@ client_conf() { # NAME FILE: from $out
 phone_pid=""
 phone_up() {
     local conf=$1 f=$work/$WGIF.conf a mtu dev ip table
-    cp "$conf" "$f"
+    install -m 0600 "$conf" "$f"
     wg-quick strip "$f" >"$work/$WGIF.stripped" || return 1
     WG_PROCESS_FOREGROUND=1 spawn "$P" wireguard-go -f "$WGIF" >"$work/wireguard-go.log" 2>&1
     phone_pid=$lastpid
@@ -336,7 +337,7 @@ phone_up() {
         mtu=$(( $(inns "$P" cat "/sys/class/net/$dev/mtu") - 80 ))
     fi
     inns "$P" ip link set mtu "$mtu" up dev "$WGIF" || return 1
-    for ip in $(inns "$P" wg show "$WGIF" allowed-ips | awk '{for (i = 2; i <= NF; i++) print $i}' | sort -t/ -k2 -nr -u); do
+    for ip in $(inns "$P" wg show "$WGIF" allowed-ips | awk '{for (i = 2; i <= NF; i++) print $i}' | sort -nr -k 2 -t /); do
         case $ip in
             */0)
                 table=51820
