@@ -282,14 +282,16 @@ if have 'uplink eth0 tx-udp-segmentation: '; then
 else
     ko "boot: the igb driver's offloads are not shown on the serial line"
 fi
-if have 'offload: egress: '; then
+if have 'gateway: .*offload: '; then
     ok "boot: the gateway's offload decision on the serial line"
-    note "gateway chose: $(clean | grep -aoE 'offload: egress: .*' | head -1)"
-    clean | grep -aoE 'offload: egress: .*' | grep -qaE 'NIC features unknown' &&
-        note "the gateway decided before it knew the uplink NIC (features unknown)"
+    note "gateway chose: $(clean | grep -aoE 'offload: .*' | head -1)"
 else
     ko "boot: no offload decision from the gateway"
 fi
+# The decision must be about the igb uplink (`offload: eth0: tx-udp-segmentation ... ->`),
+# not made before the gateway knew its egress NIC (`offload: egress: NIC features unknown`,
+# what a decision taken before the DHCP lease's default route says).
+check "boot: the gateway's offload decision is about the igb uplink eth0" have 'gateway: .*offload: eth0: '
 note "igb rx queues: $(clean | grep -aoE 'rps: [0-9]+ eth0 rx queues' | head -1 | grep -oE '[0-9]+ eth0') ; $(clean | grep -aoE 'xps: [0-9]+ of [0-9]+ eth0 tx queues' | head -1)"
 
 # --- DHCP ----------------------------------------------------------------------------------
@@ -509,10 +511,12 @@ else
     t_stop=$SECONDS
     echo "     dnsmasq stopped $((t_stop - t_bound)) s after the first lease"
     if wait_re 'dhcp eth0: rebinding' 115 "$off"; then
-        ok "dhcp: no server: renewal unanswered, rebinding $((SECONDS - t_stop)) s after the stop"
+        ok "dhcp: no server: rebinding $((SECONDS - t_stop)) s after the stop"
     else
         ko "dhcp: no 'rebinding' line within 115 s of stopping dnsmasq"
     fi
+    check "dhcp: no server: a renewal was tried meanwhile ('renewing with') and got no answer (no 'renewed')" \
+        sh -c 'tail -c +$(($2 + 1)) "$1" | grep -qa "dhcp eth0: renewing" && ! tail -c +$(($2 + 1)) "$1" | grep -qa "dhcp eth0: renewed"' _ "$log" "$off"
     check "dhcp: no server: the lease did not end early (no 'lease expired')" \
         sh -c '! tail -c +$(($2 + 1)) "$1" | grep -qa "lease expired"' _ "$log" "$off"
     check "dhcp: no server: the router still pings $LEASE $((SECONDS - t_stop)) s after the stop" \
