@@ -23,21 +23,18 @@
 # Prints "N passed, N failed"; exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init adversarial-tcp
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}")
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release -p riceguard)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 for t in wireguard-go wg python3 ss; do
-    command -v $t >/dev/null || { echo "missing tool $t"; echo "0 passed, 1 failed"; exit 1; }
+    command -v $t >/dev/null || h_abort "missing tool $t"
 done
 WORK=$(mktemp -d /tmp/rg-adv-tcp.XXXXXX)
 G=rgxG$$ C=rgxC$$ X=rgxX$$
 IG=rgx$$g IC=rgx$$c
 PORT=51830
 ATTACK="python3 $(pwd)/ci/lib/tcp_attack.py"
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     local p
@@ -47,29 +44,12 @@ cleanup() {
     rm -f /var/run/wireguard/$IG.sock /var/run/wireguard/$IC.sock
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
-
-# Stop one process we started and forget it (so cleanup never signals a reused PID).
-stop_pid() {
-    local p=$1 keep=() q
-    kill "$p" 2>/dev/null; wait "$p" 2>/dev/null
-    for q in "${PIDS[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
-    PIDS=("${keep[@]}")
-}
-forget_pid() {
-    local p=$1 keep=() q
-    wait "$p" 2>/dev/null
-    for q in "${PIDS[@]}"; do [ "$q" = "$p" ] || keep+=("$q"); done
-    PIDS=("${keep[@]}")
-}
+at_exit cleanup
 
 # --- namespaces and addresses ---------------------------------------------------------
-ip netns add $G && ip netns add $C && ip netns add $X || { bad "cannot create namespaces"; echo "$pass passed, $fail failed"; exit 1; }
-ip link add gc netns $G type veth peer name cg netns $C
-ip link add gx netns $G type veth peer name xg netns $X
-ip -n $G addr add 10.98.1.1/24 dev gc
-ip -n $C addr add 10.98.1.2/24 dev cg
-ip -n $G addr add 10.98.2.1/24 dev gx
+netns_add $G $C $X
+veth_pair $G gc 10.98.1.1/24 $C cg 10.98.1.2/24
+veth_pair $G gx 10.98.2.1/24 $X xg -
 ip -n $G addr add fd98:2::1/64 dev gx nodad
 {
     echo "addr add 10.98.2.2/24 dev xg"
@@ -77,9 +57,6 @@ ip -n $G addr add fd98:2::1/64 dev gx nodad
     for i in $(seq 10 209); do echo "addr add 10.98.2.$i/24 dev xg"; done
     for i in $(seq 0 49); do printf 'addr add fd98:2::%x/64 dev xg nodad\n' $((0x1000 + i)); done
 } | ip -n $X -batch -
-for n in $G $C $X; do ip -n $n link set lo up; done
-ip -n $G link set gc up; ip -n $G link set gx up
-ip -n $C link set cg up; ip -n $X link set xg up
 V4_MANY=$(seq -s, -f '10.98.2.%g' 10 209)
 V6_ONE64=$(for i in $(seq 0 49); do printf 'fd98:2::%x,' $((0x1000 + i)); done)
 v4_first() { seq -s, -f '10.98.2.%g' 10 $((9 + $1)); }   # the first N of the 200
@@ -122,7 +99,7 @@ ip -n $C link set $IC mtu 1366 up
 up=0
 for i in $(seq 10); do ip netns exec $C ping -c1 -W1 10.98.9.1 >/dev/null 2>&1 && { up=1; break; }; done
 if [ $up = 1 ]; then ok "setup: wireguard-go -> udp2tcp -> TCP -> riceguard: tunnel up"
-else bad "setup: tunnel over TCP not up"; tail -5 "$WORK/g.log"; echo "$pass passed, $fail failed"; exit 1; fi
+else bad "setup: tunnel over TCP not up"; tail -5 "$WORK/g.log"; h_finish; fi
 l=$(ping_loss 10)
 [ "$l" = 0 ] && ok "baseline ping over TCP: 0% loss" || bad "baseline ping over TCP: $l% loss"
 
@@ -256,5 +233,4 @@ l=$(ping_loss 10)
     bad "unauthenticated connections left: $(counter unauthenticated "$final")"
 
 echo
-echo "adversarial-tcp: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

@@ -18,18 +18,15 @@
 # exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init adversarial-uapi
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}" 2>/dev/null)
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release -p riceguard)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 WORK=$(mktemp -d /tmp/rg-adv-uapi.XXXXXX)
 A=rgauA$$ B=rgauB$$
 IA=rgau$$a IB=rgau$$b
 SOCK=/var/run/wireguard/$IA.sock
 PORT=51830 PORT_UDP_BUSY=51899 PORT_TCP_BUSY=51898 PORT_FREE=51897
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     local p
@@ -39,14 +36,10 @@ cleanup() {
     rm -f "$SOCK" /var/run/wireguard/$IB.sock
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
+at_exit cleanup
 
-ip netns add $A && ip netns add $B || { echo "0 passed, 1 failed (netns)"; exit 1; }
-ip link add va$$ netns $A type veth peer name vb$$ netns $B
-ip -n $A addr add 10.96.0.1/24 dev va$$
-ip -n $B addr add 10.96.0.2/24 dev vb$$
-for n in $A $B; do ip -n $n link set lo up; done
-ip -n $A link set va$$ up; ip -n $B link set vb$$ up
+netns_add $A $B
+veth_pair $A va$$ 10.96.0.1/24 $B vb$$ 10.96.0.2/24
 
 RG_LOG=info ip netns exec $A "$RG" -f $IA >"$WORK/rg.log" 2>&1 & RGPID=$!; PIDS+=($RGPID)
 ip netns exec $B env WG_PROCESS_FOREGROUND=1 wireguard-go $IB >"$WORK/wg-go.log" 2>&1 & PIDS+=($!)
@@ -76,37 +69,7 @@ fi
 
 # --- 2. silent, half and slow-loris clients ------------------------------------------------
 base_threads=$(threads)
-python3 - "$SOCK" "$WORK/clients.ready" <<'EOF' >"$WORK/clients.log" 2>&1 &
-import socket, sys, time, threading
-path, ready = sys.argv[1], sys.argv[2]
-held = []
-def connect():
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    held.append(s)
-    return s
-for _ in range(40):          # silent: connect, say nothing
-    connect()
-for _ in range(10):          # half a request, then nothing
-    connect().sendall(b"set=1\nlisten_port=4")
-loris = [connect() for _ in range(10)]
-open(ready, "w").write("ok\n")
-# slow-loris: a get request one byte a second, re-connecting when cut off
-req = b"get=1\n\n"
-end = time.time() + 25
-i = 0
-while time.time() < end:
-    for n, s in enumerate(loris):
-        try:
-            s.sendall(req[i % len(req):i % len(req) + 1])
-        except OSError:
-            try:
-                loris[n] = connect()
-            except OSError:
-                pass
-    i += 1
-    time.sleep(1)
-EOF
+python3 ci/lib/labtool.py uapi-clients "$SOCK" "$WORK/clients.ready" >"$WORK/clients.log" 2>&1 &
 CLIENTS=$!; PIDS+=($CLIENTS)
 for i in $(seq 50); do [ -s "$WORK/clients.ready" ] && break; sleep 0.1; done
 sleep 1
@@ -139,24 +102,14 @@ kill $CLIENTS 2>/dev/null; wait $CLIENTS 2>/dev/null
 kill -0 $RGPID 2>/dev/null && ok "daemon alive after the client flood" || bad "daemon died under the client flood"
 # A client gone in the middle of a line: its set is not applied (`listen_port=4` could
 # be the front of `listen_port=48000`).
-python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b"set=1\nlisten_port=4"); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode().strip())' "$SOCK" >"$WORK/cut.out" 2>&1
+python3 ci/lib/labtool.py uapi-cut "$SOCK" >"$WORK/cut.out" 2>&1
 lp=$(ip netns exec $A wg show $IA listen-port)
 [ "$lp" = $PORT ] && ok "set cut off inside a line: not applied ($(tr '\n' ' ' <"$WORK/cut.out"))" ||
     bad "set cut off inside a line moved the port to $lp"
 
 # --- 3. listen-port already in use (UDP) -------------------------------------------------
 hold() { # $1 = udp|tcp, $2 = port: hold it in namespace A until killed
-    ip netns exec $A python3 - "$1" "$2" "$WORK/hold.$1.ready" <<'EOF' &
-import socket, sys, time
-kind, port, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-s.bind(("::", port))
-if kind == "tcp":
-    s.listen(1)
-open(ready, "w").write("ok\n")
-time.sleep(120)
-EOF
+    ip netns exec $A python3 ci/lib/labtool.py hold "$1" "$2" "$WORK/hold.$1.ready" &
     HOLD=$!; PIDS+=($HOLD)
     for i in $(seq 50); do [ -s "$WORK/hold.$1.ready" ] && break; sleep 0.1; done
 }
@@ -211,5 +164,4 @@ fi
 kill -0 $RGPID 2>/dev/null && ok "daemon still running" || bad "daemon died"
 
 echo
-echo "adversarial-uapi: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

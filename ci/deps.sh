@@ -32,6 +32,8 @@ APT_PKGS=(
     lvm2 btrfs-progs
     # the x86_64-generic board test (ci/test-generic-board.sh): the LAN's DHCP server
     dnsmasq-base
+    # the console's QR code read back by a real decoder (console/qr.rs test)
+    zbar-tools
 )
 
 # ---- image helper: packages from bookworm-backports ------------------------------------

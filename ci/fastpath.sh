@@ -9,16 +9,13 @@
 # Needs root, wireguard-tools, wireguard-go, iperf3, ethtool. Prints "N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init fastpath
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}")
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 WORK=$(mktemp -d /tmp/rg-fastpath.XXXXXX)
-A=rgpA B=rgpB
+A=rgpA$$ B=rgpB$$
 IA=rgp$$a IB=rgp$$b
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 stop_daemons() {
     local p
@@ -32,7 +29,7 @@ cleanup() {
     rm -f /var/run/wireguard/$IA.sock /var/run/wireguard/$IB.sock
     rm -rf "$WORK"
 }
-trap cleanup EXIT
+at_exit cleanup
 
 # --- 1. the interop matrix on every forced path ------------------------------------------
 if [ -z "${FASTPATH_SKIP_MATRIX:-}" ]; then
@@ -48,12 +45,8 @@ if [ -z "${FASTPATH_SKIP_MATRIX:-}" ]; then
 fi
 
 # --- namespaces for the rest ------------------------------------------------------------
-ip netns add $A && ip netns add $B
-ip link add vpa netns $A type veth peer name vpb netns $B
-ip -n $A addr add 10.95.0.1/24 dev vpa
-ip -n $B addr add 10.95.0.2/24 dev vpb
-for n in $A $B; do ip -n $n link set lo up; done
-ip -n $A link set vpa up; ip -n $B link set vpb up
+netns_add $A $B
+veth_pair $A vpa 10.95.0.1/24 $B vpb 10.95.0.2/24
 ka=$(wg genkey); kb=$(wg genkey)
 
 # start NAME-SUFFIX ARGS...: both daemons, configured with wg, addresses 10.95.1.1/.2.
@@ -75,9 +68,7 @@ start_pair() {
 iperf_ab() {
     ip netns exec $B iperf3 -s -1 -D -B 10.95.1.2 >/dev/null 2>&1; sleep 0.3
     timeout 20 ip netns exec $A iperf3 -c 10.95.1.2 -t 3 -J 2>/dev/null |
-        python3 -c 'import json,sys
-try: print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))
-except Exception: print(0)'
+        python3 ci/lib/labtool.py iperf-mbit
 }
 
 # --- 2. pinning -------------------------------------------------------------------------
@@ -154,5 +145,4 @@ for gro in on off; do
 done
 
 echo
-echo "fastpath: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

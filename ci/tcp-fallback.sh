@@ -20,16 +20,13 @@
 # Prints "N passed, N failed"; exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init tcp-fallback
 
-RG=$(realpath "${RG_BIN:-target/release/riceguard}")
-[ -x "$RG" ] || { echo "build riceguard first (cargo build --release)"; echo "0 passed, 1 failed"; exit 1; }
+require_rg
 WORK=$(mktemp -d /tmp/rg-tcp-fallback.XXXXXX)
 A=rgfA$$ B=rgfB$$ C=rgfC$$
 IA=rgf$$a IB=rgf$$b IC=rgf$$c ID=rgf$$d IE=rgf$$e
-PIDS=()
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     local p
@@ -40,15 +37,11 @@ cleanup() {
         /var/run/wireguard/$ID.sock /var/run/wireguard/$IE.sock
     rm -rf "$WORK"
 }
-trap cleanup EXIT
+at_exit cleanup
 ip netns del $A 2>/dev/null; ip netns del $B 2>/dev/null
 
-ip netns add $A && ip netns add $B
-ip link add vfa netns $A type veth peer name vfb netns $B
-ip -n $A addr add 10.97.0.1/24 dev vfa
-ip -n $B addr add 10.97.0.2/24 dev vfb
-for n in $A $B; do ip -n $n link set lo up; done
-ip -n $A link set vfa up; ip -n $B link set vfb up
+netns_add $A $B
+veth_pair $A vfa 10.97.0.1/24 $B vfb 10.97.0.2/24
 
 block_udp() {
     ip netns exec $B nft add table inet rgftest
@@ -88,16 +81,12 @@ ip netns exec $B iperf3 -s -1 -D -B 10.97.1.2 >/dev/null 2>&1; sleep 0.5
 timeout 20 ip netns exec $A tcpdump -i vfa -nn -s 96 -w "$WORK/tcp.pcap" 'tcp port 51821' >/dev/null 2>&1 & TD=$!
 sleep 0.5
 mbit=$(timeout 30 ip netns exec $A iperf3 -c 10.97.1.2 -t 5 -J 2>/dev/null |
-    python3 -c 'import json,sys; print(int(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e6))' 2>/dev/null)
+    python3 ci/lib/labtool.py iperf-mbit)
 sleep 0.3; kill -INT $TD 2>/dev/null; wait $TD 2>/dev/null
 [ "${mbit:-0}" -gt 0 ] && ok "iperf3 over TCP fallback: ${mbit} Mbit/s" || bad "iperf3 over TCP fallback failed"
 cc=$(ip netns exec $B ss -tni "sport = :51821" | grep -oE '\b(cubic|bbr|reno)\b' | head -1)
 [ -n "$cc" ] && ok "ss -tni shows congestion control '$cc' on the gateway's connection" || bad "no congestion control shown by ss"
-read -r total bare small <<<"$(tcpdump -r "$WORK/tcp.pcap" -nn 2>/dev/null | python3 -c '
-import re, sys
-lens = [int(m.group(1)) for l in sys.stdin for m in [re.search(r"length (\d+)$", l.strip())] if m]
-data = [n for n in lens if n > 0]
-print(len(data), sum(1 for n in data if n == 2), sum(1 for n in data if n < 1000))')"
+read -r total bare small <<<"$(tcpdump -r "$WORK/tcp.pcap" -nn 2>/dev/null | python3 ci/lib/labtool.py pcap-segments)"
 if [ "${total:-0}" -gt 100 ] && [ "${bare:-1}" = 0 ]; then
     ok "capture: $total data segments, none with a bare 2-byte payload ($small under 1000 bytes)"
 else
@@ -117,30 +106,7 @@ loss=$(ip netns exec $A ping -c 5 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% pack
 [ "${loss:-100}" = 0 ] && ok "ping after return to UDP: 0% loss" || bad "ping after return to UDP: ${loss:-?}% loss"
 
 # --- 3. hostile TCP input -------------------------------------------------------------------
-ip netns exec $A python3 - <<'EOF' >"$WORK/garbage.out" 2>&1
-import os, socket, struct, time
-def conn():
-    s = socket.create_connection(("10.97.0.2", 51821), timeout=3)
-    return s
-closed = 0
-for payload in [os.urandom(4096), struct.pack("<I", 148) + os.urandom(148), b"\x00\x01", b"\xff\xff" + os.urandom(10)]:
-    s = conn()
-    try:
-        s.sendall(payload)
-        s.settimeout(3)
-        if s.recv(1) == b"":
-            closed += 1
-    except (ConnectionResetError, socket.timeout, BrokenPipeError):
-        closed += 1
-    s.close()
-# many connection attempts in a row, bounded
-for _ in range(200):
-    try:
-        socket.create_connection(("10.97.0.2", 51821), timeout=1).close()
-    except OSError:
-        pass
-print("closed", closed)
-EOF
+ip netns exec $A python3 ci/lib/labtool.py tcp-garbage 10.97.0.2 51821 >"$WORK/garbage.out" 2>&1
 grep -q "closed [34]" "$WORK/garbage.out" && ok "garbage TCP input: connections closed ($(cat "$WORK/garbage.out"))" ||
     bad "garbage TCP input: $(cat "$WORK/garbage.out")"
 loss=$(ip netns exec $A ping -c 5 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)
@@ -229,5 +195,4 @@ loss=$(ip netns exec $A ping -c 10 -i 0.2 -W 2 10.97.4.2 | grep -o '[0-9.]*% pac
 [ "${loss:-100}" = 0 ] && ok "config client over TCP: ping 0% loss" || bad "config client over TCP: ${loss:-?}% loss"
 
 echo
-echo "tcp-fallback: $pass passed, $fail failed"
-[ $fail = 0 ]
+h_finish

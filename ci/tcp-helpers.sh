@@ -13,16 +13,16 @@
 # Prints "N passed, N failed"; exit status 1 when anything failed.
 set -u
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init tcp-helpers
 
 RG=${RG_BIN:-target/release/riceguard}
 if [ ! -x "$RG" ]; then
-    cargo build --release -p riceguard >&2 || { echo "0 passed, 1 failed (build)"; exit 1; }
+    cargo build --release -p riceguard >&2 || h_abort "build failed"
 fi
 RG=$(realpath "$RG")
 WORK=$(mktemp -d /tmp/rg-tcp-helpers.XXXXXX)
 A=rgtA B=rgtB
-PIDS=()
-pass=0 fail=0
 # Wait (up to 10 s) until something listens on port $2 (in namespace $1, or "-");
 # $3: ss protocol flag, -t (default) or -u.
 wait_listen() {
@@ -34,8 +34,6 @@ wait_listen() {
     done
     return 1
 }
-ok() { pass=$((pass + 1)); echo "PASS $*"; }
-bad() { fail=$((fail + 1)); echo "FAIL $*"; }
 
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
@@ -46,21 +44,11 @@ cleanup() {
     rm -f /var/run/wireguard/rgtA0.sock /var/run/wireguard/rgtB0.sock
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
-trap cleanup EXIT
+at_exit cleanup
 
 # ---- 1. loopback: UDP echo through udp2tcp -> tcp2udp and back -------------------------
 if command -v python3 >/dev/null; then
-    python3 - >"$WORK/echo.port" <<'EOF' &
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True); sys.stdout.close()
-s.settimeout(60)
-try:
-    while True:
-        d, a = s.recvfrom(65536); s.sendto(d, a)
-except Exception:
-    pass
-EOF
+    python3 ci/lib/labtool.py udp-echo >"$WORK/echo.port" &
     PIDS+=($!)
     sleep 0.5
     EPORT=$(cat "$WORK/echo.port")
@@ -72,25 +60,11 @@ EOF
         2>"$WORK/u2t-lo.log" &
     PIDS+=($!)
     wait_listen - 47900 -u
-    if python3 - <<'EOF'
-import socket
-c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); c.settimeout(3)
-c.connect(("127.0.0.1", 47900))
-for i, n in enumerate([32, 148, 1398, 60000]):
-    m = bytes([4, 0, 0, 0]) + bytes([i]) * (n - 4)
-    c.send(m)
-    assert c.recv(65536) == m, n
-EOF
+    if python3 ci/lib/labtool.py udp-echo-check 47900
     then ok "loopback: WireGuard-shaped datagrams echoed through udp2tcp -> tcp2udp"
     else bad "loopback: echo through udp2tcp -> tcp2udp"; fi
     # crates.io udp-over-tcp's u32 little-endian framing must be refused at once.
-    if python3 - <<'EOF'
-import socket, struct
-s = socket.create_connection(("127.0.0.1", 47443)); s.settimeout(3)
-m = bytes([4, 0, 0, 0]) + bytes(60)
-s.sendall(struct.pack("<I", len(m)) + m)
-assert s.recv(10) == b""   # closed by tcp2udp
-EOF
+    if python3 ci/lib/labtool.py u32le-refused 47443
     then ok "loopback: u32-LE framed input closes the connection"
     else bad "loopback: u32-LE framed input not refused"; fi
 else
@@ -99,15 +73,10 @@ fi
 
 # ---- 2. wireguard-go <-> (udp2tcp -> tcp2udp) <-> wireguard-go in two namespaces ----------
 for t in wireguard-go wg iperf3 tcpdump nft ethtool; do
-    command -v $t >/dev/null || { bad "missing tool $t"; echo "$pass passed, $fail failed"; exit 1; }
+    command -v $t >/dev/null || { h_abort "missing tool $t"; }
 done
-ip netns add $A && ip netns add $B || { bad "cannot create namespaces"; echo "$pass passed, $fail failed"; exit 1; }
-ip link add rgta0 netns $A type veth peer name rgtb0 netns $B
-ip -n $A addr add 192.168.77.1/24 dev rgta0
-ip -n $B addr add 192.168.77.2/24 dev rgtb0
-for ns in $A $B; do ip -n $ns link set lo up; done
-ip -n $A link set rgta0 up
-ip -n $B link set rgtb0 up
+netns_add $A $B
+veth_pair $A rgta0 192.168.77.1/24 $B rgtb0 192.168.77.2/24
 # Real segment sizes on the wire: no TSO/GSO super-segments, no GRO merging.
 ip netns exec $A ethtool -K rgta0 tso off gso off gro off >/dev/null 2>&1
 ip netns exec $B ethtool -K rgtb0 tso off gso off gro off >/dev/null 2>&1
@@ -158,7 +127,7 @@ else
 fi
 
 mbps_of() {
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.0f" % (d["end"]["sum_received"]["bits_per_second"]/1e6))' "$1" 2>/dev/null || echo "?"
+    python3 ci/lib/labtool.py iperf-mbit "$1"
 }
 
 # ---- 3. 5 s of iperf3 each way, captured on the path ------------------------------------
@@ -229,5 +198,4 @@ else
     bad "reference iperf3 over plain UDP"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+h_finish

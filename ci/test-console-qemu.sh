@@ -23,23 +23,19 @@
 #        present: it may be older than the working tree); RG_OUT: another image dir
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init console-qemu
 board=qemu-x86_64
 T=${RG_CONSOLE_TIMEOUT:-180}
 work=$PWD/out/test-console-qemu
 export RG_OUT=${RG_OUT:-out/$board}
 img=$RG_OUT/riceguard-$board.img
-passed=0 failed=0 fails=()
-ok() { passed=$((passed + 1)); echo "PASS $*"; }
-ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
 t_all=$SECONDS
 
 finish() {
     echo
-    for f in "${fails[@]}"; do echo "failed: $f"; done
     echo "console-qemu: serial logs and transcript in $work (took $((SECONDS - t_all)) s)"
-    echo "console-qemu: $passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit
+    h_finish
 }
 
 for t in qemu-system-x86_64 wg mkfifo; do
@@ -77,8 +73,7 @@ cleanup() {
     [ -n "${RG_CONSOLE_KEEP:-}" ] || rm -f "$disk"
     rm -f "$sin"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit cleanup
 
 # The serial log without CRs (the tty's output processing adds them).
 clean() { tr -d '\r' <"$log"; }
@@ -148,7 +143,6 @@ answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init): |^\[ *[0
 has() { answer | grep -qaE -- "$1"; }
 # A whole answer line, as typed (keys hold base64 `+`, not for a regex).
 has_line() { answer | grep -qaxF -- "$1"; }
-check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
 # The configuration as `show` prints it, without prompt and echo lines.
 show_conf() {
     cmd show || return 1

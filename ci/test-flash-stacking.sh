@@ -21,16 +21,14 @@
 # env:   RG_FLASH=path   test another flash script (e.g. `git show HEAD~1:flash-scripts/flash`)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init test-flash-stacking
 F=${RG_FLASH:-$PWD/flash-scripts/flash}
 [ "$(id -u)" = 0 ] || { echo "test-flash-stacking: needs root"; exit 1; }
 for t in losetup sfdisk partx mkfs.ext4 mkswap swapon unshare sha256sum jq; do
     command -v $t >/dev/null || { echo "test-flash-stacking: missing $t"; exit 1; }
 done
 work=$(mktemp -d "${TMPDIR:-/tmp}/rg-flash-stack.XXXXXX")
-passed=0 failed=0 fails=()
-ok() { passed=$((passed + 1)); echo "PASS $*"; }
-ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
-note() { echo "     $*"; }
 t_all=$SECONDS
 
 # --- undo stack: every created thing pushes the command that removes it ------------------
@@ -44,8 +42,7 @@ unwind() { # [DEPTH]: undo down to DEPTH entries (default: everything), newest f
     done
 }
 cleanup() { unwind 0; rm -rf "$work"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+at_exit cleanup
 umount_or_lazy() { umount "$1" 2>/dev/null || umount -l "$1"; }
 # An LV whose PV label a failing flash script overwrote cannot be lvremoved: remove its dm
 # device directly then.
@@ -304,6 +301,4 @@ unwind 0
 for _ in $(seq 50); do left=$(losetup -a | grep -F "$work" || true); [ -z "$left" ] && break; sleep 0.1; done
 [ -z "$left" ] || ko "loop devices left behind: $left"
 echo "== $((SECONDS - t_all))s"
-for f in "${fails[@]}"; do echo "FAILED: $f"; done
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+h_finish

@@ -16,17 +16,14 @@
 # env:   RG_IMAGE_BOOT_TIMEOUT (s per boot, default 240), RG_IMAGE_KEEP=1 keeps out/test-image
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init test-image
 boards=("$@")
 [ ${#boards[@]} -gt 0 ] || boards=(qemu-x86_64 qemu-aarch64)
 T=${RG_IMAGE_BOOT_TIMEOUT:-240}
 work=$PWD/out/test-image
 rm -rf "$work"
 mkdir -p "$work"
-passed=0 failed=0 fails=() notes=()
-ok() { passed=$((passed + 1)); echo "PASS $*"; }
-ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
-check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
-note() { notes+=("$*"); echo "     $*"; }
 t_all=$SECONDS
 missing=()
 for t in qemu-system-x86_64 qemu-system-aarch64 jq sfdisk mdir unsquashfs dumpe2fs file setsid; do
@@ -275,8 +272,6 @@ fi
 
 echo
 for n in "${notes[@]}"; do echo "note: $n"; done
-for f in "${fails[@]}"; do echo "failed: $f"; done
 echo "image tests took $((SECONDS - t_all))s"
 [ -n "${RG_IMAGE_KEEP:-}" ] || rm -f "$work"/*.img "$work"/*/riceguard-*.img
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+h_finish

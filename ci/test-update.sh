@@ -25,17 +25,14 @@
 #        RG_UPDATE_WORK (work directory, default out/test-update)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init test-update
 top=$PWD
 board=qemu-x86_64
 T=${RG_UPDATE_BOOT_TIMEOUT:-240}
 work=${RG_UPDATE_WORK:-$top/out/test-update}
 rm -rf "$work"
 mkdir -p "$work"
-passed=0 failed=0 fails=() notes=()
-ok() { passed=$((passed + 1)); echo "PASS $*"; }
-ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
-check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
-note() { notes+=("$*"); echo "     $*"; }
 have() { grep -qaE "$2" "$1"; }
 t_all=$SECONDS
 loops=() mnts=()
@@ -43,7 +40,7 @@ cleanup() {
     for m in "${mnts[@]}"; do umount "$m" 2>/dev/null; done
     for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
 }
-trap cleanup EXIT
+at_exit cleanup
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 part_off() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable as $t | $t.partitions[] | select(.name == $n) | .start * 512'; }
 part_size() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable.partitions[] | select(.name == $n) | .size * 512'; }
@@ -339,8 +336,6 @@ check "q5: marked good on b, key kept" bash -c "grep -qa 'boot marked good' '$l'
 
 echo
 for n in "${notes[@]}"; do echo "note: $n"; done
-for f in "${fails[@]}"; do echo "failed: $f"; done
 echo "update tests took $((SECONDS - t_all))s"
 [ -n "${RG_UPDATE_KEEP:-}" ] || rm -f "$work"/*.img "$work"/*.disk
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+h_finish

@@ -694,11 +694,19 @@ impl Sim {
                 // Time passes: timers on both (resets the handshake limiter).
                 self.now += Duration::from_millis(250 * u64::from(b.u8() % 16 + 1));
                 let n0 = self.g_wire.sent.len();
-                self.g
-                    .update_timers(self.now, &mut self.scratch, &mut self.g_wire);
+                self.g.update_timers(
+                    self.now,
+                    wall(self.now),
+                    &mut self.scratch,
+                    &mut self.g_wire,
+                );
                 self.route_g(n0);
-                self.p
-                    .update_timers(self.now, &mut self.scratch, &mut self.p_wire);
+                self.p.update_timers(
+                    self.now,
+                    wall(self.now),
+                    &mut self.scratch,
+                    &mut self.p_wire,
+                );
                 self.route_p();
             }
             _ => match b.u8() % 4 {
@@ -836,4 +844,9 @@ fn padded(p: &[u8]) -> Vec<u8> {
     let mut b = p.to_vec();
     b.resize(p.len() + 16, 0);
     b
+}
+
+/// The wall-clock time the fuzzed device is told at `now` (any fixed origin).
+fn wall(now: std::time::Duration) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30) + now
 }

@@ -11,6 +11,7 @@ pub mod core;
 pub mod driver;
 pub mod init;
 pub mod logger;
+pub mod slots;
 pub mod store;
 pub mod sys;
 #[cfg(test)]

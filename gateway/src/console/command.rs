@@ -23,6 +23,13 @@ pub enum Command {
     },
     Set(Vec<String>),
     Delete(Vec<String>),
+    /// `add client NAME [keep-key]`.
+    AddClient {
+        name: String,
+        keep_key: bool,
+    },
+    /// `show client NAME`.
+    ShowClient(String),
     Compare,
     Commit,
     CommitConfirm(u32),
@@ -56,6 +63,7 @@ pub enum Show {
     Peers,
     Status,
     History,
+    Clients,
 }
 
 /// (name, arguments, one-line summary) of every command, in the order `help` lists them.
@@ -67,8 +75,13 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "show",
-        "[candidate|peers|status|history] [private]",
-        "show the running configuration (keys hidden unless `private`)",
+        "[WHAT] [private]",
+        "the running configuration (keys hidden unless `private`), or WHAT: see `help show`",
+    ),
+    (
+        "add",
+        "client NAME [keep-key]",
+        "add a client (phone, laptop): keys, address, its config and QR code",
     ),
     (
         "set",
@@ -77,7 +90,7 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "delete",
-        "interface|peer|gateway|system ...",
+        "interface|peer|client|gateway|system ...",
         "remove settings from the candidate (see `help delete`)",
     ),
     (
@@ -200,6 +213,11 @@ pub const PEER_FIELDS: &[(&str, &str, &str)] = &[
         "PORT",
         "TCP port for this peer's TCP fallback (unset: the endpoint's port)",
     ),
+    (
+        "name",
+        "NAME",
+        "a name for the peer (1-32 of A-Z a-z 0-9 . _ -), as `add client` gives",
+    ),
 ];
 
 /// `set gateway` fields: every [`GatewayConfig`] field in kebab-case.
@@ -261,6 +279,31 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
         "static address(es) for the uplink; adds to the list",
     ),
     ("uplink-gateway", "IP", "default gateway on the uplink"),
+    (
+        "lan",
+        "NAME",
+        "LAN port of a two-armed gateway, routed to the tunnel (unset: one-armed)",
+    ),
+    (
+        "lan-address",
+        "CIDR[,CIDR...]",
+        "address(es) of the LAN port, e.g. 192.168.50.1/24; adds to the list",
+    ),
+    (
+        "proxy-arp",
+        "on|off",
+        "answer ARP/NDP for peers numbered from the uplink/LAN subnet (default on)",
+    ),
+    (
+        "public-endpoint",
+        "HOST:PORT",
+        "what `add client` gives clients as Endpoint (unset: the uplink's address)",
+    ),
+    (
+        "client-dns",
+        "IP[,IP...]",
+        "DNS server(s) `add client` gives clients; replaces the list",
+    ),
 ];
 
 /// `set system` / `delete system` fields (not part of riceguard.conf).
@@ -271,6 +314,8 @@ pub const SYSTEM_FIELDS: &[(&str, &str, &str)] = &[(
 )];
 
 const SECTIONS: &[&str] = &["interface", "peer", "gateway", "system"];
+/// `delete` also takes `client NAME`.
+const DELETE_SECTIONS: &str = "interface, peer, client, gateway, system";
 
 fn words(t: &[(&str, &str, &str)]) -> String {
     t.iter().map(|f| f.0).collect::<Vec<_>>().join(", ")
@@ -308,6 +353,19 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "help" | "?" => Ok(Command::Help(owned())),
         "show" => parse_show(rest),
         "set" => Ok(Command::Set(owned())),
+        "add" => match rest {
+            ["client", name] => Ok(Command::AddClient {
+                name: (*name).to_string(),
+                keep_key: false,
+            }),
+            ["client", name, "keep-key"] => Ok(Command::AddClient {
+                name: (*name).to_string(),
+                keep_key: true,
+            }),
+            ["client", _, w, ..] => Err(unknown(w, "add client NAME", "keep-key")),
+            ["client"] | [] => Err("usage: add client NAME [keep-key] (NAME: e.g. phone)".into()),
+            [w, ..] => Err(unknown(w, "add", "client")),
+        },
         "delete" => Ok(Command::Delete(owned())),
         "compare" => no_args(Command::Compare),
         "commit" => no_args(Command::Commit),
@@ -379,6 +437,17 @@ pub fn parse(line: &str) -> Result<Command, String> {
 }
 
 fn parse_show(rest: &[&str]) -> Result<Command, String> {
+    match rest {
+        ["client", name] => return Ok(Command::ShowClient((*name).to_string())),
+        ["client"] => return Err("usage: show client NAME (`show clients` lists them)".into()),
+        ["client", _, w, ..] => {
+            return Err(format!(
+                "`show client NAME` takes nothing more; unexpected `{}`",
+                v::short(w)
+            ))
+        }
+        _ => {}
+    }
     let mut what = Show::Running;
     let mut private = false;
     for (i, w) in rest.iter().enumerate() {
@@ -389,11 +458,12 @@ fn parse_show(rest: &[&str]) -> Result<Command, String> {
             ("peers", 0) => what = Show::Peers,
             ("status", 0) => what = Show::Status,
             ("history", 0) => what = Show::History,
+            ("clients", 0) => what = Show::Clients,
             _ => {
                 return Err(unknown(
                     w,
                     "show",
-                    "candidate, peers, status, history, private",
+                    "candidate, peers, status, history, clients, client NAME, private",
                 ))
             }
         }
@@ -428,7 +498,8 @@ pub fn help(topic: &[String]) -> Result<String, String> {
             "\nChanges go to a candidate configuration; `commit` checks, saves and applies it.\n\
              To set up a tunnel: genkey, set interface listen-port 51820,\n\
              set interface address 10.0.0.1/24, set peer PUBKEY allowed-ips 10.0.0.2/32,\n\
-             compare, commit; give `pubkey`'s output to the peer.\n",
+             compare, commit; give `pubkey`'s output to the peer.\n\
+             For a phone or laptop: add client NAME, then commit (`help add`).\n",
         );
         return Ok(s);
     };
@@ -442,6 +513,7 @@ pub fn help(topic: &[String]) -> Result<String, String> {
             if verb == "set" {
                 s.push_str("  set peer PUBKEY FIELD VALUE   (PUBKEY: the peer's public key, base64; a new key adds a peer)\n");
             } else {
+                s.push_str("  delete client NAME            remove the peer named NAME (and its kept key, at commit)\n");
                 s.push_str("  delete peer PUBKEY            remove the whole peer\n");
                 s.push_str("  delete peer PUBKEY FIELD [VALUE]   remove one setting (allowed-ips CIDR removes one prefix)\n");
             }
@@ -464,7 +536,22 @@ pub fn help(topic: &[String]) -> Result<String, String> {
                    show candidate [private]  the configuration being edited\n\
                    show peers            live peer state from the running daemon (handshakes, traffic)\n\
                    show status           boot slot, version, uptime, data-plane state\n\
-                   show history          the saved versions `rollback N` can load\n"
+                   show history          the saved versions `rollback N` can load\n\
+                   show clients          the clients (named peers): address, whether the key was kept\n\
+                   show client NAME      a client's configuration and QR code again (its private key\n\
+                   \x20                     only if it was added with keep-key)\n"
+            .to_string(),
+        "add" | "client" => "add client NAME [keep-key] adds a client (a phone, a laptop) to the candidate:\n\
+             - the next free address of the tunnel subnet(s) (`set interface address`), IPv4 and IPv6\n\
+             - a key pair and a preshared key made here\n\
+             - a peer with Name = NAME, AllowedIPs = that address\n\
+             and prints the client's wg-quick configuration between BEGIN/END lines, then the same\n\
+             as a QR code: scan it with the WireGuard app (\"+\", \"scan from QR code\"). `commit` makes the\n\
+             client work. Endpoint is `gateway public-endpoint`, else the uplink's address and the\n\
+             listen port; AllowedIPs are the tunnel and LAN subnets; DNS is `gateway client-dns`.\n\
+             The private key is printed once and not stored, unless keep-key: then it is kept (mode\n\
+             0600, in clients/NAME.key on perm) from `commit` on, for `show client NAME`, until the\n\
+             client is deleted (`delete client NAME`, `commit`).\n"
             .to_string(),
         "commit-confirm" | "confirm" => "commit-confirm MINUTES commits like `commit`, then waits. Unless `confirm` (or another\n\
              `commit`) comes within MINUTES, the previous configuration is restored and applied by\n\
@@ -594,6 +681,7 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 }
                 "preshared-key" => p.preshared_key = Some(v::key(val, "preshared key")?),
                 "tcp-port" => p.tcp_port = Some(v::port(val, "TCP port")?),
+                "name" => p.name = Some(super::client::name(val)?.to_string()),
                 w => return Err(unknown(w, "set peer PUBKEY", &words(PEER_FIELDS))),
             }
             match find_peer(cfg, &k) {
@@ -629,6 +717,15 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "uplink" => g.uplink = v::ifname(val()?, "uplink interface name")?,
                 "uplink-address" => push_unique(&mut g.uplink_addresses, v::cidr_list(val()?)?),
                 "uplink-gateway" => g.uplink_gateway = Some(v::ip(val()?, "uplink gateway")?),
+                "lan" => g.lan = v::ifname(val()?, "LAN interface name")?,
+                "lan-address" => push_unique(&mut g.lan_addresses, v::cidr_list(val()?)?),
+                "proxy-arp" => g.proxy_arp = v::boolean(val()?, &what)?,
+                "public-endpoint" => g.public_endpoint = Some(v::endpoint(val()?)?),
+                "client-dns" => {
+                    let list = v::ip_list(val()?, "client DNS server")?;
+                    g.client_dns.clear();
+                    push_unique(&mut g.client_dns, list);
+                }
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
             Ok(String::new())
@@ -643,7 +740,23 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let not_set = |what: &str| Err(format!("{what} is not set"));
     match a.as_slice() {
-        [] => Err(missing("delete", &SECTIONS.join(", "))),
+        [] => Err(missing("delete", DELETE_SECTIONS)),
+        ["client"] => Err("usage: delete client NAME (`show clients` lists them)".into()),
+        ["client", name] => {
+            let before = cfg.peers.len();
+            cfg.peers.retain(|p| p.name.as_deref() != Some(*name));
+            if cfg.peers.len() == before {
+                return Err(format!(
+                    "there is no client named {} (see `show clients`)",
+                    v::short(name)
+                ));
+            }
+            Ok("client removed; `commit` to apply".into())
+        }
+        ["client", _, extra, ..] => Err(format!(
+            "`delete client NAME` takes nothing more; unexpected `{}`",
+            v::short(extra)
+        )),
         ["interface"] => Err(missing("delete interface", &words(INTERFACE_FIELDS))),
         ["interface", "address"] => {
             cfg.interface.addresses.clear();
@@ -707,6 +820,7 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 ["persistent-keepalive"] => p.persistent_keepalive.take().is_some(),
                 ["preshared-key"] => p.preshared_key.take().is_some(),
                 ["tcp-port"] => p.tcp_port.take().is_some(),
+                ["name"] => p.name.take().is_some(),
                 [w, ..] if PEER_FIELDS.iter().any(|f| f.0 == *w) => {
                     return Err(format!(
                         "`delete peer PUBKEY {w}` takes no value (only allowed-ips does)"
@@ -738,6 +852,11 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 "uplink" => g.uplink = d.uplink,
                 "uplink-address" => g.uplink_addresses = d.uplink_addresses,
                 "uplink-gateway" => g.uplink_gateway = d.uplink_gateway,
+                "lan" => g.lan = d.lan,
+                "lan-address" => g.lan_addresses = d.lan_addresses,
+                "proxy-arp" => g.proxy_arp = d.proxy_arp,
+                "public-endpoint" => g.public_endpoint = d.public_endpoint,
+                "client-dns" => g.client_dns = d.client_dns,
                 w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
             }
             Ok("back to the default".into())
@@ -751,7 +870,7 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
             v::short(extra)
         )),
         ["system", ..] => Err("internal: `delete system` is handled by the session".into()),
-        [w, ..] => Err(unknown(w, "delete", &SECTIONS.join(", "))),
+        [w, ..] => Err(unknown(w, "delete", DELETE_SECTIONS)),
     }
 }
 

@@ -13,6 +13,8 @@
 //! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash
+//! - [`client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
+//!   configuration) and its QR code in Unicode half blocks
 //!
 //! When stdin is a terminal the console prompts, echoes and edits; otherwise it reads
 //! one command per line, answers on stdout, and exits non-zero if any command failed.
@@ -36,10 +38,12 @@
 //! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
 //!   configuration another console saved meanwhile (`discard` reloads it).
 
+pub mod client;
 pub mod command;
 pub mod line;
 pub mod password;
 pub mod peers;
+pub mod qr;
 pub mod session;
 pub mod store;
 pub mod system;
@@ -321,8 +325,9 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
 
 /// The invariants a fuzz target checks on arbitrary console input (used by
 /// `fuzz/fuzz_targets/console_line.rs` and by the seeded test below): the line editor
-/// yields only bounded, printable lines; parsing never panics; a `set`/`delete` that
-/// fails leaves the configuration unchanged, and one that succeeds leaves it consistent.
+/// yields only bounded, printable lines; parsing never panics; a `set`/`delete`/`add
+/// client` that fails leaves the configuration unchanged, and one that succeeds leaves it
+/// consistent; a client configuration `add client` prints reads back with the INI reader.
 pub fn fuzz_check_input(data: &[u8]) {
     let mut editor = LineEditor::new();
     let mut cfg = crate::core::config::Config::default();
@@ -337,6 +342,32 @@ pub fn fuzz_check_input(data: &[u8]) {
                 Ok(command::Command::Delete(_)) => command::apply_delete,
                 Ok(command::Command::Help(t)) => {
                     let _ = command::help(&t);
+                    continue;
+                }
+                Ok(command::Command::AddClient { name, .. }) => {
+                    let before = cfg.clone();
+                    let up = Ok(system::Uplink {
+                        name: "eth0".into(),
+                        addresses: vec![crate::core::net::Cidr {
+                            addr: std::net::IpAddr::from([192, 0, 2, 10]),
+                            prefix: 24,
+                        }],
+                    });
+                    match client::add(&mut cfg, &name, &up) {
+                        Err(_) => {
+                            assert_eq!(cfg, before, "a failed `{l}` changed the configuration")
+                        }
+                        Ok(a) => {
+                            let back = crate::core::ini::parse("client", &a.text.config);
+                            assert!(back.is_ok(), "`{l}` printed {:?}: {back:?}", a.text.config);
+                            // Fits a QR code (40-L holds 2953 bytes); drawing it is
+                            // tested in `qr` (too slow to repeat here).
+                            assert!(a.text.config.len() <= 2953);
+                            if !validate::check_consistency(&cfg).is_empty() {
+                                cfg = before;
+                            }
+                        }
+                    }
                     continue;
                 }
                 _ => continue,
@@ -370,6 +401,11 @@ mod tests {
             b"set gateway cores 0-3\rset gateway tcp-listen 443,8443\r\ndelete gateway cores\n",
             b"delete peer xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg= allowed-ips 10.0.0.2/32\n",
             b"help set\nshow candidate private\ncommit-confirm 5\n",
+            b"set interface private-key yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\nset interface listen-port 51820\n\
+              set interface address 10.0.0.1/29,fd00::1/126\nadd client phone\nadd client tab keep-key\n\
+              set gateway client-dns 10.0.0.1\nset gateway public-endpoint vpn.example:443\nadd client x.y\n",
+            b"set gateway lan eth1\nset gateway lan-address 192.168.1.1/24\nset gateway proxy-arp off\n\
+              delete client phone\ndelete gateway lan\nshow client phone\nshow clients\n",
         ];
         let mut x: u64 = 0xdead_beef_cafe_f00d;
         let mut next = move || {

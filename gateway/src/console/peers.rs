@@ -47,9 +47,10 @@ fn ago(secs: u64) -> String {
     }
 }
 
-/// Format a UAPI `get=1` answer. `now_unix` dates the handshakes. An `errno=N` other
-/// than 0, or a reply that is not UAPI at all, is an error.
-pub fn format_uapi(reply: &str, now_unix: u64) -> Result<String, String> {
+/// Format a UAPI `get=1` answer. `now_unix` dates the handshakes; `names`: peer names
+/// (`Name =`, which UAPI does not carry) by public key, shown after the key. An `errno=N`
+/// other than 0, or a reply that is not UAPI at all, is an error.
+pub fn format_uapi(reply: &str, now_unix: u64, names: &[(Key, String)]) -> Result<String, String> {
     let mut listen = None;
     let mut has_key = false;
     let mut peers: Vec<Peer> = Vec::new();
@@ -100,7 +101,12 @@ pub fn format_uapi(reply: &str, now_unix: u64) -> Result<String, String> {
         s.push_str("no peers\n");
     }
     for p in &peers {
-        let _ = writeln!(s, "\npeer: {}", p.public_key);
+        let name = names
+            .iter()
+            .find(|(k, _)| k.to_base64() == p.public_key)
+            .map(|(_, n)| format!(" ({n})"))
+            .unwrap_or_default();
+        let _ = writeln!(s, "\npeer: {}{name}", p.public_key);
         if let Some(e) = &p.endpoint {
             let _ = writeln!(s, "  endpoint: {e}");
         }
@@ -143,7 +149,13 @@ mod tests {
             Key::generate_private().to_hex(),
             pk.to_hex()
         );
-        let s = format_uapi(&reply, 1042).unwrap();
+        let s = format_uapi(&reply, 1042, &[(pk, "phone".into())]).unwrap();
+        assert!(
+            s.contains(&format!("peer: {} (phone)\n", pk.to_base64())),
+            "{s}"
+        );
+        let unnamed = format_uapi(&reply, 1042, &[]).unwrap();
+        assert!(unnamed.contains(&format!("peer: {}\n", pk.to_base64())));
         assert!(s.contains("listening on port 51820"), "{s}");
         assert!(s.contains(&pk.to_base64()));
         assert!(
@@ -155,12 +167,12 @@ mod tests {
 
     #[test]
     fn errors_and_garbage() {
-        assert!(format_uapi("errno=2\n\n", 0)
+        assert!(format_uapi("errno=2\n\n", 0, &[])
             .unwrap_err()
             .contains("errno=2"));
-        assert!(format_uapi("HTTP/1.1 400\n", 0).is_err());
-        assert!(format_uapi("listen_port=1\n", 0).is_err());
-        assert!(format_uapi("listen_port=1\nerrno=0\n\n", 0)
+        assert!(format_uapi("HTTP/1.1 400\n", 0, &[]).is_err());
+        assert!(format_uapi("listen_port=1\n", 0, &[]).is_err());
+        assert!(format_uapi("listen_port=1\nerrno=0\n\n", 0, &[])
             .unwrap()
             .contains("no peers"));
     }

@@ -6,9 +6,11 @@
 //! Invariants: `running` is what `DIR/riceguard.conf` holds; a command that fails
 //! changes neither `candidate`, `running` nor any file.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use super::client;
 use super::command::{self, Command, Show};
 use super::password;
 use super::peers;
@@ -92,6 +94,9 @@ pub struct Session {
     /// Why the console refuses every command (the password cannot be checked). A pending
     /// `commit-confirm` still rolls back on time.
     locked: Option<String>,
+    /// Private keys of clients added with `keep-key` and not committed yet, by name: like
+    /// the candidate they live in memory until `commit` stores them.
+    kept_pending: HashMap<String, Key>,
 }
 
 const MIN_PASSWORD: usize = 8;
@@ -192,6 +197,7 @@ impl Session {
             pending: None,
             question: None,
             locked: None,
+            kept_pending: HashMap::new(),
         };
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
@@ -366,6 +372,8 @@ impl Session {
                 self.system(false, &args[1..])
             }
             Command::Set(args) => self.edit(|c| command::apply_set(c, &args)),
+            Command::AddClient { name, keep_key } => self.add_client(&name, keep_key),
+            Command::ShowClient(name) => self.show_client(&name),
             Command::Delete(args) => self.edit(|c| command::apply_delete(c, &args)),
             Command::Compare => {
                 let d = diff(
@@ -413,6 +421,7 @@ impl Session {
                     self.running = loaded.config;
                 }
                 self.candidate = self.running.clone();
+                self.kept_pending.clear();
                 Reply::ok(text)
             }
             Command::Rollback(0) => {
@@ -573,7 +582,7 @@ impl Session {
             Show::Peers => {
                 let ifname = self.running.gateway.interface_name.clone();
                 match self.hooks.peers(&ifname) {
-                    Ok(reply) => peers::format_uapi(&reply, self.clock.unix())
+                    Ok(reply) => peers::format_uapi(&reply, self.clock.unix(), &self.peer_names())
                         .map(|s| s.trim_end().to_string())
                         .into(),
                     Err(e) => Reply::err(format!(
@@ -596,6 +605,17 @@ impl Session {
                     lines.push("candidate: uncommitted changes (`compare`)".into());
                 }
                 Reply::ok(lines.join("\n"))
+            }
+            Show::Clients => {
+                let running = &self.running;
+                let committed = |p: &crate::core::config::PeerConfig| {
+                    running
+                        .peers
+                        .iter()
+                        .any(|r| r.public_key == p.public_key && r.name == p.name)
+                };
+                let kept = |p: &crate::core::config::PeerConfig| self.kept_key(p).is_some();
+                Reply::ok(client::list(&self.candidate, kept, committed))
             }
             Show::History => {
                 let list = self.store.history_list();
@@ -632,6 +652,163 @@ impl Session {
                 ))
             }
         }
+    }
+
+    /// Names of the running peers, for `show peers`.
+    fn peer_names(&self) -> Vec<(Key, String)> {
+        self.running
+            .peers
+            .iter()
+            .filter_map(|p| Some((p.public_key, p.name.clone()?)))
+            .collect()
+    }
+
+    /// The kept private key of client `p` (pending or stored), if it matches its public key.
+    fn kept_key(&self, p: &crate::core::config::PeerConfig) -> Option<Key> {
+        let name = p.name.as_deref()?;
+        self.kept_pending
+            .get(name)
+            .copied()
+            .or_else(|| self.store.client_key(name))
+            .filter(|k| k.public() == p.public_key)
+    }
+
+    fn add_client(&mut self, name: &str, keep_key: bool) -> Reply {
+        let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
+        let mut c = self.candidate.clone();
+        let added = match client::add(&mut c, name, &uplink) {
+            Ok(a) => a,
+            Err(e) => return Reply::err(e),
+        };
+        let errs = check_consistency(&c);
+        if !errs.is_empty() {
+            return Reply::err(errs.join("\n  "));
+        }
+        let shown = match client::framed(name, &added.text.config) {
+            Ok(t) => t,
+            Err(e) => return Reply::err(e),
+        };
+        self.candidate = c;
+        if keep_key {
+            self.kept_pending
+                .insert(name.to_string(), added.private_key);
+        } else {
+            self.kept_pending.remove(name);
+        }
+        let mut t = format!(
+            "client {name} added to the candidate: address {}, keys generated here\n",
+            added
+                .peer
+                .allowed_ips
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        t.push_str(&shown);
+        for n in &added.text.notes {
+            let _ = writeln!(t, "note: {n}");
+        }
+        if keep_key {
+            let _ = writeln!(
+                t,
+                "the private key is kept ({} once committed): `show client {name}` reprints all of this",
+                self.store.client_key_path(name).display()
+            );
+        } else {
+            let _ = writeln!(
+                t,
+                "the private key above is shown once and not stored: scan or copy it now \
+                 (`add client {name} keep-key` keeps it)"
+            );
+        }
+        t.push_str("`commit` to apply: the client can connect after that");
+        Reply::ok(t)
+    }
+
+    fn show_client(&mut self, name: &str) -> Reply {
+        let Some(p) = client::find(&self.candidate, name).cloned() else {
+            return Reply::err(format!(
+                "there is no client named {} (`show clients` lists them)",
+                super::validate::short(name)
+            ));
+        };
+        let key = self.kept_key(&p);
+        let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
+        let text = match client::client_config(&self.candidate, &p, key.as_ref(), &uplink) {
+            Ok(t) => t,
+            Err(e) => return Reply::err(e),
+        };
+        let mut t = match client::framed(name, &text.config) {
+            Ok(f) => f,
+            Err(e) => return Reply::err(e),
+        };
+        for n in &text.notes {
+            let _ = writeln!(t, "note: {n}");
+        }
+        if key.is_none() {
+            let _ = writeln!(
+                t,
+                "note: the private key was not kept, so this configuration cannot connect as it is; \
+                 `delete client {name}` and `add client {name}` make a new one"
+            );
+        }
+        let committed = self
+            .running
+            .peers
+            .iter()
+            .any(|r| r.public_key == p.public_key && r.name == p.name);
+        if !committed {
+            let _ = writeln!(t, "note: not committed yet: `commit` to apply");
+        }
+        Reply::ok(t.trim_end())
+    }
+
+    /// After a commit: store the kept keys of clients the saved configuration now has,
+    /// remove those of clients it no longer has (deleted, or rolled back). Says what it did.
+    fn sync_client_keys(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let has = |cfg: &Config, name: &str, k: &Key| {
+            cfg.peers
+                .iter()
+                .any(|p| p.name.as_deref() == Some(name) && p.public_key == k.public())
+        };
+        let pending: Vec<(String, Key)> = self.kept_pending.drain().collect();
+        for (name, k) in pending {
+            if !has(&self.running, &name, &k) {
+                // Not committed (yet): keep waiting, as the candidate does.
+                self.kept_pending.insert(name, k);
+                continue;
+            }
+            match self.store.set_client_key(&name, Some(&k)) {
+                Ok(()) => out.push(format!(
+                    "kept the private key of client {name} in {}",
+                    self.store.client_key_path(&name).display()
+                )),
+                Err(e) => out.push(format!(
+                    "warning: the private key of client {name} could not be kept ({e}): \
+                     it was shown by `add client`; without it, add the client again"
+                )),
+            }
+        }
+        for name in self.store.client_key_names() {
+            let keep = self
+                .store
+                .client_key(&name)
+                .is_some_and(|k| has(&self.running, &name, &k));
+            if keep {
+                continue;
+            }
+            match self.store.set_client_key(&name, None) {
+                Ok(()) => out.push(format!(
+                    "removed the kept private key of client {name} (no longer a peer)"
+                )),
+                Err(e) => out.push(format!(
+                    "warning: the kept private key of removed client {name} could not be deleted: {e}"
+                )),
+            }
+        }
+        out
     }
 
     fn system(&mut self, set: bool, args: &[String]) -> Reply {
@@ -711,6 +888,7 @@ impl Session {
 
     fn factory_reset(&mut self, erase_history: bool) -> Reply {
         let mut fresh = Config::default();
+        self.kept_pending.clear();
         let k = Key::generate_private();
         fresh.interface.private_key = Some(k);
         let msg = match self.save_and_apply(fresh) {
@@ -807,8 +985,12 @@ impl Session {
             Ok(m) => m,
             Err(e) => format!("{e}; the saved configuration applies when the gateway next starts"),
         };
+        let mut keys = self.sync_client_keys().join("\n");
+        if !keys.is_empty() {
+            keys.insert(0, '\n');
+        }
         Ok(format!(
-            "committed and saved to {}\n{applied}",
+            "committed and saved to {}\n{applied}{keys}",
             self.store.conf_path().display()
         ))
     }

@@ -6,6 +6,9 @@
 //! DIR/console.passwd              optional console password (salted, iterated hash), mode 0600
 //! DIR/commit-confirm              present while a `commit-confirm` waits for `confirm`: the
 //!                                 unix time of its deadline (a restarted console resumes it)
+//! DIR/clients/NAME.key            the private key of client NAME (`add client NAME keep-key`),
+//!                                 base64, mode 0600; only while the saved configuration has
+//!                                 a peer named NAME with the matching public key
 //! DIR/.lock                       flock()ed while a commit checks and replaces the files
 //! DIR/.riceguard.conf.tmp         only between the steps of an atomic write
 //! ```
@@ -18,7 +21,7 @@
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -26,6 +29,7 @@ use std::time::SystemTime;
 
 use super::validate::validate_candidate;
 use crate::core::config::Config;
+use crate::core::key::Key;
 use crate::store::{self as durable, SECRET};
 
 pub const CONF: &str = "riceguard.conf";
@@ -35,6 +39,8 @@ pub const KEEP: usize = 10;
 pub const PASSWD: &str = "console.passwd";
 pub const CONFIRM: &str = "commit-confirm";
 pub const LOCK: &str = ".lock";
+/// Kept client private keys (`add client NAME keep-key`).
+pub const CLIENTS: &str = "clients";
 
 /// Turns a [`Config`] into file text and back.
 pub trait Format {
@@ -361,6 +367,62 @@ impl<F: Format> Store<F> {
         }
     }
 
+    /// Where the kept private key of client `name` (a valid peer name: no `/`, no
+    /// leading `.`) is stored.
+    pub fn client_key_path(&self, name: &str) -> PathBuf {
+        self.dir.join(CLIENTS).join(format!("{name}.key"))
+    }
+
+    /// The kept private key of client `name`, if there is one that reads as a key.
+    pub fn client_key(&self, name: &str) -> Option<Key> {
+        if !crate::core::config::valid_peer_name(name) {
+            return None;
+        }
+        let text = std::fs::read_to_string(self.client_key_path(name)).ok()?;
+        Key::from_base64(text.trim()).ok()
+    }
+
+    /// Keep (mode 0600) or remove (`None`) the private key of client `name`.
+    pub fn set_client_key(&self, name: &str, key: Option<&Key>) -> Result<(), StoreError> {
+        let p = self.client_key_path(name);
+        if !crate::core::config::valid_peer_name(name) {
+            return Err(StoreError::Unusable {
+                path: p,
+                msg: "not a client name".into(),
+            });
+        }
+        match key {
+            Some(k) => {
+                let d = self.dir.join(CLIENTS);
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&d)
+                    .map_err(io_err(&d))?;
+                durable::write(&p, format!("{}\n", k.to_base64()).as_bytes(), SECRET)
+                    .map_err(io_err(&p))
+            }
+            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
+        }
+    }
+
+    /// The names of the clients whose key is kept (files `clients/NAME.key`).
+    pub fn client_key_names(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(self.dir.join(CLIENTS)) else {
+            return Vec::new();
+        };
+        let mut v: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().into_string().ok()?;
+                let stem = n.strip_suffix(".key")?;
+                crate::core::config::valid_peer_name(stem).then(|| stem.to_string())
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The deadline (unix seconds) of a pending `commit-confirm`, if one is recorded.
     pub fn pending_confirm(&self) -> Option<u64> {
         std::fs::read_to_string(self.dir.join(CONFIRM))
@@ -497,6 +559,33 @@ pub(crate) mod tests {
         assert_eq!(s.pending_confirm(), Some(1234));
         s.set_pending_confirm(None).unwrap();
         assert_eq!(s.pending_confirm(), None);
+    }
+
+    #[test]
+    fn client_keys_kept_0600_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = TempDir::new("clientkeys");
+        let s = Store::new(&d.0, TableFormat);
+        assert_eq!(s.client_key("phone"), None);
+        assert!(s.client_key_names().is_empty());
+        let k = Key::generate_private();
+        s.set_client_key("phone", Some(&k)).unwrap();
+        assert_eq!(s.client_key("phone"), Some(k));
+        let mode = std::fs::metadata(s.client_key_path("phone"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        std::fs::write(d.0.join(CLIENTS).join("README"), "x").unwrap();
+        std::fs::write(d.0.join(CLIENTS).join(".hidden.key"), "x").unwrap();
+        assert_eq!(s.client_key_names(), vec!["phone".to_string()]);
+        assert!(s.set_client_key("../x", Some(&k)).is_err());
+        assert_eq!(s.client_key("../phone"), None);
+        std::fs::write(s.client_key_path("phone"), "garbage\n").unwrap();
+        assert_eq!(s.client_key("phone"), None);
+        s.set_client_key("phone", None).unwrap();
+        s.set_client_key("phone", None).unwrap();
+        assert!(s.client_key_names().is_empty());
     }
 
     /// Only a missing file on a mounted perm means no password.

@@ -51,6 +51,13 @@ pub struct JobReport {
     pub ok: bool,
 }
 
+/// The uplink and its current addresses (DHCP may have given them), for `add client`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uplink {
+    pub name: String,
+    pub addresses: Vec<crate::core::net::Cidr>,
+}
+
 /// What the console asks of the rest of the appliance.
 pub trait Hooks {
     /// Make the running daemon apply `saved` (the file just committed). `Ok` says what
@@ -81,6 +88,83 @@ pub trait Hooks {
     fn job_done(&mut self) -> Option<JobReport> {
         None
     }
+    /// The uplink's name and current addresses: `configured` (`[Gateway] Uplink`) or,
+    /// when that is empty, the interface of the default route, else the first Ethernet
+    /// NIC (as init picks it). `Err` says why it is not known.
+    fn uplink(&mut self, _configured: &str) -> Result<Uplink, String> {
+        Err("the uplink's addresses are not available in this mode".into())
+    }
+}
+
+/// The interface of the IPv4 default route in `/proc/net/route` text (the lowest metric
+/// of the routes that are up).
+pub fn default_route_dev(proc_net_route: &str) -> Option<String> {
+    proc_net_route
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (dev, dst, flags, metric, mask) =
+                (f.first()?, f.get(1)?, f.get(3)?, f.get(6)?, f.get(7)?);
+            let up = u32::from_str_radix(flags, 16).ok()? & 1 == 1;
+            if !(up && *dst == "00000000" && *mask == "00000000") {
+                return None;
+            }
+            Some((metric.parse::<u32>().ok()?, dev.to_string()))
+        })
+        .min()
+        .map(|(_, d)| d)
+}
+
+/// The first physical (has a `device`) network interface by name, as init picks the uplink.
+fn first_ethernet() -> Option<String> {
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "lo" && Path::new("/sys/class/net").join(n).join("device").exists())
+        .collect();
+    names.sort();
+    names.into_iter().next()
+}
+
+/// The addresses on interface `name` now, with their prefix lengths.
+pub fn interface_addresses(name: &str) -> Result<Vec<crate::core::net::Cidr>, String> {
+    use crate::core::net::Cidr;
+    use std::net::IpAddr;
+    let list = nix::ifaddrs::getifaddrs().map_err(|e| format!("cannot list addresses: {e}"))?;
+    let mut out = Vec::new();
+    let mut found = false;
+    for ifa in list {
+        if ifa.interface_name != name {
+            continue;
+        }
+        found = true;
+        let Some(a) = ifa.address else { continue };
+        let m = ifa.netmask;
+        let c = if let Some(v4) = a.as_sockaddr_in() {
+            let prefix = m
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in())
+                .map_or(32, |m| u32::from(m.ip()).count_ones());
+            Cidr::new(IpAddr::V4(v4.ip()), prefix as u8)
+        } else if let Some(v6) = a.as_sockaddr_in6() {
+            let prefix = m
+                .as_ref()
+                .and_then(|m| m.as_sockaddr_in6())
+                .map_or(128, |m| u128::from(m.ip()).count_ones());
+            Cidr::new(IpAddr::V6(v6.ip()), prefix as u8)
+        } else {
+            None
+        };
+        if let Some(c) = c {
+            out.push(c);
+        }
+    }
+    if !found && !Path::new("/sys/class/net").join(name).exists() {
+        return Err(format!("there is no interface {name}"));
+    }
+    Ok(out)
 }
 
 /// The longest an update may take, download included (the HTTP client only bounds each
@@ -510,6 +594,20 @@ impl Hooks for SystemHooks {
         Some(r)
     }
 
+    fn uplink(&mut self, configured: &str) -> Result<Uplink, String> {
+        let name = if configured.is_empty() {
+            std::fs::read_to_string("/proc/net/route")
+                .ok()
+                .and_then(|t| default_route_dev(&t))
+                .or_else(first_ethernet)
+                .ok_or("no uplink: no `gateway uplink` is set, there is no default route and no Ethernet NIC")?
+        } else {
+            configured.to_string()
+        };
+        let addresses = interface_addresses(&name).map_err(|e| format!("uplink {name}: {e}"))?;
+        Ok(Uplink { name, addresses })
+    }
+
     fn reboot(&mut self) -> String {
         if !on_appliance() {
             return "host mode: not rebooting (on the appliance this asks init, PID 1, to reboot)"
@@ -567,6 +665,29 @@ mod tests {
         assert_eq!(slot_from_cmdline("quiet"), None);
         assert_eq!(format_uptime(59), "0 min 59 s");
         assert_eq!(format_uptime(3 * 86400 + 7200 + 60), "3 d 2 h 1 min");
+    }
+
+    #[test]
+    fn default_route_from_proc() {
+        let t =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                 eth1\t00000000\t0101A8C0\t0003\t0\t0\t200\t00000000\t0\t0\t0\n\
+                 eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n\
+                 eth2\t00000000\t010200C0\t0002\t0\t0\t1\t00000000\t0\t0\t0\n\
+                 eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        assert_eq!(default_route_dev(t).as_deref(), Some("eth0"));
+        assert_eq!(default_route_dev("Iface\tDestination\n"), None);
+        assert_eq!(default_route_dev("junk\n\nx y\n"), None);
+    }
+
+    /// The loopback interface always exists: its addresses are read with prefixes.
+    #[test]
+    fn loopback_addresses() {
+        let a = interface_addresses("lo").unwrap();
+        assert!(a.iter().any(|c| c.to_string() == "127.0.0.1/8"), "{a:?}");
+        assert!(interface_addresses("rgc-nonexist0")
+            .unwrap_err()
+            .contains("no interface"));
     }
 
     #[test]

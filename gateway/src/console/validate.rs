@@ -11,13 +11,51 @@ use crate::core::config::{Config, Endpoint, OffloadMode};
 use crate::core::key::Key;
 use crate::core::net::Cidr;
 
-pub fn key(s: &str, what: &str) -> Result<Key, String> {
-    Key::from_base64(s).map_err(|_| {
-        format!(
-            "`{}` is not a valid {what}: a key is 44 characters of base64 (as `genkey` prints)",
-            short(s)
+/// A value the console refused: what was typed (cut for echoing), what it was meant to
+/// be, and what is expected instead. Every field parser here returns it; the message is
+/// `` `VALUE` is not a valid WHAT: expected EXPECTED ``.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueError {
+    /// The input as typed, cut with [`short`].
+    pub value: String,
+    /// What the value was for (`listen port`, `fwmark`, ...).
+    pub what: String,
+    /// What would have been accepted.
+    pub expected: String,
+}
+
+impl ValueError {
+    pub fn new(value: &str, what: impl Into<String>, expected: impl Into<String>) -> Self {
+        ValueError {
+            value: short(value),
+            what: what.into(),
+            expected: expected.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ValueError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` is not a valid {}: expected {}",
+            self.value, self.what, self.expected
         )
-    })
+    }
+}
+
+impl std::error::Error for ValueError {}
+
+/// The console's commands answer with text; a refused value becomes its message.
+impl From<ValueError> for String {
+    fn from(e: ValueError) -> String {
+        e.to_string()
+    }
+}
+
+pub fn key(s: &str, what: &str) -> Result<Key, ValueError> {
+    Key::from_base64(s)
+        .map_err(|_| ValueError::new(s, what, "44 characters of base64, as `genkey` prints"))
 }
 
 /// Cut untrusted input for echoing in a message.
@@ -29,13 +67,10 @@ pub fn short(s: &str) -> String {
     }
 }
 
-pub fn port(s: &str, what: &str) -> Result<u16, String> {
+pub fn port(s: &str, what: &str) -> Result<u16, ValueError> {
     match s.parse::<u16>() {
         Ok(p) if p > 0 && s.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
-        _ => Err(format!(
-            "`{}` is not a valid {what}: expected a port number from 1 to 65535",
-            short(s)
-        )),
+        _ => Err(ValueError::new(s, what, "a port number from 1 to 65535")),
     }
 }
 
@@ -44,58 +79,50 @@ pub fn number<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(
     what: &str,
     min: T,
     max: T,
-) -> Result<T, String> {
+) -> Result<T, ValueError> {
     match s.parse::<T>() {
         Ok(v) if s.bytes().all(|b| b.is_ascii_digit()) && v >= min && v <= max => Ok(v),
-        _ => Err(format!(
-            "`{}` is not a valid {what}: expected a number from {min} to {max}",
-            short(s)
+        _ => Err(ValueError::new(
+            s,
+            what,
+            format!("a number from {min} to {max}"),
         )),
     }
 }
 
 /// Decimal or `0x` hexadecimal, as `wg` accepts for fwmark.
-pub fn fwmark(s: &str) -> Result<u32, String> {
+pub fn fwmark(s: &str) -> Result<u32, ValueError> {
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) if !h.is_empty() => u32::from_str_radix(h, 16).ok(),
         Some(_) => None,
         None if s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
         None => None,
     };
-    r.ok_or_else(|| {
-        format!(
-            "`{}` is not a valid fwmark: expected a number (decimal or 0x hex) up to 0xffffffff",
-            short(s)
-        )
-    })
+    r.ok_or_else(|| ValueError::new(s, "fwmark", "a number (decimal or 0x hex) up to 0xffffffff"))
 }
 
-pub fn cidr(s: &str) -> Result<Cidr, String> {
-    s.parse::<Cidr>().map_err(|e| e.to_string())
+pub fn cidr(s: &str) -> Result<Cidr, ValueError> {
+    s.parse::<Cidr>()
+        .map_err(|_| ValueError::new(s, "address or prefix", "e.g. 10.0.0.1/24 or fd00::1/64"))
 }
 
 /// `CIDR[,CIDR...]`; empty items are an error (a stray comma usually hides a typo).
-pub fn cidr_list(s: &str) -> Result<Vec<Cidr>, String> {
+pub fn cidr_list(s: &str) -> Result<Vec<Cidr>, ValueError> {
     s.split(',').map(|p| cidr(p.trim())).collect()
 }
 
 /// [`cidr_list`] with host bits cleared: allowed IPs are prefixes, not addresses.
-pub fn prefix_list(s: &str) -> Result<Vec<Cidr>, String> {
+pub fn prefix_list(s: &str) -> Result<Vec<Cidr>, ValueError> {
     Ok(cidr_list(s)?.iter().map(Cidr::network).collect())
 }
 
-pub fn port_list(s: &str, what: &str) -> Result<Vec<u16>, String> {
+pub fn port_list(s: &str, what: &str) -> Result<Vec<u16>, ValueError> {
     s.split(',').map(|p| port(p.trim(), what)).collect()
 }
 
 /// `0,1,2` or ranges `0-3,6`.
-pub fn core_list(s: &str) -> Result<Vec<usize>, String> {
-    let bad = || {
-        format!(
-            "`{}` is not a core list: expected numbers or ranges such as 0,1 or 0-3",
-            short(s)
-        )
-    };
+pub fn core_list(s: &str) -> Result<Vec<usize>, ValueError> {
+    let bad = || ValueError::new(s, "core list", "numbers or ranges such as 0,1 or 0-3");
     let mut out = Vec::new();
     for item in s.split(',') {
         let item = item.trim();
@@ -114,32 +141,30 @@ pub fn core_list(s: &str) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
-pub fn boolean(s: &str, what: &str) -> Result<bool, String> {
+pub fn boolean(s: &str, what: &str) -> Result<bool, ValueError> {
     match s.to_ascii_lowercase().as_str() {
         "on" | "true" | "yes" | "enable" | "enabled" | "1" => Ok(true),
         "off" | "false" | "no" | "disable" | "disabled" | "0" => Ok(false),
-        _ => Err(format!(
-            "`{}` is not valid for {what}: expected on or off",
-            short(s)
-        )),
+        _ => Err(ValueError::new(s, what, "on or off")),
     }
 }
 
-pub fn offload(s: &str) -> Result<OffloadMode, String> {
+pub fn offload(s: &str) -> Result<OffloadMode, ValueError> {
     match s.to_ascii_lowercase().as_str() {
         "auto" => Ok(OffloadMode::Auto),
         "gso" => Ok(OffloadMode::Gso),
         "mmsg" => Ok(OffloadMode::Mmsg),
         "off" => Ok(OffloadMode::Off),
-        _ => Err(format!(
-            "`{}` is not an offload mode: expected one of auto, gso, mmsg, off",
-            short(s)
+        _ => Err(ValueError::new(
+            s,
+            "offload mode",
+            "one of auto, gso, mmsg, off",
         )),
     }
 }
 
 /// A Linux interface name: 1 to 15 characters, no `/`, whitespace, or `:`.
-pub fn ifname(s: &str, what: &str) -> Result<String, String> {
+pub fn ifname(s: &str, what: &str) -> Result<String, ValueError> {
     let ok = !s.is_empty()
         && s.len() <= 15
         && s != "."
@@ -149,28 +174,31 @@ pub fn ifname(s: &str, what: &str) -> Result<String, String> {
     if ok {
         Ok(s.to_string())
     } else {
-        Err(format!(
-            "`{}` is not a valid {what}: expected 1 to 15 letters, digits or - _ . (e.g. wg0, eth0)",
-            short(s)
+        Err(ValueError::new(
+            s,
+            what,
+            "1 to 15 letters, digits or - _ . (e.g. wg0, eth0)",
         ))
     }
 }
 
-pub fn ip(s: &str, what: &str) -> Result<IpAddr, String> {
-    s.parse().map_err(|_| {
-        format!(
-            "`{}` is not a valid {what}: expected an IP address such as 192.0.2.1",
-            short(s)
-        )
-    })
+pub fn ip(s: &str, what: &str) -> Result<IpAddr, ValueError> {
+    s.parse()
+        .map_err(|_| ValueError::new(s, what, "an IP address such as 192.0.2.1"))
+}
+
+/// `IP[,IP...]`; empty items are an error.
+pub fn ip_list(s: &str, what: &str) -> Result<Vec<IpAddr>, ValueError> {
+    s.split(',').map(|p| ip(p.trim(), what)).collect()
 }
 
 /// `1.2.3.4:51820`, `[fd00::1]:51820` or `vpn.example.com:51820`.
-pub fn endpoint(s: &str) -> Result<Endpoint, String> {
+pub fn endpoint(s: &str) -> Result<Endpoint, ValueError> {
     let bad = || {
-        format!(
-            "`{}` is not a valid endpoint: expected HOST:PORT, e.g. 192.0.2.7:51820, [2001:db8::7]:51820 or vpn.example.com:51820",
-            short(s)
+        ValueError::new(
+            s,
+            "endpoint",
+            "HOST:PORT, e.g. 192.0.2.7:51820, [2001:db8::7]:51820 or vpn.example.com:51820",
         )
     };
     if let Ok(sa) = s.parse::<SocketAddr>() {
@@ -235,8 +263,27 @@ pub fn check_consistency(cfg: &Config) -> Vec<String> {
             }
         }
     }
+    let mut names: Vec<&str> = Vec::new();
+    for p in &cfg.peers {
+        if let Some(n) = &p.name {
+            if names.contains(&n.as_str()) {
+                errs.push(format!(
+                    "two peers are named {}: peer names must differ",
+                    short(n)
+                ));
+            }
+            names.push(n);
+        }
+    }
     if let Err(e) = ifname(&cfg.gateway.interface_name, "gateway interface-name") {
-        errs.push(e);
+        errs.push(e.to_string());
+    }
+    let g = &cfg.gateway;
+    if !g.lan.is_empty() && g.lan == g.uplink {
+        errs.push(format!(
+            "the LAN port {} is the uplink too: for a one-armed gateway leave `gateway lan` unset",
+            g.lan
+        ));
     }
     if cfg.gateway.buffers == 0 {
         errs.push("gateway buffers must be at least 1".into());
@@ -322,9 +369,11 @@ mod tests {
         ] {
             assert!(endpoint(bad).is_err(), "{bad}");
         }
-        assert!(key("nope", "public key")
-            .unwrap_err()
-            .contains("44 characters"));
+        let e = key("nope", "public key").unwrap_err();
+        assert_eq!((e.value.as_str(), e.what.as_str()), ("nope", "public key"));
+        assert!(e.to_string().contains("44 characters"), "{e}");
+        let long = "y".repeat(100);
+        assert!(key(&long, "k").unwrap_err().value.chars().count() <= 49);
         assert!(
             ifname("wg0", "n").is_ok()
                 && ifname("a/b", "n").is_err()
@@ -333,6 +382,7 @@ mod tests {
         assert_eq!(boolean("OFF", "x"), Ok(false));
         assert!(offload("fast")
             .unwrap_err()
+            .to_string()
             .contains("auto, gso, mmsg, off"));
     }
 
@@ -358,5 +408,14 @@ mod tests {
         assert!(validate_candidate(&c).unwrap_err()[0].contains("twice"));
         c.peers[1] = peer(sk.public(), "10.9.0.0/24");
         assert!(validate_candidate(&c).unwrap_err()[0].contains("own public key"));
+        c.peers[1] = peer(b, "10.9.0.0/24");
+        c.peers[0].name = Some("phone".into());
+        c.peers[1].name = Some("phone".into());
+        assert!(check_consistency(&c)[0].contains("two peers are named phone"));
+        c.peers[1].name = Some("laptop".into());
+        assert_eq!(validate_candidate(&c), Ok(()));
+        c.gateway.uplink = "eth0".into();
+        c.gateway.lan = "eth0".into();
+        assert!(check_consistency(&c)[0].contains("is the uplink too"));
     }
 }

@@ -366,19 +366,7 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    /// xorshift64*: a tiny seeded generator so failures replay.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-    }
+    use crate::testutil::Rng;
 
     fn c(s: &str) -> Cidr {
         s.parse().unwrap()

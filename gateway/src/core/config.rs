@@ -51,6 +51,21 @@ pub struct PeerConfig {
     pub name: Option<String>,
 }
 
+impl PeerConfig {
+    /// A peer with only its key: no allowed IPs, endpoint, keepalive or name.
+    pub fn new(public_key: Key) -> PeerConfig {
+        PeerConfig {
+            public_key,
+            preshared_key: None,
+            allowed_ips: Vec::new(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+            name: None,
+        }
+    }
+}
+
 /// A peer endpoint as written: either an address or a name to resolve.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -259,7 +274,8 @@ impl FromStr for Endpoint {
 pub fn valid_peer_name(s: &str) -> bool {
     (1..=32).contains(&s.len())
         && !s.starts_with(['-', '.'])
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// A Linux interface name: 1-15 bytes, no `/`, `:`, whitespace or control characters,
@@ -435,7 +451,9 @@ impl Config {
             }
         }
         if !g.lan.is_empty() && g.lan == g.uplink {
-            return Err(ValidationError::LanIsUplink { name: g.lan.clone() });
+            return Err(ValidationError::LanIsUplink {
+                name: g.lan.clone(),
+            });
         }
         let mut names: Vec<&str> = Vec::new();
         for p in &self.peers {

@@ -180,8 +180,10 @@ pub struct PeerState {
     pub endpoint: Option<PeerAddr>,
     pub preshared_key: Option<Key>,
     pub persistent_keepalive: Option<u16>,
-    /// Wall-clock time of the last completed handshake (UAPI `last_handshake_time`).
-    pub last_handshake: Option<SystemTime>,
+    /// When the last handshake completed, on the device's monotonic clock (the `now` of
+    /// `update_timers`); `peer_stats` dates it with the wall-clock time the last
+    /// `update_timers` was given (UAPI `last_handshake_time`): core reads no clock.
+    pub last_handshake: Option<Duration>,
     /// Bytes of WireGuard messages sent and received (UAPI `tx_bytes`/`rx_bytes`).
     pub tx_bytes: u64,
     pub rx_bytes: u64,
@@ -368,6 +370,8 @@ pub struct Device {
     mtu: AtomicU32,
     /// The `now` of the latest `update_timers`, in milliseconds.
     tick_ms: AtomicU64,
+    /// The wall-clock time given to the latest `update_timers`, in ms since the epoch.
+    tick_wall_ms: AtomicU64,
     pub drops: DropCounters,
 }
 
@@ -407,6 +411,7 @@ impl Device {
             config: Mutex::new(Config::default()),
             mtu: AtomicU32::new(0),
             tick_ms: AtomicU64::new(0),
+            tick_wall_ms: AtomicU64::new(0),
             drops: DropCounters::default(),
         }
     }
@@ -808,13 +813,12 @@ impl Device {
         match verdict {
             Verdict::HandshakeCompleted => {
                 st.events.handshakes_answered[tidx(&from)] += 1;
-                st.last_handshake = Some(SystemTime::now());
+                st.last_handshake = Some(self.device_now());
                 note = Some(Note::HandshakeCompleted);
             }
-            Verdict::HandshakeAnswered => st.last_handshake = Some(SystemTime::now()),
+            Verdict::HandshakeAnswered => st.last_handshake = Some(self.device_now()),
             Verdict::Data { keepalive: false } if st.keepalive_owed_since.is_none() => {
-                st.keepalive_owed_since =
-                    Some(Duration::from_millis(self.tick_ms.load(Ordering::Relaxed)));
+                st.keepalive_owed_since = Some(self.device_now());
             }
             _ => {}
         }
@@ -885,9 +889,20 @@ impl Device {
     /// Drive every peer's timers: retransmit handshakes, rekey, keepalives. Call a few
     /// times a second (boringtun's timers have one-second granularity). `now` is a
     /// monotonic time (any origin, never going back); it times the passive keepalive.
-    pub fn update_timers(&self, now: Duration, scratch: &mut [u8], io: &mut impl Io) {
+    /// `wall` is the wall-clock time at `now`, which dates handshakes for `peer_stats`.
+    pub fn update_timers(
+        &self,
+        now: Duration,
+        wall: SystemTime,
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
         self.tick_ms
             .store(now.as_millis() as u64, Ordering::Relaxed);
+        let wall_ms = wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.tick_wall_ms.store(wall_ms, Ordering::Relaxed);
         let table = self.snapshot();
         if let Some(id) = &table.identity {
             id.rate_limiter.reset_count();
@@ -925,8 +940,8 @@ impl Device {
                 }
             }
             if let Some(age) = session_age {
-                // Keep the wall-clock handshake time in step with boringtun's view.
-                st.last_handshake = SystemTime::now().checked_sub(age);
+                // Keep the handshake time in step with boringtun's view.
+                st.last_handshake = Some(now.saturating_sub(age));
             }
         }
         for k in established_now {
@@ -986,9 +1001,19 @@ impl Device {
         Some((st.events, st.endpoint))
     }
 
+    /// The device's monotonic time: the `now` of the last `update_timers` (a tick old at
+    /// most).
+    fn device_now(&self) -> Duration {
+        Duration::from_millis(self.tick_ms.load(Ordering::Relaxed))
+    }
+
     /// Per-peer figures for `wg show` and the console.
     pub fn peer_stats(&self) -> Vec<PeerStats> {
         let table = self.snapshot();
+        // Both from the same tick, so a handshake's date does not move between calls.
+        let dev_now = self.device_now();
+        let wall_now = SystemTime::UNIX_EPOCH
+            + Duration::from_millis(self.tick_wall_ms.load(Ordering::Relaxed));
         table
             .peers()
             .iter()
@@ -998,7 +1023,9 @@ impl Device {
                     public_key: p.public_key,
                     preshared_key: st.preshared_key,
                     endpoint: st.endpoint,
-                    last_handshake: st.last_handshake,
+                    last_handshake: st
+                        .last_handshake
+                        .and_then(|t| wall_now.checked_sub(dev_now.saturating_sub(t))),
                     tx_bytes: st.tx_bytes,
                     rx_bytes: st.rx_bytes,
                     persistent_keepalive: st.persistent_keepalive,

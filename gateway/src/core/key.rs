@@ -92,6 +92,14 @@ impl Key {
         Key(k)
     }
 
+    /// A new preshared key: 32 random bytes from the OS random source, as `wg genpsk`.
+    pub fn generate_preshared() -> Key {
+        use rand_core::RngCore as _;
+        let mut k = [0u8; 32];
+        rand_core::OsRng.fill_bytes(&mut k);
+        Key(k)
+    }
+
     /// The public key of this private key.
     pub fn public(&self) -> Key {
         let secret = x25519::StaticSecret::from(self.0);
@@ -133,6 +141,13 @@ mod tests {
         assert_eq!(Key::from_hex(&k.to_hex()).unwrap(), k);
         assert_eq!(k.0[0] & 7, 0);
         assert_eq!(k.0[31] & 0xc0, 0x40);
+    }
+
+    #[test]
+    fn preshared_keys_are_random() {
+        let (a, b) = (Key::generate_preshared(), Key::generate_preshared());
+        assert_ne!(a, b);
+        assert!(!a.is_zero());
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod gso;
 pub mod ini;
 pub mod key;
 pub mod net;
+pub mod netplan;
 pub mod offload;
 pub mod uapi;
 

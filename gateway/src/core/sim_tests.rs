@@ -99,8 +99,12 @@ fn send_tun(n: &mut Node, pkt: &[u8]) {
 
 fn timers(n: &mut Node) {
     let mut scratch = vec![0u8; SCRATCH_SIZE];
-    n.dev
-        .update_timers(MockClock::time(), &mut scratch, &mut n.wire);
+    n.dev.update_timers(
+        MockClock::time(),
+        std::time::UNIX_EPOCH + Duration::from_secs(1 << 30) + MockClock::time(),
+        &mut scratch,
+        &mut n.wire,
+    );
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! the process around them (the drop-in `riceguard IFNAME` and the appliance daemon
 //! `riceguard up --config FILE`).
 
+pub mod netconf;
 pub mod offload_io;
 pub mod status;
 pub mod uapi;
@@ -795,9 +796,14 @@ fn run(opts: Opts) -> Result<(), String> {
         }
     );
     let listener = uapi::bind(&ifname).map_err(|e| format!("UAPI socket: {e}"))?;
-    if appliance {
-        apply_interface_settings(&ifname, &cfg)?;
-    }
+    // Appliance mode only: the drop-in form leaves the network to wg-quick.
+    let netconf = if appliance {
+        Some(Arc::new(
+            netconf::NetConf::start(&ifname, &cfg).map_err(|e| e.to_string())?,
+        ))
+    } else {
+        None
+    };
     if !opts.foreground {
         // The log goes to $RG_LOG_FILE when set (wireguard-go's daemon is silent too).
         let log_file = std::env::var("RG_LOG_FILE").ok();
@@ -982,8 +988,12 @@ fn run(opts: Opts) -> Result<(), String> {
                     }
                     ticks += 1;
                     let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
-                    sh.device
-                        .update_timers(start.elapsed(), &mut scratch, &mut io);
+                    sh.device.update_timers(
+                        start.elapsed(),
+                        std::time::SystemTime::now(),
+                        &mut scratch,
+                        &mut io,
+                    );
                     io.send_all();
                     if let Some(sink) = &sink {
                         fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
@@ -1002,6 +1012,11 @@ fn run(opts: Opts) -> Result<(), String> {
             })
             .map_err(|e| e.to_string())?;
     }
+    if let Some(nc) = &netconf {
+        // Proxy entries follow the uplink's address (a DHCP lease may come later).
+        nc.spawn_watch(shared.stop.clone())
+            .map_err(|e| e.to_string())?;
+    }
     if appliance {
         let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));
     }
@@ -1015,7 +1030,7 @@ fn run(opts: Opts) -> Result<(), String> {
                     continue;
                 };
                 generation += 1;
-                let result = reload(&rt, path, &ifname);
+                let result = reload(&rt, netconf.as_deref(), path, &ifname);
                 board.reload(status::Reload { generation, result });
             }
             Ok(Signal::SIGUSR2) => {
@@ -1038,6 +1053,9 @@ fn run(opts: Opts) -> Result<(), String> {
         }
     }
     shared.stop.store(true, Ordering::Relaxed);
+    if let Some(nc) = &netconf {
+        nc.shutdown();
+    }
     let _ = std::fs::remove_file(uapi::socket_path(&ifname));
     let _ = std::fs::remove_file(status_path(&ifname));
     if appliance {
@@ -1171,24 +1189,35 @@ fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
 
 /// SIGHUP in appliance mode: re-read the file; a bad file changes nothing. `Err` says
 /// why it was refused (for the status file's `reload:` line; the console reports it).
-fn reload(rt: &Runtime, path: &str, ifname: &str) -> Result<(), String> {
-    let r = reload_file(rt, path, ifname);
+fn reload(
+    rt: &Runtime,
+    netconf: Option<&netconf::NetConf>,
+    path: &str,
+    ifname: &str,
+) -> Result<(), String> {
+    let r = reload_file(rt, netconf, path, ifname);
     if let Err(e) = &r {
         log::error!("reload: {e}; keeping the running configuration");
     }
     r
 }
 
-fn reload_file(rt: &Runtime, path: &str, ifname: &str) -> Result<(), String> {
+fn reload_file(
+    rt: &Runtime,
+    netconf: Option<&netconf::NetConf>,
+    path: &str,
+    ifname: &str,
+) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let cfg = crate::core::ini::parse(path, &text).map_err(|e| e.to_string())?;
     cfg.validate().map_err(|e| format!("{path}: {e}"))?;
-    let old = rt.shared.device.config();
     rt.apply_config(&cfg).map_err(|e| e.to_string())?;
-    // The device runs the new configuration; an address or route that netlink refused is
-    // said, but the reload counts as applied.
-    if let Err(e) = update_interface_settings(ifname, &old, &cfg) {
-        log::error!("reload: {e}");
+    // The device runs the new configuration; the network follows it as a diff. An
+    // address or route that netlink refused is said, but the reload counts as applied.
+    if let Some(nc) = netconf {
+        if let Err(e) = nc.apply(&cfg) {
+            log::error!("reload: {e}");
+        }
     }
     log::info!("{ifname}: configuration reloaded from {path}");
     Ok(())
@@ -1201,61 +1230,6 @@ fn pin_to(core: usize) {
             log::warn!("cannot pin worker to core {core}: {e}");
         }
     }
-}
-
-/// Appliance mode: MTU, addresses, link up, routes for the peers' allowed IPs — what
-/// wg-quick would do with `ip`, done over netlink.
-fn apply_interface_settings(ifname: &str, cfg: &Config) -> Result<(), String> {
-    update_interface_settings(ifname, &Config::default(), cfg)
-}
-
-fn update_interface_settings(ifname: &str, old: &Config, new: &Config) -> Result<(), String> {
-    use crate::sys::netlink::{Netlink, Route};
-    let mut nl = Netlink::open().map_err(|e| e.to_string())?;
-    let mtu = new
-        .interface
-        .mtu
-        .unwrap_or(crate::core::config::DEFAULT_MTU);
-    if old.interface.mtu != new.interface.mtu || old.interface.addresses.is_empty() {
-        nl.set_mtu(ifname, u32::from(mtu))
-            .map_err(|e| e.to_string())?;
-    }
-    if old.interface.addresses != new.interface.addresses {
-        nl.flush_addresses(ifname).map_err(|e| e.to_string())?;
-        for a in &new.interface.addresses {
-            nl.add_address(ifname, *a).map_err(|e| e.to_string())?;
-        }
-    }
-    nl.set_link_up(ifname, true).map_err(|e| e.to_string())?;
-    // Routes for the peers' allowed IPs that the interface's own prefixes do not cover,
-    // as wg-quick adds them. A default route (/0) is not installed: the appliance's own
-    // default route stays on its uplink (document: use a narrower prefix or policy routing).
-    let ifindex = Netlink::ifindex(ifname).map_err(|e| e.to_string())?;
-    for p in &new.peers {
-        for c in &p.allowed_ips {
-            let c = c.network();
-            if c.prefix == 0 {
-                log::warn!("{ifname}: not routing {c} through the tunnel (default route stays on the uplink)");
-                continue;
-            }
-            let covered = new
-                .interface
-                .addresses
-                .iter()
-                .any(|a| a.prefix <= c.prefix && a.contains(c.addr));
-            if covered {
-                continue;
-            }
-            if let Err(e) = nl.add_route(Route {
-                dst: c,
-                gateway: None,
-                ifindex: Some(ifindex),
-            }) {
-                log::warn!("{ifname}: route {c}: {e}");
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The interface's MTU from sysfs (None when it cannot be read).

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::core::config::{Config, Endpoint};
-use crate::core::device::{short, Device, Io, PeerAddr, TransportEvents, SCRATCH_SIZE};
+use crate::core::device::{short, Device, Io, PeerAddr, TableCache, TransportEvents, SCRATCH_SIZE};
 use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
 use crate::core::key::Key;
 use crate::driver::tcp::{ConnId, TcpConfig, TcpHandle, TcpSink, TcpTransport};
@@ -65,7 +65,20 @@ pub struct DeviceSink {
     slot: Arc<TcpSlot>,
     tun: TunQueue,
     vnet_hdr: bool,
-    scratch: Mutex<(Vec<u8>, Vec<u8>, Deferred)>,
+    /// The receiving side's working state. Only the transport's one epoll thread calls
+    /// `on_message`, so this lock is never contended; it exists because the sink is
+    /// shared (`Arc<dyn TcpSink>`), not to serialise threads.
+    rx: Mutex<SinkRx>,
+}
+
+/// What a worker keeps per thread, for the TCP transport's thread: the table cached per
+/// generation (one atomic load per message, as in the UDP workers), the device's
+/// scratch, the TUN write buffer, and the deferred sends.
+struct SinkRx {
+    cache: TableCache,
+    scratch: Vec<u8>,
+    tunbuf: Vec<u8>,
+    deferred: Deferred,
 }
 
 impl DeviceSink {
@@ -76,17 +89,19 @@ impl DeviceSink {
         tun: TunQueue,
         vnet_hdr: bool,
     ) -> DeviceSink {
+        let cache = device.cache();
         DeviceSink {
             device,
             sockets,
             slot,
             tun,
             vnet_hdr,
-            scratch: Mutex::new((
-                vec![0u8; SCRATCH_SIZE],
-                vec![0u8; SCRATCH_SIZE],
-                Deferred::default(),
-            )),
+            rx: Mutex::new(SinkRx {
+                cache,
+                scratch: vec![0u8; SCRATCH_SIZE],
+                tunbuf: vec![0u8; SCRATCH_SIZE],
+                deferred: Deferred::default(),
+            }),
         }
     }
 }
@@ -159,16 +174,21 @@ impl TcpSink for DeviceSink {
     /// The device decides (one place, `Device::handle_datagram`) whether the message
     /// proved a peer's keys; the transport lets only such messages keep the connection.
     fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool {
-        let mut g = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let (scratch, tunbuf, deferred) = &mut *g;
-        let table = self.device.snapshot();
+        let mut g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let SinkRx {
+            cache,
+            scratch,
+            tunbuf,
+            deferred,
+        } = &mut *g;
+        let table = cache.get(&self.device);
         let from = PeerAddr::Tcp {
             conn,
             remote: worker::canonical(remote),
         };
         let authenticated = self
             .device
-            .handle_datagram(&table, from, msg, scratch, deferred);
+            .handle_datagram(table, from, msg, scratch, deferred);
         deferred.run(&self.outlets(), tunbuf);
         authenticated
     }

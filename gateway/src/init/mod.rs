@@ -17,7 +17,6 @@
 //! Every step prints one `riceguard-init:` line on the console; tests grep for them.
 
 pub mod board;
-pub mod boot;
 pub mod cmdline;
 pub mod health;
 pub mod supervise;
@@ -39,6 +38,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use crate::core::config::GatewayConfig;
 use crate::core::key::Key;
 use crate::core::net::Cidr;
+use crate::slots;
 use crate::store;
 use crate::sys::netlink::{Netlink, Route};
 use crate::sys::os;
@@ -160,7 +160,7 @@ fn stage1() -> String {
     // virtio/NVMe/USB probing may finish after the module loads return.
     let deadline = Instant::now() + Duration::from_secs(15);
     let dev = loop {
-        if let Some(d) = boot::find_partition(&label) {
+        if let Some(d) = slots::find_partition(&label) {
             break d;
         }
         if Instant::now() > deadline {
@@ -689,7 +689,7 @@ fn reserve_hugepages(need: u32, cap: u32) {
 
 fn mount_perm() -> bool {
     mkdir(PERM);
-    let Some(dev) = boot::find_partition("perm") else {
+    let Some(dev) = slots::find_partition("perm") else {
         say!("perm: no partition labelled perm; configuration will not survive a reboot");
         return false;
     };
@@ -1166,7 +1166,7 @@ fn uapi_answers(ifname: &str) -> Result<(), String> {
 
 /// Whether this slot booted from a boot-counted entry (an update on trial).
 fn slot_on_trial(slot: char) -> bool {
-    let Some(dev) = boot::find_partition("esp") else {
+    let Some(dev) = slots::find_partition("esp") else {
         return false;
     };
     mkdir(ESP_MNT);
@@ -1181,13 +1181,13 @@ fn slot_on_trial(slot: char) -> bool {
     {
         return false;
     }
-    let r = crate::update::slot_on_trial(Path::new(ESP_MNT), slot);
+    let r = crate::slots::slot_on_trial(Path::new(ESP_MNT), slot);
     let _ = os::umount(ESP_MNT);
     r
 }
 
 fn mark_boot_good(slot: char) {
-    let Some(dev) = boot::find_partition("esp") else {
+    let Some(dev) = slots::find_partition("esp") else {
         say!("no esp partition: boot not marked");
         return;
     };
@@ -1205,9 +1205,9 @@ fn mark_boot_good(slot: char) {
     for l in crate::update::boot_report(Path::new(ESP_MNT), slot) {
         say!("{l}");
     }
-    match boot::mark_good(Path::new(ESP_MNT), slot) {
-        Ok(boot::Marked::Renamed { from, to }) => say!("boot marked good ({from} -> {to})"),
-        Ok(boot::Marked::AlreadyGood) => {
+    match slots::mark_good(Path::new(ESP_MNT), slot) {
+        Ok(slots::Marked::Renamed { from, to }) => say!("boot marked good ({from} -> {to})"),
+        Ok(slots::Marked::AlreadyGood) => {
             say!("boot marked good (entry riceguard-{slot}.conf already had no counter)")
         }
         Err(e) => say!("marking boot good on {dev}: {e}"),

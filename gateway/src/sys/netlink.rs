@@ -230,41 +230,18 @@ impl Netlink {
     }
 
     fn dump_addresses(&mut self, ifindex: u32) -> Result<Vec<Cidr>, NetlinkError> {
-        let seq = self.next_seq();
-        let mut m = Vec::with_capacity(32);
-        put_hdr(&mut m, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, seq);
-        m.extend_from_slice(&[0u8; 8]); // ifaddrmsg, family AF_UNSPEC: all
-        finish(&mut m);
-        self.send_all(&m)?;
         let mut out = Vec::new();
-        loop {
-            let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
-                .map_err(NetlinkError::Socket)?;
-            for msg in Messages::new(&self.buf[..n]) {
-                let msg = msg?;
-                if msg.seq != seq {
-                    continue;
-                }
-                match msg.kind {
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let errno = parse_error(msg.payload)?;
-                        return Err(NetlinkError::Kernel {
-                            what: "list addresses".into(),
-                            errno: nix::Error::from_raw(-errno),
-                        });
+        // ifaddrmsg, family AF_UNSPEC: all
+        self.dump_each(RTM_GETADDR, &[0u8; 8], "list addresses", |kind, p| {
+            if kind == RTM_NEWADDR {
+                if let Some((idx, c)) = parse_addr(p) {
+                    if idx == ifindex {
+                        out.push(c);
                     }
-                    RTM_NEWADDR => {
-                        if let Some((idx, c)) = parse_addr(msg.payload) {
-                            if idx == ifindex {
-                                out.push(c);
-                            }
-                        }
-                    }
-                    _ => {}
                 }
             }
-        }
+        })?;
+        Ok(out)
     }
 }
 
@@ -558,12 +535,11 @@ mod tests {
 
     /// Against the real kernel, in a private network namespace of this test's thread.
     #[test]
+    #[ignore = "needs root (network namespaces): ci/test.sh unit runs it with --include-ignored"]
     fn kernel_roundtrip_in_private_netns() {
         let r = std::thread::spawn(|| {
-            if nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
-                eprintln!("skipped: cannot unshare a network namespace (needs root)");
-                return;
-            }
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("unshare a network namespace (needs root)");
             let mut nl = Netlink::open().unwrap();
             nl.set_link_up("lo", true).unwrap();
             nl.set_mtu("lo", 9000).unwrap();
@@ -600,5 +576,532 @@ mod tests {
             );
         });
         r.join().unwrap();
+    }
+}
+
+// ---- The daemon's network configuration (driver/netconf.rs): addresses deleted one by
+// one, the routes we own (tagged with our protocol number) dumped, added and deleted,
+// proxy neighbour entries (proxy ARP / NDP proxy) dumped, added and deleted. In its own
+// module so its constants and helpers stay apart from the rest of the file. ----
+
+pub use netconf_ops::{ProxyNeighbour, RTPROT_RICEGUARD};
+
+mod netconf_ops {
+    use super::*;
+    use crate::core::netplan::KernelRoute;
+
+    const RTM_DELROUTE: u16 = 25;
+    const RTM_GETROUTE: u16 = 26;
+    const RTM_NEWNEIGH: u16 = 28;
+    const RTM_DELNEIGH: u16 = 29;
+    const RTM_GETNEIGH: u16 = 30;
+    const NLM_F_EXCL: u16 = 0x200;
+    const RTA_PRIORITY: u16 = 6;
+    const RTA_TABLE: u16 = 15;
+    const NDA_DST: u16 = 1;
+    const NDA_PROTOCOL: u16 = 12;
+    const NTF_PROXY: u8 = 0x08;
+    const NUD_PERMANENT: u16 = 0x80;
+    const RT_SCOPE_NOWHERE: u8 = 255;
+    const RTM_F_CLONED: u32 = 0x200;
+
+    /// The routing protocol number riceguard tags its tunnel routes and proxy entries
+    /// with (`ip route show proto 91`, `ip neigh show proxy`: `proto 91`). What carries
+    /// it is ours to delete; nothing else is. 91 is unassigned in iproute2's `rt_protos`.
+    pub const RTPROT_RICEGUARD: u8 = 91;
+
+    /// A proxy neighbour entry as the kernel lists it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct ProxyNeighbour {
+        pub ifindex: u32,
+        pub addr: IpAddr,
+        /// `NDA_PROTOCOL`, 0 when the entry has none.
+        pub protocol: u8,
+    }
+
+    impl Netlink {
+        /// Delete one address from `name`. `Ok(false)`: it was not there (already gone,
+        /// e.g. an IPv4 secondary that went with its primary).
+        pub fn delete_address(&mut self, name: &str, addr: Cidr) -> Result<bool, NetlinkError> {
+            let idx = Self::ifindex(name)?;
+            let mut m = Vec::with_capacity(64);
+            addr_msg(&mut m, RTM_DELADDR, 0, self.next_seq(), idx, addr);
+            match self.request(&m, &format!("delete address {addr} from {name}")) {
+                Ok(()) => Ok(true),
+                Err(NetlinkError::Kernel {
+                    errno: nix::Error::EADDRNOTAVAIL,
+                    ..
+                }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+
+        /// The name of the link with index `ifindex`.
+        pub fn ifname(ifindex: u32) -> Result<String, NetlinkError> {
+            nix::net::if_::if_indextoname(ifindex)
+                .ok()
+                .and_then(|n| n.into_string().ok())
+                .ok_or_else(|| NetlinkError::NoSuchInterface(format!("#{ifindex}")))
+        }
+
+        /// The addresses on the link with index `ifindex`.
+        pub fn link_addresses(&mut self, ifindex: u32) -> Result<Vec<Cidr>, NetlinkError> {
+            self.dump_addresses(ifindex)
+        }
+
+        /// Every route of both families, all tables (cloned cache entries left out).
+        pub fn routes(&mut self) -> Result<Vec<KernelRoute>, NetlinkError> {
+            let mut out = Vec::new();
+            self.dump_each(RTM_GETROUTE, &[0u8; 12], "list routes", |kind, p| {
+                if kind == RTM_NEWROUTE {
+                    if let Some(r) = parse_route(p) {
+                        out.push(r);
+                    }
+                }
+            })?;
+            Ok(out)
+        }
+
+        /// Add a device route to `dst` out of `ifindex` in the main table, tagged
+        /// [`RTPROT_RICEGUARD`]. An existing route to the same prefix (ours, or another
+        /// interface's) is refused with `EEXIST`, never replaced.
+        pub fn add_owned_route(&mut self, dst: Cidr, ifindex: u32) -> Result<(), NetlinkError> {
+            let mut m = Vec::with_capacity(80);
+            owned_route_msg(
+                &mut m,
+                RTM_NEWROUTE,
+                NLM_F_CREATE | NLM_F_EXCL,
+                self.next_seq(),
+                dst,
+                ifindex,
+            );
+            self.request(&m, &format!("add route {}", dst.network()))
+        }
+
+        /// Delete our route to `dst` out of `ifindex` (only one tagged with our protocol
+        /// matches). `Ok(false)`: there was none.
+        pub fn delete_owned_route(
+            &mut self,
+            dst: Cidr,
+            ifindex: u32,
+        ) -> Result<bool, NetlinkError> {
+            let mut m = Vec::with_capacity(80);
+            owned_route_msg(&mut m, RTM_DELROUTE, 0, self.next_seq(), dst, ifindex);
+            match self.request(&m, &format!("delete route {}", dst.network())) {
+                Ok(()) => Ok(true),
+                Err(NetlinkError::Kernel {
+                    errno: nix::Error::ESRCH | nix::Error::ENOENT,
+                    ..
+                }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+
+        /// Every proxy neighbour entry (both families, every interface).
+        pub fn proxy_neighbours(&mut self) -> Result<Vec<ProxyNeighbour>, NetlinkError> {
+            let mut hdr = [0u8; 12];
+            hdr[10] = NTF_PROXY; // ndm_flags: the kernel dumps the proxy table
+            let mut out = Vec::new();
+            self.dump_each(RTM_GETNEIGH, &hdr, "list proxy neighbours", |kind, p| {
+                if kind == RTM_NEWNEIGH {
+                    if let Some(n) = parse_proxy_neigh(p) {
+                        out.push(n);
+                    }
+                }
+            })?;
+            Ok(out)
+        }
+
+        /// Answer ARP (IPv4) or NDP (IPv6) for `addr` on `ifindex`, tagged
+        /// [`RTPROT_RICEGUARD`] (`ip neigh add proxy ADDR dev IF`).
+        pub fn add_proxy_neighbour(
+            &mut self,
+            ifindex: u32,
+            addr: IpAddr,
+        ) -> Result<(), NetlinkError> {
+            let mut m = Vec::with_capacity(48);
+            neigh_msg(
+                &mut m,
+                RTM_NEWNEIGH,
+                NLM_F_CREATE | NLM_F_EXCL,
+                self.next_seq(),
+                ifindex,
+                addr,
+            );
+            self.request(
+                &m,
+                &format!("add proxy neighbour {addr} on interface {ifindex}"),
+            )
+        }
+
+        /// Remove a proxy entry. `Ok(false)`: there was none.
+        pub fn delete_proxy_neighbour(
+            &mut self,
+            ifindex: u32,
+            addr: IpAddr,
+        ) -> Result<bool, NetlinkError> {
+            let mut m = Vec::with_capacity(48);
+            neigh_msg(&mut m, RTM_DELNEIGH, 0, self.next_seq(), ifindex, addr);
+            match self.request(
+                &m,
+                &format!("delete proxy neighbour {addr} on interface {ifindex}"),
+            ) {
+                Ok(()) => Ok(true),
+                Err(NetlinkError::Kernel {
+                    errno: nix::Error::ENOENT | nix::Error::ESRCH,
+                    ..
+                }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+
+        /// Send a dump request (`header` is the family header) and hand each answer's
+        /// type and payload to `f` until the kernel says done.
+        pub(super) fn dump_each(
+            &mut self,
+            kind: u16,
+            header: &[u8],
+            what: &str,
+            mut f: impl FnMut(u16, &[u8]),
+        ) -> Result<(), NetlinkError> {
+            let seq = self.next_seq();
+            let mut m = Vec::with_capacity(16 + header.len());
+            put_hdr(&mut m, kind, NLM_F_REQUEST | NLM_F_DUMP, seq);
+            m.extend_from_slice(header);
+            finish(&mut m);
+            self.send_all(&m)?;
+            loop {
+                let n = recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty())
+                    .map_err(NetlinkError::Socket)?;
+                for msg in Messages::new(&self.buf[..n]) {
+                    let msg = msg?;
+                    if msg.seq != seq {
+                        continue;
+                    }
+                    match msg.kind {
+                        NLMSG_DONE => return Ok(()),
+                        NLMSG_ERROR => {
+                            let errno = parse_error(msg.payload)?;
+                            return Err(NetlinkError::Kernel {
+                                what: what.into(),
+                                errno: nix::Error::from_raw(-errno),
+                            });
+                        }
+                        k => f(k, msg.payload),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The attributes after a family header: (type, data); stops at the first bad length.
+    fn attrs(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+        std::iter::from_fn(move || {
+            if rest.len() < 4 {
+                return None;
+            }
+            let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+            let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff; // without NLA_F_ flags
+            if len < 4 || len > rest.len() {
+                rest = &[];
+                return None;
+            }
+            let data = &rest[4..len];
+            let aligned = (len + 3) & !3;
+            rest = if aligned >= rest.len() {
+                &[]
+            } else {
+                &rest[aligned..]
+            };
+            Some((kind, data))
+        })
+    }
+
+    fn ip_from(family: u8, data: &[u8]) -> Option<IpAddr> {
+        match (family, data.len()) {
+            (AF_INET, 4) => Some(IpAddr::from([data[0], data[1], data[2], data[3]])),
+            (AF_INET6, 16) => {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(data);
+                Some(IpAddr::from(o))
+            }
+            _ => None,
+        }
+    }
+
+    fn u32_from(data: &[u8]) -> Option<u32> {
+        Some(u32::from_ne_bytes(data.get(..4)?.try_into().ok()?))
+    }
+
+    /// An `RTM_NEWROUTE` payload; `None` for what we cannot read (another family, a
+    /// cloned cache entry, a bad length).
+    pub(super) fn parse_route(p: &[u8]) -> Option<KernelRoute> {
+        if p.len() < 12 {
+            return None;
+        }
+        let (family, dst_len, table8, protocol, kind) = (p[0], p[1], p[4], p[5], p[7]);
+        let flags = u32::from_ne_bytes([p[8], p[9], p[10], p[11]]);
+        if flags & RTM_F_CLONED != 0 || (family != AF_INET && family != AF_INET6) {
+            return None;
+        }
+        let mut dst = None;
+        let mut oif = None;
+        let mut table = u32::from(table8);
+        let mut priority = 0;
+        for (k, d) in attrs(&p[12..]) {
+            match k {
+                RTA_DST => dst = ip_from(family, d),
+                RTA_OIF => oif = u32_from(d),
+                RTA_TABLE => table = u32_from(d).unwrap_or(table),
+                RTA_PRIORITY => priority = u32_from(d).unwrap_or(0),
+                _ => {}
+            }
+        }
+        let any = if family == AF_INET {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        };
+        let dst = Cidr::new(dst.unwrap_or(any), dst_len)?;
+        Some(KernelRoute {
+            dst,
+            oif,
+            table,
+            protocol,
+            priority,
+            unicast: kind == RTN_UNICAST,
+        })
+    }
+
+    /// An `RTM_NEWNEIGH` payload of the proxy table; `None` for a normal neighbour.
+    pub(super) fn parse_proxy_neigh(p: &[u8]) -> Option<ProxyNeighbour> {
+        if p.len() < 12 || p[10] & NTF_PROXY == 0 {
+            return None;
+        }
+        let family = p[0];
+        let ifindex = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
+        let mut addr = None;
+        let mut protocol = 0;
+        for (k, d) in attrs(&p[12..]) {
+            match k {
+                NDA_DST => addr = ip_from(family, d),
+                NDA_PROTOCOL if d.len() == 1 => protocol = d[0],
+                _ => {}
+            }
+        }
+        Some(ProxyNeighbour {
+            ifindex,
+            addr: addr?,
+            protocol,
+        })
+    }
+
+    /// RTM_NEWROUTE / RTM_DELROUTE for a device route of ours in the main table.
+    pub(super) fn owned_route_msg(
+        m: &mut Vec<u8>,
+        kind: u16,
+        extra: u16,
+        seq: u32,
+        dst: Cidr,
+        ifindex: u32,
+    ) {
+        put_hdr(m, kind, NLM_F_REQUEST | NLM_F_ACK | extra, seq);
+        let v4 = dst.addr.is_ipv4();
+        let scope = match (kind, v4) {
+            (RTM_DELROUTE, _) => RT_SCOPE_NOWHERE, // any scope: match on the rest
+            (_, true) => RT_SCOPE_LINK,
+            (_, false) => RT_SCOPE_UNIVERSE, // as iproute2 does for IPv6
+        };
+        // struct rtmsg { family, dst_len, src_len, tos, table, protocol, scope, type, u32 flags }
+        m.extend_from_slice(&[
+            family(&dst.addr),
+            dst.prefix,
+            0,
+            0,
+            RT_TABLE_MAIN,
+            RTPROT_RICEGUARD,
+            scope,
+            RTN_UNICAST,
+        ]);
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        if dst.prefix > 0 {
+            put_attr(m, RTA_DST, &ip_bytes(&dst.network().addr));
+        }
+        put_attr(m, RTA_OIF, &ifindex.to_ne_bytes());
+        finish(m);
+    }
+
+    /// RTM_NEWNEIGH / RTM_DELNEIGH for a proxy entry.
+    pub(super) fn neigh_msg(
+        m: &mut Vec<u8>,
+        kind: u16,
+        extra: u16,
+        seq: u32,
+        ifindex: u32,
+        addr: IpAddr,
+    ) {
+        put_hdr(m, kind, NLM_F_REQUEST | NLM_F_ACK | extra, seq);
+        // struct ndmsg { u8 family, u8 pad, u16 pad, i32 ifindex, u16 state, u8 flags, u8 type }
+        m.extend_from_slice(&[family(&addr), 0, 0, 0]);
+        m.extend_from_slice(&ifindex.to_ne_bytes());
+        m.extend_from_slice(&NUD_PERMANENT.to_ne_bytes());
+        m.extend_from_slice(&[NTF_PROXY, 0]);
+        put_attr(m, NDA_DST, &ip_bytes(&addr));
+        if kind == RTM_NEWNEIGH {
+            put_attr(m, NDA_PROTOCOL, &[RTPROT_RICEGUARD]);
+        }
+        finish(m);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn cidr(s: &str) -> Cidr {
+            s.parse().unwrap()
+        }
+
+        #[test]
+        fn owned_route_round_trips_through_the_parser() {
+            let mut m = Vec::new();
+            owned_route_msg(
+                &mut m,
+                RTM_NEWROUTE,
+                NLM_F_CREATE | NLM_F_EXCL,
+                3,
+                cidr("10.66.2.9/24"),
+                7,
+            );
+            let flags = u16::from_ne_bytes([m[6], m[7]]);
+            assert_eq!(flags & NLM_F_EXCL, NLM_F_EXCL);
+            assert_eq!(
+                flags & NLM_F_REPLACE,
+                0,
+                "never replace someone else's route"
+            );
+            let r = parse_route(&m[16..]).unwrap();
+            assert_eq!(r.dst, cidr("10.66.2.0/24"));
+            assert_eq!(
+                (r.oif, r.table, r.protocol, r.unicast),
+                (Some(7), 254, RTPROT_RICEGUARD, true)
+            );
+            owned_route_msg(&mut m, RTM_DELROUTE, 0, 4, cidr("fd77::203/128"), 7);
+            assert_eq!(m[16 + 6], RT_SCOPE_NOWHERE);
+            assert_eq!(parse_route(&m[16..]).unwrap().dst, cidr("fd77::203/128"));
+        }
+
+        #[test]
+        fn proxy_neigh_round_trips_through_the_parser() {
+            let mut m = Vec::new();
+            neigh_msg(
+                &mut m,
+                RTM_NEWNEIGH,
+                NLM_F_CREATE,
+                1,
+                5,
+                "192.168.77.202".parse().unwrap(),
+            );
+            assert_eq!(m.len(), 16 + 12 + 8 + 8);
+            let n = parse_proxy_neigh(&m[16..]).unwrap();
+            assert_eq!(n.ifindex, 5);
+            assert_eq!(n.addr, "192.168.77.202".parse::<IpAddr>().unwrap());
+            assert_eq!(n.protocol, RTPROT_RICEGUARD);
+            neigh_msg(&mut m, RTM_DELNEIGH, 0, 2, 5, "fd77::202".parse().unwrap());
+            let n = parse_proxy_neigh(&m[16..]).unwrap();
+            assert_eq!((n.addr.is_ipv6(), n.protocol), (true, 0));
+        }
+
+        #[test]
+        fn garbage_is_skipped_not_a_panic() {
+            assert_eq!(parse_route(&[2, 24, 0]), None);
+            assert_eq!(parse_proxy_neigh(&[2; 11]), None);
+            // A normal (not proxy) neighbour, and a proxy entry with a bad attribute length.
+            let mut n = vec![2, 0, 0, 0, 1, 0, 0, 0, 0x80, 0, 0, 0];
+            assert_eq!(parse_proxy_neigh(&n), None);
+            n[10] = NTF_PROXY;
+            n.extend_from_slice(&[200, 0, 1, 0, 10, 0, 0, 1]);
+            assert_eq!(parse_proxy_neigh(&n), None);
+            // Every prefix of a valid route message parses or is refused, never panics.
+            let mut m = Vec::new();
+            owned_route_msg(&mut m, RTM_NEWROUTE, 0, 1, cidr("fd00::/64"), 3);
+            for i in 0..m.len() - 16 {
+                let _ = parse_route(&m[16..16 + i]);
+            }
+            // A route with a dst_len past the family's maximum is refused.
+            let mut bad = m[16..].to_vec();
+            bad[1] = 129;
+            assert_eq!(parse_route(&bad), None);
+        }
+
+        /// Against the real kernel, in a private network namespace of this test's thread.
+        #[test]
+        #[ignore = "needs root (a private network namespace); run with --ignored as root"]
+        fn kernel_owned_routes_and_proxies() {
+            std::thread::spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                let mut nl = Netlink::open().unwrap();
+                nl.set_link_up("lo", true).unwrap();
+                nl.add_address("lo", cidr("10.9.9.1/24")).unwrap();
+                nl.add_address("lo", cidr("10.9.8.1/24")).unwrap();
+                let lo = Netlink::ifindex("lo").unwrap();
+                nl.add_owned_route(cidr("10.66.2.0/24"), lo).unwrap();
+                nl.add_owned_route(cidr("fd66::/64"), lo).unwrap();
+                // Someone else's route to the same prefix is not replaced.
+                nl.add_route(Route {
+                    dst: cidr("10.66.3.0/24"),
+                    gateway: None,
+                    ifindex: Some(lo),
+                })
+                .unwrap();
+                assert!(nl.add_owned_route(cidr("10.66.3.0/24"), lo).is_err());
+                let routes = nl.routes().unwrap();
+                let ours: Vec<Cidr> = routes
+                    .iter()
+                    .filter(|r| r.protocol == RTPROT_RICEGUARD && r.oif == Some(lo))
+                    .map(|r| r.dst)
+                    .collect();
+                assert_eq!(ours.len(), 2, "{routes:?}");
+                assert!(ours.contains(&cidr("10.66.2.0/24")) && ours.contains(&cidr("fd66::/64")));
+                // Delete matches our protocol only: the hand-made route stays.
+                assert!(!nl.delete_owned_route(cidr("10.66.3.0/24"), lo).unwrap());
+                assert!(nl.delete_owned_route(cidr("10.66.2.0/24"), lo).unwrap());
+                assert!(nl.delete_owned_route(cidr("fd66::/64"), lo).unwrap());
+                let left = nl.routes().unwrap();
+                assert!(left.iter().any(|r| r.dst == cidr("10.66.3.0/24")));
+                assert!(!left.iter().any(|r| r.protocol == RTPROT_RICEGUARD));
+                // Addresses go one at a time.
+                assert!(nl.delete_address("lo", cidr("10.9.8.1/24")).unwrap());
+                assert!(!nl.delete_address("lo", cidr("10.9.8.1/24")).unwrap());
+                assert!(nl
+                    .link_addresses(lo)
+                    .unwrap()
+                    .contains(&cidr("10.9.9.1/24")));
+                // Proxy entries.
+                let a: IpAddr = "10.9.9.77".parse().unwrap();
+                let b: IpAddr = "fd99::77".parse().unwrap();
+                nl.add_proxy_neighbour(lo, a).unwrap();
+                nl.add_proxy_neighbour(lo, b).unwrap();
+                let px = nl.proxy_neighbours().unwrap();
+                assert!(
+                    px.contains(&ProxyNeighbour {
+                        ifindex: lo,
+                        addr: a,
+                        protocol: RTPROT_RICEGUARD
+                    }),
+                    "{px:?}"
+                );
+                assert!(
+                    px.iter()
+                        .any(|p| p.addr == b && p.protocol == RTPROT_RICEGUARD),
+                    "{px:?}"
+                );
+                assert!(nl.delete_proxy_neighbour(lo, a).unwrap());
+                assert!(!nl.delete_proxy_neighbour(lo, a).unwrap());
+                assert!(nl.delete_proxy_neighbour(lo, b).unwrap());
+                assert!(nl.proxy_neighbours().unwrap().is_empty());
+            })
+            .join()
+            .unwrap();
+        }
     }
 }

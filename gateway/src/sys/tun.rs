@@ -401,11 +401,8 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn multi_queue_vnet_hdr_device() {
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         in_new_netns(|| {
             let tun = Tun::create("rgmq0", 3, true).expect("create");
             assert_eq!(tun.name(), "rgmq0");
@@ -421,11 +418,8 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn name_pattern_is_completed() {
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         in_new_netns(|| {
             let tun = Tun::create("rgp%d", 1, false).expect("create");
             assert!(tun.name().starts_with("rgp") && !tun.name().contains('%'));
@@ -433,11 +427,8 @@ pub(crate) mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn reads_a_routed_packet_and_writes_one_back() {
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         in_new_netns(|| {
             let tun = Tun::create("rgrw0", 1, false).expect("create");
             ip(&["link", "set", "lo", "up"]);
@@ -480,11 +471,13 @@ pub(crate) mod tests {
     /// GSO burst must arrive intact, which checks our virtio header, partial checksums and
     /// segment fixes against the real kernel.
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn forwarding_v4_between_namespaces_splits_and_coalesces() {
         forward_through_two_tuns(false);
     }
 
     #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn forwarding_v6_between_namespaces_splits_and_coalesces() {
         forward_through_two_tuns(true);
     }
@@ -495,10 +488,6 @@ pub(crate) mod tests {
         use std::sync::mpsc;
         use std::time::{Duration, Instant};
 
-        if !can_net_admin() {
-            eprintln!("skipped: needs root and /dev/net/tun");
-            return;
-        }
         const BYTES: usize = 3 << 20;
         let addr_b = move |port: u16| -> std::net::SocketAddr {
             if v6 {

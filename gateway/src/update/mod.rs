@@ -35,6 +35,7 @@ use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
 use crate::core::bundle::{self, BundleError, DeviceInfo, Manifest, HEADER_LEN};
+use crate::slots::{entry_text, entry_tries, set_sort_key, slot_entries};
 use crate::store;
 
 /// Tries a freshly installed slot gets before systemd-boot gives up on it.
@@ -315,42 +316,6 @@ fn hash_file_range(f: &mut File, offset: u64, size: u64) -> io::Result<[u8; 32]>
     Ok(h.finalize().into())
 }
 
-/// Entry file names in `<esp>/loader/entries` that belong to `slot`.
-fn slot_entries(esp: &Path, slot: char) -> io::Result<Vec<String>> {
-    let dir = esp.join("loader/entries");
-    let mut v: Vec<String> = std::fs::read_dir(&dir)?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| is_slot_entry(n, slot))
-        .collect();
-    v.sort();
-    Ok(v)
-}
-
-fn is_slot_entry(name: &str, slot: char) -> bool {
-    let l = name.to_ascii_lowercase();
-    let Some(rest) = l.strip_prefix(&format!("riceguard-{slot}")) else {
-        return false;
-    };
-    rest == ".conf" || (rest.starts_with('+') && rest.ends_with(".conf"))
-}
-
-/// Tries left and done of a counted entry name (`riceguard-b+2-1.conf` -> (2, 1)).
-pub fn entry_tries(name: &str) -> Option<(u32, u32)> {
-    let stem = name.strip_suffix(".conf").or(name.strip_suffix(".CONF"))?;
-    let (_, counter) = stem.split_once('+')?;
-    match counter.split_once('-') {
-        Some((l, d)) => Some((l.parse().ok()?, d.parse().ok()?)),
-        None => Some((counter.parse().ok()?, 0)),
-    }
-}
-
-fn entry_text(version: &str, slot: char, sort_key: &str) -> String {
-    format!(
-        "title RiceGuard {version} (slot {slot})\nversion {version}\nsort-key {sort_key}\nefi /EFI/riceguard/slot-{slot}.efi\n"
-    )
-}
-
 /// `build N` of a manifest, for log lines.
 fn build_str(b: Option<u64>) -> String {
     b.map_or_else(|| "no build number".to_string(), |b| format!("build {b}"))
@@ -367,18 +332,6 @@ pub fn parse_build_file(text: io::Result<String>) -> Result<u64, String> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(format!("{BUILD_FILE}: {e}")),
     }
-}
-
-/// Set `sort-key` of an entry file (added when missing), keeping the other lines.
-fn set_sort_key(path: &Path, key: &str) -> io::Result<()> {
-    let text = std::fs::read_to_string(path)?;
-    let mut out: String = text
-        .lines()
-        .filter(|l| !l.trim_start().starts_with("sort-key"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    out.push_str(&format!("sort-key {key}\n"));
-    store::write(path, out.as_bytes(), store::PUBLIC)
 }
 
 /// Install `src` into the inactive slot. `log` gets one line per step.
@@ -571,14 +524,6 @@ pub fn boot_report(esp: &Path, slot: char) -> Vec<String> {
     out
 }
 
-/// Whether `slot` booted from a boot-counted entry (not yet marked good).
-pub fn slot_on_trial(esp: &Path, slot: char) -> bool {
-    slot_entries(esp, slot)
-        .unwrap_or_default()
-        .iter()
-        .any(|n| entry_tries(n).is_some())
-}
-
 /// The device: partitions by GPT label, ESP mounted under /run, key and board from the root.
 pub struct DevicePlatform {
     mounted: bool,
@@ -652,7 +597,7 @@ impl Platform for DevicePlatform {
     }
     fn root_region(&mut self, slot: char) -> Result<Region, UpdateError> {
         let label = format!("root-{slot}");
-        let dev = crate::init::boot::find_partition(&label)
+        let dev = crate::slots::find_partition(&label)
             .ok_or_else(|| UpdateError::Setup(format!("no partition labelled {label}")))?;
         let mut file = OpenOptions::new()
             .read(true)
@@ -670,7 +615,7 @@ impl Platform for DevicePlatform {
     }
     fn esp_dir(&mut self) -> Result<PathBuf, UpdateError> {
         if !self.mounted {
-            let dev = crate::init::boot::find_partition("esp")
+            let dev = crate::slots::find_partition("esp")
                 .ok_or_else(|| UpdateError::Setup("no partition labelled esp".into()))?;
             let _ = std::fs::create_dir_all(ESP_MNT);
             crate::sys::os::mount(

@@ -2,6 +2,7 @@
 //! directory: good bundles land in the inactive slot, bad ones change no byte.
 use super::*;
 use crate::core::bundle::tests::{make_bundle, manifest_for, slot_uki, test_key};
+use crate::slots::{entry_tries, is_slot_entry};
 use ed25519_dalek::SigningKey;
 
 const MIB: u64 = 1 << 20;
@@ -299,11 +300,9 @@ fn seeded_corruption_never_half_installs() {
     let m = manifest_for("qemu-x86_64", &root, &uki, "");
     let good = make_bundle(&f.key, &m, &root, &uki);
     let before = f.snapshot();
-    let mut s: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut rng = crate::testutil::Rng(0x2545_f491_4f6c_dd1d);
     for i in 0..200 {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
+        let s = rng.next();
         let mut b = good.clone();
         let at = (s as usize) % b.len();
         b[at] ^= 1 << ((s >> 32) % 8);

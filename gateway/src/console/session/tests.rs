@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::console::store::tests::TableFormat;
-use crate::console::system::{Clock, Hooks, JobReport};
+use crate::console::system::{Clock, Hooks, JobReport, Uplink};
 use crate::store::tests::TempDir;
 
 #[derive(Clone)]
@@ -29,11 +29,15 @@ impl Clock for FakeClock {
 /// A background job of the fake hooks: what runs, and its report once it "ended".
 type FakeJob = Rc<RefCell<Option<(String, Option<JobReport>)>>>;
 
+/// The uplink the fake hooks report (`None`: not known).
+type FakeUplink = Rc<RefCell<Option<Uplink>>>;
+
 #[derive(Clone, Default)]
 struct Recorder {
     log: Rc<RefCell<Vec<String>>>,
     daemon: bool,
     job: FakeJob,
+    uplink: FakeUplink,
 }
 
 impl Hooks for Recorder {
@@ -72,12 +76,20 @@ impl Hooks for Recorder {
         *j = None;
         Some(r)
     }
+    fn uplink(&mut self, configured: &str) -> Result<Uplink, String> {
+        self.log.borrow_mut().push(format!("uplink {configured}"));
+        self.uplink
+            .borrow()
+            .clone()
+            .ok_or_else(|| "no uplink found (test)".to_string())
+    }
 }
 
 struct Rig {
     dir: TempDir,
     secs: Rc<Cell<u64>>,
     log: Rc<RefCell<Vec<String>>>,
+    uplink: FakeUplink,
     s: Session,
 }
 
@@ -86,11 +98,27 @@ impl Rig {
         let dir = TempDir::new("session");
         let secs = Rc::new(Cell::new(0));
         let log = Rc::new(RefCell::new(Vec::new()));
-        let s = Rig::open_at(&dir, &secs, &log);
-        Rig { dir, secs, log, s }
+        let uplink = FakeUplink::default();
+        let s = Rig::open_with(&dir, &secs, &log, &uplink);
+        Rig {
+            dir,
+            secs,
+            log,
+            uplink,
+            s,
+        }
     }
 
     fn open_at(dir: &TempDir, secs: &Rc<Cell<u64>>, log: &Rc<RefCell<Vec<String>>>) -> Session {
+        Rig::open_with(dir, secs, log, &FakeUplink::default())
+    }
+
+    fn open_with(
+        dir: &TempDir,
+        secs: &Rc<Cell<u64>>,
+        log: &Rc<RefCell<Vec<String>>>,
+        uplink: &FakeUplink,
+    ) -> Session {
         let store = Store::new(&dir.0, Box::new(TableFormat) as Box<dyn Format>);
         let clock = FakeClock {
             base: Instant::now(),
@@ -100,13 +128,14 @@ impl Rig {
             log: log.clone(),
             daemon: true,
             job: FakeJob::default(),
+            uplink: uplink.clone(),
         };
         Session::open(store, Box::new(hooks), Box::new(clock)).0
     }
 
     /// A new console process on the same directory (as after init restarts it).
     fn restart(&mut self) {
-        self.s = Rig::open_at(&self.dir, &self.secs, &self.log);
+        self.s = Rig::open_with(&self.dir, &self.secs, &self.log, &self.uplink);
     }
 
     fn ok(&mut self, line: &str) -> String {
@@ -389,13 +418,8 @@ fn diff_shows_section_context() {
 /// never panics, and a command that fails leaves candidate and running as they were.
 #[test]
 fn random_commands_never_panic_and_failures_change_nothing() {
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = crate::testutil::Rng(0x2545_f491_4f6c_dd1d);
+    let mut next = move || rng.next();
     let peers = [peer_key(), peer_key()];
     let mut words: Vec<String> = [
         "set",
@@ -459,6 +483,18 @@ fn random_commands_never_panic_and_failures_change_nothing() {
         "[::1]:0",
         "0x10",
         "yes",
+        "add",
+        "client",
+        "clients",
+        "keep-key",
+        "phone",
+        "name",
+        "lan",
+        "lan-address",
+        "proxy-arp",
+        "public-endpoint",
+        "client-dns",
+        "192.0.2.1,fd00::1",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -651,4 +687,343 @@ fn commit_confirm_fires_on_time_during_an_update() {
     assert_eq!(r.text, "update: installed v2 into slot b");
     assert!(s.poll().is_none() && s.job_running().is_none());
     ok(&mut s, "update /dev/vdb");
+}
+
+fn set_uplink(r: &Rig, addrs: &[&str]) {
+    *r.uplink.borrow_mut() = Some(Uplink {
+        name: "eth0".into(),
+        addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+    });
+}
+
+/// The configuration between the marker lines of client `name`, and the lines after.
+fn cut(out: &str, name: &str) -> (String, Vec<String>) {
+    let lines: Vec<&str> = out.lines().collect();
+    let b = lines
+        .iter()
+        .position(|l| *l == format!("----- BEGIN WIREGUARD CONFIG {name} -----"))
+        .unwrap_or_else(|| panic!("no BEGIN line: {out}"));
+    let e = lines
+        .iter()
+        .position(|l| *l == format!("----- END WIREGUARD CONFIG {name} -----"))
+        .unwrap_or_else(|| panic!("no END line: {out}"));
+    let conf = lines[b + 1..e].join("\n") + "\n";
+    (conf, lines[e + 1..].iter().map(|l| l.to_string()).collect())
+}
+
+/// The QR code right after the END line: equal-width lines of half blocks only, as many
+/// as the module count plus the quiet zone needs.
+fn check_qr(after: &[String], conf: &str) {
+    use crate::console::qr;
+    let (w, _) = qr::size(conf).unwrap();
+    let side = w + 2 * qr::QUIET;
+    let n = side.div_ceil(2);
+    assert!(after.len() >= n, "QR code cut short");
+    for l in &after[..n] {
+        assert_eq!(l.chars().count(), side, "{l}");
+        assert!(
+            l.chars()
+                .all(|c| [qr::FULL, qr::UPPER, qr::LOWER, qr::NONE].contains(&c)),
+            "{l}"
+        );
+    }
+    assert_eq!(after[..n].join("\n") + "\n", qr::render(conf).unwrap());
+    assert!(
+        !matches!(after.get(n), Some(l) if l.starts_with(qr::FULL)),
+        "more QR lines than expected"
+    );
+}
+
+#[test]
+fn gateway_and_peer_name_set_forms() {
+    let mut r = Rig::new();
+    r.ok("set gateway lan eth1");
+    r.ok("set gateway lan-address 192.168.50.1/24");
+    r.ok("set gateway lan-address 192.168.50.1/24,fd50::1/64");
+    r.ok("set gateway proxy-arp off");
+    r.ok("set gateway public-endpoint vpn.example.net:51820");
+    r.ok("set gateway client-dns 192.168.50.1,fd50::1");
+    let g = r.s.candidate().gateway.clone();
+    assert_eq!(g.lan, "eth1");
+    assert_eq!(g.lan_addresses.len(), 2, "added, not repeated");
+    assert!(!g.proxy_arp);
+    assert_eq!(
+        g.public_endpoint
+            .as_ref()
+            .map(ToString::to_string)
+            .as_deref(),
+        Some("vpn.example.net:51820")
+    );
+    assert_eq!(g.client_dns.len(), 2);
+    r.ok("set gateway client-dns 9.9.9.9");
+    assert_eq!(
+        r.s.candidate().gateway.client_dns,
+        vec!["9.9.9.9".parse::<std::net::IpAddr>().unwrap()],
+        "client-dns replaces the list"
+    );
+    // Bad values: a clear error, nothing changes.
+    let cand = r.s.candidate().clone();
+    for (line, says) in [
+        ("set gateway lan eth/1", "not a valid LAN interface name"),
+        ("set gateway lan-address 192.168.50.300/24", "expected e.g."),
+        ("set gateway proxy-arp maybe", "on or off"),
+        ("set gateway public-endpoint vpn.example.net", "HOST:PORT"),
+        ("set gateway public-endpoint 1.2.3.4:0", "HOST:PORT"),
+        ("set gateway client-dns 1.2.3.4,", "IP address"),
+        ("set gateway client-dns", "needs a value"),
+        ("set gateway uplink eth1", "is the uplink too"),
+    ] {
+        let e = r.err(line);
+        assert!(e.contains(says), "{line}: {e}");
+        assert_eq!(*r.s.candidate(), cand, "{line} changed the candidate");
+    }
+    // Peer names.
+    let (a, b) = (peer_key(), peer_key());
+    r.ok(&format!("set peer {a} allowed-ips 10.0.0.2/32"));
+    r.ok(&format!("set peer {a} name phone"));
+    r.ok(&format!("set peer {b} allowed-ips 10.0.0.3/32"));
+    let e = r.err(&format!("set peer {b} name phone"));
+    assert!(e.contains("two peers are named phone"), "{e}");
+    let e = r.err(&format!("set peer {b} name .hidden"));
+    assert!(e.contains("not a valid client name"), "{e}");
+    assert_eq!(r.s.candidate().peers[1].name, None);
+    r.ok(&format!("set peer {b} name laptop"));
+    r.ok(&format!("delete peer {b} name"));
+    assert_eq!(r.s.candidate().peers[1].name, None);
+    assert!(r.err(&format!("delete peer {b} name")).contains("not set"));
+    r.ok("commit");
+    assert_eq!(r.saved().gateway.lan, "eth1");
+    assert_eq!(r.saved().peers[0].name.as_deref(), Some("phone"));
+    // Delete forms go back to the defaults.
+    for f in [
+        "lan",
+        "lan-address",
+        "proxy-arp",
+        "public-endpoint",
+        "client-dns",
+    ] {
+        r.ok(&format!("delete gateway {f}"));
+    }
+    let d = crate::core::config::GatewayConfig::default();
+    let g = &r.s.candidate().gateway;
+    assert_eq!(
+        (
+            &g.lan,
+            &g.lan_addresses,
+            g.proxy_arp,
+            &g.public_endpoint,
+            &g.client_dns
+        ),
+        (
+            &d.lan,
+            &d.lan_addresses,
+            d.proxy_arp,
+            &d.public_endpoint,
+            &d.client_dns
+        )
+    );
+    assert!(r.err("delete gateway lan eth1").contains("takes no value"));
+    let h = r.ok("help set");
+    for f in [
+        "lan-address",
+        "proxy-arp",
+        "public-endpoint",
+        "client-dns",
+        "name NAME",
+    ] {
+        assert!(h.contains(f), "{f}");
+    }
+    assert!(r.ok("help delete").contains("delete client NAME"));
+    assert!(r.ok("help add").contains("keep-key"));
+    assert!(r.ok("help").contains("add client NAME [keep-key]"));
+}
+
+#[test]
+fn add_client_prints_config_and_qr_and_needs_commit() {
+    let mut r = Rig::new();
+    set_uplink(&r, &["192.0.2.10/24", "fe80::5/64"]);
+    r.ok("set interface listen-port 51820");
+    r.ok("set interface address 10.100.0.1/24");
+    r.ok("set gateway client-dns 192.0.2.1");
+    r.ok("commit");
+    let gw_pub = r.s.running().interface.private_key.unwrap().public();
+    let out = r.ok("add client phone");
+    assert!(out.contains("address 10.100.0.2/32"), "{out}");
+    assert!(out.contains("`commit` to apply"), "{out}");
+    assert!(out.contains("shown once and not stored"), "{out}");
+    assert!(r.log.borrow().contains(&"uplink ".to_string()));
+    let (conf, after) = cut(&out, "phone");
+    check_qr(&after, &conf);
+    let c = crate::core::ini::parse("phone", &conf).unwrap();
+    let k = c.interface.private_key.unwrap();
+    assert_eq!(
+        c.interface.addresses,
+        vec!["10.100.0.2/32".parse().unwrap()]
+    );
+    assert_eq!(c.peers[0].public_key, gw_pub);
+    assert_eq!(
+        c.peers[0].endpoint.as_ref().unwrap().to_string(),
+        "192.0.2.10:51820"
+    );
+    assert_eq!(
+        c.peers[0]
+            .allowed_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["10.100.0.0/24", "192.0.2.0/24"]
+    );
+    assert!(conf.contains("\nDNS = 192.0.2.1\n"));
+    // Only in the candidate until commit.
+    assert_eq!(r.s.running().peers.len(), 0);
+    let p = &r.s.candidate().peers[0];
+    assert_eq!(p.name.as_deref(), Some("phone"));
+    assert_eq!(p.public_key, k.public());
+    assert_eq!(p.preshared_key, c.peers[0].preshared_key);
+    assert!(r.ok("show clients").contains("not committed yet"));
+    r.ok("commit");
+    assert_eq!(r.saved().peers[0].name.as_deref(), Some("phone"));
+    // The next one gets the next address.
+    let out2 = r.ok("add client laptop");
+    assert!(out2.contains("address 10.100.0.3/32"), "{out2}");
+    r.ok("discard");
+    // Reprint: no private key (not kept), same everything else.
+    let again = r.ok("show client phone");
+    let (conf2, after2) = cut(&again, "phone");
+    check_qr(&after2, &conf2);
+    assert_eq!(
+        conf2.replace(crate::console::client::NOT_STORED, &k.to_base64()),
+        conf
+    );
+    assert!(again.contains("was not kept"), "{again}");
+    let l = r.ok("show clients");
+    assert!(
+        l.contains("phone") && l.contains("10.100.0.2/32") && l.contains("not kept"),
+        "{l}"
+    );
+    assert!(!l.contains("not committed"), "{l}");
+    assert!(r
+        .err("show client nobody")
+        .contains("no client named nobody"));
+    // Deleting the client by name.
+    r.ok("delete client phone");
+    assert!(r.s.candidate().peers.is_empty());
+    assert!(r.err("delete client phone").contains("no client named"));
+    r.ok("commit");
+    assert!(r.saved().peers.is_empty());
+}
+
+#[test]
+fn add_client_keep_key_stores_it_from_commit_until_deleted() {
+    let mut r = Rig::new();
+    set_uplink(&r, &["203.0.113.5/24"]);
+    r.ok("set interface listen-port 51820");
+    r.ok("set interface address 10.100.0.1/24,fd10::1/64");
+    r.ok("commit");
+    let out = r.ok("add client tablet keep-key");
+    assert!(out.contains("kept"), "{out}");
+    let (conf, _) = cut(&out, "tablet");
+    let k = crate::core::ini::parse("t", &conf)
+        .unwrap()
+        .interface
+        .private_key
+        .unwrap();
+    assert!(
+        conf.contains("Address = 10.100.0.2/32, fd10::2/128\n"),
+        "{conf}"
+    );
+    let path = r.dir.0.join("clients").join("tablet.key");
+    assert!(!path.exists(), "stored before commit");
+    // Before the commit the key is reprinted from memory.
+    assert!(r.ok("show client tablet").contains(&k.to_base64()));
+    let c = r.ok("commit");
+    assert!(c.contains("kept the private key of client tablet"), "{c}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let m = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(m & 0o777, 0o600);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            format!("{}\n", k.to_base64())
+        );
+    }
+    // A new console reprints it from the file: the same configuration.
+    r.restart();
+    let again = r.ok("show client tablet");
+    assert_eq!(cut(&again, "tablet").0, conf);
+    assert!(r.ok("show clients").contains("kept"));
+    // Deleted: the key goes at commit.
+    r.ok("delete client tablet");
+    assert!(path.exists());
+    let c = r.ok("commit");
+    assert!(c.contains("removed the kept private key"), "{c}");
+    assert!(!path.exists());
+    // keep-key, then discard: nothing stored at the next commit.
+    r.ok("add client tablet keep-key");
+    r.ok("discard");
+    r.ok("set interface mtu 1400");
+    r.ok("commit");
+    assert!(!path.exists());
+    // keep-key under commit-confirm: removed again when it rolls back.
+    r.ok("add client tablet keep-key");
+    r.ok("commit-confirm 1");
+    assert!(path.exists());
+    let rb = r.advance(60).expect("rollback");
+    assert!(
+        rb.text.contains("removed the kept private key"),
+        "{}",
+        rb.text
+    );
+    assert!(!path.exists());
+    assert!(r.s.running().peers.is_empty());
+}
+
+#[test]
+fn add_client_errors_change_nothing() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 51820");
+    r.ok("commit");
+    let check = |r: &mut Rig, line: &str, says: &str| {
+        let cand = r.s.candidate().clone();
+        let e = r.err(line);
+        assert!(e.contains(says), "{line}: {e}");
+        assert_eq!(*r.s.candidate(), cand, "{line} changed the candidate");
+        assert!(!r.dir.0.join("clients").exists());
+    };
+    // No [Interface] Address.
+    set_uplink(&r, &["192.0.2.10/24"]);
+    check(&mut r, "add client phone keep-key", "set interface address");
+    r.ok("set interface address 10.9.0.1/30");
+    // Invalid names, and the usage.
+    check(&mut r, "add client -phone", "not a valid client name");
+    check(&mut r, "add client a/b", "not a valid client name");
+    check(
+        &mut r,
+        &format!("add client {}", "x".repeat(33)),
+        "not a valid client name",
+    );
+    check(&mut r, "add client", "usage: add client NAME");
+    check(&mut r, "add client phone now", "keep-key");
+    check(&mut r, "add phone", "expected one of client");
+    // No usable endpoint: the uplink unknown or without an address, no public endpoint.
+    *r.uplink.borrow_mut() = None;
+    check(&mut r, "add client phone", "public-endpoint");
+    set_uplink(&r, &["fe80::1/64"]);
+    check(&mut r, "add client phone", "public-endpoint");
+    // A public endpoint is enough.
+    r.ok("set gateway public-endpoint vpn.example.net:443");
+    r.ok("add client phone");
+    // Name in use; no free address left in the /30.
+    check(&mut r, "add client phone", "already a client");
+    check(
+        &mut r,
+        "add client laptop",
+        "no free address left in 10.9.0.0/30",
+    );
+    // No private key.
+    r.ok("delete client phone");
+    r.ok("delete interface private-key");
+    check(&mut r, "add client laptop", "no private key");
+    r.ok("discard");
+    assert!(r.s.candidate().peers.is_empty());
 }

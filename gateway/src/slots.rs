@@ -1,8 +1,14 @@
-//! Disk and boot-loader facts: partitions found by GPT label, and marking a boot good
-//! by renaming the systemd-boot entry this slot booted from (`riceguard-a+2-1.conf` ->
-//! `riceguard-a.conf`: an entry without a `+` counter is never counted down again).
+//! The A/B slot layout on disk, shared by init (mounting, marking a boot good) and the
+//! updater (installing into the other slot, rollback): partitions found by GPT label,
+//! and the systemd-boot entries of the two slots — their names (`riceguard-a.conf`, or
+//! `riceguard-a+2-1.conf` while on trial: tries left and done), text and sort keys.
+//! Marking a boot good renames the counted entry this slot booted from to the plain
+//! name; an entry without a `+` counter is never counted down again.
 
+use std::io;
 use std::path::Path;
+
+use crate::store;
 
 /// The block device (`/dev/vda2`) whose GPT partition name is `label`, from sysfs uevents.
 pub fn find_partition(label: &str) -> Option<String> {
@@ -34,12 +40,10 @@ pub fn counted_entry<'a>(
     names: impl IntoIterator<Item = &'a str>,
     slot: char,
 ) -> Option<(&'a str, String)> {
-    let prefix = format!("riceguard-{slot}+");
-    names.into_iter().find_map(|n| {
-        let l = n.to_ascii_lowercase();
-        (l.starts_with(&prefix) && l.ends_with(".conf"))
-            .then(|| (n, format!("riceguard-{slot}.conf")))
-    })
+    names
+        .into_iter()
+        .find(|n| is_slot_entry(n, slot) && n.contains('+'))
+        .map(|n| (n, format!("riceguard-{slot}.conf")))
 }
 
 /// What marking the boot good did.
@@ -59,12 +63,68 @@ pub fn mark_good(esp: &Path, slot: char) -> std::io::Result<Marked> {
     let Some((from, to)) = counted_entry(names.iter().map(String::as_str), slot) else {
         return Ok(Marked::AlreadyGood);
     };
-    crate::store::rename(&dir.join(from), &dir.join(&to))?;
+    store::rename(&dir.join(from), &dir.join(&to))?;
     crate::sys::os::sync();
     Ok(Marked::Renamed {
         from: from.to_string(),
         to,
     })
+}
+
+/// Entry file names in `<esp>/loader/entries` that belong to `slot`.
+pub fn slot_entries(esp: &Path, slot: char) -> io::Result<Vec<String>> {
+    let dir = esp.join("loader/entries");
+    let mut v: Vec<String> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| is_slot_entry(n, slot))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+pub fn is_slot_entry(name: &str, slot: char) -> bool {
+    let l = name.to_ascii_lowercase();
+    let Some(rest) = l.strip_prefix(&format!("riceguard-{slot}")) else {
+        return false;
+    };
+    rest == ".conf" || (rest.starts_with('+') && rest.ends_with(".conf"))
+}
+
+/// Tries left and done of a counted entry name (`riceguard-b+2-1.conf` -> (2, 1)).
+pub fn entry_tries(name: &str) -> Option<(u32, u32)> {
+    let stem = name.strip_suffix(".conf").or(name.strip_suffix(".CONF"))?;
+    let (_, counter) = stem.split_once('+')?;
+    match counter.split_once('-') {
+        Some((l, d)) => Some((l.parse().ok()?, d.parse().ok()?)),
+        None => Some((counter.parse().ok()?, 0)),
+    }
+}
+
+pub fn entry_text(version: &str, slot: char, sort_key: &str) -> String {
+    format!(
+        "title RiceGuard {version} (slot {slot})\nversion {version}\nsort-key {sort_key}\nefi /EFI/riceguard/slot-{slot}.efi\n"
+    )
+}
+
+/// Set `sort-key` of an entry file (added when missing), keeping the other lines.
+pub fn set_sort_key(path: &Path, key: &str) -> io::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let mut out: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("sort-key"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str(&format!("sort-key {key}\n"));
+    store::write(path, out.as_bytes(), store::PUBLIC)
+}
+
+/// Whether `slot` booted from a boot-counted entry (not yet marked good).
+pub fn slot_on_trial(esp: &Path, slot: char) -> bool {
+    slot_entries(esp, slot)
+        .unwrap_or_default()
+        .iter()
+        .any(|n| entry_tries(n).is_some())
 }
 
 #[cfg(test)]

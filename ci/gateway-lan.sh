@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# The gateway's LAN side and its network reload, end to end, with the release binary
+# (`riceguard up --config FILE`) in network namespaces:
+#
+#   ns P (stock wireguard-go "phone", tunnel 192.168.77.202, fd77::202)
+#      | 10.55.0.2/24                    nothing but namespaces; names rgn<X><pid>
+#   ns R "router": 10.55.0.1, port forward udp/51820 -> 192.168.77.2, bridge br0
+#      | 192.168.77.1/24 on br0  --- bridge ---  ns L "lanhost" 192.168.77.10/24, fd77::10/64
+#   ns G "gw": uplink `upl` 192.168.77.2/24 (static; fd77::2/64 added later, as SLAAC would),
+#      default via 192.168.77.1; LAN port `lan` --- ns M "lanhost2" 192.168.88.10/24
+#      (default via 192.168.88.1); riceguard tunnel 192.168.77.201/29 with two peers:
+#      the phone and a second peer (no daemon) 192.168.77.203, 10.66.2.0/24, fd77::203.
+#
+# (a) one-armed (Lan unset, uplink found by the default route): proxy entries for the
+#     peers' host addresses on the uplink, routes tagged proto 91, forwarding and
+#     rp_filter; the phone and L ping each other (IPv4 and IPv6) with no route on L; the
+#     IPv6 entries follow the uplink's IPv6 address when it appears later.
+# (b) reload to two-armed (Lan, LanAddress): the LAN port gets its address; the phone and
+#     M ping each other and a TCP exchange works.
+# (c) reload removing the second peer: its routes and proxy entries are gone, the phone's
+#     stay; then one changing the tunnel addresses: the removed one goes, the kept one is
+#     not touched (a route using it as source survives), nor a hand-made route or address.
+# (d) the uplink loses its IPv6 address: the IPv6 entry goes; (e) stop: no proxy entry left.
+#
+# Needs root, wireguard-go, wireguard-tools, iproute2, nftables, python3.
+# riceguard is $RG_BIN (default target/release/riceguard). Run: sudo ci/gateway-lan.sh
+# Prints "gateway-lan: N passed, N failed"; exit status 1 when anything failed.
+set -u
+cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init gateway-lan
+require_rg
+require_tools wireguard-go wg ip nft python3
+
+P=rgnP$$ R=rgnR$$ G=rgnG$$ L=rgnL$$ M=rgnM$$
+TUN=rgnw$$ PHONE=rgnp$$
+WORK=$(mktemp -d /tmp/rgn-gateway-lan.XXXXXX)
+STATUS=/run/riceguard/$TUN.status
+RGPID=
+
+cleanup() {
+    local p
+    for p in "${PIDS[@]}" $RGPID; do kill "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}" $RGPID; do
+        for _ in $(seq 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$p" 2>/dev/null
+    done
+    for n in $P $R $G $L $M; do ip netns del $n 2>/dev/null; done
+    rm -f /var/run/wireguard/$TUN.sock /var/run/wireguard/$PHONE.sock "$STATUS"
+    if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
+}
+at_exit cleanup
+
+G_() { ip netns exec $G "$@"; }
+
+# ---- namespaces and links -----------------------------------------------------------------
+for n in $P $R $G $L $M; do
+    ip netns add $n
+    ip -n $n link set lo up
+    ip netns exec $n sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
+done
+# The gateway starts with forwarding off and strict reverse-path filtering: the daemon
+# must turn on what it needs (a new namespace inherits the host's IPv4 settings).
+G_ sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0 \
+    net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=1
+ip netns exec $R sysctl -qw net.ipv4.ip_forward=1
+ip -n $R link add br0 type bridge
+ip -n $R link set br0 up
+ip link add rp netns $R type veth peer name eth0 netns $P
+ip link add rg netns $R type veth peer name upl netns $G
+ip link add rl netns $R type veth peer name eth0 netns $L
+ip link add lan netns $G type veth peer name eth0 netns $M
+for i in rg rl; do ip -n $R link set $i master br0 up; done
+ip -n $R link set rp up
+ip -n $R addr add 192.168.77.1/24 dev br0
+ip -n $R addr add 10.55.0.1/24 dev rp
+ip -n $P addr add 10.55.0.2/24 dev eth0
+ip -n $P link set eth0 up
+ip -n $P route add default via 10.55.0.1
+ip -n $G addr add 192.168.77.2/24 dev upl
+ip -n $G link set upl up
+ip -n $G route add default via 192.168.77.1
+ip -n $L addr add 192.168.77.10/24 dev eth0
+ip -n $L addr add fd77::10/64 dev eth0 nodad
+ip -n $L link set eth0 up
+ip -n $M addr add 192.168.88.10/24 dev eth0
+ip -n $M link set eth0 up
+ip -n $M route add default via 192.168.88.1
+ip -n $M addr add fd88::10/64 dev eth0 nodad
+ip -n $M route add default via fd88::1
+# The ISP router's port forward to the one-armed appliance.
+ip netns exec $R nft add table ip rgnnat
+ip netns exec $R nft add chain ip rgnnat pre '{ type nat hook prerouting priority -100; }'
+ip netns exec $R nft add chain ip rgnnat post '{ type nat hook postrouting priority 100; }'
+ip netns exec $R nft add rule ip rgnnat pre iifname rp udp dport 51820 dnat to 192.168.77.2
+
+# ---- keys, configurations ------------------------------------------------------------------
+kg=$(wg genkey); kp=$(wg genkey); k2=$(wg genkey)
+pg=$(echo "$kg" | wg pubkey); pp=$(echo "$kp" | wg pubkey); p2=$(echo "$k2" | wg pubkey)
+conf() { # conf ADDRESSES WITH_PEER2 LAN_LINES
+    cat <<EOF
+[Interface]
+PrivateKey = $kg
+ListenPort = 51820
+Address = $1
+MTU = 1420
+
+[Peer]
+Name = phone
+PublicKey = $pp
+AllowedIPs = 192.168.77.202/32, fd77::202/128, 10.66.1.0/24
+EOF
+    if [ "$2" = yes ]; then
+        cat <<EOF
+
+[Peer]
+Name = laptop
+PublicKey = $p2
+AllowedIPs = 192.168.77.203/32, fd77::203/128, 10.66.2.0/24
+EOF
+    fi
+    cat <<EOF
+
+[Gateway]
+InterfaceName = $TUN
+Hugepages = off
+TcpFallback = off
+ProxyArp = on
+$3
+EOF
+}
+CONF=$WORK/gw.conf
+write_conf() { conf "$@" >"$CONF.new" && chmod 600 "$CONF.new" && mv "$CONF.new" "$CONF"; }
+write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64" yes ""
+
+# ---- the phone: stock wireguard-go, as a WireGuard app on a phone would be set up -----------
+ip netns exec $P env WG_PROCESS_FOREGROUND=1 wireguard-go $PHONE >"$WORK/phone.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 50); do [ -S /var/run/wireguard/$PHONE.sock ] && break; sleep 0.1; done
+ip netns exec $P wg set $PHONE private-key <(echo "$kp") peer "$pg" endpoint 10.55.0.1:51820 \
+    allowed-ips 192.168.77.0/24,192.168.88.0/24,fd77::/64,fd88::/64 persistent-keepalive 25
+ip -n $P addr add 192.168.77.202/32 dev $PHONE
+ip -n $P addr add fd77::202/128 dev $PHONE nodad
+ip -n $P link set $PHONE mtu 1420 up
+for r in 192.168.77.0/24 192.168.88.0/24; do ip -n $P route add $r dev $PHONE; done
+for r in fd77::/64 fd88::/64; do ip -n $P -6 route add $r dev $PHONE; done
+
+# ---- the gateway ---------------------------------------------------------------------------
+RG_LOG=info ip netns exec $G "$RG" up --config "$CONF" --workers 1 >"$WORK/gw.log" 2>&1 &
+STARTED=$!
+sleep 0.2
+# `ip netns exec` may exec riceguard (same PID) or run it as its child.
+if [ "$(readlink /proc/$STARTED/exe)" = "$RG" ]; then RGPID=$STARTED
+else RGPID=$(pgrep -P $STARTED | head -1); PIDS+=($STARTED); fi
+up=0
+for _ in $(seq 100); do
+    if [ -S /var/run/wireguard/$TUN.sock ] && ip -n $G -o link show $TUN 2>/dev/null | grep -q ',UP'; then up=1; break; fi
+    sleep 0.1
+done
+if [ $up = 1 ] && [ -n "$RGPID" ]; then ok "gateway up (riceguard pid $RGPID)"
+else bad "gateway did not come up"; tail -20 "$WORK/gw.log"; h_finish; fi
+
+# wait_for SECONDS COMMAND...: poll (0.2 s) until the command succeeds, bounded.
+wait_for() {
+    local n=$(($1 * 5)); shift
+    for _ in $(seq $n); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+    return 1
+}
+# First reply within N one-second pings (the first packet waits for the handshake).
+ping_ok() { # ping_ok NS DST
+    local i
+    for i in $(seq 8); do ip netns exec $1 ping -n -c1 -W1 "$2" >/dev/null 2>&1 && return 0; done
+    return 1
+}
+ping_loss0() { # three in a row, none lost
+    ip netns exec $1 ping -n -c3 -i0.2 -W2 "$2" 2>/dev/null | grep -q ' 0% packet loss'
+}
+has_proxy() { ip -n $G neigh show proxy | grep -q "^$1 dev $2\b"; }
+no_proxy() { ! ip -n $G neigh show proxy | grep -q "^$1 "; }
+route_of() { ip -n $G "${@:2}" route show proto 91 dev $TUN | grep -q "^$1\b"; }
+no_route() { ! ip -n $G "${@:2}" route show dev $TUN | grep -q "^$1\b"; }
+sysctl_is() { [ "$(G_ sysctl -n "$1")" = "$2" ]; }
+reload_to() { # reload_to GENERATION: SIGHUP, wait for the status file's reload line
+    kill -HUP "$RGPID"
+    wait_for 10 grep -q "^reload: generation $1 ok" "$STATUS"
+}
+
+# ---- (a) one-armed ---------------------------------------------------------------------------
+echo "--- (a) one-armed: proxy ARP on the uplink"
+check "proxy ARP entry 192.168.77.202 on the uplink" has_proxy 192.168.77.202 upl
+check "proxy ARP entry 192.168.77.203 on the uplink (second peer)" has_proxy 192.168.77.203 upl
+check "no IPv6 entry while the uplink has no IPv6 address" no_proxy fd77::202
+check "route 10.66.1.0/24 dev tunnel proto 91" route_of 10.66.1.0/24
+check "route 10.66.2.0/24 dev tunnel proto 91" route_of 10.66.2.0/24
+check "route fd77::202 dev tunnel proto 91" route_of fd77::202 -6
+check "no route for a host inside the tunnel's own /29" no_route 192.168.77.202
+check "ip_forward turned on" sysctl_is net.ipv4.ip_forward 1
+check "rp_filter loose on the uplink" sysctl_is net.ipv4.conf.upl.rp_filter 2
+check "rp_filter loose on the tunnel" sysctl_is net.ipv4.conf.$TUN.rp_filter 2
+check "phone pings LAN host 192.168.77.10" ping_ok $P 192.168.77.10
+check "LAN host pings phone 192.168.77.202 (proxy ARP)" ping_loss0 $L 192.168.77.202
+mac_up=$(ip -n $G -o link show upl | grep -o 'link/ether [0-9a-f:]*' | cut -d' ' -f2)
+check "LAN host learned 192.168.77.202 at the gateway's uplink MAC" \
+    sh -c "ip -n $L neigh show 192.168.77.202 | grep -q '$mac_up'"
+lroutes=$(ip -n $L -4 route show | wc -l)
+[ "$lroutes" = 1 ] && ok "LAN host has no route but its connected /24" ||
+    bad "LAN host routes: $(ip -n $L -4 route show | tr '\n' ';')"
+# IPv6 arrives later (as SLAAC would): the watch adds the NDP proxy entries.
+ip -n $G addr add fd77::2/64 dev upl nodad
+if wait_for 10 has_proxy fd77::202 upl; then ok "NDP proxy entry fd77::202 follows the uplink's new IPv6 address"
+else bad "no NDP proxy entry for fd77::202 10 s after the uplink got fd77::2/64"; fi
+check "proxy_ndp on the uplink" sysctl_is net.ipv6.conf.upl.proxy_ndp 1
+check "IPv6 forwarding turned on" sysctl_is net.ipv6.conf.all.forwarding 1
+check "phone pings LAN host fd77::10" ping_ok $P fd77::10
+check "LAN host pings phone fd77::202 (NDP proxy)" ping_ok $L fd77::202
+
+# ---- (b) two-armed ---------------------------------------------------------------------------
+echo "--- (b) reload to two-armed: Lan = lan, LanAddress = 192.168.88.1/24"
+write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64" yes "Lan = lan
+LanAddress = 192.168.88.1/24, fd88::1/64"
+if reload_to 1; then ok "reload 1 applied"; else bad "reload 1: $(grep reload: "$STATUS")"; fi
+check "LAN port has 192.168.88.1/24" sh -c "ip -n $G -o addr show dev lan | grep -q 'inet 192.168.88.1/24'"
+check "LAN port is up" sh -c "ip -n $G -o link show lan | grep -q ',UP'"
+check "rp_filter loose on the LAN port" sysctl_is net.ipv4.conf.lan.rp_filter 2
+check "phone pings LAN host 192.168.88.10" ping_ok $P 192.168.88.10
+check "LAN host 192.168.88.10 pings the phone" ping_loss0 $M 192.168.77.202
+check "phone pings LAN host fd88::10" ping_ok $P fd88::10
+# One TCP exchange: a one-shot echo server on the LAN host, bounded by timeouts.
+timeout 20 ip netns exec $M python3 ci/lib/labtool.py tcp-reverse-once 192.168.88.10 7777 &
+PIDS+=($!)
+wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :7777' | grep -q ."
+got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 7777 2>&1)
+[ "$got" = ok ] && ok "TCP phone -> 192.168.88.10:7777: 30 kB echoed reversed" || bad "TCP exchange: $got"
+
+# ---- (c) reload removing the second peer, then one changing the tunnel addresses ----------
+echo "--- (c1) reload: second peer removed (addresses unchanged)"
+write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64" no "Lan = lan
+LanAddress = 192.168.88.1/24, fd88::1/64"
+if reload_to 2; then ok "reload 2 applied"; else bad "reload 2: $(grep reload: "$STATUS")"; fi
+check "removed peer's route 10.66.2.0/24 is gone" no_route 10.66.2.0/24
+check "removed peer's route fd77::203 is gone" no_route fd77::203 -6
+check "removed peer's proxy entry 192.168.77.203 is gone" no_proxy 192.168.77.203
+check "removed peer's NDP entry fd77::203 is gone" no_proxy fd77::203
+check "the phone's route 10.66.1.0/24 stays" route_of 10.66.1.0/24
+check "the phone's route fd77::202 stays" route_of fd77::202 -6
+check "the phone's proxy entry 192.168.77.202 stays" has_proxy 192.168.77.202 upl
+check "the phone's NDP entry fd77::202 stays" has_proxy fd77::202 upl
+
+echo "--- (c2) reload: tunnel address 10.66.8.1/24 replaced by 10.66.9.1/24"
+# Things the reload must not touch: a route using a kept address as its source (gone if
+# that address were flushed), a hand-made route and a hand-made address on the tunnel.
+ip -n $G route add 10.99.9.0/24 dev $TUN src 192.168.77.201
+ip -n $G route add 10.98.0.0/24 dev $TUN
+ip -n $G addr add 10.97.7.1/32 dev $TUN
+write_conf "192.168.77.201/29, 10.66.9.1/24, fd77:1::1/64" no "Lan = lan
+LanAddress = 192.168.88.1/24, fd88::1/64"
+if reload_to 3; then ok "reload 3 applied"; else bad "reload 3: $(grep reload: "$STATUS")"; fi
+check "removed address 10.66.8.1/24 is gone" sh -c "! ip -n $G -o addr show dev $TUN | grep -q 'inet 10.66.8.1/'"
+check "new address 10.66.9.1/24 is there" sh -c "ip -n $G -o addr show dev $TUN | grep -q 'inet 10.66.9.1/24'"
+check "kept address 192.168.77.201/29 is there" sh -c "ip -n $G -o addr show dev $TUN | grep -q 'inet 192.168.77.201/29'"
+check "route with src 192.168.77.201 survived (the address was not flushed)" \
+    sh -c "ip -n $G route show dev $TUN | grep -q '^10.99.9.0/24 .*src 192.168.77.201'"
+check "hand-made route 10.98.0.0/24 on the tunnel survived" sh -c "ip -n $G route show dev $TUN | grep -q '^10.98.0.0/24'"
+check "hand-made address 10.97.7.1 on the tunnel survived" sh -c "ip -n $G -o addr show dev $TUN | grep -q 'inet 10.97.7.1/32'"
+check "the phone's route 10.66.1.0/24 untouched" route_of 10.66.1.0/24
+check "LAN port address untouched" sh -c "ip -n $G -o addr show dev lan | grep -q 'inet 192.168.88.1/24'"
+check "phone still reaches 192.168.77.10 after the reloads" ping_loss0 $P 192.168.77.10
+check "LAN host 192.168.77.10 still reaches the phone" ping_loss0 $L 192.168.77.202
+
+# ---- (d) the uplink's address goes ----------------------------------------------------------
+echo "--- (d) the uplink loses its IPv6 address"
+ip -n $G addr del fd77::2/64 dev upl
+if wait_for 10 no_proxy fd77::202; then ok "NDP proxy entry fd77::202 removed with the uplink's IPv6 address"
+else bad "NDP proxy entry fd77::202 still there 10 s after fd77::2 went"; fi
+check "IPv4 proxy entry 192.168.77.202 stays" has_proxy 192.168.77.202 upl
+
+# ---- (e) stop -------------------------------------------------------------------------------
+echo "--- (e) stop"
+kill -TERM "$RGPID"
+for _ in $(seq 50); do kill -0 "$RGPID" 2>/dev/null || break; sleep 0.1; done
+if kill -0 "$RGPID" 2>/dev/null; then bad "riceguard still running 5 s after SIGTERM"
+else
+    RGPID=
+    left=$(ip -n $G neigh show proxy)
+    [ -z "$left" ] && ok "no proxy entry left after stop" || bad "proxy entries left after stop: $left"
+fi
+if [ $failed -gt 0 ]; then echo "--- gateway log (tail)"; tail -30 "$WORK/gw.log"; fi
+h_finish

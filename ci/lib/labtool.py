@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Small socket and parsing tools the Bash labs in ci/ call (one scripting style: Bash
+drives namespaces and processes, anything that talks sockets or parses output is here).
+
+    labtool.py iperf-mbit [FILE]            Mbit/s received from iperf3 -J output (0 if none)
+    labtool.py udp-echo                     echo UDP on 127.0.0.1 (port printed), 60 s idle max
+    labtool.py udp-echo-check PORT          WireGuard-shaped datagrams echoed back intact
+    labtool.py u32le-refused PORT           u32-LE framed input: the TCP peer closes at once
+    labtool.py tcp-garbage HOST PORT        hostile frames + 200 quick connects; prints "closed N"
+    labtool.py pcap-segments                tcpdump text on stdin -> "data bare2 small" counts
+    labtool.py uapi-clients SOCK READY      40 silent, 10 half-request, 10 slow-loris UAPI clients for 25 s
+    labtool.py uapi-cut SOCK                a `set` cut off inside a line; prints the reply
+    labtool.py hold udp|tcp PORT READY      hold a port on [::] (dual-stack) for 120 s
+    labtool.py tcp-reverse-once HOST PORT   accept one TCP connection (15 s), send back what
+                                            it sent up to a newline, reversed
+    labtool.py tcp-reverse-check HOST PORT  30 kB to a tcp-reverse-once server; prints "ok"
+
+Every loop is bounded in count and time.
+"""
+import json
+import os
+import re
+import socket
+import struct
+import sys
+import time
+
+
+def iperf_mbit(args):
+    try:
+        src = open(args[0]) if args else sys.stdin
+        d = json.load(src)
+        print(int(d["end"]["sum_received"]["bits_per_second"] / 1e6))
+    except (OSError, ValueError, KeyError, TypeError):
+        print(0)
+
+
+def udp_echo(_args):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    print(s.getsockname()[1], flush=True)
+    sys.stdout.close()
+    s.settimeout(60)
+    try:
+        while True:
+            d, a = s.recvfrom(65536)
+            s.sendto(d, a)
+    except OSError:
+        pass
+
+
+def udp_echo_check(args):
+    c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    c.settimeout(3)
+    c.connect(("127.0.0.1", int(args[0])))
+    for i, n in enumerate([32, 148, 1398, 60000]):
+        m = bytes([4, 0, 0, 0]) + bytes([i]) * (n - 4)
+        c.send(m)
+        if c.recv(65536) != m:
+            sys.exit(f"datagram of {n} bytes not echoed intact")
+
+
+def u32le_refused(args):
+    s = socket.create_connection(("127.0.0.1", int(args[0])))
+    s.settimeout(3)
+    m = bytes([4, 0, 0, 0]) + bytes(60)
+    s.sendall(struct.pack("<I", len(m)) + m)
+    if s.recv(10) != b"":
+        sys.exit("connection not closed")
+
+
+def tcp_garbage(args):
+    host, port = args[0], int(args[1])
+    closed = 0
+    payloads = [os.urandom(4096), struct.pack("<I", 148) + os.urandom(148), b"\x00\x01",
+                b"\xff\xff" + os.urandom(10)]
+    for payload in payloads:
+        s = socket.create_connection((host, port), timeout=3)
+        try:
+            s.sendall(payload)
+            s.settimeout(3)
+            if s.recv(1) == b"":
+                closed += 1
+        except (ConnectionResetError, socket.timeout, BrokenPipeError):
+            closed += 1
+        s.close()
+    for _ in range(200):
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+        except OSError:
+            pass
+    print("closed", closed)
+
+
+def pcap_segments(_args):
+    lens = [int(m.group(1)) for line in sys.stdin
+            for m in [re.search(r"length (\d+)$", line.strip())] if m]
+    data = [n for n in lens if n > 0]
+    print(len(data), sum(1 for n in data if n == 2), sum(1 for n in data if n < 1000))
+
+
+def uapi_clients(args):
+    path, ready = args[0], args[1]
+    held = []
+
+    def connect():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        held.append(s)
+        return s
+
+    for _ in range(40):  # silent: connect, say nothing
+        connect()
+    for _ in range(10):  # half a request, then nothing
+        connect().sendall(b"set=1\nlisten_port=4")
+    loris = [connect() for _ in range(10)]
+    with open(ready, "w") as f:
+        f.write("ok\n")
+    # slow-loris: a get request one byte a second, re-connecting when cut off
+    req = b"get=1\n\n"
+    end = time.time() + 25
+    i = 0
+    while time.time() < end:
+        for n, s in enumerate(loris):
+            try:
+                s.sendall(req[i % len(req):i % len(req) + 1])
+            except OSError:
+                try:
+                    loris[n] = connect()
+                except OSError:
+                    pass
+        i += 1
+        time.sleep(1)
+
+
+def uapi_cut(args):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(args[0])
+    s.sendall(b"set=1\nlisten_port=4")
+    s.shutdown(socket.SHUT_WR)
+    s.settimeout(10)
+    print(s.recv(100).decode().strip())
+
+
+def hold(args):
+    kind, port, ready = args[0], int(args[1]), args[2]
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM if kind == "udp" else socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::", port))
+    if kind == "tcp":
+        s.listen(1)
+    with open(ready, "w") as f:
+        f.write("ok\n")
+    time.sleep(120)
+
+
+def tcp_reverse_once(args):
+    s = socket.socket(socket.AF_INET6 if ":" in args[0] else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((args[0], int(args[1])))
+    s.listen(1)
+    s.settimeout(15)
+    c, _ = s.accept()
+    c.settimeout(5)
+    data = b""
+    while not data.endswith(b"\n"):
+        d = c.recv(65536)
+        if not d:
+            break
+        data += d
+    c.sendall(data[::-1])
+    c.close()
+
+
+def tcp_reverse_check(args):
+    c = socket.create_connection((args[0], int(args[1])), timeout=5)
+    msg = b"riceguard-" * 3000 + b"\n"
+    c.sendall(msg)
+    c.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        d = c.recv(65536)
+        if not d:
+            break
+        data += d
+    print("ok" if data == msg[::-1] else "mismatch %d" % len(data))
+
+
+TOOLS = {
+    "tcp-reverse-once": tcp_reverse_once,
+    "tcp-reverse-check": tcp_reverse_check,
+    "iperf-mbit": iperf_mbit,
+    "udp-echo": udp_echo,
+    "udp-echo-check": udp_echo_check,
+    "u32le-refused": u32le_refused,
+    "tcp-garbage": tcp_garbage,
+    "pcap-segments": pcap_segments,
+    "uapi-clients": uapi_clients,
+    "uapi-cut": uapi_cut,
+    "hold": hold,
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
+        sys.exit(__doc__)
+    TOOLS[sys.argv[1]](sys.argv[2:])

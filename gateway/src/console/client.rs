@@ -1,0 +1,711 @@
+//! `add client NAME`, `show client NAME`, `show clients`: a phone or laptop added from
+//! the console. Everything here works on [`Config`] values and the uplink's addresses
+//! handed in (the session asks [`super::system::Hooks::uplink`] for them), so it is
+//! tested without a network.
+//!
+//! - [`allocate`] picks the next free tunnel address: host addresses of the `[Interface]
+//!   Address` subnets (IPv4, and IPv6 too when there is an IPv6 Address), skipping the
+//!   network and broadcast addresses (IPv6: the subnet-router anycast address), the
+//!   gateway's own addresses, and every address inside a peer's allowed IPs that lie
+//!   within the subnet (a peer prefix covering the whole subnet or more, such as
+//!   `0.0.0.0/0` of a site link, is a route, not an allocation).
+//! - [`add`] generates the client's key pair and a preshared key, and adds the `[Peer]`
+//!   (`Name`, public key, PSK, `AllowedIPs` = the /32 and /128) to the candidate.
+//! - [`client_config`] writes the client's wg-quick configuration: `AllowedIPs` = the
+//!   tunnel subnets and the LAN subnets (`LanAddress` networks with a LAN port, else the
+//!   uplink's current subnets: the one-armed deployment), `Endpoint` = `PublicEndpoint`,
+//!   else the uplink's current IPv4 address (IPv6 if it has none) and the `ListenPort`.
+//! - [`framed`] puts it between the marker lines (scripts and the image test cut it out of
+//!   the serial output with them) and draws it as a QR code ([`super::qr`]).
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::core::config::{valid_peer_name, Config, PeerConfig};
+use crate::core::key::Key;
+use crate::core::net::Cidr;
+
+use super::qr;
+use super::system::Uplink;
+use super::validate as v;
+
+/// `PersistentKeepalive` of the client's configuration: a phone is usually behind NAT.
+pub const KEEPALIVE: u16 = 25;
+
+/// The `PrivateKey` line of a reprinted configuration whose key was not kept.
+pub const NOT_STORED: &str = "(not stored: shown once by add client)";
+
+/// The first marker line around a client configuration.
+pub fn begin_marker(name: &str) -> String {
+    format!("----- BEGIN WIREGUARD CONFIG {name} -----")
+}
+
+/// The last marker line around a client configuration.
+pub fn end_marker(name: &str) -> String {
+    format!("----- END WIREGUARD CONFIG {name} -----")
+}
+
+fn bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn ip_of(v4: bool, n: u128) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::from(n as u32))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(n))
+    }
+}
+
+/// First and last address (as numbers) of a prefix.
+fn range(c: &Cidr) -> (u128, u128) {
+    let host_bits = u32::from(c.max_prefix() - c.prefix);
+    let host_mask = if host_bits >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << host_bits) - 1
+    };
+    let first = bits(c.network().addr);
+    (first, first | host_mask)
+}
+
+/// The first free host address of `subnet`. `taken`: prefixes already given to peers;
+/// `reserved`: single addresses that are not free (the gateway's own). Each step passes
+/// a reserved address or a whole taken prefix, so the search ends after at most
+/// `reserved.len() + taken.len() + 1` steps, whatever the subnet's size.
+pub fn first_free(subnet: &Cidr, taken: &[Cidr], reserved: &[IpAddr]) -> Option<IpAddr> {
+    let v4 = subnet.addr.is_ipv4();
+    let host_bits = subnet.max_prefix() - subnet.prefix;
+    if host_bits == 0 {
+        return None;
+    }
+    let (mut cur, mut last) = range(subnet);
+    // The network address (IPv6: subnet-router anycast) and IPv4's broadcast are no
+    // hosts, except on point-to-point /31 and /127 prefixes.
+    if host_bits >= 2 {
+        cur += 1;
+        if v4 {
+            last -= 1;
+        }
+    }
+    // Only prefixes strictly inside the subnet are allocations.
+    let inside: Vec<(u128, u128)> = taken
+        .iter()
+        .filter(|t| t.addr.is_ipv4() == v4 && t.prefix > subnet.prefix)
+        .map(range)
+        .collect();
+    let reserved: Vec<u128> = reserved
+        .iter()
+        .filter(|a| a.is_ipv4() == v4)
+        .map(|a| bits(*a))
+        .collect();
+    while cur <= last {
+        if reserved.contains(&cur) {
+            cur = cur.checked_add(1)?;
+            continue;
+        }
+        if let Some(&(_, end)) = inside.iter().find(|(s, e)| *s <= cur && cur <= *e) {
+            cur = end.checked_add(1)?;
+            continue;
+        }
+        return Some(ip_of(v4, cur));
+    }
+    None
+}
+
+/// The host prefixes (`/32`, and `/128` when the tunnel has IPv6) for a new client.
+/// `reserved`: addresses besides the `[Interface]` ones that are not free (the uplink's
+/// and LAN port's, in case the tunnel shares their subnet).
+pub fn allocate(cfg: &Config, reserved: &[IpAddr]) -> Result<Vec<Cidr>, String> {
+    let ifaddrs = &cfg.interface.addresses;
+    if ifaddrs.is_empty() {
+        return Err("the tunnel interface has no address, so there is no subnet to give the client an address from: \
+                    `set interface address 10.100.0.1/24` first"
+            .into());
+    }
+    let taken: Vec<Cidr> = cfg
+        .peers
+        .iter()
+        .flat_map(|p| p.allowed_ips.iter().copied())
+        .collect();
+    let mut own: Vec<IpAddr> = ifaddrs.iter().map(|c| c.addr).collect();
+    own.extend(cfg.gateway.lan_addresses.iter().map(|c| c.addr));
+    own.extend(cfg.gateway.uplink_addresses.iter().map(|c| c.addr));
+    own.extend_from_slice(reserved);
+    let mut out = Vec::new();
+    for v4 in [true, false] {
+        let subnets: Vec<&Cidr> = ifaddrs.iter().filter(|c| c.addr.is_ipv4() == v4).collect();
+        if subnets.is_empty() {
+            continue;
+        }
+        match subnets.iter().find_map(|s| first_free(s, &taken, &own)) {
+            Some(a) => out.push(Cidr {
+                addr: a,
+                prefix: if v4 { 32 } else { 128 },
+            }),
+            None => {
+                let list: Vec<String> = subnets.iter().map(|s| s.network().to_string()).collect();
+                return Err(format!(
+                    "no free address left in {} (the gateway's own, network and broadcast addresses and the \
+                     peers' allowed IPs are taken): remove a client, or set a wider interface address",
+                    list.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn join<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn usable_uplink_address(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(x) => !x.is_loopback() && !x.is_link_local() && !x.is_unspecified(),
+        IpAddr::V6(x) => {
+            !x.is_loopback() && !x.is_unspecified() && (x.segments()[0] & 0xffc0) != 0xfe80
+        }
+    }
+}
+
+fn private_v4(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(x) => x.is_private() || (x.octets()[0] == 100 && (x.octets()[1] & 0xc0) == 64),
+        IpAddr::V6(_) => false,
+    }
+}
+
+/// A client's wg-quick configuration (the text between the markers) and notes for the
+/// user (things to check, said outside the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientText {
+    pub config: String,
+    pub notes: Vec<String>,
+}
+
+/// The wg-quick configuration of client `peer` of gateway `cfg`. `private`: the client's
+/// private key, `None` when it was not kept (the line then says so). `uplink`: the
+/// uplink's current addresses, or why they are not known.
+pub fn client_config(
+    cfg: &Config,
+    peer: &PeerConfig,
+    private: Option<&Key>,
+    uplink: &Result<Uplink, String>,
+) -> Result<ClientText, String> {
+    let mut notes = Vec::new();
+    let gw_key = cfg
+        .interface
+        .private_key
+        .filter(|k| !k.is_zero())
+        .ok_or("the gateway has no private key yet: run `genkey` first")?;
+    let endpoint = match (&cfg.gateway.public_endpoint, uplink) {
+        (Some(e), _) => e.to_string(),
+        (None, up) => {
+            let port = cfg.interface.listen_port.ok_or(
+                "the interface has no listen port, so there is no port for the client to reach: \
+                 `set interface listen-port 51820` first",
+            )?;
+            let up = up.as_ref().map_err(|e| {
+                format!(
+                    "no endpoint for the client: no `gateway public-endpoint` is set and the uplink's address \
+                     is not known ({e}); `set gateway public-endpoint HOST:PORT` (your public address or name \
+                     and the port forwarded to this gateway)"
+                )
+            })?;
+            let addrs: Vec<IpAddr> = up
+                .addresses
+                .iter()
+                .map(|c| c.addr)
+                .filter(usable_uplink_address)
+                .collect();
+            let pick = addrs
+                .iter()
+                .find(|a| a.is_ipv4())
+                .or_else(|| addrs.first())
+                .ok_or_else(|| {
+                    format!(
+                        "no endpoint for the client: no `gateway public-endpoint` is set and the uplink {} has no \
+                         address yet; `set gateway public-endpoint HOST:PORT` (your public address or name and the \
+                         port forwarded to this gateway)",
+                        up.name
+                    )
+                })?;
+            if private_v4(pick) {
+                notes.push(format!(
+                    "the endpoint {pick} is the uplink's private address: it works inside this network; for \
+                     phones outside it, forward UDP port {port} on your router and `set gateway public-endpoint \
+                     PUBLIC-ADDRESS-OR-NAME:PORT`, then `show client {}`",
+                    peer.name.as_deref().unwrap_or("NAME")
+                ));
+            }
+            std::net::SocketAddr::new(*pick, port).to_string()
+        }
+    };
+    let mut allowed: Vec<Cidr> = Vec::new();
+    let mut push = |c: Cidr| {
+        let n = c.network();
+        if !allowed.contains(&n) {
+            allowed.push(n);
+        }
+    };
+    for a in &cfg.interface.addresses {
+        push(*a);
+    }
+    if !cfg.gateway.lan.is_empty() {
+        if cfg.gateway.lan_addresses.is_empty() {
+            notes.push(format!(
+                "the LAN port {} has no `gateway lan-address`: the client reaches only the tunnel subnet",
+                cfg.gateway.lan
+            ));
+        }
+        for a in &cfg.gateway.lan_addresses {
+            push(*a);
+        }
+    } else {
+        match uplink {
+            Ok(up) => {
+                for a in up
+                    .addresses
+                    .iter()
+                    .filter(|c| usable_uplink_address(&c.addr))
+                {
+                    push(*a);
+                }
+            }
+            Err(e) => notes.push(format!(
+                "the uplink's subnet is not known ({e}): the client reaches only the tunnel subnet"
+            )),
+        }
+    }
+    let addresses: Vec<Cidr> = peer.allowed_ips.clone();
+    let mut t = String::new();
+    t.push_str("[Interface]\n");
+    match private {
+        Some(k) => {
+            let _ = writeln!(t, "PrivateKey = {}", k.to_base64());
+        }
+        None => {
+            let _ = writeln!(t, "PrivateKey = {NOT_STORED}");
+        }
+    }
+    let _ = writeln!(t, "Address = {}", join(&addresses));
+    if !cfg.gateway.client_dns.is_empty() {
+        let _ = writeln!(t, "DNS = {}", join(&cfg.gateway.client_dns));
+    }
+    t.push_str("[Peer]\n");
+    let _ = writeln!(t, "PublicKey = {}", gw_key.public().to_base64());
+    if let Some(psk) = &peer.preshared_key {
+        let _ = writeln!(t, "PresharedKey = {}", psk.to_base64());
+    }
+    let _ = writeln!(t, "AllowedIPs = {}", join(&allowed));
+    let _ = writeln!(t, "Endpoint = {endpoint}");
+    let _ = writeln!(t, "PersistentKeepalive = {KEEPALIVE}");
+    Ok(ClientText { config: t, notes })
+}
+
+/// The configuration between its marker lines, then the same as a QR code.
+pub fn framed(name: &str, config: &str) -> Result<String, String> {
+    let code = qr::render(config)?;
+    Ok(format!(
+        "{}\n{config}{}\n{code}",
+        begin_marker(name),
+        end_marker(name)
+    ))
+}
+
+/// The peer named `name`, if any.
+pub fn find<'a>(cfg: &'a Config, name: &str) -> Option<&'a PeerConfig> {
+    cfg.peers.iter().find(|p| p.name.as_deref() == Some(name))
+}
+
+/// A client name, checked as the configuration file checks it.
+pub fn name(s: &str) -> Result<&str, String> {
+    if valid_peer_name(s) {
+        Ok(s)
+    } else {
+        Err(format!(
+            "`{}` is not a valid client name: expected 1 to 32 letters, digits, `.`, `_` or `-`, not starting with `.` or `-`",
+            v::short(s)
+        ))
+    }
+}
+
+/// A client just added: its private key (printed once) and what to print.
+#[derive(Debug, Clone)]
+pub struct Added {
+    pub private_key: Key,
+    pub peer: PeerConfig,
+    pub text: ClientText,
+}
+
+/// Add client `name` to `cfg`: a new key pair and preshared key, the next free
+/// address(es), a `[Peer]` with `Name = name`. On error `cfg` is unchanged.
+pub fn add(
+    cfg: &mut Config,
+    client: &str,
+    uplink: &Result<Uplink, String>,
+) -> Result<Added, String> {
+    let client = name(client)?;
+    if find(cfg, client).is_some() {
+        return Err(format!(
+            "there is already a client (peer) named {client}: `show client {client}` reprints it, \
+             `delete client {client}` removes it"
+        ));
+    }
+    if cfg.interface.private_key.filter(|k| !k.is_zero()).is_none() {
+        return Err("the gateway has no private key yet: run `genkey` first".into());
+    }
+    let reserved: Vec<IpAddr> = uplink
+        .as_ref()
+        .map(|u| u.addresses.iter().map(|c| c.addr).collect())
+        .unwrap_or_default();
+    let addresses = allocate(cfg, &reserved)?;
+    let private_key = Key::generate_private();
+    let peer = PeerConfig {
+        public_key: private_key.public(),
+        preshared_key: Some(Key::generate_preshared()),
+        allowed_ips: addresses,
+        endpoint: None,
+        persistent_keepalive: None,
+        tcp_port: None,
+        name: Some(client.to_string()),
+    };
+    let text = client_config(cfg, &peer, Some(&private_key), uplink)?;
+    cfg.peers.push(peer.clone());
+    Ok(Added {
+        private_key,
+        peer,
+        text,
+    })
+}
+
+/// `show clients`: one line per named peer of `cfg`. `kept(peer)`: whether its private
+/// key is kept; `committed(peer)`: whether the running configuration has it.
+pub fn list(
+    cfg: &Config,
+    kept: impl Fn(&PeerConfig) -> bool,
+    committed: impl Fn(&PeerConfig) -> bool,
+) -> String {
+    let named: Vec<&PeerConfig> = cfg.peers.iter().filter(|p| p.name.is_some()).collect();
+    if named.is_empty() {
+        return "no clients yet (`add client NAME` adds one)".into();
+    }
+    let w = named
+        .iter()
+        .filter_map(|p| p.name.as_ref().map(String::len))
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let mut s = format!("{:<w$}  {:<30}  key\n", "name", "address");
+    for p in named {
+        let _ = writeln!(
+            s,
+            "{:<w$}  {:<30}  {}{}",
+            p.name.as_deref().unwrap_or(""),
+            join(&p.allowed_ips),
+            if kept(p) { "kept" } else { "not kept" },
+            if committed(p) {
+                ""
+            } else {
+                "  (not committed yet)"
+            }
+        );
+    }
+    s.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::Endpoint;
+
+    fn c(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn gateway(addrs: &[&str]) -> Config {
+        let mut cfg = Config::default();
+        cfg.interface.private_key = Some(Key::generate_private());
+        cfg.interface.listen_port = Some(51820);
+        cfg.interface.addresses = addrs.iter().map(|a| c(a)).collect();
+        cfg
+    }
+
+    fn peer(ips: &[&str]) -> PeerConfig {
+        PeerConfig {
+            public_key: Key::generate_private().public(),
+            preshared_key: None,
+            allowed_ips: ips.iter().map(|a| c(a).network()).collect(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+            name: None,
+        }
+    }
+
+    fn uplink(addrs: &[&str]) -> Result<Uplink, String> {
+        Ok(Uplink {
+            name: "eth0".into(),
+            addresses: addrs.iter().map(|a| c(a)).collect(),
+        })
+    }
+
+    #[test]
+    fn first_free_skips_network_own_taken_and_broadcast() {
+        let s = c("10.0.0.1/29"); // hosts .1 to .6
+        assert_eq!(first_free(&s, &[], &[ip("10.0.0.1")]), Some(ip("10.0.0.2")));
+        // A peer's /31 inside takes .2 and .3; a single address .4.
+        let taken = [c("10.0.0.2/31"), c("10.0.0.4/32")];
+        assert_eq!(
+            first_free(&s, &taken, &[ip("10.0.0.1")]),
+            Some(ip("10.0.0.5"))
+        );
+        // .6 is the last host: .7 (broadcast) is never given.
+        let taken = [c("10.0.0.2/31"), c("10.0.0.4/31")];
+        assert_eq!(
+            first_free(&s, &taken, &[ip("10.0.0.1")]),
+            Some(ip("10.0.0.6"))
+        );
+        let taken = [c("10.0.0.2/31"), c("10.0.0.4/31"), c("10.0.0.6/32")];
+        assert_eq!(first_free(&s, &taken, &[ip("10.0.0.1")]), None);
+        // Routes covering the whole subnet (a site link's 0.0.0.0/0, the subnet itself)
+        // are not allocations.
+        let taken = [c("0.0.0.0/0"), c("10.0.0.0/29"), c("10.0.0.0/8")];
+        assert_eq!(
+            first_free(&s, &taken, &[ip("10.0.0.1")]),
+            Some(ip("10.0.0.2"))
+        );
+        // /31: both addresses are hosts; /32: none.
+        assert_eq!(
+            first_free(&c("10.0.0.0/31"), &[], &[ip("10.0.0.0")]),
+            Some(ip("10.0.0.1"))
+        );
+        assert_eq!(first_free(&c("10.0.0.1/32"), &[], &[]), None);
+        // IPv6: ::0 of the subnet (subnet-router anycast) is skipped, no broadcast.
+        assert_eq!(
+            first_free(&c("fd00::1/64"), &[c("fd00::2/128")], &[ip("fd00::1")]),
+            Some(ip("fd00::3"))
+        );
+        assert_eq!(
+            first_free(&c("fd00::/126"), &[], &[ip("fd00::1"), ip("fd00::2")]),
+            Some(ip("fd00::3"))
+        );
+    }
+
+    /// A huge prefix inside a huge subnet is passed in one step, not address by address.
+    #[test]
+    fn first_free_is_bounded_by_the_taken_list() {
+        let s = c("10.0.0.0/8");
+        let taken = [c("10.0.0.0/9"), c("10.128.0.0/10")];
+        assert_eq!(first_free(&s, &taken, &[]), Some(ip("10.192.0.0")));
+        let s6 = c("fd00::/8");
+        let all = [c("fd00::/9"), c("fd80::/9")];
+        assert_eq!(first_free(&s6, &all, &[]), None);
+        // The last possible address of the IPv6 space does not overflow.
+        let top = c("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/127");
+        assert_eq!(
+            first_free(
+                &top,
+                &[c("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/128")],
+                &[]
+            ),
+            Some(ip("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"))
+        );
+        let both = [
+            c("ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe/128"),
+            c("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"),
+        ];
+        assert_eq!(first_free(&top, &both, &[]), None);
+    }
+
+    #[test]
+    fn allocate_both_families_and_reserved() {
+        let mut cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
+        cfg.peers.push(peer(&["10.100.0.2/32", "fd10::2/128"]));
+        cfg.peers.push(peer(&["10.100.0.3/32"]));
+        let a = allocate(&cfg, &[ip("10.100.0.4")]).unwrap();
+        assert_eq!(a, vec![c("10.100.0.5/32"), c("fd10::3/128")]);
+        // IPv4 only.
+        let cfg = gateway(&["10.100.0.1/24"]);
+        assert_eq!(allocate(&cfg, &[]).unwrap(), vec![c("10.100.0.2/32")]);
+        // The first subnet full: the next one of the same family.
+        let mut cfg = gateway(&["10.1.0.1/30", "10.2.0.1/24"]);
+        cfg.peers.push(peer(&["10.1.0.2/32"]));
+        assert_eq!(allocate(&cfg, &[]).unwrap(), vec![c("10.2.0.2/32")]);
+        // LAN and uplink addresses of the gateway are its own too.
+        let mut cfg = gateway(&["192.168.1.1/24"]);
+        cfg.gateway.uplink_addresses = vec![c("192.168.1.2/24")];
+        cfg.gateway.lan_addresses = vec![c("192.168.1.3/24")];
+        assert_eq!(allocate(&cfg, &[]).unwrap(), vec![c("192.168.1.4/32")]);
+    }
+
+    #[test]
+    fn allocate_errors() {
+        let e = allocate(&gateway(&[]), &[]).unwrap_err();
+        assert!(e.contains("set interface address"), "{e}");
+        let mut cfg = gateway(&["10.0.0.1/30"]);
+        cfg.peers.push(peer(&["10.0.0.2/32"]));
+        let e = allocate(&cfg, &[]).unwrap_err();
+        assert!(e.contains("no free address left in 10.0.0.0/30"), "{e}");
+        // IPv4 free but IPv6 full: an error, not a half client.
+        let mut cfg = gateway(&["10.0.0.1/24", "fd00::1/127"]);
+        cfg.peers.push(peer(&["fd00::/128"]));
+        assert!(allocate(&cfg, &[])
+            .unwrap_err()
+            .contains("no free address left in fd00::/127"));
+    }
+
+    #[test]
+    fn add_builds_peer_and_a_config_that_parses() {
+        let mut cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
+        cfg.gateway.client_dns = vec![ip("192.168.1.1"), ip("fd10::1")];
+        let up = uplink(&["192.168.1.20/24", "fe80::1/64", "2001:db8:1::20/64"]);
+        let a = add(&mut cfg, "phone", &up).unwrap();
+        assert_eq!(cfg.peers.len(), 1);
+        let p = &cfg.peers[0];
+        assert_eq!(p.name.as_deref(), Some("phone"));
+        assert_eq!(p.public_key, a.private_key.public());
+        assert!(p.preshared_key.is_some());
+        assert_eq!(p.allowed_ips, vec![c("10.100.0.2/32"), c("fd10::2/128")]);
+        let text = &a.text.config;
+        // The printed configuration reads back with the INI reader, as the client's.
+        let back = crate::core::ini::parse("client", text).unwrap();
+        assert_eq!(back.interface.private_key, Some(a.private_key));
+        assert_eq!(back.interface.addresses, p.allowed_ips);
+        assert_eq!(back.peers.len(), 1);
+        let gp = &back.peers[0];
+        assert_eq!(gp.public_key, cfg.interface.private_key.unwrap().public());
+        assert_eq!(gp.preshared_key, p.preshared_key);
+        assert_eq!(
+            gp.allowed_ips,
+            vec![
+                c("10.100.0.0/24"),
+                c("fd10::/64"),
+                c("192.168.1.0/24"),
+                c("2001:db8:1::/64")
+            ],
+            "tunnel subnets, then the uplink's (no link-local)"
+        );
+        assert_eq!(
+            gp.endpoint,
+            Some(Endpoint::Addr("192.168.1.20:51820".parse().unwrap()))
+        );
+        assert_eq!(gp.persistent_keepalive, Some(KEEPALIVE));
+        assert!(text.contains("\nDNS = 192.168.1.1, fd10::1\n"), "{text}");
+        assert!(
+            a.text.notes.iter().any(|n| n.contains("private address")),
+            "{:?}",
+            a.text.notes
+        );
+        // The next client gets the next address; the name must be new.
+        let b = add(&mut cfg, "laptop", &up).unwrap();
+        assert_eq!(
+            b.peer.allowed_ips,
+            vec![c("10.100.0.3/32"), c("fd10::3/128")]
+        );
+        let before = cfg.clone();
+        assert!(add(&mut cfg, "phone", &up).unwrap_err().contains("already"));
+        assert!(add(&mut cfg, "-x", &up)
+            .unwrap_err()
+            .contains("not a valid client name"));
+        assert!(add(&mut cfg, &"x".repeat(33), &up).is_err());
+        assert_eq!(cfg, before);
+    }
+
+    #[test]
+    fn two_armed_public_endpoint_and_no_dns() {
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        cfg.gateway.lan = "eth1".into();
+        cfg.gateway.lan_addresses = vec![c("192.168.50.1/24")];
+        cfg.gateway.public_endpoint = Some("vpn.example.net:443".parse().unwrap());
+        let a = add(&mut cfg, "phone", &Err("no uplink".into())).unwrap();
+        let t = &a.text.config;
+        assert!(!t.contains("DNS"), "{t}");
+        assert!(
+            t.contains("AllowedIPs = 10.100.0.0/24, 192.168.50.0/24\n"),
+            "{t}"
+        );
+        assert!(t.contains("Endpoint = vpn.example.net:443\n"), "{t}");
+        assert!(a.text.notes.is_empty(), "{:?}", a.text.notes);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "[Interface]");
+        assert_eq!(lines[3], "[Peer]");
+        assert_eq!(lines.len(), 9, "{t}");
+    }
+
+    #[test]
+    fn add_errors_change_nothing() {
+        let up = uplink(&["192.0.2.10/24"]);
+        // No private key.
+        let mut cfg = gateway(&["10.0.0.1/24"]);
+        cfg.interface.private_key = None;
+        assert!(add(&mut cfg, "a", &up).unwrap_err().contains("genkey"));
+        // No usable endpoint: no public endpoint and the uplink unknown or without address.
+        let mut cfg = gateway(&["10.0.0.1/24"]);
+        let before = cfg.clone();
+        let e = add(&mut cfg, "a", &Err("no uplink found".into())).unwrap_err();
+        assert!(
+            e.contains("no uplink found") && e.contains("public-endpoint"),
+            "{e}"
+        );
+        let e = add(&mut cfg, "a", &uplink(&["fe80::1/64"])).unwrap_err();
+        assert!(e.contains("has no address yet"), "{e}");
+        // No listen port and no public endpoint.
+        cfg.interface.listen_port = None;
+        assert!(add(&mut cfg, "a", &up).unwrap_err().contains("listen-port"));
+        cfg.interface.listen_port = Some(51820);
+        assert_eq!(cfg, before);
+        // An IPv6-only uplink: its global address.
+        let a = add(&mut cfg, "a", &uplink(&["fe80::1/64", "2001:db8::5/64"])).unwrap();
+        assert!(a.text.config.contains("Endpoint = [2001:db8::5]:51820\n"));
+    }
+
+    #[test]
+    fn reprint_without_key_and_list() {
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        let up = uplink(&["203.0.113.7/24"]);
+        let a = add(&mut cfg, "phone", &up).unwrap();
+        let again = client_config(&cfg, &a.peer, None, &up).unwrap();
+        assert!(again
+            .config
+            .contains(&format!("PrivateKey = {NOT_STORED}\n")));
+        assert!(
+            again.notes.is_empty(),
+            "a public uplink address needs no note"
+        );
+        assert_eq!(
+            again.config.replace(NOT_STORED, &a.private_key.to_base64()),
+            a.text.config
+        );
+        let f = framed("phone", &a.text.config).unwrap();
+        let lines: Vec<&str> = f.lines().collect();
+        assert_eq!(lines[0], "----- BEGIN WIREGUARD CONFIG phone -----");
+        let end = lines
+            .iter()
+            .position(|l| *l == "----- END WIREGUARD CONFIG phone -----")
+            .unwrap();
+        assert_eq!(lines[1..end].join("\n") + "\n", a.text.config);
+        assert!(lines[end + 1].chars().all(|ch| ch == qr::FULL));
+        let l = list(&cfg, |_| true, |_| false);
+        assert!(
+            l.contains("phone")
+                && l.contains("10.100.0.2/32")
+                && l.contains("kept")
+                && l.contains("not committed"),
+            "{l}"
+        );
+        assert!(list(&gateway(&[]), |_| true, |_| true).contains("no clients"));
+    }
+}

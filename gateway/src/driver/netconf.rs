@@ -1,0 +1,566 @@
+//! The appliance daemon's network configuration (`riceguard up --config FILE` only; the
+//! drop-in `riceguard IFNAME` configures no network, wg-quick does that).
+//!
+//! What it owns, each applied as a diff ([`crate::core::netplan`] computes it from the
+//! configuration and the kernel's dump; this file executes it over rtnetlink):
+//! - the tunnel: MTU (when it changed), `Address =` entries added and removed one by one
+//!   (never a flush: addresses both configurations list are not touched), the link up,
+//!   a device route per peer allowed IP, tagged with our protocol number, so the routes of
+//!   a removed peer or allowed IP are deleted on reload and no one else's are;
+//! - the LAN port of a two-armed gateway (`Lan =`, `LanAddress =`): up, its addresses;
+//! - proxy ARP / NDP proxy entries (`ProxyArp = on`, one-armed): an entry on the uplink
+//!   or LAN port for each peer host address inside one of that port's subnets;
+//! - forwarding on and `rp_filter` loose (2) on the tunnel, uplink and LAN port, once the
+//!   gateway routes to a LAN (two-armed, or some peer proxied); never turned off again.
+//!
+//! At start and on each reload [`NetConf::apply`] runs; the uplink's address can come
+//! later (DHCP) or change, so a watch thread re-evaluates the proxy entries every
+//! [`WATCH_INTERVAL`] (three dumps, cheap) and retries a LAN port that was missing. On
+//! exit [`NetConf::shutdown`] removes the proxy entries we added; the tunnel's routes go
+//! with the tunnel.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::core::config::{Config, DEFAULT_MTU};
+use crate::core::net::Cidr;
+use crate::core::netplan::{self, Port, ProxyEntry};
+use crate::sys::netlink::{Netlink, NetlinkError, RTPROT_RICEGUARD};
+
+/// How often the watch re-evaluates the proxy entries.
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(3);
+
+/// Why the tunnel's configuration could not be applied (the LAN side and the proxy
+/// entries are reported in the log and retried, they never stop the tunnel).
+#[derive(Debug)]
+pub struct NetconfError {
+    pub ifname: String,
+    pub source: NetlinkError,
+}
+
+impl fmt::Display for NetconfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "network configuration of {}: {}",
+            self.ifname, self.source
+        )
+    }
+}
+
+impl std::error::Error for NetconfError {}
+
+/// The network configuration of one tunnel and its LAN side.
+pub struct NetConf {
+    tunnel: String,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The configuration last applied (its addresses are what a reload may delete).
+    applied: Option<Config>,
+    /// The LAN port could not be configured (missing, refused): the watch retries.
+    lan_pending: bool,
+    /// Proxy entries we added (or adopted at start: tagged with our protocol, left by an
+    /// earlier run). Only these are ever deleted.
+    proxies: BTreeSet<ProxyEntry>,
+    /// The watch's last problem, so a persisting one is logged once.
+    last_problem: Option<String>,
+    /// `shutdown` ran: the watch does nothing more.
+    stopped: bool,
+}
+
+impl NetConf {
+    /// Apply `cfg` to the tunnel `tunnel` (which exists, just created) and its LAN side.
+    /// An error is about the tunnel itself; the LAN side's problems are logged.
+    pub fn start(tunnel: &str, cfg: &Config) -> Result<NetConf, NetconfError> {
+        let nc = NetConf {
+            tunnel: tunnel.to_string(),
+            state: Mutex::new(State::default()),
+        };
+        nc.apply_as(cfg, true)?;
+        Ok(nc)
+    }
+
+    /// A reload: take the network from the configuration applied before to `new`, by
+    /// diff. Everything that can be done is done; the first tunnel error is returned.
+    pub fn apply(&self, new: &Config) -> Result<(), NetconfError> {
+        self.apply_as(new, false)
+    }
+
+    fn apply_as(&self, new: &Config, first: bool) -> Result<(), NetconfError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.stopped {
+            return Ok(());
+        }
+        let err = |source| NetconfError {
+            ifname: self.tunnel.clone(),
+            source,
+        };
+        let mut nl = Netlink::open().map_err(err)?;
+        let old = st.applied.take();
+        let tunnel = self.tunnel(&mut nl, old.as_ref(), new);
+        st.lan_pending = match lan(&mut nl, old.as_ref(), new) {
+            Ok(()) => false,
+            Err(e) => {
+                log::error!(
+                    "LAN port {}: {e}; retrying every {WATCH_INTERVAL:?}",
+                    new.gateway.lan
+                );
+                true
+            }
+        };
+        st.applied = Some(new.clone());
+        if let Err(e) = self.refresh(&mut nl, &mut st, first) {
+            log::warn!("{}: proxy ARP/NDP: {e}", self.tunnel);
+        }
+        tunnel.map_err(err)
+    }
+
+    /// Tunnel MTU, addresses, link up, routes.
+    fn tunnel(
+        &self,
+        nl: &mut Netlink,
+        old: Option<&Config>,
+        new: &Config,
+    ) -> Result<(), NetlinkError> {
+        let name = &self.tunnel;
+        let idx = Netlink::ifindex(name)?;
+        let mtu = |c: &Config| c.interface.mtu.unwrap_or(DEFAULT_MTU);
+        if !matches!(old, Some(o) if mtu(o) == mtu(new)) {
+            nl.set_mtu(name, u32::from(mtu(new)))?;
+        }
+        let old_addrs = old.map_or(&[][..], |o| &o.interface.addresses[..]);
+        sync_addresses(nl, name, idx, old_addrs, &new.interface.addresses)?;
+        nl.set_link_up(name, true)?;
+
+        let want = netplan::tunnel_routes(new);
+        let was = old.map(netplan::tunnel_routes).unwrap_or_default();
+        for c in want
+            .skipped_default
+            .iter()
+            .filter(|c| !was.skipped_default.contains(c))
+        {
+            log::warn!("{name}: not routing {c} through the tunnel (the default route stays on the uplink)");
+        }
+        let owned = netplan::owned_routes(&nl.routes()?, idx, RTPROT_RICEGUARD);
+        let d = netplan::route_diff(&want.routes, &owned);
+        for c in &d.delete {
+            match nl.delete_owned_route(*c, idx) {
+                Ok(_) => log::info!("{name}: route {c} removed"),
+                Err(e) => log::warn!("{name}: {e}"),
+            }
+        }
+        for c in &d.add {
+            // A route another interface has for the same prefix is not taken over.
+            if let Err(e) = nl.add_owned_route(*c, idx) {
+                log::warn!("{name}: route {c}: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-evaluate the proxy entries (and the forwarding they need) for the configuration
+    /// applied and the ports' current addresses. `adopt`: entries tagged with our
+    /// protocol that exist now are leftovers of an earlier run of ours.
+    fn refresh(&self, nl: &mut Netlink, st: &mut State, adopt: bool) -> Result<(), NetlinkError> {
+        let Some(cfg) = st.applied.clone() else {
+            return Ok(());
+        };
+        let tunnel = Netlink::ifindex(&self.tunnel)?;
+        let mut ports: Vec<(String, u32)> = Vec::new();
+        if !cfg.gateway.uplink.is_empty() {
+            if let Ok(i) = Netlink::ifindex(&cfg.gateway.uplink) {
+                ports.push((cfg.gateway.uplink.clone(), i));
+            }
+        } else if let Some(i) = netplan::default_route_oif(&nl.routes()?, tunnel) {
+            ports.push((Netlink::ifname(i)?, i));
+        }
+        if !cfg.gateway.lan.is_empty() {
+            if let Ok(i) = Netlink::ifindex(&cfg.gateway.lan) {
+                if !ports.iter().any(|p| p.1 == i) {
+                    ports.push((cfg.gateway.lan.clone(), i));
+                }
+            }
+        }
+        let mut want = BTreeSet::new();
+        if cfg.gateway.proxy_arp {
+            let mut with_addrs = Vec::new();
+            for (_, i) in &ports {
+                with_addrs.push(Port {
+                    ifindex: *i,
+                    addresses: nl.link_addresses(*i)?,
+                });
+            }
+            want = netplan::proxy_set(&cfg.peers, &with_addrs);
+        }
+        if netplan::routes_lan(&cfg, &want) {
+            let uplink = if cfg.gateway.uplink.is_empty() {
+                ports
+                    .first()
+                    .filter(|p| p.0 != cfg.gateway.lan)
+                    .map(|p| p.0.as_str())
+            } else {
+                Some(cfg.gateway.uplink.as_str())
+            };
+            routing_on(&self.tunnel, uplink, &cfg.gateway.lan);
+        }
+        for (name, i) in &ports {
+            if want.iter().any(|e| e.ifindex == *i && e.addr.is_ipv6()) {
+                set_sysctl(&format!("net/ipv6/conf/{name}/proxy_ndp"), "1");
+            }
+        }
+
+        let dump = nl.proxy_neighbours()?;
+        let present: BTreeSet<ProxyEntry> = dump
+            .iter()
+            .map(|n| ProxyEntry {
+                ifindex: n.ifindex,
+                addr: n.addr,
+            })
+            .collect();
+        if adopt {
+            st.proxies.extend(
+                dump.iter()
+                    .filter(|n| n.protocol == RTPROT_RICEGUARD)
+                    .map(|n| ProxyEntry {
+                        ifindex: n.ifindex,
+                        addr: n.addr,
+                    }),
+            );
+        }
+        let d = netplan::proxy_diff(&want, &present, &st.proxies);
+        let port_name = |i: u32| {
+            ports
+                .iter()
+                .find(|p| p.1 == i)
+                .map_or_else(|| format!("interface #{i}"), |p| p.0.clone())
+        };
+        for e in &d.delete {
+            nl.delete_proxy_neighbour(e.ifindex, e.addr)?;
+            st.proxies.remove(e);
+            log::info!(
+                "proxy ARP/NDP: no longer answering for {} on {}",
+                e.addr,
+                port_name(e.ifindex)
+            );
+        }
+        // Remembered entries someone else removed: forgotten (re-added below if wanted).
+        st.proxies.retain(|e| present.contains(e));
+        for e in &d.add {
+            nl.add_proxy_neighbour(e.ifindex, e.addr)?;
+            st.proxies.insert(*e);
+            log::info!(
+                "proxy ARP/NDP: answering for {} on {}",
+                e.addr,
+                port_name(e.ifindex)
+            );
+        }
+        Ok(())
+    }
+
+    /// One round of the watch: a LAN port that failed is retried, proxy entries follow
+    /// the ports' addresses. A problem is logged when it first appears.
+    pub fn tick(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.stopped {
+            return;
+        }
+        let r = Netlink::open().and_then(|mut nl| {
+            if st.lan_pending {
+                let cfg = st.applied.clone();
+                if let Some(cfg) = cfg {
+                    lan(&mut nl, Some(&cfg), &cfg)?;
+                    log::info!("LAN port {}: configured", cfg.gateway.lan);
+                    st.lan_pending = false;
+                }
+            }
+            self.refresh(&mut nl, &mut st, false)
+        });
+        match r {
+            Ok(()) => st.last_problem = None,
+            Err(e) => {
+                let msg = e.to_string();
+                if st.last_problem.as_deref() != Some(&msg) {
+                    log::warn!("{}: network watch: {msg}", self.tunnel);
+                    st.last_problem = Some(msg);
+                }
+            }
+        }
+    }
+
+    /// Run [`NetConf::tick`] every [`WATCH_INTERVAL`] on a thread of its own until `stop`.
+    pub fn spawn_watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+        let nc = self.clone();
+        let step = Duration::from_millis(250);
+        let steps = (WATCH_INTERVAL.as_millis() / step.as_millis()).max(1);
+        std::thread::Builder::new()
+            .name("rg-netconf".into())
+            .spawn(move || loop {
+                for _ in 0..steps {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(step);
+                }
+                nc.tick();
+            })?;
+        Ok(())
+    }
+
+    /// The daemon stops: remove the proxy entries we added (the tunnel's routes and
+    /// addresses go with the tunnel; the LAN port keeps its addresses).
+    pub fn shutdown(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.stopped = true;
+        if st.proxies.is_empty() {
+            return;
+        }
+        let mut nl = match Netlink::open() {
+            Ok(nl) => nl,
+            Err(e) => {
+                log::warn!("proxy ARP/NDP entries left in place: {e}");
+                return;
+            }
+        };
+        for e in std::mem::take(&mut st.proxies) {
+            if let Err(err) = nl.delete_proxy_neighbour(e.ifindex, e.addr) {
+                log::warn!("proxy ARP/NDP {}: {err}", e.addr);
+            }
+        }
+    }
+}
+
+/// Two-armed: the LAN port up with its addresses (diff); a LAN port that changed name
+/// loses the addresses we put on the old one.
+fn lan(nl: &mut Netlink, old: Option<&Config>, new: &Config) -> Result<(), NetlinkError> {
+    let (old_lan, old_addrs) = old.map_or(("", &[][..]), |o| {
+        (o.gateway.lan.as_str(), &o.gateway.lan_addresses[..])
+    });
+    if !old_lan.is_empty() && old_lan != new.gateway.lan {
+        if let Ok(i) = Netlink::ifindex(old_lan) {
+            if let Err(e) = sync_addresses(nl, old_lan, i, old_addrs, &[]) {
+                log::warn!("former LAN port {old_lan}: {e}");
+            }
+        }
+    }
+    let name = &new.gateway.lan;
+    if name.is_empty() {
+        return Ok(());
+    }
+    let idx = Netlink::ifindex(name)?;
+    nl.set_link_up(name, true)?;
+    let before = if old_lan == name { old_addrs } else { &[] };
+    sync_addresses(nl, name, idx, before, &new.gateway.lan_addresses)
+}
+
+/// Take the link's addresses from `old` to `new` (see [`netplan::address_diff`]).
+fn sync_addresses(
+    nl: &mut Netlink,
+    name: &str,
+    idx: u32,
+    old: &[Cidr],
+    new: &[Cidr],
+) -> Result<(), NetlinkError> {
+    let present = nl.link_addresses(idx)?;
+    let d = netplan::address_diff(old, new, &present);
+    if d.delete.iter().any(|a| a.addr.is_ipv4()) {
+        // An IPv4 secondary would go with a deleted primary; promoted, it stays untouched.
+        set_sysctl(&format!("net/ipv4/conf/{name}/promote_secondaries"), "1");
+    }
+    for a in &d.delete {
+        if nl.delete_address(name, *a)? {
+            log::info!("{name}: address {a} removed");
+        }
+    }
+    // Read again after deleting: whatever went with a deleted address comes back.
+    let present = if d.delete.is_empty() {
+        present
+    } else {
+        nl.link_addresses(idx)?
+    };
+    for a in netplan::address_diff(&[], new, &present).add {
+        nl.add_address(name, a)?;
+        log::info!("{name}: address {a} added");
+    }
+    Ok(())
+}
+
+/// Forwarding on, reverse-path filtering loose on the tunnel, the uplink and the LAN
+/// port: replies to a LAN host come back through the tunnel, not the way a strict check
+/// expects. The uplink keeps accepting router advertisements (SLAAC) while forwarding.
+fn routing_on(tunnel: &str, uplink: Option<&str>, lan: &str) {
+    if let Some(u) = uplink {
+        let ra = format!("/proc/sys/net/ipv6/conf/{u}/accept_ra");
+        if std::fs::read_to_string(&ra).is_ok_and(|v| v.trim() == "1") {
+            set_sysctl(&format!("net/ipv6/conf/{u}/accept_ra"), "2");
+        }
+    }
+    set_sysctl("net/ipv4/ip_forward", "1");
+    if std::path::Path::new("/proc/sys/net/ipv6").exists() {
+        set_sysctl("net/ipv6/conf/all/forwarding", "1");
+    }
+    for i in [Some(tunnel), uplink, Some(lan)].into_iter().flatten() {
+        if !i.is_empty() {
+            set_sysctl(&format!("net/ipv4/conf/{i}/rp_filter"), "2");
+        }
+    }
+}
+
+/// Write `/proc/sys/KEY` when it differs; a change is logged, a failure warned about.
+fn set_sysctl(key: &str, value: &str) {
+    let path = format!("/proc/sys/{key}");
+    match std::fs::read_to_string(&path) {
+        Ok(v) if v.trim() == value => {}
+        Ok(_) => match std::fs::write(&path, value) {
+            Ok(()) => log::info!("sysctl {} = {value}", key.replace('/', ".")),
+            Err(e) => log::warn!("sysctl {}: {e}", key.replace('/', ".")),
+        },
+        Err(e) => log::warn!("sysctl {}: {e}", key.replace('/', ".")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::{GatewayConfig, PeerConfig};
+    use crate::core::key::Key;
+    use crate::sys::netlink::Route;
+    use std::net::IpAddr;
+
+    fn c(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn peer(n: u8, ips: &[&str]) -> PeerConfig {
+        PeerConfig {
+            public_key: Key([n; 32]),
+            preshared_key: None,
+            allowed_ips: ips.iter().map(|s| c(s)).collect(),
+            endpoint: None,
+            persistent_keepalive: None,
+            tcp_port: None,
+            name: None,
+        }
+    }
+
+    fn config(addrs: &[&str], peers: Vec<PeerConfig>) -> Config {
+        let mut cfg = Config {
+            gateway: GatewayConfig {
+                interface_name: "rgnt0".into(),
+                uplink: "lo".into(),
+                ..GatewayConfig::default()
+            },
+            ..Config::default()
+        };
+        cfg.interface.addresses = addrs.iter().map(|s| c(s)).collect();
+        cfg.peers = peers;
+        cfg
+    }
+
+    fn ours(nl: &mut Netlink, tun: u32) -> Vec<Cidr> {
+        netplan::owned_routes(&nl.routes().unwrap(), tun, RTPROT_RICEGUARD)
+    }
+
+    fn proxies(nl: &mut Netlink) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = nl
+            .proxy_neighbours()
+            .unwrap()
+            .iter()
+            .map(|p| p.addr)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Start, reload, watch and stop against the real kernel, in a private network
+    /// namespace of this test's thread: a TUN as the tunnel, `lo` as the uplink.
+    #[test]
+    #[ignore = "needs root (a private network namespace, a TUN device); run with --ignored as root"]
+    fn reload_is_a_diff_in_a_private_netns() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let _tun = crate::sys::tun::Tun::create("rgnt0", 1, false).unwrap();
+            let mut nl = Netlink::open().unwrap();
+            nl.set_link_up("lo", true).unwrap();
+            nl.add_address("lo", c("192.168.77.2/24")).unwrap();
+            let tun = Netlink::ifindex("rgnt0").unwrap();
+            let a = config(
+                &["192.168.77.201/29", "10.66.8.1/24"],
+                vec![
+                    peer(1, &["192.168.77.202/32", "10.66.1.0/24"]),
+                    peer(2, &["192.168.77.203/32", "10.66.2.0/24", "0.0.0.0/0"]),
+                ],
+            );
+            let nc = NetConf::start("rgnt0", &a).unwrap();
+            assert_eq!(
+                ours(&mut nl, tun),
+                vec![c("10.66.1.0/24"), c("10.66.2.0/24")]
+            );
+            let p202: IpAddr = "192.168.77.202".parse().unwrap();
+            let p203: IpAddr = "192.168.77.203".parse().unwrap();
+            assert_eq!(proxies(&mut nl), vec![p202, p203]);
+            let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
+            assert_eq!(fwd.trim(), "1");
+
+            // Someone else's route and address on the tunnel.
+            nl.add_route(Route {
+                dst: c("10.98.0.0/24"),
+                gateway: None,
+                ifindex: Some(tun),
+            })
+            .unwrap();
+            nl.add_address("rgnt0", c("10.97.7.1/32")).unwrap();
+
+            // Reload: peer 2 removed, one address replaced.
+            let b = config(
+                &["192.168.77.201/29", "10.66.9.1/24"],
+                vec![peer(1, &["192.168.77.202/32", "10.66.1.0/24"])],
+            );
+            nc.apply(&b).unwrap();
+            assert_eq!(ours(&mut nl, tun), vec![c("10.66.1.0/24")]);
+            let routes = nl.routes().unwrap();
+            assert!(
+                routes.iter().any(|r| r.dst == c("10.98.0.0/24")),
+                "{routes:?}"
+            );
+            assert!(
+                !routes.iter().any(|r| r.dst == c("10.66.2.0/24")),
+                "{routes:?}"
+            );
+            let addrs = nl.link_addresses(tun).unwrap();
+            for want in ["192.168.77.201/29", "10.66.9.1/24", "10.97.7.1/32"] {
+                assert!(addrs.contains(&c(want)), "{want} missing: {addrs:?}");
+            }
+            assert!(!addrs.contains(&c("10.66.8.1/24")), "{addrs:?}");
+            assert_eq!(proxies(&mut nl), vec![p202]);
+
+            // The uplink moves to another subnet: the watch drops the entry, and adds it
+            // back when the address returns.
+            nl.delete_address("lo", c("192.168.77.2/24")).unwrap();
+            nl.add_address("lo", c("192.168.78.2/24")).unwrap();
+            nc.tick();
+            assert!(proxies(&mut nl).is_empty());
+            nl.add_address("lo", c("192.168.77.2/24")).unwrap();
+            nc.tick();
+            assert_eq!(proxies(&mut nl), vec![p202]);
+
+            // An entry added after the start (even tagged like ours: only what is there at
+            // the start is adopted) stays through ticks and the stop; ours go.
+            let foreign: IpAddr = "192.168.77.50".parse().unwrap();
+            nl.add_proxy_neighbour(Netlink::ifindex("lo").unwrap(), foreign)
+                .unwrap();
+            nc.tick();
+            nc.shutdown();
+            assert_eq!(proxies(&mut nl), vec![foreign]);
+            nc.tick(); // stopped: does nothing
+            assert_eq!(proxies(&mut nl), vec![foreign]);
+        })
+        .join()
+        .unwrap();
+    }
+}
