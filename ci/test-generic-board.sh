@@ -35,6 +35,8 @@
 #        out/test-generic-board/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init generic-board
 board=x86_64-generic
 # shellcheck source=/dev/null
 . "board/$board/board.conf"
@@ -42,27 +44,17 @@ T=${RG_BOARD_TIMEOUT:-240}
 work=$PWD/out/test-generic-board
 export RG_OUT=${RG_OUT:-out/$board}
 img=$RG_OUT/riceguard-$board.img
-passed=0 failed=0 fails=() notes=()
-ok() { passed=$((passed + 1)); echo "PASS $*"; }
-ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
-note() { notes+=("$*"); echo "     $*"; }
-check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
 t_all=$SECONDS
 
 finish() {
     echo
     for n in "${notes[@]}"; do echo "note: $n"; done
-    for f in "${fails[@]}"; do echo "failed: $f"; done
     echo "generic-board: serial log, transcript and configs in $work (took $((SECONDS - t_all)) s)"
-    echo "generic-board: $passed passed, $failed failed"
-    [ "$failed" -eq 0 ]
-    exit
+    h_finish
 }
 
 [ "$(id -u)" = 0 ] || { ko "needs root (network namespaces)"; finish; }
-for t in "$QEMU" wireguard-go wg wg-quick dnsmasq nft python3 mkfifo sfdisk setsid; do
-    command -v "$t" >/dev/null || { ko "missing tool $t (ci/deps.sh installs it)"; finish; }
-done
+require_tools "$QEMU" wireguard-go wg wg-quick dnsmasq nft python3 mkfifo sfdisk
 [ -f "$FIRMWARE_CODE" ] || { ko "missing $FIRMWARE_CODE (ovmf)"; finish; }
 rm -rf "$work"
 mkdir -p "$work"
@@ -87,38 +79,17 @@ transcript=$work/transcript.txt
 : >"$log"
 : >"$transcript"
 
-pids=()
 qpid="" dpid=""
 cleanup() {
-    local p
     exec 9>&- 2>/dev/null
-    # Newest first: the phone's peer and the servers, dnsmasq, the serial reader, QEMU.
-    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-        p=${pids[i]}
-        kill "$p" 2>/dev/null && { for _ in $(seq 20); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-                                   kill -KILL "$p" 2>/dev/null; }
-        wait "$p" 2>/dev/null
-    done
-    for ns in "${NSS[@]}"; do ip netns del "$ns" 2>/dev/null; done
     rm -f "/var/run/wireguard/$WGIF.sock" "$sin.in" "$sin.out"
     [ -n "${RG_BOARD_KEEP:-}" ] || rm -f "$work/nvme.img"
 }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-# spawn NS CMD...: run CMD in namespace NS in the background, remember its PID
-# (`ip netns exec` execs CMD itself, so $! is CMD's PID).
-spawn() { local ns=$1; shift; ip netns exec "$ns" "$@" & pids+=($!); lastpid=$!; }
-stop_pid() { # PID: stop one process we started
-    kill "$1" 2>/dev/null
-    for _ in $(seq 20); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$1" 2>/dev/null
-    wait "$1" 2>/dev/null
-    # Forget it: cleanup must not signal a reused PID.
-    local keep=() p
-    for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-    pids=("${keep[@]}")
-    return 0
-}
+# (at exit the harness stops what `spawn` started, runs this, deletes the namespaces)
+at_exit cleanup
+# nspawn NS CMD...: run CMD in namespace NS in the background, owned by the harness
+# (`ip netns exec` execs CMD itself, so the PID is CMD's); its PID in $lastpid.
+nspawn() { local ns=$1; shift; spawn ip netns exec "$ns" "$@"; lastpid=$!; }
 inns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 # --- the flashed disk ----------------------------------------------------------------------
@@ -139,8 +110,7 @@ note "flashed disk: perm is $perm_mb MiB after the flash script grew it"
 # --- namespaces ----------------------------------------------------------------------------
 echo "== network: switch (bridges rgb-lan, rgb-lan2, the guest's taps), router, phone, lanhost, lanhost2"
 setup_net() {
-    local ns
-    for ns in "${NSS[@]}"; do ip netns add "$ns" && ip -n "$ns" link set lo up || return 1; done
+    netns_add "${NSS[@]}"
     ip -n "$SW" link add rgb-lan type bridge && ip -n "$SW" link set rgb-lan up || return 1
     ip -n "$SW" link add rgb-lan2 type bridge && ip -n "$SW" link set rgb-lan2 up || return 1
     # The guest's two igb ports: multi-queue taps with virtio-net headers.
@@ -153,10 +123,8 @@ setup_net() {
     ip link add sw-h2 netns "$SW" type veth peer name eth0 netns "$H2" || return 1
     ip -n "$SW" link set sw-r master rgb-lan up && ip -n "$SW" link set sw-h1 master rgb-lan up &&
         ip -n "$SW" link set sw-h2 master rgb-lan2 up || return 1
-    ip link add wan0 netns "$R" type veth peer name wan0 netns "$P" || return 1
+    veth_pair "$R" wan0 203.0.113.1/24 "$P" wan0 203.0.113.2/24
     ip -n "$R" addr add 192.168.77.1/24 dev lan0 && ip -n "$R" link set lan0 up || return 1
-    ip -n "$R" addr add 203.0.113.1/24 dev wan0 && ip -n "$R" link set wan0 up || return 1
-    ip -n "$P" addr add 203.0.113.2/24 dev wan0 && ip -n "$P" link set wan0 up || return 1
     ip -n "$H1" addr add "$LANHOST/24" dev eth0 && ip -n "$H1" link set eth0 up &&
         ip -n "$H1" route add default via 192.168.77.1 || return 1
     ip -n "$H2" addr add "$LANHOST2/24" dev eth0 && ip -n "$H2" link set eth0 up &&
@@ -174,7 +142,7 @@ if setup_net; then ok "network: namespaces, bridges, taps, router with the port 
 
 # dnsmasq: DHCP only (--port=0), 2-minute leases (its minimum), a fixed address for eth0.
 start_dnsmasq() {
-    spawn "$R" dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --user=root --group=root \
+    nspawn "$R" dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --user=root --group=root \
         --interface=lan0 --bind-interfaces --except-interface=lo \
         --dhcp-range=192.168.77.50,192.168.77.99,255.255.255.0,2m \
         --dhcp-host="$MAC0,$LEASE,2m" \
@@ -204,9 +172,8 @@ qargs=(-accel tcg -machine q35 -cpu max -smp "${RG_BOARD_SMP:-2}" -m 1024 -nodef
     -netdev "tap,id=n1,ifname=rgbt1,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n1,mac=$MAC1,bus=rp1"
     -chardev "pipe,id=ser0,path=$sin" -serial chardev:ser0)
 # The serial reader first (QEMU opens the .out FIFO for writing), then QEMU.
-cat "$sin.out" >>"$log" &
-pids+=($!)
-spawn "$SW" "$QEMU" "${qargs[@]}" >"$work/qemu.out" 2>&1 </dev/null
+spawn cat "$sin.out" >>"$log"
+nspawn "$SW" "$QEMU" "${qargs[@]}" >"$work/qemu.out" 2>&1 </dev/null
 qpid=$lastpid
 t_boot=$SECONDS
 # Read-write: opening never blocks and QEMU never sees the writer go away.
@@ -326,7 +293,7 @@ phone_up() {
     local conf=$1 f=$work/$WGIF.conf a mtu dev ip table
     install -m 0600 "$conf" "$f"
     wg-quick strip "$f" >"$work/$WGIF.stripped" || return 1
-    WG_PROCESS_FOREGROUND=1 spawn "$P" wireguard-go -f "$WGIF" >"$work/wireguard-go.log" 2>&1
+    nspawn "$P" wireguard-go -f "$WGIF" >"$work/wireguard-go.log" 2>&1
     phone_pid=$lastpid
     for _ in $(seq 50); do [ -S "/var/run/wireguard/$WGIF.sock" ] && break; sleep 0.1; done
     inns "$P" wg setconf "$WGIF" "$work/$WGIF.stripped" || return 1
@@ -366,7 +333,7 @@ phone_down() {
 tcp_echo() {
     local srv=$1 addr=$2 cli=$3 tok spid
     tok=rgb-$RANDOM-$RANDOM
-    spawn "$srv" timeout 30 python3 -c '
+    nspawn "$srv" timeout 30 python3 -c '
 import socket
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 7777)); s.listen(1); s.settimeout(25)
