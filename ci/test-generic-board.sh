@@ -95,9 +95,12 @@ inns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 # --- the flashed disk ----------------------------------------------------------------------
 echo "== flash: flash-scripts/flash onto a 1 GiB disk file (the NVMe drive)"
 disk=$work/nvme.img
-rm -f "$disk"
-truncate -s 1G "$disk"
-if flash-scripts/flash "$img" "$disk" --yes >"$work/flash.log" 2>&1; then
+flash() {
+    rm -f "$disk"
+    truncate -s 1G "$disk"
+    flash-scripts/flash "$img" "$disk" --yes >"$work/flash.log" 2>&1
+}
+if flash; then
     ok "flash: image written, verified and perm grown (flash-scripts/flash)"
 else
     tail -10 "$work/flash.log"
@@ -156,8 +159,9 @@ check "dnsmasq: serving DHCP in the router namespace" kill -0 "$dpid"
 
 # --- boot ----------------------------------------------------------------------------------
 echo "== boot: q35 + OVMF (TCG), NVMe disk, 2 x igb, i6300esb, serial console driven here"
-cp "$FIRMWARE_VARS" "$work/vars.fd"
 mkfifo "$sin.in" "$sin.out"
+# Read-write: opening never blocks and QEMU never sees the writer go away.
+exec 9<>"$sin.in"
 # QEMU's igb takes one tap queue per netdev queue; the guest sees the 82576's own queues.
 # Each igb behind its own PCIe root port, as on a board (on the root bus, a second igb's
 # SR-IOV functions collide with the first's).
@@ -171,13 +175,22 @@ qargs=(-accel tcg -machine q35 -cpu max -smp "${RG_BOARD_SMP:-2}" -m 1024 -nodef
     -netdev "tap,id=n0,ifname=rgbt0,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n0,mac=$MAC0,bus=rp0"
     -netdev "tap,id=n1,ifname=rgbt1,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n1,mac=$MAC1,bus=rp1"
     -chardev "pipe,id=ser0,path=$sin" -serial chardev:ser0)
-# The serial reader first (QEMU opens the .out FIFO for writing), then QEMU.
-spawn cat "$sin.out" >>"$log"
-nspawn "$SW" "$QEMU" "${qargs[@]}" >"$work/qemu.out" 2>&1 </dev/null
-qpid=$lastpid
-t_boot=$SECONDS
-# Read-write: opening never blocks and QEMU never sees the writer go away.
-exec 9<>"$sin.in"
+rpid=""
+start_qemu() {
+    cp "$FIRMWARE_VARS" "$work/vars.fd"
+    rm -f "$work/monitor.sock"
+    : >"$log"
+    # The serial reader first (QEMU opens the .out FIFO for writing), then QEMU.
+    spawn cat "$sin.out" >>"$log"
+    rpid=$!
+    nspawn "$SW" "$QEMU" "${qargs[@]}" >"$work/qemu.out" 2>&1 </dev/null
+    qpid=$lastpid
+    t_boot=$SECONDS
+}
+stop_qemu() {
+    stop_pid "$qpid"
+    stop_pid "$rpid"
+}
 
 clean() { tr -d '\r' <"$log"; }
 size() { stat -c %s "$log" 2>/dev/null || echo 0; }
@@ -226,12 +239,35 @@ answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|
 has() { answer | grep -qaE -- "$1"; }
 bad_answer() { answer | grep -aE '^error|refused' | head -3; }
 
-boot_ok=0
-if wait_re 'riceguard-init: (boot marked good|FATAL)' "$T" && wait_re 'riceguard(\(edit\))?# ' 30; then
-    boot_ok=1
+# A guest kernel whose second vCPU stops taking timer interrupts under TCG (seen here:
+# "rcu: INFO: rcu_preempt detected stalls", "timer wakeup didn't happen" on cpu 1, before
+# init runs) is QEMU's, not the image's: the disk is flashed again and booted once more.
+stalled() { grep -qaE 'rcu: INFO: .*detected stalls' "$log" && ! grep -qa 'riceguard-init: ' "$log"; }
+boot_wait() {
+    local left=$((T * 4))
+    while [ $left -gt 0 ]; do
+        clean | grep -qaE 'riceguard-init: (boot marked good|FATAL)' && break
+        panic || stalled && return 1
+        kill -0 "$qpid" 2>/dev/null || return 1
+        sleep 0.25
+        left=$((left - 1))
+    done
+    [ $left -gt 0 ] && wait_re 'riceguard(\(edit\))?# ' 30
+}
+start_qemu
+if ! boot_wait && stalled; then
+    note "boot 1: the guest kernel stalled under TCG before init ($(grep -aom1 'rcu: .*stall.*' "$log")); serial log kept as serial-stalled.log, disk flashed again, booting once more"
+    stop_qemu
+    cp "$log" "$work/serial-stalled.log"
+    flash || { ko "flash: flash-scripts/flash failed the second time"; finish; }
+    start_qemu
+    boot_wait
+fi
+if clean | grep -qaE 'riceguard-init: boot marked good' && clean | grep -qaE 'riceguard(\(edit\))?# '; then
     ok "boot: console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
 else
     panic && ko "boot: kernel panic/oops on the serial line"
+    stalled && ko "boot: the guest kernel stalled (RCU) before init, twice"
     kill -0 "$qpid" 2>/dev/null || ko "boot: QEMU exited"
     ko "boot: no console prompt within $T s"
     echo "---- last serial lines"; clean | tail -30
