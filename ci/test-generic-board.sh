@@ -10,8 +10,9 @@
 #                        dnsmasq (DHCP, lease 2m)                192.168.88.1     192.168.88.10
 #                        DNAT udp 203.0.113.1:51820 -> the gateway's lease (the port forward)
 #
-#   boot      igb and NVMe found, the igb's offloads and the gateway's choice on the serial
-#             line, the watchdog, a DHCP lease (`dhcp eth0: bound`) and its renewal
+#   boot      from NVMe, the watchdog, what the igb offers (init's USO line) and the
+#             gateway's offload decision, which must be about eth0; a DHCP lease
+#             (`dhcp eth0: bound`) with dnsmasq's router and DNS; `show status` names it
 #   one-armed `set interface address 192.168.77.201/29` (peers inside the LAN subnet),
 #             `set gateway public-endpoint 203.0.113.1:51820`, `add client phone`, commit;
 #             the printed wg-quick config (between the BEGIN/END lines) runs in the phone
@@ -26,11 +27,12 @@
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
 #
-# usage: ci/test-generic-board.sh            (as root; about 6 min under TCG)
+# usage: ci/test-generic-board.sh            (as root; about 4 min under TCG)
 # env:   RG_BOARD_REBUILD=1 rebuilds out/x86_64-generic first (else reused if present: it
 #        may be older than the working tree); RG_OUT another image dir; RG_BIN passes a
 #        prebuilt static riceguard to image/build.sh; RG_BOARD_TIMEOUT (s per boot wait,
-#        default 240); RG_BOARD_SMP (vCPUs, default 2); RG_BOARD_KEEP=1 keeps the disk.
+#        default 240); RG_BOARD_SMP (vCPUs, default 2), RG_BOARD_QUEUES (tap queues per
+#        igb, default 2); RG_BOARD_KEEP=1 keeps the disk.
 #        Serial log, console transcript, phone configs and dnsmasq's log stay in
 #        out/test-generic-board/.
 set -uo pipefail
