@@ -30,8 +30,6 @@ APT_PKGS=(
     kmod cpio zstd xz-utils squashfs-tools dosfstools mtools fdisk e2fsprogs
     # flash-script safety test (ci/test-flash-stacking.sh): stacked devices to refuse
     lvm2 btrfs-progs
-    # the x86_64-generic board test (ci/test-generic-board.sh): the LAN's DHCP server
-    dnsmasq-base
     # the console's QR code read back by a real decoder (console/qr.rs test)
     zbar-tools
 )
