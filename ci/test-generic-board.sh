@@ -300,7 +300,7 @@ check "boot: the gateway's offload decision is about the igb uplink eth0" have '
 note "igb rx queues: $(clean | grep -aoE 'rps: [0-9]+ eth0 rx queues' | head -1 | grep -oE '[0-9]+ eth0') ; $(clean | grep -aoE 'xps: [0-9]+ of [0-9]+ eth0 tx queues' | head -1)"
 
 # --- DHCP ----------------------------------------------------------------------------------
-echo "== DHCP: lease from dnsmasq, renewal"
+echo "== DHCP: a lease from dnsmasq"
 if wait_re 'dhcp eth0: bound ' 90; then
     bound=$(line_of 'dhcp eth0: bound ')
     ok "dhcp: bound ($bound)"
@@ -312,7 +312,8 @@ else
 fi
 check "dhcp: the router pings the gateway's lease address" inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
 cmd "show status"
-check "dhcp: \`show status\` names the lease" has "$LEASE"
+# (the lease line of `riceguard status`: "uplink eth0: DHCP 192.168.77.60/24 router ...")
+check "dhcp: \`show status\` names the lease (uplink eth0: DHCP $LEASE/24)" has "eth0: DHCP ${LEASE//./\\.}/24"
 
 # --- one-armed -----------------------------------------------------------------------------
 # The wg-quick config printed between the markers, as a file.
