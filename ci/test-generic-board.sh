@@ -1,0 +1,534 @@
+#!/usr/bin/env bash
+# The x86_64-generic board tested as hardware (issue 13, item 4). The board's image, with
+# the Debian generic kernel, is flashed by flash-scripts/flash onto a disk file that QEMU
+# (q35, OVMF, TCG) shows as NVMe; two emulated Intel igb ports (82576, multi-queue) sit on
+# taps in bridges of a "switch" namespace; the i6300esb watchdog; the serial console is
+# driven by this script. Around it, namespaces:
+#
+#   phone 203.0.113.2 ── router ──(rgb-lan 192.168.77.0/24)── gateway eth0 (DHCP) ── lanhost .10
+#   (wireguard-go)       .1 / 203.0.113.1                     gateway eth1 ──(rgb-lan2)── lanhost2
+#                        dnsmasq (DHCP, lease 2m)                192.168.88.1     192.168.88.10
+#                        DNAT udp 203.0.113.1:51820 -> the gateway's lease (the port forward)
+#
+#   boot      from NVMe, the watchdog, what the igb offers (init's USO line) and the
+#             gateway's offload decision, which must be about eth0; a DHCP lease
+#             (`dhcp eth0: bound`) with dnsmasq's router and DNS; `show status` names it
+#   one-armed `set interface address 192.168.77.201/29` (peers inside the LAN subnet),
+#             `set gateway public-endpoint 203.0.113.1:51820`, `add client phone`, commit;
+#             the printed wg-quick config (between the BEGIN/END lines) runs in the phone
+#             namespace on stock wireguard-go exactly as wg-quick would set it up; the phone
+#             pings and opens a TCP connection to lanhost, lanhost pings the phone's tunnel
+#             address (proxy ARP: no route on lanhost or the router)
+#   two-armed `set gateway lan eth1`, `set gateway lan-address 192.168.88.1/24`,
+#             `add client phone2`, commit; the phone (with phone2's config) reaches
+#             lanhost2 by ping and TCP
+#   flap      eth0's carrier off and on (QEMU monitor set_link): the lease is re-acquired
+#   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
+#             attempt and into rebinding (no `lease expired`, the router still pings it)
+# Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
+#
+# usage: ci/test-generic-board.sh            (as root; about 4 min under TCG)
+# env:   RG_BOARD_REBUILD=1 rebuilds out/x86_64-generic first (else reused if present: it
+#        may be older than the working tree); RG_OUT another image dir; RG_BIN passes a
+#        prebuilt static riceguard to image/build.sh; RG_BOARD_TIMEOUT (s per boot wait,
+#        default 240); RG_BOARD_SMP (vCPUs, default 2), RG_BOARD_QUEUES (tap queues per
+#        igb, default 2); RG_BOARD_KEEP=1 keeps the disk.
+#        Serial log, console transcript, phone configs and dnsmasq's log stay in
+#        out/test-generic-board/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init generic-board
+board=x86_64-generic
+# shellcheck source=/dev/null
+. "board/$board/board.conf"
+T=${RG_BOARD_TIMEOUT:-240}
+work=$PWD/out/test-generic-board
+export RG_OUT=${RG_OUT:-out/$board}
+img=$RG_OUT/riceguard-$board.img
+t_all=$SECONDS
+
+finish() {
+    echo
+    for n in "${notes[@]}"; do echo "note: $n"; done
+    echo "generic-board: serial log, transcript and configs in $work (took $((SECONDS - t_all)) s)"
+    h_finish
+}
+
+[ "$(id -u)" = 0 ] || { ko "needs root (network namespaces)"; finish; }
+require_tools "$QEMU" wireguard-go wg wg-quick dnsmasq nft python3 mkfifo sfdisk
+[ -f "$FIRMWARE_CODE" ] || { ko "missing $FIRMWARE_CODE (ovmf)"; finish; }
+rm -rf "$work"
+mkdir -p "$work"
+if [ ! -f "$img" ] || [ -n "${RG_BOARD_REBUILD:-}" ]; then
+    echo "== building $img"
+    t0=$SECONDS
+    image/build.sh "$board" >"$work/build.log" 2>&1 || { tail -20 "$work/build.log"; ko "image build"; finish; }
+    note "image built in $((SECONDS - t0)) s"
+fi
+
+# --- names: everything carries rgb and this run's PID ------------------------------------
+id=$$
+SW=rgb-$id-sw R=rgb-$id-router P=rgb-$id-phone H1=rgb-$id-lanhost H2=rgb-$id-lanhost2
+NSS=("$SW" "$R" "$P" "$H1" "$H2")
+MAC0=52:54:00:b0:0b:01 MAC1=52:54:00:b0:0b:02
+LEASE=192.168.77.60        # dnsmasq's fixed lease for MAC0
+LANHOST=192.168.77.10 LANHOST2=192.168.88.10
+WGIF=rgbwg$id              # wireguard-go's UAPI sockets are shared by all namespaces
+log=$work/serial.log
+sin=$work/serial
+transcript=$work/transcript.txt
+: >"$log"
+: >"$transcript"
+
+qpid="" dpid=""
+cleanup() {
+    exec 9>&- 2>/dev/null
+    rm -f "/var/run/wireguard/$WGIF.sock" "$sin.in" "$sin.out"
+    [ -n "${RG_BOARD_KEEP:-}" ] || rm -f "$work/nvme.img"
+}
+# (at exit the harness stops what `spawn` started, runs this, deletes the namespaces)
+at_exit cleanup
+# nspawn NS CMD...: run CMD in namespace NS in the background, owned by the harness
+# (`ip netns exec` execs CMD itself, so the PID is CMD's); its PID in $lastpid.
+nspawn() { local ns=$1; shift; spawn ip netns exec "$ns" "$@"; lastpid=$!; }
+inns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# --- the flashed disk ----------------------------------------------------------------------
+echo "== flash: flash-scripts/flash onto a 1 GiB disk file (the NVMe drive)"
+disk=$work/nvme.img
+flash() {
+    rm -f "$disk"
+    truncate -s 1G "$disk"
+    flash-scripts/flash "$img" "$disk" --yes >"$work/flash.log" 2>&1
+}
+if flash; then
+    ok "flash: image written, verified and perm grown (flash-scripts/flash)"
+else
+    tail -10 "$work/flash.log"
+    ko "flash: flash-scripts/flash failed"
+    finish
+fi
+perm_mb=$(sfdisk --json "$disk" | python3 -c 'import json,sys; t=json.load(sys.stdin)["partitiontable"]; print([p["size"] for p in t["partitions"] if p.get("name") == "perm"][0] * t.get("sectorsize", 512) // 1048576)')
+note "flashed disk: perm is $perm_mb MiB after the flash script grew it"
+
+# --- namespaces ----------------------------------------------------------------------------
+echo "== network: switch (bridges rgb-lan, rgb-lan2, the guest's taps), router, phone, lanhost, lanhost2"
+setup_net() {
+    netns_add "${NSS[@]}"
+    ip -n "$SW" link add rgb-lan type bridge && ip -n "$SW" link set rgb-lan up || return 1
+    ip -n "$SW" link add rgb-lan2 type bridge && ip -n "$SW" link set rgb-lan2 up || return 1
+    # The guest's two igb ports: multi-queue taps with virtio-net headers.
+    ip -n "$SW" tuntap add dev rgbt0 mode tap vnet_hdr multi_queue || return 1
+    ip -n "$SW" tuntap add dev rgbt1 mode tap vnet_hdr multi_queue || return 1
+    ip -n "$SW" link set rgbt0 master rgb-lan up && ip -n "$SW" link set rgbt1 master rgb-lan2 up || return 1
+    # veths into the bridges: the router's LAN leg and each LAN host
+    ip link add sw-r netns "$SW" type veth peer name lan0 netns "$R" || return 1
+    ip link add sw-h1 netns "$SW" type veth peer name eth0 netns "$H1" || return 1
+    ip link add sw-h2 netns "$SW" type veth peer name eth0 netns "$H2" || return 1
+    ip -n "$SW" link set sw-r master rgb-lan up && ip -n "$SW" link set sw-h1 master rgb-lan up &&
+        ip -n "$SW" link set sw-h2 master rgb-lan2 up || return 1
+    veth_pair "$R" wan0 203.0.113.1/24 "$P" wan0 203.0.113.2/24
+    ip -n "$R" addr add 192.168.77.1/24 dev lan0 && ip -n "$R" link set lan0 up || return 1
+    ip -n "$H1" addr add "$LANHOST/24" dev eth0 && ip -n "$H1" link set eth0 up &&
+        ip -n "$H1" route add default via 192.168.77.1 || return 1
+    ip -n "$H2" addr add "$LANHOST2/24" dev eth0 && ip -n "$H2" link set eth0 up &&
+        ip -n "$H2" route add default via 192.168.88.1 || return 1
+    inns "$R" sysctl -qw net.ipv4.ip_forward=1 || return 1
+    # The ISP router: LAN hosts masqueraded to the WAN, UDP 51820 forwarded to the gateway.
+    inns "$R" nft -f - <<EOF || return 1
+table ip rgb {
+    chain pre { type nat hook prerouting priority dstnat; iifname "wan0" udp dport 51820 dnat to $LEASE:51820; }
+    chain post { type nat hook postrouting priority srcnat; oifname "wan0" masquerade; }
+}
+EOF
+}
+if setup_net; then ok "network: namespaces, bridges, taps, router with the port forward"; else ko "network setup"; finish; fi
+
+# dnsmasq: DHCP only (--port=0), 2-minute leases (its minimum), a fixed address for eth0.
+start_dnsmasq() {
+    nspawn "$R" dnsmasq --keep-in-foreground --conf-file=/dev/null --port=0 --user=root --group=root \
+        --interface=lan0 --bind-interfaces --except-interface=lo \
+        --dhcp-range=192.168.77.50,192.168.77.99,255.255.255.0,2m \
+        --dhcp-host="$MAC0,$LEASE,2m" \
+        --dhcp-option=option:router,192.168.77.1 --dhcp-option=option:dns-server,192.168.77.1 \
+        --dhcp-leasefile="$work/dnsmasq.leases" --pid-file= --log-dhcp --log-facility="$work/dnsmasq.log"
+    dpid=$lastpid
+}
+start_dnsmasq
+sleep 0.5
+check "dnsmasq: serving DHCP in the router namespace" kill -0 "$dpid"
+
+# --- boot ----------------------------------------------------------------------------------
+echo "== boot: q35 + OVMF (TCG), NVMe disk, 2 x igb, i6300esb, serial console driven here"
+mkfifo "$sin.in" "$sin.out"
+# Read-write: opening never blocks and QEMU never sees the writer go away.
+exec 9<>"$sin.in"
+# QEMU's igb takes one tap queue per netdev queue; the guest sees the 82576's own queues.
+# Each igb behind its own PCIe root port, as on a board (on the root bus, a second igb's
+# SR-IOV functions collide with the first's).
+Q=${RG_BOARD_QUEUES:-2}
+qargs=(-accel tcg -machine q35 -cpu max -smp "${RG_BOARD_SMP:-2}" -m 1024 -nodefaults -display none
+    -monitor "unix:$work/monitor.sock,server=on,wait=off" -device i6300esb -no-reboot
+    -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
+    -drive "if=pflash,format=raw,unit=1,file=$work/vars.fd"
+    -drive "if=none,id=disk0,format=raw,file=$disk" -device "nvme,drive=disk0,serial=rg0"
+    -device pcie-root-port,id=rp0,chassis=1,slot=1 -device pcie-root-port,id=rp1,chassis=2,slot=2
+    -netdev "tap,id=n0,ifname=rgbt0,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n0,mac=$MAC0,bus=rp0"
+    -netdev "tap,id=n1,ifname=rgbt1,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n1,mac=$MAC1,bus=rp1"
+    -chardev "pipe,id=ser0,path=$sin" -serial chardev:ser0)
+rpid=""
+start_qemu() {
+    cp "$FIRMWARE_VARS" "$work/vars.fd"
+    rm -f "$work/monitor.sock"
+    : >"$log"
+    # The serial reader first (QEMU opens the .out FIFO for writing), then QEMU.
+    spawn cat "$sin.out" >>"$log"
+    rpid=$!
+    nspawn "$SW" "$QEMU" "${qargs[@]}" >"$work/qemu.out" 2>&1 </dev/null
+    qpid=$lastpid
+    t_boot=$SECONDS
+}
+stop_qemu() {
+    stop_pid "$qpid"
+    stop_pid "$rpid"
+}
+
+clean() { tr -d '\r' <"$log"; }
+size() { stat -c %s "$log" 2>/dev/null || echo 0; }
+panic() { grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; }
+have() { clean | grep -qaE -- "$1"; }
+# wait_re REGEX SECONDS [OFFSET]: wait until the log after byte OFFSET matches REGEX.
+wait_re() {
+    local re=$1 left=$(($2 * 4)) off=${3:-0}
+    while [ "$left" -gt 0 ]; do
+        tail -c +$((off + 1)) "$log" | tr -d '\r' | grep -qaE -- "$re" && return 0
+        panic && return 1
+        kill -0 "$qpid" 2>/dev/null || return 1
+        sleep 0.25
+        left=$((left - 1))
+    done
+    return 1
+}
+# hmp LINE: a command on QEMU's human monitor (set_link: the guest sees the carrier go).
+hmp() {
+    timeout 10 python3 - "$work/monitor.sock" "$1" <<'PY'
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
+time.sleep(0.3); s.recv(65536)
+s.sendall(sys.argv[2].encode() + b"\n"); time.sleep(0.5); s.close()
+PY
+}
+# The first line after byte OFFSET matching REGEX.
+line_of() { tail -c +$((${2:-0} + 1)) "$log" | tr -d '\r' | grep -aE -m1 -- "$1"; }
+
+out=""
+# cmd LINE [SECONDS] [WAIT_REGEX]: type LINE on the console, wait for the next prompt; the
+# serial output since typing goes to $out and the transcript.
+cmd() {
+    local line=$1 secs=${2:-30} re=${3:-'riceguard(\(edit\))?# '} off rc
+    off=$(size)
+    printf '%s\r' "$line" >&9
+    wait_re "$re" "$secs" "$off"
+    rc=$?
+    sleep 0.3 # the rest of the prompt line
+    out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
+    printf '%s\n' "$out" >>"$transcript"
+    return $rc
+}
+# The console's answer only: without the daemon's, init's and the kernel's lines.
+answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]'; }
+has() { answer | grep -qaE -- "$1"; }
+bad_answer() { answer | grep -aE '^error|refused' | head -3; }
+
+# A guest kernel whose second vCPU stops taking timer interrupts under TCG (seen here:
+# "rcu: INFO: rcu_preempt detected stalls", "timer wakeup didn't happen" on cpu 1, before
+# init runs) is QEMU's, not the image's: the disk is flashed again and booted once more.
+stalled() { grep -qaE 'rcu: INFO: .*detected stalls' "$log" && ! grep -qa 'riceguard-init: ' "$log"; }
+boot_wait() {
+    local left=$((T * 4))
+    while [ $left -gt 0 ]; do
+        clean | grep -qaE 'riceguard-init: (boot marked good|FATAL)' && break
+        panic || stalled && return 1
+        kill -0 "$qpid" 2>/dev/null || return 1
+        sleep 0.25
+        left=$((left - 1))
+    done
+    [ $left -gt 0 ] && wait_re 'riceguard(\(edit\))?# ' 30
+}
+start_qemu
+if ! boot_wait && stalled; then
+    note "boot 1: the guest kernel stalled under TCG before init ($(grep -aom1 'rcu: .*stall.*' "$log")); serial log kept as serial-stalled.log, disk flashed again, booting once more"
+    stop_qemu
+    cp "$log" "$work/serial-stalled.log"
+    flash || { ko "flash: flash-scripts/flash failed the second time"; finish; }
+    start_qemu
+    boot_wait
+fi
+if clean | grep -qaE 'riceguard-init: boot marked good' && clean | grep -qaE 'riceguard(\(edit\))?# '; then
+    ok "boot: console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
+else
+    panic && ko "boot: kernel panic/oops on the serial line"
+    stalled && ko "boot: the guest kernel stalled (RCU) before init, twice"
+    kill -0 "$qpid" 2>/dev/null || ko "boot: QEMU exited"
+    ko "boot: no console prompt within $T s"
+    echo "---- last serial lines"; clean | tail -30
+    [ -s "$work/qemu.out" ] && sed 's/^/qemu: /' "$work/qemu.out"
+    finish
+fi
+check "boot: slot a from the NVMe disk (root /dev/nvme0n1p2)" have 'slot a booted .*root /dev/nvme0n1p2'
+check "boot: perm mounted from NVMe" have 'perm mounted \(/dev/nvme0n1p4'
+check "boot: the watchdog opened (no 'running without')" sh -c '! grep -qa "watchdog.*running without" "$1"' _ "$log"
+check "boot: igb uplink eth0 came up" have 'uplink eth0 up'
+# What the igb driver offers, and what the gateway chose.
+if have 'uplink eth0 tx-udp-segmentation: '; then
+    ok "boot: the igb driver's UDP segmentation offer on the serial line"
+    note "igb offers: $(clean | grep -aoE 'uplink eth0 tx-udp-segmentation: .*' | head -1)"
+else
+    ko "boot: the igb driver's offloads are not shown on the serial line"
+fi
+if have 'gateway: .*offload: '; then
+    ok "boot: the gateway's offload decision on the serial line"
+    note "gateway chose: $(clean | grep -aoE 'offload: .*' | head -1)"
+else
+    ko "boot: no offload decision from the gateway"
+fi
+# The decision must be about the igb uplink (`offload: eth0: tx-udp-segmentation ... ->`),
+# not made before the gateway knew its egress NIC (`offload: egress: NIC features unknown`,
+# what a decision taken before the DHCP lease's default route says).
+check "boot: the gateway's offload decision is about the igb uplink eth0" have 'gateway: .*offload: eth0: '
+note "igb rx queues: $(clean | grep -aoE 'rps: [0-9]+ eth0 rx queues' | head -1 | grep -oE '[0-9]+ eth0') ; $(clean | grep -aoE 'xps: [0-9]+ of [0-9]+ eth0 tx queues' | head -1)"
+
+# --- DHCP ----------------------------------------------------------------------------------
+echo "== DHCP: a lease from dnsmasq"
+if wait_re 'dhcp eth0: bound ' 90; then
+    bound=$(line_of 'dhcp eth0: bound ')
+    ok "dhcp: bound ($bound)"
+    t_bound=$SECONDS
+    check "dhcp: the fixed lease $LEASE/24 with router and DNS from dnsmasq" \
+        sh -c 'printf "%s" "$1" | grep -qE "bound $2/24 router 192\.168\.77\.1 dns 192\.168\.77\.1 lease 120s"' _ "$bound" "$LEASE"
+else
+    ko "dhcp: no 'dhcp eth0: bound' within 90 s"
+fi
+check "dhcp: the router pings the gateway's lease address" inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
+cmd "show status"
+# (the lease line of `riceguard status`: "uplink eth0: DHCP 192.168.77.60/24 router ...")
+check "dhcp: \`show status\` names the lease (uplink eth0: DHCP $LEASE/24)" has "eth0: DHCP ${LEASE//./\\.}/24"
+
+# --- one-armed -----------------------------------------------------------------------------
+# The wg-quick config printed between the markers, as a file.
+client_conf() { # NAME FILE: from $out
+    printf '%s\n' "$out" | awk -v b="----- BEGIN WIREGUARD CONFIG $1 -----" -v e="----- END WIREGUARD CONFIG $1 -----" '
+        $0 == b { on = 1; next } $0 == e { on = 0; found = 1; exit } on { print }
+        END { exit !found }' | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]' >"$2" &&
+        chmod 600 "$2" && [ -s "$2" ]
+}
+# phone_up CONF: stock wireguard-go in the phone namespace, set up as wg-quick does it:
+# `wg setconf` with the wg-quick-only keys stripped (by `wg-quick strip` itself), the
+# Address lines, MTU (the config's, or the route's minus 80), up, then a route per allowed
+# IP (most specific first; a /0 through the fwmark table and suppress_prefixlength rule).
+phone_pid=""
+phone_up() {
+    local conf=$1 f=$work/$WGIF.conf a mtu dev ip table
+    install -m 0600 "$conf" "$f"
+    wg-quick strip "$f" >"$work/$WGIF.stripped" || return 1
+    nspawn "$P" wireguard-go -f "$WGIF" >"$work/wireguard-go.log" 2>&1
+    phone_pid=$lastpid
+    for _ in $(seq 50); do [ -S "/var/run/wireguard/$WGIF.sock" ] && break; sleep 0.1; done
+    inns "$P" wg setconf "$WGIF" "$work/$WGIF.stripped" || return 1
+    for a in $(awk -F= 'tolower($1) ~ /^ *address *$/ {gsub(/[ \t]/, "", $2); gsub(/,/, " ", $2); print $2}' "$f"); do
+        case $a in *:*) inns "$P" ip -6 address add "$a" dev "$WGIF" ;; *) inns "$P" ip -4 address add "$a" dev "$WGIF" ;; esac || return 1
+    done
+    mtu=$(awk -F= 'tolower($1) ~ /^ *mtu *$/ {gsub(/[ \t]/, "", $2); print $2}' "$f")
+    if [ -z "$mtu" ]; then
+        dev=$(inns "$P" ip route get 203.0.113.1 | grep -oE 'dev [^ ]+' | cut -d' ' -f2)
+        mtu=$(( $(inns "$P" cat "/sys/class/net/$dev/mtu") - 80 ))
+    fi
+    inns "$P" ip link set mtu "$mtu" up dev "$WGIF" || return 1
+    for ip in $(inns "$P" wg show "$WGIF" allowed-ips | awk '{for (i = 2; i <= NF; i++) print $i}' | sort -nr -k 2 -t /); do
+        case $ip in
+            */0)
+                table=51820
+                inns "$P" wg set "$WGIF" fwmark $table
+                case $ip in *:*) v=-6 ;; *) v=-4 ;; esac
+                inns "$P" ip $v rule add not fwmark $table table $table
+                inns "$P" ip $v rule add table main suppress_prefixlength 0
+                inns "$P" ip $v route add "$ip" dev "$WGIF" table $table
+                inns "$P" sysctl -qw net.ipv4.conf.all.src_valid_mark=1 ;;
+            *:*) [ -n "$(inns "$P" ip -6 route show dev "$WGIF" match "$ip")" ] || inns "$P" ip -6 route add "$ip" dev "$WGIF" ;;
+            *) [ -n "$(inns "$P" ip -4 route show dev "$WGIF" match "$ip")" ] || inns "$P" ip -4 route add "$ip" dev "$WGIF" ;;
+        esac
+    done
+}
+phone_down() {
+    [ -n "$phone_pid" ] && stop_pid "$phone_pid"
+    phone_pid=""
+    inns "$P" ip -4 rule del table main suppress_prefixlength 0 2>/dev/null
+    inns "$P" ip -4 rule del not fwmark 51820 table 51820 2>/dev/null
+    rm -f "/var/run/wireguard/$WGIF.sock"
+}
+# tcp_echo NS_SERVER ADDR NS_CLIENT: a one-shot echo server (bounded: 30 s) and a client
+# that sends a random token through it and must read it back.
+tcp_echo() {
+    local srv=$1 addr=$2 cli=$3 tok spid
+    tok=rgb-$RANDOM-$RANDOM
+    nspawn "$srv" timeout 30 python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 7777)); s.listen(1); s.settimeout(25)
+c, _ = s.accept(); c.settimeout(10)
+d = b""
+while not d.endswith(b"\n"):
+    b = c.recv(4096)
+    if not b: break
+    d += b
+c.sendall(b"echo " + d); c.close()'
+    spid=$lastpid
+    sleep 0.5
+    got=$(inns "$cli" timeout 20 python3 -c '
+import socket, sys
+c = socket.create_connection((sys.argv[1], 7777), timeout=10)
+c.sendall(sys.argv[2].encode() + b"\n")
+d = b""
+while True:
+    b = c.recv(4096)
+    if not b: break
+    d += b
+print(d.decode().strip())' "$addr" "$tok" 2>&1)
+    stop_pid "$spid"
+    [ "$got" = "echo $tok" ]
+}
+# wait_ping NS ADDR SECONDS: pings until one answers (the handshake comes first).
+wait_ping() {
+    local end=$((SECONDS + $3))
+    while [ $SECONDS -lt $end ]; do
+        inns "$1" ping -c1 -W1 "$2" >/dev/null 2>&1 && return 0
+        sleep 0.5
+    done
+    return 1
+}
+
+echo "== one-armed: peers inside the LAN subnet, the router's port forward"
+cmd "show"
+answer | grep -aE '^(Address|ListenPort) ' | sed 's/^/     factory: /'
+factory_tunnel=0
+has '^Address = 10\.100\.0\.1/24' && factory_tunnel=1
+cmd "set interface listen-port 51820"
+# The factory tunnel subnet (10.100.0.1/24) goes: clients get addresses from the LAN's.
+[ $factory_tunnel = 1 ] && cmd "delete interface address 10.100.0.1/24"
+cmd "set interface address 192.168.77.201/29"
+check "one-armed: \`set interface address 192.168.77.201/29\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+cmd "set gateway public-endpoint 203.0.113.1:51820"
+check "one-armed: \`set gateway public-endpoint\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+cmd "add client phone" 60
+add_out=$out
+if client_conf phone "$work/phone.conf"; then
+    ok "add client phone: wg-quick config printed between the BEGIN/END lines"
+    sed 's/^PrivateKey = .*/PrivateKey = (hidden)/; s/^/     phone.conf: /' "$work/phone.conf"
+else
+    ko "add client phone: no config between '----- BEGIN WIREGUARD CONFIG phone -----' and END"
+    bad_answer
+fi
+echo "---- console transcript: add client phone (test keys, thrown away with the disk)"
+printf '%s\n' "$add_out" | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]'
+echo "----"
+check "add client phone: a QR code (Unicode blocks) follows the config" \
+    sh -c 'printf "%s\n" "$1" | sed -n "/END WIREGUARD CONFIG phone/,\$p" | grep -qa "█\|▀\|▄"' _ "$add_out"
+check "add client phone: Endpoint is the public endpoint 203.0.113.1:51820" grep -qxE 'Endpoint *= *203\.0\.113\.1:51820' "$work/phone.conf"
+cmd commit 60
+check "one-armed: commit applied" has 'committed and saved'
+check "one-armed: the gateway applied it" has 'applied'
+phone_addr=$(awk -F= 'tolower($1) ~ /^ *address *$/ {gsub(/[ \t]/, "", $2); split($2, a, ","); print a[1]; exit}' "$work/phone.conf" 2>/dev/null)
+phone_ip=${phone_addr%%/*}
+if [ -s "$work/phone.conf" ] && phone_up "$work/phone.conf"; then
+    ok "phone: wireguard-go up with the printed config ($WGIF, Address $phone_addr)"
+    check "one-armed: phone pings lanhost $LANHOST through the tunnel" wait_ping "$P" "$LANHOST" 30
+    check "one-armed: phone opens a TCP connection to lanhost (echo)" tcp_echo "$H1" "$LANHOST" "$P"
+    check "one-armed: lanhost pings the phone's tunnel address $phone_ip (proxy ARP, no routes)" \
+        wait_ping "$H1" "$phone_ip" 10
+    check "one-armed: the router pings the phone's tunnel address too" wait_ping "$R" "$phone_ip" 10
+    inns "$P" wg show "$WGIF" | sed 's/^/     phone: /' | grep -E 'handshake|transfer|endpoint'
+else
+    ko "phone: could not bring up wireguard-go with the printed config"
+fi
+phone_down
+
+# --- two-armed -----------------------------------------------------------------------------
+echo "== two-armed: routed between eth1 (192.168.88.1/24) and the tunnel"
+cmd "set gateway lan eth1"
+check "two-armed: \`set gateway lan eth1\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+cmd "set gateway lan-address 192.168.88.1/24"
+check "two-armed: \`set gateway lan-address 192.168.88.1/24\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+cmd "add client phone2" 60
+if client_conf phone2 "$work/phone2.conf"; then
+    ok "add client phone2: config printed"
+    sed 's/^PrivateKey = .*/PrivateKey = (hidden)/; s/^/     phone2.conf: /' "$work/phone2.conf"
+else
+    ko "add client phone2: no config between the markers"
+    bad_answer
+fi
+cmd commit 60
+check "two-armed: commit applied" has 'committed and saved'
+check "two-armed: lanhost2 pings the gateway's LAN port 192.168.88.1" wait_ping "$H2" 192.168.88.1 15
+if [ -s "$work/phone2.conf" ] && phone_up "$work/phone2.conf"; then
+    ok "phone: wireguard-go up with phone2's printed config"
+    check "two-armed: phone pings lanhost2 $LANHOST2" wait_ping "$P" "$LANHOST2" 30
+    check "two-armed: phone opens a TCP connection to lanhost2 (echo)" tcp_echo "$H2" "$LANHOST2" "$P"
+else
+    ko "phone: could not bring up wireguard-go with phone2's config"
+fi
+phone_down
+
+# --- the lease without a server ------------------------------------------------------------
+# --- link flap -----------------------------------------------------------------------------
+echo "== link flap: eth0's carrier off and on again (QEMU set_link): the lease is re-acquired"
+if [ -n "${t_bound:-}" ]; then
+    off=$(size)
+    if hmp "set_link n0 off" && wait_re 'dhcp eth0: link down' 20 "$off"; then
+        ok "link flap: the DHCP client saw eth0's carrier go"
+        sleep 2
+        hmp "set_link n0 on"
+        if wait_re 'dhcp eth0: link up' 20 "$off" && wait_re 'dhcp eth0: (bound|renewed) ' 40 "$off"; then
+            ok "link flap: lease re-acquired after the link came back ($(line_of 'dhcp eth0: (bound|renewed) ' "$off"))"
+        else
+            ko "link flap: no lease within 40 s of the link coming back"
+        fi
+        check "link flap: the router pings $LEASE again" inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
+    else
+        ko "link flap: no 'dhcp eth0: link down' after set_link off"
+        hmp "set_link n0 on"
+    fi
+fi
+
+echo "== lease: renewed, then dnsmasq stopped; the address stays past the next renewal attempt"
+# With a 2-minute lease the client renews every 60 s (T1) while the server answers; the
+# last renewal is less than 60 s old when dnsmasq stops. The next renewal attempt gets no
+# answer, rebinding starts at T2 (105 s after it), the lease would end at 120 s.
+if [ -z "${t_bound:-}" ]; then
+    ko "dhcp: renewal and lost-server tests skipped: never bound"
+else
+    if wait_re 'dhcp eth0: renewed ' 90; then
+        ok "dhcp: lease renewed ($(line_of 'dhcp eth0: renewed '))"
+    else
+        ko "dhcp: no 'dhcp eth0: renewed' within 90 s"
+    fi
+    off=$(size)
+    stop_pid "$dpid"
+    t_stop=$SECONDS
+    echo "     dnsmasq stopped $((t_stop - t_bound)) s after the first lease"
+    if wait_re 'dhcp eth0: rebinding' 115 "$off"; then
+        ok "dhcp: no server: rebinding $((SECONDS - t_stop)) s after the stop"
+    else
+        ko "dhcp: no 'rebinding' line within 115 s of stopping dnsmasq"
+    fi
+    check "dhcp: no server: a renewal was tried meanwhile ('renewing with') and got no answer (no 'renewed')" \
+        sh -c 'tail -c +$(($2 + 1)) "$1" | grep -qa "dhcp eth0: renewing" && ! tail -c +$(($2 + 1)) "$1" | grep -qa "dhcp eth0: renewed"' _ "$log" "$off"
+    check "dhcp: no server: the lease did not end early (no 'lease expired')" \
+        sh -c '! tail -c +$(($2 + 1)) "$1" | grep -qa "lease expired"' _ "$log" "$off"
+    check "dhcp: no server: the router still pings $LEASE $((SECONDS - t_stop)) s after the stop" \
+        inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
+fi
+
+check "no kernel panic/oops on the serial line" sh -c '! grep -qaE "Kernel panic|Oops|BUG:|Call Trace" "$1"' _ "$log"
+grep -aE 'dhcp eth0: ' "$log" | tr -d '\r' | sed 's/^/     serial: /'
+finish
