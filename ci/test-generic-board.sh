@@ -287,6 +287,12 @@ if have 'uplink eth0 tx-udp-segmentation: '; then
 else
     ko "boot: the igb driver's offloads are not shown on the serial line"
 fi
+if have 'uplink eth0 offers: .*tx-tcp-segmentation'; then
+    ok "boot: the igb driver's offload list on the serial line"
+    note "$(clean | grep -aoE 'uplink eth0 offers: .*' | head -1)"
+else
+    ko "boot: no offload list for eth0 (init's 'uplink eth0 offers:')"
+fi
 if have 'gateway: .*offload: '; then
     ok "boot: the gateway's offload decision on the serial line"
     note "gateway chose: $(clean | grep -aoE 'offload: .*' | head -1)"

@@ -15,6 +15,9 @@
 #            the DHCP uplink client against dnsmasq and a short-lease server (ci/dhcp.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
 #            then drive the x86_64 serial console (ci/test-console-qemu.sh)
+#   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
+#            clients added on the serial console reach LAN hosts one- and two-armed
+#            (ci/test-generic-board.sh)
 #   update   the flash script refuses disks with anything stacked on them in use
 #            (ci/test-flash-stacking.sh), then signed A/B updates: host checks, then QEMU
 #            (ci/test-update.sh)
@@ -24,7 +27,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp adversarial gateway image update)
+[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp adversarial gateway image board update)
 
 passed=0; failed=0; failed_names=()
 run_stage() {
@@ -86,8 +89,9 @@ for s in "${stages[@]}"; do
         adversarial) run_stage adversarial stage_adversarial ;;
         gateway) run_stage gateway stage_gateway ;;
         image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh && [ $r = 0 ]' ;;
+        board) run_stage board bash -c 'RG_BOARD_REBUILD=1 ci/test-generic-board.sh' ;;
         update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
-        *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway image update)"; exit 2 ;;
+        *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway image board update)"; exit 2 ;;
     esac
 done
 

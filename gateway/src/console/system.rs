@@ -96,38 +96,6 @@ pub trait Hooks {
     }
 }
 
-/// The interface of the IPv4 default route in `/proc/net/route` text (the lowest metric
-/// of the routes that are up).
-pub fn default_route_dev(proc_net_route: &str) -> Option<String> {
-    proc_net_route
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (dev, dst, flags, metric, mask) =
-                (f.first()?, f.get(1)?, f.get(3)?, f.get(6)?, f.get(7)?);
-            let up = u32::from_str_radix(flags, 16).ok()? & 1 == 1;
-            if !(up && *dst == "00000000" && *mask == "00000000") {
-                return None;
-            }
-            Some((metric.parse::<u32>().ok()?, dev.to_string()))
-        })
-        .min()
-        .map(|(_, d)| d)
-}
-
-/// The first physical (has a `device`) network interface by name, as init picks the uplink.
-fn first_ethernet() -> Option<String> {
-    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
-        .ok()?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "lo" && Path::new("/sys/class/net").join(n).join("device").exists())
-        .collect();
-    names.sort();
-    names.into_iter().next()
-}
-
 /// The addresses on interface `name` now, with their prefix lengths.
 pub fn interface_addresses(name: &str) -> Result<Vec<crate::core::net::Cidr>, String> {
     use crate::core::net::Cidr;
@@ -597,15 +565,9 @@ impl Hooks for SystemHooks {
     }
 
     fn uplink(&mut self, configured: &str) -> Result<Uplink, String> {
-        let name = if configured.is_empty() {
-            std::fs::read_to_string("/proc/net/route")
-                .ok()
-                .and_then(|t| default_route_dev(&t))
-                .or_else(first_ethernet)
-                .ok_or("no uplink: no `gateway uplink` is set, there is no default route and no Ethernet NIC")?
-        } else {
-            configured.to_string()
-        };
+        let name = crate::sys::nic::uplink(configured).ok_or(
+            "no uplink: no `gateway uplink` is set, there is no default route and no Ethernet NIC",
+        )?;
         let addresses = interface_addresses(&name).map_err(|e| format!("uplink {name}: {e}"))?;
         Ok(Uplink { name, addresses })
     }
@@ -667,19 +629,6 @@ mod tests {
         assert_eq!(slot_from_cmdline("quiet"), None);
         assert_eq!(format_uptime(59), "0 min 59 s");
         assert_eq!(format_uptime(3 * 86400 + 7200 + 60), "3 d 2 h 1 min");
-    }
-
-    #[test]
-    fn default_route_from_proc() {
-        let t =
-            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
-                 eth1\t00000000\t0101A8C0\t0003\t0\t0\t200\t00000000\t0\t0\t0\n\
-                 eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n\
-                 eth2\t00000000\t010200C0\t0002\t0\t0\t1\t00000000\t0\t0\t0\n\
-                 eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
-        assert_eq!(default_route_dev(t).as_deref(), Some("eth0"));
-        assert_eq!(default_route_dev("Iface\tDestination\n"), None);
-        assert_eq!(default_route_dev("junk\n\nx y\n"), None);
     }
 
     /// The loopback interface always exists: its addresses are read with prefixes.

@@ -151,7 +151,11 @@ fn run(opts: Opts) -> Result<(), String> {
         gw.offload,
     )
     .map_err(|e| format!("UDP: {e}"))?;
-    let egress = if gw.uplink.is_empty() {
+    // The appliance decides for its uplink (it may have no route yet: DHCP comes later);
+    // the drop-in form for the interface its host routes public traffic through.
+    let egress = if appliance {
+        crate::sys::nic::uplink(&gw.uplink)
+    } else if gw.uplink.is_empty() {
         crate::sys::offload::egress_interface(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))
     } else {
         Some(gw.uplink.clone())

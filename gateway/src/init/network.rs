@@ -3,18 +3,6 @@
 
 use super::*;
 
-/// The first physical (has a `device`) network interface, by name.
-pub(super) fn first_ethernet() -> Option<String> {
-    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
-        .ok()?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "lo" && Path::new("/sys/class/net").join(n).join("device").exists())
-        .collect();
-    names.sort();
-    names.into_iter().next()
-}
-
 /// Bring up `lo` and the uplink with its static address (`riceguard.uplink=` on the
 /// kernel command line, else `UplinkAddress`). Without one the uplink is left to DHCP
 /// (and IPv6 SLAAC): the device name is returned for the supervised `riceguard dhcp`.
@@ -40,7 +28,7 @@ pub(super) fn uplink(gw: Option<&GatewayConfig>, cmd: &Cmdline) -> Option<String
             .filter(|n| Path::new("/sys/class/net").join(n).exists())
             .or_else(|| {
                 if named.is_none() {
-                    first_ethernet()
+                    crate::sys::nic::first_ethernet()
                 } else {
                     None
                 }
@@ -139,6 +127,41 @@ pub(super) fn report_uso(dev: &str) {
         },
         Err(e) => say!("uplink {dev}: {e}"),
     }
+    if let Ok(f) = crate::sys::ethtool::NicFeatures::read(dev) {
+        say!("uplink {dev} offers: {}", offers(&f));
+    }
+}
+
+/// The offloads the data plane cares about, as the NIC's driver reports them: `name on`,
+/// `name off` (changeable) or `name fixed-off`; absent features are left out.
+fn offers(f: &crate::sys::ethtool::NicFeatures) -> String {
+    const SHOWN: [&str; 9] = [
+        "tx-checksum-ip-generic",
+        "tx-checksum-ipv4",
+        "tx-checksum-ipv6",
+        "tx-tcp-segmentation",
+        "tx-tcp6-segmentation",
+        "tx-udp-segmentation",
+        "rx-gro",
+        "rx-gro-hw",
+        "rx-udp-gro-forwarding",
+    ];
+    let list: Vec<String> = SHOWN
+        .iter()
+        .filter_map(|n| {
+            let b = f.get(n)?;
+            Some(match (b.active, b.fixed()) {
+                (true, _) => format!("{n} on"),
+                (false, true) => format!("{n} fixed-off"),
+                (false, false) => format!("{n} off"),
+            })
+        })
+        .collect();
+    if list.is_empty() {
+        "none of the offloads riceguard uses".into()
+    } else {
+        list.join(", ")
+    }
 }
 
 /// Steer the uplink's receive queues (RPS) to the data-plane cores that are online.
@@ -158,7 +181,7 @@ pub(super) fn steer_rps(gw: Option<&GatewayConfig>, board: &Board) {
     let dev = gw
         .map(|g| g.uplink.clone())
         .filter(|u| !u.is_empty())
-        .or_else(first_ethernet);
+        .or_else(crate::sys::nic::first_ethernet);
     let (Some(dev), false) = (dev, cores.is_empty()) else {
         return;
     };
