@@ -661,15 +661,9 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 return Err(unknown(field, "set peer PUBKEY", &words(PEER_FIELDS)));
             }
             let val = val?;
-            let mut p = find_peer(cfg, &k).cloned().unwrap_or(PeerConfig {
-                public_key: k,
-                preshared_key: None,
-                allowed_ips: Vec::new(),
-                endpoint: None,
-                persistent_keepalive: None,
-                tcp_port: None,
-                name: None,
-            });
+            let mut p = find_peer(cfg, &k)
+                .cloned()
+                .unwrap_or_else(|| PeerConfig::new(k));
             match *field {
                 // Stored masked (10.0.0.1/24 -> 10.0.0.0/24), as the kernel, `wg` and the
                 // INI reader keep allowed IPs.

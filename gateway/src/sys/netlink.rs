@@ -447,8 +447,7 @@ mod tests {
     use super::*;
 
     fn cidr(s: &str) -> Cidr {
-        let (a, p) = s.split_once('/').unwrap();
-        Cidr::new(a.parse().unwrap(), p.parse().unwrap()).unwrap()
+        s.parse().unwrap()
     }
 
     #[test]
@@ -1153,8 +1152,7 @@ mod dhcp_ops {
         use super::*;
 
         fn cidr(s: &str) -> Cidr {
-            let (a, p) = s.split_once('/').unwrap();
-            Cidr::new(a.parse().unwrap(), p.parse().unwrap()).unwrap()
+            s.parse().unwrap()
         }
 
         #[test]
