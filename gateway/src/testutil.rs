@@ -105,3 +105,27 @@ pub fn not_run(why: &str) {
     }
     eprintln!("not run: {why}");
 }
+
+/// An IPv4/UDP packet `src:sport -> dst:dport` with valid IP and UDP checksums (DF set).
+pub fn ipv4_udp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8]) -> Vec<u8> {
+    use crate::core::gso::checksum;
+    let total = 28 + payload.len();
+    let mut p = vec![0u8; total];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[6] = 0x40;
+    p[8] = 64;
+    p[9] = 17;
+    p[12..16].copy_from_slice(&src);
+    p[16..20].copy_from_slice(&dst);
+    let c = !checksum::fold(checksum::sum(&p[..20], 0));
+    p[10..12].copy_from_slice(&c.to_be_bytes());
+    p[20..22].copy_from_slice(&sport.to_be_bytes());
+    p[22..24].copy_from_slice(&dport.to_be_bytes());
+    p[24..26].copy_from_slice(&((total - 20) as u16).to_be_bytes());
+    p[28..].copy_from_slice(payload);
+    let ph = checksum::pseudo_header(&p[12..16], &p[16..20], 17, total - 20);
+    let c = !checksum::fold(checksum::sum(&p[20..], ph));
+    p[26..28].copy_from_slice(&c.to_be_bytes());
+    p
+}

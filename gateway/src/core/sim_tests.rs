@@ -20,17 +20,9 @@ struct Node {
     key: Key,
 }
 
+/// A UDP packet between tunnel addresses (port 7 to 7).
 fn ipv4_packet(src: [u8; 4], dst: [u8; 4], payload: &[u8]) -> Vec<u8> {
-    let total = 20 + payload.len();
-    let mut p = vec![0u8; total];
-    p[0] = 0x45;
-    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    p[8] = 64;
-    p[9] = 17;
-    p[12..16].copy_from_slice(&src);
-    p[16..20].copy_from_slice(&dst);
-    p[20..].copy_from_slice(payload);
-    p
+    crate::testutil::ipv4_udp(src, 7, dst, 7, payload)
 }
 
 fn msg_type(d: &[u8]) -> u8 {
@@ -576,7 +568,8 @@ fn data_is_padded_to_16_within_the_mtu() {
     a.dev.set_mtu(1420);
     send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
     pump(&mut a, &mut b);
-    for payload in [1usize, 12, 13, 1395, 1400] {
+    // Packets of 29, 32, 33, 1415 and 1420 bytes (28 bytes of IPv4 + UDP headers).
+    for payload in [1usize, 4, 5, 1387, 1392] {
         b.wire.tun.clear();
         let p = ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], &vec![7u8; payload]);
         send_tun(&mut a, &p);

@@ -892,7 +892,6 @@ pub fn datagrams<'b>(buf: &'b [u8], m: &RecvMeta) -> impl Iterator<Item = &'b [u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::gso::checksum;
     use crate::core::gso::VIRTIO_NET_HDR_LEN;
     use crate::driver::worker::{round, PollEngine};
     use crate::sys::tun::tests::{in_new_netns, ip};
@@ -1149,25 +1148,7 @@ mod tests {
     }
 
     fn udp4_from(src: [u8; 4], port: u16, payload: &[u8]) -> Vec<u8> {
-        let total = 28 + payload.len();
-        let mut p = vec![0u8; total];
-        p[0] = 0x45;
-        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        p[6] = 0x40;
-        p[8] = 64;
-        p[9] = 17;
-        p[12..16].copy_from_slice(&src);
-        p[16..20].copy_from_slice(&[10, 81, 0, 1]);
-        let c = !checksum::fold(checksum::sum(&p[..20], 0));
-        p[10..12].copy_from_slice(&c.to_be_bytes());
-        p[20..22].copy_from_slice(&7u16.to_be_bytes());
-        p[22..24].copy_from_slice(&port.to_be_bytes());
-        p[24..26].copy_from_slice(&((total - 20) as u16).to_be_bytes());
-        p[28..].copy_from_slice(payload);
-        let ph = checksum::pseudo_header(&p[12..16], &p[16..20], 17, total - 20);
-        let c = !checksum::fold(checksum::sum(&p[20..], ph));
-        p[26..28].copy_from_slice(&c.to_be_bytes());
-        p
+        crate::testutil::ipv4_udp(src, 7, [10, 81, 0, 1], port, payload)
     }
 
     #[test]

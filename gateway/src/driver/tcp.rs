@@ -50,6 +50,7 @@ use crate::core::congestion::{apply_with_fallback, Algo, CcPolicy};
 use crate::core::framing::{
     check_message, tail_split, CoalescePolicy, FrameDecoder, FrameError, OutQueue, MAX_MESSAGE_LEN,
 };
+use crate::sys::cmsg::canonical;
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
 /// A connection's identity; never reused within a process.
@@ -996,10 +997,6 @@ pub(crate) fn set_cc(fd: &impl AsFd, want: Algo) -> Option<Algo> {
         );
     }
     Some(got)
-}
-
-fn canonical(a: SocketAddr) -> SocketAddr {
-    SocketAddr::new(a.ip().to_canonical(), a.port())
 }
 
 /// Make the coming close send a RST: the kernel forgets the connection at once (no

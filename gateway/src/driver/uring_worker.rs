@@ -528,29 +528,7 @@ mod tests {
         assert_eq!(prev_power_of_two(300), 256);
     }
 
-    fn ipv4_udp(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8]) -> Vec<u8> {
-        let total = 28 + payload.len();
-        let mut p = vec![0u8; total];
-        p[0] = 0x45;
-        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        p[8] = 64;
-        p[9] = 17;
-        p[12..16].copy_from_slice(&src);
-        p[16..20].copy_from_slice(&dst);
-        let mut sum: u32 = p[..20]
-            .chunks(2)
-            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
-            .sum();
-        while sum > 0xffff {
-            sum = (sum & 0xffff) + (sum >> 16);
-        }
-        p[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-        p[20..22].copy_from_slice(&sport.to_be_bytes());
-        p[22..24].copy_from_slice(&dport.to_be_bytes());
-        p[24..26].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
-        p[28..].copy_from_slice(payload);
-        p
-    }
+    use crate::testutil::ipv4_udp;
 
     use crate::testutil::Wire;
 
