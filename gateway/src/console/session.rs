@@ -5,6 +5,10 @@
 //!
 //! Invariants: `running` is what `DIR/riceguard.conf` holds; a command that fails
 //! changes neither `candidate`, `running` nor any file.
+//!
+//! Why one file of ~1000 lines: commit, commit-confirm, rollback, history and the
+//! daemon report all move the same candidate/running pair under the same invariants;
+//! tests are in `session/tests.rs`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -19,6 +19,10 @@
 //! Time: boringtun's `Tunn` reads its own monotonic clock (the one place this core does;
 //! tests drive it with boringtun's `mock-instant` feature). Everything of ours that needs
 //! wall time (the UAPI's last-handshake time) takes it as an argument.
+//!
+//! Why one file of ~1150 lines: the table, the per-peer state and the message verdict
+//! (`classify`) form one invariant (only authenticated messages move state); tests are
+//! in `sim_tests.rs`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

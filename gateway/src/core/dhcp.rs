@@ -16,6 +16,10 @@
 //! Replies that are not for us or make no sense (wrong xid or chaddr, missing options,
 //! absurd lease times, a /0 or /32 subnet, ...) are ignored with an [`Ignored`] reason;
 //! nothing received can panic this module (see `fuzz/fuzz_targets/dhcp.rs`).
+//!
+//! Why one file of ~960 lines: the states share one transition table and one
+//! retransmission clock; split, the RFC's rules would be spread over files that each
+//! need all of them. Tests are in `dhcp/tests.rs`.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;

@@ -19,6 +19,10 @@
 //! copy into the batch buffers, a full batch is only queued by the backend (a `Vec`
 //! entry, or an SQE), and queues are handed to the kernel between packets
 //! ([`Backend::relieve`]) or when the round ends.
+//!
+//! Why ~890 lines of code: `TxBatch`, `TunBatch`, `OffloadIo` and `Pipeline` share the
+//! slot/commit protocol with the device and the backend's buffer ownership; apart, each
+//! would need the others' internals. The pure planning they execute is `core::gso`.
 
 use std::collections::HashMap;
 use std::io;

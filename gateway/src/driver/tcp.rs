@@ -32,6 +32,9 @@
 //! endpoint. For peers with an `Endpoint`, `core::fallback::Fallback` decides when to
 //! [`TcpHandle::connect`] (to the endpoint's IP and `TcpPort`) and polls
 //! [`TcpHandle::is_connecting`] for its `tcp_connected` / `tcp_failed`.
+//!
+//! Why one file of ~1500 lines of code: one cohesive component (the epoll thread, the
+//! admission policy and the coalescing writer act on the same connection table).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
