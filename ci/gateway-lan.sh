@@ -117,6 +117,7 @@ EOF
 Name = laptop
 PublicKey = $p2
 AllowedIPs = 192.168.77.203/32, fd77::203/128, 10.66.2.0/24
+Endpoint = laptop.rgn.test:51999
 EOF
     fi
     cat <<EOF
@@ -146,6 +147,11 @@ for r in 192.168.77.0/24 192.168.88.0/24; do ip -n $P route add $r dev $PHONE; d
 for r in fd77::/64 fd88::/64; do ip -n $P -6 route add $r dev $PHONE; done
 
 # ---- the gateway ---------------------------------------------------------------------------
+# The gateway's resolver: `ip netns exec` binds /etc/netns/G/hosts over /etc/hosts. It starts
+# without the laptop's name (as the appliance starts before its DHCP lease brings DNS).
+mkdir -p /etc/netns/$G
+printf '127.0.0.1 localhost\n' >/etc/netns/$G/hosts
+at_exit "rm -rf /etc/netns/$G"
 RG_LOG=info ip netns exec $G "$RG" up --config "$CONF" --workers 1 >"$WORK/gw.log" 2>&1 &
 STARTED=$!
 sleep 0.2
@@ -166,6 +172,19 @@ wait_for() {
     for _ in $(seq $n); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
     return 1
 }
+
+# A peer endpoint name that did not resolve at start is retried until it does.
+laptop_ep() { ip netns exec $G wg show $TUN endpoints | awk -v k="$p2" '$1 == k {print $2}'; }
+ep=$(laptop_ep)
+[ "$ep" = "(none)" ] && ok "laptop.rgn.test unresolvable at start: the peer has no endpoint yet" ||
+    bad "laptop's endpoint at start: '$ep'"
+echo "10.55.0.99 laptop.rgn.test" >>/etc/netns/$G/hosts   # in place: the bind mount follows
+laptop_at() { [ "$(laptop_ep)" = "$1" ]; }
+if wait_for 30 laptop_at 10.55.0.99:51999; then
+    ok "the name resolved on a retry once the resolver knew it (no reload): 10.55.0.99:51999"
+else
+    bad "laptop's endpoint after the name became resolvable: '$(laptop_ep)'"
+fi
 # First reply within N one-second pings (the first packet waits for the handshake).
 ping_ok() { # ping_ok NS DST
     local i

@@ -39,6 +39,8 @@ use crate::sys::udp::{UdpOptions, UdpSocket};
 use worker::{Shared, SocketSet};
 
 const PIDFILE: &str = "/run/riceguard.pid";
+/// How often unresolved peer endpoint names are looked up again (appliance mode).
+const RESOLVE_RETRY: Duration = Duration::from_secs(15);
 
 /// `riceguard [-f] IFNAME` and `riceguard up --config FILE`.
 pub fn main(args: &[String]) -> ExitCode {
@@ -393,6 +395,29 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     if appliance {
         let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));
+        // Endpoint names that did not resolve (no lease, no resolver yet) are tried
+        // again every RESOLVE_RETRY until they do; a reload resolves them too.
+        let rt = rt.clone();
+        std::thread::Builder::new()
+            .name("rg-resolve".into())
+            .spawn(move || {
+                let stop = rt.shared.stop.clone();
+                let mut waited = Duration::ZERO;
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    waited += Duration::from_millis(500);
+                    if waited < RESOLVE_RETRY {
+                        continue;
+                    }
+                    waited = Duration::ZERO;
+                    match rt.retry_names() {
+                        Ok(0) => {}
+                        Ok(n) => log::info!("{n} peer endpoint name(s) resolved on retry"),
+                        Err(e) => log::warn!("peer endpoint names resolved, but: {e}"),
+                    }
+                }
+            })
+            .map_err(|e| e.to_string())?;
     }
 
     // Reloads so far; the console waits for this to move after a commit.

@@ -141,6 +141,38 @@ impl Runtime {
         self.apply_locked(&old, &new, startup)
     }
 
+    /// Resolve again the peer endpoints whose names did not resolve when the configuration
+    /// was applied (on the appliance the daemon starts before the DHCP lease brings a
+    /// resolver). Names are looked up outside the apply lock; under it, only endpoints
+    /// still holding that name are replaced. `Ok(n)`: how many peers got an address.
+    pub fn retry_names(&self) -> Result<usize, ApplyError> {
+        let cfg = self.shared.device.config();
+        if !cfg
+            .peers
+            .iter()
+            .any(|p| matches!(p.endpoint, Some(Endpoint::Name { .. })))
+        {
+            return Ok(0);
+        }
+        let names = lookup_names(&cfg);
+        if names.is_empty() {
+            return Ok(0);
+        }
+        let _g = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let old = self.shared.device.config();
+        let new = with_names(&old, &names);
+        let n = old
+            .peers
+            .iter()
+            .zip(&new.peers)
+            .filter(|(a, b)| a.endpoint != b.endpoint)
+            .count();
+        if n > 0 {
+            self.apply_locked(&old, &new, false)?;
+        }
+        Ok(n)
+    }
+
     /// Allocate, reconfigure the device, then swap the allocations in (cannot fail).
     /// `startup`: a TCP listener that cannot bind is a warning (UDP still works), not
     /// a refusal — there is no previous state to keep.
@@ -448,7 +480,7 @@ pub(super) fn lookup_names(cfg: &Config) -> Names {
                 names.insert((host.clone(), *port), a);
             }
             _ => {
-                log::warn!("peer endpoint {host}:{port} does not resolve; will retry on reload")
+                log::warn!("peer endpoint {host}:{port} does not resolve; retried every 15 s and on reload")
             }
         }
     }
