@@ -204,6 +204,24 @@ pub struct PeerState {
     pub events: TransportEvents,
 }
 
+impl PeerState {
+    /// A peer's state before anything happened: no endpoint, no traffic, no handshake.
+    fn fresh(tunn: Tunn) -> PeerState {
+        PeerState {
+            tunn,
+            endpoint: None,
+            preshared_key: None,
+            persistent_keepalive: None,
+            last_handshake: None,
+            tx_bytes: 0,
+            rx_bytes: 0,
+            had_session: false,
+            keepalive_owed_since: None,
+            events: TransportEvents::default(),
+        }
+    }
+}
+
 /// Monotonic per-transport counters of what happened to a peer (index: 0 UDP, 1 TCP).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TransportEvents {
@@ -533,16 +551,10 @@ impl Device {
                         allowed_ips: pc.allowed_ips.clone(),
                         tcp_port: pc.tcp_port,
                         state: Mutex::new(PeerState {
-                            tunn,
                             endpoint: cfg_endpoint.map(PeerAddr::Udp),
                             preshared_key: pc.preshared_key,
                             persistent_keepalive: pc.persistent_keepalive.filter(|&k| k > 0),
-                            last_handshake: None,
-                            tx_bytes: 0,
-                            rx_bytes: 0,
-                            had_session: false,
-                            keepalive_owed_since: None,
-                            events: TransportEvents::default(),
+                            ..PeerState::fresh(tunn)
                         }),
                     })
                 }
@@ -1093,25 +1105,14 @@ fn update_peer_state(
 }
 
 fn placeholder_state(id: &Identity, public: Key, index: u32) -> PeerState {
-    PeerState {
-        tunn: Tunn::new(
-            id.private.clone(),
-            x25519::PublicKey::from(public.0),
-            None,
-            None,
-            index,
-            Some(id.rate_limiter.clone()),
-        ),
-        endpoint: None,
-        preshared_key: None,
-        persistent_keepalive: None,
-        last_handshake: None,
-        tx_bytes: 0,
-        rx_bytes: 0,
-        had_session: false,
-        keepalive_owed_since: None,
-        events: TransportEvents::default(),
-    }
+    PeerState::fresh(Tunn::new(
+        id.private.clone(),
+        x25519::PublicKey::from(public.0),
+        None,
+        None,
+        index,
+        Some(id.rate_limiter.clone()),
+    ))
 }
 
 /// Why a log line is due after a peer's lock is released.

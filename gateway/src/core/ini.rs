@@ -222,6 +222,18 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         key: key.to_string(),
         msg,
     };
+    // A section that may appear once: note its first line, refuse a second.
+    let once = |seen: &mut Option<usize>, ln: usize, name: &str| match *seen {
+        Some(first) => Err(err(
+            ln,
+            name,
+            format!("appears twice (first on line {first}); merge them"),
+        )),
+        None => {
+            *seen = Some(ln);
+            Ok(())
+        }
+    };
     if text.len() > MAX_FILE_BYTES {
         return Err(err(
             0,
@@ -294,25 +306,11 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             seen.clear();
             section = match name.trim().to_ascii_lowercase().as_str() {
                 "interface" => {
-                    if let Some(first) = seen_interface {
-                        return Err(err(
-                            ln,
-                            "[Interface]",
-                            format!("appears twice (first on line {first}); merge them"),
-                        ));
-                    }
-                    seen_interface = Some(ln);
+                    once(&mut seen_interface, ln, "[Interface]")?;
                     Section::Interface
                 }
                 "gateway" => {
-                    if let Some(first) = seen_gateway {
-                        return Err(err(
-                            ln,
-                            "[Gateway]",
-                            format!("appears twice (first on line {first}); merge them"),
-                        ));
-                    }
-                    seen_gateway = Some(ln);
+                    once(&mut seen_gateway, ln, "[Gateway]")?;
                     Section::Gateway
                 }
                 "peer" => {
