@@ -56,7 +56,7 @@ finish() {
 }
 
 [ "$(id -u)" = 0 ] || { ko "needs root (network namespaces)"; finish; }
-require_tools "$QEMU" wireguard-go wg wg-quick dnsmasq nft python3 mkfifo sfdisk
+require_tools "$QEMU" wireguard-go wg wg-quick dnsmasq nft python3 mkfifo sfdisk jq
 [ -f "$FIRMWARE_CODE" ] || { ko "missing $FIRMWARE_CODE (ovmf)"; finish; }
 rm -rf "$work"
 mkdir -p "$work"
@@ -109,7 +109,7 @@ else
     ko "flash: flash-scripts/flash failed"
     finish
 fi
-perm_mb=$(sfdisk --json "$disk" | python3 -c 'import json,sys; t=json.load(sys.stdin)["partitiontable"]; print([p["size"] for p in t["partitions"] if p.get("name") == "perm"][0] * t.get("sectorsize", 512) // 1048576)')
+perm_mb=$(sfdisk --json "$disk" | jq -r '.partitiontable as $t | $t.partitions[] | select(.name == "perm") | (.size * ($t.sectorsize // 512) / 1048576 | floor)')
 note "flashed disk: perm is $perm_mb MiB after the flash script grew it"
 
 # --- namespaces ----------------------------------------------------------------------------
@@ -212,12 +212,7 @@ wait_re() {
 }
 # hmp LINE: a command on QEMU's human monitor (set_link: the guest sees the carrier go).
 hmp() {
-    timeout 10 python3 - "$work/monitor.sock" "$1" <<'PY'
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1])
-time.sleep(0.3); s.recv(65536)
-s.sendall(sys.argv[2].encode() + b"\n"); time.sleep(0.5); s.close()
-PY
+    timeout 10 python3 ci/lib/labtool.py hmp "$work/monitor.sock" "$1"
 }
 # The first line after byte OFFSET matching REGEX.
 line_of() { tail -c +$((${2:-0} + 1)) "$log" | tr -d '\r' | grep -aE -m1 -- "$1"; }
@@ -373,36 +368,16 @@ phone_down() {
     inns "$P" ip -4 rule del not fwmark 51820 table 51820 2>/dev/null
     rm -f "/var/run/wireguard/$WGIF.sock"
 }
-# tcp_echo NS_SERVER ADDR NS_CLIENT: a one-shot echo server (bounded: 30 s) and a client
-# that sends a random token through it and must read it back.
+# tcp_echo NS_SERVER ADDR NS_CLIENT: a one-shot server (bounded: 30 s) that sends back what
+# it got, reversed; the client sends 30 kB through it and must read them back.
 tcp_echo() {
-    local srv=$1 addr=$2 cli=$3 tok spid
-    tok=rgb-$RANDOM-$RANDOM
-    nspawn "$srv" timeout 30 python3 -c '
-import socket
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 7777)); s.listen(1); s.settimeout(25)
-c, _ = s.accept(); c.settimeout(10)
-d = b""
-while not d.endswith(b"\n"):
-    b = c.recv(4096)
-    if not b: break
-    d += b
-c.sendall(b"echo " + d); c.close()'
+    local srv=$1 addr=$2 cli=$3 spid got
+    nspawn "$srv" timeout 30 python3 ci/lib/labtool.py tcp-reverse-once 0.0.0.0 7777
     spid=$lastpid
     sleep 0.5
-    got=$(inns "$cli" timeout 20 python3 -c '
-import socket, sys
-c = socket.create_connection((sys.argv[1], 7777), timeout=10)
-c.sendall(sys.argv[2].encode() + b"\n")
-d = b""
-while True:
-    b = c.recv(4096)
-    if not b: break
-    d += b
-print(d.decode().strip())' "$addr" "$tok" 2>&1)
+    got=$(inns "$cli" timeout 20 python3 ci/lib/labtool.py tcp-reverse-check "$addr" 7777 2>&1)
     stop_pid "$spid"
-    [ "$got" = "echo $tok" ]
+    [ "$got" = ok ]
 }
 # wait_ping NS ADDR SECONDS: pings until one answers (the handshake comes first).
 wait_ping() {

@@ -14,6 +14,7 @@ drives namespaces and processes, anything that talks sockets or parses output is
     labtool.py tcp-reverse-once HOST PORT   accept one TCP connection (15 s), send back what
                                             it sent up to a newline, reversed
     labtool.py tcp-reverse-check HOST PORT  30 kB to a tcp-reverse-once server; prints "ok"
+    labtool.py hmp SOCK LINE                one command on a QEMU human monitor socket
 
 Every loop is bounded in count and time.
 """
@@ -186,7 +187,19 @@ def tcp_reverse_check(args):
     print("ok" if data == msg[::-1] else "mismatch %d" % len(data))
 
 
+def hmp(args):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect(args[0])
+    time.sleep(0.3)
+    s.recv(65536)  # the banner
+    s.sendall(args[1].encode() + b"\n")
+    time.sleep(0.5)
+    s.close()
+
+
 TOOLS = {
+    "hmp": hmp,
     "tcp-reverse-once": tcp_reverse_once,
     "tcp-reverse-check": tcp_reverse_check,
     "iperf-mbit": iperf_mbit,
