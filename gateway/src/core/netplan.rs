@@ -151,22 +151,6 @@ pub fn route_diff(want: &[Cidr], owned: &[Cidr]) -> Diff<Cidr> {
     }
 }
 
-/// The interface of the IPv4 default route in the main table (the lowest metric wins),
-/// other than `exclude` (the tunnel): the uplink when `[Gateway] Uplink` is not set.
-pub fn default_route_oif(routes: &[KernelRoute], exclude: u32) -> Option<u32> {
-    routes
-        .iter()
-        .filter(|r| {
-            r.dst.addr.is_ipv4()
-                && r.dst.prefix == 0
-                && r.table == MAIN_TABLE
-                && r.unicast
-                && r.oif.is_some_and(|o| o != exclude)
-        })
-        .min_by_key(|r| r.priority)
-        .and_then(|r| r.oif)
-}
-
 /// One proxy neighbour entry: answer ARP (IPv4) or NDP (IPv6) for `addr` on the port
 /// with index `ifindex`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -426,19 +410,6 @@ mod tests {
         assert!(d.delete.is_empty());
         assert_eq!(d.add, cs(&["10.0.2.1/24"]));
         assert!(address_diff(&new, &new, &new).is_empty());
-    }
-
-    #[test]
-    fn default_route_picks_lowest_metric_ipv4() {
-        let mut a = kroute("0.0.0.0/0", 3, 16);
-        a.priority = 100;
-        let mut b = kroute("0.0.0.0/0", 4, 4);
-        b.priority = 50;
-        let v6 = kroute("::/0", 5, 3);
-        let tun = kroute("0.0.0.0/0", TUN, 3);
-        assert_eq!(default_route_oif(&[a, b, v6, tun], TUN), Some(4));
-        assert_eq!(default_route_oif(&[a, v6], TUN), Some(3));
-        assert_eq!(default_route_oif(&[v6, tun], TUN), None);
     }
 
     fn port(ifindex: u32, addrs: &[&str]) -> Port {

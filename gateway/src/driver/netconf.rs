@@ -174,14 +174,13 @@ impl NetConf {
         let Some(cfg) = st.applied.clone() else {
             return Ok(());
         };
-        let tunnel = Netlink::ifindex(&self.tunnel)?;
         let mut ports: Vec<(String, u32)> = Vec::new();
-        if !cfg.gateway.uplink.is_empty() {
-            if let Ok(i) = Netlink::ifindex(&cfg.gateway.uplink) {
-                ports.push((cfg.gateway.uplink.clone(), i));
+        // The uplink as init and the console find it (`sys::nic`), never the tunnel.
+        if let Some(u) = crate::sys::nic::uplink(&cfg.gateway.uplink).filter(|u| *u != self.tunnel)
+        {
+            if let Ok(i) = Netlink::ifindex(&u) {
+                ports.push((u, i));
             }
-        } else if let Some(i) = netplan::default_route_oif(&nl.routes()?, tunnel) {
-            ports.push((Netlink::ifname(i)?, i));
         }
         if !cfg.gateway.lan.is_empty() {
             if let Ok(i) = Netlink::ifindex(&cfg.gateway.lan) {

@@ -633,14 +633,6 @@ mod netconf_ops {
             }
         }
 
-        /// The name of the link with index `ifindex`.
-        pub fn ifname(ifindex: u32) -> Result<String, NetlinkError> {
-            nix::net::if_::if_indextoname(ifindex)
-                .ok()
-                .and_then(|n| n.into_string().ok())
-                .ok_or_else(|| NetlinkError::NoSuchInterface(format!("#{ifindex}")))
-        }
-
         /// The addresses on the link with index `ifindex`.
         pub fn link_addresses(&mut self, ifindex: u32) -> Result<Vec<Cidr>, NetlinkError> {
             self.dump_addresses(ifindex)
