@@ -19,11 +19,11 @@
 //!   the serial output with them) and draws it as a QR code ([`super::qr`]).
 
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use crate::core::config::{valid_peer_name, Config, PeerConfig};
 use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::core::net::{ip_bits, ip_from_bits, Cidr};
 
 use super::qr;
 use super::system::Uplink;
@@ -45,33 +45,6 @@ pub fn end_marker(name: &str) -> String {
     format!("----- END WIREGUARD CONFIG {name} -----")
 }
 
-fn bits(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
-fn ip_of(v4: bool, n: u128) -> IpAddr {
-    if v4 {
-        IpAddr::V4(Ipv4Addr::from(n as u32))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(n))
-    }
-}
-
-/// First and last address (as numbers) of a prefix.
-fn range(c: &Cidr) -> (u128, u128) {
-    let host_bits = u32::from(c.max_prefix() - c.prefix);
-    let host_mask = if host_bits >= 128 {
-        u128::MAX
-    } else {
-        (1u128 << host_bits) - 1
-    };
-    let first = bits(c.network().addr);
-    (first, first | host_mask)
-}
-
 /// The first free host address of `subnet`. `taken`: prefixes already given to peers;
 /// `reserved`: single addresses that are not free (the gateway's own). Each step passes
 /// a reserved address or a whole taken prefix, so the search ends after at most
@@ -82,7 +55,7 @@ pub fn first_free(subnet: &Cidr, taken: &[Cidr], reserved: &[IpAddr]) -> Option<
     if host_bits == 0 {
         return None;
     }
-    let (mut cur, mut last) = range(subnet);
+    let (mut cur, mut last) = subnet.span();
     // The network address (IPv6: subnet-router anycast) and IPv4's broadcast are no
     // hosts, except on point-to-point /31 and /127 prefixes.
     if host_bits >= 2 {
@@ -95,12 +68,12 @@ pub fn first_free(subnet: &Cidr, taken: &[Cidr], reserved: &[IpAddr]) -> Option<
     let inside: Vec<(u128, u128)> = taken
         .iter()
         .filter(|t| t.addr.is_ipv4() == v4 && t.prefix > subnet.prefix)
-        .map(range)
+        .map(Cidr::span)
         .collect();
     let reserved: Vec<u128> = reserved
         .iter()
         .filter(|a| a.is_ipv4() == v4)
-        .map(|a| bits(*a))
+        .map(|a| ip_bits(*a))
         .collect();
     while cur <= last {
         if reserved.contains(&cur) {
@@ -111,7 +84,7 @@ pub fn first_free(subnet: &Cidr, taken: &[Cidr], reserved: &[IpAddr]) -> Option<
             cur = end.checked_add(1)?;
             continue;
         }
-        return Some(ip_of(v4, cur));
+        return Some(ip_from_bits(v4, cur));
     }
     None
 }

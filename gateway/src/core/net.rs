@@ -70,25 +70,37 @@ impl Cidr {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.network().addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let m = if self.prefix == 0 {
-                    0
-                } else {
-                    u32::MAX << (32 - self.prefix)
-                };
-                u32::from(a) & m == u32::from(n)
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let m = if self.prefix == 0 {
-                    0
-                } else {
-                    u128::MAX << (128 - self.prefix)
-                };
-                u128::from(a) & m == u128::from(n)
-            }
-            _ => false,
-        }
+        let (first, last) = self.span();
+        ip.is_ipv4() == self.addr.is_ipv4() && (first..=last).contains(&ip_bits(ip))
+    }
+
+    /// The first and last address of the prefix, as numbers ([`ip_bits`]).
+    pub fn span(&self) -> (u128, u128) {
+        let host_bits = u32::from(self.max_prefix() - self.prefix);
+        let host_mask = if host_bits >= 128 {
+            u128::MAX
+        } else {
+            (1u128 << host_bits) - 1
+        };
+        let first = ip_bits(self.network().addr);
+        (first, first | host_mask)
+    }
+}
+
+/// An address as a number (IPv4 in the low 32 bits), for range arithmetic.
+pub fn ip_bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// The address of family `v4` numbered `n` ([`ip_bits`] back).
+pub fn ip_from_bits(v4: bool, n: u128) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::from(n as u32))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(n))
     }
 }
 
