@@ -199,6 +199,14 @@ pub struct PeerState {
     /// tick-granular timestamps with a strict `>` and so never send it when the data
     /// arrived in the same 250 ms tick as our last send.
     keepalive_owed_since: Option<Duration>,
+    /// Device time of the last authenticated message from the peer.
+    last_heard: Option<Duration>,
+    /// Device time of the first data message sent since the peer was last heard: the
+    /// start of WireGuard's "data sent, nothing back for KEEPALIVE + REKEY_TIMEOUT"
+    /// countdown (see [`PeerState::hold_timers`]).
+    unanswered_since: Option<Duration>,
+    /// We sent a handshake initiation that no response has completed yet.
+    initiating: bool,
     /// Transport events for the TCP-fallback client (index 0 UDP, 1 TCP), counted here
     /// and turned into state-machine inputs by the driver.
     pub events: TransportEvents,
@@ -217,8 +225,44 @@ impl PeerState {
             rx_bytes: 0,
             had_session: false,
             keepalive_owed_since: None,
+            last_heard: None,
+            unanswered_since: None,
+            initiating: false,
             events: TransportEvents::default(),
         }
+    }
+
+    /// Whether boringtun's timers must wait this tick. boringtun 0.7.1 starts a handshake
+    /// when data was sent after the last receive and that receive is 15 s old — timed from
+    /// the receive, where WireGuard times it from the send. After 15 s of quiet, a tick
+    /// between a send and its answer would start a needless handshake. While our own
+    /// countdown (from `unanswered_since`) is short of 15 s and boringtun's is about to
+    /// fire, its timers wait; they run as soon as the peer is heard or the 15 s are up. No
+    /// handshake is in progress then (that branch of boringtun's timers does not judge
+    /// this rule), and the other timers it skips (rekey, expiry, persistent keepalive
+    /// while we are sending anyway) tolerate that delay.
+    fn hold_timers(&self, now: Duration) -> bool {
+        match (self.unanswered_since, self.last_heard) {
+            (Some(sent), Some(heard)) => {
+                !self.initiating
+                    && now.saturating_sub(sent) < NEW_HANDSHAKE_AFTER_SILENCE
+                    // A second of slack: boringtun reads its own clock a moment later.
+                    && now.saturating_sub(heard) + Duration::from_secs(1)
+                        >= NEW_HANDSHAKE_AFTER_SILENCE
+            }
+            _ => false,
+        }
+    }
+
+    /// Data has gone unanswered for KEEPALIVE + REKEY_TIMEOUT and no handshake is under
+    /// way: time for a new one. boringtun 0.7.1 misses this when the data went out in the
+    /// same 250 ms tick as the last receive (its timestamps are tick-granular and the
+    /// comparison strict), so the device judges it too.
+    fn handshake_overdue(&self, now: Duration) -> bool {
+        !self.initiating
+            && self
+                .unanswered_since
+                .is_some_and(|sent| now.saturating_sub(sent) >= NEW_HANDSHAKE_AFTER_SILENCE)
     }
 }
 
@@ -235,17 +279,23 @@ fn tidx(a: &PeerAddr) -> usize {
 }
 
 /// Send a message of this peer's session to `to` (see [`note_sent`]).
-fn send_counted(st: &mut PeerState, to: PeerAddr, d: &[u8], io: &mut impl Io) {
-    note_sent(st, to, d.first().copied(), d.len());
+fn send_counted(st: &mut PeerState, now: Duration, to: PeerAddr, d: &[u8], io: &mut impl Io) {
+    note_sent(st, now, to, d.first().copied(), d.len());
     io.send(to, d);
 }
 
 /// Account for a message of this peer's session going to `to`: counts handshake
-/// initiations for the fallback client and settles a keepalive debt (any authenticated
-/// packet does).
-fn note_sent(st: &mut PeerState, to: PeerAddr, kind: Option<u8>, len: usize) {
+/// initiations for the fallback client, settles a keepalive debt (any authenticated
+/// packet does) and starts the unanswered-data countdown. `now` is device time.
+fn note_sent(st: &mut PeerState, now: Duration, to: PeerAddr, kind: Option<u8>, len: usize) {
     if kind == Some(MSG_INIT) {
         st.events.handshakes_sent[tidx(&to)] += 1;
+        st.initiating = true;
+        // The countdown has done its work; the next data sent starts another.
+        st.unanswered_since = None;
+    }
+    if kind == Some(MSG_DATA) && len > KEEPALIVE_LEN && st.unanswered_since.is_none() {
+        st.unanswered_since = Some(now);
     }
     st.keepalive_owed_since = None;
     st.tx_bytes += len as u64;
@@ -255,6 +305,11 @@ const MSG_INIT: u8 = 1;
 const MSG_RESPONSE: u8 = 2;
 const MSG_COOKIE: u8 = 3;
 const MSG_DATA: u8 = 4;
+/// A data message with no payload: header (16) and tag (16).
+const KEEPALIVE_LEN: usize = 32;
+/// WireGuard's KEEPALIVE_TIMEOUT + REKEY_TIMEOUT: data unanswered this long starts a
+/// new handshake.
+const NEW_HANDSHAKE_AFTER_SILENCE: Duration = Duration::from_secs(15);
 
 /// What one message from the network did, decided from its type and boringtun's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -649,13 +704,13 @@ impl Device {
                 _ => None,
             };
             if let Some((kind, n)) = written {
-                note_sent(&mut st, ep, kind, n);
+                note_sent(&mut st, self.device_now(), ep, kind, n);
                 io.send_commit(ep, n);
             }
             return;
         }
         match st.tunn.encapsulate(src, scratch) {
-            TunnResult::WriteToNetwork(d) => send_counted(&mut st, ep, d, io),
+            TunnResult::WriteToNetwork(d) => send_counted(&mut st, self.device_now(), ep, d, io),
             TunnResult::Err(_) => DropCounters::bump(&self.drops.encapsulate),
             _ => {}
         }
@@ -795,7 +850,7 @@ impl Device {
                 io.send(from, d);
             }
             TunnResult::WriteToNetwork(d) if verdict.authenticated() => {
-                send_counted(st, from, d, io);
+                send_counted(st, self.device_now(), from, d, io);
             }
             TunnResult::WriteToTunnelV4(p, src) if verdict.authenticated() => {
                 self.deliver(table, peer, IpAddr::V4(src), p, io);
@@ -824,17 +879,25 @@ impl Device {
         io: &mut impl Io,
     ) {
         let mut note = None;
+        let now = self.device_now();
         st.rx_bytes += n as u64;
+        st.last_heard = Some(now);
+        st.unanswered_since = None;
         st.events.authenticated_rx[tidx(&from)] += 1;
         match verdict {
             Verdict::HandshakeCompleted => {
                 st.events.handshakes_answered[tidx(&from)] += 1;
-                st.last_handshake = Some(self.device_now());
+                st.last_handshake = Some(now);
+                st.initiating = false;
                 note = Some(Note::HandshakeCompleted);
             }
-            Verdict::HandshakeAnswered => st.last_handshake = Some(self.device_now()),
+            Verdict::HandshakeAnswered => {
+                // Answering the peer's initiation replaces ours.
+                st.last_handshake = Some(now);
+                st.initiating = false;
+            }
             Verdict::Data { keepalive: false } if st.keepalive_owed_since.is_none() => {
-                st.keepalive_owed_since = Some(self.device_now());
+                st.keepalive_owed_since = Some(now);
             }
             _ => {}
         }
@@ -849,7 +912,7 @@ impl Device {
         }
         // Packets queued while the handshake was pending go out now.
         while let TunnResult::WriteToNetwork(d) = st.tunn.decapsulate(None, &[], scratch) {
-            send_counted(&mut st, from, d, io);
+            send_counted(&mut st, now, from, d, io);
         }
         drop(st);
         // Logged after the peer lock is released; targets under `net::` are rate-limited
@@ -927,24 +990,37 @@ impl Device {
         for peer in table.peers() {
             let mut st = peer.lock();
             let endpoint = st.endpoint;
-            match st.tunn.update_timers(scratch) {
+            let result = if st.hold_timers(now) {
+                TunnResult::Done
+            } else {
+                st.tunn.update_timers(scratch)
+            };
+            match result {
                 TunnResult::WriteToNetwork(d) => {
                     if let Some(ep) = endpoint {
-                        send_counted(&mut st, ep, d, io);
+                        send_counted(&mut st, now, ep, d, io);
                     }
                 }
-                TunnResult::Err(WireGuardError::ConnectionExpired) => {}
+                TunnResult::Err(WireGuardError::ConnectionExpired) => st.initiating = false,
                 TunnResult::Err(_) => DropCounters::bump(&self.drops.timers),
                 _ => {}
             }
             let session_age = st.tunn.time_since_last_handshake();
+            if let (true, Some(ep), Some(_)) = (st.handshake_overdue(now), endpoint, session_age) {
+                if let TunnResult::WriteToNetwork(d) =
+                    st.tunn.format_handshake_initiation(scratch, false)
+                {
+                    send_counted(&mut st, now, ep, d, io);
+                }
+                st.unanswered_since = None;
+            }
             // The passive keepalive boringtun may have missed (see keepalive_owed_since).
             if let (Some(since), Some(ep), Some(age)) =
                 (st.keepalive_owed_since, endpoint, session_age)
             {
                 if now.saturating_sub(since) >= KEEPALIVE_TIMEOUT && age < SESSION_USABLE {
                     if let TunnResult::WriteToNetwork(d) = st.tunn.encapsulate(&[], scratch) {
-                        send_counted(&mut st, ep, d, io);
+                        send_counted(&mut st, now, ep, d, io);
                     }
                 }
             }
@@ -975,7 +1051,7 @@ impl Device {
                 if let TunnResult::WriteToNetwork(d) =
                     st.tunn.format_handshake_initiation(scratch, false)
                 {
-                    send_counted(&mut st, ep, d, io);
+                    send_counted(&mut st, self.device_now(), ep, d, io);
                 }
             }
         }
@@ -1004,7 +1080,7 @@ impl Device {
             if let TunnResult::WriteToNetwork(d) =
                 st.tunn.format_handshake_initiation(scratch, true)
             {
-                send_counted(&mut st, to, d, io);
+                send_counted(&mut st, self.device_now(), to, d, io);
             }
         }
     }

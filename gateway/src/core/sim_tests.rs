@@ -584,3 +584,72 @@ fn data_is_padded_to_16_within_the_mtu() {
         assert_eq!(b.wire.tun, vec![p], "the receiver trims the padding");
     }
 }
+
+/// Ticks and delivers everything in flight every 250 ms (a live network) for `secs`.
+fn live_for(a: &mut Node, b: &mut Node, secs: u64) {
+    for _ in 0..secs * 4 {
+        MockClock::advance(Duration::from_millis(250));
+        timers(a);
+        timers(b);
+        pump(a, b);
+    }
+}
+
+/// A pings every 20 s and B's reply comes back only after one of A's timer ticks. After
+/// 15 s of silence from B, boringtun 0.7.1 judges "sent data, heard nothing for 15 s"
+/// from the *last receive*, so that tick would start a handshake although the ping went
+/// out a moment ago; WireGuard (and wireguard-go, the kernel) times it from the send.
+/// The keepalive CI lab caught this as a one-in-a-few-runs second handshake.
+#[test]
+fn no_handshake_when_a_reply_lands_after_a_tick() {
+    let (mut a, mut b) = pair(None);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"hello"));
+    pump(&mut a, &mut b);
+    live_for(&mut a, &mut b, 1);
+    let initiations = |n: &Node| n.wire.sent.iter().filter(|(_, d)| msg_type(d) == 1).count();
+    let mut extra = 0;
+    for round in 0..6 {
+        live_for(&mut a, &mut b, 20);
+        send_tun(
+            &mut a,
+            &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"echo request"),
+        );
+        let (aa, ba) = (a.addr, b.addr);
+        assert_eq!(deliver(&mut a, &mut b, aa), 1, "round {round}: the ping");
+        // A tick lands between the ping and the reply.
+        MockClock::advance(Duration::from_millis(250));
+        timers(&mut a);
+        timers(&mut b);
+        extra += initiations(&a) + initiations(&b);
+        send_tun(
+            &mut b,
+            &ipv4_packet([10, 0, 0, 2], [10, 0, 0, 1], b"echo reply"),
+        );
+        deliver(&mut b, &mut a, ba);
+        pump(&mut a, &mut b);
+        extra += initiations(&a) + initiations(&b);
+        a.wire.sent.clear();
+        b.wire.sent.clear();
+    }
+    assert_eq!(extra, 0, "handshake initiations after the first one");
+    // The rule itself still holds: data that goes unanswered for 15 s starts a handshake.
+    send_tun(
+        &mut a,
+        &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"into the void"),
+    );
+    a.wire.sent.clear();
+    for _ in 0..14 * 4 {
+        MockClock::advance(Duration::from_millis(250));
+        timers(&mut a);
+    }
+    assert_eq!(initiations(&a), 0, "no handshake before 15 s");
+    for _ in 0..3 * 4 {
+        MockClock::advance(Duration::from_millis(250));
+        timers(&mut a);
+    }
+    assert_eq!(
+        initiations(&a),
+        1,
+        "a handshake once 15 s passed unanswered"
+    );
+}
