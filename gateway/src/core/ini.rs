@@ -148,7 +148,8 @@ fn fwmark(v: &str) -> Result<Option<u32>, String> {
     Ok((n != 0).then_some(n))
 }
 
-fn cores(v: &str) -> Result<Vec<usize>, String> {
+/// A `Cores` value (`0,1`, `0-3`, `all`; empty means all): also the daemon's `--cores`.
+pub fn cores(v: &str) -> Result<Vec<usize>, String> {
     if v.is_empty() || v.eq_ignore_ascii_case("all") {
         return Ok(Vec::new());
     }

@@ -10,6 +10,8 @@ pub(super) struct Opts {
     pub(super) foreground: bool,
     pub(super) config_file: Option<String>,
     pub(super) workers: Option<usize>,
+    /// `--cores LIST`: the cores workers are pinned to, in worker order.
+    pub(super) cores: Option<Vec<usize>>,
     /// Command-line overrides of the `[Gateway]` data-plane settings.
     pub(super) io_uring: Option<bool>,
     pub(super) offload: Option<OffloadMode>,
@@ -22,8 +24,9 @@ pub(super) struct Opts {
 
 pub(super) const USAGE: &str = "usage: riceguard [-f|--foreground] [OPTIONS] IFNAME
        riceguard up --config FILE [OPTIONS]
-options (override [Gateway]): --workers N  --io-uring on|off  --offload auto|gso|mmsg|off
-                              --tun-offload on|off  --hugepages on|off";
+options (override [Gateway]): --workers N  --cores LIST  --io-uring on|off
+                              --offload auto|gso|mmsg|off  --tun-offload on|off
+                              --poll sleep|adaptive|busy  --hugepages on|off";
 
 pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
@@ -31,6 +34,7 @@ pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
         foreground: false,
         config_file: None,
         workers: None,
+        cores: None,
         io_uring: None,
         offload: None,
         tun_offload: None,
@@ -61,6 +65,18 @@ pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
                         .filter(|&n: &usize| (1..=256).contains(&n))
                         .ok_or("--workers takes 1-256")?,
                 );
+            }
+            "--cores" => {
+                let v = it.next().ok_or("--cores needs a list such as 0,1 or 0-3")?;
+                let cores = crate::core::ini::cores(v).map_err(|e| format!("--cores: {e}"))?;
+                if let Some(d) = cores
+                    .iter()
+                    .enumerate()
+                    .find(|(i, c)| cores[..*i].contains(c))
+                {
+                    return Err(format!("--cores: core {} named twice", d.1));
+                }
+                o.cores = Some(cores);
             }
             "--io-uring" => o.io_uring = Some(on_off(it.next(), "--io-uring")?),
             "--tun-offload" => o.tun_offload = Some(on_off(it.next(), "--tun-offload")?),
@@ -103,5 +119,33 @@ fn on_off(v: Option<&String>, flag: &str) -> Result<bool, String> {
         Some("on") => Ok(true),
         Some("off") => Ok(false),
         _ => Err(format!("{flag} takes on or off")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Result<Opts, String> {
+        parse_args(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn cores_override_in_worker_order() {
+        let o = args(&["-f", "wg0", "--cores", "1,0"]).unwrap();
+        assert_eq!(o.cores, Some(vec![1, 0]));
+        assert_eq!(
+            args(&["wg0", "--cores", "0-2"]).unwrap().cores,
+            Some(vec![0, 1, 2])
+        );
+        assert_eq!(
+            args(&["wg0", "--cores", "all"]).unwrap().cores,
+            Some(vec![])
+        );
+        for bad in ["x", "1,1", "3-1", "0-9999"] {
+            let e = args(&["wg0", "--cores", bad]).unwrap_err();
+            assert!(e.starts_with("--cores"), "{bad:?}: {e}");
+        }
+        assert!(args(&["wg0", "--cores"]).is_err());
     }
 }

@@ -133,6 +133,9 @@ fn run(opts: Opts) -> Result<(), String> {
     let ncpu = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
+    if let Some(c) = &opts.cores {
+        cfg.gateway.cores = c.clone();
+    }
     let cores = cores_for(&cfg, ncpu);
     let workers = opts.workers.unwrap_or(cores.len()).max(1);
     let g = &mut cfg.gateway;

@@ -67,6 +67,8 @@ impl UringWorkerConfig {
         let recv = prev_power_of_two(quarter.min(256));
         let ring = RingConfig {
             recv_buffers: recv,
+            // The TUN ring (multishot reads) takes the TUN reads' buffers.
+            tun_buffers: prev_power_of_two(quarter.min(64)),
             max_in_flight: g.buffers.clamp(16, 4096),
             // The kernel thread sleeps after this long without submissions.
             sqpoll_idle_ms: g.sqpoll.then_some(SQPOLL_IDLE_MS),
@@ -222,6 +224,23 @@ struct UringEngine<'p> {
     dropped: u64,
 }
 
+impl UringEngine<'_> {
+    /// Keep `tun_reads` single TUN reads in flight (kernels without multishot reads;
+    /// some may have been refused when the ring was full).
+    fn top_up_reads(&mut self) {
+        while self.reads < self.tun_reads {
+            let Some(b) = self.pool.alloc() else { break };
+            match self.ring.read_tun(b) {
+                Ok(()) => self.reads += 1,
+                Err(Rejected(b, _)) => {
+                    self.pool.free(b);
+                    break;
+                }
+            }
+        }
+    }
+}
+
 impl<'p> Engine for UringEngine<'p> {
     type Buf = BufId;
     type Exec<'e>
@@ -242,16 +261,14 @@ impl<'p> Engine for UringEngine<'p> {
     }
 
     fn arm(&mut self) {
-        // Top up TUN reads (some may have been dropped when the ring was full).
-        while self.reads < self.tun_reads {
-            let Some(b) = self.pool.alloc() else { break };
-            match self.ring.read_tun(b) {
-                Ok(()) => self.reads += 1,
-                Err(Rejected(b, _)) => {
-                    self.pool.free(b);
-                    break;
+        if self.ring.tun_multishot() {
+            if !self.ring.tun_armed() {
+                if let Err(e) = self.ring.arm_tun() {
+                    log::warn!("cannot arm the TUN read: {e}");
                 }
             }
+        } else {
+            self.top_up_reads();
         }
         if !self.ring.recv_armed() && self.recv_paused_until.map_or(true, |t| Instant::now() >= t) {
             self.recv_paused_until = None;
@@ -324,6 +341,25 @@ impl<'p> Engine for UringEngine<'p> {
                             }
                         }
                     },
+                    Completion::TunReadMulti { res: Ok(mut tok) } => {
+                        let n = tok.len;
+                        p.tun_read(&mut be, cx, tok.buf_mut(), n);
+                        be.ring.recycle_tun(tok);
+                    }
+                    Completion::TunReadMulti { res: Err(e) } => {
+                        match e {
+                            // Out of ring buffers (recycled this round), or interrupted:
+                            // armed again before the next wait.
+                            Errno::ENOBUFS | Errno::ECANCELED | Errno::EINTR | Errno::EAGAIN => {}
+                            // This kernel takes READ_MULTISHOT but not on this file: single
+                            // reads from now on (the ring's buffers go back to the pool).
+                            Errno::EINVAL | Errno::EOPNOTSUPP | Errno::EBADF => {
+                                log::warn!("multishot TUN reads refused ({e}); reading one buffer at a time");
+                                be.ring.drop_tun_ring();
+                            }
+                            e => d.tun_gone = Some(format!("TUN read failed ({e})")),
+                        }
+                    }
                     Completion::TunRead {
                         mut buf,
                         res: Ok(n),
@@ -457,8 +493,13 @@ pub fn run(
     };
     let (level, pool_line) = pool.summary();
     log::log!(level, "worker {index}: {pool_line}");
+    let tun_reads = if ring.tun_multishot() {
+        format!("multishot TUN reads on {} buffers", cfg.ring.tun_buffers)
+    } else {
+        format!("{} TUN reads in flight", cfg.tun_reads)
+    };
     started(format!(
-        "io_uring ({} wait{}{}), {} TUN reads in flight, {pool_line}",
+        "io_uring ({} wait{}{}), {tun_reads}, {pool_line}",
         cfg.poll.as_str(),
         if ring.sqpoll() { ", SQPOLL" } else { "" },
         if ring.defer_taskrun() {
@@ -466,7 +507,6 @@ pub fn run(
         } else {
             ""
         },
-        cfg.tun_reads
     ));
     let mut engine = UringEngine {
         ring,

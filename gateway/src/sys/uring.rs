@@ -55,10 +55,13 @@ pub const RECV_CONTROL_LEN: u32 = 128;
 pub const RECVMSG_OUT_LEN: usize = 16;
 /// Buffer group id of the provided receive ring.
 const RECV_BGID: u16 = 0;
+/// Buffer group id of the provided TUN read ring (multishot reads).
+const TUN_BGID: u16 = 1;
 
 /// `user_data` values that are not slot indices.
 const UD_RECV: u64 = u64::MAX - 1;
 const UD_IGNORE: u64 = u64::MAX - 2;
+const UD_TUN: u64 = u64::MAX - 3;
 
 /// What io_uring can do on this kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +78,8 @@ pub struct Features {
     pub ext_arg: bool,
     /// `IORING_FEAT_NODROP`: completions are never lost on CQ overflow (5.5).
     pub nodrop: bool,
+    /// `IORING_OP_READ_MULTISHOT` (6.7): one armed read drains the TUN into a buffer ring.
+    pub read_multishot: bool,
 }
 
 impl fmt::Display for Features {
@@ -82,13 +87,14 @@ impl fmt::Display for Features {
         let yn = |b: bool| if b { "yes" } else { "no" };
         write!(
             f,
-            "multishot recvmsg {}, buffer rings {}, fixed read/write {}, sendmsg {}, wait timeout {}, nodrop {}",
+            "multishot recvmsg {}, buffer rings {}, fixed read/write {}, sendmsg {}, wait timeout {}, nodrop {}, multishot read {}",
             yn(self.multishot_recvmsg),
             yn(self.buf_ring),
             yn(self.rw_fixed),
             yn(self.sendmsg),
             yn(self.ext_arg),
-            yn(self.nodrop)
+            yn(self.nodrop),
+            yn(self.read_multishot)
         )
     }
 }
@@ -202,6 +208,7 @@ pub fn probe() -> Result<Features, UringError> {
         sendmsg: p.is_supported(opcode::SendMsg::CODE),
         ext_arg: ring.params().is_feature_ext_arg(),
         nodrop: ring.params().is_feature_nodrop(),
+        read_multishot: p.is_supported(opcode::ReadMulti::CODE),
     };
     if !f.rw_fixed {
         return Err(UringError::Missing("READ_FIXED/WRITE_FIXED"));
@@ -365,6 +372,9 @@ pub struct RingConfig {
     pub max_in_flight: u32,
     /// Buffers lent to the kernel for UDP receives (power of two, at most 32768).
     pub recv_buffers: u16,
+    /// Buffers lent to the kernel for multishot TUN reads (power of two, at most 32768;
+    /// 0, or a kernel without `READ_MULTISHOT`: no TUN ring, reads one buffer each).
+    pub tun_buffers: u16,
     /// Kernel-side submission polling with this idle time (ms); `None`: off.
     pub sqpoll_idle_ms: Option<u32>,
     /// `IORING_SETUP_DEFER_TASKRUN` (6.1; ignored with SQPOLL, dropped where missing).
@@ -378,6 +388,7 @@ impl Default for RingConfig {
             sq_entries: 256,
             max_in_flight: 1024,
             recv_buffers: 64,
+            tun_buffers: 0,
             sqpoll_idle_ms: None,
             defer_taskrun: true,
         }
@@ -442,8 +453,36 @@ pub enum Completion<'p> {
         res: Result<RecvToken<'p>, Errno>,
         rearm: bool,
     },
+    /// The multishot TUN read filled a buffer of the TUN ring (`Ok`) or ended with an
+    /// error. Give the buffer back with [`Ring::recycle_tun`]; when the read is no longer
+    /// armed ([`Ring::tun_armed`]) arm it again ([`Ring::arm_tun`]).
+    TunReadMulti { res: Result<TunToken<'p>, Errno> },
     /// Internal (poll, cancel) completion: nothing to do.
     Internal,
+}
+
+/// One packet read from the TUN into a buffer of the TUN ring, ours until
+/// [`Ring::recycle_tun`] hands it back to the kernel.
+#[derive(Debug)]
+#[must_use = "recycle the TUN buffer with Ring::recycle_tun"]
+pub struct TunToken<'p> {
+    bid: u16,
+    ptr: *mut u8,
+    /// Bytes the read filled.
+    pub len: usize,
+    cap: usize,
+    _pool: PhantomData<&'p BufPool>,
+}
+
+impl TunToken<'_> {
+    /// The whole buffer, writable: the packet is `[..len]`, the rest is room (padding,
+    /// in-place work).
+    pub fn buf_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr/cap describe one pool buffer of the TUN ring that the kernel has
+        // completed into and does not own again until `recycle_tun` consumes this token;
+        // exactly one token exists per completed bid, and the pool outlives 'p.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.cap) }
+    }
 }
 
 /// One received datagram, in a provided buffer the kernel lent us. Give it back with
@@ -531,9 +570,10 @@ fn recv_msghdr_value() -> libc::msghdr {
     h
 }
 
-/// The provided buffer ring for UDP receives: `entries` pool buffers lent to the kernel,
-/// which picks one per datagram and reports its id (`bid`) in the completion.
-struct RecvRing {
+/// A provided buffer ring (UDP receives, multishot TUN reads): `entries` pool buffers
+/// lent to the kernel, which picks one per datagram or packet and reports its id (`bid`)
+/// in the completion.
+struct BufRing {
     mem: Mapping,
     entries: u16,
     /// bid -> pool buffer. While a bid is in the ring the kernel owns that buffer; while
@@ -542,7 +582,78 @@ struct RecvRing {
     tail: u16,
 }
 
-impl RecvRing {
+impl BufRing {
+    /// Take `entries` pool buffers, lend them all to the kernel as buffer group `bgid`
+    /// of `ring`. `need`: the pool buffers the whole ring setup needs (for the error).
+    fn register(
+        ring: &IoUring,
+        pool: &BufPool,
+        entries: u16,
+        bgid: u16,
+        need: usize,
+    ) -> Result<BufRing, UringError> {
+        let ring_bytes =
+            (usize::from(entries) * std::mem::size_of::<BufRingEntry>()).div_ceil(4096) * 4096;
+        let mem = Mapping::new(ring_bytes).map_err(|e| UringError::Register {
+            what: "buffer ring memory",
+            errno: errno_of(&e),
+        })?;
+        // SAFETY: `mem` is page-aligned, zeroed and large enough for `entries` entries; it
+        // lives in the returned BufRing, which the Ring keeps, and the ring is torn down
+        // (Drop) before it is unmapped.
+        unsafe {
+            ring.submitter()
+                .register_buf_ring_with_flags(mem.0.as_ptr() as u64, entries, bgid, 0)
+        }
+        .map_err(|e| UringError::Register {
+            what: "buffer ring",
+            errno: errno_of(&e),
+        })?;
+        let mut ids = Vec::with_capacity(usize::from(entries));
+        for _ in 0..entries {
+            match pool.alloc() {
+                Some(id) => ids.push(id),
+                None => {
+                    let have = pool.available() + ids.len();
+                    ids.into_iter().for_each(|id| pool.free(id));
+                    let _ = ring.submitter().unregister_buf_ring(bgid);
+                    return Err(UringError::PoolTooSmall { need, have });
+                }
+            }
+        }
+        let mut r = BufRing {
+            mem,
+            entries,
+            ids: ids.into_boxed_slice(),
+            tail: 0,
+        };
+        let buf_len = u32::try_from(pool.buf_size()).unwrap_or(u32::MAX);
+        for bid in 0..entries {
+            let addr = pool.ptr(&r.ids[usize::from(bid)]) as u64;
+            r.add(bid, addr, buf_len);
+        }
+        r.publish();
+        Ok(r)
+    }
+
+    /// Give the ring's buffers back to the pool: only once the kernel certainly does not
+    /// use them (nothing armed on this group, or the ring gone).
+    fn release(self, pool: &BufPool) {
+        for b in self.ids.into_vec() {
+            pool.free(b);
+        }
+    }
+
+    /// Hand buffer `bid` back to the kernel.
+    fn recycle(&mut self, bid: u16, pool: &BufPool) {
+        if let Some(id) = self.ids.get(usize::from(bid)) {
+            let addr = pool.ptr(id) as u64;
+            let len = u32::try_from(pool.buf_size()).unwrap_or(u32::MAX);
+            self.add(bid, addr, len);
+            self.publish();
+        }
+    }
+
     fn entry(&mut self, i: u16) -> &mut BufRingEntry {
         let idx = usize::from(i & (self.entries - 1));
         // SAFETY: the mapping holds `entries` entries (checked at construction), idx is
@@ -582,9 +693,12 @@ pub struct Ring<'p> {
     pool: &'p BufPool,
     slots: Box<[Slot]>,
     free_slots: Vec<u32>,
-    recv: RecvRing,
+    recv: BufRing,
     recv_hdr: Box<libc::msghdr>,
     recv_armed: bool,
+    /// The TUN read ring, when multishot TUN reads are used.
+    tun: Option<BufRing>,
+    tun_armed: bool,
     /// SQEs pushed but not yet submitted.
     unsubmitted: u32,
     in_flight: u32,
@@ -604,14 +718,24 @@ impl<'p> Ring<'p> {
         udp: RawFd,
         tun: RawFd,
     ) -> Result<Ring<'p>, UringError> {
-        check()?;
+        let features = check()?;
         let entries = cfg.recv_buffers;
         if entries == 0 || !entries.is_power_of_two() || entries > 1 << 15 {
             return Err(UringError::BadConfig(
                 "the receive ring size must be a power of two from 1 to 32768",
             ));
         }
-        let need = usize::from(entries) + 1;
+        let tun_entries = if features.read_multishot {
+            cfg.tun_buffers
+        } else {
+            0
+        };
+        if tun_entries != 0 && (!tun_entries.is_power_of_two() || tun_entries > 1 << 15) {
+            return Err(UringError::BadConfig(
+                "the TUN ring size must be a power of two from 1 to 32768",
+            ));
+        }
+        let need = usize::from(entries) + usize::from(tun_entries) + 1;
         if pool.available() < need {
             return Err(UringError::PoolTooSmall {
                 need,
@@ -658,49 +782,17 @@ impl<'p> Ring<'p> {
             errno: errno_of(&e),
         })?;
 
-        let ring_bytes =
-            (usize::from(entries) * std::mem::size_of::<BufRingEntry>()).div_ceil(4096) * 4096;
-        let mem = Mapping::new(ring_bytes).map_err(|e| UringError::Register {
-            what: "buffer ring memory",
-            errno: errno_of(&e),
-        })?;
-        // SAFETY: `mem` is page-aligned, zeroed and large enough for `entries` entries; it
-        // lives in `self.recv` and the ring is torn down (Drop) before it is unmapped.
-        unsafe {
-            ring.submitter().register_buf_ring_with_flags(
-                mem.0.as_ptr() as u64,
-                entries,
-                RECV_BGID,
-                0,
-            )
-        }
-        .map_err(|e| UringError::Register {
-            what: "buffer ring",
-            errno: errno_of(&e),
-        })?;
-        let mut ids = Vec::with_capacity(usize::from(entries));
-        for _ in 0..entries {
-            // Checked above: the pool has more than `entries` free buffers.
-            match pool.alloc() {
-                Some(id) => ids.push(id),
-                None => {
-                    ids.into_iter().for_each(|id| pool.free(id));
-                    return Err(UringError::PoolTooSmall { need, have: 0 });
+        let recv = BufRing::register(&ring, pool, entries, RECV_BGID, need)?;
+        let tun = match tun_entries {
+            0 => None,
+            n => match BufRing::register(&ring, pool, n, TUN_BGID, need) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    recv.release(pool);
+                    return Err(e);
                 }
-            }
-        }
-        let mut recv = RecvRing {
-            mem,
-            entries,
-            ids: ids.into_boxed_slice(),
-            tail: 0,
+            },
         };
-        let buf_len = u32::try_from(pool.buf_size()).unwrap_or(u32::MAX);
-        for bid in 0..entries {
-            let addr = pool.ptr(&recv.ids[usize::from(bid)]) as u64;
-            recv.add(bid, addr, buf_len);
-        }
-        recv.publish();
 
         let slots: Box<[Slot]> = (0..cfg.max_in_flight)
             .map(|_| Slot {
@@ -718,6 +810,8 @@ impl<'p> Ring<'p> {
             recv,
             recv_hdr: recv_msghdr(),
             recv_armed: false,
+            tun,
+            tun_armed: false,
             unsubmitted: 0,
             in_flight: 0,
         })
@@ -900,12 +994,54 @@ impl<'p> Ring<'p> {
 
     /// Give a receive buffer back to the kernel.
     pub fn recycle(&mut self, tok: RecvToken<'p>) {
-        let bid = tok.bid;
-        if let Some(id) = self.recv.ids.get(usize::from(bid)) {
-            let addr = self.pool.ptr(id) as u64;
-            let len = u32::try_from(self.pool.buf_size()).unwrap_or(u32::MAX);
-            self.recv.add(bid, addr, len);
-            self.recv.publish();
+        self.recv.recycle(tok.bid, self.pool);
+    }
+
+    /// Whether TUN reads are multishot on a buffer ring (else one [`read_tun`] per
+    /// buffer). Set at construction; [`Ring::drop_tun_ring`] turns it off.
+    ///
+    /// [`read_tun`]: Ring::read_tun
+    pub fn tun_multishot(&self) -> bool {
+        self.tun.is_some()
+    }
+
+    /// Arm the multishot TUN read (no-op when armed or without a TUN ring): one armed
+    /// poll on the TUN queue; each readiness reads packets into ring buffers until the
+    /// queue is empty. K single reads would each sit on the queue's wait list, and every
+    /// packet would wake all K (most to find nothing and re-arm).
+    pub fn arm_tun(&mut self) -> Result<(), UringError> {
+        if self.tun_armed || self.tun.is_none() {
+            return Ok(());
+        }
+        let sqe = opcode::ReadMulti::new(Fixed(FILE_TUN), 0, TUN_BGID)
+            .build()
+            .user_data(UD_TUN);
+        self.push(&[sqe])?;
+        self.tun_armed = true;
+        Ok(())
+    }
+
+    /// Whether the multishot TUN read is armed.
+    pub fn tun_armed(&self) -> bool {
+        self.tun_armed
+    }
+
+    /// Give a TUN ring buffer back to the kernel.
+    pub fn recycle_tun(&mut self, tok: TunToken<'p>) {
+        if let Some(r) = &mut self.tun {
+            r.recycle(tok.bid, self.pool);
+        }
+    }
+
+    /// Stop using multishot TUN reads (the kernel refused them for this file): the
+    /// ring's buffers go back to the pool, for single reads. Only while not armed.
+    pub fn drop_tun_ring(&mut self) {
+        if self.tun_armed {
+            return;
+        }
+        if let Some(r) = self.tun.take() {
+            let _ = self.ring.submitter().unregister_buf_ring(TUN_BGID);
+            r.release(self.pool);
         }
     }
 
@@ -991,6 +1127,27 @@ impl<'p> Ring<'p> {
             };
             return Completion::Recv { res, rearm: !more };
         }
+        if ud == UD_TUN {
+            if !cqueue::more(cqe.flags()) {
+                self.tun_armed = false;
+            }
+            let cap = self.pool.buf_size();
+            let res = match (result(), cqueue::buffer_select(cqe.flags()), &self.tun) {
+                (Ok(n), Some(bid), Some(r)) => match r.ids.get(usize::from(bid)) {
+                    Some(id) => Ok(TunToken {
+                        bid,
+                        ptr: self.pool.ptr(id),
+                        len: n.min(cap),
+                        cap,
+                        _pool: PhantomData,
+                    }),
+                    None => Err(Errno::EINVAL),
+                },
+                (Ok(_), _, _) => Err(Errno::ENOBUFS),
+                (Err(e), _, _) => Err(e),
+            };
+            return Completion::TunReadMulti { res };
+        }
         let Some(slot) = usize::try_from(ud).ok().and_then(|i| self.slots.get_mut(i)) else {
             return Completion::Internal;
         };
@@ -1048,7 +1205,7 @@ impl Drop for Ring<'_> {
             .register_sync_cancel(Some(Timespec::new().sec(1)), CancelBuilder::any());
         let mut cqes: heapless::Vec<cqueue::Entry, 64> = heapless::Vec::new();
         for _ in 0..100 {
-            if self.in_flight == 0 && !self.recv_armed {
+            if self.in_flight == 0 && !self.recv_armed && !self.tun_armed {
                 break;
             }
             let _ = self.submit_and_wait(Duration::from_millis(10));
@@ -1056,6 +1213,7 @@ impl Drop for Ring<'_> {
                 for c in cqes.clone() {
                     match self.complete(&c) {
                         Completion::Recv { res: Ok(tok), .. } => self.recycle(tok),
+                        Completion::TunReadMulti { res: Ok(tok) } => self.recycle_tun(tok),
                         Completion::TunRead { buf, .. }
                         | Completion::TunWrite { buf, .. }
                         | Completion::UdpSend { buf, .. } => self.pool.free(buf),
@@ -1068,6 +1226,12 @@ impl Drop for Ring<'_> {
         // certainly let go of them; otherwise they stay out of circulation.
         if !self.recv_armed {
             for b in std::mem::take(&mut self.recv.ids).into_vec() {
+                self.pool.free(b);
+            }
+        }
+        // The ring memory itself is unmapped with the field, after the kernel ring.
+        if let (false, Some(r)) = (self.tun_armed, &mut self.tun) {
+            for b in std::mem::take(&mut r.ids).into_vec() {
                 self.pool.free(b);
             }
         }
@@ -1527,6 +1691,71 @@ mod tests {
             assert_eq!(&rb[..n], b"via-uring");
             assert_eq!(from.to_string(), "10.78.0.2:7777");
             // The remaining read is cancelled by Drop and its buffer returned.
+            drop(ring);
+            assert_eq!(p.available(), 8);
+        });
+    }
+
+    /// One armed multishot read serves many packets, more than the TUN ring has buffers
+    /// (each recycled after use), without re-arming per packet; Drop ends it and every
+    /// buffer is back in the pool.
+    #[test]
+    #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
+    fn tun_multishot_read_serves_many_packets_from_one_arm() {
+        let f = require_uring!();
+        if !f.read_multishot {
+            crate::testutil::not_run("no IORING_OP_READ_MULTISHOT (kernel < 6.7)");
+            return;
+        }
+        crate::sys::tun::tests::in_new_netns(|| {
+            use crate::sys::tun::tests::ip;
+            let tun = crate::sys::tun::Tun::create("rgur1", 1, false).expect("tun");
+            ip(&["link", "set", "lo", "up"]);
+            ip(&["addr", "add", "10.79.0.1/24", "dev", "rgur1"]);
+            ip(&["link", "set", "rgur1", "up"]);
+            let q = tun.queue(0).expect("queue");
+            let udp = UdpSocket::bind("127.0.0.1:0").expect("bind");
+            let p = pool(8);
+            let cfg = RingConfig {
+                recv_buffers: 1,
+                tun_buffers: 2,
+                max_in_flight: 8,
+                ..RingConfig::default()
+            };
+            let mut ring = Ring::new(&cfg, &p, udp.as_raw_fd(), q.as_raw_fd()).expect("ring");
+            assert!(ring.tun_multishot());
+            assert_eq!(p.available(), 8 - 1 - 2);
+            ring.arm_tun().expect("arm");
+            ring.submit().expect("submit");
+            let sock = UdpSocket::bind("10.79.0.1:0").expect("bind");
+            const N: u8 = 12;
+            let (mut seen, mut arms) = (Vec::new(), 1);
+            for i in 0..N {
+                sock.send_to(&[b'm', i], "10.79.0.2:7777").expect("send");
+                drive(&mut ring, |ring, c| match c {
+                    Completion::TunReadMulti { res: Ok(mut tok) } => {
+                        let n = tok.len;
+                        let b = &tok.buf_mut()[..n];
+                        let ours = n == 30 && b[9] == 17 && b[28] == b'm';
+                        if ours {
+                            seen.push(b[29]);
+                        }
+                        ring.recycle_tun(tok);
+                        ours
+                    }
+                    Completion::TunReadMulti {
+                        res: Err(Errno::ENOBUFS),
+                    } => false,
+                    Completion::TunReadMulti { res: Err(e) } => panic!("tun read: {e}"),
+                    _ => false,
+                });
+                if !ring.tun_armed() {
+                    arms += 1;
+                    ring.arm_tun().expect("re-arm");
+                }
+            }
+            assert_eq!(seen, (0..N).collect::<Vec<_>>());
+            assert_eq!(arms, 1, "the read stayed armed across {N} packets");
             drop(ring);
             assert_eq!(p.available(), 8);
         });
