@@ -5,7 +5,8 @@
 # under load, daemon CPU seconds per Gbit; median of --reps runs with min-max and ratios.
 # Markdown on stdout, JSON in out/bench/bench-<UTC time>.json and next to it an SVG plot
 # (.svg: single-stream TCP, daemon CPU per Gbit/s, idle RTT; a bar per setup). Needs root.
-# Setups: veth, wireguard-go, boringtun, riceguard, riceguard-busy (--poll busy --workers 1).
+# Setups: veth, wireguard-go, boringtun, riceguard, riceguard-busy (--poll busy --workers 1,
+# side a's worker on core 0, side b's on core 1).
 #
 #   ci/bench.sh                 3 repetitions of 10 s runs (about 15 minutes)
 #   ci/bench.sh --quick         1 repetition of 3 s runs

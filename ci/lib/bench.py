@@ -32,17 +32,20 @@ def setup_veth(lab):
     return lab.b.outer4, 1500, []
 
 
-def setup_tunnel(impl, extra_args=(), attempts=10):
-    """Setup for `impl` on both sides; riceguard gets `extra_args` after $RG_ARGS (recorded
-    in the JSON as the setup's "args")."""
+def setup_tunnel(impl, extra_args=(), attempts=10, side_args=None):
+    """Setup for `impl` on both sides; riceguard gets `extra_args` after $RG_ARGS, then
+    `side_args[tag]` for side "a" or "b" (all recorded in the JSON as the setup's "args")."""
+    side_args = side_args or {}
+
     def setup(lab):
-        lab.start(lab.b, impl, extra_args)
-        lab.start(lab.a, impl, extra_args)
+        lab.start(lab.b, impl, list(extra_args) + side_args.get("b", []))
+        lab.start(lab.a, impl, list(extra_args) + side_args.get("a", []))
         wgnet.configure_pair(lab, lab.a, lab.b)
         if wgnet.wait_reply(lab.a, lab.b.inner4, attempts=attempts) is None:
             raise LabError(f"{impl}: no reply through the tunnel within {attempts} s")
         return lab.b.inner4, wgnet.TUNNEL_MTU, [lab.a.pid, lab.b.pid]
-    setup.extra_args = list(extra_args)
+    setup.extra_args = list(extra_args) + [
+        f"({tag}: {' '.join(v)})" for tag, v in sorted(side_args.items()) if v]
     return setup
 
 
@@ -66,9 +69,12 @@ SETUPS = {
     "wireguard-go": (setup_tunnel("wireguard-go"), "wireguard-go"),
     "boringtun": (setup_tunnel("boringtun"), "boringtun"),
     "riceguard": (setup_tunnel("riceguard"), "riceguard"),
-    # Busy-polling workers (the latency target); one worker per side, so the two daemons
-    # spinning do not oversubscribe a 2-core host that also runs iperf3.
-    "riceguard-busy": (setup_tunnel("riceguard", ["--poll", "busy", "--workers", "1"]), "riceguard"),
+    # Busy-polling workers (the latency target) need cores of their own: one worker per
+    # side, side a's on core 0 and side b's on core 1. Pinned to the same core, the two
+    # spinning workers took turns by scheduler time slice (idle ping 9 ms).
+    "riceguard-busy": (setup_tunnel("riceguard", ["--poll", "busy", "--workers", "1"],
+                                    side_args={"a": ["--cores", "0"], "b": ["--cores", "1"]}),
+                       "riceguard"),
     "riceguard-tcp": (setup_riceguard_tcp, "riceguard"),
 }
 DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard", "riceguard-busy"]

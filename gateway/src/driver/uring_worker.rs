@@ -3,8 +3,10 @@
 //! device), with the I/O done by one ring per worker and packet memory from one
 //! (hugepage) buffer pool per worker.
 //!
-//! - `K` TUN reads stay in flight (`ReadFixed` into pool buffers); each completion is
-//!   handed to `handle_tun_packet` and the buffer goes straight back into a new read.
+//! - One multishot TUN read (`READ_MULTISHOT`, 6.7) on a provided buffer ring of pool
+//!   buffers; each packet is handed to `handle_tun_packet` and its buffer recycled. On
+//!   older kernels `K` single `ReadFixed` reads stay in flight instead; every one of them
+//!   waits on the TUN queue, so each packet wakes all K (at idle ~30-40 us per hop).
 //! - One multishot `RecvMsg` on the UDP socket with a provided buffer ring; each datagram
 //!   (or each segment of a GRO batch) goes to `handle_datagram`, then the buffer is
 //!   recycled to the kernel.
@@ -205,8 +207,8 @@ impl Backend for UringBackend<'_, '_> {
     }
 }
 
-/// The io_uring backend of the worker loop: `K` TUN reads in flight (`ReadFixed` into
-/// pool buffers, each re-armed with its own buffer once handled), one multishot
+/// The io_uring backend of the worker loop: one multishot TUN read on a buffer ring (or
+/// `K` `ReadFixed` reads in flight, each re-armed with its buffer), one multishot
 /// `RecvMsg` on a provided buffer ring (GRO trains, `IP_PKTINFO`), and the round's
 /// sends and TUN writes as SQEs; the wait is the round's one `io_uring_enter`.
 struct UringEngine<'p> {

@@ -7,7 +7,9 @@
 //! between. All SQEs go through one function, `Ring::push`.
 //!
 //! Operations:
-//! - TUN: `ReadFixed`/`WriteFixed` on registered file 1 with the pool's registered buffers.
+//! - TUN: one multishot read (`READ_MULTISHOT`) on a second provided buffer ring of pool
+//!   buffers ([`TunToken`]), or `ReadFixed` per buffer where the kernel lacks it;
+//!   `WriteFixed` on registered file 1 with the pool's registered buffers.
 //! - UDP receive: one multishot `RecvMsg` on registered file 0 with a provided buffer
 //!   ring ([`RecvToken`] lends one of its buffers to the caller until recycled).
 //! - UDP send: `SendMsg` from a pool buffer, optionally with a `UDP_SEGMENT` cmsg (the
@@ -16,8 +18,8 @@
 //! [`check`] probes once per process what this kernel offers and logs it (or why the
 //! portable path must be used) exactly once.
 //!
-//! Why ~1070 lines of code: the probe, the ring, the registered buffer pool and the
-//! provided buffer ring share one set of kernel structures and their `unsafe` lifetimes;
+//! Why ~1170 lines of code: the probe, the ring, the registered buffer pool and the
+//! provided buffer rings share one set of kernel structures and their `unsafe` lifetimes;
 //! keeping them together keeps every SAFETY argument next to what it relies on.
 
 use std::fmt;
