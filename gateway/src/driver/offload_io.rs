@@ -33,7 +33,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::core::device::{Device, Io, PeerAddr, Table, SCRATCH_SIZE};
-use crate::core::gso::{CoalesceOptions, Coalescer, GsoBatch, GsoError, Splitter, MAX_BATCH};
+use crate::core::gso::{
+    finish_checksum, CoalesceOptions, Coalescer, GsoBatch, GsoError, Splitter, MAX_BATCH,
+    VIRTIO_NET_HDR_LEN,
+};
 use crate::driver::worker::TcpOut;
 use crate::sys::cmsg::{PktInfo, RecvMeta};
 use crate::sys::tun::{TunOffload, TunQueue};
@@ -878,6 +881,14 @@ pub fn split_tun_read(
         return Ok(1);
     }
     let mut s = Splitter::new(&read[..n])?;
+    if let Some(csum) = s.plain() {
+        // Not a super-packet: finished in place and handed on where it was read, no copy.
+        let ip = &mut read[VIRTIO_NET_HDR_LEN..];
+        let len = n - VIRTIO_NET_HDR_LEN;
+        finish_checksum(&mut ip[..len], csum);
+        f(ip, len);
+        return Ok(1);
+    }
     let mut count = 0;
     while let Some(r) = s.next_into(seg) {
         let len = r?;
@@ -1422,13 +1433,20 @@ mod tests {
         let mut v = vec![0u8; VIRTIO_NET_HDR_LEN];
         v.extend_from_slice(&p[..n]);
         let vn = v.len();
+        v.resize(vn + 16, 0);
+        let at = v.as_ptr() as usize + VIRTIO_NET_HDR_LEN;
+        let mut in_place = false;
         assert_eq!(
-            split_tun_read(&mut v, vn, true, &mut seg, |x, len| seen
-                .push((len, x.len()))),
+            split_tun_read(&mut v, vn, true, &mut seg, |x, len| {
+                in_place = x.as_ptr() as usize == at;
+                seen.push((len, x.len()))
+            }),
             Ok(1)
         );
-        // The packet, and the room after it for padding.
-        assert_eq!(seen, [(38, 54), (38, 65535)]);
+        // The packet, and the room after it for padding; a plain packet behind a
+        // virtio_net_hdr is handed on where it was read (no copy).
+        assert_eq!(seen, [(38, 54), (38, 54)]);
+        assert!(in_place);
         assert!(split_tun_read(&mut v, 5, true, &mut seg, |_, _| {}).is_err());
     }
 }

@@ -174,6 +174,16 @@ impl<'a> Splitter<'a> {
         }
     }
 
+    /// A plain packet (not GSO): `Some` with where its checksum is to be finished (see
+    /// [`finish_checksum`]), so the caller can finish it in place instead of copying it
+    /// out with [`Self::next_into`]. `None` for a super-packet.
+    pub fn plain(&self) -> Option<Option<(usize, usize)>> {
+        match self.kind {
+            SplitKind::Plain(csum) => Some(csum),
+            _ => None,
+        }
+    }
+
     /// Whether the super-packet is TCP/UDP GSO (false for a plain packet).
     pub fn is_gso(&self) -> bool {
         !matches!(self.kind, SplitKind::Plain(_))
@@ -203,14 +213,7 @@ impl<'a> Splitter<'a> {
                 have,
             })?;
             out.copy_from_slice(ip);
-            if let Some((start, off)) = csum {
-                // The field holds the pseudo-header sum; sum over it and complement.
-                let mut c = !checksum::fold(checksum::sum(&out[start..], 0));
-                if off == UDP_CSUM_OFFSET && c == 0 {
-                    c = 0xffff;
-                }
-                put16(out, start + off, c);
-            }
+            finish_checksum(out, csum);
             return Ok(ip.len());
         }
 
@@ -253,5 +256,21 @@ impl<'a> Splitter<'a> {
         };
         fill_l4_checksum(out, self.v6, l3, proto);
         Ok(seg_len)
+    }
+}
+
+/// Finish a plain packet's checksum where the kernel left it partial (`csum` from
+/// [`Splitter::plain`], checked by [`Splitter::new`] against this packet): the field holds
+/// the pseudo-header sum; sum from `start` over it and complement.
+pub fn finish_checksum(ip: &mut [u8], csum: Option<(usize, usize)>) {
+    if let Some((start, off)) = csum {
+        let Some(tail) = ip.get(start..) else { return };
+        let mut c = !checksum::fold(checksum::sum(tail, 0));
+        if off == UDP_CSUM_OFFSET && c == 0 {
+            c = 0xffff;
+        }
+        if start + off + 2 <= ip.len() {
+            put16(ip, start + off, c);
+        }
     }
 }

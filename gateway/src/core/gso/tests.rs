@@ -304,6 +304,26 @@ fn plain_packet_with_partial_checksum_is_finished() {
 }
 
 #[test]
+fn plain_packets_are_finished_in_place_as_next_into_would() {
+    for v6 in [false, true] {
+        for p in [Pkt::tcp(v6, 7, payload(500)), Pkt::udp(v6, payload(333))] {
+            let mut buf = p.build_gso(2000);
+            buf[1] = 0; // GSO_NONE with NEEDS_CSUM
+            let s = Splitter::new(&buf).expect("plain");
+            let csum = s.plain().expect("not GSO");
+            assert!(csum.is_some());
+            let mut ip = buf[VIRTIO_NET_HDR_LEN..].to_vec();
+            finish_checksum(&mut ip, csum);
+            assert_valid(&ip);
+            assert_eq!(ip, p.build());
+        }
+    }
+    // A super-packet is not plain.
+    let gso = Pkt::tcp(false, 1, payload(3000)).build_gso(1000);
+    assert_eq!(Splitter::new(&gso).expect("gso").plain(), None);
+}
+
+#[test]
 fn malformed_headers_are_errors() {
     let good = Pkt::tcp(false, 1, payload(3000)).build_gso(1000);
     let bad = |f: &dyn Fn(&mut Vec<u8>)| {
