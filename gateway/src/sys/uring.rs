@@ -32,7 +32,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use io_uring::types::{BufRingEntry, CancelBuilder, Fd, Fixed, RecvMsgOut, SubmitArgs, Timespec};
-use io_uring::{cqueue, opcode, squeue, IoUring, Probe};
+use io_uring::{cqueue, opcode, squeue, EnterFlags, IoUring, Probe};
 use nix::errno::Errno;
 
 pub use crate::sys::cmsg::{canonical, to_socket_family};
@@ -1066,7 +1066,19 @@ impl<'p> Ring<'p> {
     pub fn submit_and_wait(&mut self, timeout: Duration) -> Result<(), UringError> {
         let ts = Timespec::from(timeout);
         let args = SubmitArgs::new().timespec(&ts);
-        match self.ring.submitter().submit_with_args(1, &args) {
+        // Waiting for packets is not waiting for storage: where the kernel lets us say so
+        // (6.15), the sleep is not accounted as iowait (which would show an idle gateway
+        // as 100 % iowait and steer idle and frequency governors as if a disk were due).
+        let flags = if self.ring.params().is_feature_no_iowait() {
+            EnterFlags::NO_IOWAIT
+        } else {
+            EnterFlags::empty()
+        };
+        match self
+            .ring
+            .submitter()
+            .submit_with_args_and_flags(1, &args, flags)
+        {
             Ok(_) => {
                 self.unsubmitted = 0;
                 Ok(())
