@@ -343,7 +343,20 @@ impl Runtime {
             }
         }
         let mut g = self.tcp.lock().unwrap_or_else(|p| p.into_inner());
-        match p.tcp {
+        self.commit_tcp(&mut g, p.tcp, new);
+        // A transport kept across a fwmark change takes the new one (a new transport
+        // started from `new` has it already).
+        if let Some(run) = g.as_ref() {
+            let h = run.transport.handle();
+            if h.mark() != new.interface.fwmark {
+                h.set_mark(new.interface.fwmark);
+            }
+        }
+    }
+
+    /// Carry out the TCP part of a plan, under the transport lock.
+    fn commit_tcp(&self, g: &mut Option<TcpRun>, plan: TcpPlan, new: &Config) {
+        match plan {
             TcpPlan::Keep => {}
             TcpPlan::Stop => {
                 self.tcp_slot.set(None);

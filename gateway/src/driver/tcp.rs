@@ -596,6 +596,21 @@ struct Shared {
     /// Connections with bulk packets waiting for the loop to write them.
     dirty: Mutex<Vec<ConnId>>,
     stop: AtomicBool,
+    /// `SO_MARK` for listeners and connections (the interface's fwmark; `None`: none).
+    /// Starts as `cfg.tuning.fwmark`; [`TcpHandle::set_mark`] changes it, and the loop
+    /// re-marks its listeners and connections when `mark_changed` is set.
+    mark: Mutex<Option<u32>>,
+    mark_changed: AtomicBool,
+}
+
+impl Shared {
+    /// The socket options for a new connection, with the current fwmark.
+    fn tuning(&self) -> TcpTuning {
+        TcpTuning {
+            fwmark: *lock(&self.mark),
+            ..self.cfg.tuning
+        }
+    }
 }
 
 const WAKE_TOKEN: u64 = u64::MAX;
@@ -650,6 +665,10 @@ impl TcpTransport {
             let l = systcp::listen(*addr, 1024).map_err(|e| {
                 io::Error::new(e.kind(), format!("cannot listen on {addr}/TCP: {e}"))
             })?;
+            // Before the first SYN: its SYN-ACK must carry the mark (with wg-quick's
+            // `not fwmark` rule, unmarked traffic to a peer is routed into the tunnel).
+            systcp::set_mark(&l, cfg.tuning.fwmark)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot set fwmark: {e}")))?;
             local.push(l.local_addr()?);
             epoll.add(
                 &l,
@@ -657,6 +676,7 @@ impl TcpTransport {
             )?;
             listeners.push(l);
         }
+        let mark = Mutex::new(cfg.tuning.fwmark);
         let shared = Arc::new(Shared {
             cfg,
             sink,
@@ -669,6 +689,8 @@ impl TcpTransport {
             closing: Mutex::new(Vec::new()),
             dirty: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
+            mark,
+            mark_changed: AtomicBool::new(false),
         });
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -713,6 +735,19 @@ impl Drop for TcpTransport {
 impl TcpHandle {
     fn wake(&self) {
         let _ = self.shared.wake.write(1);
+    }
+
+    /// A new fwmark (`None`: none) for the listeners, the connections and those still
+    /// to come (UAPI `fwmark=`, or a reload). Applied by the loop thread.
+    pub fn set_mark(&self, mark: Option<u32>) {
+        *lock(&self.shared.mark) = mark;
+        self.shared.mark_changed.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// The fwmark listeners and connections get now.
+    pub fn mark(&self) -> Option<u32> {
+        *lock(&self.shared.mark)
     }
 
     fn get(&self, id: ConnId) -> Result<Arc<Conn>, SendError> {
@@ -873,7 +908,7 @@ impl TcpHandle {
         if sh.outbound.load(Ordering::Relaxed) >= sh.cfg.max_conns {
             return Err(io::Error::other("TCP connection limit reached"));
         }
-        let stream = systcp::connect_nonblocking(remote, &sh.cfg.tuning)?;
+        let stream = systcp::connect_nonblocking(remote, &sh.tuning())?;
         let cc = set_cc(&stream, sh.cfg.cc.choose(None));
         sh.outbound.fetch_add(1, Ordering::Relaxed);
         let id = next_id();
@@ -1070,6 +1105,9 @@ impl EventLoop {
                 let (token, flags) = (ev.data(), ev.events());
                 if token == WAKE_TOKEN {
                     let _ = self.sh.wake.read();
+                    if self.sh.mark_changed.swap(false, Ordering::AcqRel) {
+                        self.remark();
+                    }
                 } else if token & LISTENER_BASE != 0 {
                     self.accept((token & !LISTENER_BASE) as usize);
                 } else {
@@ -1092,6 +1130,25 @@ impl EventLoop {
         }
         self.publish();
         self.summary(Instant::now(), true);
+    }
+
+    /// Give the listeners and every connection the current fwmark.
+    fn remark(&self) {
+        let mark = *lock(&self.sh.mark);
+        let conns = self
+            .local
+            .values()
+            .map(|l| systcp::set_mark(&l.conn.stream, mark));
+        let failed = self
+            .listeners
+            .iter()
+            .map(|l| systcp::set_mark(l, mark))
+            .chain(conns)
+            .filter(Result::is_err)
+            .count();
+        if failed > 0 {
+            log::warn!(target: "net::tcp", "TCP transport: fwmark not set on {failed} sockets");
+        }
     }
 
     /// Current table figures into the shared counters.
@@ -1241,9 +1298,7 @@ impl EventLoop {
             if let Err(e) = stream
                 .set_nonblocking(true)
                 .map_err(|e| e.to_string())
-                .and_then(|_| {
-                    systcp::apply(&stream, &self.sh.cfg.tuning).map_err(|e| e.to_string())
-                })
+                .and_then(|_| systcp::apply(&stream, &self.sh.tuning()).map_err(|e| e.to_string()))
             {
                 log::warn!(target: "net::tcp", "TCP transport: dropping {remote}: {e}");
                 continue;
@@ -2083,5 +2138,82 @@ mod tests {
         }
         authed.write_all(&framed(&msg(40, 2))).unwrap();
         assert_eq!(recv(&rx), Ev::Msg(authed_id, msg(40, 2)));
+    }
+
+    /// The fwmark of each of our TCP sockets on `port` (local or remote side), as
+    /// `ss -e` reports it: (state, local port, mark).
+    fn marks(port: u16) -> Vec<(String, u16, Option<u32>)> {
+        let filter = format!("( sport = :{port} or dport = :{port} )");
+        let out = std::process::Command::new("ss")
+            .args(["-Htane", &filter])
+            .output()
+            .expect("ss");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let local: SocketAddr = f[3].parse().expect("local address");
+                let mark = f
+                    .iter()
+                    .find_map(|w| w.strip_prefix("fwmark:0x"))
+                    .map(|h| u32::from_str_radix(h, 16).expect("hex mark"));
+                (f[0].to_string(), local.port(), mark)
+            })
+            .collect()
+    }
+
+    /// With wg-quick's `not fwmark` rule, an unmarked fallback socket would route the
+    /// tunnel's own traffic into the tunnel: the listener (before any SYN-ACK), accepted
+    /// and outbound connections carry the interface's fwmark, and a new one reaches the
+    /// live sockets.
+    #[test]
+    #[ignore = "needs root (SO_MARK needs CAP_NET_ADMIN): ci/test.sh unit runs it with --include-ignored"]
+    fn fwmark_on_listener_accepted_and_outbound_and_changed_live() {
+        let (tx, rx) = mpsc::channel();
+        let mut cfg = listen_cfg();
+        cfg.tuning.fwmark = Some(0x5a1);
+        let server = TcpTransport::start(cfg, Arc::new(Chan(Mutex::new(tx)))).unwrap();
+        let addr = server.local_addrs()[0];
+        let port = addr.port();
+        let (ctx, crx) = mpsc::channel();
+        let mut ccfg = TcpConfig::default();
+        ccfg.tuning.fwmark = Some(0x5a2);
+        let client = TcpTransport::start(ccfg, Arc::new(Chan(Mutex::new(ctx)))).unwrap();
+        let id = client.handle().connect(addr).unwrap();
+        assert_eq!(recv(&crx), Ev::Connected(id));
+        client.handle().send(id, &msg(64, 1)).unwrap();
+        assert!(matches!(recv(&rx), Ev::Msg(..)), "the server accepted it");
+        let m = marks(port);
+        let listen =
+            |m: &[(String, u16, Option<u32>)]| m.iter().find(|x| x.0 == "LISTEN").map(|x| x.2);
+        let accepted = |m: &[(String, u16, Option<u32>)]| {
+            m.iter()
+                .find(|x| x.0 == "ESTAB" && x.1 == port)
+                .map(|x| x.2)
+        };
+        assert_eq!(listen(&m), Some(Some(0x5a1)), "{m:?}");
+        assert_eq!(accepted(&m), Some(Some(0x5a1)), "{m:?}");
+        let outbound = m
+            .iter()
+            .find(|x| x.0 == "ESTAB" && x.1 != port)
+            .map(|x| x.2);
+        assert_eq!(outbound, Some(Some(0x5a2)), "{m:?}");
+
+        for want in [Some(0x5a3), None] {
+            server.handle().set_mark(want);
+            assert_eq!(server.handle().mark(), want);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let m = marks(port);
+                if listen(&m) == Some(want) && accepted(&m) == Some(want) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "mark {want:?} not applied: {m:?}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 }

@@ -204,9 +204,19 @@ pub fn start_transport(
     ports: &[u16],
     sink: Arc<DeviceSink>,
 ) -> std::io::Result<TcpTransport> {
+    TcpTransport::start(transport_config(cfg, ports), sink)
+}
+
+/// The transport's settings for `cfg` listening on `ports`: the `[Gateway]` ones, and
+/// the interface's fwmark on every socket, as the UDP sockets have it (else, under
+/// wg-quick's `not fwmark` rule, the fallback's own packets would be routed into the
+/// tunnel they carry).
+pub fn transport_config(cfg: &Config, ports: &[u16]) -> TcpConfig {
     let mut g = cfg.gateway.clone();
     g.tcp_listen = ports.to_vec();
-    TcpTransport::start(TcpConfig::from_gateway(&g), sink)
+    let mut t = TcpConfig::from_gateway(&g);
+    t.tuning.fwmark = cfg.interface.fwmark;
+    t
 }
 
 /// One client peer's fallback state.
@@ -419,6 +429,19 @@ mod tests {
     use super::*;
     use crate::driver::tcp::TcpConfig;
     use std::time::Duration;
+
+    #[test]
+    fn transport_config_takes_the_interface_fwmark() {
+        let mut cfg = Config::default();
+        cfg.gateway.bbr_rtt_ms = 40;
+        let t = transport_config(&cfg, &[443]);
+        assert_eq!(t.tuning.fwmark, None);
+        assert_eq!(t.listen, vec!["[::]:443".parse().unwrap()]);
+        cfg.interface.fwmark = Some(51820);
+        let t = transport_config(&cfg, &[]);
+        assert_eq!(t.tuning.fwmark, Some(51820));
+        assert!(t.listen.is_empty());
+    }
 
     #[test]
     fn link_news_from_polling() {
