@@ -337,7 +337,7 @@ impl Runtime {
         }
         if let Some(m) = p.mark {
             for s in self.shared.sockets.get().1.iter() {
-                if let Err(e) = set_mark(s, m) {
+                if let Err(e) = crate::sys::set_mark(&**s, m) {
                     log::warn!("{}: fwmark: {e}", self.ifname);
                 }
             }
@@ -593,7 +593,7 @@ pub fn bind_udp(
                 .map_err(udp_err)?,
         };
         if fwmark.is_some() {
-            set_mark(&s, fwmark).map_err(BindError::Mark)?;
+            crate::sys::set_mark(&s, fwmark).map_err(BindError::Mark)?;
         }
         if std::env::var("RG_FAULT_GSO").as_deref() == Ok("einval") {
             if let Err(e) = s.inject_gso_failure() {
@@ -604,10 +604,6 @@ pub fn bind_udp(
         socks.push(Arc::new(s));
     }
     Ok((socks, port))
-}
-
-pub(super) fn set_mark(s: &UdpSocket, mark: Option<u32>) -> std::io::Result<()> {
-    nsock::setsockopt(s, sockopt::Mark, &mark.unwrap_or(0)).map_err(std::io::Error::from)
 }
 
 /// SIGHUP in appliance mode: re-read the file; a bad file changes nothing. `Err` says

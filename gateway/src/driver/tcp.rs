@@ -667,7 +667,7 @@ impl TcpTransport {
             })?;
             // Before the first SYN: its SYN-ACK must carry the mark (with wg-quick's
             // `not fwmark` rule, unmarked traffic to a peer is routed into the tunnel).
-            systcp::set_mark(&l, cfg.tuning.fwmark)
+            crate::sys::set_mark(&l, cfg.tuning.fwmark)
                 .map_err(|e| io::Error::new(e.kind(), format!("cannot set fwmark: {e}")))?;
             local.push(l.local_addr()?);
             epoll.add(
@@ -1138,11 +1138,11 @@ impl EventLoop {
         let conns = self
             .local
             .values()
-            .map(|l| systcp::set_mark(&l.conn.stream, mark));
+            .map(|l| crate::sys::set_mark(&l.conn.stream, mark));
         let failed = self
             .listeners
             .iter()
-            .map(|l| systcp::set_mark(l, mark))
+            .map(|l| crate::sys::set_mark(l, mark))
             .chain(conns)
             .filter(Result::is_err)
             .count();

@@ -14,3 +14,14 @@ pub mod tcp;
 pub mod tun;
 pub mod udp;
 pub mod uring;
+
+/// `SO_MARK` on any socket, UDP or TCP (`None`: no mark). Setting a mark needs
+/// `CAP_NET_ADMIN`; clearing one that was never set is skipped, so it needs nothing.
+pub fn set_mark(fd: &impl std::os::fd::AsFd, mark: Option<u32>) -> std::io::Result<()> {
+    use nix::sys::socket::{getsockopt, setsockopt, sockopt::Mark};
+    let m = mark.unwrap_or(0);
+    if m == 0 && getsockopt(fd, Mark)? == 0 {
+        return Ok(());
+    }
+    Ok(setsockopt(fd, Mark, &m)?)
+}

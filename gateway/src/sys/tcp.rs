@@ -141,20 +141,6 @@ pub fn apply(fd: &impl AsFd, t: &TcpTuning) -> Result<(), TcpOptError> {
     Ok(())
 }
 
-/// `SO_MARK` (`None`: 0, no mark) on any socket; needs `CAP_NET_ADMIN` unless it is 0.
-pub fn set_mark(fd: &impl AsFd, mark: Option<u32>) -> io::Result<()> {
-    match mark {
-        None => {
-            // Clearing a mark that was never set needs no privilege: skip the call.
-            if socket::getsockopt(fd, sockopt::Mark)? == 0 {
-                return Ok(());
-            }
-            Ok(socket::setsockopt(fd, sockopt::Mark, &0)?)
-        }
-        Some(m) => Ok(socket::setsockopt(fd, sockopt::Mark, &m)?),
-    }
-}
-
 /// `TCP_NOTSENT_LOWAT` (not among nix's socket options).
 pub fn set_notsent_lowat(fd: BorrowedFd<'_>, bytes: u32) -> nix::Result<()> {
     let v: libc::c_int = bytes.min(i32::MAX as u32) as libc::c_int;

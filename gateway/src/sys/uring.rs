@@ -629,10 +629,8 @@ impl BufRing {
             ids: ids.into_boxed_slice(),
             tail: 0,
         };
-        let buf_len = u32::try_from(pool.buf_size()).unwrap_or(u32::MAX);
         for bid in 0..entries {
-            let addr = pool.ptr(&r.ids[usize::from(bid)]) as u64;
-            r.add(bid, addr, buf_len);
+            r.lend(bid, pool);
         }
         r.publish();
         Ok(r)
@@ -646,14 +644,19 @@ impl BufRing {
         }
     }
 
-    /// Hand buffer `bid` back to the kernel.
-    fn recycle(&mut self, bid: u16, pool: &BufPool) {
+    /// Put pool buffer `bid` (whole) at the tail, unpublished.
+    fn lend(&mut self, bid: u16, pool: &BufPool) {
         if let Some(id) = self.ids.get(usize::from(bid)) {
             let addr = pool.ptr(id) as u64;
             let len = u32::try_from(pool.buf_size()).unwrap_or(u32::MAX);
             self.add(bid, addr, len);
-            self.publish();
         }
+    }
+
+    /// Hand buffer `bid` back to the kernel.
+    fn recycle(&mut self, bid: u16, pool: &BufPool) {
+        self.lend(bid, pool);
+        self.publish();
     }
 
     fn entry(&mut self, i: u16) -> &mut BufRingEntry {
