@@ -45,6 +45,8 @@ pub fn one_peer_device(
         persistent_keepalive: keepalive,
         tcp_port: None,
         name: None,
+        masquerade: true,
+        enabled: true,
     });
     let d = Device::new();
     d.reconfigure(&c).expect("one-peer test config");

@@ -343,13 +343,10 @@ pub fn add(
     let addresses = allocate(cfg, &reserved)?;
     let private_key = Key::generate_private();
     let peer = PeerConfig {
-        public_key: private_key.public(),
         preshared_key: Some(Key::generate_preshared()),
         allowed_ips: addresses,
-        endpoint: None,
-        persistent_keepalive: None,
-        tcp_port: None,
         name: Some(client.to_string()),
+        ..PeerConfig::new(private_key.public())
     };
     let text = client_config(cfg, &peer, Some(&private_key), uplink)?;
     cfg.peers.push(peer.clone());
@@ -425,6 +422,8 @@ mod tests {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         }
     }
 

@@ -333,6 +333,8 @@ mod tests {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         }
     }
 

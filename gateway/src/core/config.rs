@@ -49,6 +49,13 @@ pub struct PeerConfig {
     /// `Name = phone`: the console's handle for a client (`add client NAME`); riceguard's
     /// extension, not sent over UAPI. 1-32 of `A-Za-z0-9._-`, unique among the peers.
     pub name: Option<String>,
+    /// `[Peer] Masquerade = off`: traffic from this peer's allowed IPs leaves by the uplink
+    /// with its own source address (a site whose router routes back to them). Default on:
+    /// what `Masquerade =` in `[Gateway]` decides applies.
+    pub masquerade: bool,
+    /// `[Peer] Enabled = off`: kept in the file with its keys (`disable client NAME`), but
+    /// not given to the data plane, routed, proxied or let through the firewall.
+    pub enabled: bool,
 }
 
 impl PeerConfig {
@@ -62,6 +69,41 @@ impl PeerConfig {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
+        }
+    }
+}
+
+/// Source NAT on the uplink (`Masquerade =` in `[Gateway]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MasqueradeMode {
+    /// Translate what the uplink's network cannot route back: tunnel and LAN-port sources
+    /// leaving by the uplink that are not inside one of the uplink's own subnets (those
+    /// are answered for by proxy ARP/NDP), except peers with `Masquerade = off`.
+    #[default]
+    Auto,
+    /// Translate everything from the tunnel and the LAN port leaving by the uplink.
+    On,
+    /// Translate nothing.
+    Off,
+}
+
+impl MasqueradeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MasqueradeMode::Auto => "auto",
+            MasqueradeMode::On => "on",
+            MasqueradeMode::Off => "off",
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<MasqueradeMode> {
+        match v.to_ascii_lowercase().as_str() {
+            "auto" => Some(MasqueradeMode::Auto),
+            "on" => Some(MasqueradeMode::On),
+            "off" => Some(MasqueradeMode::Off),
+            _ => None,
         }
     }
 }
@@ -166,6 +208,12 @@ pub struct GatewayConfig {
     pub public_endpoint: Option<Endpoint>,
     /// `DNS =` line of the configurations `add client` prints (`ClientDns = 192.168.1.1`).
     pub client_dns: Vec<std::net::IpAddr>,
+    /// `Firewall = on` (default): the appliance's nf_tables ruleset (zones uplink, LAN
+    /// port, tunnel; see `core::firewall`). `off`: the table is removed, nothing filtered
+    /// or translated by riceguard.
+    pub firewall: bool,
+    /// `Masquerade = auto | on | off` (needs `Firewall = on`).
+    pub masquerade: MasqueradeMode,
 }
 
 impl Default for GatewayConfig {
@@ -191,6 +239,8 @@ impl Default for GatewayConfig {
             proxy_arp: true,
             public_endpoint: None,
             client_dns: Vec::new(),
+            firewall: true,
+            masquerade: MasqueradeMode::Auto,
         }
     }
 }
@@ -508,6 +558,8 @@ mod tests {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         }
     }
 

@@ -74,12 +74,14 @@ struct PeerDraft {
     persistent_keepalive: Option<u16>,
     tcp_port: Option<u16>,
     name: Option<String>,
+    masquerade: bool,
+    enabled: bool,
 }
 
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored)";
 const PEER_KEYS: &str =
-    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns";
+    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -270,6 +272,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             persistent_keepalive: d.persistent_keepalive,
             tcp_port: d.tcp_port,
             name: d.name,
+            masquerade: d.masquerade,
+            enabled: d.enabled,
         });
         Ok(())
     };
@@ -324,6 +328,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         persistent_keepalive: None,
                         tcp_port: None,
                         name: None,
+                        masquerade: true,
+                        enabled: true,
                     });
                     Section::Peer
                 }
@@ -363,6 +369,10 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             (Section::Peer, "persistentkeepalive") => Some("PersistentKeepalive"),
             (Section::Peer, "tcpport") => Some("TcpPort"),
             (Section::Peer, "name") => Some("Name"),
+            (Section::Peer, "masquerade") => Some("Masquerade"),
+            (Section::Peer, "enabled") => Some("Enabled"),
+            (Section::Gateway, "firewall") => Some("Firewall"),
+            (Section::Gateway, "masquerade") => Some("Masquerade"),
             (Section::Gateway, "interfacename") => Some("InterfaceName"),
             (Section::Gateway, "iouring") => Some("IoUring"),
             (Section::Gateway, "poll") => Some("Poll"),
@@ -459,6 +469,8 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         }
                         d.name = Some(v.to_string());
                     }
+                    "masquerade" => d.masquerade = on_off(v).map_err(e)?,
+                    "enabled" => d.enabled = on_off(v).map_err(e)?,
                     _ => return Err(e(format!("unknown key in [Peer]; allowed are {PEER_KEYS}"))),
                 }
             }
@@ -536,6 +548,13 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                     }
                     "lanaddress" => g.lan_addresses.extend(cidrs(v).map_err(e)?),
                     "proxyarp" => g.proxy_arp = on_off(v).map_err(e)?,
+                    "firewall" => g.firewall = on_off(v).map_err(e)?,
+                    "masquerade" => {
+                        g.masquerade =
+                            crate::core::config::MasqueradeMode::parse(v).ok_or_else(|| {
+                                e(format!("expected auto, on or off, got {}", shown(v)))
+                            })?
+                    }
                     "publicendpoint" => {
                         g.public_endpoint = if v.is_empty() {
                             None
@@ -637,6 +656,12 @@ pub fn emit(cfg: &Config) -> String {
         if let Some(n) = &p.name {
             let _ = writeln!(s, "Name = {n}");
         }
+        if !p.masquerade {
+            s.push_str("Masquerade = off\n");
+        }
+        if !p.enabled {
+            s.push_str("Enabled = off\n");
+        }
     }
     let g = &cfg.gateway;
     let d = GatewayConfig::default();
@@ -697,6 +722,12 @@ pub fn emit(cfg: &Config) -> String {
         let _ = writeln!(gs, "PublicEndpoint = {e}");
     }
     list_lines(&mut gs, "ClientDns", &g.client_dns);
+    if g.firewall != d.firewall {
+        let _ = writeln!(gs, "Firewall = {}", on_off_str(g.firewall));
+    }
+    if g.masquerade != d.masquerade {
+        let _ = writeln!(gs, "Masquerade = {}", g.masquerade.as_str());
+    }
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
@@ -730,15 +761,9 @@ pub(crate) mod tests {
             c.interface.mtu = Some(1280 + rng.below(60000) as u16);
         }
         for _ in 0..rng.below(5) {
-            let mut p = PeerConfig {
-                public_key: rng.key(),
-                preshared_key: None,
-                allowed_ips: Vec::new(),
-                endpoint: None,
-                persistent_keepalive: None,
-                tcp_port: None,
-                name: None,
-            };
+            let mut p = PeerConfig::new(rng.key());
+            p.masquerade = !rng.chance(4);
+            p.enabled = !rng.chance(4);
             if rng.chance(2) {
                 p.preshared_key = Some(rng.key());
             }
@@ -800,6 +825,12 @@ pub(crate) mod tests {
             g.lan_addresses.push(rng.cidr(false));
         }
         g.proxy_arp = !rng.chance(3);
+        g.firewall = !rng.chance(4);
+        g.masquerade = [
+            crate::core::config::MasqueradeMode::Auto,
+            crate::core::config::MasqueradeMode::On,
+            crate::core::config::MasqueradeMode::Off,
+        ][rng.below(3) as usize];
         if rng.chance(3) {
             g.public_endpoint = Some(Endpoint::Name {
                 host: format!("vpn{}.example.net", rng.below(1000)),
@@ -1009,6 +1040,8 @@ pub(crate) mod tests {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         });
         let text = emit(&c);
         assert!(text.lines().all(|l| l.len() < 1100));

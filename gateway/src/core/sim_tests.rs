@@ -266,6 +266,8 @@ fn hostile_datagrams_are_dropped_and_counted() {
         persistent_keepalive: None,
         tcp_port: None,
         name: None,
+        masquerade: true,
+        enabled: true,
     });
     stranger.dev.reconfigure(&c).unwrap();
     send_tun(
@@ -335,6 +337,8 @@ fn reconfigure_keeps_sessions_of_unchanged_peers() {
         persistent_keepalive: None,
         tcp_port: None,
         name: None,
+        masquerade: true,
+        enabled: true,
     });
     b.dev.reconfigure(&c).unwrap();
     b.wire.tun.clear();
@@ -491,6 +495,8 @@ fn peer_indexes_are_random_and_distinct() {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         });
     }
     let d = Device::new();

@@ -448,6 +448,8 @@ mod tests {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         }
     }
 

@@ -137,6 +137,8 @@ fn base() -> Config {
             persistent_keepalive: Some(25),
             tcp_port: Some(443),
             name: None,
+            masquerade: true,
+            enabled: true,
         },
         PeerConfig {
             public_key: k(2),
@@ -146,6 +148,8 @@ fn base() -> Config {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         },
     ];
     cfg
