@@ -289,6 +289,8 @@ impl Sim {
             persistent_keepalive: None,
             tcp_port: None,
             name: None,
+            masquerade: true,
+            enabled: true,
         };
         let dev = |own: Key, peers: Vec<PeerConfig>| {
             let mut c = Config::default();

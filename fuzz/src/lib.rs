@@ -52,6 +52,8 @@ pub fn uapi_base() -> Config {
         persistent_keepalive: Some(25),
         tcp_port: None,
         name: None,
+        masquerade: true,
+        enabled: true,
     };
     c.peers = vec![
         peer(1, &["10.0.0.1/32", "fd00::1/128"], Some("192.0.2.1:51820")),
