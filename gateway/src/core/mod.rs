@@ -10,6 +10,7 @@ pub mod congestion;
 pub mod device;
 pub mod dhcp;
 pub mod fallback;
+pub mod firewall;
 pub mod framing;
 pub mod gso;
 pub mod ini;

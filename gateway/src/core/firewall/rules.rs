@@ -1,0 +1,156 @@
+//! The firewall as plain data: one nf_tables table of the `inet` family (IPv4 and IPv6
+//! alike), its named counters, chains and rules, in a small vocabulary that
+//! `sys::nftables` encodes into netlink messages. Nothing here knows netlink; nothing
+//! there knows zones or policy.
+
+use crate::core::net::Cidr;
+
+/// A whole table, replaced as one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ruleset {
+    /// Table name (family `inet`).
+    pub table: String,
+    /// Named counters (nf_tables `counter` objects), referenced by rules; one per drop
+    /// cause, read back for `riceguard status`.
+    pub counters: Vec<String>,
+    pub chains: Vec<Chain>,
+}
+
+/// A chain; base chains hook into the stack, regular chains are jumped to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    pub name: String,
+    pub base: Option<BaseChain>,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BaseChain {
+    pub kind: ChainKind,
+    pub hook: Hook,
+    /// nf_tables priority (raw -300, filter 0, srcnat 100).
+    pub priority: i32,
+    /// Every base chain here has policy accept: our chains only ever drop what they mean
+    /// to, so other tables (Docker's, a distribution's) decide the rest.
+    pub policy_drop: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChainKind {
+    Filter,
+    Nat,
+}
+
+impl ChainKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChainKind::Filter => "filter",
+            ChainKind::Nat => "nat",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Prerouting,
+    Input,
+    Forward,
+    Output,
+    Postrouting,
+}
+
+/// Priorities as nft names them.
+pub const PRIO_RAW: i32 = -300;
+pub const PRIO_FILTER: i32 = 0;
+pub const PRIO_SRCNAT: i32 = 100;
+
+/// One rule: every match must hold, then the counter (if any) counts and the action runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    pub matches: Vec<Match>,
+    /// A named counter of [`Ruleset::counters`].
+    pub counter: Option<String>,
+    pub action: Action,
+    /// Why the rule is there (not sent to the kernel: kept for tests and `show`).
+    pub comment: &'static str,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum L4 {
+    Tcp,
+    Udp,
+    Icmp,
+    Icmpv6,
+}
+
+impl L4 {
+    /// IANA protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            L4::Tcp => 6,
+            L4::Udp => 17,
+            L4::Icmp => 1,
+            L4::Icmpv6 => 58,
+        }
+    }
+}
+
+/// Connection-tracking states (nf_conntrack's bits as nft's `ct state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtStates(pub u32);
+
+impl CtStates {
+    pub const INVALID: CtStates = CtStates(1);
+    pub const ESTABLISHED: CtStates = CtStates(1 << 1);
+    pub const RELATED: CtStates = CtStates(1 << 2);
+    pub const NEW: CtStates = CtStates(1 << 3);
+    pub const UNTRACKED: CtStates = CtStates(1 << 6);
+
+    pub fn or(self, o: CtStates) -> CtStates {
+        CtStates(self.0 | o.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    /// `meta iifname NAME` (`eq`) or `!= NAME`.
+    Iif { name: String, eq: bool },
+    /// `meta oifname NAME` (`eq`) or `!= NAME`.
+    Oif { name: String, eq: bool },
+    /// `meta nfproto ipv4|ipv6`.
+    Family(Family),
+    /// `meta l4proto P` (the family is implied by ICMP/ICMPv6 only).
+    L4(L4),
+    /// Source address inside (`eq`) or outside the prefix; implies the prefix's family.
+    Saddr { net: Cidr, eq: bool },
+    /// Destination address inside (`eq`) or outside the prefix; implies its family.
+    Daddr { net: Cidr, eq: bool },
+    /// TCP/UDP source port (with the `L4` match before it).
+    Sport(u16),
+    /// TCP/UDP destination port (with the `L4` match before it).
+    Dport(u16),
+    /// ICMP or ICMPv6 type (with the `L4` match before it).
+    IcmpType(u8),
+    /// `ct state` is one of these.
+    Ct(CtStates),
+    /// At most `per_second` packets a second, bursts of `burst` (beyond: no match).
+    Limit { per_second: u64, burst: u32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Accept,
+    Drop,
+    /// Leave this chain (a base chain: its policy, accept).
+    Return,
+    /// No connection tracking for this packet, then accept.
+    Notrack,
+    /// Source NAT to the outgoing interface's address.
+    Masquerade,
+}
