@@ -1,5 +1,585 @@
-//! The appliance's firewall and NAT policy (zones uplink, LAN port, tunnel), computed as
-//! plain data ([`rules::Ruleset`]) from the configuration and the ports' subnets;
-//! `sys::nftables` installs it.
+//! The appliance's firewall and NAT policy, computed as plain data ([`Ruleset`]) from the
+//! configuration and the subnets its ports have now; `sys::nftables` installs it as one
+//! table, `inet riceguard`, replaced whole in one transaction.
+//!
+//! Zones, after OpenWrt's fw4 (a default per zone pair, safe without a user's touch):
+//! - **tunnel**: the WireGuard interface. The device already checks each decrypted
+//!   packet's inner source against the sending peer's allowed IPs.
+//! - **LAN port**: `Lan =` when two-armed.
+//! - **uplink**: every other interface but `lo` (the uplink is found at run time and may
+//!   change; one-armed, the uplink *is* the LAN).
+//!
+//! | from → to | appliance (input) | tunnel | LAN port | uplink |
+//! |---|---|---|---|---|
+//! | tunnel | all | yes (clients reach each other, as on a LAN) | yes | yes, NATed where needed |
+//! | LAN port | all | yes | yes | yes, NATed |
+//! | uplink | WireGuard and `TcpListen` ports, DHCP/DHCPv6 replies, the ICMP PMTU and neighbour discovery need, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
+//!
+//! Replies to allowed traffic pass everywhere (`ct state established,related`).
+//!
+//! Anti-spoofing: a packet arriving on the uplink or the LAN port with a source inside
+//! the tunnel's subnets or an enabled peer's allowed IPs is dropped — except `/0` and
+//! prefixes that overlap that port's own subnets (a hub peer with `0.0.0.0/0`, or
+//! `10.0.0.0/8` over a 10.x uplink, must not make every uplink packet a "spoof"; a
+//! tunnel numbered from the LAN's subnet is answered for by proxy ARP there). DHCP
+//! replies are never judged: before the lease the uplink's subnet is unknown.
+//!
+//! NAT, where the network cannot route back (`Masquerade = auto`): what arrives from the
+//! tunnel or the LAN port and leaves by the uplink is translated to the uplink's address
+//! unless its source is inside one of the uplink's own subnets (those hosts are
+//! on-link or proxied there, so the uplink's network reaches them), or it comes from a
+//! peer with `Masquerade = off` (a site whose router routes back). `on` translates
+//! regardless of the uplink's subnets; `off` never.
+//!
+//! Conntrack: the WireGuard port is exempt (`notrack`) both ways on the uplink, so a
+//! flood of datagrams cannot fill the connection table; it is accepted by port instead.
+//!
+//! Only our own traffic is judged: base chains have policy accept and drop only packets
+//! that enter or leave by the tunnel or the LAN port, or are addressed to the appliance
+//! from the uplink; another table's rules (Docker's, a distribution's) still see
+//! everything and may drop more.
 
 pub mod rules;
+
+use crate::core::config::{Config, MasqueradeMode};
+use crate::core::net::Cidr;
+pub use rules::*;
+
+/// The table's name (family `inet`).
+pub const TABLE: &str = "riceguard";
+
+/// The drop counters, one per cause, as `riceguard status` names them.
+pub const COUNTER_SPOOF: &str = "spoof";
+pub const COUNTER_UPLINK_IN: &str = "uplink-in";
+pub const COUNTER_UPLINK_FWD: &str = "uplink-forward";
+pub const COUNTER_INVALID: &str = "invalid";
+pub const COUNTERS: [&str; 4] = [
+    COUNTER_SPOOF,
+    COUNTER_UPLINK_IN,
+    COUNTER_UPLINK_FWD,
+    COUNTER_INVALID,
+];
+
+/// Echo requests answered from the uplink: a second, and burst.
+pub const ECHO_PER_SECOND: u64 = 5;
+pub const ECHO_BURST: u32 = 10;
+
+/// ICMP types accepted from the uplink (PMTU discovery and errors): destination
+/// unreachable (fragmentation needed), time exceeded, parameter problem.
+const ICMP_ERRORS: [u8; 3] = [3, 11, 12];
+const ICMP_ECHO_REQUEST: u8 = 8;
+/// ICMPv6: destination unreachable, packet too big, time exceeded, parameter problem;
+/// router advertisement, neighbour solicitation and advertisement (SLAAC, NDP).
+const ICMPV6_NEEDED: [u8; 7] = [1, 2, 3, 4, 134, 135, 136];
+const ICMPV6_ECHO_REQUEST: u8 = 128;
+
+/// What the ruleset is computed over besides the configuration: the interfaces and the
+/// subnets they have now (the uplink's come from DHCP and SLAAC and change).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ports {
+    /// The tunnel interface.
+    pub tunnel: String,
+    /// The LAN port when two-armed (`Lan =`).
+    pub lan: Option<String>,
+    /// The subnets (network form) of the uplink zone's interfaces.
+    pub uplink_nets: Vec<Cidr>,
+    /// The LAN port's subnets.
+    pub lan_nets: Vec<Cidr>,
+    /// The UDP port WireGuard listens on (`None`: not known yet, nothing let in for it).
+    pub listen_port: Option<u16>,
+}
+
+impl Ports {
+    /// The ports for `cfg` with the interface names it gives and no subnets known yet
+    /// (init at boot, before any address is on the uplink).
+    pub fn from_config(cfg: &Config) -> Ports {
+        Ports {
+            tunnel: cfg.gateway.interface_name.clone(),
+            lan: (!cfg.gateway.lan.is_empty()).then(|| cfg.gateway.lan.clone()),
+            uplink_nets: Vec::new(),
+            lan_nets: cfg
+                .gateway
+                .lan_addresses
+                .iter()
+                .map(Cidr::network)
+                .collect(),
+            listen_port: cfg.interface.listen_port,
+        }
+    }
+}
+
+/// Whether two prefixes share an address (one contains the other).
+fn overlaps(a: &Cidr, b: &Cidr) -> bool {
+    a.addr.is_ipv4() == b.addr.is_ipv4() && {
+        let (a0, a1) = a.span();
+        let (b0, b1) = b.span();
+        a0 <= b1 && b0 <= a1
+    }
+}
+
+/// `v` in network form, without duplicates and prefixes another one covers, sorted.
+fn minimal(v: impl IntoIterator<Item = Cidr>) -> Vec<Cidr> {
+    let mut all: Vec<Cidr> = v.into_iter().map(|c| c.network()).collect();
+    all.sort_by_key(|c| (c.addr.is_ipv6(), c.addr, c.prefix));
+    all.dedup();
+    // A shorter prefix that overlaps a longer one contains it.
+    let covered = |c: &Cidr| all.iter().any(|o| o.prefix < c.prefix && overlaps(o, c));
+    all.iter().filter(|c| !covered(c)).copied().collect()
+}
+
+/// The tunnel's own subnets and every enabled peer's allowed IPs, minus `/0`: the
+/// sources that may only ever arrive from the tunnel.
+pub fn tunnel_sources(cfg: &Config) -> Vec<Cidr> {
+    minimal(
+        cfg.interface
+            .addresses
+            .iter()
+            .copied()
+            .chain(
+                cfg.peers
+                    .iter()
+                    .filter(|p| p.enabled)
+                    .flat_map(|p| p.allowed_ips.iter().copied()),
+            )
+            .filter(|c| c.prefix > 0),
+    )
+}
+
+/// The anti-spoof prefixes of a port whose own subnets are `nets`.
+pub fn spoof_prefixes(cfg: &Config, nets: &[Cidr]) -> Vec<Cidr> {
+    tunnel_sources(cfg)
+        .into_iter()
+        .filter(|c| !nets.iter().any(|n| overlaps(n, c)))
+        .collect()
+}
+
+/// Allowed IPs of enabled peers with `Masquerade = off` (never `/0`).
+fn unmasqueraded(cfg: &Config) -> Vec<Cidr> {
+    minimal(
+        cfg.peers
+            .iter()
+            .filter(|p| p.enabled && !p.masquerade)
+            .flat_map(|p| p.allowed_ips.iter().copied())
+            .filter(|c| c.prefix > 0),
+    )
+}
+
+fn rule(matches: Vec<Match>, action: Action, comment: &'static str) -> Rule {
+    Rule {
+        matches,
+        counter: None,
+        action,
+        comment,
+    }
+}
+
+fn counted(matches: Vec<Match>, counter: &str, action: Action, comment: &'static str) -> Rule {
+    Rule {
+        matches,
+        counter: Some(counter.to_string()),
+        action,
+        comment,
+    }
+}
+
+fn iif(name: &str) -> Match {
+    Match::Iif {
+        name: name.to_string(),
+        eq: true,
+    }
+}
+
+fn not_iif(name: &str) -> Match {
+    Match::Iif {
+        name: name.to_string(),
+        eq: false,
+    }
+}
+
+fn oif(name: &str) -> Match {
+    Match::Oif {
+        name: name.to_string(),
+        eq: true,
+    }
+}
+
+fn not_oif(name: &str) -> Match {
+    Match::Oif {
+        name: name.to_string(),
+        eq: false,
+    }
+}
+
+fn saddr(net: Cidr) -> Match {
+    Match::Saddr { net, eq: true }
+}
+
+fn base(name: &str, kind: ChainKind, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
+    Chain {
+        name: name.to_string(),
+        base: Some(BaseChain {
+            kind,
+            hook,
+            priority,
+            policy_drop: false,
+        }),
+        rules,
+    }
+}
+
+/// "Not from the tunnel, the LAN port or lo": the uplink zone, as matches.
+fn from_uplink(p: &Ports) -> Vec<Match> {
+    let mut m = vec![not_iif("lo"), not_iif(&p.tunnel)];
+    if let Some(l) = &p.lan {
+        m.push(not_iif(l));
+    }
+    m
+}
+
+fn to_uplink(p: &Ports) -> Vec<Match> {
+    let mut m = vec![not_oif("lo"), not_oif(&p.tunnel)];
+    if let Some(l) = &p.lan {
+        m.push(not_oif(l));
+    }
+    m
+}
+
+fn with(mut a: Vec<Match>, b: impl IntoIterator<Item = Match>) -> Vec<Match> {
+    a.extend(b);
+    a
+}
+
+/// DHCP (v4 and v6) replies to the client on the uplink.
+fn dhcp_replies() -> [Vec<Match>; 2] {
+    [
+        vec![
+            Match::Family(Family::V4),
+            Match::L4(L4::Udp),
+            Match::Sport(67),
+            Match::Dport(68),
+        ],
+        vec![
+            Match::Family(Family::V6),
+            Match::L4(L4::Udp),
+            Match::Sport(547),
+            Match::Dport(546),
+        ],
+    ]
+}
+
+/// The whole table for `cfg` over `p`.
+pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
+    let established = Match::Ct(CtStates::ESTABLISHED.or(CtStates::RELATED));
+
+    // prerouting (raw): anti-spoofing on the uplink and LAN port, then no conntrack for
+    // WireGuard datagrams from the uplink.
+    let mut pre = vec![
+        rule(vec![iif("lo")], Action::Return, "loopback"),
+        rule(
+            vec![iif(&p.tunnel)],
+            Action::Return,
+            "the tunnel checks inner sources itself",
+        ),
+    ];
+    for m in dhcp_replies() {
+        pre.push(rule(
+            m,
+            Action::Return,
+            "DHCP replies (the subnet is not known before the lease)",
+        ));
+    }
+    if let Some(l) = &p.lan {
+        for c in spoof_prefixes(cfg, &p.lan_nets) {
+            pre.push(counted(
+                vec![iif(l), saddr(c)],
+                COUNTER_SPOOF,
+                Action::Drop,
+                "a tunnel source on the LAN port",
+            ));
+        }
+    }
+    for c in spoof_prefixes(cfg, &p.uplink_nets) {
+        pre.push(counted(
+            with(from_uplink(p), [saddr(c)]),
+            COUNTER_SPOOF,
+            Action::Drop,
+            "a tunnel source on the uplink",
+        ));
+    }
+    let mut out_raw = Vec::new();
+    if let Some(port) = p.listen_port {
+        pre.push(rule(
+            with(from_uplink(p), [Match::L4(L4::Udp), Match::Dport(port)]),
+            Action::Notrack,
+            "WireGuard datagrams: no conntrack entry (a flood cannot fill the table)",
+        ));
+        out_raw.push(rule(
+            vec![Match::L4(L4::Udp), Match::Sport(port)],
+            Action::Notrack,
+            "WireGuard datagrams we send",
+        ));
+    }
+
+    // input: the uplink reaches only what a gateway offers it.
+    let mut input = vec![
+        rule(vec![iif("lo")], Action::Accept, "loopback"),
+        rule(vec![established.clone()], Action::Accept, "replies"),
+        rule(
+            vec![iif(&p.tunnel)],
+            Action::Accept,
+            "clients reach the appliance",
+        ),
+    ];
+    if let Some(l) = &p.lan {
+        input.push(rule(
+            vec![iif(l)],
+            Action::Accept,
+            "the LAN reaches the appliance",
+        ));
+    }
+    input.push(counted(
+        vec![Match::Ct(CtStates::INVALID)],
+        COUNTER_INVALID,
+        Action::Drop,
+        "not part of any connection",
+    ));
+    if let Some(port) = p.listen_port {
+        input.push(rule(
+            vec![Match::L4(L4::Udp), Match::Dport(port)],
+            Action::Accept,
+            "WireGuard",
+        ));
+    }
+    for &port in &cfg.gateway.tcp_listen {
+        input.push(rule(
+            vec![Match::L4(L4::Tcp), Match::Dport(port)],
+            Action::Accept,
+            "TCP fallback",
+        ));
+    }
+    for m in dhcp_replies() {
+        input.push(rule(m, Action::Accept, "DHCP replies"));
+    }
+    for t in ICMP_ERRORS {
+        input.push(rule(
+            vec![Match::L4(L4::Icmp), Match::IcmpType(t)],
+            Action::Accept,
+            "ICMP errors (PMTU discovery)",
+        ));
+    }
+    input.push(rule(
+        vec![
+            Match::L4(L4::Icmp),
+            Match::IcmpType(ICMP_ECHO_REQUEST),
+            Match::Limit {
+                per_second: ECHO_PER_SECOND,
+                burst: ECHO_BURST,
+            },
+        ],
+        Action::Accept,
+        "ping, rate-limited",
+    ));
+    for t in ICMPV6_NEEDED {
+        input.push(rule(
+            vec![Match::L4(L4::Icmpv6), Match::IcmpType(t)],
+            Action::Accept,
+            "ICMPv6 errors, router advertisements, neighbour discovery",
+        ));
+    }
+    input.push(rule(
+        vec![
+            Match::L4(L4::Icmpv6),
+            Match::IcmpType(ICMPV6_ECHO_REQUEST),
+            Match::Limit {
+                per_second: ECHO_PER_SECOND,
+                burst: ECHO_BURST,
+            },
+        ],
+        Action::Accept,
+        "ping, rate-limited",
+    ));
+    input.push(counted(
+        Vec::new(),
+        COUNTER_UPLINK_IN,
+        Action::Drop,
+        "anything else from the uplink to the appliance",
+    ));
+
+    // forward: our zones go anywhere; the uplink reaches the tunnel only one-armed, from
+    // its own subnets, and the LAN port never.
+    let mut fwd = vec![
+        rule(vec![established], Action::Accept, "replies"),
+        rule(
+            vec![iif(&p.tunnel)],
+            Action::Accept,
+            "tunnel to the LAN, the internet, other clients",
+        ),
+    ];
+    if let Some(l) = &p.lan {
+        fwd.push(rule(
+            vec![iif(l)],
+            Action::Accept,
+            "LAN to the tunnel and the internet",
+        ));
+    }
+    let up = from_uplink(p);
+    if p.lan.is_none() {
+        for n in &p.uplink_nets {
+            fwd.push(rule(
+                with(up.clone(), [oif(&p.tunnel), saddr(*n)]),
+                Action::Accept,
+                "one-armed: LAN hosts on the uplink reach the clients",
+            ));
+        }
+    }
+    fwd.push(counted(
+        with(up.clone(), [oif(&p.tunnel)]),
+        COUNTER_UPLINK_FWD,
+        Action::Drop,
+        "the uplink does not enter the tunnel",
+    ));
+    if let Some(l) = &p.lan {
+        fwd.push(counted(
+            with(up, [oif(l)]),
+            COUNTER_UPLINK_FWD,
+            Action::Drop,
+            "the uplink does not reach the LAN",
+        ));
+    }
+
+    let mut chains = vec![
+        base(
+            "prerouting",
+            ChainKind::Filter,
+            Hook::Prerouting,
+            PRIO_RAW,
+            pre,
+        ),
+        base("input", ChainKind::Filter, Hook::Input, PRIO_FILTER, input),
+        base(
+            "forward",
+            ChainKind::Filter,
+            Hook::Forward,
+            PRIO_FILTER,
+            fwd,
+        ),
+        base("output", ChainKind::Filter, Hook::Output, PRIO_RAW, out_raw),
+    ];
+    let nat = nat_rules(cfg, p);
+    if !nat.is_empty() {
+        chains.push(base(
+            "postrouting",
+            ChainKind::Nat,
+            Hook::Postrouting,
+            PRIO_SRCNAT,
+            nat,
+        ));
+    }
+    Ruleset {
+        table: TABLE.to_string(),
+        counters: COUNTERS.iter().map(|c| c.to_string()).collect(),
+        chains,
+    }
+}
+
+/// The source NAT chain's rules (empty: no NAT chain at all).
+fn nat_rules(cfg: &Config, p: &Ports) -> Vec<Rule> {
+    let mode = cfg.gateway.masquerade;
+    if mode == MasqueradeMode::Off {
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    if mode == MasqueradeMode::Auto {
+        for n in &p.uplink_nets {
+            v.push(rule(
+                vec![saddr(*n)],
+                Action::Return,
+                "the uplink's own subnet (on-link or proxied there): not translated",
+            ));
+        }
+    }
+    for c in unmasqueraded(cfg) {
+        v.push(rule(
+            vec![saddr(c)],
+            Action::Return,
+            "a peer with Masquerade = off",
+        ));
+    }
+    v.push(rule(
+        with(vec![iif(&p.tunnel)], to_uplink(p)),
+        Action::Masquerade,
+        "tunnel sources leaving by the uplink",
+    ));
+    if let Some(l) = &p.lan {
+        v.push(rule(
+            with(vec![iif(l)], to_uplink(p)),
+            Action::Masquerade,
+            "the LAN port's hosts leaving by the uplink",
+        ));
+    }
+    v
+}
+
+/// What `riceguard status` says about NAT: what is translated on the uplink and why.
+pub fn nat_summary(cfg: &Config, p: &Ports) -> Vec<String> {
+    if !cfg.gateway.firewall {
+        return vec!["nat: off (Firewall = off)".into()];
+    }
+    let list = |v: &[Cidr]| {
+        v.iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = Vec::new();
+    match cfg.gateway.masquerade {
+        MasqueradeMode::Off => out.push("nat: off (Masquerade = off)".into()),
+        MasqueradeMode::On => out.push(
+            "nat: everything from the tunnel and the LAN port leaving by the uplink (Masquerade = on)"
+                .into(),
+        ),
+        MasqueradeMode::Auto => {
+            let translated: Vec<Cidr> = spoof_prefixes(cfg, &p.uplink_nets)
+                .into_iter()
+                .filter(|c| !unmasqueraded(cfg).iter().any(|u| overlaps(u, c)))
+                .collect();
+            let on_link: Vec<Cidr> = tunnel_sources(cfg)
+                .into_iter()
+                .filter(|c| p.uplink_nets.iter().any(|n| overlaps(n, c)))
+                .collect();
+            if translated.is_empty() {
+                out.push("nat: no tunnel subnet needs translating".into());
+            } else {
+                out.push(format!(
+                    "nat: {} translated to the uplink's address (the uplink's network {} has no route back to them)",
+                    list(&translated),
+                    if p.uplink_nets.is_empty() {
+                        "(no address yet)".to_string()
+                    } else {
+                        list(&p.uplink_nets)
+                    }
+                ));
+            }
+            if !on_link.is_empty() {
+                out.push(format!(
+                    "nat: {} not translated (inside the uplink's subnet: proxy ARP/NDP answers for them)",
+                    list(&on_link)
+                ));
+            }
+            if let Some(l) = &p.lan {
+                out.push(format!("nat: the LAN port {l}'s hosts translated on the uplink (two-armed: the appliance is the site's router)"));
+            }
+        }
+    }
+    let off = unmasqueraded(cfg);
+    if !off.is_empty() && cfg.gateway.masquerade != MasqueradeMode::Off {
+        out.push(format!(
+            "nat: {} not translated ([Peer] Masquerade = off)",
+            list(&off)
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;
