@@ -6,6 +6,7 @@ pub mod cmsg;
 pub mod ethtool;
 pub mod hugepage;
 pub mod netlink;
+pub mod nftables;
 pub mod nic;
 pub mod offload;
 pub mod os;
