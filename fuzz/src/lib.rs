@@ -17,22 +17,43 @@ use riceguard::core::net::Cidr;
 use riceguard::core::uapi::{self, Request, UapiError};
 
 /// `ini::parse` never panics; what it accepts is emitted and read back unchanged, and
-/// validation of it never panics.
+/// validation of it never panics. Its warnings name lines of the input, and a file the
+/// appliance writes has none. The saved form (`emit_compat`, schema-2 settings on `#+`
+/// lines) reads back unchanged too, and as firmware of schema 1 reads it, it is the
+/// configuration without them (`schema1_view`). Reading as schema 1 never panics.
 pub fn check_ini(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let Ok(cfg) = ini::parse("fuzz.conf", &text) else {
+    let _ = ini::parse_as_schema1("fuzz.conf", &text);
+    let Ok((cfg, warnings)) = ini::parse_with_warnings("fuzz.conf", &text) else {
         return;
     };
+    assert_eq!(ini::parse("fuzz.conf", &text).as_ref(), Ok(&cfg));
+    let lines = text.split('\n').count();
+    for w in &warnings {
+        assert!(w.line >= 1 && w.line <= lines, "warning off the file: {w}");
+    }
     let _ = cfg.validate();
     let out = ini::emit(&cfg);
-    match ini::parse("emitted.conf", &out) {
-        Ok(back) => assert_eq!(
-            back, cfg,
-            "emit/parse round trip changed the config:\n{out}"
-        ),
+    match ini::parse_with_warnings("emitted.conf", &out) {
+        Ok((back, w)) => {
+            assert_eq!(
+                back, cfg,
+                "emit/parse round trip changed the config:\n{out}"
+            );
+            assert!(w.is_empty(), "the emitted file has warnings: {w:?}\n{out}");
+        }
         Err(e) => panic!("emitted config does not parse: {e}\n{out}"),
     }
     assert_eq!(ini::emit(&cfg), out, "emit is not deterministic");
+    let saved = ini::emit_compat(&cfg);
+    match ini::parse("saved.conf", &saved) {
+        Ok(back) => assert_eq!(back, cfg, "emit_compat/parse changed the config:\n{saved}"),
+        Err(e) => panic!("the saved form does not parse: {e}\n{saved}"),
+    }
+    match ini::parse_as_schema1("saved.conf", &saved) {
+        Ok(old) => assert_eq!(old, ini::schema1_view(&cfg), "schema 1 reads:\n{saved}"),
+        Err(e) => panic!("schema-1 firmware would refuse the saved form: {e}\n{saved}"),
+    }
 }
 
 fn key(b: u8) -> Key {

@@ -7,20 +7,40 @@
 //!   keys, values and list items;
 //! - `Address`, `AllowedIPs`, `UplinkAddress`, `Cores` and `TcpListen` as comma lists,
 //!   repeatable (they add up; [`emit`] splits long lists over several lines);
-//! - wg-quick-only keys that this appliance has no use for are accepted and ignored so
-//!   existing files load unchanged: `DNS`, `Table`, `PreUp`, `PostUp`, `PreDown`,
-//!   `PostDown`, `SaveConfig` (addresses and routes are set up by the gateway itself).
+//! - wg-quick-only keys of `[Interface]` that the appliance does not honour load with a
+//!   [`Warning`] each ([`parse_with_warnings`]) saying what it does instead: `DNS`,
+//!   `PreUp`, `PostUp`, `PreDown`, `PostDown`, `SaveConfig`, and `Table` when it is `auto`,
+//!   `main` or a number (the gateway's routes go to the main table). `Table = off` ("add
+//!   no routes") is refused: the gateway routes its peers' allowed IPs itself.
 //!
 //! Refused with an error naming file, line and key and saying what is allowed: unknown
 //! sections and keys, a single-valued key given twice in one section, `[Interface]` or
 //! `[Gateway]` given twice, a `[Peer]` without `PublicKey`, files over 1 MiB and lines
 //! over 4096 characters.
 //!
+//! **Schema 2 on `#+` lines.** Firmware of configuration schema 1 (`core::bundle::COMPAT`
+//! 1, before `Firewall`, `Masquerade` and `Enabled` existed) refuses unknown keys, and
+//! after a rollback to it the file on perm must still load, with its `[Gateway]` settings
+//! (init reads the uplink, its address and the interface name from it). So the file the
+//! console saves ([`emit_compat`]) puts every setting schema 1 does not know on a line
+//! that starts with `#+`, and a disabled peer entirely so: schema-1 firmware reads those
+//! lines as comments and runs the same configuration without them ([`schema1_view`]: no
+//! firewall settings, disabled peers left out), this parser reads `#+ Key = Value` as
+//! `Key = Value`. A `#+` line that is neither a `[Section]` header nor `Key = Value` is a
+//! comment; a section whose header is on a `#+` line must have all its lines on `#+`
+//! lines (else schema-1 firmware would read them into the section above).
+//! [`parse_as_schema1`] reads a file as schema-1 firmware does, for tests and for saying
+//! what a rollback would run.
+//!
 //! `AllowedIPs` are stored masked (`10.0.0.1/24` becomes `10.0.0.0/24`, as the kernel and
 //! `wg showconf` have them); `Address`/`UplinkAddress` keep their host bits.
 //!
 //! [`emit`] writes the canonical form (`[Gateway]` keys only where they differ from the
-//! defaults) which [`parse`] reads back to an equal `Config`.
+//! defaults) which [`parse`] reads back to an equal `Config`; [`emit_compat`] the same
+//! with the schema-2 settings on `#+` lines (identical to [`emit`] when there are none).
+//!
+//! Why ~1300 lines: one reader, its two emitters and their round-trip tests, which must
+//! change together.
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -56,6 +76,66 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// A line that loads but is not honoured (a wg-quick key the appliance has no use for):
+/// which file, line and key, and what the appliance does instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warning {
+    pub file: String,
+    /// 1-based.
+    pub line: usize,
+    pub key: String,
+    pub msg: String,
+}
+
+impl std::fmt::Display for Warning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}: {}: {}", self.file, self.line, self.key, self.msg)
+    }
+}
+
+/// What a wg-quick-only `[Interface]` key does here: `Ok(Some(msg))` loads with a
+/// warning, `Err(msg)` refuses the file; `None` when `lk` is not such a key.
+fn wg_quick_only(lk: &str, v: &str) -> Option<Result<String, String>> {
+    const SCRIPTS: &str = "ignored: the appliance runs no shell commands; its firewall and NAT are built in (`Firewall =`, `Masquerade =` in [Gateway])";
+    Some(Ok(match lk {
+        "dns" => "ignored on the appliance (its own resolver comes from the uplink's DHCP lease): set `ClientDns` in [Gateway] for the configurations `add client` prints".into(),
+        "preup" | "postup" | "predown" | "postdown" => SCRIPTS.into(),
+        "saveconfig" => "ignored: the console saves the configuration (`commit`)".into(),
+        "table" => {
+            let t = v.to_ascii_lowercase();
+            if t == "off" {
+                return Some(Err("`Table = off` (add no routes) is not supported: the gateway adds the routes to its peers' AllowedIPs itself, in the main table; remove the line (a prefix that must not be routed to a peer does not belong in its AllowedIPs)".into()));
+            }
+            if t != "auto" && t != "main" && number::<u32>(v, "").is_err() {
+                return Some(Err(format!(
+                    "expected auto, main, off or a routing table number, got {}",
+                    shown(v)
+                )));
+            }
+            format!(
+                "`Table = {v}` ignored: the gateway adds the routes to its peers' AllowedIPs to the main table itself"
+            )
+        }
+        _ => return None,
+    }))
+}
+
+/// The keys schema 2 added (`core::bundle::COMPAT` 2), by section: schema-1 firmware
+/// refuses them, so [`emit_compat`] writes them on `#+` lines.
+fn schema2_key(section: Section, lk: &str) -> bool {
+    matches!(
+        (section, lk),
+        (Section::Gateway, "firewall" | "masquerade") | (Section::Peer, "masquerade" | "enabled")
+    )
+}
+
+/// How a file is read: as this firmware does, or as firmware of schema 1 did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reader {
+    Current,
+    Schema1,
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Section {
     None,
@@ -78,7 +158,7 @@ struct PeerDraft {
     enabled: bool,
 }
 
-const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored)";
+const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored with a warning)";
 const PEER_KEYS: &str =
     "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled";
 const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade";
@@ -217,8 +297,29 @@ fn ifname(v: &str) -> Result<String, String> {
     }
 }
 
-/// Parse a configuration file. `file` is only used in error messages.
+/// Parse a configuration file. `file` is only used in error messages. Lines that load
+/// but are not honoured are dropped: [`parse_with_warnings`] says which.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+    parse_with_warnings(file, text).map(|(c, _)| c)
+}
+
+/// [`parse`], and a [`Warning`] for each line that loaded but is not honoured (wg-quick's
+/// `DNS`, `Table`, `PreUp`/`PostUp`/`PreDown`/`PostDown`, `SaveConfig`). The daemon logs
+/// them at start and reload, the console shows them in `show` and at `commit` (which
+/// writes the file without them).
+pub fn parse_with_warnings(file: &str, text: &str) -> Result<(Config, Vec<Warning>), ConfigError> {
+    read(file, text, Reader::Current)
+}
+
+/// Read a file as firmware of configuration schema 1 (before `Firewall`, `Masquerade`
+/// and `Enabled`) does: `#+` lines are comments, the keys schema 2 added are unknown
+/// keys, wg-quick-only keys are dropped without a word. What a rollback to that firmware
+/// would run; for the file [`emit_compat`] writes that is [`schema1_view`].
+pub fn parse_as_schema1(file: &str, text: &str) -> Result<Config, ConfigError> {
+    read(file, text, Reader::Schema1).map(|(c, _)| c)
+}
+
+fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>), ConfigError> {
     let err = |line: usize, key: &str, msg: String| ConfigError {
         file: file.to_string(),
         line,
@@ -255,6 +356,9 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
     // Single-valued keys seen in the current section, with their line.
     let mut seen: Vec<(&'static str, usize)> = Vec::new();
     let mut peer: Option<PeerDraft> = None;
+    // The current section's header is on a `#+` line: so must all its lines be.
+    let mut guarded_section = false;
+    let mut warnings: Vec<Warning> = Vec::new();
 
     let finish_peer = |d: PeerDraft, cfg: &mut Config| -> Result<(), ConfigError> {
         let public_key = d.public_key.ok_or_else(|| {
@@ -288,12 +392,17 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
             ));
         }
         let line = raw.strip_suffix('\r').unwrap_or(raw);
+        // `#+ Key = Value`: a line of schema 2 that schema-1 firmware skips as a comment.
+        let (line, guarded) = match line.trim_start().strip_prefix("#+") {
+            Some(rest) if reader == Reader::Current => (rest, true),
+            _ => (line, false),
+        };
         let line = match line.find(['#', ';']) {
             Some(p) => &line[..p],
             None => line,
         };
         let line = line.trim();
-        if line.is_empty() {
+        if line.is_empty() || (guarded && !line.starts_with('[') && !line.contains('=')) {
             continue;
         }
 
@@ -309,6 +418,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                 finish_peer(d, &mut cfg)?;
             }
             seen.clear();
+            guarded_section = guarded;
             section = match name.trim().to_ascii_lowercase().as_str() {
                 "interface" => {
                     once(&mut seen_interface, ln, "[Interface]")?;
@@ -355,6 +465,16 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         let v = v.trim();
         let lk = k.to_ascii_lowercase();
         let e = |msg: String| err(ln, k, msg);
+        if guarded_section && !guarded {
+            return Err(e(
+                "is on a plain line in a section whose header is on a `#+` line: firmware before schema 2 would read it into the section above; start it with `#+` too".into(),
+            ));
+        }
+        if reader == Reader::Schema1 && schema2_key(section, &lk) {
+            return Err(e(
+                "unknown key (this firmware reads configuration schema 1)".into(),
+            ));
+        }
 
         // Keys that may be given once per section, by canonical name; list keys and the
         // ignored wg-quick keys are not in here.
@@ -424,13 +544,22 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
                         ic.mtu = Some(m);
                     }
                     // wg-quick-only: see the module comment.
-                    "dns" | "table" | "preup" | "postup" | "predown" | "postdown"
-                    | "saveconfig" => {}
-                    _ => {
-                        return Err(e(format!(
-                            "unknown key in [Interface]; allowed are {INTERFACE_KEYS}"
-                        )))
-                    }
+                    other => match wg_quick_only(other, v) {
+                        // Schema-1 firmware dropped them without a word, `Table = off` too.
+                        Some(_) if reader == Reader::Schema1 => {}
+                        Some(Ok(msg)) => warnings.push(Warning {
+                            file: file.to_string(),
+                            line: ln,
+                            key: k.to_string(),
+                            msg,
+                        }),
+                        Some(Err(msg)) => return Err(e(msg)),
+                        None => {
+                            return Err(e(format!(
+                                "unknown key in [Interface]; allowed are {INTERFACE_KEYS}"
+                            )))
+                        }
+                    },
                 }
             }
             Section::Peer => {
@@ -588,7 +717,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
     if let Some(d) = peer.take() {
         finish_peer(d, &mut cfg)?;
     }
-    Ok(cfg)
+    Ok((cfg, warnings))
 }
 
 /// Write `Key = a, b, ...` lines for a list, starting a new line (the list keys add up)
@@ -619,10 +748,67 @@ fn on_off_str(b: bool) -> &'static str {
     }
 }
 
-/// Write the canonical file for `cfg`. Writing to a `String` cannot fail, so the
-/// `write!` results are ignored.
+/// Write the canonical file for `cfg`: every key in plain form. What the console shows.
 pub fn emit(cfg: &Config) -> String {
+    emit_with(cfg, false)
+}
+
+/// The first lines of a file [`emit_compat`] writes with `#+` lines in it.
+pub const COMPAT_NOTE: &str = "# Lines starting with #+ hold settings of configuration schema 2 (Firewall, Masquerade, Enabled):\n\
+# older firmware reads them as comments, so after a rollback it runs this file without them.\n";
+
+/// The file the console saves: [`emit`], with every setting schema-1 firmware does not
+/// know on a `#+` line and a disabled peer's whole section on `#+` lines (see the module
+/// comment). Byte for byte [`emit`] when `cfg` uses none of them.
+pub fn emit_compat(cfg: &Config) -> String {
+    emit_with(cfg, true)
+}
+
+/// What schema-1 firmware runs from the file [`emit_compat`] writes for `cfg`: disabled
+/// peers left out, the schema-2 settings at their defaults (and without effect there:
+/// that firmware has no firewall and no NAT).
+pub fn schema1_view(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    c.peers.retain(|p| p.enabled);
+    for p in &mut c.peers {
+        p.masquerade = true;
+    }
+    let d = GatewayConfig::default();
+    c.gateway.firewall = d.firewall;
+    c.gateway.masquerade = d.masquerade;
+    c
+}
+
+/// The schema-2 settings of `cfg` that schema-1 firmware would not run, for the user
+/// (`Firewall = off`, `client laptop disabled (left out)`, ...); empty when there are none.
+pub fn schema2_settings(cfg: &Config) -> Vec<String> {
+    let d = GatewayConfig::default();
+    let mut out = Vec::new();
+    if cfg.gateway.firewall != d.firewall {
+        out.push(format!("Firewall = {}", on_off_str(cfg.gateway.firewall)));
+    }
+    if cfg.gateway.masquerade != d.masquerade {
+        out.push(format!("Masquerade = {}", cfg.gateway.masquerade.as_str()));
+    }
+    for p in &cfg.peers {
+        let who = match &p.name {
+            Some(n) => format!("peer {n}"),
+            None => format!("peer {}", p.public_key.to_base64()),
+        };
+        if !p.enabled {
+            out.push(format!("{who} disabled (left out)"));
+        } else if !p.masquerade {
+            out.push(format!("{who} Masquerade = off"));
+        }
+    }
+    out
+}
+
+/// [`emit`] (`guard` false) or [`emit_compat`] (`guard` true).
+fn emit_with(cfg: &Config, guard: bool) -> String {
     let mut s = String::new();
+    // Whether a `#+` line was written (then the file starts with COMPAT_NOTE).
+    let mut guarded = false;
     let ic = &cfg.interface;
     s.push_str("[Interface]\n");
     if let Some(k) = &ic.private_key {
@@ -638,29 +824,45 @@ pub fn emit(cfg: &Config) -> String {
     if let Some(m) = ic.mtu {
         let _ = writeln!(s, "MTU = {m}");
     }
+    // The prefix of a schema-2 key's line outside a hidden section.
+    let new = if guard { "#+ " } else { "" };
     for p in &cfg.peers {
-        let _ = writeln!(s, "\n[Peer]\nPublicKey = {}", p.public_key.to_base64());
+        // A disabled peer: the whole section on `#+` lines, so schema 1 leaves it out.
+        let hide = guard && !p.enabled;
+        let mut ps = String::new();
+        let _ = writeln!(ps, "[Peer]\nPublicKey = {}", p.public_key.to_base64());
         if let Some(k) = &p.preshared_key {
-            let _ = writeln!(s, "PresharedKey = {}", k.to_base64());
+            let _ = writeln!(ps, "PresharedKey = {}", k.to_base64());
         }
-        list_lines(&mut s, "AllowedIPs", &p.allowed_ips);
+        list_lines(&mut ps, "AllowedIPs", &p.allowed_ips);
         if let Some(e) = &p.endpoint {
-            let _ = writeln!(s, "Endpoint = {e}");
+            let _ = writeln!(ps, "Endpoint = {e}");
         }
         if let Some(k) = p.persistent_keepalive {
-            let _ = writeln!(s, "PersistentKeepalive = {k}");
+            let _ = writeln!(ps, "PersistentKeepalive = {k}");
         }
         if let Some(t) = p.tcp_port {
-            let _ = writeln!(s, "TcpPort = {t}");
+            let _ = writeln!(ps, "TcpPort = {t}");
         }
         if let Some(n) = &p.name {
-            let _ = writeln!(s, "Name = {n}");
+            let _ = writeln!(ps, "Name = {n}");
         }
         if !p.masquerade {
-            s.push_str("Masquerade = off\n");
+            let _ = writeln!(ps, "{}Masquerade = off", if hide { "" } else { new });
+            guarded |= guard;
         }
         if !p.enabled {
-            s.push_str("Enabled = off\n");
+            // With `guard`, only inside a hidden section.
+            ps.push_str("Enabled = off\n");
+        }
+        s.push('\n');
+        if hide {
+            guarded = true;
+            for l in ps.lines() {
+                let _ = writeln!(s, "#+ {l}");
+            }
+        } else {
+            s.push_str(&ps);
         }
     }
     let g = &cfg.gateway;
@@ -723,14 +925,19 @@ pub fn emit(cfg: &Config) -> String {
     }
     list_lines(&mut gs, "ClientDns", &g.client_dns);
     if g.firewall != d.firewall {
-        let _ = writeln!(gs, "Firewall = {}", on_off_str(g.firewall));
+        let _ = writeln!(gs, "{new}Firewall = {}", on_off_str(g.firewall));
+        guarded |= guard;
     }
     if g.masquerade != d.masquerade {
-        let _ = writeln!(gs, "Masquerade = {}", g.masquerade.as_str());
+        let _ = writeln!(gs, "{new}Masquerade = {}", g.masquerade.as_str());
+        guarded |= guard;
     }
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
+    }
+    if guarded {
+        s.insert_str(0, COMPAT_NOTE);
     }
     s
 }
@@ -1058,6 +1265,166 @@ pub(crate) mod tests {
             let text = emit(&c);
             let back = parse("gen", &text).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
             assert_eq!(back, c, "seed {seed}\n{text}");
+        }
+    }
+
+    #[test]
+    fn wg_quick_keys_warn_and_table_off_is_refused() {
+        let text = format!(
+            "[Interface]\nPrivateKey = {PRIV}\nDNS = 1.1.1.1\nTable = auto\n\
+             PostUp = iptables -t nat -A POSTROUTING -o eth0 -j MASQUERADE\nPostDown = x\n\
+             PreUp = y\npredown = z\nSaveConfig = true\ntable = 1234\nTable = main\n"
+        );
+        let (c, w) = parse_with_warnings("w.conf", &text).unwrap();
+        assert_eq!(c, parse("w.conf", &text).unwrap());
+        assert_eq!(c.interface.private_key.unwrap().to_base64(), PRIV);
+        let lk: Vec<(usize, &str)> = w.iter().map(|w| (w.line, w.key.as_str())).collect();
+        assert_eq!(
+            lk,
+            [
+                (3, "DNS"),
+                (4, "Table"),
+                (5, "PostUp"),
+                (6, "PostDown"),
+                (7, "PreUp"),
+                (8, "predown"),
+                (9, "SaveConfig"),
+                (10, "table"),
+                (11, "Table")
+            ]
+        );
+        assert!(w[0].msg.contains("ClientDns"), "{}", w[0]);
+        assert!(w[1].msg.contains("main table"), "{}", w[1]);
+        assert!(
+            w[2].msg.contains("no shell commands") && w[2].msg.contains("Masquerade ="),
+            "{}",
+            w[2]
+        );
+        assert!(w[6].msg.contains("console saves"), "{}", w[6]);
+        assert!(w[7].msg.contains("Table = 1234"), "{}", w[7]);
+        assert_eq!(w[2].to_string(), format!("w.conf:5: PostUp: {}", w[2].msg));
+        // Nothing to warn about in a file the appliance wrote.
+        assert!(parse_with_warnings("e", &emit(&c)).unwrap().1.is_empty());
+        let e = err_of("[Interface]\nTable = off\n");
+        assert_eq!((e.line, e.key.as_str()), (2, "Table"));
+        assert!(
+            e.msg.contains("not supported") && e.msg.contains("main table"),
+            "{e}"
+        );
+        assert!(err_of("[Interface]\nTable = Off\n")
+            .msg
+            .contains("not supported"));
+        let e = err_of("[Interface]\nTable = sometimes\n");
+        assert!(
+            e.msg.contains("auto, main, off or a routing table number"),
+            "{e}"
+        );
+        // Only [Interface] has them.
+        assert!(err_of("[Gateway]\nPostUp = x\n")
+            .msg
+            .contains("unknown key"));
+        // Firmware of schema 1 dropped them without a word, `Table = off` too.
+        assert!(parse_as_schema1("s1", "[Interface]\nTable = off\nPostUp = x\n").is_ok());
+    }
+
+    /// The saved form: schema-2 settings on `#+` lines that schema-1 firmware skips, so it
+    /// reads the same configuration without them; this firmware reads it whole.
+    #[test]
+    fn compat_form_reads_as_schema1_without_the_new_settings() {
+        let mut seen_hidden = 0;
+        for seed in 1..=500u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let c = random_config(&mut rng);
+            let text = emit_compat(&c);
+            let back =
+                parse("compat", &text).unwrap_or_else(|e| panic!("seed {seed}: {e}\n{text}"));
+            assert_eq!(back, c, "seed {seed}\n{text}");
+            let old = parse_as_schema1("old", &text)
+                .unwrap_or_else(|e| panic!("seed {seed}: schema 1 refuses it: {e}\n{text}"));
+            assert_eq!(old, schema1_view(&c), "seed {seed}\n{text}");
+            assert_eq!(emit_compat(&c), text, "deterministic");
+            if schema1_view(&c) == c {
+                assert_eq!(text, emit(&c), "seed {seed}: unchanged when nothing is new");
+                assert!(schema2_settings(&c).is_empty());
+                assert!(!text.contains("#+"));
+            } else {
+                assert!(text.starts_with(COMPAT_NOTE), "{text}");
+                assert!(!schema2_settings(&c).is_empty());
+                // The plain form is what schema 1 refuses.
+                assert!(parse_as_schema1("plain", &emit(&c)).is_err(), "seed {seed}");
+            }
+            if c.validate_consistency().is_ok() {
+                assert!(schema1_view(&c).validate_consistency().is_ok());
+            }
+            seen_hidden += usize::from(c.peers.iter().any(|p| !p.enabled));
+        }
+        assert!(
+            seen_hidden > 50,
+            "the generator disables peers: {seen_hidden}"
+        );
+    }
+
+    #[test]
+    fn compat_form_as_written() {
+        let mut c = Config::default();
+        c.interface.private_key = Some(Key::from_base64(PRIV).unwrap());
+        let mut on = PeerConfig::new(Key::from_base64(PUB).unwrap());
+        on.allowed_ips = vec!["10.0.0.2/32".parse().unwrap()];
+        on.masquerade = false;
+        let mut off = PeerConfig::new(Key([9; 32]));
+        off.allowed_ips = vec!["10.0.0.3/32".parse().unwrap()];
+        off.name = Some("laptop".into());
+        off.enabled = false;
+        c.peers = vec![off.clone(), on.clone()];
+        c.gateway.firewall = false;
+        let t = emit_compat(&c);
+        let want = format!(
+            "{COMPAT_NOTE}[Interface]\nPrivateKey = {PRIV}\n\n\
+             #+ [Peer]\n#+ PublicKey = {}\n#+ AllowedIPs = 10.0.0.3/32\n#+ Name = laptop\n#+ Enabled = off\n\n\
+             [Peer]\nPublicKey = {PUB}\nAllowedIPs = 10.0.0.2/32\n#+ Masquerade = off\n\n\
+             [Gateway]\n#+ Firewall = off\n",
+            off.public_key.to_base64()
+        );
+        assert_eq!(t, want);
+        let old = parse_as_schema1("old", &t).unwrap();
+        assert_eq!(old.peers.len(), 1);
+        assert!(old.gateway.firewall && old.peers[0].masquerade);
+        // Plain and `#+` forms may be mixed by hand; `#+` without a setting is a comment.
+        let c2 = parse(
+            "mixed",
+            &format!(
+                "[Gateway]\n#+----------+\n#+ just a note\n  #+Firewall = off # why\nMasquerade = on\n\
+                 #+ [Peer]\n#+ PublicKey = {PUB}\n#+Enabled=no\n"
+            ),
+        )
+        .unwrap();
+        assert!(!c2.gateway.firewall && !c2.peers[0].enabled);
+        assert_eq!(
+            c2.gateway.masquerade,
+            crate::core::config::MasqueradeMode::On
+        );
+        // A plain line inside a hidden section would land in the section above.
+        let e = err_of(&format!(
+            "[Peer]\nPublicKey = {PRIV}\n#+ [Peer]\n#+ PublicKey = {PUB}\nAllowedIPs = 10.0.0.9/32\n"
+        ));
+        assert_eq!((e.line, e.key.as_str()), (5, "AllowedIPs"));
+        assert!(e.msg.contains("start it with `#+`"), "{e}");
+        // Schema 1 refuses the plain schema-2 keys, as that firmware does.
+        for (text, key) in [
+            ("[Gateway]\nFirewall = off\n", "Firewall"),
+            ("[Gateway]\nMasquerade = on\n", "Masquerade"),
+            (
+                &*format!("[Peer]\nPublicKey = {PUB}\nEnabled = off\n"),
+                "Enabled",
+            ),
+            (
+                &*format!("[Peer]\nPublicKey = {PUB}\nMasquerade = off\n"),
+                "Masquerade",
+            ),
+        ] {
+            let e = parse_as_schema1("old", text).unwrap_err();
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.msg.contains("unknown key"), "{e}");
         }
     }
 }
