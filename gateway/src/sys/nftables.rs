@@ -162,10 +162,7 @@ impl fmt::Display for NftError {
                         " (a counter it names is missing, or the nf_tables module of a chain \
                          type or expression is not loaded)"
                     }
-                    Errno::EOPNOTSUPP => {
-                        " (not allowed here: notrack outside prerouting/output, masquerade \
-                         outside a nat chain?)"
-                    }
+                    Errno::EOPNOTSUPP => " (not allowed in this chain: masquerade outside nat?)",
                     _ => "",
                 };
                 write!(f, "nf_tables: {what}: the kernel said {errno}{hint}")
