@@ -15,6 +15,15 @@ drives namespaces and processes, anything that talks sockets or parses output is
                                             it sent up to a newline, reversed
     labtool.py tcp-reverse-check HOST PORT  30 kB to a tcp-reverse-once server; prints "ok"
     labtool.py hmp SOCK LINE                one command on a QEMU human monitor socket
+    labtool.py boot-probe HOST TPORT UPORT SECONDS STATUS
+                                            while a guest boots: every 0.1 s a TCP SYN to
+                                            HOST:TPORT and a UDP datagram to HOST:UPORT
+                                            (closed ports), answers counted (RST, ICMP
+                                            port unreachable, anything else); HOST's ARP
+                                            entry tells when its address came up; STATUS
+                                            rewritten twice a second (and on SIGTERM)
+    labtool.py tcp-peer-once HOST PORT      as tcp-reverse-once, then prints the client's
+                                            address (what a NAT made of it)
 
 Every loop is bounded in count and time.
 """
@@ -198,7 +207,146 @@ def hmp(args):
     s.close()
 
 
+def arp_complete(host):
+    """HOST has a complete entry in this namespace's ARP table (it answered ARP)."""
+    try:
+        with open("/proc/net/arp") as f:
+            for line in f.readlines()[1:]:
+                w = line.split()
+                if len(w) >= 3 and w[0] == host and int(w[2], 16) & 0x2:
+                    return True
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def boot_probe(args):
+    """Closed-port probes while HOST boots. A closed port without a firewall answers a SYN
+    with a RST and a datagram with an ICMP port unreachable as soon as the address is up;
+    a firewall that drops them leaves both silent. Every probe waits up to 3 s for its
+    answer (a guest under TCG is slow); the first answer of each kind is timed."""
+    import errno
+    import selectors
+    import signal
+
+    host, tport, uport, secs, status = args[0], int(args[1]), int(args[2]), float(args[3]), args[4]
+    t0 = time.time()
+    end = t0 + secs
+    sel = selectors.DefaultSelector()
+    n = {"sent": 0, "after_up": 0, "rst": 0, "unreach": 0, "open": 0, "reply": 0, "silent": 0, "other": 0}
+    first = {}
+    up_at = None
+    pending = {}  # socket -> (kind, sent at)
+
+    def write():
+        at = lambda k: "%.1f" % first[k] if k in first else "-"
+        line = " ".join("%s %d" % kv for kv in n.items())
+        line += " up_at %s first_rst %s first_unreach %s first_open %s elapsed %.1f\n" % (
+            "%.1f" % up_at if up_at is not None else "-", at("rst"), at("unreach"), at("open"),
+            time.time() - t0)
+        tmp = status + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(line)
+        os.replace(tmp, status)
+
+    def stop(*_):
+        write()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+
+    def count(kind):
+        n[kind] += 1
+        first.setdefault(kind, time.time() - t0)
+
+    def done(s):
+        sel.unregister(s)
+        del pending[s]
+        s.close()
+
+    last_write = 0.0
+    next_send = t0
+    while time.time() < end:
+        now = time.time()
+        if up_at is None and arp_complete(host):
+            up_at = now - t0
+        if now >= next_send and len(pending) < 200:
+            next_send = now + 0.1
+            t = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            t.setblocking(False)
+            t.connect_ex((host, tport))
+            pending[t] = ("tcp", now)
+            sel.register(t, selectors.EVENT_WRITE)
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.setblocking(False)
+            u.connect((host, uport))
+            try:
+                u.send(b"riceguard boot probe")
+            except OSError:
+                pass
+            pending[u] = ("udp", now)
+            sel.register(u, selectors.EVENT_READ)
+            n["sent"] += 2
+            if up_at is not None:
+                n["after_up"] += 2
+        for key, _ in sel.select(timeout=max(0.0, min(0.1, next_send - time.time()))):
+            s = key.fileobj
+            kind, _ = pending[s]
+            if kind == "tcp":
+                e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if e == 0:
+                    count("open")
+                elif e == errno.ECONNREFUSED:
+                    count("rst")
+                elif e in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT):
+                    n["silent"] += 1  # no ARP answer yet: nothing reached the guest
+                else:
+                    n["other"] += 1
+            else:
+                try:
+                    s.recv(2048)
+                    count("reply")
+                except ConnectionRefusedError:
+                    count("unreach")
+                except OSError as e:
+                    if e.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+                        n["silent"] += 1
+                    else:
+                        n["other"] += 1
+            done(s)
+        now = time.time()
+        for s, (_, at) in list(pending.items()):
+            if now - at > 3:
+                n["silent"] += 1
+                done(s)
+        if now - last_write >= 0.5:
+            write()
+            last_write = now
+    write()
+
+
+def tcp_peer_once(args):
+    s = socket.socket(socket.AF_INET6 if ":" in args[0] else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((args[0], int(args[1])))
+    s.listen(1)
+    s.settimeout(15)
+    c, peer = s.accept()
+    c.settimeout(5)
+    data = b""
+    while not data.endswith(b"\n"):
+        d = c.recv(65536)
+        if not d:
+            break
+        data += d
+    c.sendall(data[::-1])
+    c.close()
+    print(peer[0], flush=True)
+
+
 TOOLS = {
+    "boot-probe": boot_probe,
+    "tcp-peer-once": tcp_peer_once,
     "hmp": hmp,
     "tcp-reverse-once": tcp_reverse_once,
     "tcp-reverse-check": tcp_reverse_check,
