@@ -3,7 +3,9 @@
 # layout and contents, boot the real disk images under TCG with UEFI firmware and fresh
 # variable stores, and watch the serial console:
 #   - both boards: slot booted, perm mounted, gateway up, console prompt, boot marked good
-#     (the ESP entry renamed, read back with mtools after QEMU exits)
+#     (the ESP entry renamed, read back with mtools after QEMU exits); every module of
+#     MODULES and its modules.dep dependencies loaded (init's count), the netfilter ones
+#     among them, each in the initramfs (the image has no modprobe: nothing autoloads)
 #   - each board on a tap in a namespace with a pre-seeded perm: uplink address over
 #     netlink, WireGuard through the image with a wireguard-go peer, a killed gateway
 #     restarted by the supervisor, a hung gateway (worker heartbeats frozen by
@@ -71,10 +73,39 @@ boot() {
     tr -d '\r' <"$log" >"$log.txt"
     echo "     $name: $((SECONDS - t0))s, serial log $log.txt"
 }
-declare -A up_at
+declare -A up_at nko
 
 have() { grep -qaE "$2" "$1"; }
 count() { grep -caE "$2" "$1"; }
+# The module files of an initramfs, one path a line.
+ird_kos() { zstd -dc "$1" | cpio -it --quiet 2>/dev/null | grep -a '\.ko$'; }
+# ird_loadable INITRAMFS BOARD: how many module files init loads from it: the board's
+# MODULES and their dependencies in the initramfs's modules.dep (a softdep's file that
+# image/build.sh copies too, such as crc32c-intel for libcrc32c, is not loaded by init).
+ird_loadable() {
+    local dep
+    dep=$(zstd -dc "$1" | cpio -i --quiet --to-stdout '*modules.dep' 2>/dev/null)
+    (. "board/$2/board.conf" && printf '%s\n' "$dep" | awk -v mods="$MODULES" '
+        BEGIN { n = split(mods, m, " "); for (i = 1; i <= n; i++) { x = m[i]; gsub("-", "_", x); want[x] = 1 } }
+        { p = $1; sub(":$", "", p); b = p; sub(".*/", "", b); sub("[.]ko.*", "", b); gsub("-", "_", b)
+          if (b in want) { got[p] = 1; for (i = 2; i <= NF; i++) got[$i] = 1 } }
+        END { c = 0; for (k in got) c++; print c }')
+}
+# The netfilter modules a board's MODULES names.
+nf_modules() { (. "board/$1/board.conf" && printf '%s\n' $MODULES | grep -E '^nft?_'); }
+# modules_all_loaded LOG NKO: init's "N modules loaded[, A without their hardware]" says
+# all NKO modules it had to load did, and no "module ...:" error or "N failed" is on the
+# serial line.
+modules_all_loaded() {
+    local line n a
+    line=$(grep -aoE 'riceguard-init: [0-9]+ modules loaded.*' "$1" | head -1)
+    [ -n "$line" ] || return 1
+    case $line in *failed*) return 1 ;; esac
+    grep -qaE 'riceguard-init: module [^ ]+: ' "$1" && return 1
+    n=$(printf '%s' "$line" | sed -E 's/riceguard-init: ([0-9]+) modules loaded.*/\1/')
+    a=$(printf '%s' "$line" | sed -nE 's/.*, ([0-9]+) without their hardware.*/\1/p')
+    [ $((n + ${a:-0})) -eq "$2" ]
+}
 basic_done() { have "$1" 'riceguard-init: (boot marked good|FATAL)' && have "$1" 'riceguard(\(edit\))?# '; }
 
 # ---------------------------------------------------------------------------------------
@@ -110,6 +141,13 @@ for b in "${boards[@]}"; do
     unsquashfs -q -cat "$work/$b-1/root.squashfs" usr/bin/riceguard >"$work/$b.bin" 2>/dev/null
     check "$b: riceguard in the root is a static binary" sh -c "file '$work/$b.bin' | grep -q 'statically linked'"
     check "$b: factory boot entry riceguard-a+3.conf" test "$(entries "$img")" = "riceguard-a+3.conf"
+    kos=$(ird_kos "$work/$b-1/initramfs-$b.cpio.zst")
+    nko[$b]=$(ird_loadable "$work/$b-1/initramfs-$b.cpio.zst" "$b")
+    nfm=$(nf_modules "$b" | tr '\n' ' ')
+    check "$b: MODULES names netfilter modules ($nfm)" test -n "$nfm"
+    for m in $nfm; do
+        check "$b: initramfs holds $m.ko" sh -c 'printf "%s\n" "$1" | grep -qE "/$2\.ko$"' _ "$kos" "$m"
+    done
     sz=$(awk -v f="riceguard-$b.img" '$3 == f {print $2}' "$work/$b-1/manifest.txt")
     note "$b: image $((sz / 1048576)) MiB ($(du -m "$img" | cut -f1) MiB allocated), UKI $(( $(stat -c %s "$work/$b-1/slot-a.efi") / 1048576 )) MiB, root $(( $(stat -c %s "$work/$b-1/root.squashfs") / 1024 )) KiB"
 done
@@ -124,6 +162,9 @@ for b in "${boards[@]}"; do
     log=$work/$b.log.txt
     check "$b: no kernel panic/oops" test "$boot_status" != 3
     check "$b: 'slot a booted'" have "$log" 'riceguard-init: slot a booted'
+    check "$b: all ${nko[$b]:-?} modules of MODULES and their modules.dep dependencies loaded, netfilter's among them (init's count, none failed)" \
+        modules_all_loaded "$log" "${nko[$b]:-0}"
+    note "$b: $(grep -aoE 'riceguard-init: [0-9]+ modules loaded.*' "$log" | head -1)"
     check "$b: 'perm mounted'" have "$log" 'riceguard-init: perm mounted'
     check "$b: first-boot public key printed" have "$log" '^riceguard: public key [A-Za-z0-9+/]{43}='
     check "$b: 'gateway up'" have "$log" 'riceguard-init: gateway up'
