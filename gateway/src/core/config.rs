@@ -108,6 +108,17 @@ impl MasqueradeMode {
     }
 }
 
+impl Config {
+    /// What the daemon runs: the peers with `Enabled = off` left out (kept in the file
+    /// with their keys, but not given to the data plane, routed, proxied or let through
+    /// the firewall).
+    pub fn running(&self) -> Config {
+        let mut c = self.clone();
+        c.peers.retain(|p| p.enabled);
+        c
+    }
+}
+
 /// A peer endpoint as written: either an address or a name to resolve.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {

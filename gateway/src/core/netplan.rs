@@ -248,13 +248,6 @@ pub fn proxy_diff(
     }
 }
 
-/// Whether the gateway routes between the tunnel and a LAN, so forwarding goes on and
-/// reverse-path filtering loose: two-armed (`Lan =` set), or one-armed with peers that
-/// are proxied onto the uplink's subnet.
-pub fn routes_lan(cfg: &Config, proxies: &BTreeSet<ProxyEntry>) -> bool {
-    !cfg.gateway.lan.is_empty() || !proxies.is_empty()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -502,14 +495,5 @@ mod tests {
                 .into_iter()
                 .collect::<Vec<_>>()
         );
-    }
-
-    #[test]
-    fn routes_lan_when_two_armed_or_proxying() {
-        let mut c = Config::default();
-        assert!(!routes_lan(&c, &BTreeSet::new()));
-        assert!(routes_lan(&c, &entries(&[(2, "192.168.77.202")])));
-        c.gateway.lan = "eth1".into();
-        assert!(routes_lan(&c, &BTreeSet::new()));
     }
 }

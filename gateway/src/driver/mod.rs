@@ -4,6 +4,7 @@
 
 mod args;
 pub mod dhcp;
+pub mod firewall;
 pub mod netconf;
 pub mod offload_io;
 mod runtime;
@@ -124,6 +125,7 @@ fn run(opts: Opts) -> Result<(), String> {
         cfg = crate::core::ini::parse(path, &text).map_err(|e| e.to_string())?;
         // validate() also requires the private key `up` needs.
         cfg.validate().map_err(|e| format!("{path}: {e}"))?;
+        cfg = cfg.running();
     }
     let ifname = if appliance {
         cfg.gateway.interface_name.clone()
@@ -180,7 +182,7 @@ fn run(opts: Opts) -> Result<(), String> {
     // Appliance mode only: the drop-in form leaves the network to wg-quick.
     let netconf = if appliance {
         Some(Arc::new(
-            netconf::NetConf::start(&ifname, &cfg).map_err(|e| e.to_string())?,
+            netconf::NetConf::start(&ifname, &cfg, port).map_err(|e| e.to_string())?,
         ))
     } else {
         None
@@ -280,6 +282,10 @@ fn run(opts: Opts) -> Result<(), String> {
         status_paths.push("/run/riceguard.status".into());
     }
     let board = Arc::new(status::StatusBoard::new(status_paths, report, workers));
+    if let Some(nc) = &netconf {
+        let nc = nc.clone();
+        board.extra(Box::new(move || nc.firewall_summary()));
+    }
 
     let mut handles = Vec::new();
     let ucfg = uring_worker::UringWorkerConfig::from_gateway(&gw);

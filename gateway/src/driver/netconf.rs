@@ -10,8 +10,12 @@
 //! - the LAN port of a two-armed gateway (`Lan =`, `LanAddress =`): up, its addresses;
 //! - proxy ARP / NDP proxy entries (`ProxyArp = on`, one-armed): an entry on the uplink
 //!   or LAN port for each peer host address inside one of that port's subnets;
-//! - forwarding on and `rp_filter` loose (2) on the tunnel and LAN port, once the gateway
-//!   routes to a LAN (two-armed, or some peer proxied); never turned off again. The
+//! - the firewall (`driver::firewall`, `Firewall = on`): installed before the tunnel is
+//!   up, replaced when the configuration or the ports' subnets change;
+//! - forwarding on and `rp_filter` loose (2) on the tunnel and LAN port once the firewall
+//!   is in place (or `Firewall = off`): the appliance always forwards (tunnel to LAN,
+//!   full-tunnel clients to the internet). When the firewall cannot be installed and no
+//!   table of ours is there, forwarding is turned off (fail closed). The
 //!   uplink's `rp_filter` is left as the system set it (the image: 0): a DHCP client
 //!   without an address must hear a server it has no route to yet, which strict and
 //!   loose filtering both drop.
@@ -24,10 +28,11 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::firewall::{self, Firewall};
 use crate::core::config::{Config, DEFAULT_MTU};
 use crate::core::net::Cidr;
 use crate::core::netplan::{self, Port, ProxyEntry};
@@ -60,6 +65,9 @@ impl std::error::Error for NetconfError {}
 pub struct NetConf {
     tunnel: String,
     state: Mutex<State>,
+    firewall: Firewall,
+    /// The UDP port the data plane listens on (the firewall lets it in).
+    port: AtomicU16,
 }
 
 #[derive(Default)]
@@ -75,15 +83,21 @@ struct State {
     last_problem: Option<String>,
     /// `shutdown` ran: the watch does nothing more.
     stopped: bool,
+    /// The firewall is what the configuration asks for (installed, or off by choice):
+    /// forwarding may be on.
+    firewall_ok: bool,
 }
 
 impl NetConf {
     /// Apply `cfg` to the tunnel `tunnel` (which exists, just created) and its LAN side.
     /// An error is about the tunnel itself; the LAN side's problems are logged.
-    pub fn start(tunnel: &str, cfg: &Config) -> Result<NetConf, NetconfError> {
+    /// `port`: the UDP port the data plane listens on.
+    pub fn start(tunnel: &str, cfg: &Config, port: u16) -> Result<NetConf, NetconfError> {
         let nc = NetConf {
             tunnel: tunnel.to_string(),
             state: Mutex::new(State::default()),
+            firewall: Firewall::default(),
+            port: AtomicU16::new(port),
         };
         nc.apply_as(cfg, true)?;
         Ok(nc)
@@ -91,8 +105,42 @@ impl NetConf {
 
     /// A reload: take the network from the configuration applied before to `new`, by
     /// diff. Everything that can be done is done; the first tunnel error is returned.
-    pub fn apply(&self, new: &Config) -> Result<(), NetconfError> {
+    pub fn apply(&self, new: &Config, port: u16) -> Result<(), NetconfError> {
+        self.port.store(port, Ordering::Relaxed);
         self.apply_as(new, false)
+    }
+
+    /// The `firewall:`, `firewall drops:` and `nat:` lines for the status file (written
+    /// about once a second; the counters are read from the kernel each time).
+    pub fn firewall_summary(&self) -> Vec<String> {
+        let mut v = self.firewall.summary();
+        if let Some(c) = firewall::counters_line() {
+            v.insert(1.min(v.len()), c);
+        }
+        v
+    }
+
+    /// Bring the firewall to `cfg` over the ports as they are now; say a change of state.
+    fn firewall(&self, nl: &mut Netlink, st: &mut State, cfg: &Config) {
+        let ports = firewall::ports_now(nl, &self.tunnel, cfg, self.port.load(Ordering::Relaxed));
+        match self.firewall.apply(cfg, &ports) {
+            Ok(_) => st.firewall_ok = true,
+            Err(e) => {
+                let msg = format!("firewall: {e}");
+                if st.last_problem.as_deref() != Some(&msg) {
+                    log::error!("{msg}");
+                    st.last_problem = Some(msg);
+                }
+                st.firewall_ok = false;
+                // Fail closed: with no table of ours there, nothing is forwarded.
+                if !crate::sys::nftables::exists(crate::core::firewall::TABLE).unwrap_or(false) {
+                    set_sysctl("net/ipv4/ip_forward", "0");
+                    if std::path::Path::new("/proc/sys/net/ipv6").exists() {
+                        set_sysctl("net/ipv6/conf/all/forwarding", "0");
+                    }
+                }
+            }
+        }
     }
 
     fn apply_as(&self, new: &Config, first: bool) -> Result<(), NetconfError> {
@@ -105,6 +153,8 @@ impl NetConf {
             source,
         };
         let mut nl = Netlink::open().map_err(err)?;
+        // The ruleset first: in place before the tunnel or a new LAN port passes a packet.
+        self.firewall(&mut nl, &mut st, new);
         let old = st.applied.take();
         let tunnel = self.tunnel(&mut nl, old.as_ref(), new);
         st.lan_pending = match lan(&mut nl, old.as_ref(), new) {
@@ -174,6 +224,8 @@ impl NetConf {
         let Some(cfg) = st.applied.clone() else {
             return Ok(());
         };
+        // The uplink's subnets may have changed (DHCP, SLAAC): the ruleset follows.
+        self.firewall(nl, st, &cfg);
         let mut ports: Vec<(String, u32)> = Vec::new();
         // The uplink as init and the console find it (`sys::nic`), never the tunnel.
         if let Some(u) = crate::sys::nic::uplink(&cfg.gateway.uplink).filter(|u| *u != self.tunnel)
@@ -200,7 +252,7 @@ impl NetConf {
             }
             want = netplan::proxy_set(&cfg.peers, &with_addrs);
         }
-        if netplan::routes_lan(&cfg, &want) {
+        if st.firewall_ok {
             let uplink = if cfg.gateway.uplink.is_empty() {
                 ports
                     .first()

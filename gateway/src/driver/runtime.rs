@@ -657,11 +657,17 @@ pub(super) fn reload_file(
     let cfg = crate::core::ini::parse(path, &text).map_err(ReloadError::Parse)?;
     cfg.validate()
         .map_err(|e| ReloadError::Invalid(path.into(), e))?;
+    let cfg = cfg.running();
     rt.apply_config(&cfg).map_err(ReloadError::Apply)?;
     // The device runs the new configuration; the network follows it as a diff. An
     // address or route that netlink refused is said, but the reload counts as applied.
     if let Some(nc) = netconf {
-        if let Err(e) = nc.apply(&cfg) {
+        let port = rt
+            .shared
+            .sockets
+            .port
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = nc.apply(&cfg, port) {
             log::error!("reload: {e}");
         }
     }

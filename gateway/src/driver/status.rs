@@ -26,8 +26,13 @@ pub struct StatusBoard {
     workers: Mutex<Vec<Option<String>>>,
     heartbeats: Mutex<Vec<u64>>,
     reload: Mutex<Reload>,
+    /// More lines, asked for at each write (the firewall's `firewall:` and `nat:`).
+    extra: Mutex<Option<ExtraLines>>,
     writing: Mutex<()>,
 }
+
+/// A source of status lines that change at run time.
+pub type ExtraLines = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
 /// The last reload (SIGHUP) of the configuration file and how it went.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +88,7 @@ impl StatusBoard {
                 generation: 0,
                 result: Ok(()),
             }),
+            extra: Mutex::new(None),
             writing: Mutex::new(()),
         };
         b.write();
@@ -112,6 +118,12 @@ impl StatusBoard {
         self.write();
     }
 
+    /// Lines from `f` join the report (evaluated at each write, about once a second).
+    pub fn extra(&self, f: ExtraLines) {
+        *self.extra.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+        self.write();
+    }
+
     /// A reload happened, with this result.
     pub fn reload(&self, r: Reload) {
         *self.reload.lock().unwrap_or_else(|p| p.into_inner()) = r;
@@ -133,6 +145,9 @@ impl StatusBoard {
         let beats: Vec<String> = beats.iter().map(u64::to_string).collect();
         lines.push(format!("heartbeat: {}", beats.join(" ")));
         lines.push(self.reload.lock().unwrap_or_else(|p| p.into_inner()).line());
+        if let Some(f) = &*self.extra.lock().unwrap_or_else(|p| p.into_inner()) {
+            lines.extend(f());
+        }
         if let Some(h) = crate::sys::hugepage::huge_info() {
             lines.push(format!(
                 "hugepages: {} used of {} reserved ({} KiB pages)",

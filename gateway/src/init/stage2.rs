@@ -68,6 +68,8 @@ pub(super) fn stage2() -> ! {
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     let failsafe = failsafe_prompt(FAILSAFE_WAIT);
     let gateway_conf = gateway_config(failsafe);
+    // Before any interface but lo is up: the uplink passes no packet unfiltered.
+    boot_firewall(&gateway_conf);
     let dhcp_dev = uplink(gw.as_ref(), &cmd);
     steer_rps(gw.as_ref(), &board);
     let mut dog = Watchdog::open(&board);
@@ -335,4 +337,32 @@ pub(super) fn shutdown(
     let e = os::halt(how);
     say!("halt failed: {e}");
     emergency();
+}
+
+/// The firewall of the configuration the gateway will run, installed before the network
+/// comes up (the daemon refines it once the ports have addresses). Nothing to load or an
+/// error: said, and the daemon tries again (and forwards nothing without it).
+fn boot_firewall(conf: &str) {
+    let text = match std::fs::read_to_string(conf) {
+        Ok(t) => t,
+        Err(e) => {
+            say!("firewall: {conf}: {e}");
+            return;
+        }
+    };
+    let cfg = match crate::core::ini::parse(conf, &text) {
+        Ok(c) => c.running(),
+        Err(e) => {
+            say!("firewall: {e}");
+            return;
+        }
+    };
+    match crate::driver::firewall::install_at_boot(&cfg) {
+        Ok(crate::driver::firewall::Outcome::Off) => say!("firewall: off (Firewall = off)"),
+        Ok(_) => say!(
+            "firewall: table inet {} in place",
+            crate::core::firewall::TABLE
+        ),
+        Err(e) => say!("firewall: {e}"),
+    }
 }

@@ -1,0 +1,184 @@
+//! The appliance's firewall, kept in step with the configuration and the ports' subnets
+//! (appliance mode and init only; the drop-in `riceguard IFNAME` touches no firewall, as
+//! wireguard-go does not).
+//!
+//! [`crate::core::firewall`] computes the table; this file gathers what it is computed
+//! over (interface names, the uplink zone's subnets, the listen port), installs it with
+//! `sys::nftables` only when it changed, and carries the drop counters across a
+//! replacement. The table stays when the daemon exits or crashes (fail closed: the
+//! uplink still reaches neither the LAN nor the tunnel's routes); `Firewall = off`
+//! removes it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::core::config::Config;
+use crate::core::firewall::{self, Ports, Ruleset, TABLE};
+use crate::core::net::Cidr;
+use crate::sys::netlink::Netlink;
+use crate::sys::nftables::{self, NftError};
+
+/// The firewall's state in the daemon: the ruleset last installed.
+#[derive(Default)]
+pub struct Firewall {
+    installed: Mutex<Option<Ruleset>>,
+    /// What `riceguard status` shows (the `firewall:` and `nat:` lines).
+    summary: Mutex<Vec<String>>,
+}
+
+/// What happened on [`Firewall::apply`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The table was installed or replaced.
+    Installed,
+    /// The table was already what the configuration asks for.
+    Unchanged,
+    /// `Firewall = off`: the table is gone (it was removed, or was not there).
+    Off,
+}
+
+impl Firewall {
+    /// Bring the kernel's table to what `cfg` asks for over `ports`. An error leaves the
+    /// table as it was (one transaction) — and the gateway must then not forward.
+    pub fn apply(&self, cfg: &Config, ports: &Ports) -> Result<Outcome, NftError> {
+        let mut inst = self.installed.lock().unwrap_or_else(|p| p.into_inner());
+        if !cfg.gateway.firewall {
+            self.set_summary(vec![
+                "firewall: off (Firewall = off): nothing filtered or translated".into(),
+            ]);
+            let was = inst.take().is_some();
+            if nftables::remove(TABLE)? || was {
+                log::warn!("firewall: off (Firewall = off), table inet {TABLE} removed");
+            }
+            return Ok(Outcome::Off);
+        }
+        let rs = firewall::ruleset(cfg, ports);
+        let mut summary = vec![format!(
+            "firewall: on (table inet {TABLE}; uplink {}, LAN port {}, tunnel {})",
+            uplink_text(ports),
+            ports.lan.as_deref().unwrap_or("none (one-armed)"),
+            ports.tunnel
+        )];
+        summary.extend(firewall::nat_summary(cfg, ports));
+        if inst.as_ref() == Some(&rs) {
+            self.set_summary(summary);
+            return Ok(Outcome::Unchanged);
+        }
+        // Counts survive the replacement: the new counters start where the old ones are.
+        let initial: HashMap<String, (u64, u64)> = nftables::counters(TABLE)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(n, p, b)| (n, (p, b)))
+            .collect();
+        nftables::replace(&rs, &initial)?;
+        let first = inst.is_none();
+        *inst = Some(rs);
+        self.set_summary(summary);
+        if first {
+            log::info!("firewall: table inet {TABLE} in place");
+        } else {
+            log::info!("firewall: table inet {TABLE} replaced");
+        }
+        Ok(Outcome::Installed)
+    }
+
+    fn set_summary(&self, lines: Vec<String>) {
+        *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = lines;
+    }
+
+    /// The `firewall:` and `nat:` lines for the status file.
+    pub fn summary(&self) -> Vec<String> {
+        self.summary
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn uplink_text(p: &Ports) -> String {
+    if p.uplink_nets.is_empty() {
+        "every other interface (no subnet yet)".into()
+    } else {
+        let nets: Vec<String> = p.uplink_nets.iter().map(|c| c.to_string()).collect();
+        format!("every other interface ({})", nets.join(", "))
+    }
+}
+
+/// The ports as they are now: names from the configuration, the uplink zone's subnets
+/// (every interface but `lo`, the tunnel and the LAN port) and the LAN port's from the
+/// kernel. Interfaces that vanish while being read are skipped.
+pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16) -> Ports {
+    let lan = (!cfg.gateway.lan.is_empty()).then(|| cfg.gateway.lan.clone());
+    let mut uplink_nets = Vec::new();
+    let mut lan_nets: Vec<Cidr> = cfg
+        .gateway
+        .lan_addresses
+        .iter()
+        .map(Cidr::network)
+        .collect();
+    let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    for n in names {
+        if n == "lo" || n == tunnel {
+            continue;
+        }
+        let Ok(i) = Netlink::ifindex(&n) else {
+            continue;
+        };
+        let Ok(addrs) = nl.link_addresses(i) else {
+            continue;
+        };
+        let nets = addrs
+            .iter()
+            .map(Cidr::network)
+            // Link-local subnets say nothing about who routes back.
+            .filter(|c| !is_link_local(c));
+        if lan.as_deref() == Some(n.as_str()) {
+            lan_nets.extend(nets);
+        } else {
+            uplink_nets.extend(nets);
+        }
+    }
+    let dedup = |v: &mut Vec<Cidr>| {
+        v.sort_by_key(|c| (c.addr.is_ipv6(), c.addr, c.prefix));
+        v.dedup();
+    };
+    dedup(&mut uplink_nets);
+    dedup(&mut lan_nets);
+    Ports {
+        tunnel: tunnel.to_string(),
+        lan,
+        uplink_nets,
+        lan_nets,
+        listen_port: (listen_port != 0).then_some(listen_port),
+    }
+}
+
+fn is_link_local(c: &Cidr) -> bool {
+    match c.addr {
+        std::net::IpAddr::V4(a) => a.is_link_local(),
+        std::net::IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// Init at boot, before any interface but `lo` is up: the table for the saved
+/// configuration, with no subnets known yet (the daemon refines it within seconds).
+pub fn install_at_boot(cfg: &Config) -> Result<Outcome, NftError> {
+    Firewall::default().apply(cfg, &Ports::from_config(cfg))
+}
+
+/// `riceguard status`: the drop counters of the table, one line (`None`: no table).
+pub fn counters_line() -> Option<String> {
+    let c = nftables::counters(TABLE).ok()?;
+    if c.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = c.iter().map(|(n, p, _)| format!("{n} {p}")).collect();
+    Some(format!("firewall drops: {}", parts.join(", ")))
+}
