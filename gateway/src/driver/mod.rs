@@ -122,7 +122,12 @@ fn run(opts: Opts) -> Result<(), String> {
     let mut cfg = Config::default();
     if let Some(path) = &opts.config_file {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-        cfg = crate::core::ini::parse(path, &text).map_err(|e| e.to_string())?;
+        let (parsed, warnings) =
+            crate::core::ini::parse_with_warnings(path, &text).map_err(|e| e.to_string())?;
+        for w in &warnings {
+            log::warn!("{w}");
+        }
+        cfg = parsed;
         // validate() also requires the private key `up` needs.
         cfg.validate().map_err(|e| format!("{path}: {e}"))?;
         cfg = cfg.running();

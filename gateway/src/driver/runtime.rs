@@ -654,7 +654,11 @@ pub(super) fn reload_file(
     ifname: &str,
 ) -> Result<(), ReloadError> {
     let text = std::fs::read_to_string(path).map_err(|e| ReloadError::Read(path.into(), e))?;
-    let cfg = crate::core::ini::parse(path, &text).map_err(ReloadError::Parse)?;
+    let (cfg, warnings) =
+        crate::core::ini::parse_with_warnings(path, &text).map_err(ReloadError::Parse)?;
+    for w in &warnings {
+        log::warn!("reload: {w}");
+    }
     cfg.validate()
         .map_err(|e| ReloadError::Invalid(path.into(), e))?;
     let cfg = cfg.running();
