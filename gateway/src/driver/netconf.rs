@@ -86,6 +86,8 @@ struct State {
     /// The firewall is what the configuration asks for (installed, or off by choice):
     /// forwarding may be on.
     firewall_ok: bool,
+    /// The firewall's last error, so a persisting one is logged once.
+    firewall_problem: Option<String>,
 }
 
 impl NetConf {
@@ -124,12 +126,17 @@ impl NetConf {
     fn firewall(&self, nl: &mut Netlink, st: &mut State, cfg: &Config) {
         let ports = firewall::ports_now(nl, &self.tunnel, cfg, self.port.load(Ordering::Relaxed));
         match self.firewall.apply(cfg, &ports) {
-            Ok(_) => st.firewall_ok = true,
+            Ok(_) => {
+                if st.firewall_problem.take().is_some() {
+                    log::info!("firewall: in place again");
+                }
+                st.firewall_ok = true;
+            }
             Err(e) => {
                 let msg = format!("firewall: {e}");
-                if st.last_problem.as_deref() != Some(&msg) {
-                    log::error!("{msg}");
-                    st.last_problem = Some(msg);
+                if st.firewall_problem.as_deref() != Some(&msg) {
+                    log::error!("{msg}; not forwarding while no table of ours is in place");
+                    st.firewall_problem = Some(msg);
                 }
                 st.firewall_ok = false;
                 // Fail closed: with no table of ours there, nothing is forwarded.
@@ -553,7 +560,11 @@ mod tests {
                     peer(2, &["192.168.77.203/32", "10.66.2.0/24", "0.0.0.0/0"]),
                 ],
             );
-            let nc = NetConf::start("rgnt0", &a).unwrap();
+            let nc = NetConf::start("rgnt0", &a, 51820).unwrap();
+            // The firewall went in before the tunnel, and forwarding with it.
+            let table = crate::core::firewall::TABLE;
+            assert!(crate::sys::nftables::exists(table).unwrap());
+            assert!(nc.firewall_summary()[0].starts_with("firewall: on"));
             assert_eq!(
                 ours(&mut nl, tun),
                 vec![c("10.66.1.0/24"), c("10.66.2.0/24")]
@@ -578,7 +589,7 @@ mod tests {
                 &["192.168.77.201/29", "10.66.9.1/24"],
                 vec![peer(1, &["192.168.77.202/32", "10.66.1.0/24"])],
             );
-            nc.apply(&b).unwrap();
+            nc.apply(&b, 51820).unwrap();
             assert_eq!(ours(&mut nl, tun), vec![c("10.66.1.0/24")]);
             let routes = nl.routes().unwrap();
             assert!(
@@ -595,6 +606,17 @@ mod tests {
             }
             assert!(!addrs.contains(&c("10.66.8.1/24")), "{addrs:?}");
             assert_eq!(proxies(&mut nl), vec![p202]);
+
+            // Firewall = off removes the table and keeps forwarding; on puts it back.
+            let mut off = b.clone();
+            off.gateway.firewall = false;
+            nc.apply(&off, 51820).unwrap();
+            assert!(!crate::sys::nftables::exists(table).unwrap());
+            assert!(nc.firewall_summary()[0].starts_with("firewall: off"));
+            let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
+            assert_eq!(fwd.trim(), "1");
+            nc.apply(&b, 51820).unwrap();
+            assert!(crate::sys::nftables::exists(table).unwrap());
 
             // The uplink moves to another subnet: the watch drops the entry, and adds it
             // back when the address returns.
@@ -616,6 +638,8 @@ mod tests {
             assert_eq!(proxies(&mut nl), vec![foreign]);
             nc.tick(); // stopped: does nothing
             assert_eq!(proxies(&mut nl), vec![foreign]);
+            // The daemon's exit leaves the firewall (fail closed).
+            assert!(crate::sys::nftables::exists(table).unwrap());
         })
         .join()
         .unwrap();

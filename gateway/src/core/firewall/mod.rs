@@ -90,13 +90,19 @@ pub struct Ports {
 }
 
 impl Ports {
-    /// The ports for `cfg` with the interface names it gives and no subnets known yet
+    /// The ports for `cfg` with the interface names and the static subnets it gives
     /// (init at boot, before any address is on the uplink).
     pub fn from_config(cfg: &Config) -> Ports {
         Ports {
             tunnel: cfg.gateway.interface_name.clone(),
             lan: (!cfg.gateway.lan.is_empty()).then(|| cfg.gateway.lan.clone()),
-            uplink_nets: Vec::new(),
+            // A static uplink address is known before the link is up; DHCP's is not.
+            uplink_nets: cfg
+                .gateway
+                .uplink_addresses
+                .iter()
+                .map(Cidr::network)
+                .collect(),
             lan_nets: cfg
                 .gateway
                 .lan_addresses

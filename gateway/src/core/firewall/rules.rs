@@ -71,7 +71,7 @@ pub struct Rule {
     /// A named counter of [`Ruleset::counters`].
     pub counter: Option<String>,
     pub action: Action,
-    /// Why the rule is there (not sent to the kernel: kept for tests and `show`).
+    /// Why the rule is there (sent as nft's comment: `nft list` shows it).
     pub comment: &'static str,
 }
 
