@@ -15,6 +15,17 @@
 //!   tunnel subnets and the LAN subnets (`LanAddress` networks with a LAN port, else the
 //!   uplink's current subnets: the one-armed deployment), `Endpoint` = `PublicEndpoint`,
 //!   else the uplink's current IPv4 address (IPv6 if it has none) and the `ListenPort`.
+//! - A **full-tunnel** client (`add client NAME full-tunnel`) gets `AllowedIPs = 0.0.0.0/0,
+//!   ::/0` and a `DNS` line (`ClientDns`, else the resolvers of the uplink's DHCP lease):
+//!   all its traffic goes through the gateway, which translates it to the uplink's address
+//!   (the firewall's NAT). `::/0` is there even when the tunnel has no IPv6 subnet, so the
+//!   client's IPv6 cannot leak around the tunnel: with an IPv6 subnet the client has an
+//!   address from it and its IPv6 leaves translated (NAT66); without one, IPv6 is blocked
+//!   inside the tunnel. The printed configuration says which in a comment. The gateway's
+//!   `[Peer]` is the same as a split-tunnel client's (its /32 and /128 only), so which kind
+//!   a client is lives only on the client: `show client NAME full-tunnel` prints it again.
+//! - [`set_enabled`]: `disable client NAME` / `enable client NAME` (`Enabled = off/on`;
+//!   the keys stay, a disabled client still holds its name, key and addresses).
 //! - [`framed`] puts it between the marker lines (scripts and the image test cut it out of
 //!   the serial output with them) and draws it as a QR code ([`super::qr`]).
 
@@ -164,14 +175,34 @@ pub struct ClientText {
     pub notes: Vec<String>,
 }
 
+/// What the client routes into the tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tunnel {
+    /// The tunnel and LAN subnets only (the client's internet stays its own).
+    #[default]
+    Split,
+    /// Everything (`0.0.0.0/0, ::/0`), with a `DNS` line.
+    Full,
+}
+
+/// The comment a full-tunnel configuration carries: where its IPv6 goes.
+pub fn full_tunnel_comment(tunnel_has_ipv6: bool) -> &'static str {
+    if tunnel_has_ipv6 {
+        "# full tunnel: all IPv4 and IPv6 traffic goes through the gateway"
+    } else {
+        "# full tunnel: all traffic goes through the gateway; ::/0 keeps IPv6 from leaking around it (the tunnel has no IPv6 subnet: IPv6 is blocked)"
+    }
+}
+
 /// The wg-quick configuration of client `peer` of gateway `cfg`. `private`: the client's
 /// private key, `None` when it was not kept (the line then says so). `uplink`: the
-/// uplink's current addresses, or why they are not known.
+/// uplink's current addresses (and lease DNS), or why they are not known.
 pub fn client_config(
     cfg: &Config,
     peer: &PeerConfig,
     private: Option<&Key>,
     uplink: &Result<Uplink, String>,
+    tunnel: Tunnel,
 ) -> Result<ClientText, String> {
     let mut notes = Vec::new();
     let gw_key = cfg
@@ -229,10 +260,24 @@ pub fn client_config(
             allowed.push(n);
         }
     };
-    for a in &cfg.interface.addresses {
-        push(*a);
+    let has_v6 = cfg.interface.addresses.iter().any(|a| a.addr.is_ipv6());
+    if tunnel == Tunnel::Full {
+        push(Cidr {
+            addr: IpAddr::from([0u8; 4]),
+            prefix: 0,
+        });
+        push(Cidr {
+            addr: IpAddr::from([0u16; 8]),
+            prefix: 0,
+        });
+    } else {
+        for a in &cfg.interface.addresses {
+            push(*a);
+        }
     }
-    if !cfg.gateway.lan.is_empty() {
+    if tunnel == Tunnel::Full {
+        // The LAN and uplink subnets are inside 0.0.0.0/0.
+    } else if !cfg.gateway.lan.is_empty() {
         if cfg.gateway.lan_addresses.is_empty() {
             notes.push(format!(
                 "the LAN port {} has no `gateway lan-address`: the client reaches only the tunnel subnet",
@@ -270,13 +315,29 @@ pub fn client_config(
         }
     }
     let _ = writeln!(t, "Address = {}", join(&addresses));
+    let lease_dns: &[IpAddr] = match (tunnel, uplink) {
+        (Tunnel::Full, Ok(up)) => &up.dns,
+        _ => &[],
+    };
     if !cfg.gateway.client_dns.is_empty() {
         let _ = writeln!(t, "DNS = {}", join(&cfg.gateway.client_dns));
+    } else if !lease_dns.is_empty() {
+        let _ = writeln!(t, "DNS = {}", join(lease_dns));
+    } else if tunnel == Tunnel::Full {
+        notes.push(
+            "no DNS server for the client: no `gateway client-dns` is set and the uplink has no DHCP lease \
+             naming one; the client keeps its own resolver, which may not answer through the full tunnel: \
+             `set gateway client-dns IP`"
+                .into(),
+        );
     }
     t.push_str("[Peer]\n");
     let _ = writeln!(t, "PublicKey = {}", gw_key.public().to_base64());
     if let Some(psk) = &peer.preshared_key {
         let _ = writeln!(t, "PresharedKey = {}", psk.to_base64());
+    }
+    if tunnel == Tunnel::Full {
+        let _ = writeln!(t, "{}", full_tunnel_comment(has_v6));
     }
     let _ = writeln!(t, "AllowedIPs = {}", join(&allowed));
     let _ = writeln!(t, "Endpoint = {endpoint}");
@@ -320,11 +381,13 @@ pub struct Added {
 }
 
 /// Add client `name` to `cfg`: a new key pair and preshared key, the next free
-/// address(es), a `[Peer]` with `Name = name`. On error `cfg` is unchanged.
+/// address(es), a `[Peer]` with `Name = name` (the same for either [`Tunnel`]). On error
+/// `cfg` is unchanged.
 pub fn add(
     cfg: &mut Config,
     client: &str,
     uplink: &Result<Uplink, String>,
+    tunnel: Tunnel,
 ) -> Result<Added, String> {
     let client = name(client)?;
     if find(cfg, client).is_some() {
@@ -348,12 +411,43 @@ pub fn add(
         name: Some(client.to_string()),
         ..PeerConfig::new(private_key.public())
     };
-    let text = client_config(cfg, &peer, Some(&private_key), uplink)?;
+    let text = client_config(cfg, &peer, Some(&private_key), uplink, tunnel)?;
     cfg.peers.push(peer.clone());
     Ok(Added {
         private_key,
         peer,
         text,
+    })
+}
+
+/// `disable client NAME` (`enabled` false) / `enable client NAME`: `Enabled = off/on` on
+/// the peer named `name`, nothing else (its keys, addresses and a kept key file stay).
+/// On error `cfg` is unchanged.
+pub fn set_enabled(cfg: &mut Config, client: &str, enabled: bool) -> Result<String, String> {
+    let client = name(client)?;
+    let Some(p) = cfg
+        .peers
+        .iter_mut()
+        .find(|p| p.name.as_deref() == Some(client))
+    else {
+        return Err(format!(
+            "there is no client named {client} (`show clients` lists them)"
+        ));
+    };
+    let verb = if enabled { "enabled" } else { "disabled" };
+    if p.enabled == enabled {
+        return Ok(format!(
+            "client {client} is already {verb}: nothing changed"
+        ));
+    }
+    p.enabled = enabled;
+    Ok(if enabled {
+        format!("client {client} enabled in the candidate; `commit` to apply: it can connect again after that")
+    } else {
+        format!(
+            "client {client} disabled in the candidate (its keys and address are kept; `enable client {client}` \
+             undoes it); `commit` to apply: it cannot connect after that"
+        )
     })
 }
 
@@ -378,10 +472,11 @@ pub fn list(
     for p in named {
         let _ = writeln!(
             s,
-            "{:<w$}  {:<30}  {}{}",
+            "{:<w$}  {:<30}  {}{}{}",
             p.name.as_deref().unwrap_or(""),
             join(&p.allowed_ips),
             if kept(p) { "kept" } else { "not kept" },
+            if p.enabled { "" } else { "  disabled" },
             if committed(p) {
                 ""
             } else {
@@ -431,7 +526,12 @@ mod tests {
         Ok(Uplink {
             name: "eth0".into(),
             addresses: addrs.iter().map(|a| c(a)).collect(),
+            dns: Vec::new(),
         })
+    }
+
+    fn add_split(cfg: &mut Config, n: &str, up: &Result<Uplink, String>) -> Result<Added, String> {
+        add(cfg, n, up, Tunnel::Split)
     }
 
     #[test]
@@ -544,7 +644,7 @@ mod tests {
         let mut cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
         cfg.gateway.client_dns = vec![ip("192.168.1.1"), ip("fd10::1")];
         let up = uplink(&["192.168.1.20/24", "fe80::1/64", "2001:db8:1::20/64"]);
-        let a = add(&mut cfg, "phone", &up).unwrap();
+        let a = add_split(&mut cfg, "phone", &up).unwrap();
         assert_eq!(cfg.peers.len(), 1);
         let p = &cfg.peers[0];
         assert_eq!(p.name.as_deref(), Some("phone"));
@@ -582,17 +682,19 @@ mod tests {
             a.text.notes
         );
         // The next client gets the next address; the name must be new.
-        let b = add(&mut cfg, "laptop", &up).unwrap();
+        let b = add_split(&mut cfg, "laptop", &up).unwrap();
         assert_eq!(
             b.peer.allowed_ips,
             vec![c("10.100.0.3/32"), c("fd10::3/128")]
         );
         let before = cfg.clone();
-        assert!(add(&mut cfg, "phone", &up).unwrap_err().contains("already"));
-        assert!(add(&mut cfg, "-x", &up)
+        assert!(add_split(&mut cfg, "phone", &up)
+            .unwrap_err()
+            .contains("already"));
+        assert!(add_split(&mut cfg, "-x", &up)
             .unwrap_err()
             .contains("not a valid client name"));
-        assert!(add(&mut cfg, &"x".repeat(33), &up).is_err());
+        assert!(add_split(&mut cfg, &"x".repeat(33), &up).is_err());
         assert_eq!(cfg, before);
     }
 
@@ -602,7 +704,7 @@ mod tests {
         cfg.gateway.lan = "eth1".into();
         cfg.gateway.lan_addresses = vec![c("192.168.50.1/24")];
         cfg.gateway.public_endpoint = Some("vpn.example.net:443".parse().unwrap());
-        let a = add(&mut cfg, "phone", &Err("no uplink".into())).unwrap();
+        let a = add_split(&mut cfg, "phone", &Err("no uplink".into())).unwrap();
         let t = &a.text.config;
         assert!(!t.contains("DNS"), "{t}");
         assert!(
@@ -623,24 +725,28 @@ mod tests {
         // No private key.
         let mut cfg = gateway(&["10.0.0.1/24"]);
         cfg.interface.private_key = None;
-        assert!(add(&mut cfg, "a", &up).unwrap_err().contains("genkey"));
+        assert!(add_split(&mut cfg, "a", &up)
+            .unwrap_err()
+            .contains("genkey"));
         // No usable endpoint: no public endpoint and the uplink unknown or without address.
         let mut cfg = gateway(&["10.0.0.1/24"]);
         let before = cfg.clone();
-        let e = add(&mut cfg, "a", &Err("no uplink found".into())).unwrap_err();
+        let e = add_split(&mut cfg, "a", &Err("no uplink found".into())).unwrap_err();
         assert!(
             e.contains("no uplink found") && e.contains("public-endpoint"),
             "{e}"
         );
-        let e = add(&mut cfg, "a", &uplink(&["fe80::1/64"])).unwrap_err();
+        let e = add_split(&mut cfg, "a", &uplink(&["fe80::1/64"])).unwrap_err();
         assert!(e.contains("has no address yet"), "{e}");
         // No listen port and no public endpoint.
         cfg.interface.listen_port = None;
-        assert!(add(&mut cfg, "a", &up).unwrap_err().contains("listen-port"));
+        assert!(add_split(&mut cfg, "a", &up)
+            .unwrap_err()
+            .contains("listen-port"));
         cfg.interface.listen_port = Some(51820);
         assert_eq!(cfg, before);
         // An IPv6-only uplink: its global address.
-        let a = add(&mut cfg, "a", &uplink(&["fe80::1/64", "2001:db8::5/64"])).unwrap();
+        let a = add_split(&mut cfg, "a", &uplink(&["fe80::1/64", "2001:db8::5/64"])).unwrap();
         assert!(a.text.config.contains("Endpoint = [2001:db8::5]:51820\n"));
     }
 
@@ -648,8 +754,8 @@ mod tests {
     fn reprint_without_key_and_list() {
         let mut cfg = gateway(&["10.100.0.1/24"]);
         let up = uplink(&["203.0.113.7/24"]);
-        let a = add(&mut cfg, "phone", &up).unwrap();
-        let again = client_config(&cfg, &a.peer, None, &up).unwrap();
+        let a = add_split(&mut cfg, "phone", &up).unwrap();
+        let again = client_config(&cfg, &a.peer, None, &up, Tunnel::Split).unwrap();
         assert!(again
             .config
             .contains(&format!("PrivateKey = {NOT_STORED}\n")));
@@ -679,5 +785,109 @@ mod tests {
             "{l}"
         );
         assert!(list(&gateway(&[]), |_| true, |_| true).contains("no clients"));
+    }
+
+    #[test]
+    fn full_tunnel_routes_everything_and_names_a_resolver() {
+        // Factory tunnel (IPv4 only), one-armed, DHCP uplink with a resolver.
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        let mut up = uplink(&["192.168.1.20/24"]);
+        if let Ok(u) = up.as_mut() {
+            u.dns = vec![ip("192.168.1.1")];
+        }
+        let a = add(&mut cfg, "phone", &up, Tunnel::Full).unwrap();
+        // The gateway's side is the same as for a split-tunnel client.
+        assert_eq!(a.peer.allowed_ips, vec![c("10.100.0.2/32")]);
+        assert!(a.peer.enabled && a.peer.masquerade);
+        let t = &a.text.config;
+        assert!(t.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"), "{t}");
+        assert!(t.contains("\nDNS = 192.168.1.1\n"), "lease resolver: {t}");
+        assert!(
+            t.contains(&format!("\n{}\n", full_tunnel_comment(false))),
+            "{t}"
+        );
+        assert!(full_tunnel_comment(false).contains("IPv6 is blocked"));
+        let back = crate::core::ini::parse("phone", t).unwrap();
+        assert_eq!(back.peers[0].allowed_ips, vec![c("0.0.0.0/0"), c("::/0")]);
+        assert_eq!(back.interface.addresses, vec![c("10.100.0.2/32")]);
+        // ClientDns wins over the lease; with an IPv6 tunnel subnet the client gets an
+        // address from it and the comment says its IPv6 goes through too.
+        let mut cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
+        cfg.gateway.client_dns = vec![ip("10.100.0.1")];
+        let a = add(&mut cfg, "tab", &up, Tunnel::Full).unwrap();
+        let t = &a.text.config;
+        assert!(
+            t.contains("\nAddress = 10.100.0.2/32, fd10::2/128\n"),
+            "{t}"
+        );
+        assert!(t.contains("\nDNS = 10.100.0.1\n"), "{t}");
+        assert!(t.contains(full_tunnel_comment(true)), "{t}");
+        assert!(
+            a.text.notes.iter().all(|n| !n.contains("DNS")),
+            "{:?}",
+            a.text.notes
+        );
+        // No resolver known: no DNS line, and a note saying how to give one.
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        cfg.gateway.public_endpoint = Some("vpn.example.net:51820".parse().unwrap());
+        let a = add(&mut cfg, "phone", &Err("no uplink".into()), Tunnel::Full).unwrap();
+        assert!(!a.text.config.contains("DNS"), "{}", a.text.config);
+        assert!(
+            a.text
+                .notes
+                .iter()
+                .any(|n| n.contains("set gateway client-dns")),
+            "{:?}",
+            a.text.notes
+        );
+        // Split tunnel: the lease's resolver is not pushed on the client.
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        let a = add_split(&mut cfg, "phone", &up).unwrap();
+        assert!(!a.text.config.contains("DNS") && !a.text.config.contains('#'));
+        // Reprinted as full tunnel, it is the same client with the other routes.
+        let again = client_config(&cfg, &a.peer, Some(&a.private_key), &up, Tunnel::Full).unwrap();
+        assert!(again.config.contains("AllowedIPs = 0.0.0.0/0, ::/0"));
+        assert!(again
+            .config
+            .contains(&format!("PrivateKey = {}", a.private_key.to_base64())));
+    }
+
+    #[test]
+    fn disable_and_enable_keep_the_client() {
+        let mut cfg = gateway(&["10.100.0.1/29"]);
+        let up = uplink(&["203.0.113.7/24"]);
+        let a = add_split(&mut cfg, "phone", &up).unwrap();
+        let before = cfg.clone();
+        assert!(set_enabled(&mut cfg, "phone", false)
+            .unwrap()
+            .contains("disabled"));
+        assert!(!cfg.peers[0].enabled);
+        let mut want = before.clone();
+        want.peers[0].enabled = false;
+        assert_eq!(cfg, want, "only Enabled changes");
+        assert!(set_enabled(&mut cfg, "phone", false)
+            .unwrap()
+            .contains("already"));
+        let l = list(&cfg, |_| false, |_| true);
+        assert!(l.contains("phone") && l.contains("disabled"), "{l}");
+        // A disabled client keeps its address: a new one does not get it, nor its name.
+        let b = add_split(&mut cfg, "laptop", &up).unwrap();
+        assert_eq!(b.peer.allowed_ips, vec![c("10.100.0.3/32")]);
+        assert_ne!(b.peer.allowed_ips, a.peer.allowed_ips);
+        assert!(add_split(&mut cfg, "phone", &up)
+            .unwrap_err()
+            .contains("already"));
+        assert!(set_enabled(&mut cfg, "phone", true)
+            .unwrap()
+            .contains("enabled"));
+        assert!(cfg.peers[0].enabled);
+        let before = cfg.clone();
+        assert!(set_enabled(&mut cfg, "nobody", false)
+            .unwrap_err()
+            .contains("no client named"));
+        assert!(set_enabled(&mut cfg, "-x", false)
+            .unwrap_err()
+            .contains("not a valid"));
+        assert_eq!(cfg, before);
     }
 }

@@ -8,9 +8,10 @@
 //! Why ~870 lines: the word tables (every `set`/`delete`/`show` form and its help) are
 //! most of it, and they must stay in one place for the reason above.
 
-use crate::core::config::{Config, GatewayConfig, OffloadMode, PeerConfig};
+use crate::core::config::{Config, GatewayConfig, MasqueradeMode, OffloadMode, PeerConfig};
 use crate::core::key::Key;
 
+use super::client::Tunnel;
 use super::validate as v;
 
 /// The longest `commit-confirm` wait (a day).
@@ -26,13 +27,22 @@ pub enum Command {
     },
     Set(Vec<String>),
     Delete(Vec<String>),
-    /// `add client NAME [keep-key]`.
+    /// `add client NAME [full-tunnel] [keep-key]` (the options in either order).
     AddClient {
         name: String,
         keep_key: bool,
+        tunnel: Tunnel,
     },
-    /// `show client NAME`.
-    ShowClient(String),
+    /// `show client NAME [full-tunnel]`.
+    ShowClient {
+        name: String,
+        tunnel: Tunnel,
+    },
+    /// `disable client NAME` (`enabled` false) / `enable client NAME`.
+    EnableClient {
+        name: String,
+        enabled: bool,
+    },
     Compare,
     Commit,
     CommitConfirm(u32),
@@ -83,8 +93,18 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "add",
-        "client NAME [keep-key]",
+        "client NAME [full-tunnel] [keep-key]",
         "add a client (phone, laptop): keys, address, its config and QR code",
+    ),
+    (
+        "disable",
+        "client NAME",
+        "keep a client with its keys but let it no longer connect (`enable client NAME` undoes it)",
+    ),
+    (
+        "enable",
+        "client NAME",
+        "let a disabled client connect again",
     ),
     (
         "set",
@@ -221,6 +241,16 @@ pub const PEER_FIELDS: &[(&str, &str, &str)] = &[
         "NAME",
         "a name for the peer (1-32 of A-Z a-z 0-9 . _ -), as `add client` gives",
     ),
+    (
+        "masquerade",
+        "on|off",
+        "off: this peer's addresses leave by the uplink untranslated (a site whose router routes back to them)",
+    ),
+    (
+        "enabled",
+        "on|off",
+        "off: the peer stays with its keys but cannot connect (as `disable client`)",
+    ),
 ];
 
 /// `set gateway` fields: every [`GatewayConfig`] field in kebab-case.
@@ -307,6 +337,16 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
         "IP[,IP...]",
         "DNS server(s) `add client` gives clients; replaces the list",
     ),
+    (
+        "firewall",
+        "on|off",
+        "the built-in firewall and NAT (default on; off: nothing filtered or translated)",
+    ),
+    (
+        "masquerade",
+        "auto|on|off",
+        "translate tunnel and LAN sources leaving by the uplink (auto: those its network cannot route back)",
+    ),
 ];
 
 /// `set system` / `delete system` fields (not part of riceguard.conf).
@@ -357,18 +397,47 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "show" => parse_show(rest),
         "set" => Ok(Command::Set(owned())),
         "add" => match rest {
-            ["client", name] => Ok(Command::AddClient {
-                name: (*name).to_string(),
-                keep_key: false,
-            }),
-            ["client", name, "keep-key"] => Ok(Command::AddClient {
-                name: (*name).to_string(),
-                keep_key: true,
-            }),
-            ["client", _, w, ..] => Err(unknown(w, "add client NAME", "keep-key")),
-            ["client"] | [] => Err("usage: add client NAME [keep-key] (NAME: e.g. phone)".into()),
+            ["client", name, opts @ ..] => {
+                let mut keep_key = false;
+                let mut tunnel = Tunnel::Split;
+                for (i, w) in opts.iter().enumerate() {
+                    if opts[..i].contains(w) {
+                        return Err(format!("`{w}` is given twice"));
+                    }
+                    match *w {
+                        "keep-key" => keep_key = true,
+                        "full-tunnel" => tunnel = Tunnel::Full,
+                        _ => return Err(unknown(w, "add client NAME", "full-tunnel, keep-key")),
+                    }
+                }
+                Ok(Command::AddClient {
+                    name: (*name).to_string(),
+                    keep_key,
+                    tunnel,
+                })
+            }
+            ["client"] | [] => Err(
+                "usage: add client NAME [full-tunnel] [keep-key] (NAME: e.g. phone)".into(),
+            ),
             [w, ..] => Err(unknown(w, "add", "client")),
         },
+        "disable" | "enable" => {
+            let enabled = first.eq_ignore_ascii_case("enable");
+            match rest {
+                ["client", name] => Ok(Command::EnableClient {
+                    name: (*name).to_string(),
+                    enabled,
+                }),
+                ["client", _, w, ..] => Err(format!(
+                    "`{first} client NAME` takes nothing more; unexpected `{}`",
+                    v::short(w)
+                )),
+                ["client"] | [] => Err(format!(
+                    "usage: {first} client NAME (`show clients` lists them)"
+                )),
+                [w, ..] => Err(unknown(w, first, "client")),
+            }
+        }
         "delete" => Ok(Command::Delete(owned())),
         "compare" => no_args(Command::Compare),
         "commit" => no_args(Command::Commit),
@@ -441,13 +510,25 @@ pub fn parse(line: &str) -> Result<Command, String> {
 
 fn parse_show(rest: &[&str]) -> Result<Command, String> {
     match rest {
-        ["client", name] => return Ok(Command::ShowClient((*name).to_string())),
-        ["client"] => return Err("usage: show client NAME (`show clients` lists them)".into()),
-        ["client", _, w, ..] => {
-            return Err(format!(
-                "`show client NAME` takes nothing more; unexpected `{}`",
-                v::short(w)
-            ))
+        ["client", name, opts @ ..] => {
+            let tunnel = match opts {
+                [] => Tunnel::Split,
+                ["full-tunnel"] => Tunnel::Full,
+                ["full-tunnel", w, ..] => {
+                    return Err(format!(
+                        "`show client NAME full-tunnel` takes nothing more; unexpected `{}`",
+                        v::short(w)
+                    ))
+                }
+                [w, ..] => return Err(unknown(w, "show client NAME", "full-tunnel")),
+            };
+            return Ok(Command::ShowClient {
+                name: (*name).to_string(),
+                tunnel,
+            });
+        }
+        ["client"] => {
+            return Err("usage: show client NAME [full-tunnel] (`show clients` lists them)".into())
         }
         _ => {}
     }
@@ -540,11 +621,15 @@ pub fn help(topic: &[String]) -> Result<String, String> {
                    show peers            live peer state from the running daemon (handshakes, traffic)\n\
                    show status           boot slot, version, uptime, data-plane state\n\
                    show history          the saved versions `rollback N` can load\n\
-                   show clients          the clients (named peers): address, whether the key was kept\n\
-                   show client NAME      a client's configuration and QR code again (its private key\n\
-                   \x20                     only if it was added with keep-key)\n"
+                   show clients          the clients (named peers): address, whether the key was kept,\n\
+                   \x20                     disabled ones\n\
+                   show client NAME [full-tunnel]  a client's configuration and QR code again (its\n\
+                   \x20                     private key only if it was added with keep-key); full-tunnel\n\
+                   \x20                     prints it routing everything, as `add client NAME full-tunnel`\n\
+                   Lines of riceguard.conf the appliance ignores (wg-quick's PostUp, DNS, ...) are listed\n\
+                   at the top of `show` as `# warning:` lines; `commit` writes the file without them.\n"
             .to_string(),
-        "add" | "client" => "add client NAME [keep-key] adds a client (a phone, a laptop) to the candidate:\n\
+        "add" | "client" | "disable" | "enable" => "add client NAME [full-tunnel] [keep-key] adds a client (a phone, a laptop) to the candidate:\n\
              - the next free address of the tunnel subnet(s) (`set interface address`), IPv4 and IPv6\n\
              - a key pair and a preshared key made here\n\
              - a peer with Name = NAME, AllowedIPs = that address\n\
@@ -552,9 +637,16 @@ pub fn help(topic: &[String]) -> Result<String, String> {
              as a QR code: scan it with the WireGuard app (\"+\", \"scan from QR code\"). `commit` makes the\n\
              client work. Endpoint is `gateway public-endpoint`, else the uplink's address and the\n\
              listen port; AllowedIPs are the tunnel and LAN subnets; DNS is `gateway client-dns`.\n\
+             full-tunnel: AllowedIPs = 0.0.0.0/0, ::/0, so all the client's traffic goes through the\n\
+             gateway and out of its uplink, translated; DNS is `gateway client-dns`, else the resolver\n\
+             of the uplink's DHCP lease. ::/0 is there even when the tunnel has no IPv6 subnet, so the\n\
+             client's IPv6 cannot leak around the tunnel (then IPv6 is blocked inside it; with an\n\
+             IPv6 subnet the client gets an address from it and its IPv6 leaves translated too).\n\
              The private key is printed once and not stored, unless keep-key: then it is kept (mode\n\
              0600, in clients/NAME.key on perm) from `commit` on, for `show client NAME`, until the\n\
-             client is deleted (`delete client NAME`, `commit`).\n"
+             client is deleted (`delete client NAME`, `commit`).\n\
+             disable client NAME / enable client NAME: the client stays (keys, address, kept key) but\n\
+             cannot connect while disabled (`Enabled = off` on its peer); `commit` applies it.\n"
             .to_string(),
         "commit-confirm" | "confirm" => "commit-confirm MINUTES commits like `commit`, then waits. Unless `confirm` (or another\n\
              `commit`) comes within MINUTES, the previous configuration is restored and applied by\n\
@@ -679,6 +771,8 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "preshared-key" => p.preshared_key = Some(v::key(val, "preshared key")?),
                 "tcp-port" => p.tcp_port = Some(v::port(val, "TCP port")?),
                 "name" => p.name = Some(super::client::name(val)?.to_string()),
+                "masquerade" => p.masquerade = v::boolean(val, "peer masquerade")?,
+                "enabled" => p.enabled = v::boolean(val, "peer enabled")?,
                 w => return Err(unknown(w, "set peer PUBKEY", &words(PEER_FIELDS))),
             }
             match find_peer(cfg, &k) {
@@ -722,6 +816,18 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                     let list = v::ip_list(val()?, "client DNS server")?;
                     g.client_dns.clear();
                     push_unique(&mut g.client_dns, list);
+                }
+                "firewall" => g.firewall = v::boolean(val()?, &what)?,
+                "masquerade" => {
+                    let s = val()?;
+                    g.masquerade = MasqueradeMode::parse(s).ok_or_else(|| {
+                        v::ValueError::new(s, "masquerade mode", "one of auto, on, off")
+                    })?;
+                    if !g.firewall {
+                        return Ok(
+                            "note: masquerade takes effect only with `gateway firewall on`".into(),
+                        );
+                    }
                 }
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
@@ -818,6 +924,8 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 ["preshared-key"] => p.preshared_key.take().is_some(),
                 ["tcp-port"] => p.tcp_port.take().is_some(),
                 ["name"] => p.name.take().is_some(),
+                ["masquerade"] => !std::mem::replace(&mut p.masquerade, true),
+                ["enabled"] => !std::mem::replace(&mut p.enabled, true),
                 [w, ..] if PEER_FIELDS.iter().any(|f| f.0 == *w) => {
                     return Err(format!(
                         "`delete peer PUBKEY {w}` takes no value (only allowed-ips does)"
@@ -854,6 +962,8 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 "proxy-arp" => g.proxy_arp = d.proxy_arp,
                 "public-endpoint" => g.public_endpoint = d.public_endpoint,
                 "client-dns" => g.client_dns = d.client_dns,
+                "firewall" => g.firewall = d.firewall,
+                "masquerade" => g.masquerade = d.masquerade,
                 w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
             }
             Ok("back to the default".into())
@@ -1029,5 +1139,114 @@ mod tests {
         assert!(apply_delete(&mut c, &s(&format!("peer {pk}")))
             .unwrap_err()
             .contains("no peer"));
+    }
+
+    #[test]
+    fn client_commands() {
+        let add = |n: &str, keep_key, tunnel| {
+            Ok(Command::AddClient {
+                name: n.into(),
+                keep_key,
+                tunnel,
+            })
+        };
+        assert_eq!(
+            parse("add client phone"),
+            add("phone", false, Tunnel::Split)
+        );
+        assert_eq!(
+            parse("add client phone keep-key"),
+            add("phone", true, Tunnel::Split)
+        );
+        assert_eq!(
+            parse("add client phone full-tunnel"),
+            add("phone", false, Tunnel::Full)
+        );
+        for l in [
+            "add client phone full-tunnel keep-key",
+            "add client phone keep-key full-tunnel",
+        ] {
+            assert_eq!(parse(l), add("phone", true, Tunnel::Full), "{l}");
+        }
+        let e = parse("add client phone keep-key keep-key").unwrap_err();
+        assert!(e.contains("twice"), "{e}");
+        let e = parse("add client phone fulltunnel").unwrap_err();
+        assert!(e.contains("full-tunnel, keep-key"), "{e}");
+        assert!(parse("add client").unwrap_err().contains("full-tunnel"));
+        assert_eq!(
+            parse("show client phone full-tunnel"),
+            Ok(Command::ShowClient {
+                name: "phone".into(),
+                tunnel: Tunnel::Full
+            })
+        );
+        assert_eq!(
+            parse("show client phone"),
+            Ok(Command::ShowClient {
+                name: "phone".into(),
+                tunnel: Tunnel::Split
+            })
+        );
+        assert!(parse("show client phone split")
+            .unwrap_err()
+            .contains("full-tunnel"));
+        assert!(parse("show client phone full-tunnel x")
+            .unwrap_err()
+            .contains("nothing more"));
+        assert_eq!(
+            parse("disable client phone"),
+            Ok(Command::EnableClient {
+                name: "phone".into(),
+                enabled: false
+            })
+        );
+        assert_eq!(
+            parse("enable client phone"),
+            Ok(Command::EnableClient {
+                name: "phone".into(),
+                enabled: true
+            })
+        );
+        assert!(parse("disable client").unwrap_err().contains("usage"));
+        assert!(parse("enable client a b")
+            .unwrap_err()
+            .contains("nothing more"));
+        assert!(parse("disable peer x").unwrap_err().contains("client"));
+        assert!(help(&s("disable")).unwrap().contains("disable client NAME"));
+        assert!(help(&s("add")).unwrap().contains("full-tunnel"));
+    }
+
+    #[test]
+    fn firewall_and_peer_fields() {
+        let mut c = Config::default();
+        apply_set(&mut c, &s("gateway firewall off")).unwrap();
+        assert!(!c.gateway.firewall);
+        let note = apply_set(&mut c, &s("gateway masquerade on")).unwrap();
+        assert!(note.contains("firewall on"), "{note}");
+        assert_eq!(c.gateway.masquerade, MasqueradeMode::On);
+        let before = c.clone();
+        let e = apply_set(&mut c, &s("gateway masquerade sometimes")).unwrap_err();
+        assert!(e.contains("auto, on, off"), "{e}");
+        assert!(apply_set(&mut c, &s("gateway firewall maybe")).is_err());
+        assert_eq!(c, before, "refused edits change nothing");
+        apply_delete(&mut c, &s("gateway firewall")).unwrap();
+        apply_delete(&mut c, &s("gateway masquerade")).unwrap();
+        assert_eq!(c.gateway, GatewayConfig::default());
+        let pk = Key::generate_private().public().to_base64();
+        apply_set(&mut c, &s(&format!("peer {pk} masquerade off"))).unwrap();
+        apply_set(&mut c, &s(&format!("peer {pk} enabled off"))).unwrap();
+        assert!(!c.peers[0].masquerade && !c.peers[0].enabled);
+        apply_delete(&mut c, &s(&format!("peer {pk} enabled"))).unwrap();
+        assert!(c.peers[0].enabled);
+        assert!(apply_delete(&mut c, &s(&format!("peer {pk} enabled")))
+            .unwrap_err()
+            .contains("not set"));
+        apply_delete(&mut c, &s(&format!("peer {pk} masquerade"))).unwrap();
+        assert!(c.peers[0].masquerade);
+        assert!(
+            apply_delete(&mut c, &s(&format!("peer {pk} masquerade off")))
+                .unwrap_err()
+                .contains("takes no value")
+        );
     }
 }

@@ -344,7 +344,32 @@ pub fn fuzz_check_input(data: &[u8]) {
                     let _ = command::help(&t);
                     continue;
                 }
-                Ok(command::Command::AddClient { name, .. }) => {
+                Ok(command::Command::EnableClient { name, enabled }) => {
+                    let before = cfg.clone();
+                    match client::set_enabled(&mut cfg, &name, enabled) {
+                        Err(_) => {
+                            assert_eq!(cfg, before, "a failed `{l}` changed the configuration")
+                        }
+                        Ok(_) => {
+                            assert!(
+                                validate::check_consistency(&cfg).len()
+                                    <= validate::check_consistency(&before).len(),
+                                "`{l}` made the configuration inconsistent"
+                            );
+                            let mut back = cfg.clone();
+                            for p in &mut back.peers {
+                                p.enabled = before
+                                    .peers
+                                    .iter()
+                                    .find(|q| q.public_key == p.public_key)
+                                    .map_or(true, |q| q.enabled);
+                            }
+                            assert_eq!(back, before, "`{l}` changed more than Enabled");
+                        }
+                    }
+                    continue;
+                }
+                Ok(command::Command::AddClient { name, tunnel, .. }) => {
                     let before = cfg.clone();
                     let up = Ok(system::Uplink {
                         name: "eth0".into(),
@@ -352,8 +377,9 @@ pub fn fuzz_check_input(data: &[u8]) {
                             addr: std::net::IpAddr::from([192, 0, 2, 10]),
                             prefix: 24,
                         }],
+                        dns: vec![std::net::IpAddr::from([192, 0, 2, 1])],
                     });
-                    match client::add(&mut cfg, &name, &up) {
+                    match client::add(&mut cfg, &name, &up, tunnel) {
                         Err(_) => {
                             assert_eq!(cfg, before, "a failed `{l}` changed the configuration")
                         }
@@ -406,6 +432,10 @@ mod tests {
               set gateway client-dns 10.0.0.1\nset gateway public-endpoint vpn.example:443\nadd client x.y\n",
             b"set gateway lan eth1\nset gateway lan-address 192.168.1.1/24\nset gateway proxy-arp off\n\
               delete client phone\ndelete gateway lan\nshow client phone\nshow clients\n",
+            b"set interface private-key yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\nset interface listen-port 51820\n\
+              set interface address 10.100.0.1/24\nadd client phone full-tunnel\nadd client tab keep-key full-tunnel\n\
+              disable client phone\nenable client phone\ndisable client tab\nset gateway firewall off\n\
+              set gateway masquerade on\nshow client tab full-tunnel\n",
         ];
         let mut x: u64 = 0xdead_beef_cafe_f00d;
         let mut next = move || {

@@ -82,8 +82,14 @@ impl<T: Format + ?Sized> Format for Box<T> {
     fn emit(&self, cfg: &Config) -> String {
         (**self).emit(cfg)
     }
+    fn emit_saved(&self, cfg: &Config) -> String {
+        (**self).emit_saved(cfg)
+    }
     fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
         (**self).parse(file, text)
+    }
+    fn parse_noting(&self, file: &str, text: &str) -> Result<(Config, Vec<String>), String> {
+        (**self).parse_noting(file, text)
     }
 }
 
@@ -101,6 +107,9 @@ pub struct Session {
     /// Private keys of clients added with `keep-key` and not committed yet, by name: like
     /// the candidate they live in memory until `commit` stores them.
     kept_pending: HashMap<String, Key>,
+    /// Lines of the saved file that loaded but are not honoured (wg-quick's `PostUp`, ...):
+    /// shown by `show` until a commit writes the file without them.
+    file_notes: Vec<String>,
 }
 
 const MIN_PASSWORD: usize = 8;
@@ -192,6 +201,14 @@ impl Session {
         if let (Some(w), false) = (&loaded.warning, loaded.fresh) {
             let _ = writeln!(text, "warning: {w}");
         }
+        if !loaded.notes.is_empty() {
+            let _ = writeln!(
+                text,
+                "warning: the saved configuration has {} line(s) the appliance does not honour \
+                 (`show` lists them; the next `commit` writes the file without them)",
+                loaded.notes.len()
+            );
+        }
         let mut s = Session {
             store,
             hooks,
@@ -202,6 +219,7 @@ impl Session {
             question: None,
             locked: None,
             kept_pending: HashMap::new(),
+            file_notes: loaded.notes,
         };
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
@@ -376,8 +394,15 @@ impl Session {
                 self.system(false, &args[1..])
             }
             Command::Set(args) => self.edit(|c| command::apply_set(c, &args)),
-            Command::AddClient { name, keep_key } => self.add_client(&name, keep_key),
-            Command::ShowClient(name) => self.show_client(&name),
+            Command::AddClient {
+                name,
+                keep_key,
+                tunnel,
+            } => self.add_client(&name, keep_key, tunnel),
+            Command::ShowClient { name, tunnel } => self.show_client(&name, tunnel),
+            Command::EnableClient { name, enabled } => {
+                self.edit(|c| client::set_enabled(c, &name, enabled))
+            }
             Command::Delete(args) => self.edit(|c| command::apply_delete(c, &args)),
             Command::Compare => {
                 let d = diff(
@@ -391,7 +416,8 @@ impl Session {
                 }
             }
             Command::Commit => {
-                if self.candidate == self.running {
+                // Unchanged but for lines not honoured: the commit writes the file without them.
+                if self.candidate == self.running && self.file_notes.is_empty() {
                     return match self.pending.take() {
                         Some(_) => {
                             let _ = self.store.set_pending_confirm(None);
@@ -423,6 +449,7 @@ impl Session {
                         "; the saved configuration changed since this console loaded it: reloaded",
                     );
                     self.running = loaded.config;
+                    self.file_notes = loaded.notes;
                 }
                 self.candidate = self.running.clone();
                 self.kept_pending.clear();
@@ -568,11 +595,18 @@ impl Session {
     fn show(&mut self, what: Show, private: bool) -> Reply {
         let text = |s: &Self, c: &Config| {
             let t = s.store.format.emit(c);
-            if private {
-                t
-            } else {
-                mask_secrets(&t)
+            let t = if private { t } else { mask_secrets(&t) };
+            if s.file_notes.is_empty() {
+                return t;
             }
+            let mut w = format!(
+                "# warning: {} has lines the appliance does not honour; `commit` writes it without them:\n",
+                s.store.conf_path().display()
+            );
+            for n in &s.file_notes {
+                let _ = writeln!(w, "# warning: {n}");
+            }
+            w + &t
         };
         match what {
             Show::Running => Reply::ok(text(self, &self.running).trim_end()),
@@ -613,10 +647,9 @@ impl Session {
             Show::Clients => {
                 let running = &self.running;
                 let committed = |p: &crate::core::config::PeerConfig| {
-                    running
-                        .peers
-                        .iter()
-                        .any(|r| r.public_key == p.public_key && r.name == p.name)
+                    running.peers.iter().any(|r| {
+                        r.public_key == p.public_key && r.name == p.name && r.enabled == p.enabled
+                    })
                 };
                 let kept = |p: &crate::core::config::PeerConfig| self.kept_key(p).is_some();
                 Reply::ok(client::list(&self.candidate, kept, committed))
@@ -677,10 +710,10 @@ impl Session {
             .filter(|k| k.public() == p.public_key)
     }
 
-    fn add_client(&mut self, name: &str, keep_key: bool) -> Reply {
+    fn add_client(&mut self, name: &str, keep_key: bool, tunnel: client::Tunnel) -> Reply {
         let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
         let mut c = self.candidate.clone();
-        let added = match client::add(&mut c, name, &uplink) {
+        let added = match client::add(&mut c, name, &uplink, tunnel) {
             Ok(a) => a,
             Err(e) => return Reply::err(e),
         };
@@ -700,14 +733,19 @@ impl Session {
             self.kept_pending.remove(name);
         }
         let mut t = format!(
-            "client {name} added to the candidate: address {}, keys generated here\n",
+            "client {name} added to the candidate: address {}, keys generated here{}\n",
             added
                 .peer
                 .allowed_ips
                 .iter()
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
+            if tunnel == client::Tunnel::Full {
+                "; full tunnel: all its traffic goes through this gateway"
+            } else {
+                ""
+            }
         );
         t.push_str(&shown);
         for n in &added.text.notes {
@@ -730,7 +768,7 @@ impl Session {
         Reply::ok(t)
     }
 
-    fn show_client(&mut self, name: &str) -> Reply {
+    fn show_client(&mut self, name: &str, tunnel: client::Tunnel) -> Reply {
         let Some(p) = client::find(&self.candidate, name).cloned() else {
             return Reply::err(format!(
                 "there is no client named {} (`show clients` lists them)",
@@ -739,7 +777,7 @@ impl Session {
         };
         let key = self.kept_key(&p);
         let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
-        let text = match client::client_config(&self.candidate, &p, key.as_ref(), &uplink) {
+        let text = match client::client_config(&self.candidate, &p, key.as_ref(), &uplink, tunnel) {
             Ok(t) => t,
             Err(e) => return Reply::err(e),
         };
@@ -757,11 +795,16 @@ impl Session {
                  `delete client {name}` and `add client {name}` make a new one"
             );
         }
-        let committed = self
-            .running
-            .peers
-            .iter()
-            .any(|r| r.public_key == p.public_key && r.name == p.name);
+        if !p.enabled {
+            let _ = writeln!(
+                t,
+                "note: client {name} is disabled: it cannot connect until `enable client {name}` and `commit`"
+            );
+        }
+        let committed =
+            self.running.peers.iter().any(|r| {
+                r.public_key == p.public_key && r.name == p.name && r.enabled == p.enabled
+            });
         if !committed {
             let _ = writeln!(t, "note: not committed yet: `commit` to apply");
         }
@@ -964,7 +1007,8 @@ impl Session {
     fn save_and_apply(&mut self, cfg: Config) -> Result<String, String> {
         validate_candidate(&cfg)
             .map_err(|errs| format!("not committed:\n  {}", errs.join("\n  ")))?;
-        let text = self.store.format.emit(&cfg);
+        // The saved form: older firmware reads it too (schema-2 settings on `#+` lines).
+        let text = self.store.format.emit_saved(&cfg);
         match self.store.format.parse("candidate", &text) {
             Ok(back) if back == cfg => {}
             Ok(_) => return Err("not committed: the configuration file would not read back as entered (a bug; please report)".into()),
@@ -984,7 +1028,25 @@ impl Session {
         self.store
             .save_text(&text)
             .map_err(|e| format!("not committed: could not save: {e}; nothing changed"))?;
+        let schema2 = crate::core::ini::schema2_settings(&cfg);
+        let schema2_changed = schema2 != crate::core::ini::schema2_settings(&self.running);
         self.running = cfg;
+        let mut notes = String::new();
+        if !self.file_notes.is_empty() {
+            let _ = write!(
+                notes,
+                "\nwritten without the lines the appliance did not honour:\n  {}",
+                std::mem::take(&mut self.file_notes).join("\n  ")
+            );
+        }
+        if schema2_changed && !schema2.is_empty() {
+            let _ = write!(
+                notes,
+                "\nnote: firmware before configuration schema 2 (the previous slot after an update) \
+                 reads this file without: {} (and has no firewall)",
+                schema2.join("; ")
+            );
+        }
         let applied = match self.hooks.reload(&self.store.conf_path()) {
             Ok(m) => m,
             Err(e) => format!("{e}; the saved configuration applies when the gateway next starts"),
@@ -994,7 +1056,7 @@ impl Session {
             keys.insert(0, '\n');
         }
         Ok(format!(
-            "committed and saved to {}\n{applied}{keys}",
+            "committed and saved to {}\n{applied}{keys}{notes}",
             self.store.conf_path().display()
         ))
     }

@@ -1,7 +1,10 @@
 //! What the console keeps in the `perm` directory (`--root DIR`), and nothing else:
 //!
 //! ```text
-//! DIR/riceguard.conf              the saved (= running) configuration, INI as `riceguard up --config` reads
+//! DIR/riceguard.conf              the saved (= running) configuration, INI as `riceguard up --config` reads;
+//!                                 schema-2 settings on `#+` lines, which older firmware
+//!                                 skips (`core::ini::emit_compat`): after a rollback to
+//!                                 it, the same file loads, without them
 //! DIR/history/riceguard.conf.N    the 10 previous versions, 1 = the one before the last commit
 //! DIR/console.passwd              optional console password (salted, iterated hash), mode 0600
 //! DIR/commit-confirm              present while a `commit-confirm` waits for `confirm`: the
@@ -44,8 +47,19 @@ pub const CLIENTS: &str = "clients";
 
 /// Turns a [`Config`] into file text and back.
 pub trait Format {
+    /// The text the console shows (`show`, `compare`).
     fn emit(&self, cfg: &Config) -> String;
+    /// The text saved to the file: what [`Format::emit`] shows, in the form older firmware
+    /// reads too (after a rollback).
+    fn emit_saved(&self, cfg: &Config) -> String {
+        self.emit(cfg)
+    }
     fn parse(&self, file: &str, text: &str) -> Result<Config, String>;
+    /// [`Format::parse`], and what in the text loads but is not honoured, a line each
+    /// (`line 7: PostUp: ignored: ...`).
+    fn parse_noting(&self, file: &str, text: &str) -> Result<(Config, Vec<String>), String> {
+        self.parse(file, text).map(|c| (c, Vec::new()))
+    }
 }
 
 /// The one real format: `core::ini`, the same reader `riceguard up --config` uses.
@@ -56,8 +70,20 @@ impl Format for Ini {
     fn emit(&self, cfg: &Config) -> String {
         crate::core::ini::emit(cfg)
     }
+    fn emit_saved(&self, cfg: &Config) -> String {
+        crate::core::ini::emit_compat(cfg)
+    }
     fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
         crate::core::ini::parse(file, text).map_err(|e| e.to_string())
+    }
+    fn parse_noting(&self, file: &str, text: &str) -> Result<(Config, Vec<String>), String> {
+        let (c, w) =
+            crate::core::ini::parse_with_warnings(file, text).map_err(|e| e.to_string())?;
+        let notes = w
+            .into_iter()
+            .map(|w| format!("line {}: {}: {}", w.line, w.key, w.msg))
+            .collect();
+        Ok((c, notes))
     }
 }
 
@@ -132,6 +158,9 @@ pub struct Loaded {
     pub config: Config,
     /// Set when the saved file was missing or unusable and something else was used.
     pub warning: Option<String>,
+    /// Lines of the file used that loaded but are not honoured (wg-quick's `PostUp`, ...),
+    /// as [`Format::parse_noting`] says them; a save writes the file without them.
+    pub notes: Vec<String>,
     /// Nothing was ever saved here (no file, no history): a new appliance.
     pub fresh: bool,
 }
@@ -163,21 +192,22 @@ impl<F: Format> Store<F> {
         self.dir.join(HISTORY).join(format!("{CONF}.{n}"))
     }
 
-    fn read_config(&self, path: &Path) -> Result<Config, StoreError> {
+    /// The configuration in `path`, validated, and the notes on lines it does not honour.
+    fn read_config(&self, path: &Path) -> Result<(Config, Vec<String>), StoreError> {
         let text = std::fs::read_to_string(path).map_err(io_err(path))?;
         let name = path.display().to_string();
-        let cfg = self
-            .format
-            .parse(&name, &text)
-            .map_err(|msg| StoreError::Unusable {
-                path: path.to_path_buf(),
-                msg,
-            })?;
+        let (cfg, notes) =
+            self.format
+                .parse_noting(&name, &text)
+                .map_err(|msg| StoreError::Unusable {
+                    path: path.to_path_buf(),
+                    msg,
+                })?;
         validate_candidate(&cfg).map_err(|errs| StoreError::Unusable {
             path: path.to_path_buf(),
             msg: errs.join("; "),
         })?;
-        Ok(cfg)
+        Ok((cfg, notes))
     }
 
     /// The saved configuration; when it is missing or unusable, the newest history version
@@ -185,10 +215,11 @@ impl<F: Format> Store<F> {
     pub fn load(&self) -> Loaded {
         let conf = self.conf_path();
         let first = match self.read_config(&conf) {
-            Ok(config) => {
+            Ok((config, notes)) => {
                 return Loaded {
                     config,
                     warning: None,
+                    notes,
                     fresh: false,
                 }
             }
@@ -198,7 +229,7 @@ impl<F: Format> Store<F> {
             Err(e) => e.to_string(),
         };
         for n in 1..=KEEP {
-            if let Ok(config) = self.read_config(&self.history_path(n)) {
+            if let Ok((config, notes)) = self.read_config(&self.history_path(n)) {
                 let warning = format!(
                     "{first}; using saved version {n} ({})",
                     self.history_path(n).display()
@@ -206,6 +237,7 @@ impl<F: Format> Store<F> {
                 return Loaded {
                     config,
                     warning: Some(warning),
+                    notes,
                     fresh: false,
                 };
             }
@@ -219,6 +251,7 @@ impl<F: Format> Store<F> {
         Loaded {
             config: Config::default(),
             warning: Some(warning),
+            notes: Vec::new(),
             fresh: !any_history && !conf.exists(),
         }
     }
@@ -233,7 +266,7 @@ impl<F: Format> Store<F> {
             Err(StoreError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
                 Err(StoreError::NoVersion(n))
             }
-            r => r,
+            r => r.map(|(c, _)| c),
         }
     }
 
@@ -629,5 +662,109 @@ pub(crate) mod tests {
             }
             other => panic!("unmounted: {other:?}"),
         }
+    }
+
+    /// Firmware of configuration schema 1 (before Firewall, Masquerade, Enabled) as a
+    /// format: `#+` lines are comments, the new keys unknown (errors), as its `ini.rs` has it.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Schema1Ini;
+
+    impl Format for Schema1Ini {
+        fn emit(&self, cfg: &Config) -> String {
+            crate::core::ini::emit(cfg)
+        }
+        fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
+            crate::core::ini::parse_as_schema1(file, text).map_err(|e| e.to_string())
+        }
+    }
+
+    /// A rollback to schema-1 firmware after this one saved schema-2 settings: its loader
+    /// (and init, which reads the `[Gateway]` settings from the same file) still reads the
+    /// saved file itself, not an old version: the same gateway, uplink and interface name,
+    /// without the firewall settings and without the disabled client.
+    #[test]
+    fn schema1_firmware_reads_what_this_one_saves() {
+        use crate::core::config::{MasqueradeMode, PeerConfig};
+        let d = TempDir::new("schema1");
+        let s = Store::new(&d.0, Ini);
+        let mut c = cfg_with_port(51820);
+        c.interface.addresses = vec!["10.100.0.1/24".parse().unwrap()];
+        c.gateway.interface_name = "wg7".into();
+        c.gateway.uplink = "eth1".into();
+        c.gateway.uplink_addresses = vec!["192.0.2.2/24".parse().unwrap()];
+        let mut phone = PeerConfig::new(Key::generate_private().public());
+        phone.name = Some("phone".into());
+        phone.allowed_ips = vec!["10.100.0.2/32".parse().unwrap()];
+        let mut laptop = PeerConfig::new(Key::generate_private().public());
+        laptop.name = Some("laptop".into());
+        laptop.allowed_ips = vec!["10.100.0.3/32".parse().unwrap()];
+        c.peers = vec![phone.clone(), laptop.clone()];
+        // Version 1: nothing of schema 2 yet (as the file an update starts from).
+        s.save_text(&s.format.emit_saved(&c)).unwrap();
+        // Version 2 uses schema 2: the laptop disabled, no NAT, the phone's sources kept.
+        let mut c2 = c.clone();
+        c2.peers[1].enabled = false;
+        c2.peers[0].masquerade = false;
+        c2.gateway.masquerade = MasqueradeMode::Off;
+        c2.gateway.firewall = false;
+        s.save_text(&s.format.emit_saved(&c2)).unwrap();
+        assert_eq!(s.load().config, c2);
+
+        let old = Store::new(&d.0, Schema1Ini).load();
+        assert_eq!(old.warning, None, "the saved file itself loads");
+        let want = crate::core::ini::schema1_view(&c2);
+        assert_eq!(old.config, want);
+        assert_eq!(old.config.peers, vec![phone.clone()]);
+        assert_eq!(old.config.gateway.interface_name, "wg7");
+        assert_eq!(
+            old.config.gateway.uplink_addresses,
+            c.gateway.uplink_addresses
+        );
+        assert!(old.config.validate().is_ok());
+        // What schema-1 init does with the file: parse it whole for its [Gateway] settings,
+        // and start the gateway from it when it validates (init/perm.rs).
+        let text = std::fs::read_to_string(s.conf_path()).unwrap();
+        let booted = crate::core::ini::parse_as_schema1("riceguard.conf", &text).unwrap();
+        assert!(booted.validate().is_ok());
+        assert_eq!(booted.gateway, want.gateway);
+        // The history versions read too (`rollback N` there).
+        assert_eq!(Store::new(&d.0, Schema1Ini).history(1).unwrap(), c);
+
+        // Why the `#+` form: the plain form would make schema 1 refuse the file, fall back
+        // to the version before (losing every change since) and, in init, lose the uplink
+        // settings (it reads them from the refused file only).
+        let plain = crate::core::ini::emit(&c2);
+        assert!(crate::core::ini::parse_as_schema1("p", &plain).is_err());
+        s.save_text(&plain).unwrap();
+        let old = Store::new(&d.0, Schema1Ini).load();
+        assert!(old.warning.unwrap().contains("using saved version 1"));
+    }
+
+    #[test]
+    fn notes_on_lines_not_honoured() {
+        let d = TempDir::new("notes");
+        let s = Store::new(&d.0, Ini);
+        let k = Key::generate_private().to_base64();
+        std::fs::create_dir_all(&d.0).unwrap();
+        std::fs::write(
+            s.conf_path(),
+            format!("[Interface]\nPrivateKey = {k}\nPostUp = iptables -A x\nDNS = 1.1.1.1\n"),
+        )
+        .unwrap();
+        let l = s.load();
+        assert!(l.warning.is_none());
+        assert_eq!(l.notes.len(), 2, "{:?}", l.notes);
+        assert!(
+            l.notes[0].starts_with("line 3: PostUp: ignored"),
+            "{:?}",
+            l.notes
+        );
+        assert!(
+            l.notes[1].starts_with("line 4: DNS: ignored"),
+            "{:?}",
+            l.notes
+        );
+        s.save_text(&s.format.emit_saved(&l.config)).unwrap();
+        assert!(s.load().notes.is_empty());
     }
 }

@@ -56,6 +56,34 @@ pub struct JobReport {
 pub struct Uplink {
     pub name: String,
     pub addresses: Vec<crate::core::net::Cidr>,
+    /// The DNS servers of its DHCP lease (none without one): what a full-tunnel client
+    /// is given when no `ClientDns` is set.
+    pub dns: Vec<std::net::IpAddr>,
+}
+
+/// The DNS servers in the DHCP lease of interface `name`, read from `dir/lease.NAME`
+/// (written by `riceguard dhcp`, format `core::dhcp::Lease::to_text`). None when there is
+/// no lease (a static uplink) or it does not read.
+pub fn lease_dns(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
+    if name.is_empty() || name.contains('/') {
+        return Vec::new();
+    }
+    std::fs::read_to_string(dir.join(format!("lease.{name}")))
+        .ok()
+        .and_then(|t| crate::core::dhcp::Lease::from_text(&t).ok())
+        .map(|l| l.dns.into_iter().map(std::net::IpAddr::V4).collect())
+        .unwrap_or_default()
+}
+
+/// Where `riceguard dhcp` keeps its leases: `RG_RUN_DIR` when set (tests on a host), as
+/// the DHCP client and `riceguard status` have it, else `/run/riceguard`.
+fn run_dir() -> PathBuf {
+    std::env::var_os("RG_RUN_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(
+            || PathBuf::from(crate::driver::dhcp::RUN_DIR),
+            PathBuf::from,
+        )
 }
 
 /// What the console asks of the rest of the appliance.
@@ -569,7 +597,12 @@ impl Hooks for SystemHooks {
             "no uplink: no `gateway uplink` is set, there is no default route and no Ethernet NIC",
         )?;
         let addresses = interface_addresses(&name).map_err(|e| format!("uplink {name}: {e}"))?;
-        Ok(Uplink { name, addresses })
+        let dns = lease_dns(&run_dir(), &name);
+        Ok(Uplink {
+            name,
+            addresses,
+            dns,
+        })
     }
 
     fn reboot(&mut self) -> String {
@@ -639,6 +672,32 @@ mod tests {
         assert!(interface_addresses("rgc-nonexist0")
             .unwrap_err()
             .contains("no interface"));
+    }
+
+    #[test]
+    fn dns_from_the_uplink_lease() {
+        let d = crate::store::tests::TempDir::new("lease-dns");
+        std::fs::create_dir_all(&d.0).unwrap();
+        assert!(lease_dns(&d.0, "eth0").is_empty(), "no lease: none");
+        let l = crate::core::dhcp::Lease {
+            address: "192.168.1.20".parse().unwrap(),
+            prefix: 24,
+            router: Some("192.168.1.1".parse().unwrap()),
+            dns: vec!["192.168.1.1".parse().unwrap(), "9.9.9.9".parse().unwrap()],
+            server: "192.168.1.1".parse().unwrap(),
+            lease_secs: 3600,
+            t1_secs: 1800,
+            t2_secs: 3150,
+            obtained: 1_700_000_000,
+        };
+        std::fs::write(d.0.join("lease.eth0"), l.to_text()).unwrap();
+        let want: Vec<std::net::IpAddr> =
+            vec!["192.168.1.1".parse().unwrap(), "9.9.9.9".parse().unwrap()];
+        assert_eq!(lease_dns(&d.0, "eth0"), want);
+        assert!(lease_dns(&d.0, "eth1").is_empty());
+        assert!(lease_dns(&d.0, "../eth0").is_empty());
+        std::fs::write(d.0.join("lease.eth0"), "garbage\n").unwrap();
+        assert!(lease_dns(&d.0, "eth0").is_empty(), "unreadable: none");
     }
 
     #[test]

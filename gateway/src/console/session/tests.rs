@@ -690,9 +690,15 @@ fn commit_confirm_fires_on_time_during_an_update() {
 }
 
 fn set_uplink(r: &Rig, addrs: &[&str]) {
+    set_uplink_dns(r, addrs, &[]);
+}
+
+/// The uplink with addresses and the resolvers of its DHCP lease.
+fn set_uplink_dns(r: &Rig, addrs: &[&str], dns: &[&str]) {
     *r.uplink.borrow_mut() = Some(Uplink {
         name: "eth0".into(),
         addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
+        dns: dns.iter().map(|a| a.parse().unwrap()).collect(),
     });
 }
 
@@ -835,7 +841,9 @@ fn gateway_and_peer_name_set_forms() {
     }
     assert!(r.ok("help delete").contains("delete client NAME"));
     assert!(r.ok("help add").contains("keep-key"));
-    assert!(r.ok("help").contains("add client NAME [keep-key]"));
+    assert!(r
+        .ok("help")
+        .contains("add client NAME [full-tunnel] [keep-key]"));
 }
 
 #[test]
@@ -1026,4 +1034,205 @@ fn add_client_errors_change_nothing() {
     check(&mut r, "add client laptop", "no private key");
     r.ok("discard");
     assert!(r.s.candidate().peers.is_empty());
+}
+
+#[test]
+fn full_tunnel_clients_and_disable_enable() {
+    let mut r = Rig::new();
+    set_uplink_dns(&r, &["192.168.1.20/24"], &["192.168.1.1"]);
+    r.ok("set interface listen-port 51820");
+    r.ok("set interface address 10.100.0.1/24");
+    r.ok("commit");
+    let out = r.ok("add client phone full-tunnel");
+    assert!(out.contains("full tunnel"), "{out}");
+    let (conf, after) = cut(&out, "phone");
+    check_qr(&after, &conf);
+    assert!(conf.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"), "{conf}");
+    assert!(
+        conf.contains("\nDNS = 192.168.1.1\n"),
+        "the lease's resolver: {conf}"
+    );
+    assert!(conf.contains("IPv6 is blocked"), "{conf}");
+    // The gateway's peer is a split-tunnel client's.
+    let p = r.s.candidate().peers[0].clone();
+    assert_eq!(p.allowed_ips, vec!["10.100.0.2/32".parse().unwrap()]);
+    r.ok("commit");
+    let split = r.ok("show client phone");
+    assert!(
+        split.contains("AllowedIPs = 10.100.0.0/24, 192.168.1.0/24"),
+        "{split}"
+    );
+    let full = r.ok("show client phone full-tunnel");
+    assert!(full.contains("AllowedIPs = 0.0.0.0/0, ::/0"), "{full}");
+    // keep-key in either order.
+    let out = r.ok("add client tab keep-key full-tunnel");
+    let (tab_conf, _) = cut(&out, "tab");
+    let tab_key = crate::core::ini::parse("tab", &tab_conf)
+        .unwrap()
+        .interface
+        .private_key
+        .unwrap();
+    r.ok("commit");
+    let key_file = r.dir.0.join("clients").join("tab.key");
+    assert!(key_file.exists());
+
+    // Disable: only Enabled changes, the kept key stays, `commit` applies it.
+    let before = r.s.candidate().clone();
+    let t = r.ok("disable client tab");
+    assert!(t.contains("disabled") && t.contains("`commit`"), "{t}");
+    let mut want = before.clone();
+    want.peers[1].enabled = false;
+    assert_eq!(*r.s.candidate(), want);
+    let l = r.ok("show clients");
+    let tab_line = l.lines().find(|l| l.starts_with("tab")).unwrap();
+    assert!(
+        tab_line.contains("disabled") && tab_line.contains("not committed"),
+        "{l}"
+    );
+    let reloads = r.reloads();
+    r.ok("commit");
+    assert_eq!(r.reloads(), reloads + 1);
+    assert!(!r.saved().peers[1].enabled);
+    assert!(key_file.exists(), "a disabled client keeps its kept key");
+    let l = r.ok("show clients");
+    let tab_line = l.lines().find(|l| l.starts_with("tab")).unwrap();
+    assert!(
+        tab_line.contains("disabled") && !tab_line.contains("not committed"),
+        "{l}"
+    );
+    let shown = r.ok("show client tab");
+    assert!(shown.contains(&tab_key.to_base64()), "{shown}");
+    assert!(shown.contains("is disabled"), "{shown}");
+    assert!(r.ok("disable client tab").contains("already disabled"));
+    // Its address and name stay taken.
+    let out = r.ok("add client laptop");
+    assert!(out.contains("address 10.100.0.4/32"), "{out}");
+    r.err("add client tab");
+    r.ok("discard");
+    // Bad input: an error, nothing changed.
+    let cand = r.s.candidate().clone();
+    assert!(r.err("disable client nobody").contains("no client named"));
+    assert!(r.err("enable client").contains("usage"));
+    assert!(r.err("disable client -x").contains("not a valid"));
+    assert!(r
+        .err("add client x full-tunnel full-tunnel")
+        .contains("twice"));
+    assert_eq!(*r.s.candidate(), cand);
+    r.ok("enable client tab");
+    r.ok("commit");
+    assert!(r.saved().peers[1].enabled);
+    assert!(key_file.exists());
+}
+
+/// A session on the real INI format (the tests above use the table format).
+fn ini_session(dir: &TempDir) -> (Session, Reply) {
+    let store = Store::new(
+        &dir.0,
+        Box::new(crate::console::store::Ini) as Box<dyn Format>,
+    );
+    let clock = FakeClock {
+        base: Instant::now(),
+        secs: Rc::new(Cell::new(0)),
+    };
+    let hooks = Recorder {
+        daemon: true,
+        ..Recorder::default()
+    };
+    Session::open(store, Box::new(hooks), Box::new(clock))
+}
+
+#[test]
+fn ignored_wg_quick_lines_are_shown_and_dropped_at_commit() {
+    let dir = TempDir::new("session-notes");
+    let k = Key::generate_private().to_base64();
+    std::fs::write(
+        dir.0.join("riceguard.conf"),
+        format!(
+            "[Interface]\nPrivateKey = {k}\nListenPort = 51820\nPostUp = iptables -t nat -A POSTROUTING -j MASQUERADE\nSaveConfig = true\n"
+        ),
+    )
+    .unwrap();
+    let (mut s, hello) = ini_session(&dir);
+    assert!(hello.text.contains("2 line(s)"), "{}", hello.text);
+    let shown = s.handle_line("show").text;
+    let first: Vec<&str> = shown.lines().take(3).collect();
+    assert!(first[0].starts_with("# warning:"), "{shown}");
+    assert!(first[1].contains("line 4: PostUp: ignored"), "{shown}");
+    assert!(first[2].contains("line 5: SaveConfig"), "{shown}");
+    assert!(s.handle_line("show candidate").text.contains("# warning:"));
+    // Nothing edited, yet `commit` rewrites the file without them, and says which went.
+    let c = s.handle_line("commit");
+    assert!(c.ok, "{}", c.text);
+    assert!(
+        c.text.contains("without the lines") && c.text.contains("line 4: PostUp"),
+        "{}",
+        c.text
+    );
+    let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
+    assert!(
+        !saved.contains("PostUp") && !saved.contains("SaveConfig"),
+        "{saved}"
+    );
+    assert!(!s.handle_line("show").text.contains("warning"));
+    assert_eq!(s.handle_line("commit").text, "no changes to commit");
+    // `Table = off` is refused: the console falls back and says why.
+    std::fs::write(
+        dir.0.join("riceguard.conf"),
+        format!("[Interface]\nPrivateKey = {k}\nTable = off\n"),
+    )
+    .unwrap();
+    let (_, hello) = ini_session(&dir);
+    assert!(
+        hello.text.contains("Table = off") && hello.text.contains("using saved version 1"),
+        "{}",
+        hello.text
+    );
+}
+
+/// Schema-2 settings are saved on `#+` lines (older firmware reads the file without
+/// them), shown plainly, and the commit says what older firmware would not run.
+#[test]
+fn schema2_settings_are_saved_for_older_firmware_too() {
+    let dir = TempDir::new("session-schema2");
+    let (mut s, _) = ini_session(&dir);
+    let pk = peer_key();
+    for l in [
+        "set interface listen-port 51820",
+        &format!("set peer {pk} allowed-ips 10.100.0.2/32"),
+        &format!("set peer {pk} name phone"),
+    ] {
+        assert!(s.handle_line(l).ok, "{l}");
+    }
+    let c = s.handle_line("commit").text;
+    assert!(!c.contains("schema 2"), "nothing new yet: {c}");
+    let v1 = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
+    assert!(!v1.contains("#+"), "{v1}");
+    assert!(s.handle_line("set gateway firewall off").ok);
+    assert!(s.handle_line("disable client phone").ok);
+    let d = s.handle_line("compare").text;
+    assert!(
+        d.contains("+ Firewall = off") && d.contains("+ Enabled = off"),
+        "{d}"
+    );
+    let c = s.handle_line("commit");
+    assert!(c.ok, "{}", c.text);
+    assert!(
+        c.text.contains("schema 2") && c.text.contains("Firewall = off; peer phone disabled"),
+        "{}",
+        c.text
+    );
+    let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
+    assert!(saved.contains("\n#+ Firewall = off\n"), "{saved}");
+    assert!(saved.contains("\n#+ Enabled = off\n"), "{saved}");
+    let old = crate::core::ini::parse_as_schema1("riceguard.conf", &saved).unwrap();
+    assert!(old.peers.is_empty() && old.validate().is_ok());
+    let shown = s.handle_line("show").text;
+    assert!(
+        shown.contains("\nFirewall = off") && !shown.contains("#+"),
+        "{shown}"
+    );
+    // A new console reads it back whole.
+    let (s2, hello) = ini_session(&dir);
+    assert!(!hello.text.contains("warning"), "{}", hello.text);
+    assert_eq!(s2.running(), s.running());
 }
