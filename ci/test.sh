@@ -12,7 +12,11 @@
 #            (ci/keepalive.sh)
 #   gateway  the appliance's network role in namespaces: one-armed (proxy ARP/NDP) and
 #            two-armed LAN with a stock peer, reloads applied as diffs (ci/gateway-lan.sh);
-#            the DHCP uplink client against dnsmasq and a short-lease server (ci/dhcp.sh)
+#            the DHCP uplink client against dnsmasq and a short-lease server, with the
+#            daemon's firewall in place, and SLAAC (ci/dhcp.sh); the firewall and NAT: the
+#            README's first client from the factory configuration, full-tunnel clients
+#            (NAT, NAT66), the uplink shut out two-armed, anti-spoofing, notrack under a
+#            flood, the table across reloads, Firewall = off and a crash (ci/firewall.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
 #            then drive the x86_64 serial console (ci/test-console-qemu.sh)
 #   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
@@ -67,7 +71,7 @@ stage_adversarial() {
 stage_gateway() {
     cargo build --locked --release -p riceguard || return 1
     local s rc=0
-    for s in ci/gateway-lan.sh ci/dhcp.sh; do
+    for s in ci/gateway-lan.sh ci/dhcp.sh ci/firewall.sh; do
         echo "--- $s"
         bash "$s" || { echo "--- $s FAILED"; rc=1; }
     done
