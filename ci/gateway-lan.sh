@@ -19,7 +19,9 @@
 #     M ping each other and a TCP exchange works.
 # (c) reload removing the second peer: its routes and proxy entries are gone, the phone's
 #     stay; then one changing the tunnel addresses: the removed one goes, the kept one is
-#     not touched (a route using it as source survives), nor a hand-made route or address.
+#     not touched (a route using it as source survives), nor a hand-made route or address;
+#     the phone still reaches the uplink's hosts, which no longer reach it (two-armed, the
+#     firewall closes uplink -> tunnel).
 # (d) the uplink loses its IPv6 address: the IPv6 entry goes; (e) stop: no proxy entry left.
 #
 # Needs root, wireguard-go, wireguard-tools, iproute2, nftables, python3.
@@ -284,7 +286,11 @@ check "hand-made address 10.97.7.1 on the tunnel survived" sh -c "ip -n $G -o ad
 check "the phone's route 10.66.1.0/24 untouched" route_of 10.66.1.0/24
 check "LAN port address untouched" sh -c "ip -n $G -o addr show dev lan | grep -q 'inet 192.168.88.1/24'"
 check "phone still reaches 192.168.77.10 after the reloads" ping_loss0 $P 192.168.77.10
-check "LAN host 192.168.77.10 still reaches the phone" ping_loss0 $L 192.168.77.202
+# Two-armed since (b): the uplink is the outside, and the firewall (issue 19) lets it into
+# neither the LAN nor the tunnel, even for a peer address proxied on the uplink's subnet;
+# the phone's own connections to the uplink (above) still get their replies.
+check "two-armed: LAN host 192.168.77.10 on the uplink no longer reaches the phone (uplink -> tunnel closed)" \
+    sh -c "! ip netns exec $L ping -n -c2 -i0.3 -W1 192.168.77.202"
 
 # ---- (d) the uplink's address goes ----------------------------------------------------------
 echo "--- (d) the uplink loses its IPv6 address"
