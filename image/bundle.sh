@@ -14,7 +14,9 @@
 # usage: image/bundle.sh BOARD        (after image/build.sh BOARD; `make bundle` does both)
 # env:   RG_OUT (default out/<board>), RG_UPDATE_KEY (default keys/update.key, see
 #        image/keys.sh), RG_BUNDLE_COMPAT / RG_BUNDLE_MIN_COMPAT (configuration schema
-#        range this firmware handles, default 1/1), RG_BUNDLE_BOARD / RG_BUNDLE_ARCH
+#        range this firmware handles; default COMPAT / MIN_COMPAT of
+#        gateway/src/core/bundle.rs, the tree the image was built from: a device accepts
+#        the bundle when its own schema is in that range), RG_BUNDLE_BOARD / RG_BUNDLE_ARCH
 #        (override, for tests of refusals), RG_BUNDLE_BUILD (override the build number, for
 #        tests; RG_BUNDLE_BUILD=none leaves it out, as bundles made before build numbers:
 #        the only kind that devices running firmware from before build numbers accept)
@@ -33,6 +35,18 @@ case $build in
     none) build= ;;
     ''|*[!0-9]*) echo "bundle: no build number in $out/manifest.txt (${build:-empty}): rebuild the image with image/build.sh" >&2; exit 1 ;;
 esac
+# The schema range the firmware handles: its own COMPAT, down to the oldest it reads.
+schema() {
+    sed -n "s/^pub const $1: u32 = \([0-9][0-9]*\);\$/\1/p" gateway/src/core/bundle.rs
+}
+compat=${RG_BUNDLE_COMPAT:-$(schema COMPAT)}
+min_compat=${RG_BUNDLE_MIN_COMPAT:-$(schema MIN_COMPAT)}
+# An explicit RG_BUNDLE_COMPAT alone: a bundle of that one schema (tests of refusals).
+[ -z "${RG_BUNDLE_COMPAT:-}" ] || [ -n "${RG_BUNDLE_MIN_COMPAT:-}" ] || min_compat=$compat
+case $compat$min_compat in
+    ''|*[!0-9]*) echo "bundle: no COMPAT/MIN_COMPAT in gateway/src/core/bundle.rs (or RG_BUNDLE_COMPAT/RG_BUNDLE_MIN_COMPAT)" >&2; exit 1 ;;
+esac
+[ "$min_compat" -le "$compat" ] || { echo "bundle: min-compat $min_compat above compat $compat" >&2; exit 1; }
 key=$(image/keys.sh key)
 # The image must carry the public key of the key that signs (else its devices refuse).
 if ! unsquashfs -q -cat "$out/root.squashfs" etc/riceguard/update.pub 2>/dev/null | grep -qxF "$(grep -v '^#' "$(image/keys.sh pub)")"; then
@@ -47,8 +61,8 @@ trap 'rm -rf "$tmp"' EXIT
     echo "arch ${RG_BUNDLE_ARCH:-$ARCH}"
     echo "version $version"
     [ -z "$build" ] || echo "build $build"
-    echo "compat ${RG_BUNDLE_COMPAT:-1}"
-    echo "min-compat ${RG_BUNDLE_MIN_COMPAT:-${RG_BUNDLE_COMPAT:-1}}"
+    echo "compat $compat"
+    echo "min-compat $min_compat"
     for p in root:root.squashfs uki-a:slot-a.efi uki-b:slot-b.efi; do
         f=$out/${p#*:}
         echo "part ${p%%:*} $(stat -c %s "$f") $(sha256sum "$f" | cut -d' ' -f1)"

@@ -25,12 +25,18 @@ impl Drop for Tmp {
 
 /// Run the console on `root` with `input`; (exit success, stdout).
 fn console(root: &Path, extra: &[&str], input: &[u8]) -> (bool, String) {
+    console_env(root, extra, &[], input)
+}
+
+/// [`console`] with extra environment variables.
+fn console_env(root: &Path, extra: &[&str], env: &[(&str, &Path)], input: &[u8]) -> (bool, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_riceguard"))
         .arg("console")
         .arg("--root")
         .arg(root)
         .args(["--pidfile", "/nonexistent/riceguard.pid"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -231,4 +237,106 @@ fn commit_signals_the_daemon_with_sighup() {
         e.contains("not a riceguard process") || e.contains("not running"),
         "{e}"
     );
+}
+
+/// A full-tunnel client gets the resolver of the uplink's DHCP lease (in `RG_RUN_DIR`, as
+/// `riceguard dhcp` writes it); disabling it keeps it in the file; the saved file loads on
+/// firmware of schema 1 (before Firewall/Masquerade/Enabled) without the new settings.
+#[test]
+fn full_tunnel_disable_and_the_file_older_firmware_reads() {
+    let d = Tmp::new("fulltunnel");
+    let run = d.0.join("run");
+    std::fs::create_dir_all(&run).expect("run dir");
+    // The uplink is `lo` here (it exists everywhere); its lease names a resolver.
+    std::fs::write(
+        run.join("lease.lo"),
+        "address 192.0.2.20/24\nrouter 192.0.2.1\ndns 192.0.2.53 192.0.2.54\nserver 192.0.2.1\n\
+         lease 3600\nt1 1800\nt2 3150\nobtained 0\n",
+    )
+    .expect("lease");
+    let root = d.0.join("perm");
+    let env = [("RG_RUN_DIR", run.as_path())];
+    let (ok, out) = console_env(
+        &root,
+        &[],
+        &env,
+        b"set interface listen-port 51820\nset interface address 10.100.0.1/24\n\
+          set gateway uplink lo\nset gateway public-endpoint vpn.example.net:51820\n\
+          add client phone full-tunnel keep-key\nadd client laptop\ncommit\n",
+    );
+    assert!(ok, "{out}");
+    let conf = out
+        .split("----- BEGIN WIREGUARD CONFIG phone -----\n")
+        .nth(1)
+        .and_then(|t| t.split("----- END WIREGUARD CONFIG phone -----").next())
+        .expect("the phone's configuration");
+    assert!(conf.contains("\nDNS = 192.0.2.53, 192.0.2.54\n"), "{conf}");
+    assert!(conf.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"), "{conf}");
+    assert!(conf.contains("IPv6 is blocked"), "{conf}");
+    let client = riceguard::core::ini::parse("phone.conf", conf).expect("parses");
+    assert_eq!(client.peers[0].allowed_ips.len(), 2);
+
+    let (ok, out) = console_env(
+        &root,
+        &[],
+        &env,
+        b"disable client phone\nset gateway firewall off\ncommit\nshow clients\nshow client phone full-tunnel\n",
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("schema 2"), "{out}");
+    let phone_line = out
+        .lines()
+        .find(|l| l.starts_with("phone "))
+        .expect("listed");
+    assert!(
+        phone_line.contains("disabled") && phone_line.contains("kept"),
+        "{out}"
+    );
+    assert!(out.contains("is disabled"), "{out}");
+    assert!(
+        root.join("clients/phone.key").exists(),
+        "key kept while disabled"
+    );
+    let saved = std::fs::read_to_string(root.join("riceguard.conf")).expect("saved");
+    let now = riceguard::core::ini::parse("riceguard.conf", &saved).expect("parses");
+    assert!(!now.gateway.firewall && !now.peers[0].enabled && now.peers[1].enabled);
+    // What schema-1 firmware runs after a rollback: this very file, less the new settings.
+    let old = riceguard::core::ini::parse_as_schema1("riceguard.conf", &saved)
+        .unwrap_or_else(|e| panic!("schema 1 refuses the saved file: {e}\n{saved}"));
+    assert_eq!(old, riceguard::core::ini::schema1_view(&now));
+    assert_eq!(old.peers.len(), 1);
+    assert_eq!(old.peers[0].name.as_deref(), Some("laptop"));
+    assert_eq!(old.gateway.uplink, "lo");
+    assert!(old.validate().is_ok());
+    let (cfg, warning) = riceguard::console::load_with_fallback(&root);
+    assert_eq!((cfg, warning), (now, None));
+}
+
+/// A wg-quick file with keys the appliance does not honour: the console says so, shows
+/// them, and the next commit writes the file without them.
+#[test]
+fn ignored_wg_quick_keys_are_reported_and_dropped() {
+    let d = Tmp::new("wgquick");
+    std::fs::write(
+        d.0.join("riceguard.conf"),
+        "[Interface]\nPrivateKey = yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=\nListenPort = 51820\n\
+         DNS = 1.1.1.1\nPostUp = iptables -t nat -A POSTROUTING -o eth0 -j MASQUERADE\n",
+    )
+    .expect("write");
+    let (ok, out) = console(&d.0, &[], b"show\ncommit\nshow\n");
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("2 line(s) the appliance does not honour"),
+        "{out}"
+    );
+    assert!(out.contains("# warning: line 4: DNS: ignored"), "{out}");
+    assert!(out.contains("# warning: line 5: PostUp: ignored"), "{out}");
+    assert!(out.contains("written without the lines"), "{out}");
+    assert_eq!(out.matches("# warning: line 5").count(), 1, "{out}");
+    let saved = std::fs::read_to_string(d.0.join("riceguard.conf")).expect("saved");
+    assert!(
+        !saved.contains("PostUp") && !saved.contains("DNS"),
+        "{saved}"
+    );
+    assert!(saved.contains("ListenPort = 51820"));
 }

@@ -79,10 +79,19 @@ impl Format for Ini {
     fn parse_noting(&self, file: &str, text: &str) -> Result<(Config, Vec<String>), String> {
         let (c, w) =
             crate::core::ini::parse_with_warnings(file, text).map_err(|e| e.to_string())?;
-        let notes = w
+        let mut notes: Vec<String> = w
             .into_iter()
             .map(|w| format!("line {}: {}: {}", w.line, w.key, w.msg))
             .collect();
+        // Written by hand in the plain form: the previous slot's firmware could not load it.
+        if let Err(e) = crate::core::ini::parse_as_schema1(file, text) {
+            notes.push(format!(
+                "line {}: {}: firmware before configuration schema 2 cannot read this line, so after \
+                 a rollback to it the file would not load; it is saved on a `#+` line, which that \
+                 firmware skips",
+                e.line, e.key
+            ));
+        }
         Ok((c, notes))
     }
 }
@@ -766,5 +775,22 @@ pub(crate) mod tests {
         );
         s.save_text(&s.format.emit_saved(&l.config)).unwrap();
         assert!(s.load().notes.is_empty());
+        // A schema-2 key written plainly by hand: noted, so `commit` saves it on `#+`.
+        std::fs::write(
+            s.conf_path(),
+            format!("[Interface]\nPrivateKey = {k}\n[Gateway]\nFirewall = off\n"),
+        )
+        .unwrap();
+        let l = s.load();
+        assert!(!l.config.gateway.firewall);
+        assert_eq!(l.notes.len(), 1, "{:?}", l.notes);
+        assert!(
+            l.notes[0].starts_with("line 4: Firewall: firmware before configuration schema 2"),
+            "{:?}",
+            l.notes
+        );
+        s.save_text(&s.format.emit_saved(&l.config)).unwrap();
+        let l = s.load();
+        assert!(l.notes.is_empty() && !l.config.gateway.firewall);
     }
 }

@@ -38,8 +38,16 @@ pub const HEADER_LEN: usize = 8 + 4 + 64;
 pub const MAX_MANIFEST: usize = 16 * 1024;
 /// No part of a bundle is bigger than this (root partitions and UKIs are far smaller).
 pub const MAX_PART: u64 = 1 << 30;
-/// The perm/configuration schema this firmware reads and writes (see flash-scripts/README.md).
-pub const COMPAT: u32 = 1;
+/// The perm/configuration schema this firmware reads and writes (see flash-scripts/README.md,
+/// "compat"): what the device reports to an update. 2 added `Firewall` and `Masquerade` in
+/// `[Gateway]`, `Masquerade` and `Enabled` per `[Peer]`; the console saves them on `#+`
+/// lines, which schema-1 firmware reads as comments (`core::ini::emit_compat`), so the
+/// previous slot still loads the file after a rollback. `image/bundle.sh` reads this line.
+pub const COMPAT: u32 = 2;
+/// The oldest schema this firmware reads (its bundles' `min-compat`, so a device of that
+/// schema takes the update): a schema-1 file is a valid schema-2 file, nothing to migrate.
+/// `image/bundle.sh` reads this line.
+pub const MIN_COMPAT: u32 = 1;
 /// The parts every bundle has.
 pub const PART_NAMES: [&str; 3] = ["root", "uki-a", "uki-b"];
 
@@ -664,5 +672,49 @@ pub(crate) mod tests {
                 assert_eq!(man, verify_header(&good, &pk).unwrap());
             }
         }
+    }
+
+    /// Bundles of this firmware (compat COMPAT, min-compat MIN_COMPAT, as image/bundle.sh
+    /// makes them) install on a device of schema 1 (today's firmware in the field) and of
+    /// this schema; a bundle of schema 1 only is refused here (it could be given a file
+    /// with schema-2 keys written by hand; the previous slot is the way back).
+    #[test]
+    fn schema_2_bundles_take_schema_1_devices() {
+        let k = test_key(7);
+        let m = manifest_for("qemu-x86_64", b"r", b"u", "").replace(
+            "compat 1\nmin-compat 1",
+            &format!("compat {COMPAT}\nmin-compat {MIN_COMPAT}"),
+        );
+        let man = verify_header(&make_bundle(&k, &m, b"r", b"u"), &k.verifying_key()).unwrap();
+        assert_eq!((man.compat, man.min_compat), (2, 1));
+        for device in [1, COMPAT] {
+            let d = DeviceInfo {
+                compat: device,
+                ..dev()
+            };
+            check_policy(&man, &d, &[], false).unwrap();
+        }
+        let old = manifest_for("qemu-x86_64", b"r", b"u", "");
+        let old = verify_header(&make_bundle(&k, &old, b"r", b"u"), &k.verifying_key()).unwrap();
+        let d = DeviceInfo {
+            compat: COMPAT,
+            ..dev()
+        };
+        let e = check_policy(&old, &d, &[], true).unwrap_err();
+        assert!(e.to_string().contains("this device has 2"), "{e}");
+    }
+
+    /// image/bundle.sh takes its default compat/min-compat from these two lines.
+    #[test]
+    fn bundle_sh_finds_the_schema_lines() {
+        let src = include_str!("bundle.rs");
+        assert!(src.contains(&format!("\npub const COMPAT: u32 = {COMPAT};\n")));
+        assert!(src.contains(&format!("\npub const MIN_COMPAT: u32 = {MIN_COMPAT};\n")));
+        let sh = include_str!("../../../image/bundle.sh");
+        assert!(
+            sh.contains(r#"s/^pub const $1: u32 = "#)
+                && sh.contains("$(schema COMPAT)")
+                && sh.contains("$(schema MIN_COMPAT)")
+        );
     }
 }

@@ -71,7 +71,15 @@ pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
         eprintln!("riceguard: public key {}", k.public().to_base64());
     }
     match crate::core::ini::parse(CONFIG, &text) {
-        Ok(c) => Some(c.gateway),
+        Ok(c) => {
+            // The console saves schema-2 settings on `#+` lines, which the previous slot's
+            // firmware (schema 1) skips; a plain one written by hand would make it refuse
+            // the file after a rollback, [Gateway] settings and all.
+            if let Err(e) = crate::core::ini::parse_as_schema1(CONFIG, &text) {
+                say!("config: {e}: firmware before configuration schema 2 could not load {CONFIG} after a rollback; `commit` on the console saves it in the form both read");
+            }
+            Some(c.gateway)
+        }
         Err(e) => {
             say!("config: {e}; uplink from the kernel command line only, gateway will report the same");
             None

@@ -16,6 +16,8 @@ struct FilePlatform {
     key: VerifyingKey,
     running: char,
     build: Option<u64>,
+    /// The configuration schema the running firmware reports (`bundle::COMPAT` there).
+    compat: u32,
 }
 
 impl Platform for FilePlatform {
@@ -23,7 +25,7 @@ impl Platform for FilePlatform {
         Ok(DeviceInfo {
             board: "qemu-x86_64".into(),
             arch: "x86_64".into(),
-            compat: 1,
+            compat: self.compat,
             build: self.build,
         })
     }
@@ -83,6 +85,7 @@ impl Fixture {
                 key: key.verifying_key(),
                 running: 'a',
                 build: Some(1),
+                compat: 1,
             },
             dir,
             key,
@@ -476,4 +479,46 @@ fn running_entry_untouched_until_the_new_entry_exists() {
         .filter(|n| n.ends_with(".tmp"))
         .collect();
     assert!(stray.is_empty(), "{stray:?}");
+}
+
+/// The update from today's firmware (schema 1) to this one (schema 2) and back: this
+/// firmware's bundles (compat COMPAT, min-compat MIN_COMPAT, as image/bundle.sh makes
+/// them) install on a schema-1 device and on a schema-2 one; on a schema-2 device a
+/// bundle of schema 1 only is refused with nothing written, even as an allowed
+/// downgrade: the previous slot (`rollback-slot`) is the way back, and it reads the
+/// saved configuration (see `console::store` tests, `schema1_firmware_reads_...`).
+#[test]
+fn schema_1_devices_take_this_firmware() {
+    use crate::core::bundle::{COMPAT, MIN_COMPAT};
+    let mut f = Fixture::new("schema");
+    let (root, uki) = good_parts();
+    let m = manifest_for("qemu-x86_64", &root, &uki, "").replace(
+        "compat 1\nmin-compat 1",
+        &format!("compat {COMPAT}\nmin-compat {MIN_COMPAT}"),
+    );
+    let src = f.bundle("v2.bundle", &make_bundle(&f.key, &m, &root, &uki));
+    assert_eq!(f.p.compat, 1);
+    let i = install(&mut f.p, &src, false, &mut |_| {}).unwrap();
+    assert_eq!(i.slot, 'b');
+    // Now running the new firmware in b (marked good).
+    std::fs::rename(
+        f.p.esp.join("loader/entries/riceguard-b+3.conf"),
+        f.p.esp.join("loader/entries/riceguard-b.conf"),
+    )
+    .unwrap();
+    f.p.running = 'b';
+    f.p.compat = COMPAT;
+    let old_m = manifest_for("qemu-x86_64", &root, &uki, "");
+    let old = f.bundle("v1.bundle", &make_bundle(&f.key, &old_m, &root, &uki));
+    let before = f.snapshot();
+    let e = install(&mut f.p, &old, true, &mut |_| {}).unwrap_err();
+    assert!(
+        e.to_string().contains("compatibility check failed")
+            && e.to_string().contains("this device has 2"),
+        "{e}"
+    );
+    assert!(f.snapshot() == before, "a refused bundle wrote something");
+    // The way back: the previous slot, still there.
+    assert_eq!(rollback(&mut f.p, &mut |_| {}).unwrap(), 'a');
+    assert!(f.entry("riceguard-a.conf").contains("sort-key riceguard-0"));
 }
