@@ -8,7 +8,12 @@
 #   - link flap (veth down/up) with the server back: re-acquired (INIT-REBOOT), route back;
 #   - expiry, against a scripted server (ci/lib/dhcp_expiry_server.py) that answers once
 #     with a 20 s lease and then stays silent: rebinding, then the address and route go.
-# About 2.5 minutes. Needs root, iproute2, dnsmasq, python3. riceguard is $RG_BIN (default
+# While dnsmasq serves (bound, renewal, server lost, link flap) the appliance daemon
+# (`riceguard up --config`, uplink = the client's veth) runs in the client namespace, so
+# all of that happens with its firewall in place (issue 19), and dnsmasq also sends
+# router advertisements: the uplink must still get its SLAAC address and default route
+# with forwarding on (the daemon sets accept_ra 2) and ICMPv6 filtered.
+# About 2.5 minutes. Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
 # target/release/riceguard). Names are prefixed `rgd`.
 # Ends with "dhcp: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
@@ -17,11 +22,12 @@ cd "$(dirname "$0")/.."
 h_init dhcp
 
 require_rg
-require_tools ip dnsmasq python3
+require_tools ip nft dnsmasq python3
 
-SRV=rgd-srv-$$ CLI=rgd-cli-$$ VS=rgdv0 VC=rgdv1
+SRV=rgd-srv-$$ CLI=rgd-cli-$$ VS=rgdv0 VC=rgdv1 TUN=rgdw$$
 tmp=$(mktemp -d /tmp/rgd-dhcp.XXXXXX)
 at_exit rm -rf "$tmp"
+at_exit rm -f "/var/run/wireguard/$TUN.sock" "/run/riceguard/$TUN.status"
 
 # wait_for SECONDS COMMAND...: poll every 0.5 s until COMMAND succeeds or time is up.
 wait_for() {
@@ -47,6 +53,7 @@ netns_add $SRV $CLI
 # The client end has no address: DHCP gives it one.
 veth_pair $SRV $VS 192.168.77.1/24 $CLI $VC -
 ip -n $SRV addr add 192.168.78.1/24 dev $VS
+ip -n $SRV addr add 2001:db8:77::1/64 dev $VS nodad
 for ns in $SRV $CLI; do ip netns exec $ns sysctl -qw net.ipv4.conf.all.rp_filter=0; done
 
 start_dnsmasq() {
@@ -54,6 +61,7 @@ start_dnsmasq() {
         --interface=$VS --bind-interfaces --dhcp-authoritative \
         --dhcp-range=192.168.77.10,192.168.77.50,255.255.255.0,2m \
         --dhcp-option=option:router,192.168.77.1 --dhcp-option=option:dns-server,192.168.77.1 \
+        --enable-ra --dhcp-range=2001:db8:77::,ra-only,64 --ra-param=$VS,4 \
         --dhcp-leasefile="$tmp/dnsmasq.leases" --pid-file="$tmp/dnsmasq.pid" \
         --log-dhcp >>"$tmp/dnsmasq.log" 2>&1
     dnsmasq_pid=$!
@@ -64,6 +72,22 @@ start_client() { # RUNDIR LOG
     spawn env RG_RUN_DIR="$1" ip netns exec $CLI "$RG" dhcp $VC >"$2" 2>&1
     client_pid=$!
 }
+
+# ---- the appliance daemon in the client namespace, its firewall in place first ---------
+has_table() { ip netns exec $CLI nft list table inet riceguard >/dev/null 2>&1; }
+sysctl_is() { [ "$(ip netns exec $CLI sysctl -n "$1" 2>/dev/null)" = "$2" ]; }
+tun_up() { [ -S "/var/run/wireguard/$TUN.sock" ] && ip -n $CLI -o link show $TUN 2>/dev/null | grep -q ',UP'; }
+has_addr6() { ip -n $CLI -6 addr show dev $VC scope global | grep -q "inet6 2001:db8:77:"; }
+has_default6() { ip -n $CLI -6 route show default | grep -q "dev $VC"; }
+printf '[Interface]\nPrivateKey = %s\nListenPort = 51820\nAddress = 10.100.0.1/24\n\n[Gateway]\nInterfaceName = %s\nHugePages = off\nUplink = %s\n' \
+    "$("$RG" genkey)" "$TUN" "$VC" >"$tmp/gw.conf"
+chmod 600 "$tmp/gw.conf"
+spawn env RG_LOG=info ip netns exec $CLI "$RG" up --config "$tmp/gw.conf" --workers 1 >"$tmp/gw.log" 2>&1
+gw_pid=$!
+check "appliance daemon up in the client namespace (before DHCP)" wait_for 10 tun_up
+check "its firewall is in place before the DHCP client starts" has_table
+check "forwarding on (the daemon's)" sysctl_is net.ipv4.ip_forward 1
+check "the uplink keeps accepting router advertisements while forwarding (accept_ra 2)" sysctl_is net.ipv6.conf.$VC.accept_ra 2
 
 # ---- dnsmasq: bound, renewed, server lost, link flap -----------------------------------
 start_dnsmasq
@@ -84,7 +108,10 @@ note "status: $(echo "$status" | head -1)"
 check "status prints the lease" grep -q "^uplink $VC: DHCP $addr/24 router 192.168.77.1 dns 192.168.77.1 server 192.168.77.1, expires in [0-9]* s (renews in [0-9]* s)$" <<<"$status"
 check "the router answers ping over the leased address" cli ping -c1 -W2 192.168.77.1 >/dev/null
 
+check "SLAAC with the firewall on: a 2001:db8:77::/64 address from dnsmasq's RA" wait_for 20 has_addr6
+check "SLAAC with the firewall on: IPv6 default route from the RA" wait_for 5 has_default6
 check "renewed at T1 (within 75 s)" wait_for 75 log_has "$log1" "dhcp $VC: renewed $addr/24 lease 120s"
+check "renewed with the firewall in place" has_table
 lft=$(valid_lft)
 check "renewal refreshed the lifetime (valid_lft $lft s > 100)" test "${lft:-0}" -gt 100 2>/dev/null
 
@@ -109,8 +136,10 @@ check "link up: re-acquiring" wait_for 5 log_has "$log1" "dhcp $VC: link up: re-
 check "re-acquired after the flap" wait_for 20 log_count_ge "$log1" "dhcp $VC: bound $addr/24" 2
 check "address present after the flap" has_addr "$addr/24"
 check "default route back after the flap" wait_for 5 has_default 192.168.77.1
+check "the firewall is still in place after the link flap" has_table
 stop_pid "$client_pid"
 stop_pid "$dnsmasq_pid"
+stop_pid "$gw_pid"
 ip -n $CLI addr flush dev $VC
 
 # ---- expiry: a server that answers once with a 20 s lease, then never again ------------
@@ -132,5 +161,6 @@ if [ "$failed" -gt 0 ]; then
     echo "---- client log (dnsmasq)"; tail -n 40 "$log1"
     echo "---- client log (expiry)"; tail -n 20 "$log2"
     echo "---- dnsmasq log"; tail -n 20 "$tmp/dnsmasq.log" 2>/dev/null
+    echo "---- appliance daemon log"; tail -n 20 "$tmp/gw.log" 2>/dev/null
 fi
 h_finish
