@@ -534,6 +534,12 @@ veth_pair $U us - $S eth0 192.0.2.20/24
 veth_pair $H lanp - $M eth0 192.168.88.10/24
 for i in uh us; do ip -n $U link set $i master br0; done
 ip -n $U addr add 192.0.2.10/24 dev br0
+ip -n $U addr add 2001:db8:2::10/64 dev br0 nodad
+ip -n $H addr add 2001:db8:2::2/64 dev upl nodad
+ip -n $U -6 route add fd88::/64 via 2001:db8:2::2
+ip -n $H -6 route add default via 2001:db8:2::10
+ip -n $M addr add fd88::10/64 dev eth0 nodad
+ip -n $M -6 route add default via fd88::1
 ip -n $U route add 192.168.88.0/24 via 192.0.2.2
 ip -n $U route add 10.100.0.0/24 via 192.0.2.2
 ip -n $H route add default via 192.0.2.10
@@ -569,7 +575,7 @@ InterfaceName = $TB
 HugePages = off
 TcpListen = 443
 Lan = lanp
-LanAddress = 192.168.88.1/24
+LanAddress = 192.168.88.1/24, fd88::1/64
 EOF
 }
 confb no >"$CONFB.new" && chmod 600 "$CONFB.new" && mv "$CONFB.new" "$CONFB"
@@ -616,24 +622,29 @@ check "(3) the appliance holds a TCP connection on :443 from 192.0.2.20" \
 echo "--- (3) from the uplink host U: everything but the appliance's ports is dropped"
 serve $S 7777 "$WORK/s.peers"     # the phone listens (reachable on 10.100.0.2)
 sleep 2                           # let the phone's traffic settle
-cap_start ucap $U br0 '(icmp or tcp) and not host 192.0.2.20' -Q in
+cap_start ucap $U br0 '(icmp or tcp or (icmp6 and (ip6[40] < 5 or ip6[40] == 129))) and not host 192.0.2.20' -Q in
 cap_start hcap $H upl 'udp and src host 192.0.2.2 and dst host 192.0.2.20'
-cap_start mcap $M eth0 'ip and not src host 192.168.88.10'
+cap_start mcap $M eth0 '(ip and not src host 192.168.88.10) or (ip6 and src host 2001:db8:2::10)'
 hs0=$(handshake $H $TB "$ps")
 s0=$(counter $H spoof) f0=$(counter $H uplink-forward) u0=$(counter $H uplink-in)
 probe $U 3 tcp:192.168.88.10:7777 udp:192.168.88.10:7777 udp:192.168.88.10:9 \
     tcp:10.100.0.2:7777 udp:10.100.0.2:7777 \
-    tcp:192.0.2.2:22 udp:192.0.2.2:53 tcp:192.168.88.1:22 udp:192.168.88.1:53 tcp:10.100.0.1:22
-for p in tcp:192.168.88.10:7777 tcp:10.100.0.2:7777 tcp:192.0.2.2:22 tcp:192.168.88.1:22 tcp:10.100.0.1:22; do
+    tcp:192.0.2.2:22 udp:192.0.2.2:53 tcp:192.168.88.1:22 udp:192.168.88.1:53 tcp:10.100.0.1:22 \
+    tcp:[fd88::10]:7777 udp:[fd88::10]:7777 tcp:[2001:db8:2::2]:22 udp:[2001:db8:2::2]:53
+for p in tcp:192.168.88.10:7777 tcp:10.100.0.2:7777 tcp:192.0.2.2:22 tcp:192.168.88.1:22 tcp:10.100.0.1:22 \
+    tcp:[fd88::10]:7777 tcp:[2001:db8:2::2]:22; do
     r=$(result_of $p); [ "$r" = timeout ] && ok "(3) U -> $p: dropped (no SYN-ACK, no RST, no ICMP)" || ko "(3) U -> $p: $r (want timeout)"
 done
-for p in udp:192.168.88.10:7777 udp:192.168.88.10:9 udp:10.100.0.2:7777 udp:192.0.2.2:53 udp:192.168.88.1:53; do
+for p in udp:192.168.88.10:7777 udp:192.168.88.10:9 udp:10.100.0.2:7777 udp:192.0.2.2:53 udp:192.168.88.1:53 \
+    udp:[fd88::10]:7777 udp:[2001:db8:2::2]:53; do
     r=$(result_of $p); [ "$r" = silent ] && ok "(3) U -> $p: dropped (no reply, no ICMP)" || ko "(3) U -> $p: $r (want silent)"
 done
 n=$(replies $U 192.168.88.10 3)
 [ "$n" = 0 ] && ok "(3) U pings M: 0/3" || ko "(3) U pings M: $n/3 answered"
 n=$(replies $U 10.100.0.2 3)
 [ "$n" = 0 ] && ok "(3) U pings the phone's tunnel address: 0/3" || ko "(3) U pings 10.100.0.2: $n/3 answered"
+n=$(replies $U fd88::10 3)
+[ "$n" = 0 ] && ok "(3) IPv6: U pings M fd88::10: 0/3" || ko "(3) U pings fd88::10: $n/3 answered"
 inns $U $FWP spoof 10.100.0.2 192.168.88.10 udp:7777 3 >/dev/null
 inns $U $FWP spoof 10.100.0.2 192.168.88.10 icmp 3 >/dev/null
 sleep 0.5
@@ -662,7 +673,13 @@ got=$(inns $M timeout 10 $FWP tcp-check 192.0.2.10 7777)
 [ "$got" = ok ] && ok "(3) TCP M -> U:7777, replies pass" || ko "(3) TCP M -> U: $got"
 probe $M 2 udp:192.0.2.10:7777
 [ "$(result_of udp:192.0.2.10:7777)" = reply ] && ok "(3) UDP M -> U:7777, reply passes" || ko "(3) UDP M -> U: $(result_of udp:192.0.2.10:7777)"
-check "(3) U saw M as 192.0.2.2 (the LAN port's hosts are masqueraded)" sh -c "[ \"\$(sort -u '$WORK/u.peers')\" = 192.0.2.2 ]"
+n=$(replies $M 2001:db8:2::10 3)
+[ "$n" = 3 ] && ok "(3) IPv6: M pings U 2001:db8:2::10: 3/3" || ko "(3) M pings U over IPv6: $n/3"
+got=$(inns $M timeout 10 $FWP tcp-check 2001:db8:2::10 7777)
+[ "$got" = ok ] && ok "(3) IPv6: TCP M -> [2001:db8:2::10]:7777, replies pass" || ko "(3) TCP6 M -> U: $got"
+peers=$(sort -u "$WORK/u.peers" | tr '\n' ' ')
+[ "$peers" = "192.0.2.2 2001:db8:2::2 " ] && ok "(3) U saw M as 192.0.2.2 and 2001:db8:2::2 (the LAN port's hosts are masqueraded, IPv4 and IPv6)" ||
+    ko "(3) U saw M as '$peers'"
 probe $U 2 tcp:192.0.2.2:443
 [ "$(result_of tcp:192.0.2.2:443)" = open ] && ok "(3) U -> tcp:192.0.2.2:443 (TcpListen) open" || ko "(3) U -> 443: $(result_of tcp:192.0.2.2:443)"
 # The LAN and the tunnel reach the appliance itself (a closed port answers with a RST).
