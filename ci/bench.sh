@@ -2,15 +2,27 @@
 # Benchmark (not a test): riceguard<->riceguard against wireguard-go<->wireguard-go,
 # boringtun<->boringtun and the plain veth ceiling, in throwaway network namespaces.
 # TCP 1 and 4 streams, UDP at 1 Gbit/s offered, 64-byte UDP packets/s, ping RTT idle and
-# under load, daemon CPU seconds per Gbit; median of --reps runs with min-max and ratios.
-# Markdown on stdout, JSON in out/bench/bench-<UTC time>.json and next to it an SVG plot
-# (.svg: single-stream TCP, daemon CPU per Gbit/s, idle RTT; a bar per setup). Needs root.
-# Setups: veth, wireguard-go, boringtun, riceguard, riceguard-busy (--poll busy --workers 1,
-# side a's worker on core 0, side b's on core 1).
+# under load, daemon CPU seconds per Gbit; median of --reps rounds (each round runs every
+# setup once, odd rounds in reverse order, so the host's changing load falls on all rows
+# alike) with min-max and ratios (throughputs against wireguard-go and boringtun of the same
+# core layout). Markdown on stdout, JSON in out/bench/bench-<UTC time>.json and next to it an
+# SVG plot (.svg: single-stream TCP, daemon CPU per Gbit/s, idle RTT; a bar per setup).
+# Needs root.
 #
-#   ci/bench.sh                 3 repetitions of 10 s runs (about 15 minutes)
-#   ci/bench.sh --quick         1 repetition of 3 s runs
-#   ci/bench.sh --setups veth,wireguard-go --reps 5
+# Setups, as each implementation starts: veth, wireguard-go, boringtun, riceguard,
+# riceguard-busy (--poll busy --workers 1, side a's worker on core 0, side b's on core 1).
+# One core per end (end A = side a's daemon and the iperf3 client on core 0, end B = side
+# b's daemon and the iperf3 server on core 1; with the default layout one flow's hash can put
+# both ends' busy worker on one core): wireguard-go-1core and boringtun-1core (taskset -c),
+# riceguard-1core (--workers 1 --cores N), and the appliance: side b runs `riceguard up
+# --config` (Cores = 1) and forwards to a host behind it, so the inner traffic crosses
+# conntrack, the forward chain and the masquerade (appliance-1core, Firewall = on) or no
+# firewall at all (appliance-nofw-1core, Firewall = off); their ratio, round by round, is what
+# the firewall and conntrack cost.
+#
+#   ci/bench.sh                 3 rounds of 4 s runs (about 10 minutes)
+#   ci/bench.sh --quick         1 round of 3 s runs (about 3 minutes)
+#   ci/bench.sh --setups appliance-1core,appliance-nofw-1core --reps 5
 #   ci/bench.sh --with-tcp-fallback    add riceguard over TCP (UDP dropped by nftables)
 #   ci/bench.sh --plot-only out/bench/bench-X.json    redraw that run's SVG (no root)
 #

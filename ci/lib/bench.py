@@ -1,9 +1,12 @@
 """Throughput/latency/CPU benchmark of riceguard against wireguard-go, boringtun and the plain
-veth ceiling, in the same namespaces as the interop test (run through ci/bench.sh).
+veth ceiling, in the same namespaces as the interop test (run through ci/bench.sh): each
+implementation as it starts, each with one core per end, and riceguard as the appliance
+(`riceguard up --config`, forwarding to a host behind it) with its firewall on and off.
 
-Owns: the benchmark setups, the measurements, median/spread/ratios, and the markdown + JSON +
-SVG report (`--plot-only JSON` redraws the SVG of an earlier run). Not a test: it fails only
-when a setup cannot be brought up at all.
+Owns: the benchmark setups, the measurements, interleaved rounds, median/spread/ratios
+(paired round by round for the firewall on/off pair), and the markdown + JSON + SVG report
+(`--plot-only JSON` redraws the SVG of an earlier run). Not a test: it fails only when a
+setup cannot be brought up in any round.
 """
 
 import argparse
@@ -12,6 +15,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -25,27 +29,109 @@ from wgnet import LabError, log  # noqa: E402
 
 
 # --- setups: how the path between side a and side b is made ---------------------------
-# Each setup brings up its path in a fresh Lab and returns (dst address on b, payload MTU,
-# daemon PIDs whose CPU is counted). Add a setup by adding a function and a SETUPS entry.
+# Each setup brings up its path in a fresh Lab and returns a Path: where iperf3's server
+# runs and its address, the payload MTU, the daemon PIDs whose CPU is counted, and the cores
+# the traffic endpoints are pinned to. Add a setup by adding a function and a SETUPS entry.
+
+# The one-core-per-end layout: end A (side a: its daemon and the iperf3 client) on core 0,
+# end B (side b's daemon, the iperf3 server: on b, or behind the appliance) on core 1.
+CORE = {"a": 0, "b": 1}
+
+
+class Path:
+    def __init__(self, lab, dst, mtu, pids, server=None, cpus=None, status_side=None,
+                 after=None):
+        self.client = lab.a
+        self.server = server or lab.b      # where the iperf3 server runs (.ns, .sh)
+        self.dst, self.mtu, self.pids = dst, mtu, pids
+        self.cpus = cpus                   # (client core, server core) or None: unpinned
+        self.status_side = status_side or lab.a   # whose `riceguard status` is recorded
+        self.after = after                 # () -> dict of numbers recorded with each rep
+
+
+class Netns:
+    """A namespace of the lab besides a and b (the host behind the appliance)."""
+
+    def __init__(self, ns):
+        self.ns = ns
+
+    def sh(self, argv, **kw):
+        return wgnet.run(argv, ns=self.ns, **kw)
+
+
+def extra_ns(lab, tag):
+    """A namespace rgt<pid>-<lab index><tag> that the lab removes with its own (tag is not
+    a or b; sweep_stale_extra() removes those a dead run left)."""
+    n = Netns(f"{wgnet.NS_PREFIX}{os.getpid()}-{lab.index}{tag}")
+    wgnet.run(["ip", "netns", "add", n.ns])
+    lab.made_ns.append(n.ns)
+    n.sh(["ip", "link", "set", "lo", "up"])
+    return n
+
+
+def sweep_stale_extra():
+    """wgnet.sweep_stale() for our extra namespaces (tags other than a and b)."""
+    cp = wgnet.run(["ip", "netns", "list"], check=False)
+    for line in cp.stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        m = re.fullmatch(wgnet.NS_PREFIX + r"(\d+)-\d+[c-z]", name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            log(f"removing stale namespace {name} from dead run {m.group(1)}")
+            wgnet._kill_ns_pids(name)
+            wgnet.run(["ip", "netns", "del", name], check=False)
+
+
+def start_daemon(lab, side, impl, argv, env=None):
+    """Lab.start() for an argv of our own (taskset prefix, `up --config`): foreground in
+    side's namespace, ready when its UAPI socket answers. `ip netns exec` and taskset both
+    exec, so the PID is the daemon's."""
+    side.impl = impl
+    logpath = os.path.join(lab.logdir, f"{side.ifname}.{impl}.log")
+    with open(logpath, "wb") as logf:
+        proc = subprocess.Popen(["ip", "netns", "exec", side.ns] + argv, stdout=logf,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env or dict(os.environ), start_new_session=True)
+    lab.procs.append(proc)
+    side.pid = proc.pid
+    lab.wait_ready(side, logpath, proc)
+
+
+def start_pinned(lab, side, impl, core):
+    """`taskset -c CORE` + the implementation's usual argv (wireguard-go, boringtun)."""
+    env = dict(os.environ, WG_PROCESS_FOREGROUND="1")
+    if impl == "boringtun":
+        env["WG_LOG_FILE"] = os.path.join(lab.logdir, f"{side.ifname}.boringtun.log")
+    start_daemon(lab, side, impl,
+                 ["taskset", "-c", str(core)] + wgnet.impl_argv(impl, side.ifname), env)
+
 
 def setup_veth(lab):
-    return lab.b.outer4, 1500, []
+    return Path(lab, lab.b.outer4, 1500, [])
 
 
-def setup_tunnel(impl, extra_args=(), attempts=10, side_args=None):
+def setup_tunnel(impl, extra_args=(), attempts=10, side_args=None, pinned=False):
     """Setup for `impl` on both sides; riceguard gets `extra_args` after $RG_ARGS, then
-    `side_args[tag]` for side "a" or "b" (all recorded in the JSON as the setup's "args")."""
+    `side_args[tag]` for side "a" or "b" (all recorded in the JSON as the setup's "args").
+    `pinned`: one core per end (CORE) for the traffic endpoints too, and wireguard-go and
+    boringtun started under `taskset -c` (riceguard pins itself: pass --cores)."""
     side_args = side_args or {}
 
     def setup(lab):
-        lab.start(lab.b, impl, list(extra_args) + side_args.get("b", []))
-        lab.start(lab.a, impl, list(extra_args) + side_args.get("a", []))
+        for s in (lab.b, lab.a):
+            if pinned and impl != "riceguard":
+                start_pinned(lab, s, impl, CORE[s.tag])
+            else:
+                lab.start(s, impl, list(extra_args) + side_args.get(s.tag, []))
         wgnet.configure_pair(lab, lab.a, lab.b)
         if wgnet.wait_reply(lab.a, lab.b.inner4, attempts=attempts) is None:
             raise LabError(f"{impl}: no reply through the tunnel within {attempts} s")
-        return lab.b.inner4, wgnet.TUNNEL_MTU, [lab.a.pid, lab.b.pid]
-    setup.extra_args = list(extra_args) + [
-        f"({tag}: {' '.join(v)})" for tag, v in sorted(side_args.items()) if v]
+        return Path(lab, lab.b.inner4, wgnet.TUNNEL_MTU, [lab.a.pid, lab.b.pid],
+                    cpus=(CORE["a"], CORE["b"]) if pinned else None)
+    if pinned and impl != "riceguard":
+        setup.extra_args = [f"(a: taskset -c {CORE['a']}) (b: taskset -c {CORE['b']})"]
+    else:
+        setup.extra_args = list(extra_args) + [
+            f"({tag}: {' '.join(v)})" for tag, v in sorted(side_args.items()) if v]
     return setup
 
 
@@ -60,41 +146,177 @@ def setup_riceguard_tcp(lab):
             "  ip6 daddr fd03::/64 meta l4proto udp drop\n }\n}\n"))
     extra = os.environ.get("RG_TCP_ARGS", "").split()
     # Two unanswered UDP handshakes (5 s apart) come before the switch to TCP.
-    dst, _, pids = setup_tunnel("riceguard", extra, attempts=25)(lab)
-    return dst, wgnet.TUNNEL_MTU - 54, pids  # DESIGN.md: ~54 bytes less inside TCP
+    path = setup_tunnel("riceguard", extra, attempts=25)(lab)
+    path.mtu = wgnet.TUNNEL_MTU - 54  # DESIGN.md: ~54 bytes less inside TCP
+    return path
 
 
+# The appliance rows: side b runs `riceguard up --config` (the firewall on or off) and
+# routes for a host H (namespace rgt<pid>-<n>h) on a second uplink-zone port; side a is
+# the client (drop-in riceguard, AllowedIPs covering H's subnet) and iperf3 runs from a
+# to H, so every inner packet is forwarded by b: tunnel -> prerouting -> conntrack ->
+# forward -> masquerade on the way out, conntrack de-NAT on the way back. H is "the
+# internet" of a full-tunnel client: with the firewall on it has no route to the tunnel
+# subnet (the replies reach a only through the NAT); with it off (nothing translated) its
+# default route is via b. The outer WireGuard datagrams cross the raw prerouting (anti-spoof,
+# notrack), input and output chains.
+HOST_NET, HOST_GW, HOST_ADDR = "10.205.0.0/24", "10.205.0.1", "10.205.0.2"
+HOST_PORT = "vh"  # b's port to H: in the uplink zone (every interface but lo and the tunnel)
+
+
+def appliance_conf(lab, firewall):
+    a, b = lab.a, lab.b
+    path = os.path.join(lab.workdir, f"{b.ifname}.conf")
+    wgnet.write_secret(path, (
+        f"[Interface]\nPrivateKey = {b.private_key}\nListenPort = {b.port}\n"
+        f"Address = {b.inner4}/24, {b.inner6}/64\nMTU = {wgnet.TUNNEL_MTU}\n\n"
+        f"[Peer]\nPublicKey = {a.public_key}\nAllowedIPs = {a.inner4}/32, {a.inner6}/128\n\n"
+        f"[Gateway]\nInterfaceName = {b.ifname}\nCores = {CORE['b']}\nUplink = {b.veth}\n"
+        f"Firewall = {'on' if firewall else 'off'}\n"))
+    return path
+
+
+def conntrack_entries(side):
+    cp = side.sh(["sysctl", "-n", "net.netfilter.nf_conntrack_count"], check=False)
+    return int(cp.stdout) if cp.returncode == 0 and cp.stdout.strip().isdigit() else None
+
+
+def setup_appliance(firewall):
+    def setup(lab):
+        a, b = lab.a, lab.b
+        h = extra_ns(lab, "h")
+        wgnet.run(["ip", "link", "add", HOST_PORT, "netns", b.ns, "type", "veth",
+                   "peer", "name", "eth0", "netns", h.ns])
+        b.sh(["ip", "addr", "add", f"{HOST_GW}/24", "dev", HOST_PORT])
+        b.sh(["ip", "link", "set", HOST_PORT, "up"])
+        h.sh(["ip", "addr", "add", f"{HOST_ADDR}/24", "dev", "eth0"])
+        h.sh(["ip", "link", "set", "eth0", "up"])
+        if not firewall:
+            h.sh(["ip", "route", "add", "default", "via", HOST_GW])
+        argv = [wgnet.riceguard_bin(), "up", "--config", appliance_conf(lab, firewall)]
+        start_daemon(lab, b, "riceguard", argv + os.environ.get("RG_ARGS", "").split())
+        lab.start(a, "riceguard", ["--workers", "1", "--cores", str(CORE["a"])])
+        a.sh(["wg", "set", a.ifname, "private-key", a.keyfile, "listen-port", str(a.port),
+              "peer", b.public_key, "endpoint", f"{b.outer4}:{b.port}",
+              "allowed-ips", f"{b.inner4}/32,{b.inner6}/128,{HOST_NET}"])
+        wgnet.address_tunnel(a)
+        a.sh(["ip", "route", "add", HOST_NET, "dev", a.ifname])
+        if wgnet.wait_reply(a, HOST_ADDR) is None:
+            raise LabError(f"appliance: no reply from {HOST_ADDR} behind it within 10 s")
+        # What is measured is what the row says: the table and its NAT there (or not),
+        # forwarding on.
+        table = b.sh(["nft", "list", "table", "inet", "riceguard"], check=False)
+        if firewall and (table.returncode or "masquerade" not in table.stdout
+                         or "notrack" not in table.stdout):
+            raise LabError(f"appliance: table inet riceguard with notrack and masquerade "
+                           f"missing: {(table.stdout + table.stderr)[-300:]}")
+        if not firewall and table.returncode == 0:
+            raise LabError("appliance: Firewall = off but table inet riceguard is there")
+        if b.sh(["sysctl", "-n", "net.ipv4.ip_forward"]).stdout.strip() != "1":
+            raise LabError("appliance: net.ipv4.ip_forward is not on")
+        return Path(lab, HOST_ADDR, wgnet.TUNNEL_MTU, [a.pid, b.pid], server=h,
+                    cpus=(CORE["a"], CORE["b"]), status_side=b,
+                    after=lambda: {"conntrack_entries": conntrack_entries(b)})
+    setup.extra_args = [f"(a: --workers 1 --cores {CORE['a']}) (b: up --config, Cores = "
+                        f"{CORE['b']}, Firewall = {'on' if firewall else 'off'}, iperf3 "
+                        f"server on a host behind b)"]
+    return setup
+
+
+class Setup:
+    """fn(lab) -> Path; impl: what must be installed; group: the core layout ("default":
+    as each implementation starts, "1core": one core per end), whose wireguard-go and
+    boringtun rows are the ratio baselines; compare: further baselines for every metric."""
+
+    def __init__(self, fn, impl, group="default", compare=()):
+        self.fn, self.impl, self.group, self.compare = fn, impl, group, list(compare)
+
+
+RG_1CORE = {"a": ["--cores", str(CORE["a"])], "b": ["--cores", str(CORE["b"])]}
 SETUPS = {
-    "veth": (setup_veth, None),
-    "wireguard-go": (setup_tunnel("wireguard-go"), "wireguard-go"),
-    "boringtun": (setup_tunnel("boringtun"), "boringtun"),
-    "riceguard": (setup_tunnel("riceguard"), "riceguard"),
+    "veth": Setup(setup_veth, None),
+    "wireguard-go": Setup(setup_tunnel("wireguard-go"), "wireguard-go"),
+    "boringtun": Setup(setup_tunnel("boringtun"), "boringtun"),
+    "riceguard": Setup(setup_tunnel("riceguard"), "riceguard"),
     # Busy-polling workers (the latency target) need cores of their own: one worker per
     # side, side a's on core 0 and side b's on core 1. Pinned to the same core, the two
     # spinning workers took turns by scheduler time slice (idle ping 9 ms).
-    "riceguard-busy": (setup_tunnel("riceguard", ["--poll", "busy", "--workers", "1"],
-                                    side_args={"a": ["--cores", "0"], "b": ["--cores", "1"]}),
-                       "riceguard"),
-    "riceguard-tcp": (setup_riceguard_tcp, "riceguard"),
+    "riceguard-busy": Setup(setup_tunnel("riceguard", ["--poll", "busy", "--workers", "1"],
+                                         side_args=RG_1CORE), "riceguard"),
+    "riceguard-tcp": Setup(setup_riceguard_tcp, "riceguard"),
+    # One core per end (CORE), every implementation: with the default layout a single
+    # flow's hash can put both ends' busy worker on the same core of this 2-core host
+    # (3.4 instead of 4.9 Gbit/s), so those rows measure hash luck.
+    "wireguard-go-1core": Setup(setup_tunnel("wireguard-go", pinned=True), "wireguard-go",
+                                "1core"),
+    "boringtun-1core": Setup(setup_tunnel("boringtun", pinned=True), "boringtun", "1core"),
+    "riceguard-1core": Setup(setup_tunnel("riceguard", ["--workers", "1"], side_args=RG_1CORE,
+                                          pinned=True), "riceguard", "1core"),
+    "appliance-1core": Setup(setup_appliance(True), "riceguard", "1core",
+                             compare=["appliance-nofw-1core"]),
+    "appliance-nofw-1core": Setup(setup_appliance(False), "riceguard", "1core"),
 }
-DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard", "riceguard-busy"]
+DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard", "riceguard-busy",
+                  "wireguard-go-1core", "boringtun-1core", "riceguard-1core",
+                  "appliance-1core", "appliance-nofw-1core"]
+GROUP_TITLES = {"default": "Each implementation as it starts (its own threads and workers, "
+                           "unpinned traffic endpoints)",
+                "1core": f"One core per end: end A (daemon, iperf3 client) on core "
+                         f"{CORE['a']}, end B (daemon, iperf3 server) on core {CORE['b']}"}
+# How ratio baselines are named in table cells.
+SHORT = {"wireguard-go": "wg-go", "boringtun": "boringtun", "veth": "veth",
+         "appliance-nofw-1core": "fw off"}
 
 # --- metrics ----------------------------------------------------------------------------
-# name -> (label, unit, baselines the median is divided by for the ratio columns). The
-# throughputs are compared with wireguard-go and the veth ceiling, idle RTT with the bare veth
-# (the issue-11 targets); veth itself and a baseline against itself get no ratio.
-TPUT = ("wireguard-go", "veth")
+# name -> (label, unit shown, factor from the JSON's unit to the one shown). Throughputs are
+# kept in Mbit/s in the JSON (as before) and shown in Gbit/s.
 METRICS = {
-    "tcp1_mbps": ("TCP 1 stream", "Mbit/s", TPUT),
-    "tcp4_mbps": ("TCP 4 streams", "Mbit/s", TPUT),
-    "udp_goodput_mbps": ("UDP @1G goodput", "Mbit/s", TPUT),
-    "udp_loss_pct": ("UDP @1G loss", "%", ()),
-    "pps64_kpps": ("UDP 64 B", "kpps", TPUT),
-    "rtt_idle_ms": ("ping idle", "ms", ("veth",)),
-    "rtt_load_ms": ("ping under load", "ms", ()),
-    "cpu_s_per_gbit_tcp1": ("CPU TCP 1", "s/Gbit", ()),
-    "cpu_s_per_gbit_udp": ("CPU UDP", "s/Gbit", ()),
+    "tcp1_mbps": ("TCP 1 stream", "Gbit/s", 1e-3),
+    "tcp4_mbps": ("TCP 4 streams", "Gbit/s", 1e-3),
+    "udp_goodput_mbps": ("UDP @1G goodput", "Gbit/s", 1e-3),
+    "udp_loss_pct": ("UDP @1G loss", "%", 1),
+    "pps64_kpps": ("UDP 64 B", "kpps", 1),
+    "rtt_idle_ms": ("ping idle", "ms", 1),
+    "rtt_load_ms": ("ping under load", "ms", 1),
+    "cpu_s_per_gbit_tcp1": ("CPU TCP 1", "s/Gbit", 1),
+    "cpu_s_per_gbit_udp": ("CPU UDP", "s/Gbit", 1),
 }
+THROUGHPUT = ("tcp1_mbps", "tcp4_mbps", "udp_goodput_mbps", "pps64_kpps")
+
+
+def group_of(name):
+    s = SETUPS.get(name)
+    return s.group if s else "default"
+
+
+def group_base(impl, group):
+    """The baseline row of implementation `impl` in core layout `group`."""
+    return impl if group == "default" else f"{impl}-{group}"
+
+
+def baselines(name, metric):
+    """The rows `name`'s median of `metric` is divided by for its ratio columns: throughputs
+    by the same layout's wireguard-go and boringtun (and, default layout, the veth ceiling),
+    idle RTT by the bare veth (the issue-11 targets), and a setup's `compare` rows for every
+    metric but the loss; never a row by itself."""
+    g = group_of(name)
+    out = []
+    if metric in THROUGHPUT:
+        out += [group_base("wireguard-go", g), group_base("boringtun", g)]
+        if g == "default":
+            out.append("veth")
+    if metric == "rtt_idle_ms":
+        out.append("veth")
+    if metric != "udp_loss_pct" and name in SETUPS:
+        out += SETUPS[name].compare
+    return [b for b in out if b != name and name != "veth"]
+
+
+def short(base):
+    for k in (base, base.rsplit("-", 1)[0]):
+        if k in SHORT:
+            return SHORT[k]
+    return base
 
 
 # Without a bigger socket buffer the receiving iperf3 drops ~half of 1 Gbit/s even on a bare
@@ -107,15 +329,50 @@ def daemon_cpu(pids):
     return None if any(v is None for v in vals) else sum(vals)
 
 
-def measure(lab, dst, mtu, pids, secs):
-    a, b = lab.a, lab.b
+def pin(core):
+    return [] if core is None else ["taskset", "-c", str(core)]
+
+
+def iperf3(lab, path, seconds, args=(), port=5201):
+    """wgnet.iperf3() from path.client to path.dst on path.server, each iperf3 under
+    `taskset` when the path pins its ends (path.cpus)."""
+    c_core, s_core = path.cpus or (None, None)
+    srv = subprocess.Popen(["ip", "netns", "exec", path.server.ns] + pin(s_core) +
+                           ["iperf3", "-s", "-1", "-B", path.dst, "-p", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           stdin=subprocess.DEVNULL, start_new_session=True)
+    lab.procs.append(srv)
+    try:
+        deadline = time.monotonic() + 5
+        while not path.server.sh(["ss", "-Hltn", f"sport = :{port}"], check=False,
+                                 timeout=5).stdout.strip():
+            if srv.poll() is not None or time.monotonic() > deadline:
+                raise LabError("iperf3 server did not start listening")
+            time.sleep(0.05)
+        cp = path.client.sh(pin(c_core) + ["iperf3", "-c", path.dst, "-p", str(port),
+                                           "-t", str(seconds), "--json",
+                                           "--connect-timeout", "3000"] + list(args),
+                            timeout=seconds + 20, check=False)
+    finally:
+        wgnet.stop_process(srv, grace=2)
+    try:
+        res = json.loads(cp.stdout)
+    except ValueError as e:
+        raise LabError(f"iperf3: no JSON result: {cp.stderr.strip()[-300:]}") from e
+    if "error" in res:
+        raise LabError(f"iperf3: {res['error']}")
+    return res
+
+
+def measure(lab, path, secs):
+    a, dst, pids = path.client, path.dst, path.pids
     out = {}
     out["rtt_idle_ms"] = wgnet.ping(a, dst, count=20, interval=0.05)["rtt_avg_ms"]
 
     # Single TCP stream with a ping alongside for the loaded RTT.
     pinger = wgnet.ping_start(lab, a, dst, max(1, int(secs / 0.2) - 5), 0.2)
     c0 = daemon_cpu(pids)
-    res = wgnet.iperf3(lab, a, b, dst, seconds=secs)
+    res = iperf3(lab, path, secs)
     c1 = daemon_cpu(pids)
     loaded = wgnet.ping_finish(pinger, secs + 10)
     out["rtt_load_ms"] = loaded["rtt_avg_ms"] if loaded else None
@@ -124,13 +381,13 @@ def measure(lab, dst, mtu, pids, secs):
     out["cpu_s_per_gbit_tcp1"] = (c1 - c0) / gbits if pids and c0 is not None \
         and c1 is not None and gbits > 0 else None
 
-    res = wgnet.iperf3(lab, a, b, dst, seconds=secs, args=["-P", "4"])
+    res = iperf3(lab, path, secs, args=["-P", "4"])
     out["tcp4_mbps"] = wgnet.tcp_mbps(res)
 
     # UDP at 1 Gbit/s offered, datagrams sized to the path (no IP fragmentation).
-    payload = mtu - 28
+    payload = path.mtu - 28
     c0 = daemon_cpu(pids)
-    res = wgnet.iperf3(lab, a, b, dst, seconds=secs, args=["-u", "-b", "1G", "-l", str(payload)] + UDP_BUF)
+    res = iperf3(lab, path, secs, args=["-u", "-b", "1G", "-l", str(payload)] + UDP_BUF)
     c1 = daemon_cpu(pids)
     sent, recv = res["end"]["sum_sent"]["bytes"], res["end"]["sum_received"]["bytes"]
     out["udp_goodput_mbps"] = res["end"]["sum_received"]["bits_per_second"] / 1e6
@@ -140,15 +397,18 @@ def measure(lab, dst, mtu, pids, secs):
         and c1 is not None and gbits > 0 else None
 
     # Small packets, unlimited rate: packets per second delivered.
-    res = wgnet.iperf3(lab, a, b, dst, seconds=secs, args=["-u", "-b", "0", "-l", "64"] + UDP_BUF)
+    res = iperf3(lab, path, secs, args=["-u", "-b", "0", "-l", "64"] + UDP_BUF)
     r = res["end"]["sum_received"]
     out["pps64_kpps"] = r["bytes"] / 64 / r["seconds"] / 1e3 if r["seconds"] else None
+    if path.after:
+        out.update(path.after())
     return out
 
 
 def riceguard_status(lab, side):
-    """What riceguard says about itself (offload decisions): `riceguard status IFNAME`, else
-    the lines of its log that mention offload/GSO/GRO/io_uring."""
+    """What riceguard says about itself (offload decisions; the appliance's firewall and
+    NAT lines): `riceguard status IFNAME`, else the lines of its log that mention
+    offload/GSO/GRO/io_uring."""
     info = {}
     path = wgnet.impl_path("riceguard")
     if path:
@@ -169,32 +429,84 @@ def riceguard_status(lab, side):
     return info
 
 
-def run_setup(name, opts, index, logdir):
-    setup, impl = SETUPS[name]
-    if impl and wgnet.impl_path(impl) is None:
-        return {"skipped": f"{impl} not available"}
-    reps, extra = [], {}
-    if getattr(setup, "extra_args", None):
-        extra["args"] = setup.extra_args
-    for rep in range(opts.reps):
-        log(f"== {name} rep {rep + 1}/{opts.reps}")
+class BenchLab(wgnet.Lab):
+    """wgnet.Lab that also removes what a riceguard daemon leaves in the host's /run when
+    it cannot exit cleanly (status file; the appliance's pid file, only if it is ours)."""
+
+    def close(self):
+        mine = [s for s in (self.a, self.b) if s is not None and s.impl == "riceguard"]
+        pids = {s.pid for s in mine}
+        super().close()
+        for s in mine:
+            try:
+                os.unlink(f"/run/riceguard/{s.ifname}.status")
+            except OSError:
+                pass
         try:
-            with wgnet.Lab(index * 100 + rep, logdir) as lab:
-                dst, mtu, pids = setup(lab)
-                if impl == "riceguard" and rep == 0:
-                    extra["riceguard"] = riceguard_status(lab, lab.a)
-                r = measure(lab, dst, mtu, pids, opts.seconds)
-        except (LabError, KeyError, ValueError) as e:
-            log(f"  failed: {e}")
-            return {"error": str(e), "reps": reps, **extra}
-        log("  " + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if v is not None))
-        reps.append(r)
-    summary = {}
+            with open("/run/riceguard.pid") as f:
+                stale = int(f.read().strip() or 0) in pids
+        except (OSError, ValueError):
+            stale = False
+        if stale:
+            os.unlink("/run/riceguard.pid")
+
+
+def run_rep(name, rep, opts, index, logdir, res):
+    """One repetition of setup `name` (round `rep`), added to res["reps"]; a failure is
+    recorded in res["failed"] and does not stop the setup's later rounds."""
+    setup = SETUPS[name].fn
+    log(f"== {name} round {rep + 1}/{opts.reps}")
+    load = os.getloadavg()[0]
+    try:
+        with BenchLab(index * 100 + rep, logdir) as lab:
+            path = setup(lab)
+            if SETUPS[name].impl == "riceguard" and "riceguard" not in res:
+                res["riceguard"] = riceguard_status(lab, path.status_side)
+            r = measure(lab, path, opts.seconds)
+    except (LabError, KeyError, ValueError) as e:
+        log(f"  failed: {e}")
+        res.setdefault("failed", []).append({"round": rep, "error": str(e)})
+        return
+    r["round"], r["load1"] = rep, load
+    log("  " + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if v is not None))
+    res["reps"].append(r)
+
+
+def run_all(setups, opts, logdir):
+    """Every setup once per round, opts.reps rounds; odd rounds run the setups in reverse
+    order, so slow drift of the host's load (other builds) falls on all rows alike."""
+    results = {}
+    for name in setups:
+        s = SETUPS[name]
+        results[name] = {"reps": []}
+        if s.impl and wgnet.impl_path(s.impl) is None:
+            results[name] = {"skipped": f"{s.impl} not available"}
+        elif getattr(s.fn, "extra_args", None):
+            results[name]["args"] = s.fn.extra_args
+    for rep in range(opts.reps):
+        order = list(enumerate(setups))
+        for index, name in (order if rep % 2 == 0 else order[::-1]):
+            if "skipped" not in results[name]:
+                run_rep(name, rep, opts, index, logdir, results[name])
+    for name, res in results.items():
+        if "skipped" in res:
+            continue
+        if not res["reps"]:
+            res["error"] = "; ".join(f["error"] for f in res.get("failed", [])) or "no run"
+            continue
+        res["summary"] = summarize(res["reps"])
+    return results
+
+
+def summarize(reps):
+    out = {}
     for k in METRICS:
         vals = [r[k] for r in reps if r.get(k) is not None]
         if vals:
-            summary[k] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
-    return {"reps": reps, "summary": summary, **extra}
+            med = statistics.median(vals)
+            out[k] = {"median": med, "min": min(vals), "max": max(vals), "n": len(vals),
+                      "spread_pct": 100 * (max(vals) - min(vals)) / med if med else None}
+    return out
 
 
 def fmt(v):
@@ -205,61 +517,111 @@ def fmt(v):
 
 def add_ratios(results):
     """results[setup]["ratios"][metric] = {baseline: median / baseline's median} for each
-    metric's baselines (METRICS)."""
+    of the metric's baselines(); results[setup]["paired"][baseline][metric]: the same
+    ratio taken round by round (both rows ran in the same round, next to each other),
+    median and min-max, for a setup's `compare` rows."""
     for n, r in results.items():
-        if "summary" not in r or n == "veth":
+        if "summary" not in r:
             continue
         r["ratios"] = {}
-        for k, (_, _, bases) in METRICS.items():
+        for k in METRICS:
             mine = r["summary"].get(k)
-            for base in bases:
+            for base in baselines(n, k):
                 b = results.get(base, {}).get("summary", {}).get(k)
-                if mine and b and b["median"] and n != base:
+                if mine and b and b["median"]:
                     r["ratios"].setdefault(k, {})[base] = mine["median"] / b["median"]
+        for base in (SETUPS[n].compare if n in SETUPS else []):
+            other = {x.get("round"): x for x in results.get(base, {}).get("reps", [])}
+            for k in METRICS:
+                if k == "udp_loss_pct":
+                    continue
+                vals = [x[k] / other[x["round"]][k] for x in r["reps"]
+                        if x.get(k) is not None and x.get("round") in other
+                        and other[x["round"]].get(k)]
+                if vals:
+                    r.setdefault("paired", {}).setdefault(base, {})[k] = {
+                        "median": statistics.median(vals), "min": min(vals),
+                        "max": max(vals), "n": len(vals)}
+
+
+def cell(results, n, k, reps):
+    s = results[n]["summary"].get(k)
+    if s is None:
+        return "-"
+    f = METRICS[k][2]
+    c = fmt(s["median"] * f)
+    if reps > 1:
+        c += f" [{fmt(s['min'] * f)}–{fmt(s['max'] * f)}]"
+    parts = [f"{v:.2f}× {short(base)}" for base, v in results[n].get("ratios", {}).get(k, {}).items()]
+    return c + (" (" + ", ".join(parts) + ")" if parts else "")
 
 
 def report(results, opts):
     lines = []
     names = [n for n in results if "summary" in results[n]]
-    header = ["metric"] + names
-    rows = []
-    for k, (label, unit, _) in METRICS.items():
-        row = [f"{label} ({unit})"]
-        for n in names:
-            s = results[n]["summary"].get(k)
-            if s is None:
-                row.append("-")
-                continue
-            cell = fmt(s["median"])
-            if opts.reps > 1:
-                cell += f" [{fmt(s['min'])}–{fmt(s['max'])}]"
-            parts = [f"{v:.2f}× {'wg-go' if base == 'wireguard-go' else base}"
-                     for base, v in results[n].get("ratios", {}).get(k, {}).items()]
-            if parts:
-                cell += " (" + ", ".join(parts) + ")"
-            row.append(cell)
-        rows.append(row)
-    lines.append(wgnet.md_table(header, rows))
+    groups = []
+    for n in names:
+        if group_of(n) not in groups:
+            groups.append(group_of(n))
+    for g in groups:
+        cols = [n for n in names if group_of(n) == g]
+        rows = [[f"{label} ({unit})"] + [cell(results, n, k, opts.reps) for n in cols]
+                for k, (label, unit, _) in METRICS.items()]
+        lines.append(f"\n{GROUP_TITLES.get(g, g)}:\n")
+        lines.append(wgnet.md_table(["metric"] + cols, rows))
     if opts.reps > 1:
-        lines.append(f"\nmedian of {opts.reps} runs of {opts.seconds} s, [min–max]; ratios of medians.")
+        lines.append(f"\nmedian of {opts.reps} rounds of {opts.seconds} s runs, [min–max]; "
+                     "ratios of medians (throughputs against wireguard-go and boringtun of "
+                     "the same core layout).")
+    for n in names:
+        for base, per in results[n].get("paired", {}).items():
+            lines.append(f"\n{n} ÷ {base}, round by round (median [min–max] of "
+                         f"{max(p['n'] for p in per.values())} paired rounds):")
+            for k, p in per.items():
+                lines.append(f"- {METRICS[k][0]}: {p['median']:.3f}× "
+                             f"[{p['min']:.3f}–{p['max']:.3f}]")
+    lines.append("")
     for n, r in results.items():
         if r.get("args"):
-            lines.append(f"- {n}: riceguard {' '.join(r['args'])}")
+            lines.append(f"- {n}: {' '.join(r['args'])}")
     for n, r in results.items():
         if "summary" not in r:
             lines.append(f"- {n}: {r.get('skipped') or 'error: ' + r.get('error', '?')}")
+        for f in r.get("failed", []):
+            lines.append(f"- {n}: round {f['round'] + 1} failed: {f['error']}")
+    lines.append(noise_line(results))
     return "\n".join(lines)
+
+
+def noise_line(results):
+    loads = [x["load1"] for r in results.values() for x in r.get("reps", []) if "load1" in x]
+    spreads = sorted((s["spread_pct"], n) for n, r in results.items()
+                     for k, s in r.get("summary", {}).items()
+                     if k == "tcp1_mbps" and s.get("spread_pct") is not None and s["n"] > 1)
+    out = "noise:"
+    if loads:
+        out += (f" 1-minute load average at the start of each run {min(loads):.1f}–"
+                f"{max(loads):.1f} (median {statistics.median(loads):.1f}) on "
+                f"{os.cpu_count()} cpus;")
+    if spreads:
+        out += (f" TCP 1 stream (max−min)/median per row {spreads[0][0]:.0f} % "
+                f"({spreads[0][1]}) to {spreads[-1][0]:.0f} % ({spreads[-1][1]}), median "
+                f"{statistics.median(s for s, _ in spreads):.0f} %")
+    return out
 
 
 # --- the plot: three panels of bars, one bar per setup, SVG by hand -----------------------
 # metric, panel title, y-axis label, what the small "N×" under each value is relative to
 PANELS = [
-    ("tcp1_mbps", "single-stream TCP", "Mbit/s (higher is better)", "wireguard-go"),
+    ("tcp1_mbps", "single-stream TCP", "Gbit/s (higher is better)", "wireguard-go"),
     ("cpu_s_per_gbit_tcp1", "daemon CPU per Gbit/s", "CPU s per Gbit (lower is better)", None),
     ("rtt_idle_ms", "idle ping RTT", "ms (lower is better)", "veth"),
 ]
 COLORS = {"veth": "#9e9e9e", "wireguard-go": "#4e79a7", "boringtun": "#f28e2b",
-          "riceguard": "#59a14f", "riceguard-busy": "#2e6b2a", "riceguard-tcp": "#76b7b2"}
+          "riceguard": "#59a14f", "riceguard-busy": "#2e6b2a", "riceguard-tcp": "#76b7b2",
+          "wireguard-go-1core": "#7fa6cf", "boringtun-1core": "#f7b877",
+          "riceguard-1core": "#8cc77f", "appliance-1core": "#b07aa1",
+          "appliance-nofw-1core": "#d4b3cb"}
 PALETTE = ["#e15759", "#b07aa1", "#edc948", "#ff9da7", "#9c755f"]
 
 
@@ -287,8 +649,20 @@ def plot_svg(doc):
     label_h = 16 + 4.5 * max((len(n) for n in names), default=4)  # names at -40°
     width = 16 + len(PANELS) * pw + (len(PANELS) - 1) * gap + 16
     foot_y = top + ph + label_h + 20
-    height = foot_y + 46
     reps = doc.get("reps", 1)
+    notes = [("bars: median of %d rounds, whiskers min–max" % reps) if reps > 1
+             else "bars: a single run (no spread)"]
+    if any(group_of(n) == "1core" for n in names):
+        notes.append("right of the dashed line: one core per end")
+    notes += [f"{n}: {' '.join(r['args'])}" for n, r in results.items() if r.get("args")]
+    notes += [f"{n}: {r.get('skipped') or 'error: ' + str(r.get('error', '?'))[:80]}"
+              for n, r in results.items() if "summary" not in r]
+    foot, budget = [""], int((width - 32) / 5.6)   # notes packed into lines that fit
+    for note in notes:
+        if foot[-1] and len(foot[-1]) + 3 + len(note) > budget:
+            foot.append("")
+        foot[-1] += (" · " if foot[-1] else "") + note
+    height = foot_y + 16 * len(foot) + 14
     env = doc.get("environment", {})
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif">',
@@ -310,7 +684,10 @@ def plot_svg(doc):
     for i, (key, title, ylabel, base) in enumerate(PANELS):
         x0 = 16 + i * (pw + gap)
         left, right, bottom = x0 + left_pad, x0 + pw - right_pad, top + ph
-        sums = {n: results[n]["summary"].get(key) for n in names}
+        f = METRICS[key][2]
+        sums = {n: {k: v * f for k, v in s.items() if k in ("median", "min", "max")}
+                if s else None
+                for n, s in ((n, results[n]["summary"].get(key)) for n in names)}
         hi = max((max(s["max"], s["median"]) for s in sums.values() if s), default=0)
         ymax, step = nice_axis(hi * 1.2)   # head room for the value and ratio labels
 
@@ -329,6 +706,9 @@ def plot_svg(doc):
                    f'>{escape(ylabel)}</text>')
         for j, n in enumerate(names):
             cx, s = left + slot * (j + 0.5 + (n_bars - len(names)) / 2), sums[n]
+            if j and group_of(n) != group_of(names[j - 1]):  # a core layout starts
+                out.append(f'<line x1="{cx - slot / 2:.1f}" y1="{top:.1f}" x2="{cx - slot / 2:.1f}" '
+                           f'y2="{bottom:.1f}" stroke="#999" stroke-dasharray="3,3"/>')
             lx, ly = cx + 3, bottom + 12
             out.append(f'<text x="{lx:.1f}" y="{ly:.1f}" font-size="10" text-anchor="end" '
                        f'transform="rotate(-40 {lx:.1f} {ly:.1f})">{escape(n)}</text>')
@@ -344,7 +724,8 @@ def plot_svg(doc):
                 for v in (s["min"], s["max"]):
                     line(cx - bw / 5, y(v), cx + bw / 5, y(v), "#111", 1.2)
                 label_top = min(label_top, y(s["max"]))
-            ratio = results[n].get("ratios", {}).get(key, {}).get(base) if base else None
+            b = group_base(base, group_of(n)) if base == "wireguard-go" else base
+            ratio = results[n].get("ratios", {}).get(key, {}).get(b) if base else None
             if ratio is not None:
                 r = f"{ratio:.2f}" if ratio < 1 else f"{ratio:.1f}" if ratio < 10 else f"{ratio:.0f}"
                 text(cx, label_top - 4, f"{r}×", 9, extra=' fill="#666"')
@@ -352,14 +733,11 @@ def plot_svg(doc):
                 ratios += 1
             text(cx, label_top - 4, fmt(s["median"]), 10, extra=' font-weight="bold"')
         if ratios:
-            text((left + right) / 2, top - 3, f"grey: ratio to {base}", 9, extra=' fill="#666"')
+            same = " (same core layout)" if base == "wireguard-go" else ""
+            text((left + right) / 2, top - 3, f"grey: ratio to {base}{same}", 9,
+                 extra=' fill="#666"')
 
-    notes = [("bars: median of %d runs, whiskers min–max" % reps) if reps > 1
-             else "bars: a single run (no spread)"]
-    notes += [f"{n}: riceguard {' '.join(r['args'])}" for n, r in results.items() if r.get("args")]
-    notes += [f"{n}: {r.get('skipped') or 'error: ' + str(r.get('error', '?'))[:80]}"
-              for n, r in results.items() if "summary" not in r]
-    for j, ln in enumerate([" · ".join(notes[:3])] + ([" · ".join(notes[3:])] if notes[3:] else [])):
+    for j, ln in enumerate(foot):
         text(16, foot_y + 16 * j, ln, 10, "start", ' fill="#555"')
     out.append("</svg>")
     svg = "\n".join(out) + "\n"
@@ -410,9 +788,10 @@ def main(argv=None):
                     help=f"comma-separated, from: {', '.join(SETUPS)}")
     ap.add_argument("--with-tcp-fallback", action="store_true",
                     help="add the riceguard-over-TCP row (UDP dropped by nftables)")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--seconds", type=int, default=10, help="length of each iperf3 run")
-    ap.add_argument("--quick", action="store_true", help="1 repetition of 3 s runs")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="rounds: each round runs every setup once (interleaved)")
+    ap.add_argument("--seconds", type=int, default=4, help="length of each iperf3 run")
+    ap.add_argument("--quick", action="store_true", help="1 round of 3 s runs")
     ap.add_argument("--out", help="JSON path (default out/bench/bench-<UTC time>.json); "
                     "the SVG plot goes next to it (same name, .svg)")
     ap.add_argument("--plot-only", metavar="JSON",
@@ -436,22 +815,22 @@ def main(argv=None):
     wgnet.require_root()
     wgnet.install_signal_handlers()
     wgnet.sweep_stale()
+    sweep_stale_extra()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     outdir = os.path.join(wgnet.REPO, "out", "bench")
     logdir = os.path.join(outdir, f"logs-{stamp}")
     os.makedirs(logdir, exist_ok=True)
     env = environment()
-    log(f"bench: {', '.join(setups)}; {opts.reps} x {opts.seconds} s; kernel {env['kernel']}, "
-        f"load {env['loadavg_at_start']}")
+    log(f"bench: {', '.join(setups)}; {opts.reps} rounds of {opts.seconds} s runs; kernel "
+        f"{env['kernel']}, load {env['loadavg_at_start']}")
 
     t0 = time.monotonic()
-    results = {}
-    for i, name in enumerate(setups):
-        results[name] = run_setup(name, opts, i, logdir)
+    results = run_all(setups, opts, logdir)
     add_ratios(results)
     text = report(results, opts)
     print(text)
     path = opts.out or os.path.join(outdir, f"bench-{stamp}.json")
+    env["loadavg_at_end"] = os.getloadavg()
     doc = {"date": stamp, "reps": opts.reps, "seconds": opts.seconds,
            "environment": env, "results": results,
            "elapsed_s": round(time.monotonic() - t0, 1)}
@@ -460,7 +839,7 @@ def main(argv=None):
     svg = write_plot(doc, path)
     print(f"\nJSON: {os.path.relpath(path, wgnet.REPO)}; kernel {env['kernel']}, "
           f"{env['nproc']} cpus, load at start {env['loadavg_at_start'][0]:.1f}")
-    print(f"SVG: {os.path.relpath(svg, wgnet.REPO)}")
+    print(f"SVG: {os.path.relpath(svg, wgnet.REPO)}; {doc['elapsed_s']:.0f} s")
     return 1 if any("error" in r for r in results.values()) else 0
 
 
