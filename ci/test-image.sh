@@ -11,7 +11,13 @@
 #     restarted by the supervisor, a hung gateway (worker heartbeats frozen by
 #     riceguard.selftest=hang) seen unhealthy and restarted by init's health watch,
 #     USO on (boot 1) and off (boot 2), perm surviving the
-#     second boot, `reboot` typed on the serial console (clean unmount of perm).
+#     second boot, `show status` with the firewall's line, `reboot` typed on the serial
+#     console (clean unmount of perm); init's `firewall: table inet riceguard in place`
+#     before the uplink's address;
+#     while each boots, closed TCP/UDP ports of the uplink probed from the namespace ten
+#     times a second: none ever answers (no RST, no ICMP port unreachable), from the
+#     moment the address answers ARP, through the gateway's kill and restarts: the
+#     firewall is there before the uplink passes a packet and stays when the daemon dies.
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the console fails that boot at once.
 #
 # usage: ci/test-image.sh [BOARD...]   (default: qemu-x86_64 qemu-aarch64)
@@ -106,6 +112,13 @@ modules_all_loaded() {
     a=$(printf '%s' "$line" | sed -nE 's/.*, ([0-9]+) without their hardware.*/\1/p')
     [ $((n + ${a:-0})) -eq "$2" ]
 }
+# before LOG RE1 RE2: the first line matching RE1 comes before the first matching RE2.
+before() {
+    local a b
+    a=$(grep -naE "$2" "$1" | head -1 | cut -d: -f1)
+    b=$(grep -naE "$3" "$1" | head -1 | cut -d: -f1)
+    [ -n "$a" ] && [ -n "$b" ] && [ "$a" -lt "$b" ]
+}
 basic_done() { have "$1" 'riceguard-init: (boot marked good|FATAL)' && have "$1" 'riceguard(\(edit\))?# '; }
 
 # ---------------------------------------------------------------------------------------
@@ -166,6 +179,8 @@ for b in "${boards[@]}"; do
         modules_all_loaded "$log" "${nko[$b]:-0}"
     note "$b: $(grep -aoE 'riceguard-init: [0-9]+ modules loaded.*' "$log" | head -1)"
     check "$b: 'perm mounted'" have "$log" 'riceguard-init: perm mounted'
+    check "$b: init put table inet riceguard in place before the uplink came up" \
+        before "$log" 'riceguard-init: firewall: table inet riceguard in place' 'riceguard-init: uplink [^ ]+ up'
     check "$b: first-boot public key printed" have "$log" '^riceguard: public key [A-Za-z0-9+/]{43}='
     check "$b: 'gateway up'" have "$log" 'riceguard-init: gateway up'
     check "$b: console prompt on the serial line" have "$log" 'riceguard(\(edit\))?# '
@@ -181,6 +196,16 @@ for b in "${boards[@]}"; do
     note "$b: gateway up ${up_at[$b]:-never} s after QEMU start (TCG)"
     [ "$boot_status" = 0 ] || { echo "---- last serial lines ($b)"; tail -25 "$log"; }
 done
+
+# probe_silent STATUS: labtool.py boot-probe saw the address come up, sent at least 100
+# probes after that (10 s), and got no answer of any kind.
+probe_silent() {
+    local st
+    st=$(cat "$1" 2>/dev/null) || return 1
+    v() { printf '%s\n' "$st" | awk -v k="$1" '{for (i = 1; i < NF; i += 2) if ($i == k) print $(i + 1)}'; }
+    [ "$(v up_at)" != - ] && [ "$(v after_up)" -ge 100 ] && [ "$(v rst)" = 0 ] &&
+        [ "$(v unreach)" = 0 ] && [ "$(v open)" = 0 ] && [ "$(v reply)" = 0 ]
+}
 
 # ---------------------------------------------------------------------------------------
 # Each board on a tap in a namespace: uplink by netlink, WireGuard with a wireguard-go
@@ -216,8 +241,10 @@ EOF
         cat >"$peer" <<EOF
 #!/bin/sh
 res=\$1
+# Closed ports of the uplink (TCP and UDP 9: nothing listens there), from QEMU's start.
+python3 $PWD/ci/lib/labtool.py boot-probe 192.0.2.2 9 9 $((T + 30)) \$res.probe & pp=\$!
 WG_PROCESS_FOREGROUND=1 wireguard-go $wgif >/dev/null 2>&1 & wgp=\$!
-trap 'kill \$wgp 2>/dev/null; rm -f /var/run/wireguard/$wgif.sock; exit 0' TERM INT EXIT
+trap 'kill \$wgp \$pp 2>/dev/null; rm -f /var/run/wireguard/$wgif.sock; exit 0' TERM INT EXIT
 for i in \$(seq 50); do [ -S /var/run/wireguard/$wgif.sock ] && break; sleep 0.1; done
 wg set $wgif private-key $work/peer.key peer $gpub endpoint 192.0.2.2:51820 allowed-ips 10.100.0.1/32 persistent-keepalive 5
 ip addr add 10.100.0.2/24 dev $wgif
@@ -244,7 +271,14 @@ EOF
             log=$work/$b-net$run.log.txt
             check "$b net boot $run (USO $uso): no kernel panic/oops" test "$boot_status" != 3
             check "$b net boot $run: uplink 192.0.2.2/24 set over netlink" have "$log" 'uplink eth0 up 192.0.2.2/24 via 192.0.2.1'
+            check "$b net boot $run: init put table inet riceguard in place before the uplink got its address" \
+                before "$log" 'riceguard-init: firewall: table inet riceguard in place' 'riceguard-init: uplink eth0 up 192\.0\.2\.2/24'
             check "$b net boot $run: guest answers ping on the tap" test -s "$res.uplink"
+            # boot-probe's status: the address came up (ARP), probes went on for a while
+            # after, and none was answered, through boot, the kill and the hang restart.
+            note "$b net boot $run: uplink closed-port probes: $(cat "$res.probe" 2>/dev/null)"
+            check "$b net boot $run: closed TCP/UDP ports of the uplink never answered, from the address's first ARP answer through the restarts (no RST, no ICMP port unreachable)" \
+                probe_silent "$res.probe"
             check "$b net boot $run: WireGuard ping through the image (wireguard-go peer)" test -s "$res.wg"
             check "$b net boot $run: killed gateway restarted by the supervisor" \
                 test "$(count "$log" 'riceguard-init: gateway up')" -ge 2
@@ -274,21 +308,27 @@ EOF
         check "$b: pre-seeded key kept ($gpub)" test "$k1" = "riceguard: public key $gpub" -a "$k2" = "$k1"
         check "$b: entry stays good after the second boot" test "$(entries "$disk")" = "riceguard-a.conf"
 
-        # Boot 3: `reboot` typed on the serial console; init stops the services, unmounts
-        # perm and reboots (QEMU runs with -no-reboot, so it exits).
-        sin=$work/serial-in sent=0
+        # Boot 3: `show status` (the firewall's line), then `reboot` typed on the serial
+        # console; init stops the services, unmounts perm and reboots (QEMU runs with
+        # -no-reboot, so it exits).
+        sin=$work/serial-in sent=0 t_status=0
         reboot_typed() {
             local l=$1
             if [ $sent = 0 ] && have "$l" 'boot marked good' && have "$l" 'riceguard(\(edit\))?# '; then
-                timeout 5 sh -c "printf 'reboot\r' >'$sin'" && sent=1
-            elif [ $sent = 1 ] && have "$l" 'Type yes to continue'; then
-                timeout 5 sh -c "printf 'yes\r' >'$sin'" && sent=2
+                timeout 5 sh -c "printf 'show status\r' >'$sin'" && sent=1 t_status=$SECONDS
+            elif [ $sent = 1 ] && { have "$l" 'firewall: (on|off)' || [ $((SECONDS - t_status)) -gt 15 ]; }; then
+                sleep 1 # the rest of the status
+                timeout 5 sh -c "printf 'reboot\r' >'$sin'" && sent=2
+            elif [ $sent = 2 ] && have "$l" 'Type yes to continue'; then
+                timeout 5 sh -c "printf 'yes\r' >'$sin'" && sent=3
             fi
             return 1 # wait for QEMU to exit by itself
         }
         t0=$SECONDS
         boot "$b-reboot" "$disk" "$b" reboot_typed RG_QEMU_SERIAL_IN="$sin"
         log=$work/$b-reboot.log.txt
+        grep -aE '^(firewall|nat): ' "$log" | sed "s/^/     $b show status: /"
+        check "$b: \`show status\` says the firewall is on, table inet riceguard" have "$log" '^firewall: on \(table inet riceguard[;)]'
         check "$b reboot: typed on the console, init stopped services and rebooted" \
             have "$log" 'riceguard-init: rebooting'
         check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"
