@@ -479,6 +479,8 @@ for c in spoof uplink-in invalid; do
 done
 check "(6) status: nat: 10.100.0.0/24 translated" grep -qE '^ *nat: .*10\.100\.0\.0/24.*translated' <<<"$ST"
 check "(6) status: nat: fd00:100::/64 translated" grep -qE '^ *nat: .*fd00:100::/64.*translated' <<<"$ST"
+printf 'show status\n' | console_a >"$WORK/console-status.txt"
+check "(6) the console's \`show status\` has the drop counts too" grep -qE 'firewall drops: .*spoof [1-9]' "$WORK/console-status.txt"
 
 # ---- (4) lifecycle ------------------------------------------------------------------------------
 echo "--- (4) Firewall = off, on again, kill -9, restart, clean exit"
@@ -693,11 +695,15 @@ probe $S 2 tcp:10.100.0.1:22
 # ---- (4) a reload that adds a peer changes the anti-spoof rules ------------------------------
 echo "--- (4) reload adding a site peer (10.66.0.0/24)"
 pre0=$(inns $H nft list chain inet riceguard prerouting | grep -c '10\.66\.0\.0/24' || true)
+sr0=$(counter $H spoof) fr0=$(counter $H uplink-forward)
 confb yes >"$CONFB.new" && chmod 600 "$CONFB.new" && mv "$CONFB.new" "$CONFB"
 if gw_reload "$STATUS_B" $GWB; then ok "(4) reload adding a peer applied"; else ko "(4) reload adding a peer: $(grep '^reload' "$STATUS_B")"; fi
 pre1=$(inns $H nft list chain inet riceguard prerouting | grep -c '10\.66\.0\.0/24' || true)
 [ "$pre0" = 0 ] && [ "$pre1" -ge 2 ] && ok "(4) anti-spoof rules for 10.66.0.0/24 added on the uplink and the LAN port ($pre0 -> $pre1 rules)" ||
     ko "(4) anti-spoof rules for 10.66.0.0/24: $pre0 -> $pre1"
+[ "$(counter $H spoof)" -ge "$sr0" ] && [ "$(counter $H uplink-forward)" -ge "$fr0" ] &&
+    ok "(4) the replaced table carried the drop counts over (spoof $sr0, uplink-forward $fr0)" ||
+    ko "(4) counts after the replacement: spoof $sr0 -> $(counter $H spoof), uplink-forward $fr0 -> $(counter $H uplink-forward)"
 s0=$(counter $H spoof)
 inns $U $FWP spoof 10.66.0.5 192.168.88.10 udp:7777 2 >/dev/null
 sleep 0.3
