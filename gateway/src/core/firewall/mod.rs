@@ -329,7 +329,6 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
     // input: the uplink reaches only what a gateway offers it.
     let mut input = vec![
         rule(vec![iif("lo")], Action::Accept, "loopback"),
-        rule(vec![established.clone()], Action::Accept, "replies"),
         rule(
             vec![iif(&p.tunnel)],
             Action::Accept,
@@ -343,6 +342,32 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "the LAN reaches the appliance",
         ));
     }
+    // Echo requests before `established`: conntrack calls every request after the first
+    // of one echo id established, which would let a flood of one id past the limit.
+    for (l4, echo) in [
+        (L4::Icmp, ICMP_ECHO_REQUEST),
+        (L4::Icmpv6, ICMPV6_ECHO_REQUEST),
+    ] {
+        let ping = vec![Match::L4(l4), Match::IcmpType(echo)];
+        input.push(rule(
+            with(
+                ping.clone(),
+                [Match::Limit {
+                    per_second: ECHO_PER_SECOND,
+                    burst: ECHO_BURST,
+                }],
+            ),
+            Action::Accept,
+            "ping, rate-limited",
+        ));
+        input.push(counted(
+            ping,
+            COUNTER_UPLINK_IN,
+            Action::Drop,
+            "ping beyond the rate limit",
+        ));
+    }
+    input.push(rule(vec![established.clone()], Action::Accept, "replies"));
     input.push(counted(
         vec![Match::Ct(CtStates::INVALID)],
         COUNTER_INVALID,
@@ -373,18 +398,6 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "ICMP errors (PMTU discovery)",
         ));
     }
-    input.push(rule(
-        vec![
-            Match::L4(L4::Icmp),
-            Match::IcmpType(ICMP_ECHO_REQUEST),
-            Match::Limit {
-                per_second: ECHO_PER_SECOND,
-                burst: ECHO_BURST,
-            },
-        ],
-        Action::Accept,
-        "ping, rate-limited",
-    ));
     for t in ICMPV6_NEEDED {
         input.push(rule(
             vec![Match::L4(L4::Icmpv6), Match::IcmpType(t)],
@@ -392,18 +405,6 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "ICMPv6 errors, router advertisements, neighbour discovery",
         ));
     }
-    input.push(rule(
-        vec![
-            Match::L4(L4::Icmpv6),
-            Match::IcmpType(ICMPV6_ECHO_REQUEST),
-            Match::Limit {
-                per_second: ECHO_PER_SECOND,
-                burst: ECHO_BURST,
-            },
-        ],
-        Action::Accept,
-        "ping, rate-limited",
-    ));
     input.push(counted(
         Vec::new(),
         COUNTER_UPLINK_IN,

@@ -435,3 +435,43 @@ fn every_counter_a_rule_names_exists() {
         }
     }
 }
+
+#[test]
+fn an_established_echo_flood_meets_the_limit() {
+    let rs = ruleset(&factory(), &ports(&["192.0.2.0/24"]));
+    let input = &chain(&rs, "input").rules;
+    let limited = input
+        .iter()
+        .position(|r| r.matches.iter().any(|m| matches!(m, Match::Limit { .. })))
+        .unwrap();
+    let over = input
+        .iter()
+        .position(|r| {
+            r.action == Action::Drop && r.matches.contains(&Match::IcmpType(ICMP_ECHO_REQUEST))
+        })
+        .unwrap();
+    let established = input
+        .iter()
+        .position(|r| {
+            r.matches
+                .iter()
+                .any(|m| matches!(m, Match::Ct(s) if s.0 & EST != 0))
+        })
+        .unwrap();
+    assert!(limited < over && over < established);
+    // The tunnel's pings are not limited.
+    let client = Pkt {
+        iif: "wg0",
+        src: ip("10.100.0.2"),
+        l4: Some(L4::Icmp),
+        icmp: ICMP_ECHO_REQUEST,
+        ct: EST,
+        ..Pkt::default()
+    };
+    assert_eq!(verdict(&rs, "input", &client).0, Action::Accept);
+    assert!(input[..limited].iter().any(|r| r.matches
+        == vec![Match::Iif {
+            name: "wg0".into(),
+            eq: true
+        }]));
+}
