@@ -13,15 +13,28 @@
 #   boot      from NVMe, the watchdog, what the igb offers (init's USO line) and the
 #             gateway's offload decision, which must be about eth0; a DHCP lease
 #             (`dhcp eth0: bound`) with dnsmasq's router and DNS; `show status` names it
-#   one-armed `set interface address 192.168.77.201/29` (peers inside the LAN subnet),
-#             `set gateway public-endpoint 203.0.113.1:51820`, `add client phone`, commit;
-#             the printed wg-quick config (between the BEGIN/END lines) runs in the phone
-#             namespace on stock wireguard-go exactly as wg-quick would set it up; the phone
-#             pings and opens a TCP connection to lanhost, lanhost pings the phone's tunnel
-#             address (proxy ARP: no route on lanhost or the router)
+#   boot probe from lanhost (the uplink segment), a TCP SYN and a UDP datagram to closed
+#             ports of the lease address ten times a second from before QEMU starts until
+#             after the daemon is up: the address comes up (it answers ARP) and no probe is
+#             ever answered (no RST, no ICMP port unreachable): the ruleset is there from
+#             the first packet the uplink passes; init's `firewall: table inet riceguard in
+#             place` comes before `uplink eth0 up`, `show status` says `firewall: on (table
+#             inet riceguard...` and its uplink-in drop counter counted the probes
+#   one-armed the README's first client (flash-scripts/README.md "First boot on hardware"),
+#             literally: the factory configuration (tunnel 10.100.0.1/24, nothing
+#             renumbered), `set gateway public-endpoint 203.0.113.1:51820` (the box is
+#             behind the router), `add client phone`, `commit`; the printed wg-quick config
+#             (between the BEGIN/END lines) runs in the phone namespace on stock
+#             wireguard-go exactly as wg-quick would set it up; the phone pings the tunnel
+#             address and lanhost, and opens a TCP connection to lanhost, which has no
+#             route to 10.100.0.0/24 (nor has the router): lanhost sees the gateway's
+#             uplink address as the source (NAT)
 #   two-armed `set gateway lan eth1`, `set gateway lan-address 192.168.88.1/24`,
 #             `add client phone2`, commit; the phone (with phone2's config) reaches
-#             lanhost2 by ping and TCP
+#             lanhost2 by ping and TCP; from lanhost on the uplink segment, with a route to
+#             192.168.88.0/24 via the gateway, ping and TCP to lanhost2 are dropped
+#             (lanhost2 counts no packet from it: the firewall closes uplink -> LAN; its
+#             uplink-forward drop counter in `show status` counted them)
 #   flap      eth0's carrier off and on (QEMU monitor set_link): the lease is re-acquired
 #   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
@@ -251,6 +264,11 @@ boot_wait() {
     done
     [ $left -gt 0 ] && wait_re 'riceguard(\(edit\))?# ' 30
 }
+# The boot probe: from lanhost, on the uplink segment, closed ports of the address the
+# gateway will lease (TCP and UDP 9: nothing listens there), from before QEMU starts.
+probe=$work/boot-probe.status
+nspawn "$H1" python3 ci/lib/labtool.py boot-probe "$LEASE" 9 9 $((2 * T + 120)) "$probe"
+probe_pid=$lastpid
 start_qemu
 if ! boot_wait && stalled; then
     note "boot 1: the guest kernel stalled under TCG before init ($(grep -aom1 'rcu: .*stall.*' "$log")); serial log kept as serial-stalled.log, disk flashed again, booting once more"
@@ -315,6 +333,32 @@ check "dhcp: the router pings the gateway's lease address" inns "$R" ping -c2 -W
 cmd "show status"
 # (the lease line of `riceguard status`: "uplink eth0: DHCP 192.168.77.60/24 router ...")
 check "dhcp: \`show status\` names the lease (uplink eth0: DHCP $LEASE/24)" has "eth0: DHCP ${LEASE//./\\.}/24"
+
+# --- the boot probe's verdict --------------------------------------------------------------
+# It ran from before QEMU started, through boot, the DHCP lease and the daemon's start; 10 s
+# more after the lease so the address has been up a while.
+[ -n "${t_bound:-}" ] && while [ $((SECONDS - t_bound)) -lt 10 ]; do sleep 1; done
+stop_pid "$probe_pid"
+pv() { awk -v k="$1" '{for (i = 1; i < NF; i += 2) if ($i == k) print $(i + 1)}' "$probe" 2>/dev/null; }
+note "boot probe: $(cat "$probe" 2>/dev/null)"
+check "boot probe: the lease address came up while probed (it answered lanhost's ARP)" \
+    sh -c '[ "$1" != - ] && [ -n "$1" ] && [ "$2" -ge 100 ]' _ "$(pv up_at)" "$(pv after_up)"
+check "boot probe: no closed-port probe answered with a RST, from before boot to after the daemon was up" test "$(pv rst)" = 0
+check "boot probe: no closed-port probe answered with an ICMP port unreachable" test "$(pv unreach)" = 0
+check "boot probe: nothing else answered either (no open port, no UDP reply)" \
+    sh -c '[ "$1" = 0 ] && [ "$2" = 0 ]' _ "$(pv open)" "$(pv reply)"
+# Dropped by our ruleset, not lost on the way: init installed it before the uplink came up,
+# and its uplink-in counter counted the probes.
+first_line() { clean | grep -naE -m1 -- "$1" | cut -d: -f1; }
+fw_at=$(first_line 'riceguard-init: firewall: table inet riceguard in place') up_at=$(first_line 'riceguard-init: uplink eth0 up')
+check "boot probe: init put table inet riceguard in place before the uplink came up (serial lines ${fw_at:-none} < ${up_at:-none})" \
+    sh -c '[ -n "$1" ] && [ -n "$2" ] && [ "$1" -lt "$2" ]' _ "$fw_at" "$up_at"
+cmd "show status"
+printf '%s\n' "$out" | grep -aE '^(firewall|nat)' | sed 's/^/     show status: /'
+check "firewall: \`show status\` says it is on, table inet riceguard" has '^firewall: on \(table inet riceguard[;)]'
+drops() { answer | grep -aoE "^firewall drops: .*" | grep -oE "$1 [0-9]+" | cut -d' ' -f2; }
+n=$(drops uplink-in)
+check "boot probe: the firewall's uplink-in drop counter counted the probes (${n:-no counter})" test "${n:-0}" -gt 0
 
 # --- one-armed -----------------------------------------------------------------------------
 # The wg-quick config printed between the markers, as a file.
@@ -389,18 +433,21 @@ wait_ping() {
     return 1
 }
 
-echo "== one-armed: peers inside the LAN subnet, the router's port forward"
+echo "== one-armed: the README's first client, the factory configuration (flash-scripts/README.md)"
+# "the default configuration already has a key, ListenPort = 51820 and the tunnel subnet
+# Address = 10.100.0.1/24": read, not changed.
 cmd "show"
 answer | grep -aE '^(Address|ListenPort) ' | sed 's/^/     factory: /'
-factory_tunnel=0
-has '^Address = 10\.100\.0\.1/24' && factory_tunnel=1
-cmd "set interface listen-port 51820"
-# The factory tunnel subnet (10.100.0.1/24) goes: clients get addresses from the LAN's.
-[ $factory_tunnel = 1 ] && cmd "delete interface address 10.100.0.1/24"
-cmd "set interface address 192.168.77.201/29"
-check "one-armed: \`set interface address 192.168.77.201/29\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+check "one-armed: factory configuration: Address = 10.100.0.1/24" has '^Address = 10\.100\.0\.1/24( |$)'
+check "one-armed: factory configuration: ListenPort = 51820" has '^ListenPort = 51820( |$)'
+# The LAN host and the router have no route to the tunnel subnet: only NAT brings replies back.
+check "one-armed: lanhost routes 10.100.0.2 to its default router, not to the gateway" \
+    sh -c 'ip -n "$1" route get 10.100.0.2 | grep -q "via 192\.168\.77\.1 "' _ "$H1"
+check "one-armed: the router has no route to 10.100.0.0/24" sh -c '! ip -n "$1" route get 10.100.0.2 >/dev/null 2>&1' _ "$R"
+# 1. the box sits behind a router: the public address and the forwarded UDP port
 cmd "set gateway public-endpoint 203.0.113.1:51820"
-check "one-armed: \`set gateway public-endpoint\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+check "one-armed: \`set gateway public-endpoint 203.0.113.1:51820\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+# 2. add client phone
 cmd "add client phone" 60
 add_out=$out
 if client_conf phone "$work/phone.conf"; then
@@ -413,21 +460,42 @@ fi
 echo "---- console transcript: add client phone (test keys, thrown away with the disk)"
 printf '%s\n' "$add_out" | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]'
 echo "----"
+check "add client phone: 'client phone added to the candidate: address 10.100.0.2/32' (the README's line)" \
+    sh -c 'printf "%s\n" "$1" | grep -qaF "client phone added to the candidate: address 10.100.0.2/32"' _ "$add_out"
 check "add client phone: a QR code (Unicode blocks) follows the config" \
     sh -c 'printf "%s\n" "$1" | sed -n "/END WIREGUARD CONFIG phone/,\$p" | grep -qa "█\|▀\|▄"' _ "$add_out"
+check "add client phone: Address = 10.100.0.2/32" grep -qxE 'Address *= *10\.100\.0\.2/32' "$work/phone.conf"
+check "add client phone: AllowedIPs = the tunnel and the uplink's subnet (10.100.0.0/24, 192.168.77.0/24)" \
+    grep -qxE 'AllowedIPs *= *10\.100\.0\.0/24, *192\.168\.77\.0/24' "$work/phone.conf"
 check "add client phone: Endpoint is the public endpoint 203.0.113.1:51820" grep -qxE 'Endpoint *= *203\.0\.113\.1:51820' "$work/phone.conf"
+check "add client phone: PersistentKeepalive = 25" grep -qxE 'PersistentKeepalive *= *25' "$work/phone.conf"
+# 3. commit
 cmd commit 60
-check "one-armed: commit applied" has 'committed and saved'
-check "one-armed: the gateway applied it" has 'applied'
+check "one-armed: commit: 'committed and saved to /perm/riceguard.conf'" has 'committed and saved to /perm/riceguard\.conf'
+check "one-armed: commit: 'the gateway applied it (reload generation N)'" has 'the gateway applied it \(reload generation [0-9]+\)'
 phone_addr=$(awk -F= 'tolower($1) ~ /^ *address *$/ {gsub(/[ \t]/, "", $2); split($2, a, ","); print a[1]; exit}' "$work/phone.conf" 2>/dev/null)
-phone_ip=${phone_addr%%/*}
+# tcp_peer NS_SERVER ADDR NS_CLIENT: as tcp_echo; the server's view of the client's address
+# in $peer_seen.
+tcp_peer() {
+    local srv=$1 addr=$2 cli=$3 spid got
+    peer_seen=""
+    nspawn "$srv" timeout 30 python3 ci/lib/labtool.py tcp-peer-once 0.0.0.0 7777 >"$work/tcp-peer.out" 2>&1
+    spid=$lastpid
+    sleep 0.5
+    got=$(inns "$cli" timeout 20 python3 ci/lib/labtool.py tcp-reverse-check "$addr" 7777 2>&1)
+    for _ in $(seq 20); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
+    stop_pid "$spid"
+    peer_seen=$(head -1 "$work/tcp-peer.out")
+    [ "$got" = ok ]
+}
 if [ -s "$work/phone.conf" ] && phone_up "$work/phone.conf"; then
     ok "phone: wireguard-go up with the printed config ($WGIF, Address $phone_addr)"
-    check "one-armed: phone pings lanhost $LANHOST through the tunnel" wait_ping "$P" "$LANHOST" 30
-    check "one-armed: phone opens a TCP connection to lanhost (echo)" tcp_echo "$H1" "$LANHOST" "$P"
-    check "one-armed: lanhost pings the phone's tunnel address $phone_ip (proxy ARP, no routes)" \
-        wait_ping "$H1" "$phone_ip" 10
-    check "one-armed: the router pings the phone's tunnel address too" wait_ping "$R" "$phone_ip" 10
+    check "one-armed: phone pings the gateway's tunnel address 10.100.0.1" wait_ping "$P" 10.100.0.1 30
+    check "one-armed: phone pings lanhost $LANHOST (no route back to the tunnel on lanhost or the router)" \
+        wait_ping "$P" "$LANHOST" 30
+    check "one-armed: phone opens a TCP connection to lanhost (echo)" tcp_peer "$H1" "$LANHOST" "$P"
+    check "one-armed: lanhost saw the gateway's uplink address $LEASE as the source (masquerade), not ${phone_addr%%/*} (seen: ${peer_seen:-nothing})" \
+        test "$peer_seen" = "$LEASE"
     inns "$P" wg show "$WGIF" | sed 's/^/     phone: /' | grep -E 'handshake|transfer|endpoint'
 else
     ko "phone: could not bring up wireguard-go with the printed config"
@@ -459,6 +527,34 @@ else
     ko "phone: could not bring up wireguard-go with phone2's config"
 fi
 phone_down
+
+echo "== two-armed: from the uplink segment, the LAN behind eth1 is closed"
+# lanhost sits on the uplink segment; given a route to the LAN via the gateway's uplink
+# address, it tries lanhost2, which listens and counts in its own namespace every packet
+# that arrives from lanhost: dropped means none arrives (not merely unanswered).
+inns "$H2" nft -f - <<EOF
+table inet rgbcount {
+    counter from_uplink {}
+    chain pre { type filter hook prerouting priority -400; ip saddr $LANHOST counter name "from_uplink"; }
+}
+EOF
+ip -n "$H1" route add 192.168.88.0/24 via "$LEASE"
+nspawn "$H2" timeout 30 python3 ci/lib/labtool.py tcp-reverse-once 0.0.0.0 7777
+spid=$lastpid
+sleep 0.5
+check "uplink -> LAN: lanhost still reaches the gateway's uplink address (ping $LEASE)" wait_ping "$H1" "$LEASE" 5
+check "uplink -> LAN: lanhost's ping to lanhost2 $LANHOST2 via the gateway is dropped (0 of 3)" \
+    sh -c '! ip netns exec "$1" ping -c3 -W1 -i0.3 "$2"' _ "$H1" "$LANHOST2"
+check "uplink -> LAN: lanhost's TCP connection to lanhost2:7777 (listening) is dropped" \
+    sh -c '! ip netns exec "$1" timeout 10 python3 ci/lib/labtool.py tcp-reverse-check "$2" 7777' _ "$H1" "$LANHOST2"
+arrived=$(inns "$H2" nft list counter inet rgbcount from_uplink 2>/dev/null | grep -oE 'packets [0-9]+' | cut -d' ' -f2)
+check "uplink -> LAN: lanhost2 counted no packet from lanhost (${arrived:-no counter})" test "${arrived:-x}" = 0
+cmd "show status"
+n=$(drops uplink-forward)
+check "uplink -> LAN: the firewall's uplink-forward drop counter counted them (${n:-no counter})" test "${n:-0}" -gt 0
+stop_pid "$spid"
+ip -n "$H1" route del 192.168.88.0/24 via "$LEASE"
+inns "$H2" nft delete table inet rgbcount
 
 # --- the lease without a server ------------------------------------------------------------
 # --- link flap -----------------------------------------------------------------------------
