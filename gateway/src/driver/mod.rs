@@ -472,7 +472,7 @@ fn run(opts: Opts) -> Result<(), String> {
     let _ = std::fs::remove_file(uapi::socket_path(&ifname));
     let _ = std::fs::remove_file(status_path(&ifname));
     if appliance {
-        let _ = std::fs::remove_file(PIDFILE);
+        remove_pidfile_if_ours(std::path::Path::new(PIDFILE), std::process::id());
     }
     rt.stop_tcp();
     for h in handles {
@@ -501,6 +501,15 @@ fn pin_to(core: usize) {
     }
 }
 
+/// Remove the pid file only if it still names `pid`: another appliance daemon started
+/// since (a restart, a second test's daemon on the same host) owns it now.
+fn remove_pidfile_if_ours(path: &std::path::Path, pid: u32) {
+    let ours = std::fs::read_to_string(path).is_ok_and(|t| t.trim() == pid.to_string());
+    if ours {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
 /// The interface's MTU from sysfs (None when it cannot be read).
 fn read_mtu(ifname: &str) -> Option<u32> {
     std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
@@ -508,4 +517,21 @@ fn read_mtu(ifname: &str) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_file_is_removed_only_by_its_owner() {
+        let dir = crate::store::tests::TempDir::new("pidfile");
+        let p = dir.0.join("riceguard.pid");
+        std::fs::write(&p, "4242\n").unwrap();
+        remove_pidfile_if_ours(&p, 4243);
+        assert!(p.exists(), "another daemon's pid file was removed");
+        remove_pidfile_if_ours(&p, 4242);
+        assert!(!p.exists());
+        remove_pidfile_if_ours(&p, 4242); // gone already: nothing to do
+    }
 }
