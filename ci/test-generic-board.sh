@@ -40,7 +40,7 @@
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
 #
-# usage: ci/test-generic-board.sh            (as root; about 4 min under TCG)
+# usage: ci/test-generic-board.sh            (as root; about 5 min under TCG, 6-7 on a busy host)
 # env:   RG_BOARD_REBUILD=1 rebuilds out/x86_64-generic first (else reused if present: it
 #        may be older than the working tree); RG_OUT another image dir; RG_BIN passes a
 #        prebuilt static riceguard to image/build.sh; RG_BOARD_TIMEOUT (s per boot wait,
