@@ -164,13 +164,15 @@ def hold(args):
     time.sleep(120)
 
 
-def tcp_reverse_once(args):
+def _reverse_once(args):
+    """Accept one TCP connection on ADDR PORT, answer its first line reversed; return
+    the client's address."""
     s = socket.socket(socket.AF_INET6 if ":" in args[0] else socket.AF_INET)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind((args[0], int(args[1])))
     s.listen(1)
     s.settimeout(15)
-    c, _ = s.accept()
+    c, peer = s.accept()
     c.settimeout(5)
     data = b""
     while not data.endswith(b"\n"):
@@ -180,6 +182,11 @@ def tcp_reverse_once(args):
         data += d
     c.sendall(data[::-1])
     c.close()
+    return peer[0]
+
+
+def tcp_reverse_once(args):
+    _reverse_once(args)
 
 
 def tcp_reverse_check(args):
@@ -326,22 +333,7 @@ def boot_probe(args):
 
 
 def tcp_peer_once(args):
-    s = socket.socket(socket.AF_INET6 if ":" in args[0] else socket.AF_INET)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((args[0], int(args[1])))
-    s.listen(1)
-    s.settimeout(15)
-    c, peer = s.accept()
-    c.settimeout(5)
-    data = b""
-    while not data.endswith(b"\n"):
-        d = c.recv(65536)
-        if not d:
-            break
-        data += d
-    c.sendall(data[::-1])
-    c.close()
-    print(peer[0], flush=True)
+    print(_reverse_once(args), flush=True)
 
 
 TOOLS = {
