@@ -294,6 +294,19 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "DHCP replies (the subnet is not known before the lease)",
         ));
     }
+    // Our own DHCPDISCOVER, looped back: a broadcast sent while the uplink has no address
+    // leaves with a source the kernel took from another interface (the tunnel's), and
+    // its local copy re-enters by the uplink. Not a spoof; nothing else sends 68 -> 67.
+    pre.push(rule(
+        vec![
+            Match::Family(Family::V4),
+            Match::L4(L4::Udp),
+            Match::Sport(68),
+            Match::Dport(67),
+        ],
+        Action::Return,
+        "our DHCP broadcasts, looped back",
+    ));
     if let Some(l) = &p.lan {
         for c in spoof_prefixes(cfg, &p.lan_nets) {
             pre.push(counted(

@@ -475,3 +475,18 @@ fn an_established_echo_flood_meets_the_limit() {
             eq: true
         }]));
 }
+
+#[test]
+fn our_looped_back_dhcp_broadcast_is_not_a_spoof() {
+    let cfg = factory();
+    let rs = ruleset(&cfg, &Ports::from_config(&cfg));
+    let discover = Pkt {
+        iif: "eth0",
+        src: ip("10.100.0.1"),
+        l4: Some(L4::Udp),
+        sport: 68,
+        dport: 67,
+        ..Pkt::default()
+    };
+    assert_eq!(verdict(&rs, "prerouting", &discover).0, Action::Return);
+}
