@@ -176,7 +176,11 @@ fn commit_signals_the_daemon_with_sighup() {
     let d = Tmp::new("hup");
     let flag = d.0.join("got-hup");
     // A stand-in daemon whose command line says riceguard, recording SIGHUP in a file.
-    let child = Command::new("bash")
+    // `env --default-signal=HUP`: a shell cannot trap a signal ignored when it starts
+    // (a test run under `nohup` ignores SIGHUP), and the stand-in would never see it.
+    let child = Command::new("env")
+        .arg("--default-signal=HUP")
+        .arg("bash")
         .arg("-c")
         .arg("trap 'echo hup > \"$1\"' HUP; : > \"$1.ready\"; while :; do sleep 0.05; done")
         .arg("riceguard-fake-daemon")
@@ -195,8 +199,10 @@ fn commit_signals_the_daemon_with_sighup() {
     let pid = child.0.id();
     let pidfile = d.0.join("riceguard.pid");
     std::fs::write(&pidfile, format!("{pid}\n")).expect("pidfile");
+    // Its own status file: not the shared /run/riceguard.status a real daemon may write.
     let mut h = SystemHooks {
         pidfile: pidfile.clone(),
+        status_file: d.0.join("riceguard.status"),
         ..SystemHooks::default()
     };
     // A SIGHUP before bash has installed its trap would kill it: wait (bounded) for the
@@ -212,7 +218,10 @@ fn commit_signals_the_daemon_with_sighup() {
     // the stand-in is recognised; it must then be signalled.
     let mut seen = false;
     let mut last = Ok(String::new());
-    for _ in 0..400 {
+    // Each reload waits up to RELOAD_WAIT for a status file this stand-in never writes:
+    // bounded by a deadline, not a count.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         last = h.reload(&d.0.join("riceguard.conf"));
         std::thread::sleep(std::time::Duration::from_millis(50));
         if last.is_ok() && flag.exists() {
