@@ -7,11 +7,19 @@
 #     end, perm grown, fsck clean), into an unmounted loop device; refusals (exit 2, no
 #     byte written): too small, mounted loop device, file attached to a loop device, a
 #     partition, the host's own system disk, no confirmation
-#   - bundles: make, sign, and the refused variants (bad signature, wrong board,
-#     incompatible, corrupted body, not newer: a downgrade)
+#   - bundles: make, sign, and the refused variants (bad signature, wrong board, a
+#     newer configuration schema, an older one only (schema 1), corrupted body, not newer:
+#     a downgrade); the good one spans schema 1 (today's devices) to this tree's COMPAT
 # QEMU (TCG, OVMF; bundles reach the guest as extra virtio disks, the request as a file
 # seeded into perm, see gateway/src/update/mod.rs BOOT_REQUEST):
-#   1. flashed v1 (build 1) boots, refuses 5 bad bundles naming the check (one of them
+#   0. today's firmware (RG_UPDATE_OLD, default 7cd04a5: the last release of
+#      configuration schema 1, built from its own tree in a git worktree, cached in
+#      out/test-update-old/) boots with a saved configuration (two named peers), installs
+#      v2 (schema 2); v2 boots on trial, is marked good, keeps the peers, has its firewall
+#      in place; the console saves schema-2 settings (masquerade off, a disabled client:
+#      `#+` lines) and `rollback-slot` + `reboot` go back to slot A: the old firmware loads
+#      the saved file (no fallback), is healthy and runs the peer that is not disabled
+#   1. flashed v1 (build 1) boots, refuses 6 bad bundles naming the check (one of them
 #      v2's content signed as build 1: a downgrade), installs v2 (build 2) into slot B
 #   2. reboots into slot B running v2: on trial, marked good, perm (key) kept
 #   3. QEMU killed in the middle of writing an update: the old slot still boots
@@ -22,7 +30,8 @@
 #
 # usage: ci/test-update.sh [host]     (host: skip the QEMU part)
 # env:   RG_UPDATE_BOOT_TIMEOUT (s per boot, default 240), RG_UPDATE_KEEP=1 keeps out/test-update,
-#        RG_UPDATE_WORK (work directory, default out/test-update)
+#        RG_UPDATE_WORK (work directory, default out/test-update), RG_UPDATE_ONLY=compat
+#        (no unit tests, no v3, QEMU 0 only), RG_UPDATE_OLD (the old firmware's commit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
@@ -35,10 +44,14 @@ rm -rf "$work"
 mkdir -p "$work"
 have() { grep -qaE "$2" "$1"; }
 t_all=$SECONDS
-loops=() mnts=()
+only=${RG_UPDATE_ONLY:-}
+case $only in ''|compat) ;; *) echo "RG_UPDATE_ONLY is compat or empty" >&2; exit 2 ;; esac
+loops=() mnts=() old_tree="" cpid=""
 cleanup() {
     for m in "${mnts[@]}"; do umount "$m" 2>/dev/null; done
     for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
+    [ -z "$cpid" ] || cstop 0
+    [ -z "$old_tree" ] || git worktree remove --force "$old_tree" 2>/dev/null
 }
 at_exit cleanup
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
@@ -55,7 +68,9 @@ part_sha() {
 
 # ---------------------------------------------------------------------------------------
 echo "== host: unit tests (bundle format, update engine on a disk file, http)"
-if out=$(cargo test -q -p riceguard --lib -- core::bundle update:: 2>&1); then
+if [ -n "$only" ]; then
+    skip "unit tests (RG_UPDATE_ONLY=$only)"
+elif out=$(cargo test -q -p riceguard --lib -- core::bundle update:: 2>&1); then
     n=$(echo "$out" | grep -oE '[0-9]+ passed' | head -1)
     ok "unit tests: $n (bad signature/board/arch/compat/truncated/corrupt/oversized/trailing refused with the disk unchanged, seeded garbage, http, rollback)"
 else
@@ -70,7 +85,7 @@ bin=$top/target/x86_64-unknown-linux-musl/release/riceguard
 seed=$work/seed
 mkdir -p "$seed"
 # The guest installs the first of these that verifies, once, after its first good boot.
-printf '/dev/vdb\n/dev/vdc\n/dev/vdd\n/dev/vde\n/dev/vdf\n/dev/vdg\n' >"$seed/update-on-boot"
+printf '/dev/vdb\n/dev/vdc\n/dev/vdd\n/dev/vde\n/dev/vdf\n/dev/vdg\n/dev/vdh\n' >"$seed/update-on-boot"
 build() { # NAME VERSION [env...]
     local name=$1 v=$2; shift 2
     env "$@" RG_OUT="$work/$name" RG_VERSION="$v" RG_BIN="$bin" image/build.sh "$board" >"$work/$name.build" 2>&1 \
@@ -78,10 +93,17 @@ build() { # NAME VERSION [env...]
 }
 # QEMU user networking: the guest reaches the host's loopback as 10.0.2.2 (HTTP source).
 net=riceguard.uplink=10.0.2.15/24,gw=10.0.2.2
-# Build numbers (signed into bundles; a device takes only newer ones): v1 1, v2 2, v3 3.
+# Configuration schemas (core::bundle::COMPAT): this tree's, and today's firmware's.
+schema() { sed -n 's/^pub const COMPAT: u32 = \([0-9][0-9]*\);$/\1/p'; }
+compat=$(schema <gateway/src/core/bundle.rs)
+old_rev=${RG_UPDATE_OLD:-7cd04a5}
+old_commit=$(git rev-parse --verify -q "$old_rev^{commit}") || { ko "RG_UPDATE_OLD=$old_rev: no such commit"; exit 1; }
+old_compat=$(git show "$old_commit:gateway/src/core/bundle.rs" | schema)
+# Build numbers (signed into bundles; a device takes only newer ones): v1 1, v2 2, v3 3;
+# today's firmware (QEMU 0) 1.
 if build v1 v1 RG_BUILD=1 RG_PERM_SEED="$seed" RG_CMDLINE_EXTRA=$net && build v2 v2 RG_BUILD=2 RG_CMDLINE_EXTRA=$net \
-    && build v3u v3-unhealthy RG_BUILD=3 RG_CMDLINE_EXTRA=riceguard.selftest=unhealthy; then
-    ok "images v1, v2 and v3-unhealthy built ($((SECONDS - t0))s)"
+    && { [ -n "$only" ] || build v3u v3-unhealthy RG_BUILD=3 RG_CMDLINE_EXTRA=riceguard.selftest=unhealthy; }; then
+    ok "images v1, v2$([ -n "$only" ] || echo " and v3-unhealthy") built ($((SECONDS - t0))s)"
 else
     ko "image builds"; exit 1
 fi
@@ -94,8 +116,19 @@ mkb() { # NAME [env...]: bundle of v2 with overrides, copied to $work/NAME.bundl
 }
 openssl genpkey -algorithm ed25519 -out "$work/other.key" 2>/dev/null
 mkb badsig RG_UPDATE_KEY="$work/other.key" && mkb board RG_BUNDLE_BOARD=qemu-aarch64 \
-    && mkb compat RG_BUNDLE_COMPAT=3 RG_BUNDLE_MIN_COMPAT=2 && mkb old RG_BUNDLE_BUILD=1 && mkb good \
-    && ok "bundles made: good v2 ($(stat -c %s "$work/good.bundle") bytes) and 4 refused variants" || ko "bundle making"
+    && mkb compat RG_BUNDLE_COMPAT=$((compat + 2)) RG_BUNDLE_MIN_COMPAT=$((compat + 1)) \
+    && mkb compat1 RG_BUNDLE_COMPAT=1 RG_BUNDLE_MIN_COMPAT=1 && mkb old RG_BUNDLE_BUILD=1 && mkb good \
+    && ok "bundles made: good v2 ($(stat -c %s "$work/good.bundle") bytes) and 5 refused variants" || ko "bundle making"
+# What bundle.sh writes by default must span the schemas in the field: a device of today's
+# firmware (schema 1) takes it, and it declares the schema it writes (this tree's COMPAT).
+mf() { grep -a -m1 -oE "^$2 [0-9]+\$" "$1" | cut -d' ' -f2; }
+gc=$(mf "$work/good.bundle" compat) gm=$(mf "$work/good.bundle" min-compat)
+if [ "$gc" = "$compat" ] && [ -n "$gm" ] && [ "$gm" -le "$old_compat" ]; then
+    ok "good bundle (bundle.sh defaults) declares compat $gc min-compat $gm: this schema, and devices of schema $old_compat take it"
+else
+    ko "PRODUCT: bundle.sh's defaults give compat ${gc:-none} min-compat ${gm:-none}: a device of schema $old_compat (today's firmware) would refuse it, or it does not declare COMPAT $compat; QEMU 0 uses RG_BUNDLE_COMPAT=$compat RG_BUNDLE_MIN_COMPAT=$old_compat"
+    mkb good RG_BUNDLE_COMPAT="$compat" RG_BUNDLE_MIN_COMPAT="$old_compat"
+fi
 check "v1 root records its build number (etc/riceguard/build = 1)" sh -c "unsquashfs -q -cat '$work/v1/root.squashfs' etc/riceguard/build | grep -qx 1"
 check "good bundle's signed manifest carries build 2, the downgrade one build 1" sh -c "grep -aqx 'build 2' '$work/good.bundle' && grep -aqx 'build 1' '$work/old.bundle'"
 cp "$work/good.bundle" "$work/corrupt.bundle"
@@ -215,20 +248,219 @@ pad() { # bundle as a disk: whole sectors (the bundle ends where its manifest sa
     cp "$1" "$2"; truncate -s %512 "$2"
 }
 
+# ---------------------------------------------------------------------------------------
+# The serial console of a boot (image/qemu.sh RG_QEMU_SERIAL_IN): cboot NAME DISK starts
+# QEMU and waits for init's verdict and the prompt; cmd LINE [SECONDS] [REGEX] types a
+# line and waits for the next prompt (or REGEX), the output since in $out (and in
+# console.txt); cstop [SECONDS] waits that long for the guest to end by itself (a reboot:
+# QEMU exits, cstatus=exited), else stops QEMU by its PID (cstatus=killed).
+sin=$work/serial-in clog="" ctime=0 cstatus="" out=""
+cwait() { # REGEX SECONDS [OFFSET]: the serial log after byte OFFSET matches REGEX
+    local re=$1 left=$(($2 * 4)) off=${3:-0}
+    while [ "$left" -gt 0 ]; do
+        tail -c +$((off + 1)) "$clog" | tr -d '\r' | grep -qaE "$re" && return 0
+        grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$clog" && return 1
+        kill -0 "$cpid" 2>/dev/null || return 1
+        sleep 0.25
+        left=$((left - 1))
+    done
+    return 1
+}
+cboot() {
+    clog=$work/$1.log ctime=$SECONDS
+    : >"$clog"
+    printf '==== %s\n' "$1" >>"$work/console.txt"
+    RG_QEMU_DISK="$2" RG_QEMU_LOG="$clog" RG_QEMU_TIMEOUT=$((T + 300)) RG_QEMU_UNTIL='^RG-NEVER$' \
+        RG_QEMU_SERIAL_IN="$sin" image/qemu.sh "$board" >"$work/$1.qemu" 2>&1 &
+    cpid=$!
+    for _ in $(seq 100); do [ -e "$sin" ] && break; sleep 0.1; done
+    # Read-write: opening never blocks and QEMU never sees the writer go away.
+    exec 9<>"$sin" || return 1
+    cwait 'riceguard-init: (boot marked good|FATAL|rebooting)' "$T" && cwait 'riceguard(\(edit\))?# ' 30
+}
+cmd() {
+    local off re=${3:-'riceguard(\(edit\))?# '} rc
+    off=$(stat -c %s "$clog")
+    printf '%s\r' "$1" >&9
+    cwait "$re" "${2:-20}" "$off"
+    rc=$?
+    out=$(tail -c +$((off + 1)) "$clog" | tr -d '\r')
+    printf '%s\n' "$out" >>"$work/console.txt"
+    return $rc
+}
+said() { printf '%s\n' "$out" | grep -qaE -- "$1"; }
+said_line() { printf '%s\n' "$out" | grep -qaxF -- "$1"; } # a whole line, as typed (keys hold + and /)
+cstop() {
+    local i q
+    for ((i = 0; i < ${1:-0} * 2; i++)); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.5; done
+    cstatus=exited
+    if kill -0 "$cpid" 2>/dev/null; then
+        cstatus=killed
+        q=$(ps -o pid=,comm= --ppid "$cpid" 2>/dev/null | awk '$2 ~ /^qemu-system/ {print $1; exit}')
+        [ -n "$q" ] && kill "$q" 2>/dev/null
+        for _ in $(seq 20); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.25; done
+        kill "$cpid" 2>/dev/null
+    fi
+    wait "$cpid" 2>/dev/null
+    exec 9>&- 2>/dev/null
+    cpid=""
+    tr -d '\r' <"$clog" >"$clog.txt"
+    echo "     $(basename "$clog" .log): $((SECONDS - ctime))s ($cstatus), serial log $clog.txt"
+}
+
+# Today's firmware, from its own tree (a git worktree; the Debian packages of .cache/ and
+# this tree's signing key, so it takes v2's bundles), with a lower build number than v2.
+# Its own cargo target directory under out/ (a target shared with this tree would not
+# share the dependencies, whose hashes depend on the workspace, and would replace this
+# tree's binary), its image cached by commit, key and command line.
+old_dir() {
+    local k
+    k=$(printf '%s\n' "$old_commit" "$board" "$net" "$(grep -v '^#' "$(image/keys.sh pub)")" | sha256sum | cut -c1-12)
+    echo "$top/out/test-update-old/${old_commit:0:12}-$k"
+}
+old_build() {
+    local dst=$1 src=$work/old-src tgt=$top/out/test-update-old/target tmp=$1.tmp key pub
+    key=$(realpath "$(image/keys.sh key)") pub=$(realpath "$(image/keys.sh pub)")
+    git worktree prune
+    git worktree add --detach "$src" "$old_commit" >"$work/old-src.log" 2>&1 || { cat "$work/old-src.log"; return 1; }
+    old_tree=$src
+    ln -s "$top/.cache" "$src/.cache"
+    mkdir -p "$tgt"
+    ln -s "$tgt" "$src/target"
+    (cd "$src" && CARGO_TARGET_DIR=$tgt ci/build-static.sh x86_64) >"$work/old-static.log" 2>&1 \
+        || { tail -20 "$work/old-static.log"; return 1; }
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    cp "$tgt/x86_64-unknown-linux-musl/release/riceguard" "$tmp/riceguard"
+    (cd "$src" && RG_OUT=$tmp RG_BIN=$tmp/riceguard RG_VERSION="today-${old_commit:0:7}" RG_BUILD=1 \
+        RG_CMDLINE_EXTRA=$net RG_UPDATE_KEY=$key RG_UPDATE_PUB=$pub \
+        SOURCE_DATE_EPOCH="$(git log -1 --format=%ct "$old_commit")" image/build.sh "$board") >"$work/old.build" 2>&1 \
+        || { tail -20 "$work/old.build"; return 1; }
+    rm -rf "$dst"
+    mv "$tmp" "$dst"
+    git worktree remove --force "$src" && old_tree=""
+}
+
+qemu_compat() {
+    local t0=$SECONDS od img d l pp pl k0 f
+    od=$(old_dir)
+    img=$od/riceguard-$board.img
+    carries_key() { unsquashfs -q -cat "$od/root.squashfs" etc/riceguard/update.pub 2>/dev/null | grep -qxF "$(grep -v '^#' "$(image/keys.sh pub)")"; }
+    if [ -s "$img" ] && carries_key; then
+        ok "today's firmware ${old_commit:0:7} (schema $old_compat, build 1): cached image ${od#"$top/"}"
+    elif old_build "$od"; then
+        ok "today's firmware ${old_commit:0:7} (schema $old_compat, build 1) built from its own tree ($((SECONDS - t0))s)"
+    else
+        ko "today's firmware ${old_commit:0:7}: build (logs in $work/old-static.log, $work/old.build)"
+        return
+    fi
+    check "today's firmware root carries the update public key" carries_key
+    d=$work/disk0.img
+    cp --sparse=always "$img" "$d"
+    # The saved configuration of a device in the field: two named peers, written as the
+    # console of today's firmware writes it; and the request to install v2 from /dev/vdb.
+    pp=$("$bin" genkey | "$bin" pubkey) pl=$("$bin" genkey | "$bin" pubkey)
+    f=$work/saved.conf
+    (umask 077 && printf '[Interface]\nPrivateKey = %s\nListenPort = 51820\nAddress = 10.100.0.1/24\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.100.0.2/32\nName = phone\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.100.0.3/32\nName = laptop\n\n[Gateway]\nInterfaceName = wg0\n' \
+        "$("$bin" genkey)" "$pp" "$pl" >"$f")
+    printf '/dev/vdb\n' >"$work/req0"
+    perm_put "$d" "$f" riceguard.conf && perm_put "$d" "$work/req0" update-on-boot
+    check "q0: perm seeded (riceguard.conf with peers phone and laptop, update-on-boot)" bash -c "$(declare -f perm_cat part_off); perm_cat '$d' riceguard.conf | grep -qxF 'PublicKey = $pl'"
+
+    boot q0-old "$d" never RG_QEMU_DISKS="$work/good.disk"
+    l=$work/q0-old.log.txt
+    check "q0: today's firmware booted from slot a" have "$l" 'riceguard-init: slot a booted'
+    check "q0: it loads the saved configuration (no fallback, no config error)" bash -c "! grep -qaE 'does not load|uplink from the kernel command line only|config: /perm' '$l'"
+    check "q0: gateway up, boot marked good" bash -c "grep -qa 'riceguard-init: gateway up' '$l' && grep -qa 'riceguard-init: boot marked good' '$l'"
+    check "q0: it takes v2's bundle (compat $gm..=$gc; this device: schema $old_compat, build 1)" have "$l" "update: verified v2 \\(build 2\\) .*compat $gm\\.\\.=$gc"
+    check "q0: installed v2 into slot b, rebooting" have "$l" 'rebooting into slot b'
+    check "q0: the guest rebooted (QEMU exited by itself)" test "$boot_status" = 0
+    check "q0: ESP entries: a good, b with 3 tries" test "$(entries "$d")" = "riceguard-a.conf riceguard-b+3.conf"
+    k0=$(grep -a '^riceguard: public key' "$l" | head -1)
+    grep -aE "^update: (verified|installed)|bundle refused" "$l" | sed 's/^/     guest: /'
+
+    echo "     q0: v2 on slot b: peers kept, firewall in place; the console saves schema-2 settings, rollback-slot"
+    if ! cboot q0-new "$d"; then
+        cstop 0
+        ko "q0: v2 gave no console prompt after its boot verdict"
+        tail -25 "$clog.txt"
+        return
+    fi
+    cmd 'show status'
+    check "q0: v2 runs from slot b (show status: firmware v2 (build 2), boot slot b)" bash -c "$(declare -f said); out=\$1; said '^firmware: riceguard v2 .*\\(build 2\\)$' && said '^boot slot: b$'" _ "$out"
+    check "q0: v2's firewall in place (show status: firewall: on)" said '^firewall: on \(table inet riceguard'
+    cmd 'show peers'
+    check "q0: v2 runs both saved peers (show peers: phone, laptop)" bash -c "$(declare -f said_line); out=\$1; said_line 'peer: $pp (phone)' && said_line 'peer: $pl (laptop)'" _ "$out"
+    cmd 'set gateway masquerade off'
+    cmd "set peer $pp masquerade off"
+    cmd 'disable client laptop'
+    cmd commit 60
+    check "q0: v2 commits schema-2 settings (gateway masquerade off, phone masquerade off, laptop disabled)" said '^committed and saved'
+    check "q0: the gateway applied it" said 'applied it'
+    check "q0: commit says what the previous slot's firmware leaves out" said 'firmware before configuration schema 2 .* reads this file without: Masquerade = off; peer phone Masquerade = off; peer laptop disabled'
+    cmd rollback-slot 60 'is the default from the next boot|rollback-slot: .*(error|failed|no boot entry)'
+    check "q0: rollback-slot: slot a is the default from the next boot" said 'slot a \(riceguard-a.conf\) is the default from the next boot'
+    cmd reboot 20 'Type yes'
+    printf 'yes\r' >&9
+    cstop 120
+    l=$clog.txt
+    check "q0: v2 on trial in slot b (2 tries left), marked good" bash -c "grep -qa 'slot b on trial (riceguard-b+2-1.conf: 2 tries left, 1 used)' '$l' && grep -qa 'boot marked good (riceguard-b+2-1.conf -> riceguard-b.conf)' '$l'"
+    check "q0: v2 loads the saved configuration (no fallback)" bash -c "! grep -qaE 'does not load|uplink from the kernel command line only|config: /perm' '$l'"
+    check "q0: v2's boot firewall in place (init: firewall: table inet riceguard in place)" have "$l" 'riceguard-init: firewall: table inet riceguard in place'
+    check "q0: key kept across the update" bash -c "test -n '$k0' && grep -qaxF '$k0' '$l'"
+    check "q0: the guest rebooted after \`reboot\` (QEMU exited by itself)" test "$cstatus" = exited
+    check "q0: v2 does not run the consumed update request again" test "$(grep -ca 'update requested' "$l")" = 0
+    check "q0: the saved file has the schema-2 settings on #+ lines (Masquerade, the laptop's whole section)" bash -c "$(declare -f perm_cat part_off); t=\$(perm_cat '$d' riceguard.conf); grep -qx '#+ Masquerade = off' <<<\"\$t\" && grep -qxF '#+ PublicKey = $pl' <<<\"\$t\" && grep -qxF 'PublicKey = $pp' <<<\"\$t\" && ! grep -qE '^[^#].*(Masquerade|Enabled)' <<<\"\$t\""
+    check "q0: ESP entries: a and b good, a the default" bash -c "$(declare -f esp_cat part_off entries); test \"\$(entries '$d')\" = 'riceguard-a.conf riceguard-b.conf' && esp_cat '$d' riceguard-a.conf | grep -q 'sort-key riceguard-0'"
+
+    echo "     q0: back on today's firmware in slot a"
+    if ! cboot q0-back "$d"; then
+        cstop 0
+        ko "q0: today's firmware gave no console prompt after the rollback"
+        tail -25 "$clog.txt"
+        return
+    fi
+    cmd 'show peers'
+    check "q0: back: today's firmware runs the enabled peer (show peers: phone)" said_line "peer: $pp (phone)"
+    check "q0: back: the disabled client is left out (no laptop)" bash -c "! grep -qaF '$pl' <<<\"\$1\"" _ "$out"
+    cmd 'show status'
+    check "q0: back: slot a runs today's firmware (show status: build 1, boot slot a)" bash -c "$(declare -f said); out=\$1; said '^firmware: riceguard today-${old_commit:0:7} .*\\(build 1\\)$' && said '^boot slot: a$'" _ "$out"
+    cstop 0
+    l=$clog.txt
+    check "q0: back: slot a booted from its good entry" have "$l" 'slot a booted from its good entry riceguard-a.conf'
+    check "q0: back: the saved file loads (no 'does not load' fallback, no config error)" bash -c "! grep -qaE 'does not load|uplink from the kernel command line only|config: /perm' '$l'"
+    check "q0: back: gateway up (UAPI answers), boot marked good" bash -c "grep -qa 'riceguard-init: gateway up' '$l' && grep -qa 'riceguard-init: boot marked good' '$l'"
+    check "q0: back: key kept" bash -c "test -n '$k0' && grep -qaxF '$k0' '$l'"
+    grep -aE 'config: |does not load' "$l" | head -5 | sed 's/^/     guest: /'
+    note "QEMU 0 took $((SECONDS - t0))s"
+}
+
+echo "== QEMU 0: today's firmware (${old_commit:0:7}, schema $old_compat) with a saved configuration, v2 (schema $compat) and back"
+pad "$work/good.bundle" "$work/good.disk"
+qemu_compat
+if [ -n "$only" ]; then
+    echo
+    for n in "${notes[@]}"; do echo "note: $n"; done
+    echo "update tests took $((SECONDS - t_all))s"
+    [ -n "${RG_UPDATE_KEEP:-}" ] || rm -f "$work"/*.img "$work"/*.disk
+    h_finish
+fi
+
 echo "== QEMU 1: flashed v1 refuses bad bundles, installs v2 into slot B, reboots"
 disk=$work/disk.img
 cp --sparse=always "$work/big.img" "$disk"
-for b in badsig board compat corrupt old good; do pad "$work/$b.bundle" "$work/$b.disk"; done
-boot q1 "$disk" never RG_QEMU_DISKS="$work/badsig.disk $work/board.disk $work/compat.disk $work/corrupt.disk $work/old.disk $work/good.disk"
+for b in badsig board compat compat1 corrupt old good; do pad "$work/$b.bundle" "$work/$b.disk"; done
+boot q1 "$disk" never RG_QEMU_DISKS="$work/badsig.disk $work/board.disk $work/compat.disk $work/compat1.disk $work/corrupt.disk $work/old.disk $work/good.disk"
 l=$work/q1.log.txt
 check "q1: v1 booted from slot a" have "$l" 'riceguard-init: slot a booted'
 check "q1: boot marked good" have "$l" 'riceguard-init: boot marked good'
 check "q1: update requested from perm" have "$l" 'update requested in /perm/update-on-boot'
 check "q1: bad signature refused" have "$l" 'vdb: bundle refused, nothing written: signature check failed'
 check "q1: wrong board refused" have "$l" 'vdc: bundle refused, nothing written: board check failed'
-check "q1: incompatible schema refused" have "$l" 'vdd: bundle refused, nothing written: compatibility check failed'
-check "q1: corrupted body refused" have "$l" 'vde: bundle refused, nothing written: hash check failed: part root'
-check "q1: downgrade (build 1 on build 1) refused" have "$l" 'vdf: bundle refused, nothing written: downgrade check failed: bundle v2 \(build 1\) is not newer than the running slot.s build 1'
+check "q1: newer schema refused" have "$l" "vdd: bundle refused, nothing written: compatibility check failed: bundle takes configuration schema $((compat + 1))..=$((compat + 2)), this device has $compat"
+check "q1: schema 1 only refused (schema $compat here)" have "$l" "vde: bundle refused, nothing written: compatibility check failed: bundle takes configuration schema 1..=1, this device has $compat"
+check "q1: corrupted body refused" have "$l" 'vdf: bundle refused, nothing written: hash check failed: part root'
+check "q1: downgrade (build 1 on build 1) refused" have "$l" 'vdg: bundle refused, nothing written: downgrade check failed: bundle v2 \(build 1\) is not newer than the running slot.s build 1'
 check "q1: good bundle verified" have "$l" 'update: verified v2 \(build 2\)'
 check "q1: read back checked" have "$l" 'read back: root and UKI match'
 check "q1: installed v2 into slot b, rebooting" have "$l" 'rebooting into slot b'
@@ -250,7 +482,7 @@ check "q2: gateway up" have "$l" 'riceguard-init: gateway up'
 k2=$(grep -a '^riceguard: public key' "$l" | head -1)
 check "q2: configuration/key kept across the update ($k2)" test -n "$k1" -a "$k1" = "$k2"
 check "q2: ESP entries: a and b good" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
-check "q2: the request was consumed (update-on-boot.done)" bash -c "$(declare -f perm_cat part_off); perm_cat '$disk' update-on-boot.done | grep -q vdg"
+check "q2: the request was consumed (update-on-boot.done)" bash -c "$(declare -f perm_cat part_off); perm_cat '$disk' update-on-boot.done | grep -q vdh"
 check "q2: no update requested again" test "$(grep -ca 'update requested' "$l")" = 0
 
 echo "== QEMU 3: QEMU killed while an update is being written: the old slot boots"
