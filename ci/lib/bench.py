@@ -337,31 +337,8 @@ def iperf3(lab, path, seconds, args=(), port=5201):
     """wgnet.iperf3() from path.client to path.dst on path.server, each iperf3 under
     `taskset` when the path pins its ends (path.cpus)."""
     c_core, s_core = path.cpus or (None, None)
-    srv = subprocess.Popen(["ip", "netns", "exec", path.server.ns] + pin(s_core) +
-                           ["iperf3", "-s", "-1", "-B", path.dst, "-p", str(port)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           stdin=subprocess.DEVNULL, start_new_session=True)
-    lab.procs.append(srv)
-    try:
-        deadline = time.monotonic() + 5
-        while not path.server.sh(["ss", "-Hltn", f"sport = :{port}"], check=False,
-                                 timeout=5).stdout.strip():
-            if srv.poll() is not None or time.monotonic() > deadline:
-                raise LabError("iperf3 server did not start listening")
-            time.sleep(0.05)
-        cp = path.client.sh(pin(c_core) + ["iperf3", "-c", path.dst, "-p", str(port),
-                                           "-t", str(seconds), "--json",
-                                           "--connect-timeout", "3000"] + list(args),
-                            timeout=seconds + 20, check=False)
-    finally:
-        wgnet.stop_process(srv, grace=2)
-    try:
-        res = json.loads(cp.stdout)
-    except ValueError as e:
-        raise LabError(f"iperf3: no JSON result: {cp.stderr.strip()[-300:]}") from e
-    if "error" in res:
-        raise LabError(f"iperf3: {res['error']}")
-    return res
+    return wgnet.iperf3(lab, path.client, path.server, path.dst, seconds, args, port,
+                        client_prefix=pin(c_core), server_prefix=pin(s_core))
 
 
 def measure(lab, path, secs):

@@ -458,9 +458,11 @@ def wait_reply(side, dst, attempts=10):
     return None
 
 
-def iperf3_server(lab, side, bind, port=5201):
-    """Start a one-shot iperf3 server in `side`; returns its Popen once it listens."""
-    proc = subprocess.Popen(["ip", "netns", "exec", side.ns, "iperf3", "-s", "-1", "-B", bind,
+def iperf3_server(lab, side, bind, port=5201, prefix=()):
+    """Start a one-shot iperf3 server in `side` (its command after `prefix`, e.g. a
+    taskset); returns its Popen once it listens."""
+    proc = subprocess.Popen(["ip", "netns", "exec", side.ns] + list(prefix) +
+                            ["iperf3", "-s", "-1", "-B", bind,
                              "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             start_new_session=True)
@@ -476,11 +478,13 @@ def iperf3_server(lab, side, bind, port=5201):
     raise LabError("iperf3 server did not start listening")
 
 
-def iperf3(lab, client, server, dst, seconds=5, args=(), port=5201):
-    """Run iperf3 from `client` to `dst` (in `server`); returns the parsed --json result."""
-    srv = iperf3_server(lab, server, dst, port)
+def iperf3(lab, client, server, dst, seconds=5, args=(), port=5201,
+           client_prefix=(), server_prefix=()):
+    """Run iperf3 from `client` to `dst` (in `server`), each end's command after its
+    prefix (e.g. a taskset); returns the parsed --json result."""
+    srv = iperf3_server(lab, server, dst, port, server_prefix)
     try:
-        cp = client.sh(["iperf3", "-c", dst, "-p", str(port), "-t", str(seconds), "--json",
+        cp = client.sh(list(client_prefix) + ["iperf3", "-c", dst, "-p", str(port), "-t", str(seconds), "--json",
                         "--connect-timeout", "3000"] + list(args),
                        timeout=seconds + 20, check=False)
     finally:
