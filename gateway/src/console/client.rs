@@ -152,12 +152,7 @@ fn join<T: std::fmt::Display>(items: &[T]) -> String {
 }
 
 fn usable_uplink_address(a: &IpAddr) -> bool {
-    match a {
-        IpAddr::V4(x) => !x.is_loopback() && !x.is_link_local() && !x.is_unspecified(),
-        IpAddr::V6(x) => {
-            !x.is_loopback() && !x.is_unspecified() && (x.segments()[0] & 0xffc0) != 0xfe80
-        }
-    }
+    !a.is_loopback() && !a.is_unspecified() && !crate::core::net::is_link_local(*a)
 }
 
 fn private_v4(a: &IpAddr) -> bool {

@@ -43,6 +43,11 @@ impl Cidr {
         }
     }
 
+    /// The order lists of prefixes are kept in: by address (IPv4 first), then length.
+    pub fn sort_key(&self) -> (IpAddr, u8) {
+        (self.addr, self.prefix)
+    }
+
     /// The prefix with its host bits cleared.
     pub fn network(&self) -> Cidr {
         let addr = match self.addr {
@@ -88,6 +93,14 @@ impl Cidr {
 }
 
 /// An address as a number (IPv4 in the low 32 bits), for range arithmetic.
+/// A link-local address (169.254.0.0/16, fe80::/10): it says nothing about routes.
+pub fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
 pub fn ip_bits(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(a) => u128::from(u32::from(a)),

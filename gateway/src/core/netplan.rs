@@ -96,13 +96,9 @@ pub fn tunnel_routes(cfg: &Config) -> TunnelRoutes {
             }
         }
     }
-    t.routes.sort_by_key(sort_key);
+    t.routes.sort_by_key(Cidr::sort_key);
     t.routes.dedup();
     t
-}
-
-fn sort_key(c: &Cidr) -> (IpAddr, u8) {
-    (c.addr, c.prefix)
 }
 
 /// A route as the kernel lists it (the fields the planner looks at).
@@ -129,7 +125,7 @@ pub fn owned_routes(routes: &[KernelRoute], tunnel: u32, protocol: u8) -> Vec<Ci
         })
         .map(|r| r.dst.network())
         .collect();
-    v.sort_by_key(sort_key);
+    v.sort_by_key(Cidr::sort_key);
     v.dedup();
     v
 }
@@ -198,19 +194,15 @@ pub fn proxy_set(peers: &[PeerConfig], ports: &[Port]) -> BTreeSet<ProxyEntry> {
 }
 
 fn proxiable(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(a) => {
-            !(a.is_unspecified()
-                || a.is_loopback()
-                || a.is_multicast()
-                || a.is_broadcast()
-                || a.is_link_local())
-        }
-        IpAddr::V6(a) => {
-            let link_local = (a.segments()[0] & 0xffc0) == 0xfe80;
-            !(a.is_unspecified() || a.is_loopback() || a.is_multicast() || link_local)
-        }
-    }
+    let special = match ip {
+        IpAddr::V4(a) => a.is_broadcast(),
+        IpAddr::V6(_) => false,
+    };
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || special
+        || crate::core::net::is_link_local(ip))
 }
 
 /// Whether the subnet of port address `a` holds the host `ip` as a usable address: a
@@ -304,7 +296,7 @@ mod tests {
             .copied()
             .collect();
         v.extend(d.add.iter().copied());
-        v.sort_by_key(sort_key);
+        v.sort_by_key(Cidr::sort_key);
         v
     }
 

@@ -138,7 +138,7 @@ pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16)
             .iter()
             .map(Cidr::network)
             // Link-local subnets say nothing about who routes back.
-            .filter(|c| !is_link_local(c));
+            .filter(|c| !crate::core::net::is_link_local(c.addr));
         if lan.as_deref() == Some(n.as_str()) {
             lan_nets.extend(nets);
         } else {
@@ -146,7 +146,7 @@ pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16)
         }
     }
     let dedup = |v: &mut Vec<Cidr>| {
-        v.sort_by_key(|c| (c.addr.is_ipv6(), c.addr, c.prefix));
+        v.sort_by_key(Cidr::sort_key);
         v.dedup();
     };
     dedup(&mut uplink_nets);
@@ -157,13 +157,6 @@ pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16)
         uplink_nets,
         lan_nets,
         listen_port: (listen_port != 0).then_some(listen_port),
-    }
-}
-
-fn is_link_local(c: &Cidr) -> bool {
-    match c.addr {
-        std::net::IpAddr::V4(a) => a.is_link_local(),
-        std::net::IpAddr::V6(a) => (a.segments()[0] & 0xffc0) == 0xfe80,
     }
 }
 

@@ -126,7 +126,7 @@ fn overlaps(a: &Cidr, b: &Cidr) -> bool {
 /// `v` in network form, without duplicates and prefixes another one covers, sorted.
 fn minimal(v: impl IntoIterator<Item = Cidr>) -> Vec<Cidr> {
     let mut all: Vec<Cidr> = v.into_iter().map(|c| c.network()).collect();
-    all.sort_by_key(|c| (c.addr.is_ipv6(), c.addr, c.prefix));
+    all.sort_by_key(Cidr::sort_key);
     all.dedup();
     // A shorter prefix that overlaps a longer one contains it.
     let covered = |c: &Cidr| all.iter().any(|o| o.prefix < c.prefix && overlaps(o, c));
