@@ -83,10 +83,8 @@ struct State {
     last_problem: Option<String>,
     /// `shutdown` ran: the watch does nothing more.
     stopped: bool,
-    /// The firewall is what the configuration asks for (installed, or off by choice):
-    /// forwarding may be on.
-    firewall_ok: bool,
-    /// The firewall's last error, so a persisting one is logged once.
+    /// The firewall's last error (logged once while it persists). `None` once it is what
+    /// the configuration asks for (installed, or off by choice): forwarding may be on.
     firewall_problem: Option<String>,
 }
 
@@ -130,15 +128,13 @@ impl NetConf {
                 if st.firewall_problem.take().is_some() {
                     log::info!("firewall: in place again");
                 }
-                st.firewall_ok = true;
             }
             Err(e) => {
                 let msg = format!("firewall: {e}");
                 if st.firewall_problem.as_deref() != Some(&msg) {
                     log::error!("{msg}; not forwarding while no table of ours is in place");
-                    st.firewall_problem = Some(msg);
                 }
-                st.firewall_ok = false;
+                st.firewall_problem = Some(msg);
                 // Fail closed: with no table of ours there, nothing is forwarded.
                 if !crate::sys::nftables::exists(crate::core::firewall::TABLE).unwrap_or(false) {
                     set_sysctl("net/ipv4/ip_forward", "0");
@@ -231,8 +227,6 @@ impl NetConf {
         let Some(cfg) = st.applied.clone() else {
             return Ok(());
         };
-        // The uplink's subnets may have changed (DHCP, SLAAC): the ruleset follows.
-        self.firewall(nl, st, &cfg);
         let mut ports: Vec<(String, u32)> = Vec::new();
         // The uplink as init and the console find it (`sys::nic`), never the tunnel.
         if let Some(u) = crate::sys::nic::uplink(&cfg.gateway.uplink).filter(|u| *u != self.tunnel)
@@ -259,7 +253,7 @@ impl NetConf {
             }
             want = netplan::proxy_set(&cfg.peers, &with_addrs);
         }
-        if st.firewall_ok {
+        if st.firewall_problem.is_none() {
             let uplink = if cfg.gateway.uplink.is_empty() {
                 ports
                     .first()
@@ -339,6 +333,10 @@ impl NetConf {
                     log::info!("LAN port {}: configured", cfg.gateway.lan);
                     st.lan_pending = false;
                 }
+            }
+            // The uplink's subnets may have changed (DHCP, SLAAC): the ruleset follows.
+            if let Some(cfg) = st.applied.clone() {
+                self.firewall(&mut nl, &mut st, &cfg);
             }
             self.refresh(&mut nl, &mut st, false)
         });
