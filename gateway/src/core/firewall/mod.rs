@@ -279,6 +279,10 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
 
     // prerouting (raw): anti-spoofing on the uplink and LAN port, then no conntrack for
     // WireGuard datagrams from the uplink.
+    // After the first two rules only the uplink and the LAN port are left, so "from the
+    // uplink" is just "not the LAN port" here. WireGuard datagrams, the bulk of what
+    // arrives, leave the chain first: the daemon trusts only the peers' keys, so their
+    // source addresses are not the firewall's to judge.
     let mut pre = vec![
         rule(vec![iif("lo")], Action::Return, "loopback"),
         rule(
@@ -287,6 +291,20 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "the tunnel checks inner sources itself",
         ),
     ];
+    let not_lan: Vec<Match> = p.lan.iter().map(|l| not_iif(l)).collect();
+    let mut out_raw = Vec::new();
+    if let Some(port) = p.listen_port {
+        pre.push(rule(
+            with(not_lan.clone(), [Match::L4(L4::Udp), Match::Dport(port)]),
+            Action::Notrack,
+            "WireGuard datagrams: no conntrack entry (a flood cannot fill the table)",
+        ));
+        out_raw.push(rule(
+            vec![Match::L4(L4::Udp), Match::Sport(port)],
+            Action::Notrack,
+            "WireGuard datagrams we send",
+        ));
+    }
     for m in dhcp_replies() {
         pre.push(rule(
             m,
@@ -319,23 +337,10 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
     }
     for c in spoof_prefixes(cfg, &p.uplink_nets) {
         pre.push(counted(
-            with(from_uplink(p), [saddr(c)]),
+            with(not_lan.clone(), [saddr(c)]),
             COUNTER_SPOOF,
             Action::Drop,
             "a tunnel source on the uplink",
-        ));
-    }
-    let mut out_raw = Vec::new();
-    if let Some(port) = p.listen_port {
-        pre.push(rule(
-            with(from_uplink(p), [Match::L4(L4::Udp), Match::Dport(port)]),
-            Action::Notrack,
-            "WireGuard datagrams: no conntrack entry (a flood cannot fill the table)",
-        ));
-        out_raw.push(rule(
-            vec![Match::L4(L4::Udp), Match::Sport(port)],
-            Action::Notrack,
-            "WireGuard datagrams we send",
         ));
     }
 
