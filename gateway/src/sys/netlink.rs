@@ -241,7 +241,8 @@ fn finish(m: &mut [u8]) {
     m[0..4].copy_from_slice(&len.to_ne_bytes());
 }
 
-fn put_attr(m: &mut Vec<u8>, kind: u16, data: &[u8]) {
+/// One attribute (length, type, data), padded to 4 bytes; nf_tables' messages too.
+pub(super) fn put_attr(m: &mut Vec<u8>, kind: u16, data: &[u8]) {
     let len = 4 + data.len();
     m.extend_from_slice(&(len as u16).to_ne_bytes());
     m.extend_from_slice(&kind.to_ne_bytes());

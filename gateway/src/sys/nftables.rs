@@ -22,7 +22,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::netlink::attrs;
+use super::netlink::{attrs, put_attr as attr};
 use crate::core::firewall::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, L4};
 use crate::core::net::Cidr;
 
@@ -340,13 +340,6 @@ fn request(kind: u8, flags: u16, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
         body,
     );
     m
-}
-
-fn attr(m: &mut Vec<u8>, kind: u16, data: &[u8]) {
-    m.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
-    m.extend_from_slice(&kind.to_ne_bytes());
-    m.extend_from_slice(data);
-    m.resize(m.len().next_multiple_of(4), 0);
 }
 
 /// A NUL-terminated string, as libnftnl sends names.
