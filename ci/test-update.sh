@@ -397,7 +397,7 @@ qemu_compat() {
     cmd commit 60
     check "q0: v2 commits schema-2 settings (gateway masquerade off, phone masquerade off, laptop disabled)" said '^committed and saved'
     check "q0: the gateway applied it" said 'applied it'
-    check "q0: commit says what the previous slot's firmware leaves out" said 'firmware before configuration schema 2 .* reads this file without: Masquerade = off; peer phone Masquerade = off; peer laptop disabled'
+    check "q0: commit says what the previous slot's firmware leaves out" said 'firmware of an earlier configuration schema .* reads this file without: Masquerade = off; peer phone Masquerade = off; peer laptop disabled'
     cmd rollback-slot 60 'is the default from the next boot|rollback-slot: .*(error|failed|no boot entry)'
     check "q0: rollback-slot: slot a is the default from the next boot" said 'slot a \(riceguard-a.conf\) is the default from the next boot'
     cmd reboot 20 'Type yes'

@@ -347,6 +347,16 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
         "auto|on|off",
         "translate tunnel and LAN sources leaving by the uplink (auto: those its network cannot route back)",
     ),
+    (
+        "ntp",
+        "SERVER[,SERVER...]",
+        "SNTP servers (host names or addresses, :PORT optional), tried before the DHCP lease's; replaces the list",
+    ),
+    (
+        "uplink-overlap",
+        "auto|refuse",
+        "refuse: decline any uplink lease or RA prefix overlapping a tunnel route (auto: only equal ones and those inside a /16-or-longer route)",
+    ),
 ];
 
 /// `set system` / `delete system` fields (not part of riceguard.conf).
@@ -829,6 +839,30 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                         );
                     }
                 }
+                "ntp" => {
+                    let mut list = Vec::new();
+                    for a in val()?.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                        let n = crate::core::config::NtpServer::parse(a).map_err(|_| {
+                            v::ValueError::new(
+                                a,
+                                "NTP server",
+                                "a host name or an IP address, optionally :PORT",
+                            )
+                        })?;
+                        if list.contains(&n) {
+                            return Err(format!("{n} is listed twice"));
+                        }
+                        list.push(n);
+                    }
+                    g.ntp = list;
+                }
+                "uplink-overlap" => {
+                    let s = val()?;
+                    g.uplink_overlap =
+                        crate::core::config::OverlapPolicy::parse(s).ok_or_else(|| {
+                            v::ValueError::new(s, "uplink overlap policy", "auto or refuse")
+                        })?;
+                }
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
             Ok(String::new())
@@ -964,6 +998,8 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 "client-dns" => g.client_dns = d.client_dns,
                 "firewall" => g.firewall = d.firewall,
                 "masquerade" => g.masquerade = d.masquerade,
+                "ntp" => g.ntp = d.ntp,
+                "uplink-overlap" => g.uplink_overlap = d.uplink_overlap,
                 w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
             }
             Ok("back to the default".into())

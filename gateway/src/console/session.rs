@@ -1042,8 +1042,8 @@ impl Session {
         if schema2_changed && !schema2.is_empty() {
             let _ = write!(
                 notes,
-                "\nnote: firmware before configuration schema 2 (the previous slot after an update) \
-                 reads this file without: {} (and has no firewall)",
+                "\nnote: firmware of an earlier configuration schema (the previous slot after an update) \
+                 reads this file without: {} (firmware before schema 2 has no firewall)",
                 schema2.join("; ")
             );
         }

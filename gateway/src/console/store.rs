@@ -84,10 +84,10 @@ impl Format for Ini {
             .map(|w| format!("line {}: {}: {}", w.line, w.key, w.msg))
             .collect();
         // Written by hand in the plain form: the previous slot's firmware could not load it.
-        if let Err(e) = crate::core::ini::parse_as_schema1(file, text) {
+        if let Some((n, e)) = crate::core::ini::earlier_refusal(file, text) {
             notes.push(format!(
-                "line {}: {}: firmware before configuration schema 2 cannot read this line, so after \
-                 a rollback to it the file would not load; it is saved on a `#+` line, which that \
+                "line {}: {}: firmware before configuration schema {n} cannot read this line, so after \
+                 a rollback to it the file would not load; it is saved on a guarded line (`#+`, `#3+`), which that \
                  firmware skips",
                 e.line, e.key
             ));

@@ -40,13 +40,14 @@ pub const MAX_MANIFEST: usize = 16 * 1024;
 pub const MAX_PART: u64 = 1 << 30;
 /// The perm/configuration schema this firmware reads and writes (see flash-scripts/README.md,
 /// "compat"): what the device reports to an update. 2 added `Firewall` and `Masquerade` in
-/// `[Gateway]`, `Masquerade` and `Enabled` per `[Peer]`; the console saves them on `#+`
-/// lines, which schema-1 firmware reads as comments (`core::ini::emit_compat`), so the
-/// previous slot still loads the file after a rollback. `image/bundle.sh` reads this line.
-pub const COMPAT: u32 = 2;
+/// `[Gateway]`, `Masquerade` and `Enabled` per `[Peer]`, saved on `#+` lines; 3 added
+/// `Ntp` and `UplinkOverlap`, saved on `#3+` lines. Firmware of an earlier schema reads
+/// those lines as comments (`core::ini::emit_compat`), so the previous slot still loads
+/// the file after a rollback. Equal to `core::ini::SCHEMA`. `image/bundle.sh` reads this line.
+pub const COMPAT: u32 = 3;
 /// The oldest schema this firmware reads (its bundles' `min-compat`, so a device of that
-/// schema takes the update): a schema-1 file is a valid schema-2 file, nothing to migrate.
-/// `image/bundle.sh` reads this line.
+/// schema takes the update): a schema-1 or schema-2 file is a valid schema-3 file,
+/// nothing to migrate. `image/bundle.sh` reads this line.
 pub const MIN_COMPAT: u32 = 1;
 /// The parts every bundle has.
 pub const PART_NAMES: [&str; 3] = ["root", "uki-a", "uki-b"];

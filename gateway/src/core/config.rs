@@ -108,6 +108,98 @@ impl MasqueradeMode {
     }
 }
 
+/// `UplinkOverlap =`: what an uplink lease or router advertisement may overlap of the
+/// tunnel's routes (a peer's AllowedIPs, the tunnel's own subnets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OverlapPolicy {
+    /// Decline a lease or ignore an RA prefix that equals a tunnel route or lies inside
+    /// one of /16 (IPv6: /48) or longer: the uplink and a remote site cannot be one
+    /// network. A narrower part of a wide summary route (a hub's 10.0.0.0/8 over a 10.x
+    /// uplink) is kept, and `show status` says which part of which peer it shadows.
+    #[default]
+    Auto,
+    /// Decline every lease, ignore every RA prefix, that overlaps a tunnel route.
+    Refuse,
+}
+
+impl OverlapPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverlapPolicy::Auto => "auto",
+            OverlapPolicy::Refuse => "refuse",
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<OverlapPolicy> {
+        match v.to_ascii_lowercase().as_str() {
+            "auto" => Some(OverlapPolicy::Auto),
+            "refuse" => Some(OverlapPolicy::Refuse),
+            _ => None,
+        }
+    }
+}
+
+/// One `Ntp =` server: a host name or an IP address, and the port (123 unless given as
+/// `HOST:PORT`, `[V6]:PORT`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NtpServer {
+    pub host: String,
+    pub port: u16,
+}
+
+/// The NTP port.
+pub const NTP_PORT: u16 = 123;
+
+impl NtpServer {
+    /// `pool.example.net`, `192.0.2.1`, `2001:db8::1`, `192.0.2.1:1123`,
+    /// `[2001:db8::1]:1123`, `ntp.example.net:1123`.
+    pub fn parse(v: &str) -> Result<NtpServer, String> {
+        let bad = || {
+            format!(
+                "expected an NTP server (a host name or an IP address, optionally :PORT), got `{}`",
+                v.chars().take(64).collect::<String>()
+            )
+        };
+        let v = v.trim();
+        if let Ok(ip) = v.parse::<IpAddr>() {
+            return Ok(NtpServer {
+                host: ip.to_string(),
+                port: NTP_PORT,
+            });
+        }
+        if v.contains(':') {
+            // `HOST:PORT` and `[V6]:PORT`, by the endpoint grammar.
+            return match v.parse::<Endpoint>().map_err(|_| bad())? {
+                Endpoint::Addr(sa) => Ok(NtpServer {
+                    host: sa.ip().to_string(),
+                    port: sa.port(),
+                }),
+                Endpoint::Name { host, port } => Ok(NtpServer {
+                    host: host.to_ascii_lowercase(),
+                    port,
+                }),
+            };
+        }
+        if !valid_host_name(v) || v.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            return Err(bad());
+        }
+        Ok(NtpServer {
+            host: v.to_ascii_lowercase(),
+            port: NTP_PORT,
+        })
+    }
+}
+
+impl std::fmt::Display for NtpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.port, self.host.parse::<IpAddr>()) {
+            (NTP_PORT, _) => f.write_str(&self.host),
+            (p, Ok(IpAddr::V6(a))) => write!(f, "[{a}]:{p}"),
+            (p, _) => write!(f, "{}:{p}", self.host),
+        }
+    }
+}
+
 impl Config {
     /// What the daemon runs: the peers with `Enabled = off` left out (kept in the file
     /// with their keys, but not given to the data plane, routed, proxied or let through
@@ -225,6 +317,12 @@ pub struct GatewayConfig {
     pub firewall: bool,
     /// `Masquerade = auto | on | off` (needs `Firewall = on`).
     pub masquerade: MasqueradeMode,
+    /// `Ntp = ...`: the SNTP servers, tried before the DHCP lease's (option 42). Empty:
+    /// the lease's, else none (the clock stays at its floor; `show status` says so).
+    pub ntp: Vec<NtpServer>,
+    /// `UplinkOverlap = auto | refuse`: what the uplink's lease and RAs may overlap of
+    /// the tunnel's routes.
+    pub uplink_overlap: OverlapPolicy,
 }
 
 impl Default for GatewayConfig {
@@ -252,6 +350,8 @@ impl Default for GatewayConfig {
             client_dns: Vec::new(),
             firewall: true,
             masquerade: MasqueradeMode::Auto,
+            ntp: Vec::new(),
+            uplink_overlap: OverlapPolicy::Auto,
         }
     }
 }

@@ -120,20 +120,49 @@ fn wg_quick_only(lk: &str, v: &str) -> Option<Result<String, String>> {
     }))
 }
 
-/// The keys schema 2 added (`core::bundle::COMPAT` 2), by section: schema-1 firmware
-/// refuses them, so [`emit_compat`] writes them on `#+` lines.
-fn schema2_key(section: Section, lk: &str) -> bool {
-    matches!(
-        (section, lk),
-        (Section::Gateway, "firewall" | "masquerade") | (Section::Peer, "masquerade" | "enabled")
-    )
+/// The configuration schema this firmware reads and writes (`core::bundle::COMPAT`).
+pub const SCHEMA: u8 = 3;
+
+/// The schema that added a key (lowercase), by section: 1 for the original keys. Older
+/// firmware refuses a newer key, so [`emit_compat`] writes it on a line that firmware
+/// reads as a comment ([`guard_prefix`]).
+fn key_schema(section: Section, lk: &str) -> u8 {
+    match (section, lk) {
+        (Section::Gateway, "firewall" | "masquerade")
+        | (Section::Peer, "masquerade" | "enabled") => 2,
+        (Section::Gateway, "ntp" | "uplinkoverlap") => 3,
+        _ => 1,
+    }
 }
 
-/// How a file is read: as this firmware does, or as firmware of schema 1 did.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Reader {
-    Current,
-    Schema1,
+/// The start of a line holding a setting of schema `n` (2: `#+ `, 3 and later: `#3+ `),
+/// which firmware of a lower schema skips as a comment.
+fn guard_prefix(n: u8) -> String {
+    match n {
+        0 | 1 => String::new(),
+        2 => "#+ ".into(),
+        n => format!("#{n}+ "),
+    }
+}
+
+/// A guarded line's schema and the rest of it: `#+ X` is schema 2, `#3+ X` schema 3.
+fn strip_guard(line: &str) -> Option<(u8, &str)> {
+    let t = line.trim_start().strip_prefix('#')?;
+    if let Some(rest) = t.strip_prefix('+') {
+        return Some((2, rest));
+    }
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    let rest = t[digits..].strip_prefix('+')?;
+    let n: u8 = t[..digits].parse().ok().filter(|&n| n >= 3)?;
+    Some((n, rest))
+}
+
+/// How a file is read: as firmware of this configuration schema does.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Reader(u8);
+
+impl Reader {
+    const CURRENT: Reader = Reader(SCHEMA);
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -161,7 +190,7 @@ struct PeerDraft {
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored with a warning)";
 const PEER_KEYS: &str =
     "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -308,7 +337,7 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
 /// them at start and reload, the console shows them in `show` and at `commit` (which
 /// writes the file without them).
 pub fn parse_with_warnings(file: &str, text: &str) -> Result<(Config, Vec<Warning>), ConfigError> {
-    read(file, text, Reader::Current)
+    read(file, text, Reader::CURRENT)
 }
 
 /// Read a file as firmware of configuration schema 1 (before `Firewall`, `Masquerade`
@@ -316,7 +345,23 @@ pub fn parse_with_warnings(file: &str, text: &str) -> Result<(Config, Vec<Warnin
 /// keys, wg-quick-only keys are dropped without a word. What a rollback to that firmware
 /// would run; for the file [`emit_compat`] writes that is [`schema1_view`].
 pub fn parse_as_schema1(file: &str, text: &str) -> Result<Config, ConfigError> {
-    read(file, text, Reader::Schema1).map(|(c, _)| c)
+    parse_as_schema(1, file, text)
+}
+
+/// Whether firmware of an earlier schema would refuse `text` (a key of a later schema
+/// written on a plain line, by hand): the latest schema `n` whose firmware's predecessor
+/// cannot load it, with its error ("firmware before schema `n`"), checked from the newest
+/// earlier schema down.
+pub fn earlier_refusal(file: &str, text: &str) -> Option<(u8, ConfigError)> {
+    (1..SCHEMA)
+        .rev()
+        .find_map(|n| parse_as_schema(n, file, text).err().map(|e| (n + 1, e)))
+}
+
+/// Read a file as firmware of configuration schema `n` (1 to [`SCHEMA`]) does: lines
+/// guarded for a later schema are comments, keys of a later schema unknown.
+pub fn parse_as_schema(n: u8, file: &str, text: &str) -> Result<Config, ConfigError> {
+    read(file, text, Reader(n.clamp(1, SCHEMA))).map(|(c, _)| c)
 }
 
 fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>), ConfigError> {
@@ -392,9 +437,10 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
             ));
         }
         let line = raw.strip_suffix('\r').unwrap_or(raw);
-        // `#+ Key = Value`: a line of schema 2 that schema-1 firmware skips as a comment.
-        let (line, guarded) = match line.trim_start().strip_prefix("#+") {
-            Some(rest) if reader == Reader::Current => (rest, true),
+        // `#+ Key = Value` (`#3+ ...`): a line of schema 2 (3) that firmware of an earlier
+        // schema skips as a comment.
+        let (line, guarded) = match strip_guard(line) {
+            Some((n, rest)) if Reader(n) <= reader => (rest, true),
             _ => (line, false),
         };
         let line = match line.find(['#', ';']) {
@@ -470,10 +516,11 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                 "is on a plain line in a section whose header is on a `#+` line: firmware before schema 2 would read it into the section above; start it with `#+` too".into(),
             ));
         }
-        if reader == Reader::Schema1 && schema2_key(section, &lk) {
-            return Err(e(
-                "unknown key (this firmware reads configuration schema 1)".into(),
-            ));
+        if Reader(key_schema(section, &lk)) > reader {
+            return Err(e(format!(
+                "unknown key (this firmware reads configuration schema {})",
+                reader.0
+            )));
         }
 
         // Keys that may be given once per section, by canonical name; list keys and the
@@ -493,6 +540,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
             (Section::Peer, "enabled") => Some("Enabled"),
             (Section::Gateway, "firewall") => Some("Firewall"),
             (Section::Gateway, "masquerade") => Some("Masquerade"),
+            (Section::Gateway, "uplinkoverlap") => Some("UplinkOverlap"),
             (Section::Gateway, "interfacename") => Some("InterfaceName"),
             (Section::Gateway, "iouring") => Some("IoUring"),
             (Section::Gateway, "poll") => Some("Poll"),
@@ -546,7 +594,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     // wg-quick-only: see the module comment.
                     other => match wg_quick_only(other, v) {
                         // Schema-1 firmware dropped them without a word, `Table = off` too.
-                        Some(_) if reader == Reader::Schema1 => {}
+                        Some(_) if reader == Reader(1) => {}
                         Some(Ok(msg)) => warnings.push(Warning {
                             file: file.to_string(),
                             line: ln,
@@ -705,6 +753,21 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                             g.client_dns.push(ip);
                         }
                     }
+                    "ntp" => {
+                        for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                            let n = crate::core::config::NtpServer::parse(a).map_err(e)?;
+                            if g.ntp.contains(&n) {
+                                return Err(e(format!("{n} is listed twice")));
+                            }
+                            g.ntp.push(n);
+                        }
+                    }
+                    "uplinkoverlap" => {
+                        g.uplink_overlap =
+                            crate::core::config::OverlapPolicy::parse(v).ok_or_else(|| {
+                                e(format!("expected auto or refuse, got {}", shown(v)))
+                            })?
+                    }
                     _ => {
                         return Err(e(format!(
                             "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
@@ -754,8 +817,9 @@ pub fn emit(cfg: &Config) -> String {
 }
 
 /// The first lines of a file [`emit_compat`] writes with `#+` lines in it.
-pub const COMPAT_NOTE: &str = "# Lines starting with #+ hold settings of configuration schema 2 (Firewall, Masquerade, Enabled):\n\
-# older firmware reads them as comments, so after a rollback it runs this file without them.\n";
+pub const COMPAT_NOTE: &str = "# Lines starting with #+ hold settings of configuration schema 2 (Firewall, Masquerade, Enabled),\n\
+# lines starting with #3+ those of schema 3 (Ntp, UplinkOverlap): older firmware reads them as\n\
+# comments, so after a rollback it runs this file without them.\n";
 
 /// The file the console saves: [`emit`], with every setting schema-1 firmware does not
 /// know on a `#+` line and a disabled peer's whole section on `#+` lines (see the module
@@ -776,11 +840,23 @@ pub fn schema1_view(cfg: &Config) -> Config {
     let d = GatewayConfig::default();
     c.gateway.firewall = d.firewall;
     c.gateway.masquerade = d.masquerade;
+    schema2_view(&c)
+}
+
+/// What schema-2 firmware runs from the file [`emit_compat`] writes for `cfg`: the
+/// schema-3 settings at their defaults (that firmware sets no clock and checks no lease
+/// against the tunnel's routes).
+pub fn schema2_view(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    let d = GatewayConfig::default();
+    c.gateway.ntp = d.ntp;
+    c.gateway.uplink_overlap = d.uplink_overlap;
     c
 }
 
-/// The schema-2 settings of `cfg` that schema-1 firmware would not run, for the user
-/// (`Firewall = off`, `client laptop disabled (left out)`, ...); empty when there are none.
+/// The settings of schema 2 and later in `cfg`, which schema-1 firmware would not run,
+/// for the user (`Firewall = off`, `client laptop disabled (left out)`, `Ntp = ...`);
+/// empty when there are none.
 pub fn schema2_settings(cfg: &Config) -> Vec<String> {
     let d = GatewayConfig::default();
     let mut out = Vec::new();
@@ -789,6 +865,16 @@ pub fn schema2_settings(cfg: &Config) -> Vec<String> {
     }
     if cfg.gateway.masquerade != d.masquerade {
         out.push(format!("Masquerade = {}", cfg.gateway.masquerade.as_str()));
+    }
+    if !cfg.gateway.ntp.is_empty() {
+        let l: Vec<String> = cfg.gateway.ntp.iter().map(ToString::to_string).collect();
+        out.push(format!("Ntp = {}", l.join(", ")));
+    }
+    if cfg.gateway.uplink_overlap != d.uplink_overlap {
+        out.push(format!(
+            "UplinkOverlap = {}",
+            cfg.gateway.uplink_overlap.as_str()
+        ));
     }
     for p in &cfg.peers {
         let who = match &p.name {
@@ -932,6 +1018,21 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
         let _ = writeln!(gs, "{new}Masquerade = {}", g.masquerade.as_str());
         guarded |= guard;
     }
+    // Schema 3.
+    let new3 = if guard {
+        guard_prefix(3)
+    } else {
+        String::new()
+    };
+    let mut s3 = String::new();
+    list_lines(&mut s3, "Ntp", &g.ntp);
+    if g.uplink_overlap != d.uplink_overlap {
+        let _ = writeln!(s3, "UplinkOverlap = {}", g.uplink_overlap.as_str());
+    }
+    for l in s3.lines() {
+        let _ = writeln!(gs, "{new3}{l}");
+        guarded |= guard;
+    }
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
@@ -1046,6 +1147,21 @@ pub(crate) mod tests {
         }
         if rng.chance(3) {
             g.client_dns.push(rng.cidr(false).addr);
+        }
+        for i in 0..rng.below(3) {
+            let host = match rng.below(3) {
+                0 => format!("ntp{i}.example.net"),
+                1 => rng.cidr(false).addr.to_string(),
+                _ => format!("10.9.9.{i}"),
+            };
+            let port = if rng.chance(3) { rng.port() } else { 123 };
+            let n = crate::core::config::NtpServer { host, port };
+            if !g.ntp.contains(&n) {
+                g.ntp.push(n);
+            }
+        }
+        if rng.chance(4) {
+            g.uplink_overlap = crate::core::config::OverlapPolicy::Refuse;
         }
         if rng.chance(3) {
             g.buffers = 1 + rng.below(1 << 20) as u32;
@@ -1327,6 +1443,55 @@ pub(crate) mod tests {
         assert!(parse_as_schema1("s1", "[Interface]\nTable = off\nPostUp = x\n").is_ok());
     }
 
+    /// Schema 3: `Ntp` and `UplinkOverlap` on `#3+` lines, which schema-2 firmware (it reads
+    /// `#+` lines as settings) and schema-1 firmware both skip.
+    #[test]
+    fn schema3_keys_on_their_own_guarded_lines() {
+        use crate::core::config::{NtpServer, OverlapPolicy};
+        let mut c = Config::default();
+        c.gateway.ntp = vec![
+            NtpServer::parse("192.168.1.1").unwrap(),
+            NtpServer::parse("Ntp.Example.net:1123").unwrap(),
+            NtpServer::parse("[2001:db8::1]:1123").unwrap(),
+        ];
+        c.gateway.uplink_overlap = OverlapPolicy::Refuse;
+        c.gateway.firewall = false;
+        let text = emit_compat(&c);
+        assert!(
+            text.contains("\n#3+ Ntp = 192.168.1.1, ntp.example.net:1123, [2001:db8::1]:1123\n"),
+            "{text}"
+        );
+        assert!(text.contains("\n#3+ UplinkOverlap = refuse\n"), "{text}");
+        assert!(text.contains("\n#+ Firewall = off\n"), "{text}");
+        assert_eq!(parse("f", &text).unwrap(), c);
+        assert_eq!(parse_as_schema(2, "f", &text).unwrap(), schema2_view(&c));
+        assert!(!parse_as_schema(2, "f", &text).unwrap().gateway.firewall);
+        assert_eq!(parse_as_schema1("f", &text).unwrap(), schema1_view(&c));
+        // Plain, by hand: schema 2 refuses it, and says it is of a later schema.
+        let plain = "[Gateway]\nNtp = 192.0.2.1\n";
+        let e = parse_as_schema(2, "f", plain).unwrap_err();
+        assert!(e.to_string().contains("schema 2"), "{e}");
+        let (n, e) = earlier_refusal("f", plain).unwrap();
+        assert_eq!((n, e.line), (3, 2));
+        let (n, _) = earlier_refusal("f", "[Gateway]\nFirewall = off\n").unwrap();
+        assert_eq!(n, 2);
+        assert!(earlier_refusal("f", &text).is_none());
+        // A `#4+` line is a comment to this firmware (a later schema's setting).
+        assert_eq!(
+            parse("f", "[Gateway]\n#4+ Future = x\n").unwrap(),
+            Config::default()
+        );
+        for bad in [
+            "Ntp = -bad-.example",
+            "Ntp = 1.2.3",
+            "Ntp = a:0",
+            "Ntp = x, x",
+            "UplinkOverlap = sometimes",
+        ] {
+            assert!(parse("f", &format!("[Gateway]\n{bad}\n")).is_err(), "{bad}");
+        }
+    }
+
     /// The saved form: schema-2 settings on `#+` lines that schema-1 firmware skips, so it
     /// reads the same configuration without them; this firmware reads it whole.
     #[test]
@@ -1342,6 +1507,15 @@ pub(crate) mod tests {
             let old = parse_as_schema1("old", &text)
                 .unwrap_or_else(|e| panic!("seed {seed}: schema 1 refuses it: {e}\n{text}"));
             assert_eq!(old, schema1_view(&c), "seed {seed}\n{text}");
+            let two = parse_as_schema(2, "two", &text)
+                .unwrap_or_else(|e| panic!("seed {seed}: schema 2 refuses it: {e}\n{text}"));
+            assert_eq!(two, schema2_view(&c), "seed {seed}\n{text}");
+            if schema2_view(&c) != c {
+                assert!(
+                    parse_as_schema(2, "plain", &emit(&c)).is_err(),
+                    "seed {seed}"
+                );
+            }
             assert_eq!(emit_compat(&c), text, "deterministic");
             if schema1_view(&c) == c {
                 assert_eq!(text, emit(&c), "seed {seed}: unchanged when nothing is new");

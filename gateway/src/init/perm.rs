@@ -72,11 +72,11 @@ pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
     }
     match crate::core::ini::parse(CONFIG, &text) {
         Ok(c) => {
-            // The console saves schema-2 settings on `#+` lines, which the previous slot's
-            // firmware (schema 1) skips; a plain one written by hand would make it refuse
+            // The console saves newer settings on `#+`/`#3+` lines, which the previous
+            // slot's firmware (an earlier schema) skips; a plain one written by hand would make it refuse
             // the file after a rollback, [Gateway] settings and all.
-            if let Err(e) = crate::core::ini::parse_as_schema1(CONFIG, &text) {
-                say!("config: {e}: firmware before configuration schema 2 could not load {CONFIG} after a rollback; `commit` on the console saves it in the form both read");
+            if let Some((n, e)) = crate::core::ini::earlier_refusal(CONFIG, &text) {
+                say!("config: {e}: firmware before configuration schema {n} could not load {CONFIG} after a rollback; `commit` on the console saves it in the form both read");
             }
             Some(c.gateway)
         }
