@@ -9,16 +9,19 @@
 #     partition, the host's own system disk, no confirmation
 #   - bundles: make, sign, and the refused variants (bad signature, wrong board, a
 #     newer configuration schema, an older one only (schema 1), corrupted body, not newer:
-#     a downgrade); the good one spans schema 1 (today's devices) to this tree's COMPAT
+#     a downgrade); the good one spans schema 1 (devices of two releases ago) to this
+#     tree's COMPAT
 # QEMU (TCG, OVMF; bundles reach the guest as extra virtio disks, the request as a file
 # seeded into perm, see gateway/src/update/mod.rs BOOT_REQUEST):
-#   0. today's firmware (RG_UPDATE_OLD, default 7cd04a5: the last release of
-#      configuration schema 1, built from its own tree in a git worktree, cached in
-#      out/test-update-old/) boots with a saved configuration (two named peers), installs
-#      v2 (schema 2); v2 boots on trial, is marked good, keeps the peers, has its firewall
-#      in place; the console saves schema-2 settings (masquerade off, a disabled client:
-#      `#+` lines) and `rollback-slot` + `reboot` go back to slot A: the old firmware loads
-#      the saved file (no fallback), is healthy and runs the peer that is not disabled
+#   0. today's firmware (RG_UPDATE_OLD, default 31a60ec: the release in the field, of
+#      configuration schema 2; 7cd04a5 is the last of schema 1), built from its own tree
+#      in a git worktree, cached in out/test-update-old/) boots with a saved configuration
+#      (two named peers), installs v2 (this tree's schema); v2 boots on trial, is marked
+#      good, keeps the peers, has its firewall in place; the console saves settings of
+#      schema 2 (masquerade off, a disabled client: `#+` lines) and 3 (Ntp,
+#      UplinkOverlap: `#3+` lines) and `rollback-slot` + `reboot` go back to slot A: the
+#      old firmware loads the saved file (no fallback), is healthy and runs the peer that
+#      is not disabled
 #   1. flashed v1 (build 1) boots, refuses 6 bad bundles naming the check (one of them
 #      v2's content signed as build 1: a downgrade), installs v2 (build 2) into slot B
 #   2. reboots into slot B running v2: on trial, marked good, perm (key) kept
@@ -96,7 +99,7 @@ net=riceguard.uplink=10.0.2.15/24,gw=10.0.2.2
 # Configuration schemas (core::bundle::COMPAT): this tree's, and today's firmware's.
 schema() { sed -n 's/^pub const COMPAT: u32 = \([0-9][0-9]*\);$/\1/p'; }
 compat=$(schema <gateway/src/core/bundle.rs)
-old_rev=${RG_UPDATE_OLD:-7cd04a5}
+old_rev=${RG_UPDATE_OLD:-31a60ec}
 old_commit=$(git rev-parse --verify -q "$old_rev^{commit}") || { ko "RG_UPDATE_OLD=$old_rev: no such commit"; exit 1; }
 old_compat=$(git show "$old_commit:gateway/src/core/bundle.rs" | schema)
 # Build numbers (signed into bundles; a device takes only newer ones): v1 1, v2 2, v3 3;
@@ -394,10 +397,12 @@ qemu_compat() {
     cmd 'set gateway masquerade off'
     cmd "set peer $pp masquerade off"
     cmd 'disable client laptop'
+    cmd 'set gateway ntp 10.0.2.2,ntp.example.net'
+    cmd 'set gateway uplink-overlap refuse'
     cmd commit 60
-    check "q0: v2 commits schema-2 settings (gateway masquerade off, phone masquerade off, laptop disabled)" said '^committed and saved'
+    check "q0: v2 commits schema-2 and schema-3 settings (gateway masquerade off, phone masquerade off, laptop disabled, ntp, uplink-overlap)" said '^committed and saved'
     check "q0: the gateway applied it" said 'applied it'
-    check "q0: commit says what the previous slot's firmware leaves out" said 'firmware of an earlier configuration schema .* reads this file without: Masquerade = off; peer phone Masquerade = off; peer laptop disabled'
+    check "q0: commit says what an earlier schema's firmware leaves out" said 'firmware of an earlier configuration schema .* reads this file without: Masquerade = off; Ntp = 10.0.2.2, ntp.example.net; UplinkOverlap = refuse; peer phone Masquerade = off; peer laptop disabled'
     cmd rollback-slot 60 'is the default from the next boot|rollback-slot: .*(error|failed|no boot entry)'
     check "q0: rollback-slot: slot a is the default from the next boot" said 'slot a \(riceguard-a.conf\) is the default from the next boot'
     cmd reboot 20 'Type yes'
@@ -410,7 +415,7 @@ qemu_compat() {
     check "q0: key kept across the update" bash -c "test -n '$k0' && grep -qaxF '$k0' '$l'"
     check "q0: the guest rebooted after \`reboot\` (QEMU exited by itself)" test "$cstatus" = exited
     check "q0: v2 does not run the consumed update request again" test "$(grep -ca 'update requested' "$l")" = 0
-    check "q0: the saved file has the schema-2 settings on #+ lines (Masquerade, the laptop's whole section)" bash -c "$(declare -f perm_cat part_off); t=\$(perm_cat '$d' riceguard.conf); grep -qx '#+ Masquerade = off' <<<\"\$t\" && grep -qxF '#+ PublicKey = $pl' <<<\"\$t\" && grep -qxF 'PublicKey = $pp' <<<\"\$t\" && ! grep -qE '^[^#].*(Masquerade|Enabled)' <<<\"\$t\""
+    check "q0: the saved file has the schema-2 settings on #+ lines (Masquerade, the laptop's whole section), the schema-3 ones on #3+ lines" bash -c "$(declare -f perm_cat part_off); t=\$(perm_cat '$d' riceguard.conf); grep -qx '#+ Masquerade = off' <<<\"\$t\" && grep -qxF '#+ PublicKey = $pl' <<<\"\$t\" && grep -qxF 'PublicKey = $pp' <<<\"\$t\" && grep -qxF '#3+ Ntp = 10.0.2.2, ntp.example.net' <<<\"\$t\" && grep -qxF '#3+ UplinkOverlap = refuse' <<<\"\$t\" && ! grep -qE '^[^#].*(Masquerade|Enabled|Ntp|UplinkOverlap)' <<<\"\$t\""
     check "q0: ESP entries: a and b good, a the default" bash -c "$(declare -f esp_cat part_off entries); test \"\$(entries '$d')\" = 'riceguard-a.conf riceguard-b.conf' && esp_cat '$d' riceguard-a.conf | grep -q 'sort-key riceguard-0'"
 
     echo "     q0: back on today's firmware in slot a"

@@ -86,7 +86,7 @@ build_release() {
 for s in "${stages[@]}"; do
     case "$s" in
         unit) run_stage unit stage_unit ;;
-        fuzz) run_stage fuzz ci/fuzz.sh "${FUZZ_SECONDS:-20}" ;;
+        fuzz) run_stage fuzz ci/fuzz.sh "${FUZZ_SECONDS:-10}" ;;
         interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
         fastpath) run_stage fastpath bash -c 'cargo build --locked --release -p riceguard && ci/fastpath.sh' ;;
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
