@@ -9,7 +9,8 @@
 #            initiation floods, replays (ci/adversarial.sh), TCP listener floods and
 #            slow clients (ci/adversarial-tcp.sh), slow UAPI clients and failing sets
 #            (ci/adversarial-uapi.sh), passive keepalive and padding with a stock peer
-#            (ci/keepalive.sh)
+#            (ci/keepalive.sh), timer-made sends from the peer's sticky source on a
+#            two-address uplink (ci/sticky-source.sh)
 #   gateway  the appliance's network role in namespaces: one-armed (proxy ARP/NDP) and
 #            two-armed LAN with a stock peer, reloads applied as diffs (ci/gateway-lan.sh);
 #            the DHCP uplink client against dnsmasq and a short-lease server, with the
@@ -60,7 +61,7 @@ stage_unit() {
 stage_adversarial() {
     cargo build --locked --release -p riceguard || return 1
     local s rc=0
-    for s in ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh; do
+    for s in ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh; do
         echo "--- $s"
         bash "$s" || { echo "--- $s FAILED"; rc=1; }
     done

@@ -87,11 +87,7 @@ impl<'a> TimerIo<'a> {
     fn send_all(&mut self) {
         for (to, d) in self.queued.drain(..) {
             match to {
-                PeerAddr::Udp(a) => {
-                    if let Some(s) = self.sockets.any() {
-                        let _ = s.send_to(&d, a);
-                    }
-                }
+                PeerAddr::Udp(a) => self.sockets.send_sticky(&d, a),
                 PeerAddr::Tcp { conn, .. } => {
                     if let Some(t) = self.tcp {
                         t.send(conn, &d);

@@ -391,7 +391,15 @@ impl StickyTable {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
-    fn clear(&self) {
+    /// The local address `peer` last reached us at, read under the lock: for the rare
+    /// sends from outside the workers (timers, the TCP thread).
+    pub fn source_for(&self, peer: SocketAddr) -> Option<PktInfo> {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&peer).copied()
+    }
+
+    /// Forget every source (one was gone: the next datagrams teach them again).
+    pub fn clear(&self) {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if !m.is_empty() {
             *m = Arc::new(HashMap::new());

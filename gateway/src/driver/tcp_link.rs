@@ -142,11 +142,7 @@ impl Deferred {
             let d = &self.bytes[at..at + len];
             match to {
                 PeerAddr::Tcp { conn, .. } => out.slot.send(conn, d),
-                PeerAddr::Udp(a) => {
-                    if let Some(s) = out.sockets.any() {
-                        let _ = s.send_to(d, a);
-                    }
-                }
+                PeerAddr::Udp(a) => out.sockets.send_sticky(d, a),
             }
         }
         for &(at, len) in &self.writes {

@@ -96,6 +96,25 @@ impl SocketSet {
     pub fn any(&self) -> Option<Arc<UdpSocket>> {
         self.get().1.first().cloned()
     }
+
+    /// One datagram to `to` from outside the workers (timer-made handshakes and
+    /// keepalives, the TCP thread's fallback probes), from the local address `to` last
+    /// reached us at, as the workers answer it: on a multi-homed uplink a keepalive from
+    /// another address would reach a peer that does not know it (wireguard-go keeps the
+    /// source on the endpoint). A source that is gone is forgotten and routing picks.
+    pub fn send_sticky(&self, d: &[u8], to: std::net::SocketAddr) {
+        let Some(s) = self.any() else { return };
+        let src = self.sticky.source_for(to);
+        if let Err(e) = s.send_from(src, d, to) {
+            if src.is_some()
+                && e.raw_os_error()
+                    .is_some_and(crate::sys::udp::stale_source_errno)
+            {
+                self.sticky.clear();
+                let _ = s.send_to(d, to);
+            }
+        }
+    }
 }
 
 /// Where outgoing TCP-fallback messages go; implemented by the TCP transport.

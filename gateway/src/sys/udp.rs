@@ -295,6 +295,27 @@ impl UdpSocket {
         Ok(rc as usize)
     }
 
+    /// One datagram from the local address `src` (`None`: routing picks, as
+    /// [`Self::send_to`]). A stale `src` fails with the error [`stale_source_errno`]
+    /// recognises; the caller decides whether to forget it and resend.
+    pub fn send_from(
+        &self,
+        src: Option<PktInfo>,
+        buf: &[u8],
+        dst: SocketAddr,
+    ) -> io::Result<usize> {
+        if src.is_none() {
+            return self.send_to(buf, dst);
+        }
+        self.send_batch(&[Transmit {
+            dst,
+            contents: buf,
+            segment_size: None,
+            src,
+        }])
+        .map(|_| buf.len())
+    }
+
     /// One GSO send: `buf` leaves as `ceil(len / segment_size)` datagrams to `dst`.
     /// On `EIO`/`EINVAL` the socket is demoted ([`Self::gso_enabled`] turns false) and the
     /// error is returned: resend as separate datagrams (or use [`Self::send_segmented`],
