@@ -676,9 +676,9 @@ pub(crate) mod tests {
     }
 
     /// Bundles of this firmware (compat COMPAT, min-compat MIN_COMPAT, as image/bundle.sh
-    /// makes them) install on a device of schema 1 (today's firmware in the field) and of
-    /// this schema; a bundle of schema 1 only is refused here (it could be given a file
-    /// with schema-2 keys written by hand; the previous slot is the way back).
+    /// makes them) install on a device of every schema from 1 (firmware in the field) to
+    /// this one; a bundle of schema 1 only is refused here (it could be given a file with
+    /// newer keys written by hand; the previous slot is the way back).
     #[test]
     fn schema_2_bundles_take_schema_1_devices() {
         let k = test_key(7);
@@ -687,8 +687,8 @@ pub(crate) mod tests {
             &format!("compat {COMPAT}\nmin-compat {MIN_COMPAT}"),
         );
         let man = verify_header(&make_bundle(&k, &m, b"r", b"u"), &k.verifying_key()).unwrap();
-        assert_eq!((man.compat, man.min_compat), (2, 1));
-        for device in [1, COMPAT] {
+        assert_eq!((man.compat, man.min_compat), (COMPAT, 1));
+        for device in 1..=COMPAT {
             let d = DeviceInfo {
                 compat: device,
                 ..dev()
@@ -702,7 +702,10 @@ pub(crate) mod tests {
             ..dev()
         };
         let e = check_policy(&old, &d, &[], true).unwrap_err();
-        assert!(e.to_string().contains("this device has 2"), "{e}");
+        assert!(
+            e.to_string().contains(&format!("this device has {COMPAT}")),
+            "{e}"
+        );
     }
 
     /// image/bundle.sh takes its default compat/min-compat from these two lines.

@@ -514,7 +514,7 @@ fn schema_1_devices_take_this_firmware() {
     let e = install(&mut f.p, &old, true, &mut |_| {}).unwrap_err();
     assert!(
         e.to_string().contains("compatibility check failed")
-            && e.to_string().contains("this device has 2"),
+            && e.to_string().contains(&format!("this device has {COMPAT}")),
         "{e}"
     );
     assert!(f.snapshot() == before, "a refused bundle wrote something");
