@@ -35,7 +35,7 @@ use std::time::Duration;
 use super::firewall::{self, Firewall};
 use crate::core::config::{Config, DEFAULT_MTU};
 use crate::core::net::Cidr;
-use crate::core::netplan::{self, Port, ProxyEntry};
+use crate::core::netplan::{self, Port, ProxyEntry, Role};
 use crate::sys::netlink::{Netlink, NetlinkError, RTPROT_RICEGUARD};
 
 /// How often the watch re-evaluates the proxy entries.
@@ -245,13 +245,21 @@ impl NetConf {
         let mut want = BTreeSet::new();
         if cfg.gateway.proxy_arp {
             let mut with_addrs = Vec::new();
-            for (_, i) in &ports {
-                with_addrs.push(Port {
-                    ifindex: *i,
-                    addresses: nl.link_addresses(*i)?,
-                });
+            for (name, i) in &ports {
+                let role = if *name == cfg.gateway.lan {
+                    Role::Lan
+                } else {
+                    Role::Uplink
+                };
+                with_addrs.push((
+                    role,
+                    Port {
+                        ifindex: *i,
+                        addresses: nl.link_addresses(*i)?,
+                    },
+                ));
             }
-            want = netplan::proxy_set(&cfg.peers, &with_addrs);
+            want = netplan::proxy_set(&cfg, &with_addrs);
         }
         if st.firewall_problem.is_none() {
             let uplink = if cfg.gateway.uplink.is_empty() {
