@@ -114,6 +114,8 @@ pub struct KernelRoute {
     pub priority: u32,
     /// `RTN_UNICAST` (not local, broadcast, blackhole, ...).
     pub unicast: bool,
+    /// The next hop (`RTA_GATEWAY`): a router of the network.
+    pub gateway: Option<IpAddr>,
 }
 
 /// The tunnel routes we own among `routes`: on `tunnel` (ifindex), main table, unicast,
@@ -507,6 +509,7 @@ mod tests {
             protocol: proto,
             priority: 0,
             unicast: true,
+            gateway: None,
         }
     }
 
