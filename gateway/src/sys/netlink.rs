@@ -1287,6 +1287,26 @@ mod guard_ops {
             Ok(out)
         }
 
+        /// Delete the kernel's on-link prefix route (`proto kernel`: made for an address
+        /// or a router advertisement's prefix) to `dst` on `ifindex`; no other route
+        /// matches. `Ok(false)`: there was none.
+        pub fn delete_kernel_route(
+            &mut self,
+            dst: Cidr,
+            ifindex: u32,
+        ) -> Result<bool, NetlinkError> {
+            let mut m = Vec::with_capacity(80);
+            kernel_route_del_msg(&mut m, self.next_seq(), dst, ifindex);
+            match self.request(&m, &format!("delete route {}", dst.network())) {
+                Ok(()) => Ok(true),
+                Err(NetlinkError::Kernel {
+                    errno: nix::Error::ESRCH | nix::Error::ENOENT,
+                    ..
+                }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+
         /// The addresses of link `ifindex` with their flags.
         pub fn address_details(&mut self, ifindex: u32) -> Result<Vec<AddrDetail>, NetlinkError> {
             let mut out = Vec::new();
@@ -1301,6 +1321,27 @@ mod guard_ops {
             })?;
             Ok(out)
         }
+    }
+
+    /// RTM_DELROUTE for a main-table route of protocol `kernel` to `dst` out of `ifindex`.
+    pub(super) fn kernel_route_del_msg(m: &mut Vec<u8>, seq: u32, dst: Cidr, ifindex: u32) {
+        const RTM_DELROUTE: u16 = 25;
+        const RTPROT_KERNEL: u8 = 2;
+        put_hdr(m, RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, seq);
+        m.extend_from_slice(&[
+            family(&dst.addr),
+            dst.prefix,
+            0,
+            0,
+            RT_TABLE_MAIN,
+            RTPROT_KERNEL,
+            255, // RT_SCOPE_NOWHERE: any scope
+            RTN_UNICAST,
+        ]);
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        put_attr(m, RTA_DST, &ip_bytes(&dst.network().addr));
+        put_attr(m, RTA_OIF, &ifindex.to_ne_bytes());
+        finish(m);
     }
 
     /// An `RTM_NEWNEIGH` payload of the neighbour table; `None` for a proxy entry or what
@@ -1394,6 +1435,15 @@ mod guard_ops {
             );
             assert_eq!(parse_neigh(&[2; 11]), None);
             assert_eq!(parse_neigh(&neigh(AF_INET, 2, 0, &[1, 2, 3], None)), None);
+        }
+
+        #[test]
+        fn kernel_route_delete_names_protocol_kernel() {
+            let mut m = Vec::new();
+            kernel_route_del_msg(&mut m, 1, "fd00:251::9/64".parse().unwrap(), 4);
+            let r = super::super::netconf_ops::parse_route(&m[16..]).unwrap();
+            assert_eq!(r.dst, "fd00:251::/64".parse().unwrap());
+            assert_eq!((r.protocol, r.oif, r.table), (2, Some(4), 254));
         }
 
         #[test]
