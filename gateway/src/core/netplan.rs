@@ -386,20 +386,36 @@ enum ProbeState {
 #[derive(Clone, Debug, Default)]
 pub struct ProbeBook {
     states: BTreeMap<ProxyEntry, ProbeState>,
+    /// [`PROBE_RECHECK`] unless set ([`ProbeBook::with_recheck`]: tests).
+    recheck: Option<Duration>,
 }
 
 impl ProbeBook {
+    /// A book that probes again after `recheck` instead of [`PROBE_RECHECK`].
+    pub fn with_recheck(recheck: Duration) -> ProbeBook {
+        ProbeBook {
+            states: BTreeMap::new(),
+            recheck: Some(recheck),
+        }
+    }
+
+    /// How long an answer counts.
+    pub fn recheck(&self) -> Duration {
+        self.recheck.unwrap_or(PROBE_RECHECK)
+    }
+
     /// The entries of `want` to probe now (then marked pending); entries no longer wanted
     /// are forgotten.
     pub fn due(&mut self, want: &BTreeSet<ProxyEntry>, now: Instant) -> Vec<ProxyEntry> {
         self.states.retain(|e, _| want.contains(e));
+        let recheck = self.recheck();
         let mut out = Vec::new();
         for e in want {
             let next = match self.states.get(e) {
                 None => Some(false),
                 Some(ProbeState::Pending { .. }) => None,
                 Some(ProbeState::Known { result, at }) => (now.saturating_duration_since(*at)
-                    >= PROBE_RECHECK)
+                    >= recheck)
                     .then_some(*result == ProbeResult::Free),
             };
             if let Some(proxied) = next {
@@ -870,6 +886,10 @@ mod tests {
         book.record(a, ProbeResult::Failed("no socket".into()), t2);
         assert!(book.usable(&only_a).is_empty());
         assert_eq!(mac_text(&mac), "aa:bb:cc:00:00:01");
+        let mut quick = ProbeBook::with_recheck(Duration::from_secs(5));
+        assert_eq!(quick.due(&only_a, t0), vec![a]);
+        quick.record(a, ProbeResult::InUse { mac }, t0);
+        assert_eq!(quick.due(&only_a, t0 + Duration::from_secs(5)), vec![a]);
     }
 
     #[test]

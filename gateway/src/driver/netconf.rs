@@ -130,9 +130,19 @@ impl NetConf {
     /// An error is about the tunnel itself; the LAN side's problems are logged.
     /// `port`: the UDP port the data plane listens on.
     pub fn start(tunnel: &str, cfg: &Config, port: u16) -> Result<NetConf, NetconfError> {
+        let mut state = State::default();
+        // Labs shorten the re-probe interval (ci/uplink-guard.sh); the appliance never
+        // sets it.
+        if let Some(secs) = std::env::var("RG_PROBE_RECHECK_SECS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+        {
+            state.book = ProbeBook::with_recheck(Duration::from_secs(secs));
+        }
         let nc = NetConf {
             tunnel: tunnel.to_string(),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             firewall: Firewall::default(),
             port: AtomicU16::new(port),
         };
@@ -671,10 +681,7 @@ impl NetConf {
                 ProbeResult::Free => continue,
             };
             if st.held.get(&e) != Some(&msg) {
-                log::warn!(
-                    "{msg}; probed again every {}s",
-                    netplan::PROBE_RECHECK.as_secs()
-                );
+                log::warn!("{msg}; probed again every {:?}", st.book.recheck());
             }
             now.insert(e, msg);
         }
