@@ -371,8 +371,9 @@ pub enum ProbeResult {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum ProbeState {
-    /// A probe is out. `proxied`: the entry was free before (a re-check): it stays.
-    Pending { proxied: bool },
+    /// A probe is out; `before`: what the last one found (a re-check keeps it meanwhile:
+    /// a free entry stays proxied, a held one stays held and said once).
+    Pending { before: Option<ProbeResult> },
     /// Settled at `at`.
     Known { result: ProbeResult, at: Instant },
 }
@@ -412,14 +413,14 @@ impl ProbeBook {
         let mut out = Vec::new();
         for e in want {
             let next = match self.states.get(e) {
-                None => Some(false),
+                None => Some(None),
                 Some(ProbeState::Pending { .. }) => None,
-                Some(ProbeState::Known { result, at }) => (now.saturating_duration_since(*at)
-                    >= recheck)
-                    .then_some(*result == ProbeResult::Free),
+                Some(ProbeState::Known { result, at }) => {
+                    (now.saturating_duration_since(*at) >= recheck).then(|| Some(result.clone()))
+                }
             };
-            if let Some(proxied) = next {
-                self.states.insert(*e, ProbeState::Pending { proxied });
+            if let Some(before) = next {
+                self.states.insert(*e, ProbeState::Pending { before });
                 out.push(*e);
             }
         }
@@ -439,11 +440,12 @@ impl ProbeBook {
             .filter(|e| {
                 matches!(
                     self.states.get(e),
-                    Some(ProbeState::Pending { proxied: true })
-                        | Some(ProbeState::Known {
-                            result: ProbeResult::Free,
-                            ..
-                        })
+                    Some(ProbeState::Pending {
+                        before: Some(ProbeResult::Free)
+                    }) | Some(ProbeState::Known {
+                        result: ProbeResult::Free,
+                        ..
+                    })
                 )
             })
             .copied()
@@ -455,9 +457,10 @@ impl ProbeBook {
         self.states
             .iter()
             .filter_map(|(e, s)| match s {
-                ProbeState::Known { result, .. } if *result != ProbeResult::Free => {
-                    Some((*e, result.clone()))
-                }
+                ProbeState::Known { result, .. }
+                | ProbeState::Pending {
+                    before: Some(result),
+                } if *result != ProbeResult::Free => Some((*e, result.clone())),
                 _ => None,
             })
             .collect()
@@ -872,6 +875,11 @@ mod tests {
         let t1 = t0 + PROBE_RECHECK;
         assert_eq!(book.due(&want, t1), vec![a, b]);
         assert_eq!(book.usable(&want), entries(&[(2, "192.168.1.2")]));
+        assert_eq!(
+            book.held(),
+            vec![(a, ProbeResult::InUse { mac })],
+            "still held (and said once) while probed again"
+        );
         // The router went away: .1 is free now; a host took .2: withdrawn.
         book.record(a, ProbeResult::Free, t1);
         book.record(b, ProbeResult::InUse { mac }, t1);
