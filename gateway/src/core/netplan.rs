@@ -242,6 +242,45 @@ pub fn proxy_set(cfg: &Config, ports: &[(Role, Port)]) -> BTreeSet<ProxyEntry> {
     out
 }
 
+/// Host routes through the tunnel for proxied peer addresses its connected route does
+/// not carry: where a port's subnet holding the address is as long as the tunnel subnet
+/// holding it or longer (`Address = 192.168.1.250/24` on a 192.168.1.0/24 LAN: two
+/// equal connected routes, and the port's, made first, wins — the proxy entry would
+/// answer for a client its own routing sends back to the LAN). A tunnel subnet carved
+/// out of the port's (a /29 in a /24) is more specific and needs none; a peer address
+/// outside the tunnel's subnets is routed by [`tunnel_routes`] already.
+pub fn proxy_host_routes(
+    cfg: &Config,
+    ports: &[(Role, Port)],
+    entries: &BTreeSet<ProxyEntry>,
+) -> Vec<Cidr> {
+    let longest = |v: &mut dyn Iterator<Item = &Cidr>, ip: IpAddr| {
+        v.filter(|a| a.prefix < a.max_prefix() && a.contains(ip))
+            .map(|a| a.prefix)
+            .max()
+    };
+    let mut out: Vec<Cidr> = entries
+        .iter()
+        .filter(|e| {
+            let Some(tunnel) = longest(&mut cfg.interface.addresses.iter(), e.addr) else {
+                return false;
+            };
+            ports
+                .iter()
+                .filter(|(_, p)| p.ifindex == e.ifindex)
+                .filter_map(|(_, p)| longest(&mut p.addresses.iter(), e.addr))
+                .any(|port| port >= tunnel)
+        })
+        .map(|e| Cidr {
+            addr: e.addr,
+            prefix: if e.addr.is_ipv4() { 32 } else { 128 },
+        })
+        .collect();
+    out.sort_by_key(Cidr::sort_key);
+    out.dedup();
+    out
+}
+
 fn proxiable(ip: IpAddr) -> bool {
     let special = match ip {
         IpAddr::V4(a) => a.is_broadcast(),
@@ -773,6 +812,23 @@ mod tests {
             proxy_set(&cf, &ports[..1]),
             entries(&[(2, "192.168.77.202")])
         );
+    }
+
+    #[test]
+    fn proxied_hosts_get_a_route_where_the_port_route_would_win() {
+        let peers = vec![peer(1, &["192.168.1.4/32"]), peer(2, &["10.66.0.9/32"])];
+        let e = entries(&[(2, "192.168.1.4"), (2, "10.66.0.9")]);
+        // The tunnel's /24 equals the uplink's: a host route.
+        let cf = cfg(&["192.168.1.250/24"], peers.clone());
+        let ports = [up(port(2, &["192.168.1.2/24", "10.66.0.2/16"]))];
+        assert_eq!(
+            proxy_host_routes(&cf, &ports, &e),
+            cs(&["192.168.1.4/32"]),
+            "10.66.0.9 is outside the tunnel's subnets: tunnel_routes routes it"
+        );
+        // A /29 carved out of the uplink's /24: its connected route wins, none needed.
+        let cf = cfg(&["192.168.1.249/29"], peers);
+        assert!(proxy_host_routes(&cf, &ports, &e).is_empty());
     }
 
     #[test]

@@ -123,6 +123,9 @@ struct State {
     ra: BTreeMap<(IpAddr, u8), String>,
     /// The ports proxy entries were computed for (names for messages).
     ports: Vec<(String, u32)>,
+    /// Host routes installed for proxied addresses the tunnel's connected route does not
+    /// carry (kept out of `sync_routes`' deletions).
+    host_routes: Vec<Cidr>,
 }
 
 impl NetConf {
@@ -280,7 +283,10 @@ impl NetConf {
     ) -> Result<(), NetlinkError> {
         let name = &self.tunnel;
         let idx = Netlink::ifindex(name)?;
-        let want = netplan::tunnel_routes(cfg);
+        let mut want = netplan::tunnel_routes(cfg);
+        want.routes.extend(st.host_routes.iter().copied());
+        want.routes.sort_by_key(Cidr::sort_key);
+        want.routes.dedup();
         let kernel = nl.routes()?;
         let owned = netplan::owned_routes(&kernel, idx, RTPROT_RICEGUARD);
         let d = netplan::route_diff(&want.routes, &owned);
@@ -457,8 +463,8 @@ impl NetConf {
             }
         }
         let mut want = BTreeSet::new();
+        let mut with_addrs = Vec::new();
         if cfg.gateway.proxy_arp {
-            let mut with_addrs = Vec::new();
             for (name, i) in &ports {
                 let role = if *name == cfg.gateway.lan {
                     Role::Lan
@@ -533,6 +539,7 @@ impl NetConf {
         }
         self.say_held(st, &cfg);
         let want = st.book.usable(&want);
+        self.host_routes(nl, st, netplan::proxy_host_routes(&cfg, &with_addrs, &want))?;
         let d = netplan::proxy_diff(&want, &present, &st.proxies);
         let port_name = |i: u32| port_of(&ports, i);
         for e in &d.delete {
@@ -654,6 +661,42 @@ impl NetConf {
                 log::warn!("{}: proxy ARP/NDP: {e}", self.tunnel);
             }
         }
+    }
+
+    /// Install the host routes proxied addresses need ([`netplan::proxy_host_routes`]) and
+    /// remove the ones no longer needed (unless the configuration routes them anyway).
+    fn host_routes(
+        &self,
+        nl: &mut Netlink,
+        st: &mut State,
+        hosts: Vec<Cidr>,
+    ) -> Result<(), NetlinkError> {
+        if hosts == st.host_routes {
+            return Ok(());
+        }
+        let idx = Netlink::ifindex(&self.tunnel)?;
+        let routed = st
+            .applied
+            .as_ref()
+            .map(|c| netplan::tunnel_routes(c).routes)
+            .unwrap_or_default();
+        let owned = netplan::owned_routes(&nl.routes()?, idx, RTPROT_RICEGUARD);
+        for c in st
+            .host_routes
+            .iter()
+            .filter(|c| !hosts.contains(c) && !routed.contains(c))
+        {
+            nl.delete_owned_route(*c, idx)?;
+        }
+        for c in hosts.iter().filter(|c| !owned.contains(c)) {
+            nl.add_owned_route(*c, idx)?;
+            log::info!(
+                "{}: route {c} (a proxied client inside the port's subnet)",
+                self.tunnel
+            );
+        }
+        st.host_routes = hosts;
+        Ok(())
     }
 
     /// Log each proxy entry newly held back (in use, or not probed), once.
