@@ -8,8 +8,17 @@
 //!   a device route per peer allowed IP, tagged with our protocol number, so the routes of
 //!   a removed peer or allowed IP are deleted on reload and no one else's are;
 //! - the LAN port of a two-armed gateway (`Lan =`, `LanAddress =`): up, its addresses;
-//! - proxy ARP / NDP proxy entries (`ProxyArp = on`, one-armed): an entry on the uplink
-//!   or LAN port for each peer host address inside one of that port's subnets;
+//! - proxy ARP / NDP proxy entries (`ProxyArp = on`): an entry on a port for each peer
+//!   host address inside one of that port's subnets and a subnet the configuration names
+//!   ([`netplan::named_subnets`]: for a DHCP uplink with no `UplinkAddress`, only the
+//!   tunnel's own `Address` subnets; two-armed, nothing on the uplink), and only after a
+//!   probe ([`crate::sys::probe`]) found the address free: one in use (the router, a LAN
+//!   host) is said in the log and the status and probed again every minute; a host
+//!   route through the tunnel where the port's connected route would win;
+//! - tunnel routes another interface holds (the uplink's subnet): said and retried each
+//!   watch round, never failing the start or a reload; IPv6 RA prefixes that would take
+//!   a tunnel route's place ([`netplan::overlap`]): their SLAAC addresses and on-link
+//!   routes removed each round (the kernel has no per-prefix switch);
 //! - the firewall (`driver::firewall`, `Firewall = on`): installed before the tunnel is
 //!   up, replaced when the configuration or the ports' subnets change;
 //! - forwarding on and `rp_filter` loose (2) on the tunnel and LAN port once the firewall
