@@ -13,6 +13,9 @@
 #            two-address uplink (ci/sticky-source.sh)
 #   gateway  the appliance's network role in namespaces: one-armed (proxy ARP/NDP) and
 #            two-armed LAN with a stock peer, reloads applied as diffs (ci/gateway-lan.sh);
+#            the uplink cannot redirect the tunnel: no proxy entry for the router or an
+#            address in use, `add client` skips them, a shadowed route said and installed
+#            later, a conflicting RA prefix not used (ci/uplink-guard.sh);
 #            the DHCP uplink client against dnsmasq and a short-lease server, with the
 #            daemon's firewall in place, and SLAAC (ci/dhcp.sh); the firewall and NAT: the
 #            README's first client from the factory configuration, full-tunnel clients
@@ -72,7 +75,7 @@ stage_adversarial() {
 stage_gateway() {
     cargo build --locked --release -p riceguard || return 1
     local s rc=0
-    for s in ci/gateway-lan.sh ci/dhcp.sh ci/firewall.sh; do
+    for s in ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh; do
         echo "--- $s"
         bash "$s" || { echo "--- $s FAILED"; rc=1; }
     done

@@ -6,9 +6,12 @@
 //! - [`allocate`] picks the next free tunnel address: host addresses of the `[Interface]
 //!   Address` subnets (IPv4, and IPv6 too when there is an IPv6 Address), skipping the
 //!   network and broadcast addresses (IPv6: the subnet-router anycast address), the
-//!   gateway's own addresses, and every address inside a peer's allowed IPs that lie
+//!   gateway's own addresses, every address inside a peer's allowed IPs that lie
 //!   within the subnet (a peer prefix covering the whole subnet or more, such as
-//!   `0.0.0.0/0` of a site link, is a route, not an allocation).
+//!   `0.0.0.0/0` of a site link, is a route, not an allocation), and the addresses the
+//!   network uses ([`Uplink::in_use`]: routers, the appliance's addresses on every
+//!   interface, the neighbour table's hosts), so a tunnel numbered from the LAN's own
+//!   subnet never gives a client the router's address or a LAN host's.
 //! - [`add`] generates the client's key pair and a preshared key, and adds the `[Peer]`
 //!   (`Name`, public key, PSK, `AllowedIPs` = the /32 and /128) to the candidate.
 //! - [`client_config`] writes the client's wg-quick configuration: `AllowedIPs` = the
@@ -101,8 +104,10 @@ pub fn first_free(subnet: &Cidr, taken: &[Cidr], reserved: &[IpAddr]) -> Option<
 }
 
 /// The host prefixes (`/32`, and `/128` when the tunnel has IPv6) for a new client.
-/// `reserved`: addresses besides the `[Interface]` ones that are not free (the uplink's
-/// and LAN port's, in case the tunnel shares their subnet).
+/// `reserved`: addresses besides the `[Interface]` ones that are not free, in case the
+/// tunnel shares a LAN's subnet: the uplink's and LAN port's addresses, the routers,
+/// the neighbour table's hosts ([`Uplink::in_use`]; the console gathers them, this stays
+/// pure).
 pub fn allocate(cfg: &Config, reserved: &[IpAddr]) -> Result<Vec<Cidr>, String> {
     let ifaddrs = &cfg.interface.addresses;
     if ifaddrs.is_empty() {
@@ -396,7 +401,13 @@ pub fn add(
     }
     let reserved: Vec<IpAddr> = uplink
         .as_ref()
-        .map(|u| u.addresses.iter().map(|c| c.addr).collect())
+        .map(|u| {
+            u.addresses
+                .iter()
+                .map(|c| c.addr)
+                .chain(u.in_use.iter().copied())
+                .collect()
+        })
         .unwrap_or_default();
     let addresses = allocate(cfg, &reserved)?;
     let private_key = Key::generate_private();
@@ -522,6 +533,7 @@ mod tests {
             name: "eth0".into(),
             addresses: addrs.iter().map(|a| c(a)).collect(),
             dns: Vec::new(),
+            in_use: Vec::new(),
         })
     }
 
@@ -616,6 +628,41 @@ mod tests {
         cfg.gateway.uplink_addresses = vec![c("192.168.1.2/24")];
         cfg.gateway.lan_addresses = vec![c("192.168.1.3/24")];
         assert_eq!(allocate(&cfg, &[]).unwrap(), vec![c("192.168.1.4/32")]);
+    }
+
+    /// The case: `Address = 192.168.1.250/24` on a 192.168.1.0/24 LAN whose router
+    /// is 192.168.1.1: the first clients never get the router's address, the uplink's own,
+    /// or a LAN host's from the neighbour table.
+    #[test]
+    fn add_skips_router_own_addresses_and_neighbours() {
+        let mut cfg = gateway(&["192.168.1.250/24"]);
+        let mut up = uplink(&["192.168.1.20/24"]);
+        if let Ok(u) = up.as_mut() {
+            // The router (default route, lease), a LAN host seen in the neighbour table,
+            // the appliance's address on another interface.
+            u.in_use = vec![
+                ip("192.168.1.1"),
+                ip("192.168.1.2"),
+                ip("192.168.1.4"),
+                ip("10.0.0.9"),
+            ];
+        }
+        let a = add_split(&mut cfg, "phone", &up).unwrap();
+        assert_eq!(a.peer.allowed_ips, vec![c("192.168.1.3/32")]);
+        let b = add_split(&mut cfg, "laptop", &up).unwrap();
+        assert_eq!(b.peer.allowed_ips, vec![c("192.168.1.5/32")]);
+        // The pure allocator alone: the excluded set is its input.
+        let cfg = gateway(&["192.168.1.250/24"]);
+        let ex = [ip("192.168.1.1"), ip("192.168.1.2"), ip("192.168.1.3")];
+        assert_eq!(allocate(&cfg, &ex).unwrap(), vec![c("192.168.1.4/32")]);
+        // IPv6 too: a neighbour's address in the tunnel's /64 is skipped.
+        let cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
+        let a = allocate(&cfg, &[ip("fd10::2"), ip("10.100.0.2")]).unwrap();
+        assert_eq!(a, vec![c("10.100.0.3/32"), c("fd10::3/128")]);
+        // The factory tunnel is untouched by a LAN's router and hosts.
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        let a = add_split(&mut cfg, "phone", &up).unwrap();
+        assert_eq!(a.peer.allowed_ips, vec![c("10.100.0.2/32")]);
     }
 
     #[test]

@@ -378,6 +378,7 @@ pub fn fuzz_check_input(data: &[u8]) {
                             prefix: 24,
                         }],
                         dns: vec![std::net::IpAddr::from([192, 0, 2, 1])],
+                        in_use: vec![std::net::IpAddr::from([192, 0, 2, 1])],
                     });
                     match client::add(&mut cfg, &name, &up, tunnel) {
                         Err(_) => {

@@ -59,6 +59,50 @@ pub struct Uplink {
     /// The DNS servers of its DHCP lease (none without one): what a full-tunnel client
     /// is given when no `ClientDns` is set.
     pub dns: Vec<std::net::IpAddr>,
+    /// Addresses the network uses, which `add client` must not hand out: routers (every
+    /// route's next hop, the lease's router), the appliance's own addresses on every
+    /// interface, and the neighbour table's answered entries.
+    pub in_use: Vec<std::net::IpAddr>,
+}
+
+/// The router in the DHCP lease of interface `name` (`dir/lease.NAME`), if any.
+pub fn lease_router(dir: &Path, name: &str) -> Option<std::net::IpAddr> {
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    std::fs::read_to_string(dir.join(format!("lease.{name}")))
+        .ok()
+        .and_then(|t| crate::core::dhcp::Lease::from_text(&t).ok())
+        .and_then(|l| l.router)
+        .map(std::net::IpAddr::V4)
+}
+
+/// [`Uplink::in_use`] as the kernel has it now (best effort: what cannot be read is
+/// left out), plus the router of uplink `name`'s lease under `dir`.
+pub fn addresses_in_use(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
+    let mut v: Vec<std::net::IpAddr> = Vec::new();
+    v.extend(lease_router(dir, name));
+    if let Ok(list) = nix::ifaddrs::getifaddrs() {
+        for ifa in list {
+            let a = ifa.address.as_ref();
+            if let Some(s) = a.and_then(|a| a.as_sockaddr_in()) {
+                v.push(std::net::IpAddr::V4(s.ip()));
+            } else if let Some(s) = a.and_then(|a| a.as_sockaddr_in6()) {
+                v.push(std::net::IpAddr::V6(s.ip()));
+            }
+        }
+    }
+    if let Ok(mut nl) = crate::sys::netlink::Netlink::open() {
+        if let Ok(routes) = nl.routes() {
+            v.extend(routes.iter().filter_map(|r| r.gateway));
+        }
+        if let Ok(ns) = nl.neighbours() {
+            v.extend(ns.iter().filter(|n| n.in_use()).map(|n| n.addr));
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
 }
 
 /// The DNS servers in the DHCP lease of interface `name`, read from `dir/lease.NAME`
@@ -598,10 +642,12 @@ impl Hooks for SystemHooks {
         )?;
         let addresses = interface_addresses(&name).map_err(|e| format!("uplink {name}: {e}"))?;
         let dns = lease_dns(&run_dir(), &name);
+        let in_use = addresses_in_use(&run_dir(), &name);
         Ok(Uplink {
             name,
             addresses,
             dns,
+            in_use,
         })
     }
 

@@ -12,10 +12,11 @@
 //! - proxy neighbour entries: only those tagged with our protocol (or that we remember
 //!   adding).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
-use crate::core::config::{Config, PeerConfig};
+use crate::core::config::{Config, OverlapPolicy};
 use crate::core::net::Cidr;
 
 /// The kernel's main routing table (`RT_TABLE_MAIN`).
@@ -113,6 +114,8 @@ pub struct KernelRoute {
     pub priority: u32,
     /// `RTN_UNICAST` (not local, broadcast, blackhole, ...).
     pub unicast: bool,
+    /// The next hop (`RTA_GATEWAY`): a router of the network.
+    pub gateway: Option<IpAddr>,
 }
 
 /// The tunnel routes we own among `routes`: on `tunnel` (ifindex), main table, unicast,
@@ -162,25 +165,71 @@ pub struct Port {
     pub addresses: Vec<Cidr>,
 }
 
-/// The proxy entries for `peers` on `ports`: every peer host address (a `/32` or `/128`
-/// allowed IP) inside the subnet of one of a port's addresses gets an entry on that port,
-/// so LAN hosts reach peers numbered from the LAN subnet with no route of their own.
-/// Not proxied: wider allowed IPs (a subnet is routed, not proxied), link-local and
-/// multicast addresses, a port's own address, and the IPv4 network and broadcast
-/// addresses of the subnet.
-pub fn proxy_set(peers: &[PeerConfig], ports: &[Port]) -> BTreeSet<ProxyEntry> {
+/// Which port a [`Port`] is: what the configuration names for it differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Uplink,
+    Lan,
+}
+
+/// The subnets the configuration names for proxy entries on a port of `role`; `None`
+/// when that port publishes no tunnel address at all.
+///
+/// - the uplink: the tunnel's `Address` subnets and the `UplinkAddress` subnets. A DHCP
+///   lease or SLAAC prefix is never named: with no `UplinkAddress` (the one-armed factory
+///   default) only the tunnel's own subnets count, so a peer is proxied on the uplink
+///   only where the tunnel is numbered from the uplink's subnet (`Address =
+///   192.168.1.250/24` on a 192.168.1.0/24 LAN, or a /29 carved out of it). The factory
+///   tunnel `10.100.0.1/24` is not inside a typical LAN's subnet, so its clients are not
+///   proxied (they are reached through NAT to the uplink's address) — as before. A lease
+///   wider than these subnets publishes nothing beyond them.
+/// - two-armed (`Lan` set): nothing on the uplink — the firewall drops uplink → tunnel,
+///   so an answer there would only attract traffic it then drops.
+/// - the LAN port: the tunnel's `Address` subnets and the `LanAddress` subnets.
+pub fn named_subnets(cfg: &Config, role: Role) -> Option<Vec<Cidr>> {
+    let two_armed = !cfg.gateway.lan.is_empty();
+    let own = match role {
+        Role::Uplink if two_armed => return None,
+        Role::Uplink => &cfg.gateway.uplink_addresses,
+        Role::Lan => &cfg.gateway.lan_addresses,
+    };
+    let mut v: Vec<Cidr> = cfg
+        .interface
+        .addresses
+        .iter()
+        .chain(own.iter())
+        .map(Cidr::network)
+        .collect();
+    v.sort_by_key(Cidr::sort_key);
+    v.dedup();
+    Some(v)
+}
+
+/// The proxy entries for the peers of `cfg` on its ports: every peer host address (a
+/// `/32` or `/128` allowed IP) inside the subnet of one of a port's addresses (the port's
+/// hosts resolve it there) *and* inside a subnet the configuration names for that port
+/// ([`named_subnets`]) gets an entry on that port, so LAN hosts reach peers numbered from
+/// the LAN subnet with no route of their own. Not proxied: wider allowed IPs (a subnet
+/// is routed, not proxied), link-local and multicast addresses, a port's own address,
+/// and the IPv4 network and broadcast addresses of the subnet. Whether an address is in
+/// use on the port is the probe's question ([`ProbeBook`]), asked before an entry goes in.
+pub fn proxy_set(cfg: &Config, ports: &[(Role, Port)]) -> BTreeSet<ProxyEntry> {
     let mut out = BTreeSet::new();
-    for p in peers {
-        for c in &p.allowed_ips {
-            if c.prefix != c.max_prefix() || !proxiable(c.addr) {
-                continue;
-            }
-            for port in ports {
+    for (role, port) in ports {
+        let Some(named) = named_subnets(cfg, *role) else {
+            continue;
+        };
+        for p in &cfg.peers {
+            for c in &p.allowed_ips {
+                if c.prefix != c.max_prefix() || !proxiable(c.addr) {
+                    continue;
+                }
                 if port
                     .addresses
                     .iter()
                     .any(|a| subnet_holds(a, c.addr) && a.addr != c.addr)
                     && !port.addresses.iter().any(|a| a.addr == c.addr)
+                    && named.iter().any(|n| n.contains(c.addr))
                 {
                     out.insert(ProxyEntry {
                         ifindex: port.ifindex,
@@ -190,6 +239,45 @@ pub fn proxy_set(peers: &[PeerConfig], ports: &[Port]) -> BTreeSet<ProxyEntry> {
             }
         }
     }
+    out
+}
+
+/// Host routes through the tunnel for proxied peer addresses its connected route does
+/// not carry: where a port's subnet holding the address is as long as the tunnel subnet
+/// holding it or longer (`Address = 192.168.1.250/24` on a 192.168.1.0/24 LAN: two
+/// equal connected routes, and the port's, made first, wins — the proxy entry would
+/// answer for a client its own routing sends back to the LAN). A tunnel subnet carved
+/// out of the port's (a /29 in a /24) is more specific and needs none; a peer address
+/// outside the tunnel's subnets is routed by [`tunnel_routes`] already.
+pub fn proxy_host_routes(
+    cfg: &Config,
+    ports: &[(Role, Port)],
+    entries: &BTreeSet<ProxyEntry>,
+) -> Vec<Cidr> {
+    let longest = |v: &mut dyn Iterator<Item = &Cidr>, ip: IpAddr| {
+        v.filter(|a| a.prefix < a.max_prefix() && a.contains(ip))
+            .map(|a| a.prefix)
+            .max()
+    };
+    let mut out: Vec<Cidr> = entries
+        .iter()
+        .filter(|e| {
+            let Some(tunnel) = longest(&mut cfg.interface.addresses.iter(), e.addr) else {
+                return false;
+            };
+            ports
+                .iter()
+                .filter(|(_, p)| p.ifindex == e.ifindex)
+                .filter_map(|(_, p)| longest(&mut p.addresses.iter(), e.addr))
+                .any(|port| port >= tunnel)
+        })
+        .map(|e| Cidr {
+            addr: e.addr,
+            prefix: if e.addr.is_ipv4() { 32 } else { 128 },
+        })
+        .collect();
+    out.sort_by_key(Cidr::sort_key);
+    out.dedup();
     out
 }
 
@@ -240,9 +328,203 @@ pub fn proxy_diff(
     }
 }
 
+/// The shortest IPv4 tunnel route an uplink subnet may not lie inside: a remote site's
+/// network and the uplink cannot be one network (`OverlapPolicy::Auto`).
+pub const SITE_PREFIX_V4: u8 = 16;
+/// The same bound for IPv6 (a site's /48).
+pub const SITE_PREFIX_V6: u8 = 48;
+
+/// How an uplink prefix (a static `UplinkAddress` subnet, a DHCP lease's subnet, an RA
+/// prefix) stands to the tunnel's routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// No tunnel route overlaps it.
+    Clear,
+    /// It overlaps `route` and is kept (policy `auto`): a narrower part of a wide summary
+    /// route (a hub's `10.0.0.0/8` over a 10.x uplink), or wider than the route (the
+    /// tunnel route, more specific, still wins). `show status` says which part is shadowed.
+    Kept { route: Cidr },
+    /// It would take `route`'s place: equal to it, or inside it and the route is /16
+    /// (IPv6: /48) or longer; under `UplinkOverlap = refuse`, any overlap. Not used.
+    Conflict { route: Cidr },
+}
+
+/// The verdict on `uplink` (masked here) against `routes` (the tunnel's, as
+/// [`tunnel_routes`] gives them; `/0` is never a conflict: it is not installed). A
+/// conflict with any route wins over a kept overlap with another.
+pub fn overlap(uplink: Cidr, routes: &[Cidr], policy: OverlapPolicy) -> Verdict {
+    let u = uplink.network();
+    let mut kept = None;
+    for r in routes {
+        let r = r.network();
+        if r.prefix == 0 || r.addr.is_ipv4() != u.addr.is_ipv4() {
+            continue;
+        }
+        let u_inside = r.prefix <= u.prefix && r.contains(u.addr);
+        let r_inside = u.prefix <= r.prefix && u.contains(r.addr);
+        if !u_inside && !r_inside {
+            continue;
+        }
+        let site = if r.addr.is_ipv4() {
+            SITE_PREFIX_V4
+        } else {
+            SITE_PREFIX_V6
+        };
+        if policy == OverlapPolicy::Refuse || r == u || (u_inside && r.prefix >= site) {
+            return Verdict::Conflict { route: r };
+        }
+        kept.get_or_insert(r);
+    }
+    kept.map_or(Verdict::Clear, |route| Verdict::Kept { route })
+}
+
+/// The peer that owns tunnel route `route` (the first whose allowed IP masks to it), by
+/// its `Name`, else its key's first characters; for messages.
+pub fn route_owner(cfg: &Config, route: Cidr) -> String {
+    cfg.peers
+        .iter()
+        .find(|p| p.allowed_ips.iter().any(|c| c.network() == route.network()))
+        .map_or_else(
+            || "no peer".to_string(),
+            |p| match &p.name {
+                Some(n) => format!("peer {n}"),
+                None => format!("peer {}", &p.public_key.to_base64()[..8]),
+            },
+        )
+}
+
+/// How long a probe answer counts: an address in use is probed again after this long,
+/// and one proxied is checked again (a host may have taken it since).
+pub const PROBE_RECHECK: Duration = Duration::from_secs(60);
+
+/// What a probe found out about an address on a port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeResult {
+    /// No one answered (or the port has no neighbours to ask: no ARP there).
+    Free,
+    /// Another host answered, with this link-layer address.
+    InUse { mac: [u8; 6] },
+    /// The probe could not be sent; the address is not proxied until one can.
+    Failed(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ProbeState {
+    /// A probe is out; `before`: what the last one found (a re-check keeps it meanwhile:
+    /// a free entry stays proxied, a held one stays held and said once).
+    Pending { before: Option<ProbeResult> },
+    /// Settled at `at`.
+    Known { result: ProbeResult, at: Instant },
+}
+
+/// Which wanted proxy entries may go in: an address is probed (ARP probe, DAD-style
+/// neighbour solicitation: the driver sends them) before it is proxied, and only a free
+/// one is. An address in use is probed again every [`PROBE_RECHECK`], so it is proxied
+/// once freed; one proxied is checked as often and withdrawn when a host shows up with
+/// it. Sans-IO: the driver asks [`ProbeBook::due`] what to probe, reports each outcome
+/// with [`ProbeBook::record`] and installs [`ProbeBook::usable`].
+#[derive(Clone, Debug, Default)]
+pub struct ProbeBook {
+    states: BTreeMap<ProxyEntry, ProbeState>,
+    /// [`PROBE_RECHECK`] unless set ([`ProbeBook::with_recheck`]: tests).
+    recheck: Option<Duration>,
+}
+
+impl ProbeBook {
+    /// A book that probes again after `recheck` instead of [`PROBE_RECHECK`].
+    pub fn with_recheck(recheck: Duration) -> ProbeBook {
+        ProbeBook {
+            states: BTreeMap::new(),
+            recheck: Some(recheck),
+        }
+    }
+
+    /// How long an answer counts.
+    pub fn recheck(&self) -> Duration {
+        self.recheck.unwrap_or(PROBE_RECHECK)
+    }
+
+    /// The entries of `want` to probe now (then marked pending); entries no longer wanted
+    /// are forgotten.
+    pub fn due(&mut self, want: &BTreeSet<ProxyEntry>, now: Instant) -> Vec<ProxyEntry> {
+        self.states.retain(|e, _| want.contains(e));
+        let recheck = self.recheck();
+        let mut out = Vec::new();
+        for e in want {
+            let next = match self.states.get(e) {
+                None => Some(None),
+                Some(ProbeState::Pending { .. }) => None,
+                Some(ProbeState::Known { result, at }) => {
+                    (now.saturating_duration_since(*at) >= recheck).then(|| Some(result.clone()))
+                }
+            };
+            if let Some(before) = next {
+                self.states.insert(*e, ProbeState::Pending { before });
+                out.push(*e);
+            }
+        }
+        out
+    }
+
+    /// The outcome of the probe of `e`.
+    pub fn record(&mut self, e: ProxyEntry, result: ProbeResult, now: Instant) {
+        if self.states.contains_key(&e) {
+            self.states.insert(e, ProbeState::Known { result, at: now });
+        }
+    }
+
+    /// The entries of `want` found free (and those being re-checked after that).
+    pub fn usable(&self, want: &BTreeSet<ProxyEntry>) -> BTreeSet<ProxyEntry> {
+        want.iter()
+            .filter(|e| {
+                matches!(
+                    self.states.get(e),
+                    Some(ProbeState::Pending {
+                        before: Some(ProbeResult::Free)
+                    }) | Some(ProbeState::Known {
+                        result: ProbeResult::Free,
+                        ..
+                    })
+                )
+            })
+            .copied()
+            .collect()
+    }
+
+    /// The entries held back, with why (in use by a MAC, or the probe failed).
+    pub fn held(&self) -> Vec<(ProxyEntry, ProbeResult)> {
+        self.states
+            .iter()
+            .filter_map(|(e, s)| match s {
+                ProbeState::Known { result, .. }
+                | ProbeState::Pending {
+                    before: Some(result),
+                } if *result != ProbeResult::Free => Some((*e, result.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether any probe is out.
+    pub fn pending(&self) -> bool {
+        self.states
+            .values()
+            .any(|s| matches!(s, ProbeState::Pending { .. }))
+    }
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn mac_text(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::config::PeerConfig;
     use crate::core::key::Key;
 
     fn c(s: &str) -> Cidr {
@@ -285,6 +567,7 @@ mod tests {
             protocol: proto,
             priority: 0,
             unicast: true,
+            gateway: None,
         }
     }
 
@@ -415,6 +698,10 @@ mod tests {
             .collect()
     }
 
+    fn up(p: Port) -> (Role, Port) {
+        (Role::Uplink, p)
+    }
+
     #[test]
     fn proxy_set_inside_subnet_hosts_only() {
         let peers = vec![
@@ -433,9 +720,18 @@ mod tests {
             ),
             peer(4, &["fe80::5/128", "224.0.0.5/32"]),
         ];
+        // The configuration names the LAN's whole subnets (the tunnel numbered from them).
+        let cf = cfg(
+            &[
+                "192.168.77.250/24",
+                "192.168.78.250/24",
+                "fd77::250/64",
+                "fd78::250/64",
+            ],
+            peers,
+        );
         let uplink = port(2, &["192.168.77.2/24", "fd77::2/64", "fe80::2/64"]);
-        let lan = port(3, &["192.168.88.1/24"]);
-        let got = proxy_set(&peers, &[uplink.clone(), lan]);
+        let got = proxy_set(&cf, &[up(uplink.clone())]);
         assert_eq!(
             got,
             entries(&[
@@ -445,15 +741,219 @@ mod tests {
             ])
         );
         // The uplink has no address yet (DHCP pending): nothing to proxy.
-        assert!(proxy_set(&peers, &[port(2, &[])]).is_empty());
+        assert!(proxy_set(&cf, &[up(port(2, &[]))]).is_empty());
         // A host-prefix port address has no subnet to share.
-        assert!(proxy_set(&peers, &[port(2, &["192.168.77.2/32"])]).is_empty());
+        assert!(proxy_set(&cf, &[up(port(2, &["192.168.77.2/32"]))]).is_empty());
         // The address changes (a new DHCP lease in another subnet): the set follows.
-        let moved = proxy_set(&peers, &[port(2, &["192.168.78.9/24"])]);
+        let moved = proxy_set(&cf, &[up(port(2, &["192.168.78.9/24"]))]);
         assert_eq!(moved, entries(&[(2, "192.168.78.5")]));
         // IPv6 only on the port: only v6 hosts.
-        let v6 = proxy_set(&peers, &[port(2, &["fd78::1/64"])]);
+        let v6 = proxy_set(&cf, &[up(port(2, &["fd78::1/64"]))]);
         assert_eq!(v6, entries(&[(2, "fd78::5")]));
+    }
+
+    /// Only inside subnets the configuration names: a lease wider than them publishes
+    /// nothing more, and a DHCP uplink's own subnet is not named.
+    #[test]
+    fn proxy_set_only_inside_named_subnets() {
+        let peers = vec![
+            peer(1, &["192.168.1.2/32", "fd01::2/128"]),
+            peer(2, &["192.168.5.7/32", "10.100.0.2/32"]),
+        ];
+        // Address = 192.168.1.250/24 on a 192.168.1.0/24 LAN, DHCP uplink.
+        let cf = cfg(&["192.168.1.250/24"], peers.clone());
+        let lease = port(2, &["192.168.1.20/24", "fd01::20/64"]);
+        assert_eq!(
+            proxy_set(&cf, &[up(lease)]),
+            entries(&[(2, "192.168.1.2")]),
+            "fd01::/64 (SLAAC) is not named"
+        );
+        // A rogue lease of 192.168.0.0/16: still only the tunnel's /24.
+        let wide = port(2, &["192.168.3.3/16"]);
+        assert_eq!(
+            proxy_set(&cf, &[up(wide.clone())]),
+            entries(&[(2, "192.168.1.2")])
+        );
+        // The factory tunnel (10.100.0.1/24) on a DHCP LAN: nothing proxied.
+        let mut factory = cfg(&["10.100.0.1/24"], peers.clone());
+        assert!(proxy_set(&factory, &[up(port(2, &["192.168.1.20/24"]))]).is_empty());
+        assert!(proxy_set(&factory, &[up(wide.clone())]).is_empty());
+        // A static UplinkAddress names its subnet.
+        factory.gateway.uplink_addresses = vec![c("192.168.5.2/24")];
+        assert_eq!(
+            proxy_set(&factory, &[up(port(2, &["192.168.5.2/24"]))]),
+            entries(&[(2, "192.168.5.7")])
+        );
+        assert_eq!(
+            named_subnets(&factory, Role::Uplink).unwrap(),
+            cs(&["10.100.0.0/24", "192.168.5.0/24"])
+        );
+    }
+
+    /// Two-armed: nothing on the uplink (the firewall drops uplink -> tunnel), the LAN
+    /// port publishes inside its LanAddress and the tunnel's subnets.
+    #[test]
+    fn proxy_set_two_armed_not_on_the_uplink() {
+        let mut cf = cfg(
+            &["192.168.77.201/29"],
+            vec![peer(1, &["192.168.77.202/32", "192.168.88.7/32"])],
+        );
+        cf.gateway.lan = "eth1".into();
+        cf.gateway.lan_addresses = vec![c("192.168.88.1/24")];
+        let ports = [
+            up(port(2, &["192.168.77.2/24"])),
+            (Role::Lan, port(3, &["192.168.88.1/24"])),
+        ];
+        assert_eq!(named_subnets(&cf, Role::Uplink), None);
+        assert_eq!(proxy_set(&cf, &ports), entries(&[(3, "192.168.88.7")]));
+        // One-armed again: the uplink publishes the tunnel's /29 host.
+        cf.gateway.lan.clear();
+        assert_eq!(
+            proxy_set(&cf, &ports[..1]),
+            entries(&[(2, "192.168.77.202")])
+        );
+    }
+
+    #[test]
+    fn proxied_hosts_get_a_route_where_the_port_route_would_win() {
+        let peers = vec![peer(1, &["192.168.1.4/32"]), peer(2, &["10.66.0.9/32"])];
+        let e = entries(&[(2, "192.168.1.4"), (2, "10.66.0.9")]);
+        // The tunnel's /24 equals the uplink's: a host route.
+        let cf = cfg(&["192.168.1.250/24"], peers.clone());
+        let ports = [up(port(2, &["192.168.1.2/24", "10.66.0.2/16"]))];
+        assert_eq!(
+            proxy_host_routes(&cf, &ports, &e),
+            cs(&["192.168.1.4/32"]),
+            "10.66.0.9 is outside the tunnel's subnets: tunnel_routes routes it"
+        );
+        // A /29 carved out of the uplink's /24: its connected route wins, none needed.
+        let cf = cfg(&["192.168.1.249/29"], peers);
+        assert!(proxy_host_routes(&cf, &ports, &e).is_empty());
+    }
+
+    #[test]
+    fn overlap_verdicts() {
+        use OverlapPolicy::{Auto, Refuse};
+        let routes = cs(&["10.251.1.0/24", "10.0.0.0/8", "fd00:251::/64", "fd10::/48"]);
+        let v = |u: &str, p| overlap(c(u), &routes, p);
+        // Equal: a conflict, host bits of the lease masked.
+        assert_eq!(
+            v("10.251.1.50/24", Auto),
+            Verdict::Conflict {
+                route: c("10.251.1.0/24")
+            }
+        );
+        // Inside a /24 (>= /16): a conflict, even though it is also inside the /8.
+        assert_eq!(
+            v("10.251.1.128/25", Auto),
+            Verdict::Conflict {
+                route: c("10.251.1.0/24")
+            }
+        );
+        // Inside only the hub's /8: kept and said; refused under `refuse`.
+        assert_eq!(
+            v("10.5.0.9/24", Auto),
+            Verdict::Kept {
+                route: c("10.0.0.0/8")
+            }
+        );
+        assert_eq!(
+            v("10.5.0.9/24", Refuse),
+            Verdict::Conflict {
+                route: c("10.0.0.0/8")
+            }
+        );
+        // Wider than a route: kept (the route is more specific), refused under refuse.
+        assert!(matches!(
+            overlap(c("10.251.0.1/16"), &cs(&["10.251.1.0/24"]), Auto),
+            Verdict::Kept { .. }
+        ));
+        assert!(matches!(
+            overlap(c("10.251.0.1/16"), &cs(&["10.251.1.0/24"]), Refuse),
+            Verdict::Conflict { .. }
+        ));
+        // Unrelated, other family, /0: clear.
+        assert_eq!(v("192.168.1.20/24", Refuse), Verdict::Clear);
+        assert_eq!(
+            overlap(c("10.1.1.1/24"), &cs(&["0.0.0.0/0", "::/0"]), Refuse),
+            Verdict::Clear
+        );
+        // IPv6: equal, inside a /48, inside something shorter.
+        assert_eq!(
+            v("fd00:251::/64", Auto),
+            Verdict::Conflict {
+                route: c("fd00:251::/64")
+            }
+        );
+        assert!(matches!(
+            v("fd10:0:0:5::/64", Auto),
+            Verdict::Conflict { .. }
+        ));
+        let wide6 = cs(&["fd00::/16"]);
+        assert!(matches!(
+            overlap(c("fd00:5::/64"), &wide6, Auto),
+            Verdict::Kept { .. }
+        ));
+        assert!(matches!(
+            overlap(c("fd00:5::/64"), &wide6, Refuse),
+            Verdict::Conflict { .. }
+        ));
+        assert_eq!(v("2001:db8::/64", Auto), Verdict::Clear);
+        // The owner of a route, for messages.
+        let mut p = peer(1, &["10.251.1.0/24"]);
+        p.name = Some("site-b".into());
+        let cf = cfg(&[], vec![p]);
+        assert_eq!(route_owner(&cf, c("10.251.1.0/24")), "peer site-b");
+    }
+
+    #[test]
+    fn probe_book_probes_before_proxying_and_rechecks() {
+        let t0 = Instant::now();
+        let want = entries(&[(2, "192.168.1.1"), (2, "192.168.1.2")]);
+        let [a, b]: [ProxyEntry; 2] = want.iter().copied().collect::<Vec<_>>().try_into().unwrap();
+        let mut book = ProbeBook::default();
+        // Nothing is usable before its probe answered.
+        assert_eq!(book.due(&want, t0), vec![a, b]);
+        assert!(book.usable(&want).is_empty() && book.pending());
+        assert!(
+            book.due(&want, t0).is_empty(),
+            "a pending probe is not sent again"
+        );
+        let mac = [0xaa, 0xbb, 0xcc, 0, 0, 1];
+        book.record(a, ProbeResult::InUse { mac }, t0);
+        book.record(b, ProbeResult::Free, t0);
+        assert_eq!(book.usable(&want), entries(&[(2, "192.168.1.2")]));
+        assert_eq!(book.held(), vec![(a, ProbeResult::InUse { mac })]);
+        assert!(!book.pending());
+        // Within the recheck interval nothing is probed again.
+        assert!(book.due(&want, t0 + Duration::from_secs(59)).is_empty());
+        // After it both are: the free one stays proxied meanwhile, the used one does not.
+        let t1 = t0 + PROBE_RECHECK;
+        assert_eq!(book.due(&want, t1), vec![a, b]);
+        assert_eq!(book.usable(&want), entries(&[(2, "192.168.1.2")]));
+        assert_eq!(
+            book.held(),
+            vec![(a, ProbeResult::InUse { mac })],
+            "still held (and said once) while probed again"
+        );
+        // The router went away: .1 is free now; a host took .2: withdrawn.
+        book.record(a, ProbeResult::Free, t1);
+        book.record(b, ProbeResult::InUse { mac }, t1);
+        assert_eq!(book.usable(&want), entries(&[(2, "192.168.1.1")]));
+        // A failed probe holds the address back; an entry no longer wanted is forgotten.
+        let only_a: BTreeSet<ProxyEntry> = [a].into();
+        assert!(book.due(&only_a, t1).is_empty());
+        book.record(b, ProbeResult::Free, t1); // stale answer for a forgotten entry
+        assert_eq!(book.usable(&want), only_a);
+        let t2 = t1 + PROBE_RECHECK;
+        assert_eq!(book.due(&only_a, t2), vec![a]);
+        book.record(a, ProbeResult::Failed("no socket".into()), t2);
+        assert!(book.usable(&only_a).is_empty());
+        assert_eq!(mac_text(&mac), "aa:bb:cc:00:00:01");
+        let mut quick = ProbeBook::with_recheck(Duration::from_secs(5));
+        assert_eq!(quick.due(&only_a, t0), vec![a]);
+        quick.record(a, ProbeResult::InUse { mac }, t0);
+        assert_eq!(quick.due(&only_a, t0 + Duration::from_secs(5)), vec![a]);
     }
 
     #[test]

@@ -285,7 +285,7 @@ fn run(opts: Opts) -> Result<(), String> {
     let board = Arc::new(status::StatusBoard::new(status_paths, report, workers));
     if let Some(nc) = &netconf {
         let nc = nc.clone();
-        board.extra(Box::new(move || nc.firewall_summary()));
+        board.extra(Box::new(move || nc.status_lines()));
     }
 
     let mut handles = Vec::new();

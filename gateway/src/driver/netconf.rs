@@ -8,8 +8,17 @@
 //!   a device route per peer allowed IP, tagged with our protocol number, so the routes of
 //!   a removed peer or allowed IP are deleted on reload and no one else's are;
 //! - the LAN port of a two-armed gateway (`Lan =`, `LanAddress =`): up, its addresses;
-//! - proxy ARP / NDP proxy entries (`ProxyArp = on`, one-armed): an entry on the uplink
-//!   or LAN port for each peer host address inside one of that port's subnets;
+//! - proxy ARP / NDP proxy entries (`ProxyArp = on`): an entry on a port for each peer
+//!   host address inside one of that port's subnets and a subnet the configuration names
+//!   ([`netplan::named_subnets`]: for a DHCP uplink with no `UplinkAddress`, only the
+//!   tunnel's own `Address` subnets; two-armed, nothing on the uplink), and only after a
+//!   probe ([`crate::sys::probe`]) found the address free: one in use (the router, a LAN
+//!   host) is said in the log and the status and probed again every minute; a host
+//!   route through the tunnel where the port's connected route would win;
+//! - tunnel routes another interface holds (the uplink's subnet): said and retried each
+//!   watch round, never failing the start or a reload; IPv6 RA prefixes that would take
+//!   a tunnel route's place ([`netplan::overlap`]): their SLAAC addresses and on-link
+//!   routes removed each round (the kernel has no per-prefix switch);
 //! - the firewall (`driver::firewall`, `Firewall = on`): installed before the tunnel is
 //!   up, replaced when the configuration or the ports' subnets change;
 //! - forwarding on and `rp_filter` loose (2) on the tunnel and LAN port once the firewall
@@ -26,20 +35,44 @@
 //! exit [`NetConf::shutdown`] removes the proxy entries we added; the tunnel's routes go
 //! with the tunnel.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::firewall::{self, Firewall};
 use crate::core::config::{Config, DEFAULT_MTU};
 use crate::core::net::Cidr;
-use crate::core::netplan::{self, Port, ProxyEntry};
+use crate::core::netplan::{
+    self, KernelRoute, Port, ProbeBook, ProbeResult, ProxyEntry, Role, Verdict, MAIN_TABLE,
+};
 use crate::sys::netlink::{Netlink, NetlinkError, RTPROT_RICEGUARD};
+use crate::sys::probe::Probe;
 
 /// How often the watch re-evaluates the proxy entries.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How long a probe waits for an answer (RFC 5227's ANNOUNCE_WAIT is 2 s, its probes
+/// 1-2 s apart; a LAN host answers ARP in milliseconds). A second probe goes out halfway.
+pub const PROBE_WAIT: Duration = Duration::from_millis(1000);
+
+/// How often the watch thread looks at probes in flight.
+const PROBE_STEP: Duration = Duration::from_millis(250);
+
+/// The kernel's route protocols for what it makes itself: `kernel` (an address's or an
+/// RA prefix's on-link route) and `ra` (routes from router advertisements).
+const RTPROT_KERNEL: u8 = 2;
+const RTPROT_RA: u8 = 9;
+
+/// A probe out for one wanted proxy entry.
+struct InFlight {
+    entry: ProxyEntry,
+    probe: Probe,
+    sent: Instant,
+    resent: bool,
+}
 
 /// Why the tunnel's configuration could not be applied (the LAN side and the proxy
 /// entries are reported in the log and retried, they never stop the tunnel).
@@ -86,6 +119,22 @@ struct State {
     /// The firewall's last error (logged once while it persists). `None` once it is what
     /// the configuration asks for (installed, or off by choice): forwarding may be on.
     firewall_problem: Option<String>,
+    /// Which wanted proxy entries were probed free, in use or not probed yet.
+    book: ProbeBook,
+    /// Probes out (results picked up by [`NetConf::probe_round`]).
+    probes: Vec<InFlight>,
+    /// The message said (status, log) for each proxy entry held back.
+    held: BTreeMap<ProxyEntry, String>,
+    /// Tunnel routes that could not be installed, or are shadowed, and why (status, log,
+    /// retried every watch round).
+    unrouted: BTreeMap<(IpAddr, u8), String>,
+    /// Uplink RA prefixes refused (or kept though overlapping) and what was said.
+    ra: BTreeMap<(IpAddr, u8), String>,
+    /// The ports proxy entries were computed for (names for messages).
+    ports: Vec<(String, u32)>,
+    /// Host routes installed for proxied addresses the tunnel's connected route does not
+    /// carry (kept out of `sync_routes`' deletions).
+    host_routes: Vec<Cidr>,
 }
 
 impl NetConf {
@@ -93,9 +142,19 @@ impl NetConf {
     /// An error is about the tunnel itself; the LAN side's problems are logged.
     /// `port`: the UDP port the data plane listens on.
     pub fn start(tunnel: &str, cfg: &Config, port: u16) -> Result<NetConf, NetconfError> {
+        let mut state = State::default();
+        // Labs shorten the re-probe interval (ci/uplink-guard.sh); the appliance never
+        // sets it.
+        if let Some(secs) = std::env::var("RG_PROBE_RECHECK_SECS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|s| *s > 0)
+        {
+            state.book = ProbeBook::with_recheck(Duration::from_secs(secs));
+        }
         let nc = NetConf {
             tunnel: tunnel.to_string(),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             firewall: Firewall::default(),
             port: AtomicU16::new(port),
         };
@@ -159,7 +218,15 @@ impl NetConf {
         // The ruleset first: in place before the tunnel or a new LAN port passes a packet.
         self.firewall(&mut nl, &mut st, new);
         let old = st.applied.take();
+        // The uplink's RA prefixes are judged again against the new routes.
+        st.ra.clear();
+        self.guard_ra(&mut nl, &mut st, new);
         let tunnel = self.tunnel(&mut nl, old.as_ref(), new);
+        if tunnel.is_ok() {
+            if let Err(e) = self.sync_routes(&mut nl, &mut st, new) {
+                log::warn!("{}: routes: {e}", self.tunnel);
+            }
+        }
         st.lan_pending = match lan(&mut nl, old.as_ref(), new) {
             Ok(()) => false,
             Err(e) => {
@@ -203,7 +270,34 @@ impl NetConf {
         {
             log::warn!("{name}: not routing {c} through the tunnel (the default route stays on the uplink)");
         }
-        let owned = netplan::owned_routes(&nl.routes()?, idx, RTPROT_RICEGUARD);
+        Ok(())
+    }
+
+    /// The uplink as init and the console find it (`sys::nic`), never the tunnel.
+    fn uplink_name(&self, cfg: &Config) -> Option<String> {
+        crate::sys::nic::uplink(&cfg.gateway.uplink).filter(|u| *u != self.tunnel)
+    }
+
+    /// The tunnel's routes by diff: ours no longer wanted deleted, the wanted ones added.
+    /// A route that cannot go in (another interface has the prefix: typically the
+    /// uplink's subnet from a static address, an old lease or SLAAC) or is shadowed by a
+    /// better route to the same prefix is said in the log and the status and retried
+    /// every watch round; it never fails the start or the reload (a DHCP server would
+    /// then hold the trigger of a rollback).
+    fn sync_routes(
+        &self,
+        nl: &mut Netlink,
+        st: &mut State,
+        cfg: &Config,
+    ) -> Result<(), NetlinkError> {
+        let name = &self.tunnel;
+        let idx = Netlink::ifindex(name)?;
+        let mut want = netplan::tunnel_routes(cfg);
+        want.routes.extend(st.host_routes.iter().copied());
+        want.routes.sort_by_key(Cidr::sort_key);
+        want.routes.dedup();
+        let kernel = nl.routes()?;
+        let owned = netplan::owned_routes(&kernel, idx, RTPROT_RICEGUARD);
         let d = netplan::route_diff(&want.routes, &owned);
         for c in &d.delete {
             match nl.delete_owned_route(*c, idx) {
@@ -211,13 +305,148 @@ impl NetConf {
                 Err(e) => log::warn!("{name}: {e}"),
             }
         }
-        for c in &d.add {
-            // A route another interface has for the same prefix is not taken over.
-            if let Err(e) = nl.add_owned_route(*c, idx) {
-                log::warn!("{name}: route {c}: {e}");
+        let uplink = self.uplink_name(cfg);
+        let mut now_unrouted = BTreeMap::new();
+        for c in &want.routes {
+            let owner = netplan::route_owner(cfg, *c);
+            let problem = if d.add.contains(c) {
+                // A route another interface has for the same prefix is not taken over.
+                match nl.add_owned_route(*c, idx) {
+                    Ok(()) => None,
+                    Err(NetlinkError::Kernel {
+                        errno: nix::Error::EEXIST,
+                        ..
+                    }) => Some(format!(
+                        "not installed: {}",
+                        holder(&kernel, *c, idx, uplink.as_deref())
+                    )),
+                    Err(e) => Some(format!("not installed: {e}")),
+                }
+            } else {
+                shadowed(&kernel, *c, idx).map(|r| {
+                    format!(
+                        "shadowed: {} (metric {} beats ours)",
+                        holder(&kernel, *c, idx, uplink.as_deref()),
+                        r.priority
+                    )
+                })
+            };
+            match problem {
+                Some(p) => {
+                    let msg = format!("route {c} ({owner}) {p}");
+                    if st.unrouted.get(&c.sort_key()) != Some(&msg) {
+                        log::warn!("{name}: {msg}; retrying every {WATCH_INTERVAL:?}");
+                    }
+                    now_unrouted.insert(c.sort_key(), msg);
+                }
+                None => {
+                    if st.unrouted.contains_key(&c.sort_key()) {
+                        log::info!("{name}: route {c} ({owner}) installed: the conflict is gone");
+                    }
+                }
             }
         }
+        st.unrouted = now_unrouted;
         Ok(())
+    }
+
+    /// IPv6 router advertisements on the uplink: a prefix that would take a tunnel
+    /// route's place ([`netplan::overlap`], `UplinkOverlap`) is not used. The kernel does
+    /// SLAAC itself and has no per-prefix switch (`accept_ra_pinfo`/`autoconf` would
+    /// drop the uplink's good prefixes too), so each round the kernel-made (SLAAC)
+    /// addresses in such a prefix and its on-link route are removed; an advertisement
+    /// brings them back and the next round (within [`WATCH_INTERVAL`]) removes them
+    /// again. Addresses someone configured (permanent) are never touched: a static
+    /// conflict shows as an uninstallable route instead.
+    fn guard_ra(&self, nl: &mut Netlink, st: &mut State, cfg: &Config) {
+        let Some(up) = self.uplink_name(cfg) else {
+            return;
+        };
+        let Ok(ui) = Netlink::ifindex(&up) else {
+            return;
+        };
+        let routes: Vec<Cidr> = netplan::tunnel_routes(cfg)
+            .routes
+            .into_iter()
+            .filter(|r| r.addr.is_ipv6())
+            .collect();
+        if routes.is_empty() {
+            return;
+        }
+        let (addrs, kernel) = match (nl.address_details(ui), nl.routes()) {
+            (Ok(a), Ok(r)) => (a, r),
+            (Err(e), _) | (_, Err(e)) => {
+                log::warn!("uplink {up}: RA prefixes: {e}");
+                return;
+            }
+        };
+        let configured: Vec<Cidr> = addrs
+            .iter()
+            .filter(|a| a.cidr.addr.is_ipv6() && !a.slaac())
+            .map(|a| a.cidr.network())
+            .collect();
+        let mut prefixes: Vec<Cidr> = addrs
+            .iter()
+            .filter(|a| a.slaac())
+            .map(|a| a.cidr.network())
+            .chain(
+                kernel
+                    .iter()
+                    .filter(|r| {
+                        r.oif == Some(ui)
+                            && r.table == MAIN_TABLE
+                            && r.unicast
+                            && r.gateway.is_none()
+                            && matches!(r.protocol, RTPROT_KERNEL | RTPROT_RA)
+                            && r.dst.addr.is_ipv6()
+                            && r.dst.prefix > 0
+                            && r.dst.prefix < 128
+                            && !crate::core::net::is_link_local(r.dst.addr)
+                    })
+                    .map(|r| r.dst.network()),
+            )
+            .filter(|p| !configured.contains(p))
+            .collect();
+        prefixes.sort_by_key(Cidr::sort_key);
+        prefixes.dedup();
+        for p in prefixes {
+            match netplan::overlap(p, &routes, cfg.gateway.uplink_overlap) {
+                Verdict::Clear => {}
+                Verdict::Kept { route } => {
+                    let msg = format!(
+                        "uplink {up}: RA prefix {p} overlaps {}'s {route}: kept (the uplink shadows that part of it)",
+                        netplan::route_owner(cfg, route)
+                    );
+                    if st.ra.get(&p.sort_key()) != Some(&msg) {
+                        log::info!("{msg}");
+                    }
+                    st.ra.insert(p.sort_key(), msg);
+                }
+                Verdict::Conflict { route } => {
+                    for a in addrs
+                        .iter()
+                        .filter(|a| a.slaac() && p.contains(a.cidr.addr))
+                    {
+                        if let Err(e) = nl.delete_address(&up, a.cidr) {
+                            log::warn!("uplink {up}: {e}");
+                        }
+                    }
+                    if let Err(e) = nl.delete_kernel_route(p, ui) {
+                        log::warn!("uplink {up}: {e}");
+                    }
+                    let msg = format!(
+                        "uplink {up}: RA prefix {p} not used: it is {}'s {route}",
+                        netplan::route_owner(cfg, route)
+                    );
+                    if st.ra.get(&p.sort_key()) != Some(&msg) {
+                        log::warn!(
+                            "{msg} (its SLAAC address and on-link route are removed each time an advertisement brings them back)"
+                        );
+                    }
+                    st.ra.insert(p.sort_key(), msg);
+                }
+            }
+        }
     }
 
     /// Re-evaluate the proxy entries (and the forwarding they need) for the configuration
@@ -243,15 +472,23 @@ impl NetConf {
             }
         }
         let mut want = BTreeSet::new();
+        let mut with_addrs = Vec::new();
         if cfg.gateway.proxy_arp {
-            let mut with_addrs = Vec::new();
-            for (_, i) in &ports {
-                with_addrs.push(Port {
-                    ifindex: *i,
-                    addresses: nl.link_addresses(*i)?,
-                });
+            for (name, i) in &ports {
+                let role = if *name == cfg.gateway.lan {
+                    Role::Lan
+                } else {
+                    Role::Uplink
+                };
+                with_addrs.push((
+                    role,
+                    Port {
+                        ifindex: *i,
+                        addresses: nl.link_addresses(*i)?,
+                    },
+                ));
             }
-            want = netplan::proxy_set(&cfg.peers, &with_addrs);
+            want = netplan::proxy_set(&cfg, &with_addrs);
         }
         if st.firewall_problem.is_none() {
             let uplink = if cfg.gateway.uplink.is_empty() {
@@ -288,13 +525,32 @@ impl NetConf {
                     }),
             );
         }
+        // Probe what is wanted and not known yet (or due again); only entries found
+        // free go in, and one found in use later is withdrawn.
+        let now = Instant::now();
+        st.probes.retain(|p| want.contains(&p.entry));
+        st.ports.clone_from(&ports);
+        for e in st.book.due(&want, now) {
+            let name = port_of(&ports, e.ifindex);
+            match Probe::start(&name, e.ifindex, e.addr) {
+                Ok(Some(probe)) => st.probes.push(InFlight {
+                    entry: e,
+                    probe,
+                    sent: now,
+                    resent: false,
+                }),
+                Ok(None) => st.book.record(e, ProbeResult::Free, now),
+                Err(err) => {
+                    st.book
+                        .record(e, ProbeResult::Failed(format!("probe: {err}")), now);
+                }
+            }
+        }
+        self.say_held(st, &cfg);
+        let want = st.book.usable(&want);
+        self.host_routes(nl, st, netplan::proxy_host_routes(&cfg, &with_addrs, &want))?;
         let d = netplan::proxy_diff(&want, &present, &st.proxies);
-        let port_name = |i: u32| {
-            ports
-                .iter()
-                .find(|p| p.1 == i)
-                .map_or_else(|| format!("interface #{i}"), |p| p.0.clone())
-        };
+        let port_name = |i: u32| port_of(&ports, i);
         for e in &d.delete {
             nl.delete_proxy_neighbour(e.ifindex, e.addr)?;
             st.proxies.remove(e);
@@ -334,9 +590,12 @@ impl NetConf {
                     st.lan_pending = false;
                 }
             }
-            // The uplink's subnets may have changed (DHCP, SLAAC): the ruleset follows.
+            // The uplink's subnets may have changed (DHCP, SLAAC): RA prefixes are judged,
+            // the ruleset follows, routes that could not go in are retried.
             if let Some(cfg) = st.applied.clone() {
+                self.guard_ra(&mut nl, &mut st, &cfg);
                 self.firewall(&mut nl, &mut st, &cfg);
+                self.sync_routes(&mut nl, &mut st, &cfg)?;
             }
             self.refresh(&mut nl, &mut st, false)
         });
@@ -355,8 +614,7 @@ impl NetConf {
     /// Run [`NetConf::tick`] every [`WATCH_INTERVAL`] on a thread of its own until `stop`.
     pub fn spawn_watch(self: &Arc<Self>, stop: Arc<AtomicBool>) -> std::io::Result<()> {
         let nc = self.clone();
-        let step = Duration::from_millis(250);
-        let steps = (WATCH_INTERVAL.as_millis() / step.as_millis()).max(1);
+        let steps = (WATCH_INTERVAL.as_millis() / PROBE_STEP.as_millis()).max(1);
         std::thread::Builder::new()
             .name("rg-netconf".into())
             .spawn(move || loop {
@@ -364,11 +622,134 @@ impl NetConf {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    std::thread::sleep(step);
+                    std::thread::sleep(PROBE_STEP);
+                    nc.probe_round();
                 }
                 nc.tick();
             })?;
         Ok(())
+    }
+
+    /// Pick up probe answers (never waiting): an answer from another host means in use;
+    /// silence for [`PROBE_WAIT`] means free. When a probe settled, the proxy entries
+    /// are brought up to date at once (not at the next round).
+    pub fn probe_round(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.stopped || st.probes.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut settled = false;
+        let mut i = 0;
+        while i < st.probes.len() {
+            let f = &mut st.probes[i];
+            let result = match f.probe.answer() {
+                Ok(Some(mac)) => Some(ProbeResult::InUse { mac }),
+                Err(e) => Some(ProbeResult::Failed(format!("probe: {e}"))),
+                Ok(None) if now.duration_since(f.sent) >= PROBE_WAIT => Some(ProbeResult::Free),
+                Ok(None) => {
+                    if !f.resent && now.duration_since(f.sent) >= PROBE_WAIT / 2 {
+                        f.resent = true;
+                        let _ = f.probe.send();
+                    }
+                    None
+                }
+            };
+            match result {
+                Some(r) => {
+                    let f = st.probes.swap_remove(i);
+                    st.book.record(f.entry, r, now);
+                    settled = true;
+                }
+                None => i += 1,
+            }
+        }
+        if settled {
+            let r = Netlink::open().and_then(|mut nl| self.refresh(&mut nl, &mut st, false));
+            if let Err(e) = r {
+                log::warn!("{}: proxy ARP/NDP: {e}", self.tunnel);
+            }
+        }
+    }
+
+    /// Install the host routes proxied addresses need ([`netplan::proxy_host_routes`]) and
+    /// remove the ones no longer needed (unless the configuration routes them anyway).
+    fn host_routes(
+        &self,
+        nl: &mut Netlink,
+        st: &mut State,
+        hosts: Vec<Cidr>,
+    ) -> Result<(), NetlinkError> {
+        if hosts == st.host_routes {
+            return Ok(());
+        }
+        let idx = Netlink::ifindex(&self.tunnel)?;
+        let routed = st
+            .applied
+            .as_ref()
+            .map(|c| netplan::tunnel_routes(c).routes)
+            .unwrap_or_default();
+        let owned = netplan::owned_routes(&nl.routes()?, idx, RTPROT_RICEGUARD);
+        for c in st
+            .host_routes
+            .iter()
+            .filter(|c| !hosts.contains(c) && !routed.contains(c))
+        {
+            nl.delete_owned_route(*c, idx)?;
+        }
+        for c in hosts.iter().filter(|c| !owned.contains(c)) {
+            nl.add_owned_route(*c, idx)?;
+            log::info!(
+                "{}: route {c} (a proxied client inside the port's subnet)",
+                self.tunnel
+            );
+        }
+        st.host_routes = hosts;
+        Ok(())
+    }
+
+    /// Log each proxy entry newly held back (in use, or not probed), once.
+    fn say_held(&self, st: &mut State, cfg: &Config) {
+        let mut now = BTreeMap::new();
+        for (e, r) in st.book.held() {
+            let owner = netplan::route_owner(
+                cfg,
+                Cidr {
+                    addr: e.addr,
+                    prefix: if e.addr.is_ipv4() { 32 } else { 128 },
+                },
+            );
+            let port = port_of(&st.ports, e.ifindex);
+            let msg = match r {
+                ProbeResult::InUse { mac } => format!(
+                    "proxy: {} ({owner}) is in use on {port} by {}: not answered for",
+                    e.addr,
+                    netplan::mac_text(&mac)
+                ),
+                ProbeResult::Failed(why) => format!(
+                    "proxy: {} ({owner}) on {port} could not be probed ({why}): not answered for",
+                    e.addr
+                ),
+                ProbeResult::Free => continue,
+            };
+            if st.held.get(&e) != Some(&msg) {
+                log::warn!("{msg}; probed again every {:?}", st.book.recheck());
+            }
+            now.insert(e, msg);
+        }
+        st.held = now;
+    }
+
+    /// The lines this file adds to the status file (`riceguard status`, `show status`):
+    /// the firewall's, then tunnel routes not installed, proxy entries held back and
+    /// the uplink's RA prefixes not used (or kept though overlapping).
+    pub fn status_lines(&self) -> Vec<String> {
+        let mut v = self.firewall_summary();
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        v.extend(st.unrouted.values().cloned());
+        v.extend(st.held.values().cloned());
+        v.extend(st.ra.values().cloned());
+        v
     }
 
     /// The daemon stops: remove the proxy entries we added (the tunnel's routes and
@@ -392,6 +773,63 @@ impl NetConf {
             }
         }
     }
+}
+
+/// The name of port `i` among `ports`, for messages.
+fn port_of(ports: &[(String, u32)], i: u32) -> String {
+    ports
+        .iter()
+        .find(|p| p.1 == i)
+        .map_or_else(|| format!("interface #{i}"), |p| p.0.clone())
+}
+
+/// The name of interface index `i`.
+fn ifname(i: u32) -> String {
+    nix::net::if_::if_indextoname(i)
+        .ok()
+        .and_then(|c| c.into_string().ok())
+        .unwrap_or_else(|| format!("interface #{i}"))
+}
+
+/// Who has `dst` besides the tunnel `tunnel`: `eth0 has 10.251.1.0/24 (the uplink shadows
+/// it)`.
+fn holder(kernel: &[KernelRoute], dst: Cidr, tunnel: u32, uplink: Option<&str>) -> String {
+    let other = kernel.iter().find(|r| {
+        r.dst.network() == dst.network() && r.table == MAIN_TABLE && r.oif != Some(tunnel)
+    });
+    match other.and_then(|r| r.oif) {
+        Some(i) => {
+            let n = ifname(i);
+            let whose = if Some(n.as_str()) == uplink {
+                " (the uplink shadows it)"
+            } else {
+                ""
+            };
+            format!("{n} has {dst}{whose}")
+        }
+        None => format!("another route to {dst} is in the way"),
+    }
+}
+
+/// A route to the same prefix as our `dst` on another interface that wins over ours (a
+/// lower metric: IPv6 keeps both and uses the better).
+fn shadowed(kernel: &[KernelRoute], dst: Cidr, tunnel: u32) -> Option<KernelRoute> {
+    let ours = kernel.iter().find(|r| {
+        r.dst.network() == dst.network()
+            && r.oif == Some(tunnel)
+            && r.table == MAIN_TABLE
+            && r.protocol == RTPROT_RICEGUARD
+    })?;
+    kernel
+        .iter()
+        .find(|r| {
+            r.dst.network() == dst.network()
+                && r.table == MAIN_TABLE
+                && r.unicast
+                && r.oif != Some(tunnel)
+                && r.priority < ours.priority
+        })
+        .copied()
 }
 
 /// Two-armed: the LAN port up with its addresses (diff); a LAN port that changed name
@@ -638,6 +1076,54 @@ mod tests {
             assert_eq!(proxies(&mut nl), vec![foreign]);
             // The daemon's exit leaves the firewall (fail closed).
             assert!(crate::sys::nftables::exists(table).unwrap());
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A tunnel route the uplink's subnet already holds: the start succeeds, the status
+    /// says why the route is missing, and the watch installs it once the address goes.
+    #[test]
+    #[ignore = "needs root (a private network namespace, a TUN device); run with --ignored as root"]
+    fn shadowed_route_is_said_and_retried_in_a_private_netns() {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let _tun = crate::sys::tun::Tun::create("rgnt1", 1, false).unwrap();
+            // A dummy uplink (on lo a prefix route goes to the local table only).
+            let ok = std::process::Command::new("ip")
+                .args(["link", "add", "rgup1", "type", "dummy"])
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                crate::testutil::not_run("no `ip` or no dummy links");
+                return;
+            }
+            let mut nl = Netlink::open().unwrap();
+            nl.set_link_up("rgup1", true).unwrap();
+            nl.add_address("rgup1", c("10.251.1.50/24")).unwrap();
+            let tun = Netlink::ifindex("rgnt1").unwrap();
+            let mut p = peer(1, &["10.251.1.0/24", "10.252.0.0/24"]);
+            p.name = Some("site-b".into());
+            let mut a = config(&["10.66.8.1/24"], vec![p]);
+            a.gateway.interface_name = "rgnt1".into();
+            a.gateway.uplink = "rgup1".into();
+            let nc = NetConf::start("rgnt1", &a, 51820).expect("the start must not fail");
+            assert_eq!(ours(&mut nl, tun), vec![c("10.252.0.0/24")]);
+            let lines = nc.status_lines();
+            let want = "route 10.251.1.0/24 (peer site-b) not installed: rgup1 has 10.251.1.0/24 (the uplink shadows it)";
+            assert!(lines.iter().any(|l| l == want), "{lines:?}");
+            // A reload keeps saying it, and succeeds.
+            nc.apply(&a, 51820).unwrap();
+            assert!(nc.status_lines().iter().any(|l| l == want));
+            // The address goes (a lease ends, a static address is changed): installed.
+            nl.delete_address("rgup1", c("10.251.1.50/24")).unwrap();
+            nc.tick();
+            assert_eq!(
+                ours(&mut nl, tun),
+                vec![c("10.251.1.0/24"), c("10.252.0.0/24")]
+            );
+            assert!(!nc.status_lines().iter().any(|l| l.starts_with("route ")));
+            nc.shutdown();
         })
         .join()
         .unwrap();

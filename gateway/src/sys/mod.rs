@@ -10,6 +10,7 @@ pub mod nftables;
 pub mod nic;
 pub mod offload;
 pub mod os;
+pub mod probe;
 pub mod process;
 pub mod tcp;
 pub mod tun;

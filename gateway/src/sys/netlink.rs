@@ -799,9 +799,11 @@ mod netconf_ops {
         let mut oif = None;
         let mut table = u32::from(table8);
         let mut priority = 0;
+        let mut gateway = None;
         for (k, d) in attrs(&p[12..]) {
             match k {
                 RTA_DST => dst = ip_from(family, d),
+                RTA_GATEWAY => gateway = ip_from(family, d),
                 RTA_OIF => oif = u32_from(d),
                 RTA_TABLE => table = u32_from(d).unwrap_or(table),
                 RTA_PRIORITY => priority = u32_from(d).unwrap_or(0),
@@ -821,6 +823,7 @@ mod netconf_ops {
             protocol,
             priority,
             unicast: kind == RTN_UNICAST,
+            gateway,
         })
     }
 
@@ -1204,6 +1207,272 @@ mod dhcp_ops {
                 assert!(!nl.addresses("lo").unwrap().contains(&a));
             });
             r.join().unwrap();
+        }
+    }
+}
+
+// ---- What the uplink guard reads (console/client.rs's allocator, driver/netconf.rs): the
+// neighbour table (addresses in use on a port) and addresses with their flags (a
+// kernel-made SLAAC address against a configured one). In its own module, as above. ----
+
+pub use guard_ops::{AddrDetail, Neighbour};
+
+mod guard_ops {
+    use super::*;
+
+    const RTM_NEWNEIGH: u16 = 28;
+    const RTM_GETNEIGH: u16 = 30;
+    const NDA_DST: u16 = 1;
+    const NDA_LLADDR: u16 = 2;
+    const NTF_PROXY: u8 = 0x08;
+    const IFA_FLAGS: u16 = 8;
+    const IFA_PROTO: u16 = 11;
+    const IFA_F_PERMANENT: u32 = 0x80;
+    const IFAPROT_KERNEL_RA: u8 = 2;
+    // NUD_REACHABLE | NUD_STALE | NUD_DELAY | NUD_PROBE | NUD_PERMANENT: a host answered
+    // (or was set by hand); INCOMPLETE and FAILED are addresses no one has.
+    const NUD_IN_USE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x80;
+
+    /// A neighbour table entry (not the proxy table).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Neighbour {
+        pub ifindex: u32,
+        pub addr: IpAddr,
+        pub lladdr: Option<[u8; 6]>,
+        /// `ndm_state` (NUD_*).
+        pub state: u16,
+    }
+
+    impl Neighbour {
+        /// A host has (or recently had) this address on the link: it answered with a
+        /// link-layer address, or the entry was set by hand.
+        pub fn in_use(&self) -> bool {
+            self.lladdr.is_some() && self.state & NUD_IN_USE != 0
+        }
+    }
+
+    /// An address with what its flags say about who made it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct AddrDetail {
+        pub ifindex: u32,
+        pub cidr: Cidr,
+        /// `IFA_F_PERMANENT`: set by someone (ip, init, this daemon), not by the kernel's
+        /// SLAAC or a lease with a lifetime.
+        pub permanent: bool,
+        /// `IFA_PROTO` says the kernel made it from a router advertisement (5.18+).
+        pub kernel_ra: bool,
+    }
+
+    impl AddrDetail {
+        /// An IPv6 address the kernel made from a router advertisement (SLAAC): not
+        /// permanent, or tagged so.
+        pub fn slaac(&self) -> bool {
+            self.cidr.addr.is_ipv6()
+                && !crate::core::net::is_link_local(self.cidr.addr)
+                && (self.kernel_ra || !self.permanent)
+        }
+    }
+
+    impl Netlink {
+        /// Every neighbour table entry of both families (`ip neigh show`).
+        pub fn neighbours(&mut self) -> Result<Vec<Neighbour>, NetlinkError> {
+            let mut out = Vec::new();
+            self.dump_each(RTM_GETNEIGH, &[0u8; 12], "list neighbours", |kind, p| {
+                if kind == RTM_NEWNEIGH {
+                    if let Some(n) = parse_neigh(p) {
+                        out.push(n);
+                    }
+                }
+            })?;
+            Ok(out)
+        }
+
+        /// Delete the kernel's on-link prefix route (`proto kernel`: made for an address
+        /// or a router advertisement's prefix) to `dst` on `ifindex`; no other route
+        /// matches. `Ok(false)`: there was none.
+        pub fn delete_kernel_route(
+            &mut self,
+            dst: Cidr,
+            ifindex: u32,
+        ) -> Result<bool, NetlinkError> {
+            let mut m = Vec::with_capacity(80);
+            kernel_route_del_msg(&mut m, self.next_seq(), dst, ifindex);
+            match self.request(&m, &format!("delete route {}", dst.network())) {
+                Ok(()) => Ok(true),
+                Err(NetlinkError::Kernel {
+                    errno: nix::Error::ESRCH | nix::Error::ENOENT,
+                    ..
+                }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }
+
+        /// The addresses of link `ifindex` with their flags.
+        pub fn address_details(&mut self, ifindex: u32) -> Result<Vec<AddrDetail>, NetlinkError> {
+            let mut out = Vec::new();
+            self.dump_each(RTM_GETADDR, &[0u8; 8], "list addresses", |kind, p| {
+                if kind == RTM_NEWADDR {
+                    if let Some(a) = parse_addr_detail(p) {
+                        if a.ifindex == ifindex {
+                            out.push(a);
+                        }
+                    }
+                }
+            })?;
+            Ok(out)
+        }
+    }
+
+    /// RTM_DELROUTE for a main-table route of protocol `kernel` to `dst` out of `ifindex`.
+    pub(super) fn kernel_route_del_msg(m: &mut Vec<u8>, seq: u32, dst: Cidr, ifindex: u32) {
+        const RTM_DELROUTE: u16 = 25;
+        const RTPROT_KERNEL: u8 = 2;
+        put_hdr(m, RTM_DELROUTE, NLM_F_REQUEST | NLM_F_ACK, seq);
+        m.extend_from_slice(&[
+            family(&dst.addr),
+            dst.prefix,
+            0,
+            0,
+            RT_TABLE_MAIN,
+            RTPROT_KERNEL,
+            255, // RT_SCOPE_NOWHERE: any scope
+            RTN_UNICAST,
+        ]);
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        put_attr(m, RTA_DST, &ip_bytes(&dst.network().addr));
+        put_attr(m, RTA_OIF, &ifindex.to_ne_bytes());
+        finish(m);
+    }
+
+    /// An `RTM_NEWNEIGH` payload of the neighbour table; `None` for a proxy entry or what
+    /// does not read.
+    pub(super) fn parse_neigh(p: &[u8]) -> Option<Neighbour> {
+        if p.len() < 12 || p[10] & NTF_PROXY != 0 {
+            return None;
+        }
+        let family = p[0];
+        let ifindex = u32::from_ne_bytes([p[4], p[5], p[6], p[7]]);
+        let state = u16::from_ne_bytes([p[8], p[9]]);
+        let mut addr = None;
+        let mut lladdr = None;
+        for (k, d) in attrs(&p[12..]) {
+            match k {
+                NDA_DST => addr = ip_from(family, d),
+                NDA_LLADDR => lladdr = <[u8; 6]>::try_from(d).ok(),
+                _ => {}
+            }
+        }
+        Some(Neighbour {
+            ifindex,
+            addr: addr?,
+            lladdr,
+            state,
+        })
+    }
+
+    /// An `RTM_NEWADDR` payload with its flags (`IFA_FLAGS` over the 8-bit field).
+    pub(super) fn parse_addr_detail(p: &[u8]) -> Option<AddrDetail> {
+        let (ifindex, cidr) = parse_addr(p)?;
+        let mut flags = u32::from(p[2]);
+        let mut kernel_ra = false;
+        for (k, d) in attrs(&p[8..]) {
+            match k {
+                IFA_FLAGS => flags = u32_from(d).unwrap_or(flags),
+                IFA_PROTO if d.len() == 1 => kernel_ra = d[0] == IFAPROT_KERNEL_RA,
+                _ => {}
+            }
+        }
+        Some(AddrDetail {
+            ifindex,
+            cidr,
+            permanent: flags & IFA_F_PERMANENT != 0,
+            kernel_ra,
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn neigh(family: u8, state: u16, flags: u8, dst: &[u8], ll: Option<&[u8]>) -> Vec<u8> {
+            let mut m = vec![family, 0, 0, 0];
+            m.extend_from_slice(&3u32.to_ne_bytes());
+            m.extend_from_slice(&state.to_ne_bytes());
+            m.extend_from_slice(&[flags, 1]);
+            put_attr(&mut m, NDA_DST, dst);
+            if let Some(l) = ll {
+                put_attr(&mut m, NDA_LLADDR, l);
+            }
+            m
+        }
+
+        #[test]
+        fn neighbours_parse_and_say_in_use() {
+            let mac = [0xaa, 0xbb, 0xcc, 1, 2, 3];
+            let n = parse_neigh(&neigh(AF_INET, 0x02, 0, &[192, 168, 1, 1], Some(&mac))).unwrap();
+            assert_eq!(n.ifindex, 3);
+            assert_eq!(n.addr, IpAddr::from([192, 168, 1, 1]));
+            assert_eq!(n.lladdr, Some(mac));
+            assert!(n.in_use());
+            // STALE counts; FAILED (0x20) and INCOMPLETE (0x01) with no lladdr do not.
+            assert!(
+                parse_neigh(&neigh(AF_INET, 0x04, 0, &[10, 0, 0, 1], Some(&mac)))
+                    .unwrap()
+                    .in_use()
+            );
+            assert!(!parse_neigh(&neigh(AF_INET, 0x20, 0, &[10, 0, 0, 1], None))
+                .unwrap()
+                .in_use());
+            assert!(!parse_neigh(&neigh(AF_INET, 0x01, 0, &[10, 0, 0, 1], None))
+                .unwrap()
+                .in_use());
+            let v6 = parse_neigh(&neigh(AF_INET6, 0x02, 0, &[0xfd; 16], Some(&mac))).unwrap();
+            assert!(v6.addr.is_ipv6() && v6.in_use());
+            // A proxy entry, a short header, a bad address: none.
+            assert_eq!(
+                parse_neigh(&neigh(AF_INET, 0x80, NTF_PROXY, &[1, 2, 3, 4], None)),
+                None
+            );
+            assert_eq!(parse_neigh(&[2; 11]), None);
+            assert_eq!(parse_neigh(&neigh(AF_INET, 2, 0, &[1, 2, 3], None)), None);
+        }
+
+        #[test]
+        fn kernel_route_delete_names_protocol_kernel() {
+            let mut m = Vec::new();
+            kernel_route_del_msg(&mut m, 1, "fd00:251::9/64".parse().unwrap(), 4);
+            let r = super::super::netconf_ops::parse_route(&m[16..]).unwrap();
+            assert_eq!(r.dst, "fd00:251::/64".parse().unwrap());
+            assert_eq!((r.protocol, r.oif, r.table), (2, Some(4), 254));
+        }
+
+        #[test]
+        fn address_flags_tell_slaac_from_configured() {
+            let mut m = Vec::new();
+            addr_msg(
+                &mut m,
+                RTM_NEWADDR,
+                0,
+                1,
+                4,
+                "fd00:251::5/64".parse().unwrap(),
+            );
+            let mut p = m[16..].to_vec();
+            // ifa_flags 0 (not permanent) and no IFA_FLAGS: kernel-made.
+            p[2] = 0;
+            let a = parse_addr_detail(&p).unwrap();
+            assert!(!a.permanent && a.slaac(), "{a:?}");
+            // Permanent (ip addr add, init's static address): not SLAAC.
+            put_attr(&mut p, IFA_FLAGS, &IFA_F_PERMANENT.to_ne_bytes());
+            let a = parse_addr_detail(&p).unwrap();
+            assert!(a.permanent && !a.slaac(), "{a:?}");
+            put_attr(&mut p, IFA_PROTO, &[IFAPROT_KERNEL_RA]);
+            assert!(parse_addr_detail(&p).unwrap().slaac());
+            // IPv4 with a lifetime (a DHCP lease) is never SLAAC.
+            addr_msg(&mut m, RTM_NEWADDR, 0, 1, 4, "10.0.0.5/24".parse().unwrap());
+            let mut p = m[16..].to_vec();
+            p[2] = 0;
+            assert!(!parse_addr_detail(&p).unwrap().slaac());
         }
     }
 }

@@ -699,6 +699,7 @@ fn set_uplink_dns(r: &Rig, addrs: &[&str], dns: &[&str]) {
         name: "eth0".into(),
         addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
         dns: dns.iter().map(|a| a.parse().unwrap()).collect(),
+        in_use: Vec::new(),
     });
 }
 
