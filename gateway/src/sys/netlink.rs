@@ -882,8 +882,19 @@ mod netconf_ops {
             put_attr(m, RTA_DST, &ip_bytes(&dst.network().addr));
         }
         put_attr(m, RTA_OIF, &ifindex.to_ne_bytes());
+        if kind == RTM_NEWROUTE && !v4 {
+            put_attr(m, RTA_PRIORITY, &TUNNEL_METRIC6.to_ne_bytes());
+        }
         finish(m);
     }
+
+    /// The metric of our IPv6 tunnel routes: below the 256 the kernel gives a router
+    /// advertisement's prefix route (and the 1024 of a route without one), so an RA
+    /// prefix equal to a tunnel route never takes its traffic, not even for the moment
+    /// before the watch removes it. (IPv4 has no such race: an equal connected route
+    /// refuses ours outright, which the watch shows and retries.) A delete names no
+    /// metric and so matches ours whatever it is.
+    pub const TUNNEL_METRIC6: u32 = 128;
 
     /// RTM_NEWNEIGH / RTM_DELNEIGH for a proxy entry.
     pub(super) fn neigh_msg(
