@@ -65,7 +65,7 @@ use system::{Clock, RawMode, SystemClock, SystemHooks};
 pub use store::load_with_fallback;
 
 const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidfile PATH] [--status-file PATH] [--perm-unmounted]
-  DIR          the appliance's perm partition (riceguard.conf, history/, console.passwd)
+  DIR          the appliance's perm partition (riceguard.conf, history/, console.argon2id)
   --perm-unmounted  DIR is not the perm partition (init could not mount it): the console
                stays locked, since its password cannot be checked
   --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)
