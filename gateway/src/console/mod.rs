@@ -12,7 +12,8 @@
 //!   [`store::load_with_fallback`] for boot
 //! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
-//! - [`peers`], [`password`]: `show peers` formatting, the password hash
+//! - [`peers`], [`password`]: `show peers` formatting, the password hash (Argon2id) and
+//!   the wrong-password wait every console shares
 //! - [`client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
 //!   configuration) and its QR code in Unicode half blocks
 //!
