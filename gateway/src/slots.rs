@@ -11,7 +11,10 @@
 //! order ([`boot_disk`]):
 //! 1. the disk whose GPT has the partition the boot loader started from: systemd-boot's
 //!    `LoaderDevicePartUUID` EFI variable (efivarfs; stage 1 mounts it read-only) against
-//!    each disk's GPT partition GUIDs (the flash script makes them unique per disk);
+//!    each disk's GPT partition GUIDs (the flash script makes them unique per disk). While
+//!    it names a GUID no disk has, stage 1 waits (its disk may not be probed yet; after
+//!    15 s it goes on without the variable, and says so); a GUID on several disks (`dd`
+//!    copies) tells nothing;
 //! 2. the disk holding the running root (`/` of stage 2 is the slot's squashfs on it), so
 //!    perm, the ESP and the update target follow the root stage 1 chose;
 //! 3. neither (no variable: a boot loader other than systemd-boot, or QEMU's direct
@@ -208,19 +211,43 @@ fn read_disk_start(path: &Path) -> Vec<u8> {
     buf
 }
 
-/// The disk whose GPT has the partition GUID the boot loader named, if the variable is
-/// there and a disk has it.
-fn loader_disk(sys: &Sys, parts: &[Part]) -> Option<String> {
-    let want = efivar_text(&std::fs::read(&sys.loader_var).ok()?)?;
+/// What the boot loader's variable tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LoaderSays {
+    /// No variable (or not a GUID).
+    Nothing,
+    /// The one disk whose GPT has that partition GUID.
+    Disk(String),
+    /// No disk has it (yet: stage 1 may run before the disk is probed).
+    Nowhere(String),
+    /// Several disks have it (copied with `dd`, not flashed): no help.
+    Several,
+}
+
+fn loader_disk(sys: &Sys, parts: &[Part]) -> LoaderSays {
+    let Some(want) = std::fs::read(&sys.loader_var)
+        .ok()
+        .and_then(|b| efivar_text(&b))
+    else {
+        return LoaderSays::Nothing;
+    };
     let mut disks: Vec<&str> = parts.iter().map(|p| p.disk.as_str()).collect();
     disks.sort();
     disks.dedup();
-    disks.into_iter().find_map(|d| {
-        gpt_partition_guids(&read_disk_start(&sys.dev.join(d)))
-            .iter()
-            .any(|(n, g)| *g == want && parts.iter().any(|p| p.disk == d && p.number == *n))
-            .then(|| d.to_string())
-    })
+    let mut with: Vec<String> = disks
+        .into_iter()
+        .filter(|d| {
+            gpt_partition_guids(&read_disk_start(&sys.dev.join(d)))
+                .iter()
+                .any(|(n, g)| *g == want && parts.iter().any(|p| p.disk == *d && p.number == *n))
+        })
+        .map(str::to_string)
+        .collect();
+    match with.len() {
+        0 => LoaderSays::Nowhere(want),
+        1 => LoaderSays::Disk(with.remove(0)),
+        _ => LoaderSays::Several,
+    }
 }
 
 /// The disk of the block device `major:minor` when it is a partition.
@@ -239,18 +266,33 @@ fn running_root_disk(sys: &Sys) -> Option<String> {
 }
 
 /// The boot disk, when it can be told (see the module documentation); `running_root`
-/// is rule 2's disk.
-pub fn boot_disk(sys: &Sys, parts: &[Part], running_root: Option<String>) -> Option<BootDisk> {
-    if let Some(disk) = loader_disk(sys, parts) {
-        return Some(BootDisk {
+/// is rule 2's disk. An error while the boot loader names a partition no disk has and
+/// there is no running root (stage 1 before its disk appeared: wait rather than guess).
+pub fn boot_disk(
+    sys: &Sys,
+    parts: &[Part],
+    running_root: Option<String>,
+) -> Result<Option<BootDisk>, String> {
+    let loader = loader_disk(sys, parts);
+    if let LoaderSays::Disk(disk) = loader {
+        return Ok(Some(BootDisk {
             disk,
             how: "it holds the partition the boot loader started from (LoaderDevicePartUUID)",
-        });
+        }));
     }
-    running_root.map(|disk| BootDisk {
-        disk,
-        how: "it holds the running root",
-    })
+    if let Some(disk) = running_root {
+        return Ok(Some(BootDisk {
+            disk,
+            how: "it holds the running root",
+        }));
+    }
+    match loader {
+        LoaderSays::Nowhere(g) => Err(format!(
+            "no disk has the partition the boot loader started from (LoaderDevicePartUUID {g})"
+        )),
+        // Duplicated GUIDs say nothing: the label decides as without the variable.
+        LoaderSays::Several | LoaderSays::Nothing | LoaderSays::Disk(_) => Ok(None),
+    }
 }
 
 /// Whether a disk is neither removable nor attached through USB.
@@ -359,10 +401,14 @@ pub fn choose(
 
 /// The partition labelled `label` on the boot disk of this system.
 pub fn locate(label: &str, policy: Ambiguous) -> Result<Found, String> {
-    let sys = Sys::default();
-    let parts = scan(&sys);
-    let boot = boot_disk(&sys, &parts, running_root_disk(&sys));
-    choose(&sys, &parts, label, boot.as_ref(), policy)
+    locate_in(&Sys::default(), label, policy)
+}
+
+/// [`locate`] in `sys` (stage 1's last try passes one without the loader variable).
+pub fn locate_in(sys: &Sys, label: &str, policy: Ambiguous) -> Result<Found, String> {
+    let parts = scan(sys);
+    let boot = boot_disk(sys, &parts, running_root_disk(sys))?;
+    choose(sys, &parts, label, boot.as_ref(), policy)
 }
 
 /// The block device (`/dev/vda2`) labelled `label` on the boot disk, refusing to guess
@@ -588,7 +634,7 @@ mod tests {
             policy: Ambiguous,
         ) -> Result<Found, String> {
             let parts = scan(&self.sys);
-            let boot = boot_disk(&self.sys, &parts, root.map(str::to_string));
+            let boot = boot_disk(&self.sys, &parts, root.map(str::to_string))?;
             choose(&self.sys, &parts, label, boot.as_ref(), policy)
         }
 
@@ -698,14 +744,28 @@ mod tests {
                 .dev,
             "/dev/sda3"
         );
-        // A GUID no disk has (or a damaged variable): as if there were none.
+        // A GUID no disk has: stage 2 goes by its running root; stage 1 waits (an error
+        // until the disk appears) rather than take the only disk probed so far.
         f.loader(&guid(9, 1));
         assert_eq!(
             f.pick("perm", Some("vda"), Ambiguous::Refuse).unwrap().dev,
             "/dev/vda4"
         );
+        let e = f.pick("root-a", None, Ambiguous::PreferFixed).unwrap_err();
+        assert!(
+            e.contains("no disk has the partition the boot loader started from"),
+            "{e}"
+        );
+        // A damaged variable is none.
         std::fs::write(&f.sys.loader_var, b"\x06\0\0\0garbage").unwrap();
-        assert!(f.pick("perm", None, Ambiguous::Refuse).is_err());
+        assert!(f
+            .pick("perm", None, Ambiguous::Refuse)
+            .unwrap_err()
+            .contains("several disks"));
+        assert_eq!(
+            f.pick("root-a", None, Ambiguous::PreferFixed).unwrap().dev,
+            "/dev/vda2"
+        );
         // A label missing on the boot disk is missing: never taken from another disk.
         let e = f
             .pick("root-c", Some("vda"), Ambiguous::PreferFixed)
@@ -737,7 +797,9 @@ mod tests {
             .unwrap_err()
             .contains("no partition labelled root-c"));
         // A second fixed disk with an image: the root takes the first by name, and says so.
-        f.disk("nvme1n1", "pci0000:00/0000:00:03.0/nvme/nvme1", false, 2);
+        // It is a dd copy (the same GUIDs): the loader's GUID is on both, so no help.
+        f.disk("nvme1n1", "pci0000:00/0000:00:03.0/nvme/nvme1", false, 1);
+        f.loader(&guid(1, 1));
         let r = f.pick("root-a", None, Ambiguous::PreferFixed).unwrap();
         assert_eq!(r.disk, "nvme0n1");
         assert!(r.how.contains("first by name"), "{}", r.how);

@@ -58,7 +58,21 @@ pub(super) fn stage1() -> String {
                 break f.dev;
             }
             Err(e) if Instant::now() > deadline => {
-                return format!("{e} within 15s (is the storage driver in MODULES?)");
+                // Last try without the boot loader's word (its disk never showed its
+                // GUID): the label decides, preferring a fixed disk, and it is said.
+                let sys = slots::Sys {
+                    loader_var: PathBuf::new(),
+                    ..slots::Sys::default()
+                };
+                match slots::locate_in(&sys, &label, slots::Ambiguous::PreferFixed) {
+                    Ok(f) => {
+                        say!("{e}; after 15 s: {label}: {} ({})", f.dev, f.how);
+                        break f.dev;
+                    }
+                    Err(e2) => {
+                        return format!("{e2} within 15s (is the storage driver in MODULES?)")
+                    }
+                }
             }
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
