@@ -9,7 +9,8 @@
 # MiB (GPT and backup GPT: any flash write changes them, no file system on a partition
 # touches them) unchanged.
 # An unused partitioned loop device must still be accepted and flashed (a tiny fake image:
-# a GPT with an `esp` and an ext4 `perm` partition; the real image is not built here).
+# a GPT with an `esp` and an ext4 `perm` partition; the real image is not built here), and
+# two flashes of one image into files give each its own disk and partition GUIDs.
 #
 # Cases that need what the kernel or the host lacks (device mapper for dm-linear and LVM,
 # btrfs, lvm2/btrfs-progs) are skipped with a note. Needs root, losetup, sfdisk, partx,
@@ -293,6 +294,33 @@ if mkloop 96; then
         ko "accepts and flashes an unused partitioned loop device"
     fi
 else ko "accept: loop device"; fi
+case_end
+
+# --- two flashes of one image: each disk gets its own GUIDs, the labels stay --------------
+# The image is reproducible (one set of GUIDs per board); init tells the boot disk from a
+# second flashed disk by the ESP's partition GUID, so the flash script gives each disk new
+# ones. Two image files as targets (no loop device needed).
+case_start "own GUIDs: two flashes of the same image"
+guids() { sfdisk --json "$1" 2>/dev/null | jq -r '.partitiontable | [.id] + [.partitions[].uuid] | .[]'; }
+truncate -s 64M "$work/g1.img" "$work/g2.img"
+if timeout 60 "$F" "$img" "$work/g1.img" --yes >"$work/g1.log" 2>&1 && timeout 60 "$F" "$img" "$work/g2.img" --yes >"$work/g2.log" 2>&1; then
+    all=$( { guids "$img"; guids "$work/g1.img"; guids "$work/g2.img"; } | tr a-f A-F)
+    n_all=$(grep -c . <<<"$all"); n_uniq=$(sort -u <<<"$all" | grep -c .)
+    names=$(for f in g1 g2; do sfdisk --json "$work/$f.img" | jq -r '[.partitiontable.partitions[].name] | join(",")'; done | sort -u | tr '\n' ' ')
+    if [ "$n_all" = 9 ] && [ "$n_uniq" = 9 ]; then
+        ok "two flashed disks: disk GUID and every partition GUID their own (9 GUIDs, all different, none the image's)"
+    else
+        echo "$all" | sed 's/^/     | /'; ko "GUIDs after two flashes: $n_uniq different of $n_all"
+    fi
+    if [ "$names" = "esp,perm " ]; then ok "both keep the image's labels (esp, perm)"; else ko "labels after the flash: '$names'"; fi
+    if sfdisk --verify "$work/g1.img" 2>&1 | grep -q 'No errors detected' && sfdisk --verify "$work/g2.img" 2>&1 | grep -q 'No errors detected'; then
+        ok "both tables verify (sfdisk --verify: primary and backup GPT agree)"
+    else ko "sfdisk --verify of a flashed disk"; fi
+else
+    sed 's/^/     | /' "$work/g1.log" "$work/g2.log" | tail -20
+    ko "flashing the image into two files"
+fi
+rm -f "$work/g1.img" "$work/g2.img"
 case_end
 
 unwind 0

@@ -231,6 +231,9 @@ sq=$(stat -c %s "$out/root.squashfs")
 img=$out/riceguard-$board.img
 rm -f "$img"
 truncate -s $((total * 512)) "$img"
+# GUIDs from uuid_for keep the image reproducible; flash-scripts/flash gives every flashed
+# disk new random ones (init tells the boot disk by the ESP's GUID), so nothing may find a
+# partition by GUID: partitions are found by label on the boot disk (slots.rs).
 sfdisk -q --no-reread --no-tell-kernel "$img" <<SFDISK
 label: gpt
 label-id: $(uuid_for disk)

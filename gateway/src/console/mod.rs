@@ -12,7 +12,8 @@
 //!   [`store::load_with_fallback`] for boot
 //! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
-//! - [`peers`], [`password`]: `show peers` formatting, the password hash
+//! - [`peers`], [`password`]: `show peers` formatting, the password hash (Argon2id) and
+//!   the wrong-password wait every console shares
 //! - [`client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
 //!   configuration) and its QR code in Unicode half blocks
 //!
@@ -65,7 +66,7 @@ use system::{Clock, RawMode, SystemClock, SystemHooks};
 pub use store::load_with_fallback;
 
 const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidfile PATH] [--status-file PATH] [--perm-unmounted]
-  DIR          the appliance's perm partition (riceguard.conf, history/, console.passwd)
+  DIR          the appliance's perm partition (riceguard.conf, history/, console.argon2id)
   --perm-unmounted  DIR is not the perm partition (init could not mount it): the console
                stays locked, since its password cannot be checked
   --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)

@@ -114,6 +114,12 @@ pub struct Session {
 
 const MIN_PASSWORD: usize = 8;
 
+/// How long until the next password is checked, as the console says it.
+fn wait_note(left: Duration) -> String {
+    let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    format!("too many wrong passwords: the next one is checked in {secs} s")
+}
+
 /// Lines whose key holds a secret, masked unless `private` is asked for.
 fn mask_secrets(text: &str) -> String {
     text.lines()
@@ -256,7 +262,12 @@ impl Session {
         }
         match s.store.password() {
             Password::Off => {}
-            Password::Set(_) => s.question = Some(Question::Login { tries: 0 }),
+            Password::Set(_) => {
+                s.question = Some(Question::Login { tries: 0 });
+                if let Some(w) = s.store.failure_log().wait_left(password::boot_time()) {
+                    let _ = writeln!(text, "{}", wait_note(w));
+                }
+            }
             Password::Locked(why) => {
                 let _ = writeln!(text, "console locked: {why}");
                 s.locked = Some(why);
@@ -893,18 +904,30 @@ impl Session {
                         return r;
                     }
                 };
-                if password::verify(line, &stored) {
-                    return Reply::ok("");
+                let failures = self.store.failure_log();
+                if let Some(w) = failures.wait_left(password::boot_time()) {
+                    // Not checked, not counted: the wait is shared by every console.
+                    self.question = Some(Question::Login { tries });
+                    return Reply::err(format!("password not checked: {}", wait_note(w)));
                 }
+                if password::verify(line, &stored) {
+                    failures.reset();
+                    return Reply::ok(self.upgrade_password(line, &stored));
+                }
+                let wait = failures.record_failure(password::boot_time());
+                let why = match wait {
+                    Some(w) => format!("wrong password; {}", wait_note(w)),
+                    None => "wrong password".to_string(),
+                };
                 if tries + 1 >= 3 {
                     return Reply {
-                        text: "error: wrong password; too many tries".into(),
+                        text: format!("error: {why}; too many tries"),
                         ok: false,
                         exit: true,
                     };
                 }
                 self.question = Some(Question::Login { tries: tries + 1 });
-                Reply::err("wrong password")
+                Reply::err(why)
             }
             Question::FactoryReset { erase_history } if yes => self.factory_reset(erase_history),
             Question::Reboot if yes => Reply::ok(self.hooks.reboot()),
@@ -920,7 +943,11 @@ impl Session {
                 Reply::ok("")
             }
             Question::RepeatPassword(first) if first == line => {
-                match self.store.set_password(Some(&password::hash(line))) {
+                let hashed = match password::hash(line) {
+                    Ok(h) => h,
+                    Err(e) => return Reply::err(format!("{e}; the password is unchanged")),
+                };
+                match self.store.set_password(Some(&hashed)) {
                     Ok(()) => {
                         Reply::ok("console password set: it is asked for when the console starts")
                     }
@@ -930,6 +957,24 @@ impl Session {
             Question::RepeatPassword(_) => {
                 Reply::err("the two entries differ; the password is unchanged")
             }
+        }
+    }
+
+    /// After a good login: re-hash a password stored in the previous firmware's form (or
+    /// with a lower cost) as Argon2id. What to say about it; a failure keeps the old
+    /// hash, which still works.
+    fn upgrade_password(&mut self, line: &str, stored: &str) -> String {
+        if !password::needs_upgrade(stored) {
+            return String::new();
+        }
+        let upgraded = password::hash(line)
+            .and_then(|h| self.store.set_password(Some(&h)).map_err(|e| e.to_string()));
+        match upgraded {
+            Ok(()) => "note: the console password is now stored as Argon2id \
+                 (console.argon2id); firmware older than this one does not read it and, after \
+                 a rollback to it, asks for no console password until one is set"
+                .to_string(),
+            Err(e) => format!("warning: the console password was not upgraded to Argon2id: {e}"),
         }
     }
 

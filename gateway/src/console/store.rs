@@ -6,7 +6,13 @@
 //!                                 skips (`core::ini::emit_compat`): after a rollback to
 //!                                 it, the same file loads, without them
 //! DIR/history/riceguard.conf.N    the 10 previous versions, 1 = the one before the last commit
-//! DIR/console.passwd              optional console password (salted, iterated hash), mode 0600
+//! DIR/console.argon2id            optional console password: an Argon2id PHC string, mode 0600
+//! DIR/console.passwd              the previous firmware's password file (iterated BLAKE2s):
+//!                                 read while no console.argon2id exists, removed when one
+//!                                 is written (upgrade at a good login, or a new password).
+//!                                 Firmware before Argon2id reads only this name, and an
+//!                                 Argon2id line in it as damaged (locked console): see
+//!                                 [`Store::password_v1`] for what it sees after a rollback
 //! DIR/commit-confirm              present while a `commit-confirm` waits for `confirm`: the
 //!                                 unix time of its deadline (a restarted console resumes it)
 //! DIR/clients/NAME.key            the private key of client NAME (`add client NAME keep-key`),
@@ -39,7 +45,10 @@ pub const CONF: &str = "riceguard.conf";
 pub const HISTORY: &str = "history";
 /// How many previous versions are kept.
 pub const KEEP: usize = 10;
+/// The console password of the firmware before Argon2id (still read, never written).
 pub const PASSWD: &str = "console.passwd";
+/// The console password: an Argon2id PHC string.
+pub const PASSWD_ARGON2ID: &str = "console.argon2id";
 pub const CONFIRM: &str = "commit-confirm";
 pub const LOCK: &str = ".lock";
 /// Kept client private keys (`add client NAME keep-key`).
@@ -142,6 +151,8 @@ pub struct Store<F: Format> {
     /// False when init could not mount `perm` (DIR is then an empty tmpfs): its files
     /// say nothing, so no password file there cannot mean "no password".
     perm_mounted: bool,
+    /// Wrong console passwords, shared by every console (under `/run`, not DIR).
+    failures: super::password::FailureLog,
 }
 
 /// What the console password file says. Only a password file that does not exist on a
@@ -176,11 +187,24 @@ pub struct Loaded {
 
 impl<F: Format> Store<F> {
     pub fn new(dir: impl Into<PathBuf>, format: F) -> Self {
+        let dir = dir.into();
+        // Unit tests never touch the host's /run: their count lives in their own DIR.
+        let failures = if cfg!(test) {
+            dir.join(".console-failures")
+        } else {
+            PathBuf::from(super::password::FAILURES)
+        };
         Store {
-            dir: dir.into(),
+            dir,
             format,
             perm_mounted: true,
+            failures: super::password::FailureLog::new(failures),
         }
+    }
+
+    /// The wrong-password count every console shares.
+    pub fn failure_log(&self) -> &super::password::FailureLog {
+        &self.failures
     }
 
     /// Say that `perm` is not mounted (init's `--perm-unmounted`): the console stays locked.
@@ -358,9 +382,26 @@ impl<F: Format> Store<F> {
     }
 
     /// Whether a console password is set, fail-closed: a perm that is not mounted, a
-    /// read error, non-UTF-8, an empty or a damaged file all lock the console.
+    /// read error, non-UTF-8, an empty or a damaged file all lock the console. The
+    /// Argon2id file wins; without one, the previous firmware's file is read as it read
+    /// it ([`Store::password_v1`]).
     pub fn password(&self) -> Password {
-        let p = self.dir.join(PASSWD);
+        let p = self.dir.join(PASSWD_ARGON2ID);
+        match std::fs::symlink_metadata(&p) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.password_v1(),
+            _ => self.read_password(&p, super::password::well_formed),
+        }
+    }
+
+    /// What firmware before Argon2id makes of this directory: its reader, kept as it
+    /// was (only `console.passwd`, `blake2s-iter` lines). After a rollback to it: no
+    /// `console.passwd` (removed when the Argon2id file was written) is
+    /// [`Password::Off`], an unupgraded one still works.
+    pub fn password_v1(&self) -> Password {
+        self.read_password(&self.dir.join(PASSWD), super::password::legacy::well_formed)
+    }
+
+    fn read_password(&self, p: &Path, well_formed: fn(&str) -> bool) -> Password {
         if !self.perm_mounted {
             return Password::Locked(format!(
                 "the perm partition is not mounted, so the console password ({}) cannot be checked: \
@@ -374,7 +415,7 @@ impl<F: Format> Store<F> {
                 p.display()
             ))
         };
-        let bytes = match std::fs::read(&p) {
+        let bytes = match std::fs::read(p) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Password::Off,
             Err(e) => {
@@ -391,22 +432,28 @@ impl<F: Format> Store<F> {
         if line.is_empty() {
             return fix(format!("the console password {} is empty", p.display()));
         }
-        if !super::password::well_formed(line) {
+        if !well_formed(line) {
             return fix(format!("the console password {} is damaged", p.display()));
         }
         Password::Set(line.to_string())
     }
 
-    /// Store a password hash line, or remove the password with `None`.
+    /// Store a password hash line (Argon2id, in `console.argon2id`; then the previous
+    /// firmware's `console.passwd` goes, so no fast hash of the same password stays
+    /// beside it), or remove the password with `None` (both files).
     pub fn set_password(&self, hash: Option<&str>) -> Result<(), StoreError> {
-        let p = self.dir.join(PASSWD);
+        let p = self.dir.join(PASSWD_ARGON2ID);
+        let old = self.dir.join(PASSWD);
         match hash {
             Some(h) => {
                 std::fs::create_dir_all(&self.dir).map_err(io_err(&self.dir))?;
-                durable::write(&p, format!("{h}\n").as_bytes(), SECRET).map_err(io_err(&p))
+                durable::write(&p, format!("{h}\n").as_bytes(), SECRET).map_err(io_err(&p))?;
             }
-            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
+            None => {
+                durable::remove(&p).map_err(io_err(&p))?;
+            }
         }
+        durable::remove(&old).map(|_| ()).map_err(io_err(&old))
     }
 
     /// Where the kept private key of client `name` (a valid peer name: no `/`, no
@@ -591,7 +638,7 @@ pub(crate) mod tests {
         let d = TempDir::new("pw");
         let s = Store::new(&d.0, TableFormat);
         assert_eq!(s.password(), Password::Off);
-        let h = crate::console::password::hash("a password");
+        let h = crate::console::password::hash("a password").unwrap();
         s.set_password(Some(&h)).unwrap();
         assert_eq!(s.password(), Password::Set(h));
         s.set_password(None).unwrap();
@@ -628,6 +675,60 @@ pub(crate) mod tests {
         s.set_client_key("phone", None).unwrap();
         s.set_client_key("phone", None).unwrap();
         assert!(s.client_key_names().is_empty());
+    }
+
+    /// The two password files: the Argon2id one wins, the previous firmware's is read
+    /// without it and removed once the Argon2id one is written; and what the previous
+    /// firmware's reader (`password_v1`, kept as it was) then finds: never a lock.
+    #[test]
+    fn password_files_and_rollback_reader() {
+        use crate::console::password::{self, legacy};
+        let d = TempDir::new("pwfiles");
+        let s = Store::new(&d.0, TableFormat);
+        let old = legacy::hash_with("old password", b"0123456789abcdef", 10);
+        std::fs::write(d.0.join(PASSWD), format!("{old}\n")).unwrap();
+        // Before any upgrade both firmwares read the old file alike.
+        assert_eq!(s.password(), Password::Set(old.clone()));
+        assert_eq!(s.password_v1(), Password::Set(old.clone()));
+        // Written by the new firmware (an upgrade or a new password).
+        let new = password::hash("old password").unwrap();
+        s.set_password(Some(&new)).unwrap();
+        assert_eq!(s.password(), Password::Set(new.clone()));
+        assert!(
+            !d.0.join(PASSWD).exists(),
+            "no fast hash left beside Argon2id"
+        );
+        // Today's reader after a rollback: no console.passwd, so no password, not locked.
+        assert_eq!(s.password_v1(), Password::Off);
+        // Had the Argon2id line gone into console.passwd, today's reader would lock.
+        std::fs::write(d.0.join(PASSWD), format!("{new}\n")).unwrap();
+        assert!(matches!(s.password_v1(), Password::Locked(w) if w.contains("damaged")));
+        std::fs::remove_file(d.0.join(PASSWD)).unwrap();
+        // A password set on the old firmware after the rollback: the Argon2id file, if
+        // still there, wins (it is the newer firmware's); removing it brings the old back.
+        std::fs::write(d.0.join(PASSWD), format!("{old}\n")).unwrap();
+        assert_eq!(s.password(), Password::Set(new.clone()));
+        std::fs::remove_file(d.0.join(PASSWD_ARGON2ID)).unwrap();
+        assert_eq!(s.password(), Password::Set(old.clone()));
+        // Removing the password removes both files.
+        s.set_password(Some(&new)).unwrap();
+        std::fs::write(d.0.join(PASSWD), format!("{old}\n")).unwrap();
+        s.set_password(None).unwrap();
+        assert_eq!(s.password(), Password::Off);
+        assert_eq!(s.password_v1(), Password::Off);
+        // A damaged Argon2id file locks (no fallback to the old file).
+        std::fs::write(d.0.join(PASSWD), format!("{old}\n")).unwrap();
+        for bad in [
+            "garbage\n",
+            "$argon2id$v=19$m=99999999,t=1,p=1$c2FsdHNhbHRzYWx0$AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n",
+            "\n",
+        ] {
+            std::fs::write(d.0.join(PASSWD_ARGON2ID), bad).unwrap();
+            assert!(
+                matches!(s.password(), Password::Locked(ref w) if w.contains(PASSWD_ARGON2ID)),
+                "{bad:?}"
+            );
+        }
     }
 
     /// Only a missing file on a mounted perm means no password.

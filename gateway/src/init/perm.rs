@@ -7,9 +7,13 @@ use super::*;
 
 pub(super) fn mount_perm() -> bool {
     mkdir(PERM);
-    let Some(dev) = slots::find_partition("perm") else {
-        say!("perm: no partition labelled perm; configuration will not survive a reboot");
-        return false;
+    // Only the boot disk's perm (the disk of the running root): never a USB stick's.
+    let dev = match slots::locate("perm", slots::Ambiguous::Refuse) {
+        Ok(f) => f.dev,
+        Err(e) => {
+            say!("perm: {e}; configuration will not survive a reboot");
+            return false;
+        }
     };
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
     match os::mount(&dev, PERM, "ext4", flags, None) {

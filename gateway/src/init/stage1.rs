@@ -41,6 +41,7 @@ pub(super) fn stage1() -> String {
     say!("initramfs: riceguard {}", env!("CARGO_PKG_VERSION"));
     let board = read_board();
     load_modules(&board.modules);
+    mount_efivars();
     let cmd = read_cmdline();
     let slot = cmd.slot.unwrap_or_else(|| {
         say!("no riceguard.slot= on the kernel command line; using slot a");
@@ -49,14 +50,32 @@ pub(super) fn stage1() -> String {
     let label = format!("root-{slot}");
     // virtio/NVMe/USB probing may finish after the module loads return.
     let deadline = Instant::now() + Duration::from_secs(15);
+    // Only the boot disk's root counts (a USB stick with an image is not one): see slots.rs.
     let dev = loop {
-        if let Some(d) = slots::find_partition(&label) {
-            break d;
+        match slots::locate(&label, slots::Ambiguous::PreferFixed) {
+            Ok(f) => {
+                say!("{label}: {} ({})", f.dev, f.how);
+                break f.dev;
+            }
+            Err(e) if Instant::now() > deadline => {
+                // Last try without the boot loader's word (its disk never showed its
+                // GUID): the label decides, preferring a fixed disk, and it is said.
+                let sys = slots::Sys {
+                    loader_var: PathBuf::new(),
+                    ..slots::Sys::default()
+                };
+                match slots::locate_in(&sys, &label, slots::Ambiguous::PreferFixed) {
+                    Ok(f) => {
+                        say!("{e}; after 15 s: {label}: {} ({})", f.dev, f.how);
+                        break f.dev;
+                    }
+                    Err(e2) => {
+                        return format!("{e2} within 15s (is the storage driver in MODULES?)")
+                    }
+                }
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
-        if Instant::now() > deadline {
-            return format!("no partition labelled {label} appeared within 15s (is the storage driver in MODULES?)");
-        }
-        std::thread::sleep(Duration::from_millis(50));
     };
     mkdir(NEWROOT);
     if let Err(e) = os::mount(&dev, NEWROOT, "squashfs", MsFlags::MS_RDONLY, None) {
@@ -77,6 +96,20 @@ pub(super) fn stage1() -> String {
     }
     let e = Command::new("/sbin/init").arg("--stage2").exec();
     format!("exec /sbin/init on {dev}: {e}")
+}
+
+/// Mount efivarfs read-only (the `efivarfs` module is in the board's MODULES where it is
+/// not built in) so the boot loader's `LoaderDevicePartUUID` names the boot disk. Not
+/// booted by UEFI, or no efivarfs: nothing (the boot disk is then found otherwise).
+fn mount_efivars() {
+    let dir = "/sys/firmware/efi/efivars";
+    if !Path::new("/sys/firmware/efi").exists() {
+        return;
+    }
+    let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
+    if let Err(e) = os::mount("efivarfs", dir, "efivarfs", nodev, None) {
+        say!("efivarfs: {e}; the boot disk is not known from the boot loader");
+    }
 }
 
 /// Delete the initramfs's files (it is RAM that nothing will use again), staying on its

@@ -597,8 +597,10 @@ impl Platform for DevicePlatform {
     }
     fn root_region(&mut self, slot: char) -> Result<Region, UpdateError> {
         let label = format!("root-{slot}");
-        let dev = crate::slots::find_partition(&label)
-            .ok_or_else(|| UpdateError::Setup(format!("no partition labelled {label}")))?;
+        // The boot disk's slot only: a second disk with an image is never written.
+        let dev = crate::slots::locate(&label, crate::slots::Ambiguous::Refuse)
+            .map_err(UpdateError::Setup)?
+            .dev;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -615,8 +617,9 @@ impl Platform for DevicePlatform {
     }
     fn esp_dir(&mut self) -> Result<PathBuf, UpdateError> {
         if !self.mounted {
-            let dev = crate::slots::find_partition("esp")
-                .ok_or_else(|| UpdateError::Setup("no partition labelled esp".into()))?;
+            let dev = crate::slots::locate("esp", crate::slots::Ambiguous::Refuse)
+                .map_err(UpdateError::Setup)?
+                .dev;
             let _ = std::fs::create_dir_all(ESP_MNT);
             crate::sys::os::mount(
                 &dev,

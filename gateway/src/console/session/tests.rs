@@ -370,6 +370,80 @@ fn password_set_login_and_remove() {
     assert!(r.s.handle_line("z").exit);
 }
 
+/// A password the previous firmware set (iterated BLAKE2s) still logs in, and the good
+/// login re-hashes it as Argon2id; the wrong-password wait is shared by every console
+/// and survives a restart, a good login clears it, a damaged count file is no wait.
+/// No time is asserted: the counts are written or read, the waits are minutes long.
+#[test]
+fn password_upgrade_and_shared_wait() {
+    use crate::console::password::{self, legacy};
+    use crate::console::store::{PASSWD, PASSWD_ARGON2ID};
+    let mut r = Rig::new();
+    r.ok("commit");
+    let pw = "correct horse battery";
+    let old = legacy::hash_with(pw, b"0123456789abcdef", 10);
+    std::fs::write(r.dir.0.join(PASSWD), format!("{old}\n")).unwrap();
+    r.restart();
+    assert_eq!(r.s.prompt(), "Password: ");
+    r.err("wrong one");
+    assert!(r.ok(pw).contains("now stored as Argon2id"));
+    assert_eq!(r.s.prompt(), "riceguard# ");
+    let stored = std::fs::read_to_string(r.dir.0.join(PASSWD_ARGON2ID)).unwrap();
+    assert_eq!(password::stored_cost(&stored), Some(password::COST));
+    assert!(!r.dir.0.join(PASSWD).exists());
+    r.restart();
+    assert_eq!(r.ok(pw), "", "upgraded once");
+
+    // Three wrong passwords on one console...
+    let failures = r.dir.0.join(".console-failures");
+    r.restart();
+    r.err("a");
+    r.err("b");
+    let third = r.s.handle_line("c");
+    assert!(
+        third.exit && third.text.contains("next one is checked in"),
+        "{}",
+        third.text
+    );
+    // ...make the next try wait, on a restarted console and on a second one alike: the
+    // right password is not even checked, nor counted.
+    let count = std::fs::read_to_string(&failures).unwrap();
+    r.restart();
+    let e = r.err(pw);
+    assert!(
+        e.contains("not checked") && e.contains("too many wrong passwords"),
+        "{e}"
+    );
+    assert_eq!(r.s.prompt(), "Password: ");
+    let (mut second, hello) = {
+        let store = Store::new(&r.dir.0, Box::new(TableFormat) as Box<dyn Format>);
+        let clock = FakeClock {
+            base: Instant::now(),
+            secs: r.secs.clone(),
+        };
+        Session::open(store, Box::new(Recorder::default()), Box::new(clock))
+    };
+    assert!(
+        hello.text.contains("too many wrong passwords"),
+        "{}",
+        hello.text
+    );
+    assert!(second.handle_line(pw).text.contains("not checked"));
+    assert_eq!(
+        std::fs::read_to_string(&failures).unwrap(),
+        count,
+        "not counted"
+    );
+    // Once the wait is over (the last failure at boot time 0), a good login clears it.
+    std::fs::write(&failures, "3 0\n").unwrap();
+    assert!(second.handle_line(pw).ok);
+    assert!(!failures.exists());
+    // A damaged count is no wait.
+    std::fs::write(&failures, "\u{0}garbage").unwrap();
+    r.restart();
+    r.ok(pw);
+}
+
 #[test]
 fn reboot_exit_save_pubkey() {
     let mut r = Rig::new();
