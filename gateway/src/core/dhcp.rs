@@ -50,6 +50,8 @@ const REBOOT_TRIES: u32 = 3;
 const MIN_RENEW_RETRY: Duration = Duration::from_secs(10);
 /// After a DECLINE, wait this long before starting again (RFC 2131 3.1 step 5).
 const DECLINE_WAIT: Duration = Duration::from_secs(10);
+/// NTP servers kept from option 42: enough to compare answers, too few to be a flood list.
+pub const MAX_NTP: usize = 4;
 
 /// An address lease as the server gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +61,9 @@ pub struct Lease {
     pub prefix: u8,
     pub router: Option<Ipv4Addr>,
     pub dns: Vec<Ipv4Addr>,
+    /// NTP servers (option 42): unicast addresses only, at most [`MAX_NTP`]. The lease
+    /// file's `ntp` line; the SNTP client's source after the configured servers.
+    pub ntp: Vec<Ipv4Addr>,
     /// The server identifier (option 54): where renewals go.
     pub server: Ipv4Addr,
     /// Lease, T1 and T2 in seconds ([`INFINITE`] for an infinite lease; T1 < T2 < lease).
@@ -90,6 +95,9 @@ impl Lease {
         if !self.dns.is_empty() {
             s.push_str(&format!("dns {}\n", join(&self.dns)));
         }
+        if !self.ntp.is_empty() {
+            s.push_str(&format!("ntp {}\n", join(&self.ntp)));
+        }
         s.push_str(&format!(
             "server {}\nlease {}\nt1 {}\nt2 {}\nobtained {}\n",
             self.server, self.lease_secs, self.t1_secs, self.t2_secs, self.obtained
@@ -103,6 +111,7 @@ impl Lease {
         let mut address = None;
         let mut router = None;
         let mut dns = Vec::new();
+        let mut ntp = Vec::new();
         let mut server = None;
         let (mut lease, mut t1, mut t2, mut obtained) = (None, None, None, None);
         for (i, line) in text.lines().take(64).enumerate() {
@@ -134,6 +143,17 @@ impl Lease {
                         .map(ip)
                         .collect::<Result<_, _>>()?
                 }
+                // Filtered as a received option 42 is: a hand-edited file is no wider door.
+                "ntp" => {
+                    ntp = v
+                        .split_whitespace()
+                        .take(MAX_NTP)
+                        .map(ip)
+                        .collect::<Result<Vec<_>, _>>()?
+                        .into_iter()
+                        .filter(|a| is_unicast(*a))
+                        .collect()
+                }
                 "server" => server = Some(ip(v)?),
                 "lease" => lease = Some(num(v)?),
                 "t1" => t1 = Some(num(v)?),
@@ -150,6 +170,7 @@ impl Lease {
             prefix,
             router,
             dns,
+            ntp,
             server: server.ok_or("no `server` line")?,
             lease_secs,
             t1_secs,
@@ -797,6 +818,7 @@ impl Client {
                 OptionCode::AddressLeaseTime,
                 OptionCode::Renewal,
                 OptionCode::Rebinding,
+                OptionCode::NtpServers,
             ]));
             if let Some(h) = &self.hostname {
                 o.insert(DhcpOption::Hostname(h.clone()));
@@ -826,7 +848,7 @@ fn blank() -> Option<Message> {
 }
 
 /// Options this client reads; the others are dropped before decoding.
-const USED_OPTIONS: [u8; 9] = [1, 3, 6, 51, 53, 54, 56, 58, 59];
+const USED_OPTIONS: [u8; 10] = [1, 3, 6, 42, 51, 53, 54, 56, 58, 59];
 /// Fixed BOOTP header and the magic cookie before the options.
 const HEADER_LEN: usize = 240;
 
@@ -860,7 +882,10 @@ fn keep_used_options(b: &[u8]) -> Result<Vec<u8>, Ignored> {
                 let data = b.get(i + 2..i + 2 + len).ok_or_else(|| {
                     Ignored::Malformed(format!("option {code} runs past the end"))
                 })?;
-                if USED_OPTIONS.contains(&code) {
+                // A broken NTP list (not whole addresses) costs the list, not the lease:
+                // the uplink matters more than the clock's third source.
+                let broken_optional = code == 42 && (len == 0 || len % 4 != 0);
+                if USED_OPTIONS.contains(&code) && !broken_optional {
                     out.push(code);
                     out.push(len as u8);
                     out.extend_from_slice(data);
@@ -932,17 +957,34 @@ fn parse_lease(msg: &Message, server: Option<Ipv4Addr>) -> Result<Lease, Ignored
             .collect(),
         _ => Vec::new(),
     };
+    let ntp = match opts.get(OptionCode::NtpServers) {
+        Some(DhcpOption::NtpServers(n)) => n
+            .iter()
+            .copied()
+            .filter(|a| is_unicast(*a))
+            .take(MAX_NTP)
+            .collect(),
+        _ => Vec::new(),
+    };
     Ok(Lease {
         address,
         prefix: prefix as u8,
         router,
         dns,
+        ntp,
         server,
         lease_secs,
         t1_secs,
         t2_secs,
         obtained: 0,
     })
+}
+
+/// A unicast address a server could be at: not in 0.0.0.0/8, loopback, multicast,
+/// broadcast or class E (reserved).
+pub fn is_unicast(a: Ipv4Addr) -> bool {
+    let first = a.octets()[0];
+    first != 0 && !a.is_loopback() && !a.is_multicast() && !a.is_broadcast() && first < 240
 }
 
 /// Whether an acknowledged address can be put on the link.

@@ -528,6 +528,7 @@ mod tests {
             prefix: 24,
             router: Some(Ipv4Addr::new(192, 168, 77, 1)),
             dns: vec![Ipv4Addr::new(192, 168, 77, 1)],
+            ntp: vec![],
             server: Ipv4Addr::new(192, 168, 77, 1),
             lease_secs: 120,
             t1_secs: 60,

@@ -26,6 +26,8 @@ struct Reply {
     t1: Option<u32>,
     t2: Option<u32>,
     router: Option<Ipv4Addr>,
+    /// Option 42 as raw bytes (so broken lengths can be sent).
+    ntp: Option<Vec<u8>>,
 }
 
 impl Reply {
@@ -41,6 +43,7 @@ impl Reply {
             t1: None,
             t2: None,
             router: Some(SRV),
+            ntp: None,
         }
     }
     fn bytes(&self) -> Vec<u8> {
@@ -75,6 +78,13 @@ impl Reply {
         ]));
         let mut b = Vec::new();
         m.encode(&mut Encoder::new(&mut b)).unwrap();
+        if let Some(n) = &self.ntp {
+            // Before the end mark, raw: dhcproto would refuse to encode a broken one.
+            let end = b.iter().rposition(|&x| x == 255).unwrap();
+            let mut o = vec![42, n.len() as u8];
+            o.extend_from_slice(n);
+            b.splice(end..end, o);
+        }
         b
     }
 }
@@ -508,6 +518,7 @@ fn restored_lease_is_confirmed_with_init_reboot() {
         prefix: 24,
         router: Some(SRV),
         dns: vec![SRV],
+        ntp: vec![],
         server: SRV,
         lease_secs: 120,
         t1_secs: 60,
@@ -535,6 +546,7 @@ fn lease_text_round_trip_and_errors() {
         prefix: 24,
         router: Some(SRV),
         dns: vec![SRV, Ipv4Addr::new(9, 9, 9, 9)],
+        ntp: vec![SRV],
         server: SRV,
         lease_secs: 120,
         t1_secs: 60,
@@ -544,12 +556,13 @@ fn lease_text_round_trip_and_errors() {
     let t = l.to_text();
     assert_eq!(
         t,
-        "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1 9.9.9.9\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n"
+        "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1 9.9.9.9\nntp 192.168.77.1\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n"
     );
     assert_eq!(Lease::from_text(&t), Ok(l.clone()));
     let no_router = Lease {
         router: None,
         dns: vec![],
+        ntp: vec![],
         ..l.clone()
     };
     assert_eq!(Lease::from_text(&no_router.to_text()), Ok(no_router));
@@ -581,4 +594,82 @@ fn arbitrary_bytes_never_panic() {
         let _ = c.handle_reply(now, &b);
         let _ = Lease::from_text(&String::from_utf8_lossy(&b));
     }
+}
+
+#[test]
+fn ntp_servers_from_option_42_unicast_only_and_bounded() {
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 21, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    // Option 42 is asked for.
+    match d.opts().get(OptionCode::ParameterRequestList) {
+        Some(DhcpOption::ParameterRequestList(l)) => {
+            assert!(l.contains(&OptionCode::NtpServers), "{l:?}")
+        }
+        o => panic!("{o:?}"),
+    }
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    let mut ack = Reply::to(&r, MessageType::Ack);
+    let list: [[u8; 4]; 9] = [
+        [0, 0, 0, 0],
+        [192, 168, 77, 1],
+        [255, 255, 255, 255],
+        [224, 0, 1, 1],
+        [127, 0, 0, 1],
+        [0, 1, 2, 3],
+        [240, 0, 0, 1],
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+    ];
+    let mut raw: Vec<u8> = list.concat();
+    raw.extend_from_slice(&[10, 0, 0, 3, 10, 0, 0, 4, 10, 0, 0, 5]);
+    ack.ntp = Some(raw);
+    c.handle_reply(now, &ack.bytes()).unwrap();
+    let want: Vec<Ipv4Addr> = vec![
+        Ipv4Addr::new(192, 168, 77, 1),
+        Ipv4Addr::new(10, 0, 0, 1),
+        Ipv4Addr::new(10, 0, 0, 2),
+        Ipv4Addr::new(10, 0, 0, 3),
+    ];
+    assert_eq!(MAX_NTP, 4);
+    assert_eq!(c.lease().unwrap().ntp, want);
+    let text = c.lease().unwrap().to_text();
+    assert!(
+        text.contains("\nntp 192.168.77.1 10.0.0.1 10.0.0.2 10.0.0.3\n"),
+        "{text}"
+    );
+    assert_eq!(Lease::from_text(&text).unwrap().ntp, want);
+}
+
+#[test]
+fn broken_option_42_costs_the_ntp_list_not_the_lease() {
+    for raw in [vec![10, 0, 0], vec![], vec![10, 0, 0, 1, 10]] {
+        let mut now = Instant::now();
+        let mut c = Client::new(MAC, 22, now);
+        c.start(now);
+        let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+        let mut offer = Reply::to(&d, MessageType::Offer);
+        offer.ntp = Some(raw.clone());
+        c.handle_reply(now, &offer.bytes()).unwrap();
+        let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+        let mut ack = Reply::to(&r, MessageType::Ack);
+        ack.ntp = Some(raw);
+        c.handle_reply(now, &ack.bytes()).unwrap();
+        assert_eq!(c.state(), State::Bound);
+        assert!(c.lease().unwrap().ntp.is_empty());
+    }
+}
+
+#[test]
+fn lease_files_without_ntp_still_load_and_bad_ntp_lines_are_filtered() {
+    let old = "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n";
+    let l = Lease::from_text(old).unwrap();
+    assert!(l.ntp.is_empty());
+    assert!(!l.to_text().contains("ntp"), "no line when empty");
+    let l = Lease::from_text(&format!("{old}ntp 127.0.0.1 10.1.1.1 255.255.255.255\n")).unwrap();
+    assert_eq!(l.ntp, vec![Ipv4Addr::new(10, 1, 1, 1)]);
+    assert!(Lease::from_text(&format!("{old}ntp 10.1.1\n")).is_err());
 }
