@@ -4,8 +4,9 @@
 //! socket, the clock, netlink and the files.
 //!
 //! States: INIT → SELECTING (DISCOVER, first acceptable OFFER) → REQUESTING (REQUEST,
-//! broadcast) → BOUND → RENEWING at T1 (REQUEST unicast to the server) → REBINDING at T2
-//! (REQUEST broadcast) → expiry back to INIT. INIT-REBOOT asks for the previous address
+//! broadcast) → BOUND → RENEWING at T1 (REQUEST unicast to the server; only its answers
+//! count: its server identifier, from its address) → REBINDING at T2 (REQUEST broadcast;
+//! any server may answer) → expiry back to INIT. INIT-REBOOT asks for the previous address
 //! after a restart or a link flap; unanswered, the client keeps the unexpired lease it has
 //! (RFC 2131 3.2) — a lost server never takes the address away before the lease ends.
 //! Retransmissions back off exponentially (4 s doubling to 64 s, ±1 s jitter); a REQUEST
@@ -636,8 +637,21 @@ impl Client {
         self.give_up = Some(now + DECLINE_WAIT);
     }
 
-    /// A datagram that arrived on the client port.
+    /// A datagram that arrived on the client port, its source unknown.
     pub fn handle_reply(&mut self, now: Instant, bytes: &[u8]) -> Result<(), Ignored> {
+        self.handle_reply_from(now, bytes, None)
+    }
+
+    /// A datagram that arrived on the client port from `from` (its IPv4 source). While
+    /// RENEWING only the bound server counts (RFC 2131 4.4.5): its server identifier, and
+    /// the source of the unicast answer when known; any server may answer only while
+    /// REBINDING.
+    pub fn handle_reply_from(
+        &mut self,
+        now: Instant,
+        bytes: &[u8],
+        from: Option<Ipv4Addr>,
+    ) -> Result<(), Ignored> {
         let bytes = keep_used_options(bytes)?;
         let msg = Message::decode(&mut Decoder::new(&bytes))
             .map_err(|e| Ignored::Malformed(e.to_string()))?;
@@ -657,6 +671,19 @@ impl Client {
             Some(DhcpOption::ServerIdentifier(s)) => Some(*s),
             _ => None,
         };
+        if self.state == State::Renewing && matches!(kind, MessageType::Ack | MessageType::Nak) {
+            let bound = self.held.as_ref().map(|h| h.lease.server);
+            if let Some(b) = bound {
+                if let Some(s) = server.filter(|s| *s != b) {
+                    return Err(Ignored::OtherServer(s));
+                }
+                if let Some(f) = from.filter(|f| *f != b) {
+                    return Err(Ignored::OtherServer(f));
+                }
+            }
+        }
+        // Without option 54 the answer's source names its server (REBINDING: any).
+        let server = server.or(from.filter(|_| self.state == State::Rebinding));
         match (kind, self.state) {
             (MessageType::Offer, State::Selecting) => {
                 let lease = parse_lease(&msg, server)?;
@@ -751,9 +778,12 @@ impl Client {
             at: self.started,
         });
         self.previous = Some(lease.address);
-        let same = old
-            .as_ref()
-            .is_some_and(|o| o.lease.address == lease.address && o.lease.prefix == lease.prefix);
+        // A new router (another server answered while REBINDING) is a new binding: the
+        // driver replaces the old default route.
+        let same = old.as_ref().is_some_and(|o| {
+            (o.lease.address, o.lease.prefix, o.lease.router)
+                == (lease.address, lease.prefix, lease.router)
+        });
         let event = match self.state {
             State::Renewing | State::Rebinding if same => Event::Renewed(lease),
             _ => Event::Bound {

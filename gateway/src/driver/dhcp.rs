@@ -247,7 +247,11 @@ fn run(iface: &str, dir: &Path) -> Result<(), String> {
         match sock.recv_from(&mut buf) {
             Ok((n, from)) => {
                 let now = Instant::now();
-                if let Err(why) = r.client.handle_reply(now, &buf[..n]) {
+                let src = match from {
+                    SocketAddr::V4(a) => Some(*a.ip()),
+                    SocketAddr::V6(_) => None,
+                };
+                if let Err(why) = r.client.handle_reply_from(now, &buf[..n], src) {
                     note_ignored(iface, from, &why);
                 }
                 while let Some(ev) = r.client.poll_event() {

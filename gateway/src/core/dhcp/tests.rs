@@ -673,3 +673,116 @@ fn lease_files_without_ntp_still_load_and_bad_ntp_lines_are_filtered() {
     assert_eq!(l.ntp, vec![Ipv4Addr::new(10, 1, 1, 1)]);
     assert!(Lease::from_text(&format!("{old}ntp 10.1.1\n")).is_err());
 }
+
+const ROGUE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 66);
+
+/// A bound client at T1, with the first RENEWING REQUEST sent.
+fn renewing(now: &mut Instant) -> (Client, Message) {
+    let mut c = bound(now);
+    let until = *now + secs(70);
+    let r = next_tx(&mut c, now, until).unwrap();
+    assert_eq!(c.state(), State::Renewing);
+    assert_eq!(events(&mut c), vec![Event::Renewing]);
+    (c, decode(&r))
+}
+
+#[test]
+fn renewing_counts_only_the_bound_server() {
+    let mut now = Instant::now();
+    let (mut c, rm) = renewing(&mut now);
+    // Another server's ACK (its own server identifier) is not the one asked.
+    let mut rogue = Reply::to(&rm, MessageType::Ack);
+    rogue.server = Some(ROGUE);
+    rogue.router = Some(ROGUE);
+    assert_eq!(
+        c.handle_reply_from(now, &rogue.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    // Nor one that claims the bound server's identifier from another source...
+    let spoof = Reply {
+        server: Some(SRV),
+        ..rogue.clone()
+    };
+    assert_eq!(
+        c.handle_reply_from(now, &spoof.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    // ...or one without option 54 from another source; its NAK neither.
+    let bare = Reply {
+        server: None,
+        ..rogue.clone()
+    };
+    assert_eq!(
+        c.handle_reply_from(now, &bare.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    let nak = Reply {
+        kind: MessageType::Nak,
+        ..rogue.clone()
+    };
+    assert_eq!(
+        c.handle_reply_from(now, &nak.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    assert_eq!(c.state(), State::Renewing);
+    assert!(events(&mut c).is_empty());
+    assert_eq!(c.lease().unwrap().router, Some(SRV));
+    // The bound server's ACK, over the unicast path: renewed.
+    c.handle_reply_from(now, &Reply::to(&rm, MessageType::Ack).bytes(), Some(SRV))
+        .unwrap();
+    assert!(matches!(events(&mut c).as_slice(), [Event::Renewed(l)] if l.server == SRV));
+    assert_eq!(c.state(), State::Bound);
+}
+
+#[test]
+fn rebinding_takes_any_servers_answer() {
+    let mut now = Instant::now();
+    let (mut c, _) = renewing(&mut now);
+    let at = c.held.as_ref().unwrap().at;
+    // Unanswered until T2 (105 s): REBINDING, broadcast.
+    let mut t = None;
+    while c.state() != State::Rebinding {
+        t = next_tx(&mut c, &mut now, at + secs(119));
+        assert!(t.is_some());
+    }
+    assert!(events(&mut c).contains(&Event::Rebinding));
+    let rm = decode(&t.unwrap());
+    assert_eq!(rm.ciaddr(), ADDR);
+    let mut other = Reply::to(&rm, MessageType::Ack);
+    other.server = Some(ROGUE);
+    other.router = Some(ROGUE);
+    c.handle_reply_from(now, &other.bytes(), Some(ROGUE))
+        .unwrap();
+    // Its router is new: a new binding, replacing the old one's route.
+    match events(&mut c).as_slice() {
+        [Event::Bound {
+            lease: l,
+            replaces: Some(old),
+        }] => {
+            assert_eq!((l.server, l.router), (ROGUE, Some(ROGUE)));
+            assert_eq!(old.router, Some(SRV));
+        }
+        e => panic!("{e:?}"),
+    }
+    // Renewals now go to the server that answered.
+    let r = tx_in(&mut c, &mut now, secs(70)).unwrap();
+    assert_eq!(r.to, Some(ROGUE));
+}
+
+#[test]
+fn rebinding_accepts_another_servers_nak() {
+    let mut now = Instant::now();
+    let (mut c, _) = renewing(&mut now);
+    let at = c.held.as_ref().unwrap().at;
+    let mut t = None;
+    while c.state() != State::Rebinding {
+        t = next_tx(&mut c, &mut now, at + secs(119));
+    }
+    let mut nak = Reply::to(&decode(&t.unwrap()), MessageType::Nak);
+    nak.server = Some(ROGUE);
+    c.handle_reply_from(now, &nak.bytes(), Some(ROGUE)).unwrap();
+    assert!(events(&mut c)
+        .iter()
+        .any(|e| matches!(e, Event::Nak { server, removed: Some(_), .. } if *server == ROGUE)));
+    assert_eq!(c.state(), State::Init);
+}
