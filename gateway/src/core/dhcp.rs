@@ -50,7 +50,12 @@ const REBOOT_TRIES: u32 = 3;
 /// shorter here so that short leases get more than one try before T2 or expiry).
 const MIN_RENEW_RETRY: Duration = Duration::from_secs(10);
 /// After a DECLINE, wait this long before starting again (RFC 2131 3.1 step 5).
-const DECLINE_WAIT: Duration = Duration::from_secs(10);
+pub const DECLINE_WAIT: Duration = Duration::from_secs(10);
+/// The longest wait before asking again after declining a server's lease: a refused
+/// lease is offered again at 10 s, 20 s, 40 s, ... up to this (no decline loop).
+pub const MAX_REFUSE_WAIT: Duration = Duration::from_secs(300);
+/// Refusals remembered (server, lease) for their back-off.
+const MAX_REFUSALS: usize = 8;
 /// NTP servers kept from option 42: enough to compare answers, too few to be a flood list.
 pub const MAX_NTP: usize = 4;
 
@@ -229,12 +234,29 @@ pub enum Event {
         message: String,
         removed: Option<Lease>,
     },
-    /// An acknowledged address was unusable (or in use) and was DECLINEd; `removed` is the
-    /// lease to take off the link, if one was held.
+    /// An acknowledged lease was unusable (its address, its router, or a conflict with
+    /// the tunnel's routes) and was DECLINEd; `removed` is the lease to take off the link,
+    /// if one was held. INIT follows after `retry_in`; `repeat` counts how often this
+    /// server's same lease has been refused in a row (1: the first time).
     Declined {
         address: Ipv4Addr,
+        prefix: u8,
+        server: Ipv4Addr,
         reason: String,
         removed: Option<Lease>,
+        retry_in: Duration,
+        repeat: u32,
+    },
+    /// An OFFER that would be declined was not requested; no DISCOVER goes out for
+    /// `retry_in` (other servers' offers to the last one still count). Not repeated for
+    /// the same offer within its wait.
+    OfferRefused {
+        address: Ipv4Addr,
+        prefix: u8,
+        server: Ipv4Addr,
+        reason: String,
+        retry_in: Duration,
+        repeat: u32,
     },
     /// INIT-REBOOT got no answer; the unexpired lease is kept until its own timers.
     RebootUnanswered { keeping: Option<Ipv4Addr> },
@@ -256,6 +278,8 @@ pub enum Ignored {
     Missing(&'static str),
     BadLease(String),
     BadAddress(String),
+    /// A lease refused again within its back-off (already reported by an event).
+    Refused(String),
 }
 
 impl fmt::Display for Ignored {
@@ -271,6 +295,7 @@ impl fmt::Display for Ignored {
             Ignored::Missing(o) => write!(f, "no {o} option"),
             Ignored::BadLease(e) => write!(f, "lease time: {e}"),
             Ignored::BadAddress(e) => write!(f, "address: {e}"),
+            Ignored::Refused(e) => write!(f, "lease refused again: {e}"),
         }
     }
 }
@@ -315,6 +340,20 @@ impl Held {
     }
 }
 
+/// The driver's verdict on a lease before it is requested or kept (the tunnel's routes,
+/// `core::uplink_overlap`): `Err` says why it must be declined.
+pub type LeaseCheck = Box<dyn FnMut(&Lease) -> Result<(), String> + Send>;
+
+/// One server's lease refused, and until when it is not asked for again.
+#[derive(Clone, Debug)]
+struct Refusal {
+    server: Ipv4Addr,
+    address: Ipv4Addr,
+    prefix: u8,
+    count: u32,
+    until: Instant,
+}
+
 /// The DHCPv4 client of one interface.
 pub struct Client {
     chaddr: [u8; 6],
@@ -336,6 +375,8 @@ pub struct Client {
     /// The last address leased, asked for again by INIT-REBOOT.
     previous: Option<Ipv4Addr>,
     events: VecDeque<Event>,
+    check: Option<LeaseCheck>,
+    refused: Vec<Refusal>,
 }
 
 impl Client {
@@ -356,7 +397,59 @@ impl Client {
             held: None,
             previous: None,
             events: VecDeque::new(),
+            check: None,
+            refused: Vec::new(),
         }
+    }
+
+    /// Ask `check` about every lease offered or acknowledged: a lease it refuses is not
+    /// requested (an OFFER) or is DECLINEd (an ACK), with the back-off of a refusal.
+    pub fn set_lease_check(&mut self, check: LeaseCheck) {
+        self.check = Some(check);
+    }
+
+    /// Why `l` cannot be used, if it cannot: [`usable`], then the driver's check.
+    fn vet(&mut self, l: &Lease) -> Result<(), String> {
+        usable(l)?;
+        match &mut self.check {
+            Some(f) => f(l),
+            None => Ok(()),
+        }
+    }
+
+    /// Count a refusal of `l`: how long not to ask for it again and how often in a row it
+    /// was refused. `None` when it was refused already within its current wait.
+    fn refuse(&mut self, now: Instant, l: &Lease) -> Option<(Duration, u32)> {
+        let key = (l.server, l.address, l.prefix);
+        let i = match self
+            .refused
+            .iter()
+            .position(|r| (r.server, r.address, r.prefix) == key)
+        {
+            Some(i) if now < self.refused[i].until => return None,
+            Some(i) => {
+                self.refused[i].count = self.refused[i].count.saturating_add(1);
+                i
+            }
+            None => {
+                if self.refused.len() >= MAX_REFUSALS {
+                    self.refused.remove(0);
+                }
+                self.refused.push(Refusal {
+                    server: l.server,
+                    address: l.address,
+                    prefix: l.prefix,
+                    count: 1,
+                    until: now,
+                });
+                self.refused.len() - 1
+            }
+        };
+        let r = &mut self.refused[i];
+        let shift = r.count.saturating_sub(1).min(16);
+        let wait = DECLINE_WAIT.saturating_mul(1 << shift).min(MAX_REFUSE_WAIT);
+        r.until = now + wait;
+        Some((wait, r.count))
     }
 
     /// Send option 12 (host name) with every request.
@@ -376,6 +469,14 @@ impl Client {
         if h.expiry().map_or(true, |e| e > now) {
             self.held = Some(h);
         }
+    }
+
+    /// Only ask for `address` again (INIT-REBOOT, then DISCOVER if unanswered), keeping no
+    /// lease: for a lease from before a restart whose address is not on the link any
+    /// more, or that may no longer be used.
+    pub fn remember(&mut self, address: Ipv4Addr) {
+        self.held = None;
+        self.previous = Some(address);
     }
 
     /// Begin: INIT-REBOOT when an address is known from before, else INIT (DISCOVER).
@@ -435,7 +536,7 @@ impl Client {
     /// The driver found the bound address in use by another host: DECLINE it.
     pub fn decline(&mut self, now: Instant, reason: &str) {
         if let Some(l) = self.lease().cloned() {
-            self.enter_declining(now, l.address, l.server, reason.to_string());
+            self.enter_declining(now, &l, reason.to_string());
         }
     }
 
@@ -621,20 +722,26 @@ impl Client {
         self.next_send = Some(now);
     }
 
-    /// DECLINE `address` (and drop the lease held, if any), then INIT after a wait.
-    fn enter_declining(&mut self, now: Instant, address: Ipv4Addr, server: Ipv4Addr, why: String) {
+    /// DECLINE `lease` (and drop the lease held, if any), then INIT after the refusal's
+    /// back-off (at least 10 s, RFC 2131 3.1 step 5).
+    fn enter_declining(&mut self, now: Instant, lease: &Lease, why: String) {
+        let (retry_in, repeat) = self.refuse(now, lease).unwrap_or((DECLINE_WAIT, 1));
         let removed = self.held.take().map(|h| h.lease);
         self.events.push_back(Event::Declined {
-            address,
+            address: lease.address,
+            prefix: lease.prefix,
+            server: lease.server,
             reason: why,
             removed,
+            retry_in,
+            repeat,
         });
         self.state = State::Declining;
-        self.offer = Some((address, server));
+        self.offer = Some((lease.address, lease.server));
         self.previous = None;
         self.sent = 0;
         self.next_send = Some(now);
-        self.give_up = Some(now + DECLINE_WAIT);
+        self.give_up = Some(now + retry_in.max(DECLINE_WAIT));
     }
 
     /// A datagram that arrived on the client port, its source unknown.
@@ -687,6 +794,24 @@ impl Client {
         match (kind, self.state) {
             (MessageType::Offer, State::Selecting) => {
                 let lease = parse_lease(&msg, server)?;
+                if let Err(why) = self.vet(&lease) {
+                    let Some((retry_in, repeat)) = self.refuse(now, &lease) else {
+                        return Err(Ignored::Refused(why));
+                    };
+                    // The same server would offer the same again: no DISCOVER before
+                    // the wait. Other servers answer the DISCOVER already sent.
+                    let at = now + retry_in;
+                    self.next_send = Some(self.next_send.map_or(at, |t| t.max(at)));
+                    self.events.push_back(Event::OfferRefused {
+                        address: lease.address,
+                        prefix: lease.prefix,
+                        server: lease.server,
+                        reason: why,
+                        retry_in,
+                        repeat,
+                    });
+                    return Ok(());
+                }
                 self.state = State::Requesting;
                 self.offer = Some((lease.address, lease.server));
                 // Same xid: the REQUEST belongs to the exchange the DISCOVER began.
@@ -766,11 +891,19 @@ impl Client {
         }
         if let Err(why) = usable(&lease) {
             if matches!(self.state, State::Requesting | State::InitReboot) {
-                self.enter_declining(now, lease.address, lease.server, why);
+                self.enter_declining(now, &lease, why);
                 return Ok(());
             }
+            // A renewal that went bad keeps the lease held (it ends by its own times).
             return Err(Ignored::BadAddress(why));
         }
+        // A conflict with the tunnel's routes is declined in every state: the
+        // configuration may have changed since the lease was bound.
+        if let Err(why) = self.vet(&lease) {
+            self.enter_declining(now, &lease, why);
+            return Ok(());
+        }
+        self.refused.clear();
         lease.obtained = 0;
         let old = self.held.take();
         self.held = Some(Held {
@@ -1029,6 +1162,19 @@ fn usable(l: &Lease) -> Result<(), String> {
     }
     if l.router == Some(l.address) {
         return Err(format!("{} is the router's own address", l.address));
+    }
+    // The default route needs an on-link gateway; one elsewhere cannot be installed and
+    // may be a redirect trick. (Classless static routes, option 121, are not used by this
+    // client, so none can make it reachable.)
+    if let Some(r) = l.router {
+        let mask = !host_bits;
+        if u32::from(r) & mask != a & mask {
+            return Err(format!(
+                "router {r} is not on-link in {}/{} (no classless static route, option 121, is used): the default route via it cannot be installed",
+                Ipv4Addr::from(a & mask),
+                l.prefix
+            ));
+        }
     }
     Ok(())
 }

@@ -457,29 +457,240 @@ fn unusable_ack_is_declined_then_init_after_a_wait() {
     let mut c = Client::new(MAC, 9, now);
     c.start(now);
     let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
-    let mut offer = Reply::to(&d, MessageType::Offer);
-    offer.yiaddr = Ipv4Addr::new(192, 168, 77, 0);
-    c.handle_reply(now, &offer.bytes()).unwrap();
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
     let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    // The ACK names a router that is not on-link: its default route cannot be installed.
     let mut ack = Reply::to(&r, MessageType::Ack);
-    ack.yiaddr = offer.yiaddr;
+    ack.router = Some(Ipv4Addr::new(10, 9, 9, 9));
     c.handle_reply(now, &ack.bytes()).unwrap();
-    assert!(matches!(
-        events(&mut c).as_slice(),
-        [Event::Declined { removed: None, .. }]
-    ));
+    match events(&mut c).as_slice() {
+        [Event::Declined {
+            removed: None,
+            reason,
+            retry_in,
+            repeat: 1,
+            ..
+        }] => {
+            assert!(
+                reason.starts_with("router 10.9.9.9 is not on-link in 192.168.77.0/24"),
+                "{reason}"
+            );
+            assert_eq!(*retry_in, DECLINE_WAIT);
+        }
+        e => panic!("{e:?}"),
+    }
     assert_eq!(c.state(), State::Declining);
+    assert!(c.lease().is_none());
     let t0 = now;
     let dec = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
     assert_eq!(dec.opts().msg_type(), Some(MessageType::Decline));
     assert_eq!(
         dec.opts().get(OptionCode::RequestedIpAddress),
-        Some(&DhcpOption::RequestedIpAddress(offer.yiaddr))
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
     );
     let again = decode(&next_tx(&mut c, &mut now, t0 + secs(20)).unwrap());
     assert_eq!(again.opts().msg_type(), Some(MessageType::Discover));
     assert!(now >= t0 + DECLINE_WAIT);
     assert!(again.opts().get(OptionCode::RequestedIpAddress).is_none());
+}
+
+#[test]
+fn offer_with_an_unusable_address_or_off_link_router_is_not_requested() {
+    for (yiaddr, router) in [
+        (Ipv4Addr::new(192, 168, 77, 0), Some(SRV)),
+        (Ipv4Addr::new(192, 168, 77, 255), Some(SRV)),
+        (ADDR, Some(Ipv4Addr::new(192, 168, 78, 1))),
+        (ADDR, Some(ADDR)),
+    ] {
+        let mut now = Instant::now();
+        let mut c = Client::new(MAC, 19, now);
+        c.start(now);
+        let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+        let mut offer = Reply::to(&d, MessageType::Offer);
+        offer.yiaddr = yiaddr;
+        offer.router = router;
+        c.handle_reply(now, &offer.bytes()).unwrap();
+        assert_eq!(c.state(), State::Selecting, "{yiaddr} via {router:?}");
+        assert!(matches!(
+            events(&mut c).as_slice(),
+            [Event::OfferRefused { repeat: 1, .. }]
+        ));
+        // The same offer again within its wait: ignored, not reported again.
+        assert!(matches!(
+            c.handle_reply(now, &offer.bytes()),
+            Err(Ignored::Refused(_))
+        ));
+        assert!(events(&mut c).is_empty());
+    }
+    // No router at all is fine (no default route).
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 19, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    let mut offer = Reply::to(&d, MessageType::Offer);
+    offer.router = None;
+    c.handle_reply(now, &offer.bytes()).unwrap();
+    assert_eq!(c.state(), State::Requesting);
+}
+
+const SITE_B: &str =
+    "it is peer site-b's 192.168.77.0/24 (your remote site and your uplink cannot be the same network)";
+
+fn conflicting(seed: u64, now: Instant) -> Client {
+    let mut c = Client::new(MAC, seed, now);
+    c.set_lease_check(Box::new(|l| {
+        if l.address.octets()[2] == 77 {
+            Err(SITE_B.into())
+        } else {
+            Ok(())
+        }
+    }));
+    c
+}
+
+#[test]
+fn conflicting_offer_backs_off_exponentially_and_prefers_other_servers() {
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut c = conflicting(31, now);
+    c.start(now);
+    let mut waits = Vec::new();
+    let mut discovers = 0;
+    // An hour of a server that offers only the conflicting lease.
+    while let Some(t) = next_tx(&mut c, &mut now, t0 + secs(3600)) {
+        let m = decode(&t);
+        assert_eq!(m.opts().msg_type(), Some(MessageType::Discover));
+        discovers += 1;
+        c.handle_reply(now, &Reply::to(&m, MessageType::Offer).bytes())
+            .unwrap();
+        match events(&mut c).as_slice() {
+            [Event::OfferRefused {
+                reason,
+                retry_in,
+                repeat,
+                server,
+                ..
+            }] => {
+                assert_eq!((reason.as_str(), *server), (SITE_B, SRV));
+                assert_eq!(*repeat as usize, waits.len() + 1);
+                waits.push(retry_in.as_secs());
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(&waits[..6], &[10, 20, 40, 80, 160, 300], "{waits:?}");
+    assert!(waits[6..].iter().all(|w| *w == 300));
+    assert!(discovers <= 18, "no DISCOVER loop: {discovers} in an hour");
+    // Meanwhile another server's offer to the same DISCOVER is taken.
+    let d = decode(&tx_in(&mut c, &mut now, secs(400)).unwrap());
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let _ = events(&mut c);
+    let mut good = Reply::to(&d, MessageType::Offer);
+    good.server = Some(ROGUE);
+    good.router = Some(Ipv4Addr::new(192, 168, 78, 1));
+    good.yiaddr = Ipv4Addr::new(192, 168, 78, 9);
+    c.handle_reply(now, &good.bytes()).unwrap();
+    assert_eq!(c.state(), State::Requesting);
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    assert_eq!(
+        r.opts().get(OptionCode::ServerIdentifier),
+        Some(&DhcpOption::ServerIdentifier(ROGUE))
+    );
+}
+
+#[test]
+fn conflicting_ack_is_declined_with_back_off_in_every_state() {
+    // REQUESTING: the check changed its mind between OFFER and ACK.
+    let mut now = Instant::now();
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut c = Client::new(MAC, 41, now);
+    let f = flag.clone();
+    c.set_lease_check(Box::new(move |_| {
+        if f.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(SITE_B.into())
+        } else {
+            Ok(())
+        }
+    }));
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    c.handle_reply(now, &Reply::to(&r, MessageType::Ack).bytes())
+        .unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Declined { reason, repeat: 1, removed: None, .. }] if reason == SITE_B
+    ));
+    let dec = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    assert_eq!(dec.opts().msg_type(), Some(MessageType::Decline));
+    // RENEWING: the configuration now conflicts with the bound lease: declined, dropped.
+    flag.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut now = Instant::now();
+    let mut c = bound(&mut now);
+    let f = flag.clone();
+    c.set_lease_check(Box::new(move |_| {
+        if f.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(SITE_B.into())
+        } else {
+            Ok(())
+        }
+    }));
+    let r = decode(&tx_in(&mut c, &mut now, secs(70)).unwrap());
+    let _ = events(&mut c);
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    c.handle_reply_from(now, &Reply::to(&r, MessageType::Ack).bytes(), Some(SRV))
+        .unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Declined { removed: Some(l), .. }] if l.address == ADDR
+    ));
+    assert!(c.lease().is_none());
+}
+
+#[test]
+fn stale_lease_only_asks_for_its_address_again() {
+    let now = Instant::now() + secs(1000);
+    let lease = Lease {
+        address: ADDR,
+        prefix: 24,
+        router: Some(SRV),
+        dns: vec![],
+        ntp: vec![],
+        server: SRV,
+        lease_secs: 120,
+        t1_secs: 60,
+        t2_secs: 105,
+        obtained: 0,
+    };
+    let mut c = Client::new(MAC, 3, now);
+    c.restore(now, lease, secs(5));
+    c.remember(ADDR);
+    assert!(c.lease().is_none());
+    c.start(now);
+    assert_eq!(c.state(), State::InitReboot);
+    let mut t = now;
+    // At once, for the old address.
+    let r = decode(&next_tx(&mut c, &mut t, now).unwrap());
+    assert_eq!(t, now);
+    assert_eq!(
+        r.opts().get(OptionCode::RequestedIpAddress),
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
+    );
+    // Unanswered: DISCOVER, not a lease believed without its address.
+    let mut kinds = Vec::new();
+    while let Some(x) = next_tx(&mut c, &mut t, now + secs(30)) {
+        kinds.push(decode(&x).opts().msg_type().unwrap());
+        if kinds.last() == Some(&MessageType::Discover) {
+            break;
+        }
+    }
+    assert_eq!(kinds.last(), Some(&MessageType::Discover), "{kinds:?}");
+    assert!(events(&mut c).contains(&Event::RebootUnanswered { keeping: None }));
 }
 
 #[test]
