@@ -10,15 +10,19 @@
 //! after a restart or a link flap; unanswered, the client keeps the unexpired lease it has
 //! (RFC 2131 3.2) — a lost server never takes the address away before the lease ends.
 //! Retransmissions back off exponentially (4 s doubling to 64 s, ±1 s jitter); a REQUEST
-//! gives up after 4 tries and starts over. An ACK whose address cannot be used (network
-//! or broadcast address of its subnet, the router's) is DECLINEd and, after 10 s, INIT
-//! starts again. A NAK drops the address at once.
+//! gives up after 4 tries and starts over. A lease that cannot be used (network or
+//! broadcast address of its subnet, the router's address, a router that is not on-link)
+//! or that the driver's [`LeaseCheck`] refuses (a conflict with the tunnel's routes) is
+//! not requested when offered and DECLINEd when acknowledged; the same server's same
+//! lease is refused again only after 10 s, 20 s, ... up to [`MAX_REFUSE_WAIT`] (no
+//! DISCOVER meanwhile; other servers' offers still count), so there is no decline loop.
+//! A NAK drops the address at once.
 //!
 //! Replies that are not for us or make no sense (wrong xid or chaddr, missing options,
 //! absurd lease times, a /0 or /32 subnet, ...) are ignored with an [`Ignored`] reason;
 //! nothing received can panic this module (see `fuzz/fuzz_targets/dhcp.rs`).
 //!
-//! Why one file of ~960 lines: the states share one transition table and one
+//! Why one file of ~1200 lines: the states share one transition table and one
 //! retransmission clock; split, the RFC's rules would be spread over files that each
 //! need all of them. Tests are in `dhcp/tests.rs`.
 #![forbid(unsafe_code)]
