@@ -13,7 +13,18 @@
 # all of that happens with its firewall in place (issue 19), and dnsmasq also sends
 # router advertisements: the uplink must still get its SLAAC address and default route
 # with forwarding on (the daemon sets accept_ra 2) and ICMPv6 filtered.
-# About 2.5 minutes. Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
+# Issue 20 (about 45 s more), `riceguard dhcp --config FILE` against dnsmasq:
+#   - a lease equal to a peer's AllowedIPs is not requested, said with its reason, and not
+#     asked for in a loop (DISCOVERs counted on the server's side in a 15 s window);
+#   - `UplinkOverlap = refuse` declines an overlap with a wide summary route; `auto` keeps
+#     it and `riceguard status` says which part of which peer the uplink shadows;
+#   - restarted with a lease file whose address is gone: a DHCP packet within 3 s and the
+#     address back;
+#   - `riceguard status` shows no lease left in the run directory by something else;
+#   - against a scripted server (ci/lib/dhcp_rogue_server.py), a rogue server's ACK to a
+#     renewal is ignored and the real server's taken.
+# RGD_ONLY=issue20 runs only those (for a quick run while working on them).
+# About 3.5 minutes. Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
 # target/release/riceguard). Names are prefixed `rgd`.
 # Ends with "dhcp: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
@@ -49,6 +60,7 @@ has_default() { ip -n $CLI -4 route show default | grep -q "via $1 dev $VC"; }
 no_default() { [ -z "$(ip -n $CLI -4 route show default)" ]; }
 valid_lft() { ip -n $CLI -4 addr show dev $VC | sed -n 's/.*valid_lft \([0-9a-z]*\)sec.*/\1/p' | head -1; }
 
+only20=${RGD_ONLY:-}
 netns_add $SRV $CLI
 # The client end has no address: DHCP gives it one.
 veth_pair $SRV $VS 192.168.77.1/24 $CLI $VC -
@@ -73,6 +85,7 @@ start_client() { # RUNDIR LOG
     client_pid=$!
 }
 
+if [ "$only20" != issue20 ]; then
 # ---- the appliance daemon in the client namespace, its firewall in place first ---------
 has_table() { ip netns exec $CLI nft list table inet riceguard >/dev/null 2>&1; }
 sysctl_is() { [ "$(ip netns exec $CLI sysctl -n "$1" 2>/dev/null)" = "$2" ]; }
@@ -103,7 +116,7 @@ check "address lifetime is the lease's (valid_lft $lft s, not forever)" test -n 
 check "default route via 192.168.77.1" has_default 192.168.77.1
 check "resolv.conf has the lease's DNS" grep -q "^nameserver 192.168.77.1$" "$run1/resolv.conf"
 check "lease file written" grep -q "^address $addr/24$" "$run1/lease.$VC"
-status=$(RG_RUN_DIR="$run1" "$RG" status 2>/dev/null)
+status=$(cli env RG_RUN_DIR="$run1" "$RG" status 2>/dev/null)
 note "status: $(echo "$status" | head -1)"
 check "status prints the lease" grep -q "^uplink $VC: DHCP $addr/24 router 192.168.77.1 dns 192.168.77.1 server 192.168.77.1, expires in [0-9]* s (renews in [0-9]* s)$" <<<"$status"
 check "the router answers ping over the leased address" cli ping -c1 -W2 192.168.77.1 >/dev/null
@@ -145,6 +158,7 @@ ip -n $CLI addr flush dev $VC
 # ---- expiry: a server that answers once with a 20 s lease, then never again ------------
 spawn ip netns exec $SRV python3 ci/lib/dhcp_expiry_server.py $VS 192.168.78.1 192.168.78.20 20 60 \
     >"$tmp/server.log" 2>&1
+expiry_pid=$!
 sleep 0.5
 run2=$tmp/run2 log2=$tmp/client2.log
 start_client "$run2" "$log2"
@@ -155,11 +169,108 @@ check "expiry case: lease expired" wait_for 10 log_has "$log2" "dhcp $VC: lease 
 check "expiry case: address removed at expiry" no_addr 192.168.78.20/24
 check "expiry case: default route removed" no_default
 check "expiry case: lease file removed" test ! -e "$run2/lease.$VC"
+stop_pid "$client_pid"
+stop_pid "$expiry_pid"
 check "client never panicked" bash -c "! grep -qi panick '$log1' '$log2'"
+fi
+
+# ---- issue 20: leases against the tunnel's routes, stale lease files, status, rogue ACKs --
+# A configuration as init passes it (`riceguard dhcp --config`): peers whose AllowedIPs
+# overlap dnsmasq's 192.168.77.0/24 in different ways.
+gwconf() { # FILE ALLOWEDIPS [UplinkOverlap]
+    printf '[Interface]\nPrivateKey = %s\nAddress = 10.100.0.1/24\n\n[Peer]\nName = %s\nPublicKey = %s\nAllowedIPs = %s\n' \
+        "$("$RG" genkey)" "$4" "$("$RG" genkey | "$RG" pubkey)" "$2" >"$1"
+    [ -z "$3" ] || printf '\n[Gateway]\nUplinkOverlap = %s\n' "$3" >>"$1"
+}
+start_client_cfg() { # RUNDIR LOG CONFIG
+    mkdir -p "$1"
+    spawn env RG_RUN_DIR="$1" ip netns exec $CLI "$RG" dhcp --config "$3" $VC >"$2" 2>&1
+    client_pid=$!
+}
+dlog=$tmp/dnsmasq.log
+lines_of() { wc -l <"$1" 2>/dev/null || echo 0; }
+since() { tail -n +$(($2 + 1)) "$1" 2>/dev/null; } # FILE LINE: what was logged after LINE
+mac=$(ip -n $CLI link show $VC | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')
+ip -n $CLI addr flush dev $VC
+start_dnsmasq
+sleep 0.5
+
+gwconf "$tmp/site.conf" 192.168.77.0/24 "" site-b
+base=$(lines_of "$dlog")
+t20=$SECONDS
+run3=$tmp/run3 log3=$tmp/client3.log
+start_client_cfg "$run3" "$log3" "$tmp/site.conf"
+check "a lease equal to peer site-b's AllowedIPs is not requested, with the reason" \
+    wait_for 10 log_has "$log3" "dhcp $VC: declined the offer of 192.168.77.[0-9]*/24 from 192.168.77.1: it is peer site-b's 192.168.77.0/24 (your remote site and your uplink cannot be the same network); retrying in 10 s"
+note "$(grep -m1 'declined the offer' "$log3")"
+sleep $((t20 + 15 - SECONDS))
+discovers=$(since "$dlog" "$base" | grep -c "DHCPDISCOVER.*$mac")
+requests=$(since "$dlog" "$base" | grep -c "DHCPREQUEST.*$mac")
+note "server side, 15 s after the start: $discovers DISCOVER, $requests REQUEST"
+check "no decline loop: at most 2 DISCOVERs in 15 s (10 s back-off, then 20 s)" test "$discovers" -ge 1 -a "$discovers" -le 2
+check "the conflicting lease was never requested" test "$requests" -eq 0
+check "said once (repeats are not logged)" test "$(count "$log3" "declined the offer")" -eq 1
+check "no address from the conflicting lease" bash -c "! ip -n $CLI -4 addr show dev $VC | grep -q 'inet 192.168.77.'"
+stop_pid "$client_pid"
+
+gwconf "$tmp/refuse.conf" 192.0.0.0/8 refuse hub
+log4=$tmp/client4.log
+start_client_cfg "$tmp/run4" "$log4" "$tmp/refuse.conf"
+check "UplinkOverlap = refuse declines an overlap with a wide summary route" \
+    wait_for 10 log_has "$log4" "declined the offer of 192.168.77.[0-9]*/24 from 192.168.77.1: it overlaps peer hub's 192.0.0.0/8 (UplinkOverlap = refuse)"
+stop_pid "$client_pid"
+
+gwconf "$tmp/hub.conf" 192.0.0.0/8 "" hub
+run5=$tmp/run5 log5=$tmp/client5.log
+start_client_cfg "$run5" "$log5" "$tmp/hub.conf"
+check "a wide summary route (hub's 192.0.0.0/8) keeps the lease (auto)" wait_for 10 log_has "$log5" "dhcp $VC: bound 192.168.77."
+addr5=$(sed -n "s/.*dhcp $VC: bound \(192\.168\.77\.[0-9]*\)\/24 .*/\1/p" "$log5" | head -1)
+shadow="uplink $VC 192.168.77.0/24 shadows 192.168.77.0/24 of peer hub's 192.0.0.0/8"
+check "the lease file records the shadow" grep -qF "shadow $shadow" "$run5/lease.$VC"
+status=$(cli env RG_RUN_DIR="$run5" "$RG" status 2>/dev/null)
+check "riceguard status shows the lease and which part of which peer it shadows" \
+    bash -c 'grep -q "^uplink '$VC': DHCP '$addr5'/24 " <<<"$1" && grep -qxF "$2" <<<"$1"' _ "$status" "$shadow"
+
+# Restart with a stale lease file: the address was removed while the client was away.
+stop_pid "$client_pid"
+ip -n $CLI addr del "$addr5/24" dev $VC
+base=$(lines_of "$dlog")
+log6=$tmp/client6.log
+start_client_cfg "$run5" "$log6" "$tmp/hub.conf"
+check "stale lease file: the client says the address is gone" wait_for 3 log_has "$log6" "previous lease $addr5/24 is not on $VC any more: asking for it again now"
+check "stale lease file: a DHCP packet at the server within 3 s of the restart" \
+    wait_for 3 bash -c "tail -n +$((base + 1)) '$dlog' | grep -q 'DHCP\(REQUEST\|DISCOVER\).*$mac'"
+check "stale lease file: the address is back within 5 s" wait_for 5 has_addr "$addr5/24"
+stop_pid "$client_pid"
+stop_pid "$dnsmasq_pid"
+
+# A lease file left in the run directory by something else: status says nothing of it.
+ip -n $CLI addr flush dev $VC
+mkdir -p "$tmp/run7"
+printf 'address 192.168.99.9/24\nrouter 192.168.99.1\nserver 192.168.99.1\nlease 120\nt1 60\nt2 105\nobtained 1000\n' >"$tmp/run7/lease.$VC"
+status=$(cli env RG_RUN_DIR="$tmp/run7" "$RG" status 2>&1)
+check "status shows no lease the interface does not hold (drop-in, stale file)" bash -c '! grep -q "^uplink " <<<"$1"' _ "$status"
+
+# A rogue server's ACK to a renewal (20 s lease, T1 10 s) is ignored; the bound server's taken.
+ip -n $SRV addr add 192.168.78.66/24 dev $VS 2>/dev/null
+spawn ip netns exec $SRV python3 ci/lib/dhcp_rogue_server.py $VS 192.168.78.1 192.168.78.66 192.168.78.20 20 30 \
+    >"$tmp/rogue.log" 2>&1
+rogue_pid=$!
+sleep 0.5
+log8=$tmp/client8.log
+start_client "$tmp/run8" "$log8"
+check "rogue case: bound to the real server's lease" wait_for 10 log_has "$log8" "dhcp $VC: bound 192.168.78.20/24 router 192.168.78.1"
+check "rogue case: renewed at T1 (10 s)" wait_for 15 log_has "$log8" "dhcp $VC: renewed 192.168.78.20/24"
+check "rogue case: the rogue's ACK was sent" grep -q "rogue ACK sent" "$tmp/rogue.log"
+check "rogue case: the rogue's ACK was ignored while renewing" log_has "$log8" "ignored a message from 192.168.78.66:67: from server 192.168.78.66, not the one asked"
+check "rogue case: the default route still goes via the real router" has_default 192.168.78.1
+check "rogue case: no rebinding to the rogue" bash -c "! grep -q 'router 192.168.78.66' '$log8'"
+stop_pid "$client_pid"
+stop_pid "$rogue_pid"
+check "issue 20 clients never panicked" bash -c "! cat '$log3' '$log4' '$log5' '$log6' '$log8' | grep -qi panick"
 
 if [ "$failed" -gt 0 ]; then
-    echo "---- client log (dnsmasq)"; tail -n 40 "$log1"
-    echo "---- client log (expiry)"; tail -n 20 "$log2"
+    for f in "$tmp"/client*.log "$tmp/rogue.log"; do [ -e "$f" ] && { echo "---- $f"; tail -n 15 "$f"; }; done
     echo "---- dnsmasq log"; tail -n 20 "$tmp/dnsmasq.log" 2>/dev/null
     echo "---- appliance daemon log"; tail -n 20 "$tmp/gw.log" 2>/dev/null
 fi

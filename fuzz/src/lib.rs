@@ -353,7 +353,8 @@ fn dhcp_reply(xid: &[u8], kind: u8, lease: u32) -> Vec<u8> {
     m.extend_from_slice(&[53, 1, kind, 54, 4, 192, 168, 77, 1, 1, 4, 255, 255, 255, 0]);
     m.extend_from_slice(&[51, 4]);
     m.extend_from_slice(&lease.to_be_bytes());
-    m.extend_from_slice(&[3, 4, 192, 168, 77, 1, 6, 4, 192, 168, 77, 1, 255]);
+    m.extend_from_slice(&[3, 4, 192, 168, 77, 1, 6, 4, 192, 168, 77, 1]);
+    m.extend_from_slice(&[42, 8, 192, 168, 77, 1, 224, 0, 1, 1, 255]);
     m
 }
 
@@ -362,10 +363,11 @@ const DHCP_MAC: [u8; 6] = [2, 0, 0, 0, 0, 7];
 /// The DHCP client fed arbitrary bytes as replies, in the state the first byte picks
 /// (selecting, requesting, bound, renewing, rebinding, init-reboot); bit 7 patches our
 /// xid and MAC in, so the fuzzer gets past the "not ours" checks. Whatever arrives, the
-/// client never panics and never holds a lease with an impossible prefix or lease time;
-/// the rest also goes through `Lease::from_text`, whose accepted leases round-trip.
+/// client never panics and never holds a lease with an impossible prefix or lease time,
+/// or more than `MAX_NTP` NTP servers (option 42) or one that is not unicast; the rest also goes through `Lease::from_text`, whose accepted leases round-trip.
 pub fn check_dhcp(data: &[u8]) {
-    use riceguard::core::dhcp::{Client, Lease, MIN_LEASE};
+    use riceguard::core::dhcp::{is_unicast, Client, Lease, MAX_NTP, MIN_LEASE};
+    let ntp_ok = |l: &Lease| l.ntp.len() <= MAX_NTP && l.ntp.iter().all(|a| is_unicast(*a));
     use std::time::{Duration, Instant};
     let Some((&sel, rest)) = data.split_first() else {
         return;
@@ -376,6 +378,7 @@ pub fn check_dhcp(data: &[u8]) {
             Ok(l.clone()),
             "lease text round trip"
         );
+        assert!(ntp_ok(&l), "lease file ntp {:?}", l.ntp);
     }
     let mut now = Instant::now();
     let mut c = Client::new(DHCP_MAC, u64::from(sel) + 1, now);
@@ -422,6 +425,7 @@ pub fn check_dhcp(data: &[u8]) {
             assert!((1..=31).contains(&l.prefix), "held a /{} lease", l.prefix);
             assert!(u64::from(l.lease_secs) >= MIN_LEASE.as_secs());
             assert!(l.t1_secs < l.t2_secs || l.lease_secs == u32::MAX);
+            assert!(ntp_ok(l), "held ntp {:?}", l.ntp);
         }
         match c.poll_timeout() {
             Some(t) => now = t.max(now),

@@ -730,6 +730,7 @@ mod tests {
             prefix: 24,
             router: Some("192.168.1.1".parse().unwrap()),
             dns: vec!["192.168.1.1".parse().unwrap(), "9.9.9.9".parse().unwrap()],
+            ntp: vec![],
             server: "192.168.1.1".parse().unwrap(),
             lease_secs: 3600,
             t1_secs: 1800,

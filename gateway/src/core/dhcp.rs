@@ -4,20 +4,25 @@
 //! socket, the clock, netlink and the files.
 //!
 //! States: INIT → SELECTING (DISCOVER, first acceptable OFFER) → REQUESTING (REQUEST,
-//! broadcast) → BOUND → RENEWING at T1 (REQUEST unicast to the server) → REBINDING at T2
-//! (REQUEST broadcast) → expiry back to INIT. INIT-REBOOT asks for the previous address
+//! broadcast) → BOUND → RENEWING at T1 (REQUEST unicast to the server; only its answers
+//! count: its server identifier, from its address) → REBINDING at T2 (REQUEST broadcast;
+//! any server may answer) → expiry back to INIT. INIT-REBOOT asks for the previous address
 //! after a restart or a link flap; unanswered, the client keeps the unexpired lease it has
 //! (RFC 2131 3.2) — a lost server never takes the address away before the lease ends.
 //! Retransmissions back off exponentially (4 s doubling to 64 s, ±1 s jitter); a REQUEST
-//! gives up after 4 tries and starts over. An ACK whose address cannot be used (network
-//! or broadcast address of its subnet, the router's) is DECLINEd and, after 10 s, INIT
-//! starts again. A NAK drops the address at once.
+//! gives up after 4 tries and starts over. A lease that cannot be used (network or
+//! broadcast address of its subnet, the router's address, a router that is not on-link)
+//! or that the driver's [`LeaseCheck`] refuses (a conflict with the tunnel's routes) is
+//! not requested when offered and DECLINEd when acknowledged; the same server's same
+//! lease is refused again only after 10 s, 20 s, ... up to [`MAX_REFUSE_WAIT`] (no
+//! DISCOVER meanwhile; other servers' offers still count), so there is no decline loop.
+//! A NAK drops the address at once.
 //!
 //! Replies that are not for us or make no sense (wrong xid or chaddr, missing options,
 //! absurd lease times, a /0 or /32 subnet, ...) are ignored with an [`Ignored`] reason;
 //! nothing received can panic this module (see `fuzz/fuzz_targets/dhcp.rs`).
 //!
-//! Why one file of ~960 lines: the states share one transition table and one
+//! Why one file of ~1200 lines: the states share one transition table and one
 //! retransmission clock; split, the RFC's rules would be spread over files that each
 //! need all of them. Tests are in `dhcp/tests.rs`.
 #![forbid(unsafe_code)]
@@ -49,7 +54,14 @@ const REBOOT_TRIES: u32 = 3;
 /// shorter here so that short leases get more than one try before T2 or expiry).
 const MIN_RENEW_RETRY: Duration = Duration::from_secs(10);
 /// After a DECLINE, wait this long before starting again (RFC 2131 3.1 step 5).
-const DECLINE_WAIT: Duration = Duration::from_secs(10);
+pub const DECLINE_WAIT: Duration = Duration::from_secs(10);
+/// The longest wait before asking again after declining a server's lease: a refused
+/// lease is offered again at 10 s, 20 s, 40 s, ... up to this (no decline loop).
+pub const MAX_REFUSE_WAIT: Duration = Duration::from_secs(300);
+/// Refusals remembered (server, lease) for their back-off.
+const MAX_REFUSALS: usize = 8;
+/// NTP servers kept from option 42: enough to compare answers, too few to be a flood list.
+pub const MAX_NTP: usize = 4;
 
 /// An address lease as the server gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +71,9 @@ pub struct Lease {
     pub prefix: u8,
     pub router: Option<Ipv4Addr>,
     pub dns: Vec<Ipv4Addr>,
+    /// NTP servers (option 42): unicast addresses only, at most [`MAX_NTP`]. The lease
+    /// file's `ntp` line; the SNTP client's source after the configured servers.
+    pub ntp: Vec<Ipv4Addr>,
     /// The server identifier (option 54): where renewals go.
     pub server: Ipv4Addr,
     /// Lease, T1 and T2 in seconds ([`INFINITE`] for an infinite lease; T1 < T2 < lease).
@@ -90,6 +105,9 @@ impl Lease {
         if !self.dns.is_empty() {
             s.push_str(&format!("dns {}\n", join(&self.dns)));
         }
+        if !self.ntp.is_empty() {
+            s.push_str(&format!("ntp {}\n", join(&self.ntp)));
+        }
         s.push_str(&format!(
             "server {}\nlease {}\nt1 {}\nt2 {}\nobtained {}\n",
             self.server, self.lease_secs, self.t1_secs, self.t2_secs, self.obtained
@@ -103,6 +121,7 @@ impl Lease {
         let mut address = None;
         let mut router = None;
         let mut dns = Vec::new();
+        let mut ntp = Vec::new();
         let mut server = None;
         let (mut lease, mut t1, mut t2, mut obtained) = (None, None, None, None);
         for (i, line) in text.lines().take(64).enumerate() {
@@ -134,6 +153,17 @@ impl Lease {
                         .map(ip)
                         .collect::<Result<_, _>>()?
                 }
+                // Filtered as a received option 42 is: a hand-edited file is no wider door.
+                "ntp" => {
+                    ntp = v
+                        .split_whitespace()
+                        .take(MAX_NTP)
+                        .map(ip)
+                        .collect::<Result<Vec<_>, _>>()?
+                        .into_iter()
+                        .filter(|a| is_unicast(*a))
+                        .collect()
+                }
                 "server" => server = Some(ip(v)?),
                 "lease" => lease = Some(num(v)?),
                 "t1" => t1 = Some(num(v)?),
@@ -150,6 +180,7 @@ impl Lease {
             prefix,
             router,
             dns,
+            ntp,
             server: server.ok_or("no `server` line")?,
             lease_secs,
             t1_secs,
@@ -207,12 +238,29 @@ pub enum Event {
         message: String,
         removed: Option<Lease>,
     },
-    /// An acknowledged address was unusable (or in use) and was DECLINEd; `removed` is the
-    /// lease to take off the link, if one was held.
+    /// An acknowledged lease was unusable (its address, its router, or a conflict with
+    /// the tunnel's routes) and was DECLINEd; `removed` is the lease to take off the link,
+    /// if one was held. INIT follows after `retry_in`; `repeat` counts how often this
+    /// server's same lease has been refused in a row (1: the first time).
     Declined {
         address: Ipv4Addr,
+        prefix: u8,
+        server: Ipv4Addr,
         reason: String,
         removed: Option<Lease>,
+        retry_in: Duration,
+        repeat: u32,
+    },
+    /// An OFFER that would be declined was not requested; no DISCOVER goes out for
+    /// `retry_in` (other servers' offers to the last one still count). Not repeated for
+    /// the same offer within its wait.
+    OfferRefused {
+        address: Ipv4Addr,
+        prefix: u8,
+        server: Ipv4Addr,
+        reason: String,
+        retry_in: Duration,
+        repeat: u32,
     },
     /// INIT-REBOOT got no answer; the unexpired lease is kept until its own timers.
     RebootUnanswered { keeping: Option<Ipv4Addr> },
@@ -234,6 +282,8 @@ pub enum Ignored {
     Missing(&'static str),
     BadLease(String),
     BadAddress(String),
+    /// A lease refused again within its back-off (already reported by an event).
+    Refused(String),
 }
 
 impl fmt::Display for Ignored {
@@ -249,6 +299,7 @@ impl fmt::Display for Ignored {
             Ignored::Missing(o) => write!(f, "no {o} option"),
             Ignored::BadLease(e) => write!(f, "lease time: {e}"),
             Ignored::BadAddress(e) => write!(f, "address: {e}"),
+            Ignored::Refused(e) => write!(f, "lease refused again: {e}"),
         }
     }
 }
@@ -293,6 +344,20 @@ impl Held {
     }
 }
 
+/// The driver's verdict on a lease before it is requested or kept (the tunnel's routes,
+/// `core::uplink_overlap`): `Err` says why it must be declined.
+pub type LeaseCheck = Box<dyn FnMut(&Lease) -> Result<(), String> + Send>;
+
+/// One server's lease refused, and until when it is not asked for again.
+#[derive(Clone, Debug)]
+struct Refusal {
+    server: Ipv4Addr,
+    address: Ipv4Addr,
+    prefix: u8,
+    count: u32,
+    until: Instant,
+}
+
 /// The DHCPv4 client of one interface.
 pub struct Client {
     chaddr: [u8; 6],
@@ -314,6 +379,8 @@ pub struct Client {
     /// The last address leased, asked for again by INIT-REBOOT.
     previous: Option<Ipv4Addr>,
     events: VecDeque<Event>,
+    check: Option<LeaseCheck>,
+    refused: Vec<Refusal>,
 }
 
 impl Client {
@@ -334,7 +401,59 @@ impl Client {
             held: None,
             previous: None,
             events: VecDeque::new(),
+            check: None,
+            refused: Vec::new(),
         }
+    }
+
+    /// Ask `check` about every lease offered or acknowledged: a lease it refuses is not
+    /// requested (an OFFER) or is DECLINEd (an ACK), with the back-off of a refusal.
+    pub fn set_lease_check(&mut self, check: LeaseCheck) {
+        self.check = Some(check);
+    }
+
+    /// Why `l` cannot be used, if it cannot: [`usable`], then the driver's check.
+    fn vet(&mut self, l: &Lease) -> Result<(), String> {
+        usable(l)?;
+        match &mut self.check {
+            Some(f) => f(l),
+            None => Ok(()),
+        }
+    }
+
+    /// Count a refusal of `l`: how long not to ask for it again and how often in a row it
+    /// was refused. `None` when it was refused already within its current wait.
+    fn refuse(&mut self, now: Instant, l: &Lease) -> Option<(Duration, u32)> {
+        let key = (l.server, l.address, l.prefix);
+        let i = match self
+            .refused
+            .iter()
+            .position(|r| (r.server, r.address, r.prefix) == key)
+        {
+            Some(i) if now < self.refused[i].until => return None,
+            Some(i) => {
+                self.refused[i].count = self.refused[i].count.saturating_add(1);
+                i
+            }
+            None => {
+                if self.refused.len() >= MAX_REFUSALS {
+                    self.refused.remove(0);
+                }
+                self.refused.push(Refusal {
+                    server: l.server,
+                    address: l.address,
+                    prefix: l.prefix,
+                    count: 1,
+                    until: now,
+                });
+                self.refused.len() - 1
+            }
+        };
+        let r = &mut self.refused[i];
+        let shift = r.count.saturating_sub(1).min(16);
+        let wait = DECLINE_WAIT.saturating_mul(1 << shift).min(MAX_REFUSE_WAIT);
+        r.until = now + wait;
+        Some((wait, r.count))
     }
 
     /// Send option 12 (host name) with every request.
@@ -354,6 +473,14 @@ impl Client {
         if h.expiry().map_or(true, |e| e > now) {
             self.held = Some(h);
         }
+    }
+
+    /// Only ask for `address` again (INIT-REBOOT, then DISCOVER if unanswered), keeping no
+    /// lease: for a lease from before a restart whose address is not on the link any
+    /// more, or that may no longer be used.
+    pub fn remember(&mut self, address: Ipv4Addr) {
+        self.held = None;
+        self.previous = Some(address);
     }
 
     /// Begin: INIT-REBOOT when an address is known from before, else INIT (DISCOVER).
@@ -413,7 +540,7 @@ impl Client {
     /// The driver found the bound address in use by another host: DECLINE it.
     pub fn decline(&mut self, now: Instant, reason: &str) {
         if let Some(l) = self.lease().cloned() {
-            self.enter_declining(now, l.address, l.server, reason.to_string());
+            self.enter_declining(now, &l, reason.to_string());
         }
     }
 
@@ -599,24 +726,43 @@ impl Client {
         self.next_send = Some(now);
     }
 
-    /// DECLINE `address` (and drop the lease held, if any), then INIT after a wait.
-    fn enter_declining(&mut self, now: Instant, address: Ipv4Addr, server: Ipv4Addr, why: String) {
+    /// DECLINE `lease` (and drop the lease held, if any), then INIT after the refusal's
+    /// back-off (at least 10 s, RFC 2131 3.1 step 5).
+    fn enter_declining(&mut self, now: Instant, lease: &Lease, why: String) {
+        let (retry_in, repeat) = self.refuse(now, lease).unwrap_or((DECLINE_WAIT, 1));
         let removed = self.held.take().map(|h| h.lease);
         self.events.push_back(Event::Declined {
-            address,
+            address: lease.address,
+            prefix: lease.prefix,
+            server: lease.server,
             reason: why,
             removed,
+            retry_in,
+            repeat,
         });
         self.state = State::Declining;
-        self.offer = Some((address, server));
+        self.offer = Some((lease.address, lease.server));
         self.previous = None;
         self.sent = 0;
         self.next_send = Some(now);
-        self.give_up = Some(now + DECLINE_WAIT);
+        self.give_up = Some(now + retry_in.max(DECLINE_WAIT));
     }
 
-    /// A datagram that arrived on the client port.
+    /// A datagram that arrived on the client port, its source unknown.
     pub fn handle_reply(&mut self, now: Instant, bytes: &[u8]) -> Result<(), Ignored> {
+        self.handle_reply_from(now, bytes, None)
+    }
+
+    /// A datagram that arrived on the client port from `from` (its IPv4 source). While
+    /// RENEWING only the bound server counts (RFC 2131 4.4.5): its server identifier, and
+    /// the source of the unicast answer when known; any server may answer only while
+    /// REBINDING.
+    pub fn handle_reply_from(
+        &mut self,
+        now: Instant,
+        bytes: &[u8],
+        from: Option<Ipv4Addr>,
+    ) -> Result<(), Ignored> {
         let bytes = keep_used_options(bytes)?;
         let msg = Message::decode(&mut Decoder::new(&bytes))
             .map_err(|e| Ignored::Malformed(e.to_string()))?;
@@ -636,9 +782,40 @@ impl Client {
             Some(DhcpOption::ServerIdentifier(s)) => Some(*s),
             _ => None,
         };
+        if self.state == State::Renewing && matches!(kind, MessageType::Ack | MessageType::Nak) {
+            let bound = self.held.as_ref().map(|h| h.lease.server);
+            if let Some(b) = bound {
+                if let Some(s) = server.filter(|s| *s != b) {
+                    return Err(Ignored::OtherServer(s));
+                }
+                if let Some(f) = from.filter(|f| *f != b) {
+                    return Err(Ignored::OtherServer(f));
+                }
+            }
+        }
+        // Without option 54 the answer's source names its server (REBINDING: any).
+        let server = server.or(from.filter(|_| self.state == State::Rebinding));
         match (kind, self.state) {
             (MessageType::Offer, State::Selecting) => {
                 let lease = parse_lease(&msg, server)?;
+                if let Err(why) = self.vet(&lease) {
+                    let Some((retry_in, repeat)) = self.refuse(now, &lease) else {
+                        return Err(Ignored::Refused(why));
+                    };
+                    // The same server would offer the same again: no DISCOVER before
+                    // the wait. Other servers answer the DISCOVER already sent.
+                    let at = now + retry_in;
+                    self.next_send = Some(self.next_send.map_or(at, |t| t.max(at)));
+                    self.events.push_back(Event::OfferRefused {
+                        address: lease.address,
+                        prefix: lease.prefix,
+                        server: lease.server,
+                        reason: why,
+                        retry_in,
+                        repeat,
+                    });
+                    return Ok(());
+                }
                 self.state = State::Requesting;
                 self.offer = Some((lease.address, lease.server));
                 // Same xid: the REQUEST belongs to the exchange the DISCOVER began.
@@ -718,11 +895,19 @@ impl Client {
         }
         if let Err(why) = usable(&lease) {
             if matches!(self.state, State::Requesting | State::InitReboot) {
-                self.enter_declining(now, lease.address, lease.server, why);
+                self.enter_declining(now, &lease, why);
                 return Ok(());
             }
+            // A renewal that went bad keeps the lease held (it ends by its own times).
             return Err(Ignored::BadAddress(why));
         }
+        // A conflict with the tunnel's routes is declined in every state: the
+        // configuration may have changed since the lease was bound.
+        if let Err(why) = self.vet(&lease) {
+            self.enter_declining(now, &lease, why);
+            return Ok(());
+        }
+        self.refused.clear();
         lease.obtained = 0;
         let old = self.held.take();
         self.held = Some(Held {
@@ -730,9 +915,12 @@ impl Client {
             at: self.started,
         });
         self.previous = Some(lease.address);
-        let same = old
-            .as_ref()
-            .is_some_and(|o| o.lease.address == lease.address && o.lease.prefix == lease.prefix);
+        // A new router (another server answered while REBINDING) is a new binding: the
+        // driver replaces the old default route.
+        let same = old.as_ref().is_some_and(|o| {
+            (o.lease.address, o.lease.prefix, o.lease.router)
+                == (lease.address, lease.prefix, lease.router)
+        });
         let event = match self.state {
             State::Renewing | State::Rebinding if same => Event::Renewed(lease),
             _ => Event::Bound {
@@ -797,6 +985,7 @@ impl Client {
                 OptionCode::AddressLeaseTime,
                 OptionCode::Renewal,
                 OptionCode::Rebinding,
+                OptionCode::NtpServers,
             ]));
             if let Some(h) = &self.hostname {
                 o.insert(DhcpOption::Hostname(h.clone()));
@@ -826,7 +1015,7 @@ fn blank() -> Option<Message> {
 }
 
 /// Options this client reads; the others are dropped before decoding.
-const USED_OPTIONS: [u8; 9] = [1, 3, 6, 51, 53, 54, 56, 58, 59];
+const USED_OPTIONS: [u8; 10] = [1, 3, 6, 42, 51, 53, 54, 56, 58, 59];
 /// Fixed BOOTP header and the magic cookie before the options.
 const HEADER_LEN: usize = 240;
 
@@ -860,7 +1049,10 @@ fn keep_used_options(b: &[u8]) -> Result<Vec<u8>, Ignored> {
                 let data = b.get(i + 2..i + 2 + len).ok_or_else(|| {
                     Ignored::Malformed(format!("option {code} runs past the end"))
                 })?;
-                if USED_OPTIONS.contains(&code) {
+                // A broken NTP list (not whole addresses) costs the list, not the lease:
+                // the uplink matters more than the clock's third source.
+                let broken_optional = code == 42 && (len == 0 || len % 4 != 0);
+                if USED_OPTIONS.contains(&code) && !broken_optional {
                     out.push(code);
                     out.push(len as u8);
                     out.extend_from_slice(data);
@@ -932,17 +1124,34 @@ fn parse_lease(msg: &Message, server: Option<Ipv4Addr>) -> Result<Lease, Ignored
             .collect(),
         _ => Vec::new(),
     };
+    let ntp = match opts.get(OptionCode::NtpServers) {
+        Some(DhcpOption::NtpServers(n)) => n
+            .iter()
+            .copied()
+            .filter(|a| is_unicast(*a))
+            .take(MAX_NTP)
+            .collect(),
+        _ => Vec::new(),
+    };
     Ok(Lease {
         address,
         prefix: prefix as u8,
         router,
         dns,
+        ntp,
         server,
         lease_secs,
         t1_secs,
         t2_secs,
         obtained: 0,
     })
+}
+
+/// A unicast address a server could be at: not in 0.0.0.0/8, loopback, multicast,
+/// broadcast or class E (reserved).
+pub fn is_unicast(a: Ipv4Addr) -> bool {
+    let first = a.octets()[0];
+    first != 0 && !a.is_loopback() && !a.is_multicast() && !a.is_broadcast() && first < 240
 }
 
 /// Whether an acknowledged address can be put on the link.
@@ -957,6 +1166,19 @@ fn usable(l: &Lease) -> Result<(), String> {
     }
     if l.router == Some(l.address) {
         return Err(format!("{} is the router's own address", l.address));
+    }
+    // The default route needs an on-link gateway; one elsewhere cannot be installed and
+    // may be a redirect trick. (Classless static routes, option 121, are not used by this
+    // client, so none can make it reachable.)
+    if let Some(r) = l.router {
+        let mask = !host_bits;
+        if u32::from(r) & mask != a & mask {
+            return Err(format!(
+                "router {r} is not on-link in {}/{} (no classless static route, option 121, is used): the default route via it cannot be installed",
+                Ipv4Addr::from(a & mask),
+                l.prefix
+            ));
+        }
     }
     Ok(())
 }

@@ -19,6 +19,7 @@ pub mod net;
 pub mod netplan;
 pub mod offload;
 pub mod uapi;
+pub mod uplink_overlap;
 
 #[cfg(test)]
 mod sim_tests;

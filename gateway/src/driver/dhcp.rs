@@ -8,8 +8,20 @@
 //! `/etc/resolv.conf` points there) and the lease file `/run/riceguard/lease.IFACE`. The
 //! carrier is watched once a second; after a flap the client re-acquires (INIT-REBOOT).
 //!
+//! With `--config FILE` (init passes the configuration the gateway runs), every lease
+//! offered or acknowledged, and the one restored at start, is judged against the tunnel's
+//! routes (`core::uplink_overlap`): a conflicting one is not requested or is DECLINEd, with
+//! a back-off; a kept overlap with a wide summary route is written to the lease file as a
+//! `shadow` line for `riceguard status`. A lease file whose address is not on the
+//! interface any more at start is not believed: the client asks for it again at once.
+//!
+//! The lease's age counts on CLOCK_BOOTTIME (an NTP step of the wall clock does not make
+//! it look expired or fresh): the lease file's `boot BOOT_ID SECS` line; a file from an
+//! earlier boot, or without that line, falls back to the wall-clock `obtained`.
+//!
 //! Log lines start with `dhcp IFACE: `; tests match `bound`, `renewed`, `rebinding`,
-//! `lease expired: address removed`, `link down`, `link up: re-acquiring`.
+//! `lease expired: address removed`, `link down`, `link up: re-acquiring`, `declined`,
+//! `is not on IFACE`.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
@@ -21,7 +33,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use nix::sys::socket::{setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType};
 use rand_core::RngCore;
 
-use crate::core::dhcp::{Client, Event, Ignored, Lease, CLIENT_PORT, INFINITE, SERVER_PORT};
+use crate::core::dhcp::{
+    Client, Event, Ignored, Lease, CLIENT_PORT, DECLINE_WAIT, INFINITE, MAX_REFUSE_WAIT,
+    SERVER_PORT,
+};
 use crate::core::net::Cidr;
 use crate::sys::netlink::{Lifetime, Netlink, Route};
 
@@ -35,17 +50,22 @@ fn run_dir() -> PathBuf {
         .map_or_else(|| PathBuf::from(RUN_DIR), PathBuf::from)
 }
 const CARRIER_POLL: Duration = Duration::from_secs(1);
-const USAGE: &str = "usage: riceguard dhcp [--run-dir DIR] IFACE";
+const USAGE: &str = "usage: riceguard dhcp [--run-dir DIR] [--config FILE] IFACE";
 
 pub fn main(args: &[String]) -> ExitCode {
     crate::logger::init();
     let mut dir = run_dir();
     let mut iface = None;
+    let mut config = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--run-dir" => match it.next() {
                 Some(d) => dir = PathBuf::from(d),
+                None => return usage(),
+            },
+            "--config" => match it.next() {
+                Some(f) => config = Some(PathBuf::from(f)),
                 None => return usage(),
             },
             s if iface.is_none() && !s.starts_with('-') && valid_ifname(s) => {
@@ -55,7 +75,7 @@ pub fn main(args: &[String]) -> ExitCode {
         }
     }
     let Some(iface) = iface else { return usage() };
-    let rc = match run(&iface, &dir) {
+    let rc = match run(&iface, &dir, config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("dhcp {iface}: {e}");
@@ -82,6 +102,92 @@ fn wall_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Seconds on CLOCK_BOOTTIME (monotonic, counts suspend, never stepped).
+fn boot_secs() -> Option<u64> {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .ok()
+        .and_then(|t| u64::try_from(t.tv_sec()).ok())
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`).
+fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = id.trim();
+    (!id.is_empty() && !id.contains(char::is_whitespace)).then(|| id.to_string())
+}
+
+/// The clocks a lease's age is told by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Clocks {
+    pub wall: u64,
+    pub boot: Option<(String, u64)>,
+}
+
+impl Clocks {
+    pub fn now() -> Clocks {
+        Clocks {
+            wall: wall_secs(),
+            boot: boot_id().zip(boot_secs()),
+        }
+    }
+}
+
+/// A lease file: the lease (`core::dhcp::Lease`'s text form) and the lines only this
+/// driver writes and reads (older readers skip them): `boot BOOT_ID SECS` (CLOCK_BOOTTIME
+/// when the lease's times began) and `shadow TEXT` (a kept overlap with a tunnel route).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseFile {
+    pub lease: Lease,
+    pub boot: Option<(String, u64)>,
+    pub shadows: Vec<String>,
+}
+
+impl LeaseFile {
+    pub fn to_text(&self) -> String {
+        let mut s = self.lease.to_text();
+        if let Some((id, secs)) = &self.boot {
+            s.push_str(&format!("boot {id} {secs}\n"));
+        }
+        for l in &self.shadows {
+            s.push_str(&format!("shadow {}\n", l.replace('\n', " ")));
+        }
+        s
+    }
+
+    pub fn from_text(text: &str) -> Result<LeaseFile, String> {
+        let lease = Lease::from_text(text)?;
+        let mut boot = None;
+        let mut shadows = Vec::new();
+        for line in text.lines().take(64) {
+            if let Some(v) = line.strip_prefix("boot ") {
+                let mut w = v.split_whitespace();
+                if let (Some(id), Some(Ok(n)), None) =
+                    (w.next(), w.next().map(str::parse), w.next())
+                {
+                    boot = Some((id.to_string(), n));
+                }
+            } else if let Some(v) = line.strip_prefix("shadow ") {
+                if shadows.len() < 8 {
+                    shadows.push(v.chars().take(200).collect());
+                }
+            }
+        }
+        Ok(LeaseFile {
+            lease,
+            boot,
+            shadows,
+        })
+    }
+
+    /// Seconds since the lease's times began: on the boot-time clock within the boot
+    /// that wrote it, else (an earlier boot, an older file) by the wall clock.
+    pub fn age(&self, now: &Clocks) -> u64 {
+        match (&self.boot, &now.boot) {
+            (Some((id, at)), Some((nid, n))) if id == nid => n.saturating_sub(*at),
+            _ => now.wall.saturating_sub(self.lease.obtained),
+        }
+    }
+}
 fn lease_path(dir: &Path, iface: &str) -> PathBuf {
     dir.join(format!("lease.{iface}"))
 }
@@ -158,11 +264,45 @@ fn check_rp_filter(iface: &str, last: &mut u32) {
 struct Runner<'a> {
     iface: &'a str,
     dir: &'a Path,
+    config: Option<PathBuf>,
     nl: Netlink,
     client: Client,
 }
 
-fn run(iface: &str, dir: &Path) -> Result<(), String> {
+/// Said once while the configuration does not read (and again after it read once).
+static CONFIG_UNREADABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The verdict of the configuration at `path` on `lease` for uplink `iface`
+/// (`core::uplink_overlap`). A file that does not read decides nothing: `Ok(no lines)`,
+/// said once.
+fn overlap(iface: &str, path: Option<&Path>, lease: &Lease) -> Result<Vec<String>, String> {
+    use std::sync::atomic::Ordering;
+    let Some(path) = path else {
+        return Ok(Vec::new());
+    };
+    let Some(subnet) = cidr(lease) else {
+        return Ok(Vec::new());
+    };
+    let cfg = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|t| {
+            crate::core::ini::parse(&path.to_string_lossy(), &t).map_err(|e| e.to_string())
+        });
+    match cfg {
+        Ok(cfg) => {
+            CONFIG_UNREADABLE.store(false, Ordering::Relaxed);
+            crate::core::uplink_overlap::judge_config(iface, subnet, &cfg.running())
+        }
+        Err(e) => {
+            if !CONFIG_UNREADABLE.swap(true, Ordering::Relaxed) {
+                log::warn!("dhcp {iface}: {}: {e}: leases are not checked against the tunnel's routes until it reads", path.display());
+            }
+            Ok(Vec::new())
+        }
+    }
+}
+
+fn run(iface: &str, dir: &Path, config: Option<PathBuf>) -> Result<(), String> {
     let mac = mac_address(iface)?;
     let sock = open_socket(iface)?;
     let nl = Netlink::open().map_err(|e| e.to_string())?;
@@ -174,28 +314,18 @@ fn run(iface: &str, dir: &Path) -> Result<(), String> {
     if let Ok(h) = nix::unistd::gethostname() {
         client.set_hostname(&h.to_string_lossy());
     }
-    // A lease from before a restart: confirm it (INIT-REBOOT), keep it meanwhile.
-    if let Ok(text) = std::fs::read_to_string(lease_path(dir, iface)) {
-        match Lease::from_text(&text) {
-            Ok(l) => {
-                let age = Duration::from_secs(wall_secs().saturating_sub(l.obtained));
-                log::info!(
-                    "dhcp {iface}: previous lease {}/{} obtained {} s ago",
-                    l.address,
-                    l.prefix,
-                    age.as_secs()
-                );
-                client.restore(now, l, age);
-            }
-            Err(e) => log::warn!("dhcp {iface}: ignoring the old lease file: {e}"),
-        }
+    {
+        let (i, c) = (iface.to_string(), config.clone());
+        client.set_lease_check(Box::new(move |l| overlap(&i, c.as_deref(), l).map(drop)));
     }
     let mut r = Runner {
         iface,
         dir,
+        config,
         nl,
         client,
     };
+    r.restore(now);
     let mut up = carrier(iface);
     if up {
         log::info!("dhcp {iface}: link up: acquiring");
@@ -247,7 +377,11 @@ fn run(iface: &str, dir: &Path) -> Result<(), String> {
         match sock.recv_from(&mut buf) {
             Ok((n, from)) => {
                 let now = Instant::now();
-                if let Err(why) = r.client.handle_reply(now, &buf[..n]) {
+                let src = match from {
+                    SocketAddr::V4(a) => Some(*a.ip()),
+                    SocketAddr::V6(_) => None,
+                };
+                if let Err(why) = r.client.handle_reply_from(now, &buf[..n], src) {
                     note_ignored(iface, from, &why);
                 }
                 while let Some(ev) = r.client.poll_event() {
@@ -271,8 +405,9 @@ fn run(iface: &str, dir: &Path) -> Result<(), String> {
 
 fn note_ignored(iface: &str, from: SocketAddr, why: &Ignored) {
     match why {
-        // Other clients' transactions on a shared segment: normal, not worth a line.
-        Ignored::ForeignXid | Ignored::ForeignChaddr | Ignored::NotAReply => {
+        // Other clients' transactions on a shared segment: normal, not worth a line. A
+        // lease refused again within its back-off was said when it was first refused.
+        Ignored::ForeignXid | Ignored::ForeignChaddr | Ignored::NotAReply | Ignored::Refused(_) => {
             log::debug!(target: "net::dhcp", "dhcp {iface}: ignored a message from {from}: {why}")
         }
         _ => log::warn!(target: "net::dhcp", "dhcp {iface}: ignored a message from {from}: {why}"),
@@ -301,7 +436,82 @@ fn default_route(l: &Lease, ifindex: Option<u32>) -> Option<Route> {
     })
 }
 
+/// The line for a refused lease: the first refusal with its reason, then only when the
+/// back-off reaches its cap (a server that keeps offering it).
+fn refusal_line(
+    iface: &str,
+    what: &str,
+    lease: String,
+    server: Ipv4Addr,
+    reason: &str,
+    wait: Duration,
+    repeat: u32,
+) {
+    let secs = wait.as_secs();
+    // The wait before this one (they double from DECLINE_WAIT).
+    let before = DECLINE_WAIT.saturating_mul(1 << repeat.saturating_sub(2).min(16));
+    if repeat <= 1 {
+        log::warn!("dhcp {iface}: {what} {lease} from {server}: {reason}; retrying in {secs} s");
+    } else if wait >= MAX_REFUSE_WAIT && before < MAX_REFUSE_WAIT {
+        log::warn!("dhcp {iface}: {server} keeps offering {lease} ({repeat} times): still refused; retrying every {secs} s");
+    } else {
+        log::debug!(
+            "dhcp {iface}: {what} {lease} from {server} again ({repeat} times); retrying in {secs} s"
+        );
+    }
+}
+
 impl Runner<'_> {
+    /// A lease from before a restart: confirm it (INIT-REBOOT) and keep it meanwhile —
+    /// if its address is still on the interface and the tunnel's routes allow it. Else
+    /// only its address is asked for, at once.
+    fn restore(&mut self, now: Instant) {
+        let iface = self.iface;
+        let Ok(text) = std::fs::read_to_string(lease_path(self.dir, iface)) else {
+            return;
+        };
+        let f = match LeaseFile::from_text(&text) {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!("dhcp {iface}: ignoring the old lease file: {e}");
+                return;
+            }
+        };
+        let l = f.lease.clone();
+        let age = Duration::from_secs(f.age(&Clocks::now()));
+        log::info!(
+            "dhcp {iface}: previous lease {}/{} obtained {} s ago",
+            l.address,
+            l.prefix,
+            age.as_secs()
+        );
+        if let Err(why) = overlap(iface, self.config.as_deref(), &l) {
+            log::warn!(
+                "dhcp {iface}: previous lease {}/{} not kept: {why}",
+                l.address,
+                l.prefix
+            );
+            self.remove(&l);
+            self.forget();
+            return;
+        }
+        let on_link = match (self.nl.addresses(iface), cidr(&l)) {
+            (Ok(have), Some(c)) => have.contains(&c),
+            // Unknown: believe the file, as before.
+            _ => true,
+        };
+        if on_link {
+            self.client.restore(now, l, age);
+        } else {
+            log::info!(
+                "dhcp {iface}: previous lease {}/{} is not on {iface} any more: asking for it again now",
+                l.address,
+                l.prefix
+            );
+            self.client.remember(l.address);
+        }
+    }
+
     fn apply(&mut self, now: Instant, ev: Event) {
         let iface = self.iface;
         match ev {
@@ -371,14 +581,38 @@ impl Runner<'_> {
             }
             Event::Declined {
                 address,
+                prefix,
+                server,
                 reason,
                 removed,
+                retry_in,
+                repeat,
             } => {
                 if let Some(l) = removed {
                     self.remove(&l);
                     self.forget();
                 }
-                log::warn!("dhcp {iface}: declined {address}: {reason}");
+                let l = format!("{address}/{prefix}");
+                refusal_line(iface, "declined", l, server, &reason, retry_in, repeat);
+            }
+            Event::OfferRefused {
+                address,
+                prefix,
+                server,
+                reason,
+                retry_in,
+                repeat,
+            } => {
+                let l = format!("{address}/{prefix}");
+                refusal_line(
+                    iface,
+                    "declined the offer of",
+                    l,
+                    server,
+                    &reason,
+                    retry_in,
+                    repeat,
+                )
             }
             Event::RebootUnanswered { keeping } => match keeping {
                 Some(a) => log::info!(
@@ -392,8 +626,15 @@ impl Runner<'_> {
     /// Put the lease on the link and in the files; returns it with `obtained` set.
     fn install(&mut self, now: Instant, mut lease: Lease) -> Lease {
         let iface = self.iface;
-        let age = self.client.lease_age(now).unwrap_or_default();
-        lease.obtained = wall_secs().saturating_sub(age.as_secs());
+        let age = self.client.lease_age(now).unwrap_or_default().as_secs();
+        let clocks = Clocks::now();
+        lease.obtained = clocks.wall.saturating_sub(age);
+        let boot = clocks.boot.map(|(id, n)| (id, n.saturating_sub(age)));
+        // Checked already; the kept overlaps are what is said here.
+        let shadows = overlap(iface, self.config.as_deref(), &lease).unwrap_or_default();
+        for l in &shadows {
+            log::info!("dhcp {iface}: {l}");
+        }
         let valid = if lease.lease_secs == INFINITE {
             INFINITE
         } else {
@@ -416,7 +657,12 @@ impl Runner<'_> {
             }
         }
         let path = lease_path(self.dir, iface);
-        if let Err(e) = crate::store::write(&path, lease.to_text().as_bytes(), 0o644) {
+        let file = LeaseFile {
+            lease: lease.clone(),
+            boot,
+            shadows,
+        };
+        if let Err(e) = crate::store::write(&path, file.to_text().as_bytes(), 0o644) {
             log::warn!("dhcp {iface}: {}: {e}", path.display());
         }
         let mut resolv = format!("# from the DHCP lease of {iface} (riceguard dhcp)\n");
@@ -456,42 +702,61 @@ impl Runner<'_> {
     }
 }
 
-/// One line per lease file in `/run/riceguard`, for `riceguard status` and the
-/// console's `show status`.
+/// The lines of the uplink leases in `/run/riceguard` for `riceguard status` and the
+/// console's `show status`: a lease and its `shadow` lines.
+///
+/// Only a lease of an uplink this run directory's DHCP client serves is shown: its file
+/// names an interface that exists and holds the lease's address (the client puts it on
+/// with the lease's lifetime, so the kernel drops it when the lease ends). A file left by
+/// something else — another namespace, a stopped client whose lease ran out — says
+/// nothing about this appliance's uplink.
 pub fn lease_lines() -> Vec<String> {
-    lease_lines_in(&run_dir(), wall_secs())
+    let mut nl = Netlink::open().ok();
+    let mut held = |iface: &str, c: Cidr| -> bool {
+        nl.as_mut()
+            .and_then(|n| n.addresses(iface).ok())
+            .is_some_and(|a| a.contains(&c))
+    };
+    lease_lines_in(&run_dir(), &Clocks::now(), &mut held)
 }
 
-/// [`lease_lines`] for a directory and a wall-clock time (unix seconds).
-pub fn lease_lines_in(dir: &Path, now: u64) -> Vec<String> {
+/// [`lease_lines`] for a directory, the clocks now, and whether an interface holds an
+/// address.
+pub fn lease_lines_in(
+    dir: &Path,
+    now: &Clocks,
+    held: &mut dyn FnMut(&str, Cidr) -> bool,
+) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .filter_map(|e| e.file_name().to_str().map(String::from))
-                .filter(|n| n.starts_with("lease.") && n.len() > 6)
+                .filter(|n| n.starts_with("lease.") && n.len() > 6 && valid_ifname(&n[6..]))
                 .collect()
         })
         .unwrap_or_default();
     names.sort();
-    names
-        .into_iter()
-        .take(16)
-        .map(|n| {
-            let iface = &n[6..];
-            match std::fs::read_to_string(dir.join(&n))
-                .map_err(|e| e.to_string())
-                .and_then(|t| Lease::from_text(&t))
-            {
-                Ok(l) => format_lease(iface, &l, now),
-                Err(e) => format!("uplink {iface}: DHCP lease file unreadable: {e}"),
+    let mut out = Vec::new();
+    for n in names.into_iter().take(16) {
+        let iface = &n[6..];
+        let f = std::fs::read_to_string(dir.join(&n))
+            .map_err(|e| e.to_string())
+            .and_then(|t| LeaseFile::from_text(&t));
+        match f {
+            Ok(f) if cidr(&f.lease).is_some_and(|c| held(iface, c)) => {
+                out.push(format_lease(iface, &f.lease, f.age(now)));
+                out.extend(f.shadows.iter().cloned());
             }
-        })
-        .collect()
+            Ok(_) => {}
+            Err(e) => out.push(format!("uplink {iface}: DHCP lease file unreadable: {e}")),
+        }
+    }
+    out
 }
 
 /// `uplink eth0: DHCP 192.168.77.2/24 router 192.168.77.1 dns 192.168.77.1 server
-/// 192.168.77.1, expires in 113 s (renews in 53 s)`.
-pub fn format_lease(iface: &str, l: &Lease, now: u64) -> String {
+/// 192.168.77.1, expires in 113 s (renews in 53 s)`, for a lease obtained `age` s ago.
+pub fn format_lease(iface: &str, l: &Lease, age: u64) -> String {
     let mut s = format!("uplink {iface}: DHCP {}/{}", l.address, l.prefix);
     if let Some(r) = l.router {
         s.push_str(&format!(" router {r}"));
@@ -504,7 +769,7 @@ pub fn format_lease(iface: &str, l: &Lease, now: u64) -> String {
         s.push_str(", never expires");
         return s;
     }
-    let at = |secs: u32| l.obtained.saturating_add(secs.into()) as i128 - now as i128;
+    let at = |secs: u32| i128::from(secs) - i128::from(age);
     let (exp, t1, t2) = (at(l.lease_secs), at(l.t1_secs), at(l.t2_secs));
     if exp <= 0 {
         s.push_str(&format!(", expired {} s ago", -exp));
@@ -528,6 +793,7 @@ mod tests {
             prefix: 24,
             router: Some(Ipv4Addr::new(192, 168, 77, 1)),
             dns: vec![Ipv4Addr::new(192, 168, 77, 1)],
+            ntp: vec![],
             server: Ipv4Addr::new(192, 168, 77, 1),
             lease_secs: 120,
             t1_secs: 60,
@@ -539,27 +805,130 @@ mod tests {
     #[test]
     fn lease_line_says_address_router_dns_and_times() {
         assert_eq!(
-            format_lease("eth0", &lease(), 1007),
+            format_lease("eth0", &lease(), 7),
             "uplink eth0: DHCP 192.168.77.2/24 router 192.168.77.1 dns 192.168.77.1 server 192.168.77.1, expires in 113 s (renews in 53 s)"
         );
-        assert!(format_lease("eth0", &lease(), 1070).ends_with("expires in 50 s (renewing)"));
-        assert!(format_lease("eth0", &lease(), 1110).ends_with("(rebinding)"));
-        assert!(format_lease("eth0", &lease(), 1130).ends_with("expired 10 s ago"));
+        assert!(format_lease("eth0", &lease(), 70).ends_with("expires in 50 s (renewing)"));
+        assert!(format_lease("eth0", &lease(), 110).ends_with("(rebinding)"));
+        assert!(format_lease("eth0", &lease(), 130).ends_with("expired 10 s ago"));
+    }
+
+    fn clocks(wall: u64, boot: Option<(&str, u64)>) -> Clocks {
+        Clocks {
+            wall,
+            boot: boot.map(|(i, n)| (i.to_string(), n)),
+        }
     }
 
     #[test]
-    fn lease_lines_read_every_lease_file() {
+    fn lease_age_counts_on_the_boot_clock_within_a_boot() {
+        let f = LeaseFile {
+            lease: lease(),
+            boot: Some(("b1".into(), 500)),
+            shadows: vec![
+                "uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8".into(),
+            ],
+        };
+        let t = f.to_text();
+        assert!(t.ends_with("obtained 1000\nboot b1 500\nshadow uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8\n"), "{t}");
+        assert_eq!(LeaseFile::from_text(&t), Ok(f.clone()));
+        // The older reader still reads it.
+        assert_eq!(Lease::from_text(&t), Ok(lease()));
+        // An NTP step of the wall clock (a year forward, or back to 1970) changes nothing.
+        assert_eq!(f.age(&clocks(1000 + 31_536_000, Some(("b1", 507)))), 7);
+        assert_eq!(f.age(&clocks(5, Some(("b1", 507)))), 7);
+        // Another boot, or no boot clock: the wall clock.
+        assert_eq!(f.age(&clocks(1030, Some(("b2", 3)))), 30);
+        assert_eq!(f.age(&clocks(1030, None)), 30);
+        // An older file without the line: the wall clock.
+        let old = LeaseFile::from_text(&lease().to_text()).unwrap();
+        assert_eq!(old.boot, None);
+        assert_eq!(old.age(&clocks(1040, Some(("b1", 9)))), 40);
+        // A broken boot line is skipped, not fatal.
+        let bad = LeaseFile::from_text(&format!("{}boot b1\n", lease().to_text())).unwrap();
+        assert_eq!(bad.boot, None);
+        assert!(boot_secs().is_some(), "CLOCK_BOOTTIME readable");
+    }
+
+    #[test]
+    fn lease_lines_only_for_an_uplink_holding_the_lease() {
         let dir = std::env::temp_dir().join(format!("rg-dhcp-lines-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("lease.eth0"), lease().to_text()).unwrap();
+        let f = LeaseFile {
+            lease: lease(),
+            boot: Some(("b1".into(), 100)),
+            shadows: vec![
+                "uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8".into(),
+            ],
+        };
+        std::fs::write(dir.join("lease.eth0"), f.to_text()).unwrap();
+        // Left by something else: an expired lease of an interface without its address.
+        std::fs::write(dir.join("lease.eth2"), lease().to_text()).unwrap();
         std::fs::write(dir.join("lease.eth1"), "garbage").unwrap();
         std::fs::write(dir.join("resolv.conf"), "nameserver 1.1.1.1\n").unwrap();
-        let lines = lease_lines_in(&dir, 1007);
-        assert_eq!(lines.len(), 2, "{lines:?}");
+        let now = clocks(9999, Some(("b1", 107)));
+        let mut held = |i: &str, c: Cidr| i == "eth0" && c.to_string() == "192.168.77.2/24";
+        let lines = lease_lines_in(&dir, &now, &mut held);
+        assert_eq!(lines.len(), 3, "{lines:?}");
         assert!(lines[0].starts_with("uplink eth0: DHCP 192.168.77.2/24"));
-        assert!(lines[1].starts_with("uplink eth1: DHCP lease file unreadable"));
+        assert!(
+            lines[0].ends_with("expires in 113 s (renews in 53 s)"),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines[1],
+            "uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8"
+        );
+        assert!(lines[2].starts_with("uplink eth1: DHCP lease file unreadable"));
+        assert!(!lines.iter().any(|l| l.contains("eth2")), "{lines:?}");
+        // Nothing holds it: nothing shown (the drop-in interface's status).
+        assert!(lease_lines_in(&dir, &now, &mut |_, _| false)
+            .iter()
+            .all(|l| l.contains("unreadable")));
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(lease_lines_in(&dir, 0).is_empty());
+        assert!(lease_lines_in(&dir, &now, &mut held).is_empty());
+    }
+
+    #[test]
+    fn overlap_reads_the_configuration_each_time() {
+        let dir = std::env::temp_dir().join(format!("rg-dhcp-overlap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("gw.conf");
+        let mut l = lease();
+        l.address = Ipv4Addr::new(10, 251, 1, 50);
+        // No configuration, or one that does not read: nothing decided against the lease.
+        assert_eq!(overlap("eth0", None, &l), Ok(vec![]));
+        assert_eq!(overlap("eth0", Some(&conf), &l), Ok(vec![]));
+        std::fs::write(&conf, "[Peer\n").unwrap();
+        assert_eq!(overlap("eth0", Some(&conf), &l), Ok(vec![]));
+        let key = "[Interface]\nPrivateKey = 8MHEF0dG1zt34BIRzjr7BDtpU0BjZPKuSyDVoEnTcmc=\nAddress = 10.100.0.1/24\n\n[Peer]\nPublicKey = HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=\n";
+        std::fs::write(
+            &conf,
+            format!("{key}# Name = site-b\nAllowedIPs = 10.251.1.0/24\n"),
+        )
+        .unwrap();
+        let e = overlap("eth0", Some(&conf), &l).unwrap_err();
+        assert!(
+            e.contains("10.251.1.0/24 (your remote site and your uplink"),
+            "{e}"
+        );
+        std::fs::write(&conf, format!("{key}AllowedIPs = 10.0.0.0/8\n")).unwrap();
+        let s = overlap("eth0", Some(&conf), &l).unwrap();
+        assert_eq!(s.len(), 1);
+        assert!(
+            s[0].starts_with("uplink eth0 10.251.1.0/24 shadows 10.251.1.0/24 of peer "),
+            "{s:?}"
+        );
+        std::fs::write(
+            &conf,
+            format!("{key}AllowedIPs = 10.0.0.0/8\n[Gateway]\nUplinkOverlap = refuse\n"),
+        )
+        .unwrap();
+        assert!(overlap("eth0", Some(&conf), &l)
+            .unwrap_err()
+            .contains("UplinkOverlap = refuse"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -105,7 +105,14 @@ pub(super) fn stage2() -> ! {
         sup.add(
             Spec {
                 name: "dhcp".into(),
-                argv: vec![BIN.into(), "dhcp".into(), dev],
+                // The configuration the gateway runs: leases are judged against its routes.
+                argv: vec![
+                    BIN.into(),
+                    "dhcp".into(),
+                    "--config".into(),
+                    gateway_conf.clone(),
+                    dev,
+                ],
                 tty: None,
                 restart_delay: RESTART_DELAY,
                 health_checked: false,

@@ -26,6 +26,8 @@ struct Reply {
     t1: Option<u32>,
     t2: Option<u32>,
     router: Option<Ipv4Addr>,
+    /// Option 42 as raw bytes (so broken lengths can be sent).
+    ntp: Option<Vec<u8>>,
 }
 
 impl Reply {
@@ -41,6 +43,7 @@ impl Reply {
             t1: None,
             t2: None,
             router: Some(SRV),
+            ntp: None,
         }
     }
     fn bytes(&self) -> Vec<u8> {
@@ -75,6 +78,13 @@ impl Reply {
         ]));
         let mut b = Vec::new();
         m.encode(&mut Encoder::new(&mut b)).unwrap();
+        if let Some(n) = &self.ntp {
+            // Before the end mark, raw: dhcproto would refuse to encode a broken one.
+            let end = b.iter().rposition(|&x| x == 255).unwrap();
+            let mut o = vec![42, n.len() as u8];
+            o.extend_from_slice(n);
+            b.splice(end..end, o);
+        }
         b
     }
 }
@@ -447,29 +457,240 @@ fn unusable_ack_is_declined_then_init_after_a_wait() {
     let mut c = Client::new(MAC, 9, now);
     c.start(now);
     let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
-    let mut offer = Reply::to(&d, MessageType::Offer);
-    offer.yiaddr = Ipv4Addr::new(192, 168, 77, 0);
-    c.handle_reply(now, &offer.bytes()).unwrap();
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
     let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    // The ACK names a router that is not on-link: its default route cannot be installed.
     let mut ack = Reply::to(&r, MessageType::Ack);
-    ack.yiaddr = offer.yiaddr;
+    ack.router = Some(Ipv4Addr::new(10, 9, 9, 9));
     c.handle_reply(now, &ack.bytes()).unwrap();
-    assert!(matches!(
-        events(&mut c).as_slice(),
-        [Event::Declined { removed: None, .. }]
-    ));
+    match events(&mut c).as_slice() {
+        [Event::Declined {
+            removed: None,
+            reason,
+            retry_in,
+            repeat: 1,
+            ..
+        }] => {
+            assert!(
+                reason.starts_with("router 10.9.9.9 is not on-link in 192.168.77.0/24"),
+                "{reason}"
+            );
+            assert_eq!(*retry_in, DECLINE_WAIT);
+        }
+        e => panic!("{e:?}"),
+    }
     assert_eq!(c.state(), State::Declining);
+    assert!(c.lease().is_none());
     let t0 = now;
     let dec = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
     assert_eq!(dec.opts().msg_type(), Some(MessageType::Decline));
     assert_eq!(
         dec.opts().get(OptionCode::RequestedIpAddress),
-        Some(&DhcpOption::RequestedIpAddress(offer.yiaddr))
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
     );
     let again = decode(&next_tx(&mut c, &mut now, t0 + secs(20)).unwrap());
     assert_eq!(again.opts().msg_type(), Some(MessageType::Discover));
     assert!(now >= t0 + DECLINE_WAIT);
     assert!(again.opts().get(OptionCode::RequestedIpAddress).is_none());
+}
+
+#[test]
+fn offer_with_an_unusable_address_or_off_link_router_is_not_requested() {
+    for (yiaddr, router) in [
+        (Ipv4Addr::new(192, 168, 77, 0), Some(SRV)),
+        (Ipv4Addr::new(192, 168, 77, 255), Some(SRV)),
+        (ADDR, Some(Ipv4Addr::new(192, 168, 78, 1))),
+        (ADDR, Some(ADDR)),
+    ] {
+        let mut now = Instant::now();
+        let mut c = Client::new(MAC, 19, now);
+        c.start(now);
+        let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+        let mut offer = Reply::to(&d, MessageType::Offer);
+        offer.yiaddr = yiaddr;
+        offer.router = router;
+        c.handle_reply(now, &offer.bytes()).unwrap();
+        assert_eq!(c.state(), State::Selecting, "{yiaddr} via {router:?}");
+        assert!(matches!(
+            events(&mut c).as_slice(),
+            [Event::OfferRefused { repeat: 1, .. }]
+        ));
+        // The same offer again within its wait: ignored, not reported again.
+        assert!(matches!(
+            c.handle_reply(now, &offer.bytes()),
+            Err(Ignored::Refused(_))
+        ));
+        assert!(events(&mut c).is_empty());
+    }
+    // No router at all is fine (no default route).
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 19, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    let mut offer = Reply::to(&d, MessageType::Offer);
+    offer.router = None;
+    c.handle_reply(now, &offer.bytes()).unwrap();
+    assert_eq!(c.state(), State::Requesting);
+}
+
+const SITE_B: &str =
+    "it is peer site-b's 192.168.77.0/24 (your remote site and your uplink cannot be the same network)";
+
+fn conflicting(seed: u64, now: Instant) -> Client {
+    let mut c = Client::new(MAC, seed, now);
+    c.set_lease_check(Box::new(|l| {
+        if l.address.octets()[2] == 77 {
+            Err(SITE_B.into())
+        } else {
+            Ok(())
+        }
+    }));
+    c
+}
+
+#[test]
+fn conflicting_offer_backs_off_exponentially_and_prefers_other_servers() {
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut c = conflicting(31, now);
+    c.start(now);
+    let mut waits = Vec::new();
+    let mut discovers = 0;
+    // An hour of a server that offers only the conflicting lease.
+    while let Some(t) = next_tx(&mut c, &mut now, t0 + secs(3600)) {
+        let m = decode(&t);
+        assert_eq!(m.opts().msg_type(), Some(MessageType::Discover));
+        discovers += 1;
+        c.handle_reply(now, &Reply::to(&m, MessageType::Offer).bytes())
+            .unwrap();
+        match events(&mut c).as_slice() {
+            [Event::OfferRefused {
+                reason,
+                retry_in,
+                repeat,
+                server,
+                ..
+            }] => {
+                assert_eq!((reason.as_str(), *server), (SITE_B, SRV));
+                assert_eq!(*repeat as usize, waits.len() + 1);
+                waits.push(retry_in.as_secs());
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(&waits[..6], &[10, 20, 40, 80, 160, 300], "{waits:?}");
+    assert!(waits[6..].iter().all(|w| *w == 300));
+    assert!(discovers <= 18, "no DISCOVER loop: {discovers} in an hour");
+    // Meanwhile another server's offer to the same DISCOVER is taken.
+    let d = decode(&tx_in(&mut c, &mut now, secs(400)).unwrap());
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let _ = events(&mut c);
+    let mut good = Reply::to(&d, MessageType::Offer);
+    good.server = Some(ROGUE);
+    good.router = Some(Ipv4Addr::new(192, 168, 78, 1));
+    good.yiaddr = Ipv4Addr::new(192, 168, 78, 9);
+    c.handle_reply(now, &good.bytes()).unwrap();
+    assert_eq!(c.state(), State::Requesting);
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    assert_eq!(
+        r.opts().get(OptionCode::ServerIdentifier),
+        Some(&DhcpOption::ServerIdentifier(ROGUE))
+    );
+}
+
+#[test]
+fn conflicting_ack_is_declined_with_back_off_in_every_state() {
+    // REQUESTING: the check changed its mind between OFFER and ACK.
+    let mut now = Instant::now();
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut c = Client::new(MAC, 41, now);
+    let f = flag.clone();
+    c.set_lease_check(Box::new(move |_| {
+        if f.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(SITE_B.into())
+        } else {
+            Ok(())
+        }
+    }));
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    c.handle_reply(now, &Reply::to(&r, MessageType::Ack).bytes())
+        .unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Declined { reason, repeat: 1, removed: None, .. }] if reason == SITE_B
+    ));
+    let dec = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    assert_eq!(dec.opts().msg_type(), Some(MessageType::Decline));
+    // RENEWING: the configuration now conflicts with the bound lease: declined, dropped.
+    flag.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut now = Instant::now();
+    let mut c = bound(&mut now);
+    let f = flag.clone();
+    c.set_lease_check(Box::new(move |_| {
+        if f.load(std::sync::atomic::Ordering::Relaxed) {
+            Err(SITE_B.into())
+        } else {
+            Ok(())
+        }
+    }));
+    let r = decode(&tx_in(&mut c, &mut now, secs(70)).unwrap());
+    let _ = events(&mut c);
+    flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    c.handle_reply_from(now, &Reply::to(&r, MessageType::Ack).bytes(), Some(SRV))
+        .unwrap();
+    assert!(matches!(
+        events(&mut c).as_slice(),
+        [Event::Declined { removed: Some(l), .. }] if l.address == ADDR
+    ));
+    assert!(c.lease().is_none());
+}
+
+#[test]
+fn stale_lease_only_asks_for_its_address_again() {
+    let now = Instant::now() + secs(1000);
+    let lease = Lease {
+        address: ADDR,
+        prefix: 24,
+        router: Some(SRV),
+        dns: vec![],
+        ntp: vec![],
+        server: SRV,
+        lease_secs: 120,
+        t1_secs: 60,
+        t2_secs: 105,
+        obtained: 0,
+    };
+    let mut c = Client::new(MAC, 3, now);
+    c.restore(now, lease, secs(5));
+    c.remember(ADDR);
+    assert!(c.lease().is_none());
+    c.start(now);
+    assert_eq!(c.state(), State::InitReboot);
+    let mut t = now;
+    // At once, for the old address.
+    let r = decode(&next_tx(&mut c, &mut t, now).unwrap());
+    assert_eq!(t, now);
+    assert_eq!(
+        r.opts().get(OptionCode::RequestedIpAddress),
+        Some(&DhcpOption::RequestedIpAddress(ADDR))
+    );
+    // Unanswered: DISCOVER, not a lease believed without its address.
+    let mut kinds = Vec::new();
+    while let Some(x) = next_tx(&mut c, &mut t, now + secs(30)) {
+        kinds.push(decode(&x).opts().msg_type().unwrap());
+        if kinds.last() == Some(&MessageType::Discover) {
+            break;
+        }
+    }
+    assert_eq!(kinds.last(), Some(&MessageType::Discover), "{kinds:?}");
+    assert!(events(&mut c).contains(&Event::RebootUnanswered { keeping: None }));
 }
 
 #[test]
@@ -508,6 +729,7 @@ fn restored_lease_is_confirmed_with_init_reboot() {
         prefix: 24,
         router: Some(SRV),
         dns: vec![SRV],
+        ntp: vec![],
         server: SRV,
         lease_secs: 120,
         t1_secs: 60,
@@ -535,6 +757,7 @@ fn lease_text_round_trip_and_errors() {
         prefix: 24,
         router: Some(SRV),
         dns: vec![SRV, Ipv4Addr::new(9, 9, 9, 9)],
+        ntp: vec![SRV],
         server: SRV,
         lease_secs: 120,
         t1_secs: 60,
@@ -544,12 +767,13 @@ fn lease_text_round_trip_and_errors() {
     let t = l.to_text();
     assert_eq!(
         t,
-        "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1 9.9.9.9\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n"
+        "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1 9.9.9.9\nntp 192.168.77.1\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n"
     );
     assert_eq!(Lease::from_text(&t), Ok(l.clone()));
     let no_router = Lease {
         router: None,
         dns: vec![],
+        ntp: vec![],
         ..l.clone()
     };
     assert_eq!(Lease::from_text(&no_router.to_text()), Ok(no_router));
@@ -581,4 +805,195 @@ fn arbitrary_bytes_never_panic() {
         let _ = c.handle_reply(now, &b);
         let _ = Lease::from_text(&String::from_utf8_lossy(&b));
     }
+}
+
+#[test]
+fn ntp_servers_from_option_42_unicast_only_and_bounded() {
+    let mut now = Instant::now();
+    let mut c = Client::new(MAC, 21, now);
+    c.start(now);
+    let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+    // Option 42 is asked for.
+    match d.opts().get(OptionCode::ParameterRequestList) {
+        Some(DhcpOption::ParameterRequestList(l)) => {
+            assert!(l.contains(&OptionCode::NtpServers), "{l:?}")
+        }
+        o => panic!("{o:?}"),
+    }
+    c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes())
+        .unwrap();
+    let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+    let mut ack = Reply::to(&r, MessageType::Ack);
+    let list: [[u8; 4]; 9] = [
+        [0, 0, 0, 0],
+        [192, 168, 77, 1],
+        [255, 255, 255, 255],
+        [224, 0, 1, 1],
+        [127, 0, 0, 1],
+        [0, 1, 2, 3],
+        [240, 0, 0, 1],
+        [10, 0, 0, 1],
+        [10, 0, 0, 2],
+    ];
+    let mut raw: Vec<u8> = list.concat();
+    raw.extend_from_slice(&[10, 0, 0, 3, 10, 0, 0, 4, 10, 0, 0, 5]);
+    ack.ntp = Some(raw);
+    c.handle_reply(now, &ack.bytes()).unwrap();
+    let want: Vec<Ipv4Addr> = vec![
+        Ipv4Addr::new(192, 168, 77, 1),
+        Ipv4Addr::new(10, 0, 0, 1),
+        Ipv4Addr::new(10, 0, 0, 2),
+        Ipv4Addr::new(10, 0, 0, 3),
+    ];
+    assert_eq!(MAX_NTP, 4);
+    assert_eq!(c.lease().unwrap().ntp, want);
+    let text = c.lease().unwrap().to_text();
+    assert!(
+        text.contains("\nntp 192.168.77.1 10.0.0.1 10.0.0.2 10.0.0.3\n"),
+        "{text}"
+    );
+    assert_eq!(Lease::from_text(&text).unwrap().ntp, want);
+}
+
+#[test]
+fn broken_option_42_costs_the_ntp_list_not_the_lease() {
+    for raw in [vec![10, 0, 0], vec![], vec![10, 0, 0, 1, 10]] {
+        let mut now = Instant::now();
+        let mut c = Client::new(MAC, 22, now);
+        c.start(now);
+        let d = decode(&tx_in(&mut c, &mut now, secs(2)).unwrap());
+        let mut offer = Reply::to(&d, MessageType::Offer);
+        offer.ntp = Some(raw.clone());
+        c.handle_reply(now, &offer.bytes()).unwrap();
+        let r = decode(&tx_in(&mut c, &mut now, secs(0)).unwrap());
+        let mut ack = Reply::to(&r, MessageType::Ack);
+        ack.ntp = Some(raw);
+        c.handle_reply(now, &ack.bytes()).unwrap();
+        assert_eq!(c.state(), State::Bound);
+        assert!(c.lease().unwrap().ntp.is_empty());
+    }
+}
+
+#[test]
+fn lease_files_without_ntp_still_load_and_bad_ntp_lines_are_filtered() {
+    let old = "address 192.168.77.2/24\nrouter 192.168.77.1\ndns 192.168.77.1\nserver 192.168.77.1\nlease 120\nt1 60\nt2 105\nobtained 1764531234\n";
+    let l = Lease::from_text(old).unwrap();
+    assert!(l.ntp.is_empty());
+    assert!(!l.to_text().contains("ntp"), "no line when empty");
+    let l = Lease::from_text(&format!("{old}ntp 127.0.0.1 10.1.1.1 255.255.255.255\n")).unwrap();
+    assert_eq!(l.ntp, vec![Ipv4Addr::new(10, 1, 1, 1)]);
+    assert!(Lease::from_text(&format!("{old}ntp 10.1.1\n")).is_err());
+}
+
+const ROGUE: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 66);
+
+/// A bound client at T1, with the first RENEWING REQUEST sent.
+fn renewing(now: &mut Instant) -> (Client, Message) {
+    let mut c = bound(now);
+    let until = *now + secs(70);
+    let r = next_tx(&mut c, now, until).unwrap();
+    assert_eq!(c.state(), State::Renewing);
+    assert_eq!(events(&mut c), vec![Event::Renewing]);
+    (c, decode(&r))
+}
+
+#[test]
+fn renewing_counts_only_the_bound_server() {
+    let mut now = Instant::now();
+    let (mut c, rm) = renewing(&mut now);
+    // Another server's ACK (its own server identifier) is not the one asked.
+    let mut rogue = Reply::to(&rm, MessageType::Ack);
+    rogue.server = Some(ROGUE);
+    rogue.router = Some(ROGUE);
+    assert_eq!(
+        c.handle_reply_from(now, &rogue.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    // Nor one that claims the bound server's identifier from another source...
+    let spoof = Reply {
+        server: Some(SRV),
+        ..rogue.clone()
+    };
+    assert_eq!(
+        c.handle_reply_from(now, &spoof.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    // ...or one without option 54 from another source; its NAK neither.
+    let bare = Reply {
+        server: None,
+        ..rogue.clone()
+    };
+    assert_eq!(
+        c.handle_reply_from(now, &bare.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    let nak = Reply {
+        kind: MessageType::Nak,
+        ..rogue.clone()
+    };
+    assert_eq!(
+        c.handle_reply_from(now, &nak.bytes(), Some(ROGUE)),
+        Err(Ignored::OtherServer(ROGUE))
+    );
+    assert_eq!(c.state(), State::Renewing);
+    assert!(events(&mut c).is_empty());
+    assert_eq!(c.lease().unwrap().router, Some(SRV));
+    // The bound server's ACK, over the unicast path: renewed.
+    c.handle_reply_from(now, &Reply::to(&rm, MessageType::Ack).bytes(), Some(SRV))
+        .unwrap();
+    assert!(matches!(events(&mut c).as_slice(), [Event::Renewed(l)] if l.server == SRV));
+    assert_eq!(c.state(), State::Bound);
+}
+
+#[test]
+fn rebinding_takes_any_servers_answer() {
+    let mut now = Instant::now();
+    let (mut c, _) = renewing(&mut now);
+    let at = c.held.as_ref().unwrap().at;
+    // Unanswered until T2 (105 s): REBINDING, broadcast.
+    let mut t = None;
+    while c.state() != State::Rebinding {
+        t = next_tx(&mut c, &mut now, at + secs(119));
+        assert!(t.is_some());
+    }
+    assert!(events(&mut c).contains(&Event::Rebinding));
+    let rm = decode(&t.unwrap());
+    assert_eq!(rm.ciaddr(), ADDR);
+    let mut other = Reply::to(&rm, MessageType::Ack);
+    other.server = Some(ROGUE);
+    other.router = Some(ROGUE);
+    c.handle_reply_from(now, &other.bytes(), Some(ROGUE))
+        .unwrap();
+    // Its router is new: a new binding, replacing the old one's route.
+    match events(&mut c).as_slice() {
+        [Event::Bound {
+            lease: l,
+            replaces: Some(old),
+        }] => {
+            assert_eq!((l.server, l.router), (ROGUE, Some(ROGUE)));
+            assert_eq!(old.router, Some(SRV));
+        }
+        e => panic!("{e:?}"),
+    }
+    // Renewals now go to the server that answered.
+    let r = tx_in(&mut c, &mut now, secs(70)).unwrap();
+    assert_eq!(r.to, Some(ROGUE));
+}
+
+#[test]
+fn rebinding_accepts_another_servers_nak() {
+    let mut now = Instant::now();
+    let (mut c, _) = renewing(&mut now);
+    let at = c.held.as_ref().unwrap().at;
+    let mut t = None;
+    while c.state() != State::Rebinding {
+        t = next_tx(&mut c, &mut now, at + secs(119));
+    }
+    let mut nak = Reply::to(&decode(&t.unwrap()), MessageType::Nak);
+    nak.server = Some(ROGUE);
+    c.handle_reply_from(now, &nak.bytes(), Some(ROGUE)).unwrap();
+    assert!(events(&mut c)
+        .iter()
+        .any(|e| matches!(e, Event::Nak { server, removed: Some(_), .. } if *server == ROGUE)));
+    assert_eq!(c.state(), State::Init);
 }

@@ -1,0 +1,251 @@
+//! Whether an uplink subnet (a DHCP lease) may share addresses with the tunnel's routes:
+//! the pure verdict `riceguard dhcp` asks before it requests or keeps a lease.
+//!
+//! The tunnel's IPv4 routes are every enabled peer's AllowedIPs (a `/0` is never one: it is
+//! not installed as a route) and the subnets of the tunnel's own addresses. Against a
+//! lease's subnet `L` and a tunnel route `R`:
+//! - `L == R`: the two routes cannot both be installed (`EEXIST`) and the lease's would
+//!   win: a conflict — your remote site and your uplink cannot be the same network;
+//! - `L` inside `R` where `R` is /16 or longer: a site-sized route the uplink would cut a
+//!   piece out of: a conflict;
+//! - `L` inside a wider `R` (a hub's `10.0.0.0/8` over a 10.1.2.0/24 uplink): normal; kept
+//!   and said (`uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8`);
+//! - `R` inside `L` (a /24 lease over a peer's /28): the uplink's subnet covers the
+//!   tunnel's addresses, so its hosts there are unreachable and the router or a rogue
+//!   server may sit on them: a conflict. Except the proxy-ARP layout (`ProxyArp = on`, the
+//!   default): peer host routes (/32) inside the uplink's subnet, and the tunnel numbered
+//!   from the uplink's own prefix, are how peers are published on a one-armed LAN; their
+//!   more specific routes keep winning, so nothing is diverted.
+//!
+//! `UplinkOverlap = refuse` makes every overlap a conflict, the proxy-ARP layout too.
+#![forbid(unsafe_code)]
+
+use crate::core::config::{Config, OverlapPolicy};
+use crate::core::net::Cidr;
+
+/// One IPv4 route of the tunnel, as its network prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TunnelRoute {
+    /// Whose route it is, for messages: `peer site-b`, `the tunnel`.
+    pub owner: String,
+    pub prefix: Cidr,
+    /// Part of the proxy-ARP layout: may lie inside the uplink's subnet (see above).
+    pub proxied: bool,
+}
+
+/// The tunnel's IPv4 routes in the configuration `cfg` runs (its enabled peers).
+pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
+    let proxy = cfg.gateway.proxy_arp;
+    let mut out = Vec::new();
+    for p in cfg.peers.iter().filter(|p| p.enabled) {
+        let owner = match &p.name {
+            Some(n) if !n.is_empty() => format!("peer {n}"),
+            _ => {
+                let k = p.public_key.to_base64();
+                format!("peer {}…", k.get(..8).unwrap_or(&k))
+            }
+        };
+        for c in p
+            .allowed_ips
+            .iter()
+            .filter(|c| c.addr.is_ipv4() && c.prefix > 0)
+        {
+            out.push(TunnelRoute {
+                owner: owner.clone(),
+                prefix: c.network(),
+                proxied: proxy && c.prefix == 32,
+            });
+        }
+    }
+    for a in cfg
+        .interface
+        .addresses
+        .iter()
+        .filter(|c| c.addr.is_ipv4() && c.prefix > 0)
+    {
+        out.push(TunnelRoute {
+            owner: "the tunnel".into(),
+            prefix: a.network(),
+            proxied: proxy,
+        });
+    }
+    out
+}
+
+/// The verdict on uplink `iface` getting `subnet` (host bits may be set): `Ok` with the
+/// lines saying which part of which tunnel route it shadows (none when it overlaps
+/// nothing), or `Err` with the reason it must be declined.
+pub fn judge(
+    iface: &str,
+    subnet: Cidr,
+    routes: &[TunnelRoute],
+    policy: OverlapPolicy,
+) -> Result<Vec<String>, String> {
+    let l = subnet.network();
+    if !l.addr.is_ipv4() {
+        return Ok(Vec::new());
+    }
+    let same_site = "(your remote site and your uplink cannot be the same network)";
+    let mut shadows = Vec::new();
+    for r in routes.iter().filter(|r| r.prefix.addr.is_ipv4()) {
+        let (rp, owner) = (r.prefix, &r.owner);
+        let l_in_r = rp.prefix <= l.prefix && rp.contains(l.addr);
+        let r_in_l = l.prefix <= rp.prefix && l.contains(rp.addr);
+        if !l_in_r && !r_in_l {
+            continue;
+        }
+        if policy == OverlapPolicy::Refuse {
+            return Err(format!(
+                "it overlaps {owner}'s {rp} (UplinkOverlap = refuse)"
+            ));
+        }
+        if r_in_l && r.proxied {
+            continue;
+        }
+        if l == rp {
+            return Err(format!("it is {owner}'s {rp} {same_site}"));
+        }
+        if r_in_l {
+            return Err(format!(
+                "it contains {owner}'s {rp} (the uplink's subnet would cover that tunnel route)"
+            ));
+        }
+        if rp.prefix >= 16 {
+            return Err(format!("it lies inside {owner}'s {rp} {same_site}"));
+        }
+        shadows.push(format!("uplink {iface} {l} shadows {l} of {owner}'s {rp}"));
+    }
+    Ok(shadows)
+}
+
+/// [`judge`] for a configuration: its running peers, its policy.
+pub fn judge_config(iface: &str, subnet: Cidr, cfg: &Config) -> Result<Vec<String>, String> {
+    let routes = tunnel_routes(&cfg.running());
+    judge(iface, subnet, &routes, cfg.gateway.uplink_overlap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::config::PeerConfig;
+    use crate::core::key::Key;
+
+    fn c(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn cfg(peers: &[(&str, &[&str])], tunnel: &[&str]) -> Config {
+        let mut cfg = Config::default();
+        for (i, (name, ips)) in peers.iter().enumerate() {
+            let mut p = PeerConfig::new(Key([i as u8 + 1; 32]));
+            p.name = Some(name.to_string());
+            p.allowed_ips = ips.iter().map(|s| c(s)).collect();
+            cfg.peers.push(p);
+        }
+        cfg.interface.addresses = tunnel.iter().map(|s| c(s)).collect();
+        cfg
+    }
+
+    fn verdict(cfg: &Config, lease: &str) -> Result<Vec<String>, String> {
+        judge_config("eth0", c(lease), cfg)
+    }
+
+    #[test]
+    fn equal_to_a_peer_route_is_a_conflict() {
+        let k = cfg(&[("site-b", &["10.251.1.0/24"])], &["10.100.0.1/24"]);
+        assert_eq!(
+            verdict(&k, "10.251.1.50/24"),
+            Err("it is peer site-b's 10.251.1.0/24 (your remote site and your uplink cannot be the same network)".into())
+        );
+        // Another subnet beside it is fine, and says nothing.
+        assert_eq!(verdict(&k, "10.251.2.50/24"), Ok(vec![]));
+        assert_eq!(verdict(&k, "192.168.1.20/24"), Ok(vec![]));
+    }
+
+    #[test]
+    fn inside_a_site_sized_route_is_a_conflict() {
+        for r in ["10.251.0.0/16", "10.251.0.0/20"] {
+            let k = cfg(&[("site-b", &[r])], &[]);
+            let e = verdict(&k, "10.251.1.50/24").unwrap_err();
+            assert!(
+                e.starts_with(&format!("it lies inside peer site-b's {r} ")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn inside_a_wide_summary_route_is_kept_and_said() {
+        let k = cfg(&[("hub", &["10.0.0.0/8"])], &["10.100.0.1/24"]);
+        assert_eq!(
+            verdict(&k, "10.1.2.7/24"),
+            Ok(vec![
+                "uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8".into()
+            ])
+        );
+        let mut refuse = k.clone();
+        refuse.gateway.uplink_overlap = OverlapPolicy::Refuse;
+        assert_eq!(
+            verdict(&refuse, "10.1.2.7/24"),
+            Err("it overlaps peer hub's 10.0.0.0/8 (UplinkOverlap = refuse)".into())
+        );
+        // Refuse declines only overlaps.
+        assert_eq!(verdict(&refuse, "192.168.1.20/24"), Ok(vec![]));
+    }
+
+    #[test]
+    fn containing_a_tunnel_route_is_a_conflict_unless_proxied() {
+        let mut k = cfg(&[("office", &["192.168.1.16/28", "192.168.1.5/32"])], &[]);
+        k.gateway.proxy_arp = false;
+        assert!(verdict(&k, "192.168.1.50/24")
+            .unwrap_err()
+            .starts_with("it contains peer office's 192.168.1.16/28"));
+        // A /32 too, without proxy ARP (nobody publishes it on the uplink).
+        let mut host = cfg(&[("phone", &["192.168.1.5/32"])], &["192.168.1.250/24"]);
+        host.gateway.proxy_arp = false;
+        assert!(verdict(&host, "192.168.1.50/24").is_err());
+        // The proxy-ARP layout: peers numbered from the uplink's subnet, the tunnel
+        // numbered from its prefix.
+        host.gateway.proxy_arp = true;
+        assert_eq!(verdict(&host, "192.168.1.50/24"), Ok(vec![]));
+        // But a subnet route inside it still conflicts with proxy ARP on.
+        k.gateway.proxy_arp = true;
+        assert!(verdict(&k, "192.168.1.50/24").is_err());
+        host.gateway.uplink_overlap = OverlapPolicy::Refuse;
+        assert!(verdict(&host, "192.168.1.50/24").is_err());
+    }
+
+    #[test]
+    fn default_routes_disabled_peers_and_ipv6_are_no_conflict() {
+        let mut k = cfg(
+            &[
+                ("full", &["0.0.0.0/0", "::/0"]),
+                ("off", &["10.9.9.0/24"]),
+                ("v6", &["fd00::/8"]),
+            ],
+            &["fd00::1/64"],
+        );
+        k.peers[1].enabled = false;
+        assert_eq!(verdict(&k, "10.9.9.5/24"), Ok(vec![]));
+        k.gateway.uplink_overlap = OverlapPolicy::Refuse;
+        assert_eq!(verdict(&k, "10.9.9.5/24"), Ok(vec![]));
+    }
+
+    #[test]
+    fn tunnel_address_subnet_counts() {
+        let mut k = cfg(&[], &["10.100.0.1/24"]);
+        k.gateway.proxy_arp = false;
+        assert!(verdict(&k, "10.100.0.7/24")
+            .unwrap_err()
+            .starts_with("it is the tunnel's 10.100.0.0/24"));
+        assert!(verdict(&k, "10.100.0.7/25")
+            .unwrap_err()
+            .starts_with("it lies inside the tunnel's 10.100.0.0/24"));
+        // Unnamed peers are named by their key.
+        let mut p = PeerConfig::new(Key([9; 32]));
+        p.allowed_ips = vec![c("10.7.0.0/16")];
+        k.peers.push(p);
+        let e = verdict(&k, "10.7.3.3/24").unwrap_err();
+        assert!(e.contains("peer CQkJCQkJ…'s 10.7.0.0/16"), "{e}");
+    }
+}
