@@ -185,7 +185,7 @@ spawn inns $R dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
 has6() { ip -n $G -6 -o addr show dev upl | grep -q "inet6 $1"; }
 check "(4) fd00:99::/64 (no conflict): a SLAAC address" wait_for 15 has6 fd00:99:
 check "(4) status: fd00:251::/64 not used, it is site-b's" \
-    wait_for 6 status_has "uplink upl: RA prefix fd00:251::/64 not used: it is peer site-b's fd00:251::/64"
+    wait_for 6 status_has "uplink upl: RA prefix fd00:251::/64 not used: it is peer site-b's fd00:251::/64 (your remote site and your uplink cannot be the same network)"
 sleep 1
 check "(4) no fd00:251:: address on the uplink" sh -c "! ip -n $G -6 -o addr show dev upl | grep -q 'inet6 fd00:251:'"
 check "(4) no on-link fd00:251::/64 route on the uplink" sh -c "! ip -n $G -6 route show dev upl | grep -q '^fd00:251::/64'"

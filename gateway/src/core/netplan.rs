@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use crate::core::config::{Config, OverlapPolicy};
+use crate::core::config::Config;
 use crate::core::net::Cidr;
 
 /// The kernel's main routing table (`RT_TABLE_MAIN`).
@@ -326,56 +326,6 @@ pub fn proxy_diff(
             .copied()
             .collect(),
     }
-}
-
-/// The shortest IPv4 tunnel route an uplink subnet may not lie inside: a remote site's
-/// network and the uplink cannot be one network (`OverlapPolicy::Auto`).
-pub const SITE_PREFIX_V4: u8 = 16;
-/// The same bound for IPv6 (a site's /48).
-pub const SITE_PREFIX_V6: u8 = 48;
-
-/// How an uplink prefix (a static `UplinkAddress` subnet, a DHCP lease's subnet, an RA
-/// prefix) stands to the tunnel's routes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// No tunnel route overlaps it.
-    Clear,
-    /// It overlaps `route` and is kept (policy `auto`): a narrower part of a wide summary
-    /// route (a hub's `10.0.0.0/8` over a 10.x uplink), or wider than the route (the
-    /// tunnel route, more specific, still wins). `show status` says which part is shadowed.
-    Kept { route: Cidr },
-    /// It would take `route`'s place: equal to it, or inside it and the route is /16
-    /// (IPv6: /48) or longer; under `UplinkOverlap = refuse`, any overlap. Not used.
-    Conflict { route: Cidr },
-}
-
-/// The verdict on `uplink` (masked here) against `routes` (the tunnel's, as
-/// [`tunnel_routes`] gives them; `/0` is never a conflict: it is not installed). A
-/// conflict with any route wins over a kept overlap with another.
-pub fn overlap(uplink: Cidr, routes: &[Cidr], policy: OverlapPolicy) -> Verdict {
-    let u = uplink.network();
-    let mut kept = None;
-    for r in routes {
-        let r = r.network();
-        if r.prefix == 0 || r.addr.is_ipv4() != u.addr.is_ipv4() {
-            continue;
-        }
-        let u_inside = r.prefix <= u.prefix && r.contains(u.addr);
-        let r_inside = u.prefix <= r.prefix && u.contains(r.addr);
-        if !u_inside && !r_inside {
-            continue;
-        }
-        let site = if r.addr.is_ipv4() {
-            SITE_PREFIX_V4
-        } else {
-            SITE_PREFIX_V6
-        };
-        if policy == OverlapPolicy::Refuse || r == u || (u_inside && r.prefix >= site) {
-            return Verdict::Conflict { route: r };
-        }
-        kept.get_or_insert(r);
-    }
-    kept.map_or(Verdict::Clear, |route| Verdict::Kept { route })
 }
 
 /// The peer that owns tunnel route `route` (the first whose allowed IP masks to it), by
@@ -832,73 +782,7 @@ mod tests {
     }
 
     #[test]
-    fn overlap_verdicts() {
-        use OverlapPolicy::{Auto, Refuse};
-        let routes = cs(&["10.251.1.0/24", "10.0.0.0/8", "fd00:251::/64", "fd10::/48"]);
-        let v = |u: &str, p| overlap(c(u), &routes, p);
-        // Equal: a conflict, host bits of the lease masked.
-        assert_eq!(
-            v("10.251.1.50/24", Auto),
-            Verdict::Conflict {
-                route: c("10.251.1.0/24")
-            }
-        );
-        // Inside a /24 (>= /16): a conflict, even though it is also inside the /8.
-        assert_eq!(
-            v("10.251.1.128/25", Auto),
-            Verdict::Conflict {
-                route: c("10.251.1.0/24")
-            }
-        );
-        // Inside only the hub's /8: kept and said; refused under `refuse`.
-        assert_eq!(
-            v("10.5.0.9/24", Auto),
-            Verdict::Kept {
-                route: c("10.0.0.0/8")
-            }
-        );
-        assert_eq!(
-            v("10.5.0.9/24", Refuse),
-            Verdict::Conflict {
-                route: c("10.0.0.0/8")
-            }
-        );
-        // Wider than a route: kept (the route is more specific), refused under refuse.
-        assert!(matches!(
-            overlap(c("10.251.0.1/16"), &cs(&["10.251.1.0/24"]), Auto),
-            Verdict::Kept { .. }
-        ));
-        assert!(matches!(
-            overlap(c("10.251.0.1/16"), &cs(&["10.251.1.0/24"]), Refuse),
-            Verdict::Conflict { .. }
-        ));
-        // Unrelated, other family, /0: clear.
-        assert_eq!(v("192.168.1.20/24", Refuse), Verdict::Clear);
-        assert_eq!(
-            overlap(c("10.1.1.1/24"), &cs(&["0.0.0.0/0", "::/0"]), Refuse),
-            Verdict::Clear
-        );
-        // IPv6: equal, inside a /48, inside something shorter.
-        assert_eq!(
-            v("fd00:251::/64", Auto),
-            Verdict::Conflict {
-                route: c("fd00:251::/64")
-            }
-        );
-        assert!(matches!(
-            v("fd10:0:0:5::/64", Auto),
-            Verdict::Conflict { .. }
-        ));
-        let wide6 = cs(&["fd00::/16"]);
-        assert!(matches!(
-            overlap(c("fd00:5::/64"), &wide6, Auto),
-            Verdict::Kept { .. }
-        ));
-        assert!(matches!(
-            overlap(c("fd00:5::/64"), &wide6, Refuse),
-            Verdict::Conflict { .. }
-        ));
-        assert_eq!(v("2001:db8::/64", Auto), Verdict::Clear);
+    fn route_owner_names_the_peer() {
         // The owner of a route, for messages.
         let mut p = peer(1, &["10.251.1.0/24"]);
         p.name = Some("site-b".into());

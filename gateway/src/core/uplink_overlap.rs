@@ -1,19 +1,21 @@
-//! Whether an uplink subnet (a DHCP lease) may share addresses with the tunnel's routes:
-//! the pure verdict `riceguard dhcp` asks before it requests or keeps a lease.
+//! Whether an uplink prefix (a DHCP lease's subnet, a router advertisement's prefix) may
+//! share addresses with the tunnel's routes: the pure verdict `riceguard dhcp` asks
+//! before it requests or keeps a lease ([`judge`]) and the daemon's watch asks of each RA
+//! prefix ([`verdict`]); one rule for both.
 //!
-//! The tunnel's IPv4 routes are every enabled peer's AllowedIPs (a `/0` is never one: it is
-//! not installed as a route) and the subnets of the tunnel's own addresses. Against a
-//! lease's subnet `L` and a tunnel route `R`:
+//! The tunnel's routes are every enabled peer's AllowedIPs (a `/0` is never one: it is
+//! not installed as a route) and the subnets of the tunnel's own addresses. Against an
+//! uplink prefix `L` and a tunnel route `R` of the same family:
 //! - `L == R`: the two routes cannot both be installed (`EEXIST`) and the lease's would
 //!   win: a conflict — your remote site and your uplink cannot be the same network;
-//! - `L` inside `R` where `R` is /16 or longer: a site-sized route the uplink would cut a
-//!   piece out of: a conflict;
+//! - `L` inside `R` where `R` is /16 (IPv6: /48) or longer: a site-sized route the uplink
+//!   would cut a piece out of: a conflict;
 //! - `L` inside a wider `R` (a hub's `10.0.0.0/8` over a 10.1.2.0/24 uplink): normal; kept
 //!   and said (`uplink eth0 10.1.2.0/24 shadows 10.1.2.0/24 of peer hub's 10.0.0.0/8`);
 //! - `R` inside `L` (a /24 lease over a peer's /28): the uplink's subnet covers the
 //!   tunnel's addresses, so its hosts there are unreachable and the router or a rogue
 //!   server may sit on them: a conflict. Except the proxy-ARP layout (`ProxyArp = on`, the
-//!   default): peer host routes (/32) inside the uplink's subnet, and the tunnel numbered
+//!   default): peer host routes (/32, /128) inside the uplink's subnet, and the tunnel numbered
 //!   from the uplink's own prefix, are how peers are published on a one-armed LAN; their
 //!   more specific routes keep winning, so nothing is diverted.
 //!
@@ -23,7 +25,13 @@
 use crate::core::config::{Config, OverlapPolicy};
 use crate::core::net::Cidr;
 
-/// One IPv4 route of the tunnel, as its network prefix.
+/// The shortest IPv4 tunnel route an uplink prefix may not lie inside: a remote site's
+/// network and the uplink cannot be one network (`OverlapPolicy::Auto`).
+pub const SITE_PREFIX_V4: u8 = 16;
+/// The same bound for IPv6 (a site's /48).
+pub const SITE_PREFIX_V6: u8 = 48;
+
+/// One route of the tunnel, as its network prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TunnelRoute {
     /// Whose route it is, for messages: `peer site-b`, `the tunnel`.
@@ -33,7 +41,7 @@ pub struct TunnelRoute {
     pub proxied: bool,
 }
 
-/// The tunnel's IPv4 routes in the configuration `cfg` runs (its enabled peers).
+/// The tunnel's routes (both families) in the configuration `cfg` runs (its enabled peers).
 pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
     let proxy = cfg.gateway.proxy_arp;
     let mut out = Vec::new();
@@ -45,24 +53,15 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
                 format!("peer {}…", k.get(..8).unwrap_or(&k))
             }
         };
-        for c in p
-            .allowed_ips
-            .iter()
-            .filter(|c| c.addr.is_ipv4() && c.prefix > 0)
-        {
+        for c in p.allowed_ips.iter().filter(|c| c.prefix > 0) {
             out.push(TunnelRoute {
                 owner: owner.clone(),
                 prefix: c.network(),
-                proxied: proxy && c.prefix == 32,
+                proxied: proxy && c.prefix == if c.addr.is_ipv4() { 32 } else { 128 },
             });
         }
     }
-    for a in cfg
-        .interface
-        .addresses
-        .iter()
-        .filter(|c| c.addr.is_ipv4() && c.prefix > 0)
-    {
+    for a in cfg.interface.addresses.iter().filter(|c| c.prefix > 0) {
         out.push(TunnelRoute {
             owner: "the tunnel".into(),
             prefix: a.network(),
@@ -70,6 +69,73 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
         });
     }
     out
+}
+
+/// How uplink prefix `l` (masked) stands to tunnel route `r`: `None` when they do not
+/// overlap (or are of different families), `Some(Ok(()))` for an overlap that is kept,
+/// `Some(Err(why))` for a conflict.
+fn relation(l: Cidr, r: &TunnelRoute, policy: OverlapPolicy) -> Option<Result<(), String>> {
+    let (rp, owner) = (r.prefix, &r.owner);
+    if l.addr.is_ipv4() != rp.addr.is_ipv4() || rp.prefix == 0 {
+        return None;
+    }
+    let l_in_r = rp.prefix <= l.prefix && rp.contains(l.addr);
+    let r_in_l = l.prefix <= rp.prefix && l.contains(rp.addr);
+    if !l_in_r && !r_in_l {
+        return None;
+    }
+    let same_site = "(your remote site and your uplink cannot be the same network)";
+    let site = if rp.addr.is_ipv4() {
+        SITE_PREFIX_V4
+    } else {
+        SITE_PREFIX_V6
+    };
+    Some(if policy == OverlapPolicy::Refuse {
+        Err(format!(
+            "it overlaps {owner}'s {rp} (UplinkOverlap = refuse)"
+        ))
+    } else if r_in_l && r.proxied {
+        Ok(())
+    } else if l == rp {
+        Err(format!("it is {owner}'s {rp} {same_site}"))
+    } else if r_in_l {
+        Err(format!(
+            "it contains {owner}'s {rp} (the uplink's subnet would cover that tunnel route)"
+        ))
+    } else if rp.prefix >= site {
+        Err(format!("it lies inside {owner}'s {rp} {same_site}"))
+    } else {
+        Ok(())
+    })
+}
+
+/// What the watch does with an uplink prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict<'a> {
+    /// No tunnel route overlaps it.
+    Clear,
+    /// It overlaps `route` and is kept (a narrower part of a wide summary route, or the
+    /// proxy-ARP layout); `show status` says which part is shadowed.
+    Kept { route: &'a TunnelRoute },
+    /// It conflicts with `route`, for the reason `why`: not used.
+    Conflict { route: &'a TunnelRoute, why: String },
+}
+
+/// The verdict on `uplink` (host bits may be set) against `routes`: a conflict with any
+/// route wins over a kept overlap with another.
+pub fn verdict(uplink: Cidr, routes: &[TunnelRoute], policy: OverlapPolicy) -> Verdict<'_> {
+    let l = uplink.network();
+    let mut kept = None;
+    for r in routes {
+        match relation(l, r, policy) {
+            None => {}
+            Some(Ok(())) => {
+                kept.get_or_insert(r);
+            }
+            Some(Err(why)) => return Verdict::Conflict { route: r, why },
+        }
+    }
+    kept.map_or(Verdict::Clear, |route| Verdict::Kept { route })
 }
 
 /// The verdict on uplink `iface` getting `subnet` (host bits may be set): `Ok` with the
@@ -82,38 +148,18 @@ pub fn judge(
     policy: OverlapPolicy,
 ) -> Result<Vec<String>, String> {
     let l = subnet.network();
-    if !l.addr.is_ipv4() {
-        return Ok(Vec::new());
-    }
-    let same_site = "(your remote site and your uplink cannot be the same network)";
     let mut shadows = Vec::new();
-    for r in routes.iter().filter(|r| r.prefix.addr.is_ipv4()) {
-        let (rp, owner) = (r.prefix, &r.owner);
-        let l_in_r = rp.prefix <= l.prefix && rp.contains(l.addr);
-        let r_in_l = l.prefix <= rp.prefix && l.contains(rp.addr);
-        if !l_in_r && !r_in_l {
-            continue;
+    for r in routes {
+        match relation(l, r, policy) {
+            None => {}
+            Some(Err(why)) => return Err(why),
+            Some(Ok(())) if r.prefix.prefix < l.prefix => shadows.push(format!(
+                "uplink {iface} {l} shadows {l} of {}'s {}",
+                r.owner, r.prefix
+            )),
+            // The proxy-ARP layout: the tunnel's more specific routes win.
+            Some(Ok(())) => {}
         }
-        if policy == OverlapPolicy::Refuse {
-            return Err(format!(
-                "it overlaps {owner}'s {rp} (UplinkOverlap = refuse)"
-            ));
-        }
-        if r_in_l && r.proxied {
-            continue;
-        }
-        if l == rp {
-            return Err(format!("it is {owner}'s {rp} {same_site}"));
-        }
-        if r_in_l {
-            return Err(format!(
-                "it contains {owner}'s {rp} (the uplink's subnet would cover that tunnel route)"
-            ));
-        }
-        if rp.prefix >= 16 {
-            return Err(format!("it lies inside {owner}'s {rp} {same_site}"));
-        }
-        shadows.push(format!("uplink {iface} {l} shadows {l} of {owner}'s {rp}"));
     }
     Ok(shadows)
 }
@@ -229,6 +275,55 @@ mod tests {
         assert_eq!(verdict(&k, "10.9.9.5/24"), Ok(vec![]));
         k.gateway.uplink_overlap = OverlapPolicy::Refuse;
         assert_eq!(verdict(&k, "10.9.9.5/24"), Ok(vec![]));
+    }
+
+    /// The RA side: IPv6 prefixes by the same rule, /48 as the site bound; a conflict
+    /// with one route wins over a kept overlap with another.
+    #[test]
+    fn ipv6_prefixes_by_the_same_rule() {
+        use OverlapPolicy::{Auto, Refuse};
+        let k = cfg(
+            &[
+                ("site-b", &["fd00:251::/64", "10.251.1.0/24"]),
+                ("site-c", &["fd10::/48"]),
+                ("hub", &["fd00::/16", "10.0.0.0/8"]),
+                ("phone", &["2001:db8:1::5/128"]),
+            ],
+            &[],
+        );
+        let routes = tunnel_routes(&k);
+        let v = |u: &str, p| super::verdict(c(u), &routes, p);
+        let owner = |v: Verdict<'_>| match v {
+            Verdict::Conflict { route, .. } | Verdict::Kept { route } => route.owner.clone(),
+            Verdict::Clear => String::new(),
+        };
+        assert!(matches!(v("fd00:251::/64", Auto), Verdict::Conflict { .. }));
+        assert_eq!(owner(v("fd00:251::/64", Auto)), "peer site-b");
+        assert!(matches!(
+            v("fd10:0:0:5::/64", Auto),
+            Verdict::Conflict { .. }
+        ));
+        // Inside only the hub's /16: kept; refused under refuse.
+        assert_eq!(owner(v("fd00:5::/64", Auto)), "peer hub");
+        assert!(matches!(v("fd00:5::/64", Auto), Verdict::Kept { .. }));
+        assert!(matches!(v("fd00:5::/64", Refuse), Verdict::Conflict { .. }));
+        // Inside a /24 (>= /16) and the /8: the conflict wins.
+        assert!(matches!(
+            v("10.251.1.128/25", Auto),
+            Verdict::Conflict { .. }
+        ));
+        // A proxied /128 inside the prefix: the proxy-ARP layout, kept.
+        assert!(matches!(v("2001:db8:1::/64", Auto), Verdict::Kept { .. }));
+        assert!(matches!(
+            v("2001:db8:1::/64", Refuse),
+            Verdict::Conflict { .. }
+        ));
+        assert_eq!(v("2001:db8:9::/64", Refuse), Verdict::Clear);
+        let full = cfg(&[("full", &["0.0.0.0/0", "::/0"])], &[]);
+        assert_eq!(
+            super::verdict(c("fd00::/64"), &tunnel_routes(&full), Refuse),
+            Verdict::Clear
+        );
     }
 
     #[test]

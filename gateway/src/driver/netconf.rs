@@ -17,7 +17,7 @@
 //!   route through the tunnel where the port's connected route would win;
 //! - tunnel routes another interface holds (the uplink's subnet): said and retried each
 //!   watch round, never failing the start or a reload; IPv6 RA prefixes that would take
-//!   a tunnel route's place ([`netplan::overlap`]): their SLAAC addresses and on-link
+//!   a tunnel route's place ([`uplink_overlap::verdict`]): their SLAAC addresses and on-link
 //!   routes removed each round (the kernel has no per-prefix switch);
 //! - the firewall (`driver::firewall`, `Firewall = on`): installed before the tunnel is
 //!   up, replaced when the configuration or the ports' subnets change;
@@ -46,8 +46,9 @@ use super::firewall::{self, Firewall};
 use crate::core::config::{Config, DEFAULT_MTU};
 use crate::core::net::Cidr;
 use crate::core::netplan::{
-    self, KernelRoute, Port, ProbeBook, ProbeResult, ProxyEntry, Role, Verdict, MAIN_TABLE,
+    self, KernelRoute, Port, ProbeBook, ProbeResult, ProxyEntry, Role, MAIN_TABLE,
 };
+use crate::core::uplink_overlap::{self, TunnelRoute, Verdict};
 use crate::sys::netlink::{Netlink, NetlinkError, RTPROT_RICEGUARD};
 use crate::sys::probe::Probe;
 
@@ -351,7 +352,7 @@ impl NetConf {
     }
 
     /// IPv6 router advertisements on the uplink: a prefix that would take a tunnel
-    /// route's place ([`netplan::overlap`], `UplinkOverlap`) is not used. The kernel does
+    /// route's place ([`uplink_overlap::verdict`], `UplinkOverlap`) is not used. The kernel does
     /// SLAAC itself and has no per-prefix switch (`accept_ra_pinfo`/`autoconf` would
     /// drop the uplink's good prefixes too), so each round the kernel-made (SLAAC)
     /// addresses in such a prefix and its on-link route are removed; an advertisement
@@ -365,10 +366,9 @@ impl NetConf {
         let Ok(ui) = Netlink::ifindex(&up) else {
             return;
         };
-        let routes: Vec<Cidr> = netplan::tunnel_routes(cfg)
-            .routes
+        let routes: Vec<TunnelRoute> = uplink_overlap::tunnel_routes(cfg)
             .into_iter()
-            .filter(|r| r.addr.is_ipv6())
+            .filter(|r| r.prefix.addr.is_ipv6())
             .collect();
         if routes.is_empty() {
             return;
@@ -410,19 +410,25 @@ impl NetConf {
         prefixes.sort_by_key(Cidr::sort_key);
         prefixes.dedup();
         for p in prefixes {
-            match netplan::overlap(p, &routes, cfg.gateway.uplink_overlap) {
+            match uplink_overlap::verdict(p, &routes, cfg.gateway.uplink_overlap) {
                 Verdict::Clear => {}
                 Verdict::Kept { route } => {
                     let msg = format!(
-                        "uplink {up}: RA prefix {p} overlaps {}'s {route}: kept (the uplink shadows that part of it)",
-                        netplan::route_owner(cfg, route)
+                        "uplink {up}: RA prefix {p} overlaps {}'s {}: kept ({})",
+                        route.owner,
+                        route.prefix,
+                        if route.prefix.prefix < p.prefix {
+                            "the uplink shadows that part of it"
+                        } else {
+                            "the tunnel's more specific route wins"
+                        }
                     );
                     if st.ra.get(&p.sort_key()) != Some(&msg) {
                         log::info!("{msg}");
                     }
                     st.ra.insert(p.sort_key(), msg);
                 }
-                Verdict::Conflict { route } => {
+                Verdict::Conflict { why, .. } => {
                     for a in addrs
                         .iter()
                         .filter(|a| a.slaac() && p.contains(a.cidr.addr))
@@ -434,10 +440,7 @@ impl NetConf {
                     if let Err(e) = nl.delete_kernel_route(p, ui) {
                         log::warn!("uplink {up}: {e}");
                     }
-                    let msg = format!(
-                        "uplink {up}: RA prefix {p} not used: it is {}'s {route}",
-                        netplan::route_owner(cfg, route)
-                    );
+                    let msg = format!("uplink {up}: RA prefix {p} not used: {why}");
                     if st.ra.get(&p.sort_key()) != Some(&msg) {
                         log::warn!(
                             "{msg} (its SLAAC address and on-link route are removed each time an advertisement brings them back)"
