@@ -520,7 +520,10 @@ impl Hooks for SystemHooks {
     }
 
     fn status(&mut self) -> Vec<String> {
-        let mut out = vec![format!("version: riceguard {}", env!("CARGO_PKG_VERSION"))];
+        // The clock first: a wrong one explains failed handshakes and odd dates.
+        let mut out = vec![crate::driver::ntp::clock_line()];
+        out.extend(crate::driver::ntp::note_lines());
+        out.push(format!("version: riceguard {}", env!("CARGO_PKG_VERSION")));
         if let Ok(v) = std::fs::read_to_string("/etc/riceguard/version") {
             let build =
                 crate::update::parse_build_file(std::fs::read_to_string(crate::update::BUILD_FILE));
