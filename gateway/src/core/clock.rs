@@ -653,14 +653,16 @@ pub fn fmt_offset(ns: i64) -> String {
     let sign = if ns < 0 { '-' } else { '+' };
     let a = ns.unsigned_abs();
     let s = a / NANOS as u64;
+    // Rounded to the nearest unit: a server 30 days ahead, asked a moment later, is "30 d".
+    let near = |unit: u64| (s + unit / 2) / unit;
     if s < 120 {
         format!("{sign}{}.{:03} s", s, a % NANOS as u64 / 1_000_000)
     } else if s < 7200 {
-        format!("{sign}{} min", s / 60)
+        format!("{sign}{} min", near(60))
     } else if s < 3 * 86_400 {
-        format!("{sign}{} h", s / 3600)
+        format!("{sign}{} h", near(3600))
     } else {
-        format!("{sign}{} d", s / 86_400)
+        format!("{sign}{} d", near(86_400))
     }
 }
 

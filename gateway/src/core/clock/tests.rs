@@ -569,5 +569,7 @@ fn offsets_read_well() {
     assert_eq!(fmt_offset(-secs(600)), "-10 min");
     assert_eq!(fmt_offset(secs(5 * 3600)), "+5 h");
     assert_eq!(fmt_offset(secs(30 * DAY)), "+30 d");
-    assert_eq!(fmt_offset(i64::MIN), "-106751 d");
+    assert_eq!(fmt_offset(secs(30 * DAY) - 5_000_000_000), "+30 d");
+    assert_eq!(fmt_offset(secs(299)), "+5 min");
+    assert_eq!(fmt_offset(i64::MIN), "-106752 d");
 }
