@@ -28,6 +28,11 @@ pub trait Clock {
     fn now(&self) -> Instant;
     /// Seconds since the Unix epoch.
     fn unix(&self) -> u64;
+    /// This boot's id and `CLOCK_BOOTTIME` in seconds: deadlines recorded on it do not
+    /// move with the wall clock. `None`: unknown (then the unix time is used).
+    fn boot(&self) -> Option<(String, u64)> {
+        None
+    }
 }
 
 pub struct SystemClock;
@@ -41,6 +46,12 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0)
+    }
+    fn boot(&self) -> Option<(String, u64)> {
+        Some((
+            crate::sys::clock::boot_id()?,
+            crate::sys::clock::boottime().as_secs(),
+        ))
     }
 }
 
