@@ -573,3 +573,95 @@ fn offsets_read_well() {
     assert_eq!(fmt_offset(secs(299)), "+5 min");
     assert_eq!(fmt_offset(i64::MIN), "-106752 d");
 }
+
+/// The stamps boringtun sends are `wall at Tunn creation + monotonic time since`; with the
+/// policy's decisions applied to a model clock (steps move the wall clock, slews move
+/// wall and monotonic alike), every Tunn made later stamps at or past every stamp sent
+/// before, across a power cut too, where the next boot's floor is the saved time.
+#[test]
+fn stamps_increase_across_steps_and_reboots() {
+    struct Model {
+        wall: i64, // ns
+        mono: i64,
+        tunns: Vec<(i64, i64)>, // (wall, mono) at creation
+        sent_max: i64,
+        saved: i64,
+    }
+    impl Model {
+        fn stamp_all(&mut self) {
+            for &(w, m) in &self.tunns {
+                let s = w + (self.mono - m);
+                self.sent_max = self.sent_max.max(s);
+            }
+        }
+        fn new_tunn(&mut self) {
+            // Its first stamp is at least this (time passes before it sends): not behind.
+            let s = self.wall;
+            assert!(
+                s >= self.sent_max,
+                "a new Tunn stamps {s}, behind {}",
+                self.sent_max
+            );
+            self.tunns.push((self.wall, self.mono));
+        }
+        fn pass(&mut self, ns: i64) {
+            self.wall += ns;
+            self.mono += ns;
+            self.stamp_all();
+        }
+        fn save(&mut self) {
+            self.saved = self.wall + SAVE_AHEAD.as_nanos() as i64;
+        }
+    }
+    let mut m = Model {
+        wall: secs(T0),
+        mono: secs(5),
+        tunns: Vec::new(),
+        sent_max: 0,
+        saved: 0,
+    };
+    m.save();
+    let mut p = Policy::new(
+        UnixTime::from_nanos(m.wall),
+        Duration::from_nanos(m.mono as u64),
+    );
+    m.new_tunn();
+    // Answers: ahead 3 h (step), behind 0.4 s (slew), behind 1 h (refused), ahead 2 s.
+    for off in [secs(3 * 3600), -400_000_000, secs(-3600), secs(2)] {
+        m.pass(secs(64));
+        let d = p.decide(
+            addr(1),
+            true,
+            UnixTime::from_nanos(m.wall),
+            Duration::from_nanos(m.mono as u64),
+            &Sample {
+                offset: off,
+                delay: 0,
+            },
+        );
+        match d {
+            Decision::Step { by, .. } => {
+                assert!(by >= 0);
+                m.save(); // saved before the step, ahead of the new clock
+                m.saved = m.saved.max(m.wall + by + SAVE_AHEAD.as_nanos() as i64);
+                m.wall += by;
+            }
+            // A slew moves both clocks: the difference (the stamps' base) is unchanged.
+            Decision::Slew { .. } => {}
+            Decision::Refused(_) => {}
+        }
+        m.pass(1_000_000);
+        m.new_tunn();
+    }
+    // A power cut 5 min after the last save: the next boot starts at the saved time
+    // (no RTC), ahead of every stamp sent.
+    m.save();
+    m.pass(secs(300));
+    let floor = boot_decision(0, None, Some(m.saved / NANOS), Some(T0))
+        .set_to
+        .unwrap();
+    m.wall = secs(floor);
+    m.mono = secs(3);
+    m.tunns.clear();
+    m.new_tunn();
+}
