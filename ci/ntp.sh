@@ -4,7 +4,7 @@
 # client keeps a virtual clock and never sets the host's, so each case reads its
 # decisions from its log and state file:
 #   - a good answer 5 min ahead: stepped (the first sync), `riceguard status` says
-#     `source: ntp ...`;
+#     `source: ntp ...`; two servers saying the same: one step, the other slewed;
 #   - kiss-o'-death DENY: that server is not asked again; RATE: polled less often; nothing
 #     stepped;
 #   - LI = 3 (unsynchronised): not used;
@@ -39,11 +39,11 @@ queries() { grep -c "^query $1 " "$tmp/server.log" 2>/dev/null || true; }
 
 netns_add $SRV $CLI
 veth_pair $SRV rgnv0 10.123.0.1/24 $CLI rgnv1 10.123.0.2/24
-for i in 11 12 13 14 15 16; do ip -n $SRV addr add 10.123.0.$i/24 dev rgnv0; done
+for i in 11 12 13 14 15 16 17; do ip -n $SRV addr add 10.123.0.$i/24 dev rgnv0; done
 
 spawn ip netns exec $SRV python3 ci/lib/sntp_server.py --log "$tmp/server.log" \
     10.123.0.1=offset=300 10.123.0.11=kiss=DENY 10.123.0.12=kiss=RATE 10.123.0.13=li=3 \
-    10.123.0.14=offset=2592000 10.123.0.15=offset=2592000.5 10.123.0.16=offset=-3600 \
+    10.123.0.14=offset=2592000 10.123.0.15=offset=2592000.5 10.123.0.16=offset=-3600 10.123.0.17=offset=300 \
     >"$tmp/server.out" 2>&1
 check "SNTP server ready" wait_for 10 log_has "$tmp/server.out" ready
 
@@ -68,6 +68,11 @@ check "state file names the server of the last sync" log_has "$tmp/good/clock" "
 st=$(RG_RUN_DIR="$tmp/good" "$RG" status 2>/dev/null | head -1)
 note "status: $st"
 check "riceguard status begins with the clock line, source ntp" bash -c "[[ '$st' == 'clock: '*'(source: ntp 10.123.0.1:123, last sync '*' s ago)' ]]"
+
+run_case two 8 --server 10.123.0.1 --server 10.123.0.17
+sleep 1
+check "two servers asked at once, 5 min ahead: one step, the other answer slewed (the step is not made twice)" \
+    bash -c "[ \$(grep -c 'stepped the clock' '$tmp/two.log') = 1 ] && grep -q 'slewing the clock [-+]0\.' '$tmp/two.log'"
 
 run_case kiss 6 --server 10.123.0.11 --server 10.123.0.12
 sleep 2

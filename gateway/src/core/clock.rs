@@ -1012,6 +1012,16 @@ impl Poller {
         out
     }
 
+    /// The clock was stepped by `by` ns: queries still open measure from the new clock
+    /// (an answer to a query sent before the step would otherwise carry the step again).
+    pub fn clock_stepped(&mut self, by: i64) {
+        for s in &mut self.servers {
+            if let Some(q) = s.query.as_mut() {
+                q.sent_wall = q.sent_wall.add_nanos(by);
+            }
+        }
+    }
+
     /// Note what the policy made of a server's answer (for its report line).
     pub fn note(&mut self, addr: SocketAddr, what: &str) {
         if let Some(s) = self.servers.iter_mut().find(|s| s.id.addr == addr) {

@@ -390,27 +390,27 @@ fn run(a: Args) -> Result<(), String> {
             .min(next_refresh);
         let wait = due.saturating_sub(sysclock::boottime()).min(REFRESH);
         wait_readable(&queries, wait);
-        let mut events = Vec::new();
         let mut done = Vec::new();
         for (addr, s) in &queries {
             while let Ok(n) = s.recv(&mut buf) {
+                // Each answer is acted on before the next is read: a step it makes
+                // shifts the other open queries (`Poller::clock_stepped`).
                 if let Some(e) = poller.handle_reply(sysclock::boottime(), *addr, &buf[..n]) {
-                    events.push(e);
+                    handle(e, &mut pol, &mut poller, &mut clock, &mut state, dry);
                     done.push(*addr);
                     break;
                 }
             }
         }
         let tevents = poller.handle_timeout(sysclock::boottime());
-        done.extend(tevents.iter().filter_map(|e| match e {
-            Event::Timeout { server } => Some(server.addr),
-            _ => None,
-        }));
-        queries.retain(|(q, _)| !done.contains(q));
-        let changed = !events.is_empty() || !tevents.is_empty();
-        for e in events.into_iter().chain(tevents) {
+        let changed = !done.is_empty() || !tevents.is_empty();
+        for e in tevents {
+            if let Event::Timeout { server } = &e {
+                done.push(server.addr);
+            }
             handle(e, &mut pol, &mut poller, &mut clock, &mut state, dry);
         }
+        queries.retain(|(q, _)| !done.contains(q));
         if changed {
             publish(&a.dir, &mut state, &poller);
         }
@@ -440,6 +440,7 @@ fn handle(
                             if agreed { " (two servers agree)" } else { "" }
                         );
                         clock.synced();
+                        poller.clock_stepped(by);
                         poller.note(who, "stepped");
                         state.last_sync = Some((who.to_string(), now));
                     }

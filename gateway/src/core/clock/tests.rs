@@ -665,3 +665,28 @@ fn stamps_increase_across_steps_and_reboots() {
     m.tunns.clear();
     m.new_tunn();
 }
+
+#[test]
+fn a_step_is_not_applied_twice_by_answers_to_queries_sent_before_it() {
+    let mut p = Poller::default();
+    let t0 = Duration::from_secs(1);
+    let w = UnixTime::from_secs(T0);
+    p.set_servers(t0, ids(2));
+    let (_, q1) = p.poll_transmit(t0, w, 1).unwrap();
+    let (_, q2) = p.poll_transmit(t0, w, 2).unwrap();
+    // Both servers say T0 + 180 s; the first answer steps the clock by it.
+    let truth = UnixTime::from_secs(T0 + 180);
+    let Some(Event::Sample { sample, .. }) =
+        p.handle_reply(t0, addr(1), &answer(cookie_of(&q1), truth))
+    else {
+        panic!("no sample");
+    };
+    assert!((sample.offset - secs(180)).abs() < 1_000_000);
+    p.clock_stepped(sample.offset);
+    let Some(Event::Sample { sample, .. }) =
+        p.handle_reply(t0, addr(2), &answer(cookie_of(&q2), truth))
+    else {
+        panic!("no sample");
+    };
+    assert!(sample.offset.abs() < 1_000_000, "{sample:?}");
+}
