@@ -14,6 +14,12 @@
 #     second boot, `show status` with the firewall's line, `reboot` typed on the serial
 #     console (clean unmount of perm); init's `firewall: table inet riceguard in place`
 #     before the uplink's address;
+#     the clock (issue 20): every net boot starts with the RTC at 2001 (-rtc base=), and
+#     the namespace runs an SNTP server (ci/lib/sntp_server.py) on two addresses, both in
+#     `Ntp`: boot 1 starts at the image's build time (source: build), then NTP steps it;
+#     boot 2 (after boot 1 was killed: a power cut) starts from the saved time (source:
+#     saved, past the build time) and NTP never steps it back; boot 3's `show status`
+#     begins with `clock: <ISO 8601> (source: ...)`;
 #     while each boots, closed TCP/UDP ports of the uplink probed from the namespace ten
 #     times a second: none ever answers (no RST, no ICMP port unreachable), from the
 #     moment the address answers ARP, through the gateway's kill and restarts: the
@@ -229,6 +235,7 @@ AllowedIPs = 10.100.0.2/32
 
 [Gateway]
 InterfaceName = wg0
+Ntp = 192.0.2.1, 192.0.2.3
 EOF
     chmod 600 "$seed/riceguard.conf"
     if RG_OUT=$work/$b-net RG_PERM_SEED=$seed \
@@ -243,8 +250,12 @@ EOF
 res=\$1
 # Closed ports of the uplink (TCP and UDP 9: nothing listens there), from QEMU's start.
 python3 $PWD/ci/lib/labtool.py boot-probe 192.0.2.2 9 9 $((T + 30)) \$res.probe & pp=\$!
+# Two NTP server addresses with the true time (the guest starts at the build time,
+# possibly days behind: a step over 24 h needs two servers agreeing).
+ip addr add 192.0.2.3/24 dev rgtap0
+python3 $PWD/ci/lib/sntp_server.py --log \$res.sntp 192.0.2.1=offset=0 192.0.2.3=offset=0 >/dev/null 2>&1 & sp=\$!
 WG_PROCESS_FOREGROUND=1 wireguard-go $wgif >/dev/null 2>&1 & wgp=\$!
-trap 'kill \$wgp \$pp 2>/dev/null; rm -f /var/run/wireguard/$wgif.sock; exit 0' TERM INT EXIT
+trap 'kill \$wgp \$pp \$sp 2>/dev/null; rm -f /var/run/wireguard/$wgif.sock; exit 0' TERM INT EXIT
 for i in \$(seq 50); do [ -S /var/run/wireguard/$wgif.sock ] && break; sleep 0.1; done
 wg set $wgif private-key $work/peer.key peer $gpub endpoint 192.0.2.2:51820 allowed-ips 10.100.0.1/32 persistent-keepalive 5
 ip addr add 10.100.0.2/24 dev $wgif
@@ -267,8 +278,28 @@ EOF
             uso=on; [ $run = 2 ] && uso=off
             res=$work/$b-net$run
             boot "$b-net$run" "$disk" "$b" net_done RG_QEMU_NET=tap RG_QEMU_USO=$uso \
-                RG_QEMU_NS_HOOK="$peer $res"
+                RG_QEMU_NS_HOOK="$peer $res" RG_QEMU_EXTRA="-rtc base=2001-01-01T00:00:00"
             log=$work/$b-net$run.log.txt
+            grep -aE 'riceguard-init: clock: |ntp: .*(stepped|slewing|refused)' "$log" | head -3 | sed "s/^/     $b net $run: /"
+            if [ $run = 1 ]; then
+                check "$b net boot 1: RTC at 2001, the clock starts at the image's build time" \
+                    have "$log" "riceguard-init: clock: set to $(date -u -d "@$SOURCE_DATE_EPOCH" +%FT%TZ) \(source: build\)"
+            else
+                saved_at=$(sed -n 's/.*riceguard-init: clock: set to \([0-9T:-]*Z\) (source: saved).*/\1/p' "$log" | head -1)
+                check "$b net boot 2: RTC at 2001, the clock starts at the saved time ($saved_at), past the build time" \
+                    test -n "$saved_at" -a "$(date -u -d "$saved_at" +%s 2>/dev/null || echo 0)" -gt "$SOURCE_DATE_EPOCH"
+            fi
+            if [ $run = 1 ]; then
+                check "$b net boot 1: the SNTP server in the namespace set the clock" \
+                    have "$log" 'ntp: 192\.0\.2\.[13]:123: stepped the clock \+'
+            else
+                # Boot 1 ended by a kill (a power cut): the saved floor is up to 11 min
+                # ahead of the true time, and NTP may only move the clock forward.
+                check "$b net boot 2: after the power cut NTP steps forward or refuses going back" \
+                    have "$log" 'ntp: 192\.0\.2\.[13]:123: (stepped the clock \+|refused: our clock is .* ahead)'
+            fi
+            check "$b net boot $run: the clock was never stepped back" \
+                sh -c "! grep -aq 'stepped the clock -' '$log'"
             check "$b net boot $run (USO $uso): no kernel panic/oops" test "$boot_status" != 3
             check "$b net boot $run: uplink 192.0.2.2/24 set over netlink" have "$log" 'uplink eth0 up 192.0.2.2/24 via 192.0.2.1'
             check "$b net boot $run: init put table inet riceguard in place before the uplink got its address" \
@@ -314,7 +345,8 @@ EOF
         sin=$work/serial-in sent=0 t_status=0
         reboot_typed() {
             local l=$1
-            if [ $sent = 0 ] && have "$l" 'boot marked good' && have "$l" 'riceguard(\(edit\))?# '; then
+            if [ $sent = 0 ] && have "$l" 'boot marked good' && have "$l" 'riceguard(\(edit\))?# ' &&
+                { have "$l" 'ntp: .*(stepped|slewing|refused)' || [ $((SECONDS - t0)) -gt 150 ]; }; then
                 timeout 5 sh -c "printf 'show status\r' >'$sin'" && sent=1 t_status=$SECONDS
             elif [ $sent = 1 ] && { have "$l" 'firewall: (on|off)' || [ $((SECONDS - t_status)) -gt 15 ]; }; then
                 sleep 1 # the rest of the status
@@ -325,8 +357,13 @@ EOF
             return 1 # wait for QEMU to exit by itself
         }
         t0=$SECONDS
-        boot "$b-reboot" "$disk" "$b" reboot_typed RG_QEMU_SERIAL_IN="$sin"
+        res=$work/$b-reboot
+        boot "$b-reboot" "$disk" "$b" reboot_typed RG_QEMU_SERIAL_IN="$sin" RG_QEMU_NET=tap \
+            RG_QEMU_NS_HOOK="$peer $res" RG_QEMU_EXTRA="-rtc base=2001-01-01T00:00:00"
         log=$work/$b-reboot.log.txt
+        grep -aE '^clock: ' "$log" | head -1 | sed "s/^/     $b show status: /"
+        check "$b: \`show status\` begins with the clock line (source ntp, or saved with NTP refusing to go back)" \
+            sh -c "grep -aA2 'show status' '$log' | grep -aqE '^clock: [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z \(source: (ntp 192\.0\.2\.[13]:123, last sync [0-9]+ s ago|saved, no sync yet from 2 NTP servers)\)'"
         grep -aE '^(firewall|nat): ' "$log" | sed "s/^/     $b show status: /"
         check "$b: \`show status\` says the firewall is on, table inet riceguard" have "$log" '^firewall: on \(table inet riceguard[;)]'
         check "$b reboot: typed on the console, init stopped services and rebooted" \

@@ -96,6 +96,9 @@ build() { # NAME VERSION [env...]
 }
 # QEMU user networking: the guest reaches the host's loopback as 10.0.2.2 (HTTP source).
 net=riceguard.uplink=10.0.2.15/24,gw=10.0.2.2
+# QEMU 0 (today's firmware and back) runs its uplink by DHCP from QEMU's built-in server
+# (10.0.2.15/24, router 10.0.2.2), as a box in the field does: no static uplink.
+net0=
 # Configuration schemas (core::bundle::COMPAT): this tree's, and today's firmware's.
 schema() { sed -n 's/^pub const COMPAT: u32 = \([0-9][0-9]*\);$/\1/p'; }
 compat=$(schema <gateway/src/core/bundle.rs)
@@ -320,7 +323,7 @@ cstop() {
 # command line.
 old_dir() {
     local k
-    k=$(printf '%s\n' "$old_commit" "$board" "$net" "$(grep -v '^#' "$(image/keys.sh pub)")" | sha256sum | cut -c1-12)
+    k=$(printf '%s\n' "$old_commit" "$board" "$net0" "$(grep -v '^#' "$(image/keys.sh pub)")" | sha256sum | cut -c1-12)
     echo "$top/out/test-update-old/${old_commit:0:12}-$k"
 }
 old_build() {
@@ -341,7 +344,7 @@ old_build() {
     mkdir -p "$tmp"
     cp "$tgt/x86_64-unknown-linux-musl/release/riceguard" "$tmp/riceguard"
     (cd "$src" && RG_OUT=$tmp RG_BIN=$tmp/riceguard RG_VERSION="today-${old_commit:0:7}" RG_BUILD=1 \
-        RG_CMDLINE_EXTRA=$net RG_UPDATE_KEY=$key RG_UPDATE_PUB=$pub \
+        RG_CMDLINE_EXTRA=$net0 RG_UPDATE_KEY=$key RG_UPDATE_PUB=$pub \
         SOURCE_DATE_EPOCH="$(git log -1 --format=%ct "$old_commit")" image/build.sh "$board") >"$work/old.build" 2>&1 \
         || { tail -20 "$work/old.build"; return 1; }
     rm -rf "$dst"
@@ -367,15 +370,17 @@ qemu_compat() {
     cp --sparse=always "$img" "$d"
     # The saved configuration of a device in the field: two named peers, written as the
     # console of today's firmware writes it; and the request to install v2 from /dev/vdb.
-    pp=$("$bin" genkey | "$bin" pubkey) pl=$("$bin" genkey | "$bin" pubkey)
+    # A hub peer's summary route covers the uplink's DHCP subnet (10.0.0.0/12 over QEMU's
+    # 10.0.2.0/24): v2 checks leases against the tunnel's routes and must keep this one.
+    pp=$("$bin" genkey | "$bin" pubkey) pl=$("$bin" genkey | "$bin" pubkey) ph=$("$bin" genkey | "$bin" pubkey)
     f=$work/saved.conf
-    (umask 077 && printf '[Interface]\nPrivateKey = %s\nListenPort = 51820\nAddress = 10.100.0.1/24\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.100.0.2/32\nName = phone\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.100.0.3/32\nName = laptop\n\n[Gateway]\nInterfaceName = wg0\n' \
-        "$("$bin" genkey)" "$pp" "$pl" >"$f")
+    (umask 077 && printf '[Interface]\nPrivateKey = %s\nListenPort = 51820\nAddress = 10.100.0.1/24\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.100.0.2/32\nName = phone\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.100.0.3/32\nName = laptop\n\n[Peer]\nPublicKey = %s\nAllowedIPs = 10.0.0.0/12\nName = hub\n\n[Gateway]\nInterfaceName = wg0\n' \
+        "$("$bin" genkey)" "$pp" "$pl" "$ph" >"$f")
     printf '/dev/vdb\n' >"$work/req0"
     perm_put "$d" "$f" riceguard.conf && perm_put "$d" "$work/req0" update-on-boot
     check "q0: perm seeded (riceguard.conf with peers phone and laptop, update-on-boot)" bash -c "$(declare -f perm_cat part_off); perm_cat '$d' riceguard.conf | grep -qxF 'PublicKey = $pl'"
 
-    boot q0-old "$d" never RG_QEMU_DISKS="$work/good.disk"
+    boot q0-old "$d" never RG_QEMU_DISKS="$work/good0.disk"
     l=$work/q0-old.log.txt
     check "q0: today's firmware booted from slot a" have "$l" 'riceguard-init: slot a booted'
     check "q0: it loads the saved configuration (no fallback, no config error)" bash -c "! grep -qaE 'does not load|uplink from the kernel command line only|config: /perm' '$l'"
@@ -397,6 +402,8 @@ qemu_compat() {
     cmd 'show status'
     check "q0: v2 runs from slot b (show status: firmware v2 (build 2), boot slot b)" bash -c "$(declare -f said); out=\$1; said '^firmware: riceguard v2 .*\\(build 2\\)$' && said '^boot slot: b$'" _ "$out"
     check "q0: v2's firewall in place (show status: firewall: on)" said '^firewall: on \(table inet riceguard'
+    check "q0: v2 kept the uplink's DHCP lease (show status: uplink eth0: DHCP 10.0.2.15/24)" said '^uplink eth0: DHCP 10\.0\.2\.15/24 '
+    check "q0: v2 says what the lease shadows of the hub's summary route" said "uplink eth0 10\.0\.2\.0/24 shadows 10\.0\.2\.0/24 of peer hub's 10\.0\.0\.0/12"
     cmd 'show peers'
     check "q0: v2 runs both saved peers (show peers: phone, laptop)" bash -c "$(declare -f said_line); out=\$1; said_line 'peer: $pp (phone)' && said_line 'peer: $pl (laptop)'" _ "$out"
     cmd 'set gateway masquerade off'
@@ -435,6 +442,7 @@ qemu_compat() {
     check "q0: back: the disabled client is left out (no laptop)" bash -c "! grep -qaF '$pl' <<<\"\$1\"" _ "$out"
     cmd 'show status'
     check "q0: back: slot a runs today's firmware (show status: build 1, boot slot a)" bash -c "$(declare -f said); out=\$1; said '^firmware: riceguard today-${old_commit:0:7} .*\\(build 1\\)$' && said '^boot slot: a$'" _ "$out"
+    check "q0: back: today's firmware has its DHCP lease again (show status: uplink eth0: DHCP 10.0.2.15/24)" said '^uplink eth0: DHCP 10\.0\.2\.15/24 '
     cstop 0
     l=$clog.txt
     check "q0: back: slot a booted from its good entry" have "$l" 'slot a booted from its good entry riceguard-a.conf'
@@ -446,8 +454,15 @@ qemu_compat() {
 }
 
 echo "== QEMU 0: today's firmware (${old_commit:0:7}, schema $old_compat) with a saved configuration, v2 (schema $compat) and back"
-pad "$work/good.bundle" "$work/good.disk"
-qemu_compat
+# v2 as a DHCP box gets it: the same tree and build number, no static uplink.
+if build v2d v2 RG_BUILD=2 RG_CMDLINE_EXTRA=$net0 && env RG_OUT="$work/v2d" image/bundle.sh "$board" >"$work/good0.bundle.log" 2>&1 \
+    && cp "$work/v2d/riceguard-$board-v2.bundle" "$work/good0.bundle"; then
+    pad "$work/good0.bundle" "$work/good0.disk"
+    qemu_compat
+else
+    tail -5 "$work/good0.bundle.log" 2>/dev/null
+    ko "QEMU 0: v2 without a static uplink (image v2d, bundle good0)"
+fi
 if [ -n "$only" ]; then
     echo
     for n in "${notes[@]}"; do echo "note: $n"; done

@@ -20,7 +20,10 @@
 #            daemon's firewall in place, and SLAAC (ci/dhcp.sh); the firewall and NAT: the
 #            README's first client from the factory configuration, full-tunnel clients
 #            (NAT, NAT66), the uplink shut out two-armed, anti-spoofing, notrack under a
-#            flood, the table across reloads, Firewall = off and a crash (ci/firewall.sh)
+#            flood, the table across reloads, Firewall = off and a crash (ci/firewall.sh);
+#            the SNTP client against scripted servers in a dry run: a good answer steps,
+#            kisses, LI=3, one far-future server, backward answers and DHCP's servers
+#            change nothing, two agreeing configured servers step (ci/ntp.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
 #            then drive the x86_64 serial console (ci/test-console-qemu.sh)
 #   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
@@ -75,7 +78,7 @@ stage_adversarial() {
 stage_gateway() {
     cargo build --locked --release -p riceguard || return 1
     local s rc=0
-    for s in ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh; do
+    for s in ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/ntp.sh; do
         echo "--- $s"
         bash "$s" || { echo "--- $s FAILED"; rc=1; }
     done

@@ -18,6 +18,7 @@
 #        RG_QEMU_SERIAL_IN  non-interactive: also create the FIFO PATH; what is written
 #                       to it is typed on the guest's serial line (the console)
 #        RG_QEMU_ACCEL  tcg (default) | kvm
+#        RG_QEMU_EXTRA  more QEMU arguments, split on spaces (e.g. -rtc base=2001-01-01T00:00:00)
 #        RG_QEMU_DISKS  extra raw disk files (space-separated), attached read-only as
 #                       virtio-blk after the boot disk (/dev/vdb, /dev/vdc...: e.g. bundles)
 # exit:  0 (interactive: QEMU's status; non-interactive: RG_QEMU_UNTIL seen or QEMU
@@ -48,6 +49,8 @@ args=(-accel "${RG_QEMU_ACCEL:-tcg}" $QEMU_ARGS -nographic -no-reboot
       -drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
       -drive "if=pflash,format=raw,unit=1,file=$run/vars.fd"
       -drive "if=none,id=disk0,format=raw,file=$disk" -device "${QEMU_DISK:-virtio-blk-pci},drive=disk0")
+# shellcheck disable=SC2206
+[ -n "${RG_QEMU_EXTRA:-}" ] && args+=(${RG_QEMU_EXTRA})
 i=1
 for d in ${RG_QEMU_DISKS:-}; do
     args+=(-drive "if=none,id=xdisk$i,format=raw,readonly=on,file=$d" -device "virtio-blk-pci,drive=xdisk$i")

@@ -435,6 +435,71 @@ pub fn check_dhcp(data: &[u8]) {
     }
 }
 
+/// SNTP answers: the first 8 bytes are our clock (unix ns, the era pivot), bit 0 of the
+/// ninth picks whether the cookie is patched into the originate so the fuzzer gets past
+/// it; the rest is the datagram. It goes through `Reply::parse`, the poller (as the answer
+/// to an open query) and the policy, and as text through the state and floor readers.
+/// Nothing panics; an accepted answer never makes a backward step, a step beyond the
+/// single-server bound, or a backward slew over a second.
+pub fn check_sntp(data: &[u8]) {
+    use riceguard::core::clock::*;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+    if data.len() < 9 {
+        return;
+    }
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&data[..8]);
+    let wall = UnixTime::from_nanos(i64::from_le_bytes(w) >> 2);
+    let patch = data[8] & 1 != 0;
+    let mut msg = data[9..].to_vec();
+    let text = String::from_utf8_lossy(&msg).into_owned();
+    let _ = NtpState::from_text(&text);
+    let _ = BootRecord::from_text(&text);
+    let _ = parse_time_text(&text);
+    let cookie: u64 = 0x0123_4567_89ab_cdef;
+    if patch && msg.len() >= 32 {
+        msg[24..32].copy_from_slice(&cookie.to_be_bytes());
+    }
+    if let Ok(r) = Reply::parse(&msg, cookie) {
+        let s = Sample::new(wall, Duration::from_millis(7), &r);
+        assert!(s.delay >= 0);
+    }
+    let at: SocketAddr = ([192, 0, 2, 1], PORT).into();
+    let mut p = Poller::default();
+    let now = Duration::from_secs(1);
+    p.set_servers(
+        now,
+        vec![ServerId {
+            name: "fuzz".into(),
+            addr: at,
+            trusted: data[8] & 2 != 0,
+        }],
+    );
+    let Some((_, _q)) = p.poll_transmit(now, wall, cookie) else {
+        panic!("a new server is due at once");
+    };
+    let mut policy = Policy::new(wall, now);
+    if let Some(Event::Sample { sample, server }) =
+        p.handle_reply(now + Duration::from_millis(7), at, &msg)
+    {
+        match policy.decide(at, server.trusted, wall, now, &sample) {
+            Decision::Step { by, agreed } => {
+                assert!(by >= 0, "backward step");
+                assert!(!agreed, "one server agreed with itself");
+                assert!(by <= MAX_SINGLE_AHEAD, "far step from one server");
+            }
+            Decision::Slew { by } => assert!(by >= -MAX_BACKWARD, "big backward slew"),
+            Decision::Refused(r) => {
+                let _ = r.to_string();
+            }
+        }
+    }
+    let _ = p.report();
+    let _ = p.poll_timeout();
+    let _ = wall.to_string();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -579,6 +644,11 @@ mod tests {
     #[test]
     fn uring_recv_seeded() {
         run("uring_recv", check_uring_recv, 20_000);
+    }
+
+    #[test]
+    fn sntp_seeded() {
+        run("sntp", check_sntp, 20_000);
     }
 
     #[test]

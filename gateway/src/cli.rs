@@ -10,6 +10,8 @@ const USAGE: &str = "usage:
   riceguard genkey | pubkey             like `wg genkey` / `wg pubkey`
   riceguard status [IFNAME]             data-plane decisions and peers of running interfaces
   riceguard dhcp IFACE                  DHCPv4 client of the uplink (init runs it)
+  riceguard ntp [--config FILE] [--lease FILE] [--server HOST] [--dry-run]
+                                        SNTP client (init runs it)
   riceguard console --root DIR          the configuration console
   riceguard init                        PID 1 of the appliance image
   riceguard update SOURCE [--reboot]    install a signed update bundle into the other slot
@@ -43,6 +45,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
         Some("pubkey") => pubkey(),
         Some("status") => crate::driver::status_main(&rest[1..]),
         Some("dhcp") => crate::driver::dhcp::main(&rest[1..]),
+        Some("ntp") => crate::driver::ntp::main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
         Some("update") => crate::update::update_main(&rest[1..]),

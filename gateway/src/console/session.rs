@@ -244,9 +244,19 @@ impl Session {
                     // Bounded by the longest commit-confirm: a wall clock set backwards must
                     // not postpone the rollback for ever (set forwards, it rolls back early,
                     // the safe side).
-                    let left = deadline_unix
-                        .saturating_sub(s.clock.unix())
-                        .min(u64::from(command::MAX_CONFIRM_MINUTES) * 60);
+                    // By this boot's boot time when recorded on it: an NTP step since
+                    // must not make it roll back at once.
+                    let boot = s.clock.boot();
+                    let left = super::store::confirm_left(
+                        deadline_unix,
+                        s.store.pending_confirm_boot().as_ref(),
+                        s.clock.unix(),
+                        boot.as_ref().map(|b| b.0.as_str()),
+                        boot.as_ref().map_or(0, |b| b.1),
+                    )
+                    .max(0)
+                    .unsigned_abs()
+                    .min(u64::from(command::MAX_CONFIRM_MINUTES) * 60);
                     s.pending = Some(PendingConfirm {
                         deadline: s.clock.now() + Duration::from_secs(left),
                         revert_to: prev,
@@ -1033,7 +1043,17 @@ impl Session {
             .store
             .set_pending_confirm(Some(self.clock.unix() + secs))
         {
-            Ok(()) => true,
+            Ok(()) => {
+                if let Some((boot_id, now)) = self.clock.boot() {
+                    let b = super::store::ConfirmBoot {
+                        boot_id,
+                        deadline: now + secs,
+                    };
+                    // Without it the unix time is used, as before.
+                    let _ = self.store.set_pending_confirm_boot(&b);
+                }
+                true
+            }
             Err(e) => {
                 let _ = write!(t, "\nwarning: the deadline could not be recorded ({e}): it is lost if the console restarts");
                 false

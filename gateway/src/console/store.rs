@@ -15,6 +15,11 @@
 //!                                 [`Store::password_v1`] for what it sees after a rollback
 //! DIR/commit-confirm              present while a `commit-confirm` waits for `confirm`: the
 //!                                 unix time of its deadline (a restarted console resumes it)
+//! DIR/commit-confirm.boot         beside it: `BOOT_ID SECS`, the same deadline on this boot's
+//!                                 `CLOCK_BOOTTIME`, which an NTP step does not move; used
+//!                                 while the boot id matches, else the unix time (after a
+//!                                 reboot). A file of its own: older firmware reads the
+//!                                 first one as one number and never sees this one
 //! DIR/clients/NAME.key            the private key of client NAME (`add client NAME keep-key`),
 //!                                 base64, mode 0600; only while the saved configuration has
 //!                                 a peer named NAME with the matching public key
@@ -50,6 +55,7 @@ pub const PASSWD: &str = "console.passwd";
 /// The console password: an Argon2id PHC string.
 pub const PASSWD_ARGON2ID: &str = "console.argon2id";
 pub const CONFIRM: &str = "commit-confirm";
+pub const CONFIRM_BOOT: &str = "commit-confirm.boot";
 pub const LOCK: &str = ".lock";
 /// Kept client private keys (`add client NAME keep-key`).
 pub const CLIENTS: &str = "clients";
@@ -521,14 +527,69 @@ impl<F: Format> Store<F> {
             .ok()
     }
 
-    /// Record (or clear, with `None`) a pending `commit-confirm` deadline.
+    /// Record (or clear, with `None`) a pending `commit-confirm` deadline. Clearing
+    /// removes the unix-time marker first: it alone says a confirm is pending.
     pub fn set_pending_confirm(&self, deadline_unix: Option<u64>) -> Result<(), StoreError> {
         let p = self.dir.join(CONFIRM);
         match deadline_unix {
             Some(t) => durable::write(&p, format!("{t}\n").as_bytes(), SECRET).map_err(io_err(&p)),
             // fsyncs the directory: after `confirm` and a power cut the rollback stays off.
-            None => durable::remove(&p).map(|_| ()).map_err(io_err(&p)),
+            None => {
+                durable::remove(&p).map_err(io_err(&p))?;
+                let b = self.dir.join(CONFIRM_BOOT);
+                durable::remove(&b).map(|_| ()).map_err(io_err(&b))
+            }
         }
+    }
+
+    /// The boot-time form of the pending deadline, if one was recorded.
+    pub fn pending_confirm_boot(&self) -> Option<ConfirmBoot> {
+        ConfirmBoot::parse(&std::fs::read_to_string(self.dir.join(CONFIRM_BOOT)).ok()?)
+    }
+
+    /// Record the boot-time form beside [`Store::set_pending_confirm`]'s.
+    pub fn set_pending_confirm_boot(&self, b: &ConfirmBoot) -> Result<(), StoreError> {
+        let p = self.dir.join(CONFIRM_BOOT);
+        durable::write(&p, b.to_text().as_bytes(), SECRET).map_err(io_err(&p))
+    }
+}
+
+/// A commit-confirm deadline on one boot's `CLOCK_BOOTTIME` (whole seconds).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfirmBoot {
+    pub boot_id: String,
+    pub deadline: u64,
+}
+
+impl ConfirmBoot {
+    pub fn to_text(&self) -> String {
+        format!("{} {}\n", self.boot_id, self.deadline)
+    }
+    pub fn parse(text: &str) -> Option<ConfirmBoot> {
+        let (id, d) = text.trim().split_once(' ')?;
+        (!id.is_empty() && id.len() <= 64).then_some(())?;
+        Some(ConfirmBoot {
+            boot_id: id.to_string(),
+            deadline: d.trim().parse().ok()?,
+        })
+    }
+}
+
+/// Seconds left (negative: overdue) of a pending commit-confirm whose unix deadline is
+/// `unix`: by boot time when `boot` is this boot's (`boot_id`, `now_boot`), so a clock
+/// step changes nothing; else (another boot, or no record) by the wall clock.
+pub fn confirm_left(
+    unix: u64,
+    boot: Option<&ConfirmBoot>,
+    now_unix: u64,
+    boot_id: Option<&str>,
+    now_boot: u64,
+) -> i64 {
+    let diff =
+        |a: u64, b: u64| (a as i128 - b as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+    match (boot, boot_id) {
+        (Some(b), Some(id)) if b.boot_id == id => diff(b.deadline, now_boot),
+        _ => diff(unix, now_unix),
     }
 }
 
@@ -646,8 +707,15 @@ pub(crate) mod tests {
         assert_eq!(s.password(), Password::Off);
         s.set_pending_confirm(Some(1234)).unwrap();
         assert_eq!(s.pending_confirm(), Some(1234));
+        let b = ConfirmBoot {
+            boot_id: "id-1".into(),
+            deadline: 300,
+        };
+        s.set_pending_confirm_boot(&b).unwrap();
+        assert_eq!(s.pending_confirm_boot(), Some(b));
         s.set_pending_confirm(None).unwrap();
         assert_eq!(s.pending_confirm(), None);
+        assert_eq!(s.pending_confirm_boot(), None);
     }
 
     #[test]

@@ -28,6 +28,11 @@ pub trait Clock {
     fn now(&self) -> Instant;
     /// Seconds since the Unix epoch.
     fn unix(&self) -> u64;
+    /// This boot's id and `CLOCK_BOOTTIME` in seconds: deadlines recorded on it do not
+    /// move with the wall clock. `None`: unknown (then the unix time is used).
+    fn boot(&self) -> Option<(String, u64)> {
+        None
+    }
 }
 
 pub struct SystemClock;
@@ -41,6 +46,12 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0)
+    }
+    fn boot(&self) -> Option<(String, u64)> {
+        Some((
+            crate::sys::clock::boot_id()?,
+            crate::sys::clock::boottime().as_secs(),
+        ))
     }
 }
 
@@ -564,7 +575,10 @@ impl Hooks for SystemHooks {
     }
 
     fn status(&mut self) -> Vec<String> {
-        let mut out = vec![format!("version: riceguard {}", env!("CARGO_PKG_VERSION"))];
+        // The clock first: a wrong one explains failed handshakes and odd dates.
+        let mut out = vec![crate::driver::ntp::clock_line()];
+        out.extend(crate::driver::ntp::note_lines());
+        out.push(format!("version: riceguard {}", env!("CARGO_PKG_VERSION")));
         if let Ok(v) = std::fs::read_to_string("/etc/riceguard/version") {
             let build =
                 crate::update::parse_build_file(std::fs::read_to_string(crate::update::BUILD_FILE));

@@ -5,6 +5,7 @@
 
 pub mod allowed_ips;
 pub mod bundle;
+pub mod clock;
 pub mod config;
 pub mod congestion;
 pub mod device;

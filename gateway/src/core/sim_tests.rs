@@ -659,3 +659,49 @@ fn no_handshake_when_a_reply_lands_after_a_tick() {
         "a handshake once 15 s passed unanswered"
     );
 }
+
+/// Issue 20: handshake timestamps only ever increase, across `Tunn`s made later (a
+/// reconfiguration) and, with the boot floor, across reboots. boringtun stamps an
+/// initiation with the wall clock read when its `Tunn` was made plus monotonic time
+/// since (here the mock clock), so a stock peer's `Tunn` (the responder, kept) shows
+/// what it accepts: a `Tunn` made later than the last initiation's stamp is accepted; one
+/// whose stamp is behind (the wall clock went back relative to monotonic time: modelled
+/// by advancing the monotonic clock under the old `Tunn`) is dropped. The policy that
+/// keeps the first case true (floor, forward-only steps) is checked with injected times
+/// in `core::clock`'s tests (`stamps_increase_across_steps_and_reboots`).
+#[test]
+fn later_tunns_stamp_later_and_a_backward_clock_is_refused() {
+    use boringtun::noise::{Tunn, TunnResult};
+    use boringtun::x25519;
+    let ki = x25519::StaticSecret::random_from_rng(rand_core::OsRng);
+    let kr = x25519::StaticSecret::random_from_rng(rand_core::OsRng);
+    let (pi, pr) = (x25519::PublicKey::from(&ki), x25519::PublicKey::from(&kr));
+    let mut responder = Tunn::new(kr, pi, None, None, 1, None);
+    let init = |t: &mut Tunn| {
+        let mut b = vec![0u8; 256];
+        match t.format_handshake_initiation(&mut b, true) {
+            TunnResult::WriteToNetwork(p) => p.to_vec(),
+            _ => panic!("no initiation"),
+        }
+    };
+    let accepts = |r: &mut Tunn, pkt: &[u8]| {
+        let mut out = vec![0u8; 256];
+        matches!(
+            r.decapsulate(None, pkt, &mut out),
+            TunnResult::WriteToNetwork(_)
+        )
+    };
+    let mut first = Tunn::new(ki.clone(), pr, None, None, 2, None);
+    assert!(accepts(&mut responder, &init(&mut first)));
+    // A Tunn made later (reconfigure, or the next boot at or past the floor): accepted.
+    std::thread::sleep(Duration::from_millis(2));
+    let mut later = Tunn::new(ki.clone(), pr, None, None, 3, None);
+    assert!(accepts(&mut responder, &init(&mut later)));
+    // The older Tunn again, 10 s of monotonic time on: newer still, accepted.
+    MockClock::advance(Duration::from_secs(10));
+    assert!(accepts(&mut responder, &init(&mut later)));
+    // A Tunn made now stamps the wall clock, 10 s behind what `later` last sent (as
+    // after a backward step of 10 s): a stock peer drops it.
+    let mut behind = Tunn::new(ki, pr, None, None, 4, None);
+    assert!(!accepts(&mut responder, &init(&mut behind)));
+}

@@ -6,6 +6,7 @@ mod args;
 pub mod dhcp;
 pub mod firewall;
 pub mod netconf;
+pub mod ntp;
 pub mod offload_io;
 mod runtime;
 pub mod status;

@@ -216,8 +216,9 @@ pub fn status_main(args: &[String]) -> ExitCode {
     };
     // Collected and written once: a closed pipe (`status | head`) ends the write, not
     // the process with a panic.
-    let mut out = String::new();
-    // The uplink's DHCP lease(s) first: they say how the appliance is reached.
+    let mut out = crate::driver::ntp::clock_line();
+    out.push('\n');
+    // The uplink's DHCP lease(s) next: they say how the appliance is reached.
     let leases = dhcp::lease_lines();
     for l in &leases {
         out.push_str(l);

@@ -75,6 +75,7 @@ macro_rules! say {
 }
 
 // One file per concern (declared after `say!`, which they use).
+mod clock;
 mod hugepages;
 mod modules;
 mod network;

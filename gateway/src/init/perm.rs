@@ -97,10 +97,27 @@ pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
 pub(super) const CONFIRM_GRACE_SECS: u64 = 15;
 
 /// The deadline (unix seconds) in the text of `/perm/commit-confirm`, if the console is
-/// more than [`CONFIRM_GRACE_SECS`] late with it at wall time `now`.
+/// more than [`CONFIRM_GRACE_SECS`] late with it at wall time `now` (no boot-time record).
+#[cfg(test)]
 pub(super) fn confirm_overdue(marker: &str, now: u64) -> Option<u64> {
+    confirm_overdue_at(marker, None, now, None, 0).map(|(d, _)| d)
+}
+
+/// [`confirm_overdue`] by boot time when `boot` (the text of `commit-confirm.boot`) was
+/// recorded on this boot (`boot_id`, `now_boot` seconds): a clock step then changes
+/// nothing. Returns the unix deadline and how late the console is (s).
+pub(super) fn confirm_overdue_at(
+    marker: &str,
+    boot: Option<&str>,
+    now: u64,
+    boot_id: Option<&str>,
+    now_boot: u64,
+) -> Option<(u64, u64)> {
     let d: u64 = marker.trim().parse().ok()?;
-    (now > d.saturating_add(CONFIRM_GRACE_SECS)).then_some(d)
+    let rec = boot.and_then(crate::console::store::ConfirmBoot::parse);
+    let left = crate::console::store::confirm_left(d, rec.as_ref(), now, boot_id, now_boot);
+    let late = left.checked_neg()?.max(0).unsigned_abs();
+    (late > CONFIRM_GRACE_SECS).then_some((d, late))
 }
 
 /// The commit-confirm deadline holds whatever the console does: the console rolls back
@@ -131,7 +148,15 @@ impl ConfirmGuard {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let Some(deadline) = confirm_overdue(&text, unix) else {
+        let boot =
+            std::fs::read_to_string(Path::new(PERM).join(crate::console::store::CONFIRM_BOOT)).ok();
+        let Some((deadline, late)) = confirm_overdue_at(
+            &text,
+            boot.as_deref(),
+            unix,
+            crate::sys::clock::boot_id().as_deref(),
+            crate::sys::clock::boottime().as_secs(),
+        ) else {
             return;
         };
         if self.acted_on == Some(deadline) {
@@ -139,8 +164,7 @@ impl ConfirmGuard {
         }
         self.acted_on = Some(deadline);
         say!(
-            "console: the commit-confirm deadline passed {} s ago and it has not rolled back: restarting the console (it rolls back at once)",
-            unix.saturating_sub(deadline)
+            "console: the commit-confirm deadline passed {late} s ago and it has not rolled back: restarting the console (it rolls back at once)"
         );
         let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
     }
@@ -257,6 +281,40 @@ mod tests {
         assert_eq!(confirm_overdue("", 5000), None);
         assert_eq!(confirm_overdue("garbage", 5000), None);
         assert_eq!(confirm_overdue(&u64::MAX.to_string(), u64::MAX), None);
+    }
+
+    #[test]
+    fn confirm_deadline_by_boot_time_ignores_clock_steps() {
+        // Recorded on this boot: due at boot time 400 s, unix 1000.
+        let b = Some("boot-a 400\n");
+        // The clock was stepped a day forward: by boot time it is not due yet.
+        assert_eq!(
+            confirm_overdue_at("1000\n", b, 1000 + 86_400, Some("boot-a"), 300),
+            None
+        );
+        assert_eq!(
+            confirm_overdue_at(
+                "1000\n",
+                b,
+                1000 + 86_400,
+                Some("boot-a"),
+                401 + CONFIRM_GRACE_SECS
+            ),
+            Some((1000, 1 + CONFIRM_GRACE_SECS))
+        );
+        // After a reboot (another boot id) or without the file: the unix time, as before.
+        assert_eq!(
+            confirm_overdue_at("1000\n", b, 1001 + CONFIRM_GRACE_SECS, Some("boot-b"), 5),
+            Some((1000, 1 + CONFIRM_GRACE_SECS))
+        );
+        assert_eq!(
+            confirm_overdue_at("1000\n", None, 1000, Some("boot-a"), 10_000),
+            None
+        );
+        assert_eq!(
+            confirm_overdue_at("1000\n", Some("garbage"), 2000, Some("boot-a"), 0),
+            Some((1000, 1000))
+        );
     }
 
     #[test]

@@ -64,6 +64,9 @@ pub(super) fn stage2() -> ! {
         say!("sysctl: {p}");
     }
     let perm_ok = mount_perm();
+    // Before anything makes a handshake or stamps a log: the clock at its floor.
+    clock::set_at_boot(perm_ok);
+    let mut time_saver = clock::Saver::new(perm_ok);
     let gw = load_config(perm_ok);
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     let failsafe = failsafe_prompt(FAILSAFE_WAIT);
@@ -101,6 +104,7 @@ pub(super) fn stage2() -> ! {
     );
     // No static uplink address: the uplink is configured by DHCP (riceguard dhcp DEV),
     // supervised like the gateway but not health-checked (it has no UAPI).
+    let sup_dhcp_dev = dhcp_dev.clone();
     if let Some(dev) = dhcp_dev {
         sup.add(
             Spec {
@@ -120,6 +124,27 @@ pub(super) fn stage2() -> ! {
             now,
         );
     }
+    // The SNTP client (servers: the running configuration's `Ntp`, else the lease's).
+    let mut ntp_argv: Vec<String> = vec![
+        BIN.into(),
+        "ntp".into(),
+        "--config".into(),
+        gateway_conf.clone(),
+    ];
+    if let Some(dev) = sup_dhcp_dev.as_ref() {
+        ntp_argv.push("--lease".into());
+        ntp_argv.push(format!("{}/lease.{dev}", crate::driver::ntp::RUN_DIR));
+    }
+    sup.add(
+        Spec {
+            name: "ntp".into(),
+            argv: ntp_argv,
+            tty: None,
+            restart_delay: RESTART_DELAY,
+            health_checked: false,
+        },
+        now,
+    );
     if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
         if !perm_ok {
             say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");
@@ -157,6 +182,7 @@ pub(super) fn stage2() -> ! {
         let now = Instant::now();
         let next_start = sup.tick(now);
         confirm_guard.check(&sup);
+        time_saver.tick(now);
         let (starts, running) = match sup.find("gateway") {
             Some(s) => match s.state {
                 supervise::State::Running(pid) => (s.starts, Some(pid)),
@@ -326,6 +352,8 @@ pub(super) fn shutdown(
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), Signal::SIGKILL);
     std::thread::sleep(Duration::from_millis(100));
     reap(sup);
+    // The gateway is stopped: no handshake is stamped after this.
+    clock::save_at_halt();
     os::sync();
     for m in [ESP_MNT, PERM] {
         if os::umount(m).is_err() {

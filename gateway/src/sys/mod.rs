@@ -2,6 +2,7 @@
 //! each with a `// SAFETY:` line saying why it holds.
 #![allow(unsafe_code)]
 
+pub mod clock;
 pub mod cmsg;
 pub mod ethtool;
 pub mod hugepage;

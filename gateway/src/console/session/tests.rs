@@ -17,12 +17,20 @@ struct FakeClock {
     secs: Rc<Cell<u64>>,
 }
 
+thread_local! {
+    /// How far the fake wall clock was stepped (an NTP step); boot time is not.
+    static WALL_STEP: Cell<u64> = const { Cell::new(0) };
+}
+
 impl Clock for FakeClock {
     fn now(&self) -> Instant {
         self.base + Duration::from_secs(self.secs.get())
     }
     fn unix(&self) -> u64 {
-        1_700_000_000 + self.secs.get()
+        1_700_000_000 + self.secs.get() + WALL_STEP.with(Cell::get)
+    }
+    fn boot(&self) -> Option<(String, u64)> {
+        Some(("fake-boot".into(), 10 + self.secs.get()))
     }
 }
 
@@ -274,6 +282,28 @@ fn commit_confirm_survives_console_restart() {
     assert_eq!(r.saved().interface.listen_port, Some(1000));
     r.restart();
     assert!(r.s.confirm_deadline().is_none());
+}
+
+#[test]
+fn commit_confirm_survives_a_clock_step_and_a_console_restart() {
+    let mut r = Rig::new();
+    r.ok("genkey");
+    r.ok("set interface listen-port 1000");
+    r.ok("commit");
+    r.ok("set interface listen-port 2000");
+    r.ok("commit-confirm 5");
+    r.advance(100);
+    // NTP steps the clock a day forward, then the console restarts: by the unix marker
+    // the deadline passed long ago, by boot time 200 s are left.
+    WALL_STEP.with(|w| w.set(86_400));
+    r.restart();
+    WALL_STEP.with(|w| w.set(0));
+    assert!(r.s.confirm_deadline().is_some());
+    assert!(r.advance(199).is_none());
+    assert_eq!(r.saved().interface.listen_port, Some(2000));
+    assert!(r.advance(1).is_some());
+    assert_eq!(r.saved().interface.listen_port, Some(1000));
+    assert!(!r.dir.0.join(crate::console::store::CONFIRM_BOOT).exists());
 }
 
 #[test]

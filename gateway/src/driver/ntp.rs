@@ -1,0 +1,538 @@
+//! `riceguard ntp`: the SNTP client, a process supervised by init (like `riceguard dhcp`),
+//! not a thread of PID 1: it parses what the network sends, so a bug in it must not take
+//! init down, and as its own process it runs on a host against test servers
+//! (`--dry-run`) without touching the host's clock. The policy is `core::clock`'s; this
+//! file joins it to sockets and to the system clock.
+//!
+//! Servers: `[Gateway] Ntp` of the configuration file (re-read every 10 s: a commit
+//! changes it; host names resolved through the system resolver, again every 30 min),
+//! else the NTP servers (DHCP option 42, an `ntp A.B.C.D ...` line) of the lease files
+//! given with `--lease`. No shipped defaults: the NTP Pool asks vendors for their own
+//! zone. One connected UDP socket per query (a fresh source port each time, and the
+//! kernel delivers only the server's datagrams to it).
+//!
+//! After a sync: a step saves the time (ahead of the new clock) before it is made, so a
+//! power cut right after still boots at or past any handshake stamped after the step;
+//! then the RTC is written. Slews change the clock by under a second, which the saved
+//! time's lead covers. The state goes to `RUN_DIR/clock` for `show status` and
+//! `riceguard status` ([`clock_line`]).
+//!
+//! Log lines start with `ntp: `; tests match `stepped the clock`, `slewing`, `refused:`,
+//! `kiss-o'-death`, `unsynchronised`.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use rand_core::RngCore;
+
+use crate::core::clock::{
+    self as policy, fmt_offset, BootRecord, Decision, Event, NtpState, Policy, Poller, ServerId,
+    SntpError, UnixTime,
+};
+use crate::sys::clock as sysclock;
+
+/// Where the state files are (`RG_RUN_DIR` or `--run-dir` override it).
+pub const RUN_DIR: &str = "/run/riceguard";
+/// The client's state, in [`RUN_DIR`].
+pub const STATE: &str = "clock";
+/// Init's boot-floor record, in [`RUN_DIR`].
+pub const BOOT_RECORD: &str = "clock.boot";
+/// The saved time on perm.
+pub const SAVED: &str = "/perm/clock";
+
+const REFRESH: Duration = Duration::from_secs(10);
+const RESOLVE_OK: Duration = Duration::from_secs(1800);
+const RESOLVE_FAILED: Duration = Duration::from_secs(30);
+const USAGE: &str = "usage: riceguard ntp [--config FILE] [--lease FILE]... [--server HOST[:PORT]]... [--run-dir DIR] [--dry-run]";
+
+fn run_dir() -> PathBuf {
+    std::env::var_os("RG_RUN_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| PathBuf::from(RUN_DIR), PathBuf::from)
+}
+
+/// The saved time in `path`, if it reads.
+pub fn read_saved(path: &Path) -> Option<i64> {
+    policy::parse_time_text(&std::fs::read_to_string(path).ok()?)
+}
+
+/// Save the clock plus `ahead` to `path`, atomically (`store::write`) and under a lock
+/// beside it: init's saver and this client both write it.
+pub fn save_time(path: &Path, ahead: Duration) -> io::Result<i64> {
+    use nix::fcntl::{Flock, FlockArg};
+    let lock = path.with_file_name(".clock.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)?;
+    let _held = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
+    let t = sysclock::realtime().plus(ahead).secs();
+    crate::store::write(path, policy::time_text(t).as_bytes(), crate::store::PUBLIC)?;
+    Ok(t)
+}
+
+/// The `clock:` line of `show status` and `riceguard status`, from init's record and the
+/// client's state in the run directory.
+pub fn clock_line() -> String {
+    clock_line_in(&run_dir())
+}
+
+pub fn clock_line_in(dir: &Path) -> String {
+    let boot = std::fs::read_to_string(dir.join(BOOT_RECORD))
+        .ok()
+        .and_then(|t| BootRecord::from_text(&t));
+    let ntp = std::fs::read_to_string(dir.join(STATE))
+        .ok()
+        .map(|t| NtpState::from_text(&t));
+    policy::status_line(
+        sysclock::realtime(),
+        sysclock::boottime(),
+        boot.as_ref(),
+        ntp.as_ref(),
+    )
+}
+
+/// The client's notes (per server, refusals), for `show status` after the clock line.
+pub fn note_lines() -> Vec<String> {
+    std::fs::read_to_string(run_dir().join(STATE))
+        .map(|t| {
+            NtpState::from_text(&t)
+                .notes
+                .into_iter()
+                .map(|n| format!("ntp: {n}"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+struct Args {
+    config: Option<PathBuf>,
+    leases: Vec<PathBuf>,
+    servers: Vec<crate::core::config::NtpServer>,
+    dir: PathBuf,
+    dry_run: bool,
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        config: None,
+        leases: Vec::new(),
+        servers: Vec::new(),
+        dir: run_dir(),
+        dry_run: false,
+    };
+    let mut it = args.iter();
+    while let Some(x) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{x} needs a value"))
+        };
+        match x.as_str() {
+            "--config" => a.config = Some(val()?.into()),
+            "--lease" => a.leases.push(val()?.into()),
+            "--server" => a
+                .servers
+                .push(crate::core::config::NtpServer::parse(&val()?)?),
+            "--run-dir" => a.dir = val()?.into(),
+            "--dry-run" => a.dry_run = true,
+            _ => return Err(format!("unknown argument `{x}`")),
+        }
+    }
+    Ok(a)
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    crate::logger::init();
+    let a = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("riceguard ntp: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let rc = match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("ntp: {e}");
+            ExitCode::from(1)
+        }
+    };
+    crate::logger::flush();
+    rc
+}
+
+/// The system clock, or (dry run) a virtual one: the host's clock plus what we would have
+/// stepped or slewed, so the run behaves as the real one would and changes nothing.
+struct Clock {
+    dry_run: bool,
+    virtual_offset: i64,
+}
+
+impl Clock {
+    fn wall(&self) -> UnixTime {
+        sysclock::realtime().add_nanos(self.virtual_offset)
+    }
+    fn step(&mut self, by: i64) -> io::Result<()> {
+        if self.dry_run {
+            self.virtual_offset = self.virtual_offset.saturating_add(by);
+            return Ok(());
+        }
+        // Saved first: see the module comment.
+        let ahead = Duration::from_nanos(by.max(0) as u64) + policy::SAVE_AHEAD;
+        if let Err(e) = save_time(Path::new(SAVED), ahead) {
+            log::warn!("ntp: saving the time to {SAVED}: {e}");
+        }
+        sysclock::step(by)
+    }
+    fn slew(&mut self, by: i64) -> io::Result<()> {
+        if self.dry_run {
+            self.virtual_offset = self.virtual_offset.saturating_add(by);
+            return Ok(());
+        }
+        sysclock::slew(by)
+    }
+    fn synced(&self) {
+        if self.dry_run {
+            return;
+        }
+        if let Err(e) = sysclock::rtc_write(sysclock::RTC, sysclock::realtime().secs()) {
+            log::warn!("ntp: writing the RTC ({}): {e}", sysclock::RTC);
+        }
+    }
+}
+
+/// The NTP servers of a lease file: its `ntp A.B.C.D ...` line (DHCP option 42).
+pub fn lease_ntp(text: &str) -> Vec<Ipv4Addr> {
+    text.lines()
+        .take(64)
+        .filter_map(|l| l.trim().strip_prefix("ntp "))
+        .flat_map(|v| v.split_whitespace().filter_map(|a| a.parse().ok()))
+        .take(8)
+        .collect()
+}
+
+/// Gathers the server list: configured names resolved (cached), else DHCP's.
+struct Sources {
+    resolved: Vec<(crate::core::config::NtpServer, Vec<SocketAddr>, Duration)>,
+}
+
+impl Sources {
+    fn gather(&mut self, a: &Args, now: Duration) -> Vec<ServerId> {
+        let mut configured = a.servers.clone();
+        if let Some(c) = &a.config {
+            match std::fs::read_to_string(c)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    crate::core::ini::parse(&c.to_string_lossy(), &t).map_err(|e| e.to_string())
+                }) {
+                Ok(cfg) => configured.extend(cfg.gateway.ntp),
+                Err(e) => log::debug!("ntp: {}: {e}", c.display()),
+            }
+        }
+        let mut out = Vec::new();
+        for s in configured {
+            let name = s.to_string();
+            if let Ok(ip) = s.host.parse::<IpAddr>() {
+                out.push(ServerId {
+                    name,
+                    addr: SocketAddr::new(ip, s.port),
+                    trusted: true,
+                });
+                continue;
+            }
+            let fresh = self
+                .resolved
+                .iter()
+                .find(|(k, _, due)| *k == s && now < *due)
+                .map(|(_, v, _)| v.clone());
+            let addrs = match fresh {
+                Some(v) => v,
+                None => {
+                    let r = (s.host.as_str(), s.port).to_socket_addrs();
+                    let (v, due) = match r {
+                        Ok(it) => {
+                            let v: Vec<SocketAddr> = it.take(4).collect();
+                            log::info!(
+                                "ntp: {name} is {}",
+                                v.iter()
+                                    .map(ToString::to_string)
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            );
+                            (v, now + RESOLVE_OK)
+                        }
+                        Err(e) => {
+                            log::info!(
+                                "ntp: resolving {name}: {e}; trying again in {} s",
+                                RESOLVE_FAILED.as_secs()
+                            );
+                            (Vec::new(), now + RESOLVE_FAILED)
+                        }
+                    };
+                    self.resolved.retain(|(k, _, _)| *k != s);
+                    self.resolved.push((s.clone(), v.clone(), due));
+                    v
+                }
+            };
+            out.extend(addrs.into_iter().map(|addr| ServerId {
+                name: name.clone(),
+                addr,
+                trusted: true,
+            }));
+        }
+        if out.is_empty() {
+            for l in &a.leases {
+                let Ok(t) = std::fs::read_to_string(l) else {
+                    continue;
+                };
+                for ip in lease_ntp(&t) {
+                    out.push(ServerId {
+                        name: "dhcp".into(),
+                        addr: SocketAddr::new(IpAddr::V4(ip), policy::PORT),
+                        trusted: false,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+fn send_query(addr: SocketAddr, pkt: &[u8]) -> io::Result<UdpSocket> {
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let s = UdpSocket::bind(local)?;
+    s.connect(addr)?;
+    s.set_nonblocking(true)?;
+    s.send(pkt)?;
+    Ok(s)
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let mut clock = Clock {
+        dry_run: a.dry_run,
+        virtual_offset: 0,
+    };
+    let dry = if a.dry_run {
+        " (dry run: the clock is not changed)"
+    } else {
+        ""
+    };
+    let boot = std::fs::read_to_string(a.dir.join(BOOT_RECORD))
+        .ok()
+        .and_then(|t| BootRecord::from_text(&t));
+    let mut pol = match boot {
+        Some(b) => Policy::new(b.wall, b.boot),
+        None => Policy::new(clock.wall(), sysclock::boottime()),
+    };
+    log::info!("ntp: started{dry}");
+    let mut poller = Poller::default();
+    let mut sources = Sources {
+        resolved: Vec::new(),
+    };
+    let mut queries: Vec<(SocketAddr, UdpSocket)> = Vec::new();
+    let mut state = NtpState::default();
+    let mut next_refresh = Duration::ZERO;
+    let mut said_none = false;
+    let mut buf = [0u8; 512];
+    loop {
+        let now = sysclock::boottime();
+        if now >= next_refresh {
+            next_refresh = now + REFRESH;
+            let ids = sources.gather(&a, now);
+            let before: Vec<SocketAddr> = poller.servers().map(|s| s.addr).collect();
+            let after: Vec<SocketAddr> = ids.iter().map(|s| s.addr).collect();
+            if before != after {
+                if ids.is_empty() {
+                    if !said_none {
+                        log::info!(
+                            "ntp: no NTP server (set gateway ntp, or get one from DHCP option 42)"
+                        );
+                    }
+                    said_none = true;
+                } else {
+                    said_none = false;
+                    log::info!(
+                        "ntp: servers {}",
+                        ids.iter()
+                            .map(|s| format!(
+                                "{} ({})",
+                                s.addr,
+                                if s.trusted { &s.name } else { "dhcp" }
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+                queries.retain(|(q, _)| after.contains(q));
+            }
+            poller.set_servers(now, ids);
+            publish(&a.dir, &mut state, &poller);
+        }
+        let wall = clock.wall();
+        while let Some((addr, pkt)) = poller.poll_transmit(now, wall, rand_core::OsRng.next_u64()) {
+            match send_query(addr, &pkt) {
+                Ok(s) => queries.push((addr, s)),
+                Err(e) => poller.send_failed(now, addr, &e.to_string()),
+            }
+        }
+        let due = poller
+            .poll_timeout()
+            .unwrap_or(next_refresh)
+            .min(next_refresh);
+        let wait = due.saturating_sub(sysclock::boottime()).min(REFRESH);
+        wait_readable(&queries, wait);
+        let mut done = Vec::new();
+        for (addr, s) in &queries {
+            while let Ok(n) = s.recv(&mut buf) {
+                // Each answer is acted on before the next is read: a step it makes
+                // shifts the other open queries (`Poller::clock_stepped`).
+                if let Some(e) = poller.handle_reply(sysclock::boottime(), *addr, &buf[..n]) {
+                    handle(e, &mut pol, &mut poller, &mut clock, &mut state, dry);
+                    done.push(*addr);
+                    break;
+                }
+            }
+        }
+        let tevents = poller.handle_timeout(sysclock::boottime());
+        let changed = !done.is_empty() || !tevents.is_empty();
+        for e in tevents {
+            if let Event::Timeout { server } = &e {
+                done.push(server.addr);
+            }
+            handle(e, &mut pol, &mut poller, &mut clock, &mut state, dry);
+        }
+        queries.retain(|(q, _)| !done.contains(q));
+        if changed {
+            publish(&a.dir, &mut state, &poller);
+        }
+    }
+}
+
+fn handle(
+    e: Event,
+    pol: &mut Policy,
+    poller: &mut Poller,
+    clock: &mut Clock,
+    state: &mut NtpState,
+    dry: &str,
+) {
+    match e {
+        Event::Sample { server, sample } => {
+            let wall = clock.wall();
+            let now = sysclock::boottime();
+            let who = server.addr;
+            match pol.decide(who, server.trusted, wall, now, &sample) {
+                Decision::Step { by, agreed } => match clock.step(by) {
+                    Ok(()) => {
+                        log::info!(
+                            "ntp: {who}: stepped the clock {} to {}{}{dry}",
+                            fmt_offset(by),
+                            clock.wall(),
+                            if agreed { " (two servers agree)" } else { "" }
+                        );
+                        clock.synced();
+                        poller.clock_stepped(by);
+                        poller.note(who, "stepped");
+                        state.last_sync = Some((who.to_string(), now));
+                    }
+                    Err(e) => log::warn!("ntp: {who}: stepping the clock {}: {e}", fmt_offset(by)),
+                },
+                Decision::Slew { by } => match clock.slew(by) {
+                    Ok(()) => {
+                        log::info!("ntp: {who}: slewing the clock {}{dry}", fmt_offset(by));
+                        clock.synced();
+                        poller.note(who, "slewed");
+                        state.last_sync = Some((who.to_string(), now));
+                    }
+                    Err(e) => log::warn!("ntp: {who}: slewing the clock {}: {e}", fmt_offset(by)),
+                },
+                Decision::Refused(r) => {
+                    log::warn!(target: "net::ntp", "ntp: {who}: refused: {r}");
+                    poller.note(who, &format!("refused: {r}"));
+                }
+            }
+        }
+        Event::Bad { server, error } => {
+            let what = match error {
+                SntpError::KissOfDeath(policy::Kiss::Deny | policy::Kiss::Rstr) => {
+                    format!("{error}: not asking it again")
+                }
+                SntpError::KissOfDeath(policy::Kiss::Rate) => {
+                    format!("{error}: polling it less often")
+                }
+                e => format!("answer not used: {e}"),
+            };
+            log::warn!(target: "net::ntp", "ntp: {}: {what}", server.addr);
+        }
+        Event::Timeout { server } => {
+            log::debug!("ntp: {}: no answer", server.addr);
+        }
+    }
+}
+
+fn publish(dir: &Path, state: &mut NtpState, poller: &Poller) {
+    state.servers = poller.usable() as u32;
+    state.notes = poller.report();
+    let p = dir.join(STATE);
+    if let Err(e) = crate::store::write(&p, state.to_text().as_bytes(), crate::store::PUBLIC) {
+        log::warn!("ntp: {}: {e}", p.display());
+    }
+}
+
+fn wait_readable(queries: &[(SocketAddr, UdpSocket)], wait: Duration) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+    if queries.is_empty() {
+        std::thread::sleep(wait);
+        return;
+    }
+    let mut fds: Vec<PollFd> = queries
+        .iter()
+        .map(|(_, s)| PollFd::new(s.as_fd(), PollFlags::POLLIN))
+        .collect();
+    let _ = poll(&mut fds, PollTimeout::from(ms));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ntp_line() {
+        let t = "address 10.0.0.5/24\nntp 10.0.0.1 10.0.0.2 junk\nserver 10.0.0.1\n";
+        assert_eq!(
+            lease_ntp(t),
+            vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]
+        );
+        assert!(lease_ntp("address 10.0.0.5/24\n").is_empty());
+    }
+
+    #[test]
+    fn saved_time_round_trip_and_clock_line() {
+        let d = crate::store::tests::TempDir::new("ntp-saved");
+        let p = d.0.join("clock");
+        let t = save_time(&p, policy::SAVE_AHEAD).unwrap();
+        assert_eq!(read_saved(&p), Some(t));
+        assert!(t > sysclock::realtime().secs());
+        // No boot record, no client: a host's clock.
+        assert!(clock_line_in(&d.0).contains("(source: host clock"));
+        let rec = BootRecord {
+            source: policy::BootSource::Saved,
+            wall: sysclock::realtime(),
+            boot: sysclock::boottime(),
+        };
+        std::fs::write(d.0.join(BOOT_RECORD), rec.to_text()).unwrap();
+        std::fs::write(d.0.join(STATE), "servers 0\n").unwrap();
+        assert!(clock_line_in(&d.0)
+            .ends_with("(source: saved, no NTP server: set gateway ntp or get one from DHCP)"));
+    }
+}

@@ -1,0 +1,112 @@
+//! The clock at boot and the saved time (rules and figures: `core::clock`): before the
+//! firewall, the uplink and the gateway start, the clock is set to the latest of the RTC,
+//! `/perm/clock` and the image's build time; then the time is saved ahead of the clock
+//! every `SAVE_EVERY` from the supervision loop, and at reboot/poweroff.
+
+use super::*;
+use crate::core::clock::{self as policy, BootRecord, UnixTime};
+use crate::driver::ntp;
+use crate::sys::clock as sysclock;
+
+/// Written by the image builder: the image's `SOURCE_DATE_EPOCH`.
+pub(super) const BUILD_TIME_FILE: &str = "/etc/riceguard/build-time";
+
+/// The image's build time: [`BUILD_TIME_FILE`], else the binary's own modification time
+/// (the image builder sets every file's to `SOURCE_DATE_EPOCH`; a host build has its
+/// build's), else none.
+pub(super) fn build_time() -> Option<i64> {
+    if let Some(t) = std::fs::read_to_string(BUILD_TIME_FILE)
+        .ok()
+        .and_then(|t| policy::parse_time_text(&t))
+    {
+        return Some(t);
+    }
+    std::fs::metadata("/proc/self/exe")
+        .ok()
+        .map(|m| m.mtime())
+        .filter(|&t| t > 0)
+}
+
+/// Set the clock to the boot floor if it is behind, say so in one line, record the
+/// decision for status readers and the NTP client, and save the time at once (the floor
+/// may be the RTC, ahead of what perm held).
+pub(super) fn set_at_boot(perm_ok: bool) {
+    let rtc = match sysclock::rtc_read(sysclock::RTC) {
+        Ok(t) => t,
+        Err(e) => {
+            say!("clock: no RTC ({}: {e})", sysclock::RTC);
+            None
+        }
+    };
+    let saved = if perm_ok {
+        ntp::read_saved(Path::new(ntp::SAVED))
+    } else {
+        None
+    };
+    let now = sysclock::realtime();
+    let d = policy::boot_decision(now.secs(), rtc, saved, build_time());
+    match d.set_to {
+        Some(t) => match sysclock::set_realtime(UnixTime::from_secs(t)) {
+            Ok(()) => say!(
+                "clock: set to {} (source: {})",
+                UnixTime::from_secs(t),
+                d.source.name()
+            ),
+            Err(e) => say!(
+                "clock: setting it to {} ({}) failed: {e}",
+                UnixTime::from_secs(t),
+                d.source.name()
+            ),
+        },
+        None => say!("clock: {} from the RTC", sysclock::realtime()),
+    }
+    let rec = BootRecord {
+        source: d.source,
+        wall: sysclock::realtime(),
+        boot: sysclock::boottime(),
+    };
+    let path = Path::new(ntp::RUN_DIR).join(ntp::BOOT_RECORD);
+    if let Err(e) = store::write(&path, rec.to_text().as_bytes(), store::PUBLIC) {
+        say!("clock: {}: {e}", path.display());
+    }
+    if perm_ok {
+        save(policy::SAVE_AHEAD);
+    }
+}
+
+fn save(ahead: Duration) {
+    if let Err(e) = ntp::save_time(Path::new(ntp::SAVED), ahead) {
+        say!("clock: saving the time to {}: {e}", ntp::SAVED);
+    }
+}
+
+/// Saves the time ahead of the clock every `SAVE_EVERY` (boot time, so a step of the
+/// clock does not bunch or skip saves).
+pub(super) struct Saver {
+    on: bool,
+    next: Instant,
+}
+
+impl Saver {
+    pub(super) fn new(perm_ok: bool) -> Saver {
+        Saver {
+            on: perm_ok,
+            next: Instant::now() + policy::SAVE_EVERY,
+        }
+    }
+
+    pub(super) fn tick(&mut self, now: Instant) {
+        if self.on && now >= self.next {
+            self.next = now + policy::SAVE_EVERY;
+            save(policy::SAVE_AHEAD);
+        }
+    }
+}
+
+/// At reboot/poweroff, after the services stopped (the gateway sends no more
+/// handshakes): the time plus a little.
+pub(super) fn save_at_halt() {
+    if Path::new(ntp::SAVED).parent().is_some_and(Path::exists) {
+        save(policy::SAVE_AT_HALT);
+    }
+}
