@@ -457,6 +457,13 @@ pub fn check_sntp(data: &[u8]) {
     let _ = NtpState::from_text(&text);
     let _ = BootRecord::from_text(&text);
     let _ = parse_time_text(&text);
+    let _ = Stamps::from_text(&text);
+    if let Some(sv) = SavedTime::from_text(&text) {
+        // An agreed line never lies above the floor it came with.
+        if let Some((w, a)) = sv.agreed {
+            assert!(a >= 0 && w.saturating_add(a / 1_000_000_000) <= sv.floor);
+        }
+    }
     let cookie: u64 = 0x0123_4567_89ab_cdef;
     if patch && msg.len() >= 32 {
         msg[24..32].copy_from_slice(&cookie.to_be_bytes());

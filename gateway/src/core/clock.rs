@@ -20,10 +20,22 @@
 //!   Flash wear: 144 periodic writes a day (one every 10 min), plus one per boot, halt and
 //!   stepping sync; each is a few 4 KiB blocks with the ext4 journal, under 5 MiB a day.
 //!   The cost of the lead: a box that lost power less than 11 min after a save boots up
-//!   to 11 min ahead, and stays there (below).
-//! - **Never backward.** A backward step would make every `Tunn` created after it (a
-//!   reconfiguration, the next boot) stamp lower than what the peers last saw: they drop
-//!   its initiations until the clock catches up. So the policy never steps backward:
+//!   to 11 min ahead. When the boot before agreed with NTP (its saves record the clock and
+//!   that boot's stamp lead: [`SavedTime::agreed`]), its stamps were at most the true time
+//!   of the cut plus that lead plus a second, so the first answer of this boot may step the
+//!   clock back to the server's time plus that lead plus [`BACK_MARGIN`], never below the
+//!   previous save's stamps or the build time ([`Policy::back_to`]). Without it every
+//!   power cut would add up to 11 min that nothing takes back; with it the clock is off by
+//!   at most one lead after any number of them. The gateway starts before that answer:
+//!   its `Tunn`s made before the step stamp ahead of the clock by the step for the rest of
+//!   the boot (they read the wall clock once), so the NTP client records that lead
+//!   ([`Stamps::ahead`]) and every save adds it to the floor. A `Tunn` made after the
+//!   step for a peer that already saw this boot's earlier stamps is dropped by it until
+//!   the clock passes them again (at most the step).
+//! - **Never backward** (but the first answer after a power cut, above). A backward step
+//!   would make every `Tunn` created after it (a reconfiguration, the next boot) stamp
+//!   lower than what the peers last saw: they drop its initiations until the clock catches
+//!   up. So the policy never steps backward:
 //!   corrections back of up to [`MAX_BACKWARD`] are slewed (adjtime: the clock runs
 //!   slower, never back, and `CLOCK_MONOTONIC` is slewed alike, so the stamps of older
 //!   `Tunn`s stay in step with it); larger ones are refused and `show status` says so.
@@ -274,6 +286,96 @@ pub fn parse_time_text(text: &str) -> Option<i64> {
     (0..=LATEST_PLAUSIBLE).contains(&t).then_some(t)
 }
 
+/// This boot's handshake stamps against its clock, kept by the NTP client in
+/// `/run/riceguard/clock.stamps` and read by every save: `ahead` ns, by which the `Tunn`s
+/// made before a step back stamp ahead of the clock (they read the wall clock once), and
+/// whether the clock `agrees` with NTP now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamps {
+    pub ahead: i64,
+    pub agrees: bool,
+}
+
+impl Stamps {
+    pub fn to_text(&self) -> String {
+        format!(
+            "ahead_ns {}\nagrees {}\n",
+            self.ahead,
+            u8::from(self.agrees)
+        )
+    }
+    /// Anything unreadable is "nothing known": no lead, not agreeing.
+    pub fn from_text(text: &str) -> Stamps {
+        let mut st = Stamps::default();
+        for l in text.lines().take(8) {
+            match l.split_once(' ') {
+                Some(("ahead_ns", v)) => st.ahead = v.trim().parse().unwrap_or(0).max(0),
+                Some(("agrees", v)) => st.agrees = v.trim() == "1",
+                _ => {}
+            }
+        }
+        st
+    }
+}
+
+/// The saved time on perm: the floor (unix seconds: the clock plus this boot's stamp lead
+/// plus the save's lead), and, when the clock agreed with NTP at that save, the clock it
+/// was made at and the stamp lead then (`agreed WALL AHEAD_NS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SavedTime {
+    pub floor: i64,
+    pub agreed: Option<(i64, i64)>,
+}
+
+impl SavedTime {
+    /// The save made at clock `now` with `stamps`, `lead` ahead.
+    pub fn at(now: UnixTime, stamps: Stamps, lead: Duration) -> SavedTime {
+        SavedTime {
+            floor: now.add_nanos(stamps.ahead).plus(lead).secs(),
+            agreed: stamps.agrees.then(|| (now.secs(), stamps.ahead)),
+        }
+    }
+    /// `FLOOR\n`, then `agreed WALL AHEAD_NS\n` when known.
+    pub fn to_text(&self) -> String {
+        match self.agreed {
+            Some((w, a)) => format!("{}\nagreed {w} {a}\n", self.floor),
+            None => time_text(self.floor),
+        }
+    }
+    /// The first line as [`parse_time_text`] reads it; an `agreed` line that does not read,
+    /// or does not lie below the floor, is left out (then no step back).
+    pub fn from_text(text: &str) -> Option<SavedTime> {
+        let mut lines = text.lines();
+        let floor = parse_time_text(lines.next()?)?;
+        let agreed = lines
+            .find_map(|l| l.strip_prefix("agreed "))
+            .and_then(|v| {
+                let (w, a) = v.trim().split_once(' ')?;
+                Some((
+                    parse_time_text(w)?,
+                    a.parse::<i64>().ok().filter(|&a| a >= 0)?,
+                ))
+            })
+            .filter(|&(w, a)| w.saturating_add(a / NANOS) <= floor);
+        Some(SavedTime { floor, agreed })
+    }
+}
+
+/// How far back the first answer of this boot may step the clock ([`Policy::back_to`]):
+/// when this boot's floor is the saved time and the clock agreed with NTP at that save,
+/// never below that save's stamps (`WALL + AHEAD`, or the build time if later), and
+/// `AHEAD` past the server's time (the previous boot's stamps ran that far ahead of its
+/// clock). `None`: never back.
+pub fn back_floor(
+    source: BootSource,
+    saved: Option<SavedTime>,
+    build: Option<i64>,
+) -> Option<(UnixTime, i64)> {
+    let (w, a) = saved.filter(|_| source == BootSource::Saved)?.agreed?;
+    let min = UnixTime::from_secs(w).add_nanos(a);
+    Some((build.map_or(min, |b| min.max(UnixTime::from_secs(b))), a))
+}
+
 /// What init recorded about the boot floor in `/run/riceguard/clock.boot`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BootRecord {
@@ -282,24 +384,36 @@ pub struct BootRecord {
     pub wall: UnixTime,
     /// `CLOCK_BOOTTIME` then.
     pub boot: Duration,
+    /// [`back_floor`]: how far back the first answer may step the clock, and the extra
+    /// lead past the server's time.
+    pub back_to: Option<(UnixTime, i64)>,
 }
 
 impl BootRecord {
     pub fn to_text(&self) -> String {
-        format!(
+        let mut t = format!(
             "source {}\nwall_ns {}\nboot_ns {}\n",
             self.source.name(),
             self.wall.nanos(),
             self.boot.as_nanos()
-        )
+        );
+        if let Some((b, a)) = self.back_to {
+            t.push_str(&format!("back_to_ns {} {a}\n", b.nanos()));
+        }
+        t
     }
     pub fn from_text(text: &str) -> Option<BootRecord> {
-        let (mut source, mut wall, mut boot) = (None, None, None);
+        let (mut source, mut wall, mut boot, mut back_to) = (None, None, None, None);
         for l in text.lines().take(16) {
             match l.split_once(' ') {
                 Some(("source", v)) => source = BootSource::parse(v.trim()),
                 Some(("wall_ns", v)) => wall = v.trim().parse().ok().map(UnixTime::from_nanos),
                 Some(("boot_ns", v)) => boot = v.trim().parse().ok().map(Duration::from_nanos),
+                Some(("back_to_ns", v)) => {
+                    back_to = v.trim().split_once(' ').and_then(|(b, a)| {
+                        Some((UnixTime::from_nanos(b.parse().ok()?), a.parse().ok()?))
+                    })
+                }
                 _ => {}
             }
         }
@@ -307,6 +421,7 @@ impl BootRecord {
             source: source?,
             wall: wall?,
             boot: boot?,
+            back_to,
         })
     }
 }
@@ -619,13 +734,17 @@ pub const MAX_SINGLE_AHEAD: i64 = 24 * 3600 * NANOS;
 pub const AGREE: i64 = 2 * NANOS;
 /// An observation of another server counts for agreement this long.
 pub const AGREE_WINDOW: Duration = Duration::from_secs(600);
+/// How far past the server's time the first answer after a power cut steps back to: the
+/// previous boot agreed with NTP within [`MAX_BACKWARD`], plus the answer's own error.
+pub const BACK_MARGIN: i64 = 2 * NANOS;
 /// An answer slower than this is too vague to set a clock by.
 pub const MAX_DELAY: i64 = 5 * NANOS;
 
 /// What to do with the clock after an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Step forward by `by` ns (≥ 0); `agreed`: a far step two servers agreed on.
+    /// Step by `by` ns: forward (≥ 0), or back once after a power cut ([`Policy::back_to`]);
+    /// `agreed`: a far step two servers agreed on.
     Step {
         by: i64,
         agreed: bool,
@@ -711,6 +830,9 @@ pub struct Policy {
     base_boot: Duration,
     synced: bool,
     seen: Vec<Observation>,
+    /// The first answer may step back, to no earlier than `.0` and `.1` ns past the
+    /// server's time (see the module comment); gone after it.
+    back_to: Option<(UnixTime, i64)>,
 }
 
 impl Policy {
@@ -721,7 +843,15 @@ impl Policy {
             base_boot: boot,
             synced: false,
             seen: Vec::new(),
+            back_to: None,
         }
+    }
+
+    /// Let the first answer step the clock back (the boot record's
+    /// [`BootRecord::back_to`]).
+    pub fn back_to(mut self, floor: Option<(UnixTime, i64)>) -> Policy {
+        self.back_to = floor;
+        self
     }
 
     /// Whether an answer has been used.
@@ -761,6 +891,16 @@ impl Policy {
             at: now,
             trusted,
         });
+        if let Some((floor, lead)) = self.back_to.take().filter(|_| !self.synced) {
+            let to = target
+                .add_nanos(lead.saturating_add(BACK_MARGIN))
+                .max(floor);
+            let by = to.since(wall);
+            if by < -MAX_BACKWARD {
+                self.synced = true;
+                return Decision::Step { by, agreed: false };
+            }
+        }
         if s.offset < -MAX_BACKWARD {
             return Decision::Refused(Refusal::Backward { by: s.offset });
         }

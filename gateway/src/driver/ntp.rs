@@ -43,6 +43,9 @@ pub const STATE: &str = "clock";
 pub const BOOT_RECORD: &str = "clock.boot";
 /// The saved time on perm.
 pub const SAVED: &str = "/perm/clock";
+/// This boot's stamps against its clock ([`policy::Stamps`]), in [`RUN_DIR`]: written by
+/// the client, read by every save.
+pub const STAMPS: &str = "clock.stamps";
 
 const REFRESH: Duration = Duration::from_secs(10);
 const RESOLVE_OK: Duration = Duration::from_secs(1800);
@@ -56,13 +59,14 @@ fn run_dir() -> PathBuf {
 }
 
 /// The saved time in `path`, if it reads.
-pub fn read_saved(path: &Path) -> Option<i64> {
-    policy::parse_time_text(&std::fs::read_to_string(path).ok()?)
+pub fn read_saved(path: &Path) -> Option<policy::SavedTime> {
+    policy::SavedTime::from_text(&std::fs::read_to_string(path).ok()?)
 }
 
-/// Save the clock plus `ahead` to `path`, atomically (`store::write`) and under a lock
-/// beside it: init's saver and this client both write it.
-pub fn save_time(path: &Path, ahead: Duration) -> io::Result<i64> {
+/// Save the clock plus this boot's stamp lead plus `ahead` to `path`, atomically
+/// (`store::write`) and under a lock beside it: init's saver and this client both write
+/// it. With `stamps.agrees` the clock and the lead are recorded too.
+pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Result<i64> {
     use nix::fcntl::{Flock, FlockArg};
     let lock = path.with_file_name(".clock.lock");
     let f = std::fs::OpenOptions::new()
@@ -71,9 +75,23 @@ pub fn save_time(path: &Path, ahead: Duration) -> io::Result<i64> {
         .write(true)
         .open(&lock)?;
     let _held = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
-    let t = sysclock::realtime().plus(ahead).secs();
-    crate::store::write(path, policy::time_text(t).as_bytes(), crate::store::PUBLIC)?;
-    Ok(t)
+    let rec = policy::SavedTime::at(sysclock::realtime(), stamps, ahead);
+    crate::store::write(path, rec.to_text().as_bytes(), crate::store::PUBLIC)?;
+    Ok(rec.floor)
+}
+
+/// [`STAMPS`] in `dir` (nothing known when it is missing or unreadable).
+pub fn stamps_in(dir: &Path) -> policy::Stamps {
+    std::fs::read_to_string(dir.join(STAMPS))
+        .map(|t| policy::Stamps::from_text(&t))
+        .unwrap_or_default()
+}
+
+fn write_stamps(dir: &Path, st: policy::Stamps) {
+    let p = dir.join(STAMPS);
+    if let Err(e) = crate::store::write(&p, st.to_text().as_bytes(), crate::store::PUBLIC) {
+        log::warn!("ntp: {}: {e}", p.display());
+    }
 }
 
 /// The `clock:` line of `show status` and `riceguard status`, from init's record and the
@@ -172,6 +190,9 @@ pub fn main(args: &[String]) -> ExitCode {
 struct Clock {
     dry_run: bool,
     virtual_offset: i64,
+    /// The run directory, for [`STAMPS`].
+    dir: PathBuf,
+    stamps: policy::Stamps,
 }
 
 impl Clock {
@@ -183,9 +204,14 @@ impl Clock {
             self.virtual_offset = self.virtual_offset.saturating_add(by);
             return Ok(());
         }
-        // Saved first: see the module comment.
+        // Saved first: see the module comment. A step back keeps the floor (the stamps
+        // already sent run on from the clock before it).
         let ahead = Duration::from_nanos(by.max(0) as u64) + policy::SAVE_AHEAD;
-        if let Err(e) = save_time(Path::new(SAVED), ahead) {
+        let st = policy::Stamps {
+            agrees: false,
+            ..self.stamps
+        };
+        if let Err(e) = save_time(Path::new(SAVED), ahead, st) {
             log::warn!("ntp: saving the time to {SAVED}: {e}");
         }
         sysclock::step(by)
@@ -196,6 +222,16 @@ impl Clock {
             return Ok(());
         }
         sysclock::slew(by)
+    }
+    /// Save now that the clock agrees (so a power cut soon after leaves a floor the next
+    /// boot may step back from).
+    fn save_agreed(&self) {
+        if self.dry_run {
+            return;
+        }
+        if let Err(e) = save_time(Path::new(SAVED), policy::SAVE_AHEAD, self.stamps) {
+            log::warn!("ntp: saving the time to {SAVED}: {e}");
+        }
     }
     fn synced(&self) {
         if self.dry_run {
@@ -320,7 +356,14 @@ fn run(a: Args) -> Result<(), String> {
     let mut clock = Clock {
         dry_run: a.dry_run,
         virtual_offset: 0,
+        dir: a.dir.clone(),
+        // A restarted client keeps this boot's lead; it agrees only after an answer.
+        stamps: policy::Stamps {
+            agrees: false,
+            ..stamps_in(&a.dir)
+        },
     };
+    write_stamps(&a.dir, clock.stamps);
     let dry = if a.dry_run {
         " (dry run: the clock is not changed)"
     } else {
@@ -330,7 +373,7 @@ fn run(a: Args) -> Result<(), String> {
         .ok()
         .and_then(|t| BootRecord::from_text(&t));
     let mut pol = match boot {
-        Some(b) => Policy::new(b.wall, b.boot),
+        Some(b) => Policy::new(b.wall, b.boot).back_to(b.back_to),
         None => Policy::new(clock.wall(), sysclock::boottime()),
     };
     log::info!("ntp: started{dry}");
@@ -440,6 +483,10 @@ fn handle(
                             if agreed { " (two servers agree)" } else { "" }
                         );
                         clock.synced();
+                        clock.stamps.ahead = clock.stamps.ahead.saturating_add((-by).max(0));
+                        clock.stamps.agrees = true;
+                        write_stamps(&clock.dir, clock.stamps);
+                        clock.save_agreed();
                         poller.clock_stepped(by);
                         poller.note(who, "stepped");
                         state.last_sync = Some((who.to_string(), now));
@@ -450,12 +497,21 @@ fn handle(
                     Ok(()) => {
                         log::info!("ntp: {who}: slewing the clock {}{dry}", fmt_offset(by));
                         clock.synced();
+                        if !clock.stamps.agrees {
+                            clock.stamps.agrees = true;
+                            write_stamps(&clock.dir, clock.stamps);
+                            clock.save_agreed();
+                        }
                         poller.note(who, "slewed");
                         state.last_sync = Some((who.to_string(), now));
                     }
                     Err(e) => log::warn!("ntp: {who}: slewing the clock {}: {e}", fmt_offset(by)),
                 },
                 Decision::Refused(r) => {
+                    if matches!(r, policy::Refusal::Backward { .. }) && clock.stamps.agrees {
+                        clock.stamps.agrees = false;
+                        write_stamps(&clock.dir, clock.stamps);
+                    }
                     log::warn!(target: "net::ntp", "ntp: {who}: refused: {r}");
                     poller.note(who, &format!("refused: {r}"));
                 }
@@ -520,8 +576,26 @@ mod tests {
     fn saved_time_round_trip_and_clock_line() {
         let d = crate::store::tests::TempDir::new("ntp-saved");
         let p = d.0.join("clock");
-        let t = save_time(&p, policy::SAVE_AHEAD).unwrap();
-        assert_eq!(read_saved(&p), Some(t));
+        let t = save_time(&p, policy::SAVE_AHEAD, policy::Stamps::default()).unwrap();
+        assert_eq!(
+            read_saved(&p),
+            Some(policy::SavedTime {
+                floor: t,
+                agreed: None
+            })
+        );
+        let st = policy::Stamps {
+            ahead: 5_000_000_000,
+            agrees: true,
+        };
+        let t = save_time(&p, policy::SAVE_AHEAD, st).unwrap();
+        let back = read_saved(&p).unwrap();
+        assert_eq!(back.floor, t);
+        // The floor covers the stamps' lead and the save's.
+        let (w, a) = back.agreed.unwrap();
+        assert_eq!(a, 5_000_000_000);
+        assert!(t >= w + 5 + policy::SAVE_AHEAD.as_secs() as i64 - 1);
+        assert_eq!(stamps_in(&d.0), policy::Stamps::default());
         assert!(t > sysclock::realtime().secs());
         // No boot record, no client: a host's clock.
         assert!(clock_line_in(&d.0).contains("(source: host clock"));
@@ -529,6 +603,7 @@ mod tests {
             source: policy::BootSource::Saved,
             wall: sysclock::realtime(),
             boot: sysclock::boottime(),
+            back_to: None,
         };
         std::fs::write(d.0.join(BOOT_RECORD), rec.to_text()).unwrap();
         std::fs::write(d.0.join(STATE), "servers 0\n").unwrap();

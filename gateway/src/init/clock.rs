@@ -44,7 +44,8 @@ pub(super) fn set_at_boot(perm_ok: bool) {
         None
     };
     let now = sysclock::realtime();
-    let d = policy::boot_decision(now.secs(), rtc, saved, build_time());
+    let build = build_time();
+    let d = policy::boot_decision(now.secs(), rtc, saved.map(|s| s.floor), build);
     match d.set_to {
         Some(t) => match sysclock::set_realtime(UnixTime::from_secs(t)) {
             Ok(()) => say!(
@@ -64,7 +65,11 @@ pub(super) fn set_at_boot(perm_ok: bool) {
         source: d.source,
         wall: sysclock::realtime(),
         boot: sysclock::boottime(),
+        back_to: policy::back_floor(d.source, saved, build),
     };
+    if let Some((b, _)) = rec.back_to {
+        say!("clock: the last boot agreed with NTP: its first answer may set the clock back to {b} at the earliest");
+    }
     let path = Path::new(ntp::RUN_DIR).join(ntp::BOOT_RECORD);
     if let Err(e) = store::write(&path, rec.to_text().as_bytes(), store::PUBLIC) {
         say!("clock: {}: {e}", path.display());
@@ -75,7 +80,8 @@ pub(super) fn set_at_boot(perm_ok: bool) {
 }
 
 fn save(ahead: Duration) {
-    if let Err(e) = ntp::save_time(Path::new(ntp::SAVED), ahead) {
+    let stamps = ntp::stamps_in(Path::new(ntp::RUN_DIR));
+    if let Err(e) = ntp::save_time(Path::new(ntp::SAVED), ahead, stamps) {
         say!("clock: saving the time to {}: {e}", ntp::SAVED);
     }
 }

@@ -89,6 +89,12 @@ fn saved_time_text() {
         source: BootSource::Saved,
         wall: UnixTime::from_secs(T0),
         boot: Duration::from_millis(3210),
+        back_to: None,
+    };
+    assert_eq!(BootRecord::from_text(&r.to_text()), Some(r));
+    let r = BootRecord {
+        back_to: Some((UnixTime::from_secs(T0 - 60), secs(7))),
+        ..r
     };
     assert_eq!(BootRecord::from_text(&r.to_text()), Some(r));
     assert_eq!(
@@ -245,6 +251,112 @@ fn first_sync_steps_then_slews_and_steps_forward_only() {
         p.decide(addr(1), true, wall, boot, &back),
         Decision::Slew { by: -800_000_000 }
     );
+}
+
+/// The saved time's two lines: the floor covers this boot's stamp lead and the save's
+/// lead; the `agreed` line only when the clock agreed with NTP; a torn or inconsistent
+/// one reads as absent (no step back), never as a lower floor.
+#[test]
+fn saved_time_records_the_stamp_lead_and_agreement() {
+    let now = UnixTime::from_secs(T0);
+    let st = Stamps {
+        ahead: secs(90),
+        agrees: true,
+    };
+    let s = SavedTime::at(now, st, SAVE_AHEAD);
+    assert_eq!(s.floor, T0 + 90 + 660);
+    assert_eq!(s.agreed, Some((T0, secs(90))));
+    assert_eq!(SavedTime::from_text(&s.to_text()), Some(s));
+    let plain = SavedTime::at(now, Stamps::default(), SAVE_AHEAD);
+    assert_eq!(plain.to_text(), time_text(T0 + 660));
+    assert_eq!(SavedTime::from_text(&plain.to_text()), Some(plain));
+    for bad in [
+        format!("{}\nagreed {} 0\n", T0, T0 + 1),
+        format!("{}\nagreed x 0\n", T0),
+        format!("{}\nagreed {} -5\n", T0, T0 - 10),
+        format!("{}\nagreed {}\n", T0, T0 - 10),
+    ] {
+        assert_eq!(
+            SavedTime::from_text(&bad),
+            Some(SavedTime {
+                floor: T0,
+                agreed: None
+            }),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(Stamps::from_text(&st.to_text()), st);
+    assert_eq!(
+        Stamps::from_text("ahead_ns -4\nagrees yes\n"),
+        Stamps::default()
+    );
+    // Only a boot whose floor is that save may step back, never below its stamps or the
+    // build time.
+    assert_eq!(
+        back_floor(BootSource::Saved, Some(s), None),
+        Some((UnixTime::from_secs(T0 + 90), secs(90)))
+    );
+    assert_eq!(
+        back_floor(BootSource::Saved, Some(s), Some(T0 + 500)),
+        Some((UnixTime::from_secs(T0 + 500), secs(90)))
+    );
+    assert_eq!(back_floor(BootSource::Rtc, Some(s), None), None);
+    assert_eq!(back_floor(BootSource::Saved, Some(plain), None), None);
+}
+
+/// After a power cut the clock starts at the saved floor, up to a lead ahead; when the
+/// boot before agreed with NTP, the first answer steps it back to the server's time plus
+/// that boot's stamp lead and the margin, never below the floor given, and only once.
+#[test]
+fn first_answer_after_a_power_cut_may_step_back_once() {
+    let boot = Duration::from_secs(5);
+    // The previous boot saved at T0 (agreeing, stamps 30 s ahead of its clock); this boot
+    // starts at its floor, T0 + 30 + 660.
+    let saved = SavedTime::at(
+        UnixTime::from_secs(T0),
+        Stamps {
+            ahead: secs(30),
+            agrees: true,
+        },
+        SAVE_AHEAD,
+    );
+    let back = back_floor(BootSource::Saved, Some(saved), None);
+    let wall = UnixTime::from_secs(saved.floor);
+    let mut p = Policy::new(wall, boot).back_to(back);
+    // The true time: 4 min after the save (a power cut 3 min after it, 1 min down).
+    let truth = T0 + 240;
+    let d = p.decide(addr(1), true, wall, boot, &sample(truth - saved.floor));
+    let want = secs(truth + 30 - saved.floor) + BACK_MARGIN;
+    assert_eq!(
+        d,
+        Decision::Step {
+            by: want,
+            agreed: false
+        }
+    );
+    assert!(want < -MAX_BACKWARD);
+    // Later answers never step back again.
+    let later = wall.add_nanos(want);
+    assert_eq!(
+        p.decide(addr(1), true, later, boot, &sample(-60)),
+        Decision::Refused(Refusal::Backward { by: secs(-60) })
+    );
+    // Never below the floor given (the previous save's stamps).
+    let mut p = Policy::new(wall, boot).back_to(back);
+    let d = p.decide(addr(1), true, wall, boot, &sample(-3600));
+    assert_eq!(
+        d,
+        Decision::Step {
+            by: secs(T0 + 30 - saved.floor),
+            agreed: false
+        }
+    );
+    // Without an agreeing previous boot: refused, as ever.
+    let mut p = Policy::new(wall, boot);
+    assert!(matches!(
+        p.decide(addr(1), true, wall, boot, &sample(-600)),
+        Decision::Refused(Refusal::Backward { .. })
+    ));
 }
 
 #[test]
@@ -536,6 +648,7 @@ fn status_lines() {
         source: BootSource::Build,
         wall: w,
         boot: Duration::from_secs(3),
+        back_to: None,
     };
     let now = Duration::from_secs(100);
     let none = NtpState::default();
