@@ -691,12 +691,21 @@ mod netconf_ops {
         pub fn proxy_neighbours(&mut self) -> Result<Vec<ProxyNeighbour>, NetlinkError> {
             let mut hdr = [0u8; 12];
             hdr[10] = NTF_PROXY; // ndm_flags: the kernel dumps the proxy table
+            self.dump_neigh(&hdr, "list proxy neighbours", parse_proxy_neigh)
+        }
+
+        /// An `RTM_GETNEIGH` dump with the `ndmsg` header `hdr`, each entry read by `parse`
+        /// (`None`: not one of those asked for).
+        pub(super) fn dump_neigh<T>(
+            &mut self,
+            hdr: &[u8; 12],
+            what: &str,
+            parse: impl Fn(&[u8]) -> Option<T>,
+        ) -> Result<Vec<T>, NetlinkError> {
             let mut out = Vec::new();
-            self.dump_each(RTM_GETNEIGH, &hdr, "list proxy neighbours", |kind, p| {
+            self.dump_each(RTM_GETNEIGH, hdr, what, |kind, p| {
                 if kind == RTM_NEWNEIGH {
-                    if let Some(n) = parse_proxy_neigh(p) {
-                        out.push(n);
-                    }
+                    out.extend(parse(p));
                 }
             })?;
             Ok(out)
@@ -1287,15 +1296,7 @@ mod guard_ops {
     impl Netlink {
         /// Every neighbour table entry of both families (`ip neigh show`).
         pub fn neighbours(&mut self) -> Result<Vec<Neighbour>, NetlinkError> {
-            let mut out = Vec::new();
-            self.dump_each(RTM_GETNEIGH, &[0u8; 12], "list neighbours", |kind, p| {
-                if kind == RTM_NEWNEIGH {
-                    if let Some(n) = parse_neigh(p) {
-                        out.push(n);
-                    }
-                }
-            })?;
-            Ok(out)
+            self.dump_neigh(&[0u8; 12], "list neighbours", parse_neigh)
         }
 
         /// Delete the kernel's on-link prefix route (`proto kernel`: made for an address
