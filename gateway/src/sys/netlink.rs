@@ -1240,8 +1240,6 @@ pub use guard_ops::{AddrDetail, Neighbour};
 mod guard_ops {
     use super::*;
 
-    const RTM_NEWNEIGH: u16 = 28;
-    const RTM_GETNEIGH: u16 = 30;
     const NDA_DST: u16 = 1;
     const NDA_LLADDR: u16 = 2;
     const NTF_PROXY: u8 = 0x08;
