@@ -40,23 +40,8 @@ NAMES = {1: "initiation", 2: "response", 3: "cookie", 4: "data"}
 
 
 def main():
-    wgnet.require_root()
-    wgnet.install_signal_handlers()
-    if wgnet.impl_path("riceguard") is None or wgnet.impl_path("wireguard-go") is None:
-        log("needs target/release/riceguard ($RG_BIN) and wireguard-go")
-        sys.exit(2)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    logdir = os.path.join(wgnet.REPO, "out", "keepalive", stamp)
-    os.makedirs(logdir, exist_ok=True)
-    wgnet.sweep_stale()
-    checks = []
-
-    def check(name, ok, detail=""):
-        checks.append((name, bool(ok), detail))
-        print(f"  [{'PASS' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""),
-              flush=True)
-
-    t_start = time.monotonic()
+    frame = wgnet.CheckLab("keepalive")
+    logdir, check = frame.logdir, frame.check
     n_pings = max(1, math.ceil(DURATION / INTERVAL))
     print(f"keepalive: riceguard {wgnet.riceguard_bin()} <-> wireguard-go; a ping every "
           f"{INTERVAL:g} s for {DURATION:g} s ({n_pings} pings), then {TAIL:g} s; logs in {logdir}",
@@ -139,11 +124,7 @@ def main():
                   f"{answered}/{len(results)}")
     except LabError as e:
         check("lab", False, str(e))
-    passed = sum(1 for c in checks if c[1])
-    failed = len(checks) - passed
-    print(f"\nkeepalive: {time.monotonic() - t_start:.0f} s; capture and logs in {logdir}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    frame.finish("capture and logs")
 
 
 def when(msgs, tz):

@@ -27,7 +27,7 @@ sys.dont_write_bytecode = True  # no __pycache__ in the checkout
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import forge  # noqa: E402
 import wgnet  # noqa: E402
-from wgnet import LabError, log  # noqa: E402
+from wgnet import LabError  # noqa: E402
 
 LAB_INDEX = 8
 SECOND = {4: "10.203.0.11", 6: "fd03::11"}
@@ -36,35 +36,15 @@ QUIET = 3.5
 
 
 def main():
-    wgnet.require_root()
-    wgnet.install_signal_handlers()
-    if wgnet.impl_path("riceguard") is None or wgnet.impl_path("wireguard-go") is None:
-        log("needs target/release/riceguard ($RG_BIN) and wireguard-go")
-        sys.exit(2)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    logdir = os.path.join(wgnet.REPO, "out", "sticky-source", stamp)
-    os.makedirs(logdir, exist_ok=True)
-    wgnet.sweep_stale()
-    checks = []
-
-    def check(name, ok, detail=""):
-        checks.append((name, bool(ok), detail))
-        print(f"  [{'PASS' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""),
-              flush=True)
-
-    t_start = time.monotonic()
+    lab = wgnet.CheckLab("sticky-source")
     print(f"sticky-source: riceguard {wgnet.riceguard_bin()} with two uplink addresses, "
-          f"wireguard-go knows it by the second; logs in {logdir}", flush=True)
+          f"wireguard-go knows it by the second; logs in {lab.logdir}", flush=True)
     for fam in (4, 6):
         try:
-            run_family(fam, logdir, check)
+            run_family(fam, lab.logdir, lab.check)
         except LabError as e:
-            check(f"IPv{fam} lab", False, str(e))
-    passed = sum(1 for c in checks if c[1])
-    failed = len(checks) - passed
-    print(f"\nsticky-source: {time.monotonic() - t_start:.0f} s; captures in {logdir}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+            lab.check(f"IPv{fam} lab", False, str(e))
+    lab.finish("captures")
 
 
 def run_family(fam, logdir, check):

@@ -527,6 +527,39 @@ def install_signal_handlers():
         signal.signal(s, handler)
 
 
+class CheckLab:
+    """A lab script's frame: root, signal handlers, riceguard and wireguard-go present,
+    a log directory out/NAME/STAMP, stale namespaces swept; `check(name, ok, detail)`
+    prints PASS/FAIL as it goes and `finish()` prints the "N passed, N failed" line and
+    exits 1 on a failure."""
+
+    def __init__(self, name):
+        require_root()
+        install_signal_handlers()
+        if impl_path("riceguard") is None or impl_path("wireguard-go") is None:
+            log("needs target/release/riceguard ($RG_BIN) and wireguard-go")
+            sys.exit(2)
+        self.name = name
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.logdir = os.path.join(REPO, "out", name, stamp)
+        os.makedirs(self.logdir, exist_ok=True)
+        sweep_stale()
+        self.results = []
+        self.t_start = time.monotonic()
+
+    def check(self, name, ok, detail=""):
+        self.results.append((name, bool(ok), detail))
+        print(f"  [{'PASS' if ok else 'FAIL'}] {name}" + (f": {detail}" if detail else ""),
+              flush=True)
+
+    def finish(self, what="logs"):
+        passed = sum(1 for c in self.results if c[1])
+        failed = len(self.results) - passed
+        print(f"\n{self.name}: {time.monotonic() - self.t_start:.0f} s; {what} in {self.logdir}")
+        print(f"{passed} passed, {failed} failed")
+        sys.exit(1 if failed else 0)
+
+
 def require_root():
     if os.geteuid() != 0:
         log("needs root (network namespaces, TUN devices)")
