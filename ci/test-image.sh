@@ -20,7 +20,7 @@
 #     boot 2 (after boot 1 was killed: a power cut) starts from the saved time (source:
 #     saved, past the build time, up to 11 min ahead), and as boot 1 agreed with NTP its
 #     first answer steps it back once, to the server's time (never further: no other step
-#     back); boot 3's `show status` begins with `clock: <ISO 8601> (source: ntp ...)`;
+#     back), the gateway held back by init until then; boot 3's `show status` begins with `clock: <ISO 8601> (source: ntp ...)`;
 #     while each boots, closed TCP/UDP ports of the uplink probed from the namespace ten
 #     times a second: none ever answers (no RST, no ICMP port unreachable), from the
 #     moment the address answers ARP, through the gateway's kill and restarts: the
@@ -302,6 +302,8 @@ EOF
                     have "$log" 'riceguard-init: clock: the last boot agreed with NTP'
                 check "$b net boot 2: the first NTP answer stepped the clock back to the server's time" \
                     have "$log" 'ntp: 192\.0\.2\.[13]:123: stepped the clock -[0-9.]+ (s|min) to '
+                check "$b net boot 2: init held the gateway back for that answer, and started it after" \
+                    sh -c "$(declare -f have before); have '$log' 'riceguard-init: clock: the gateway starts after the first NTP answer' && before '$log' 'stepped the clock -' 'riceguard-init: gateway up'"
             fi
             back=$(count "$log" 'stepped the clock -')
             check "$b net boot $run: the clock stepped back $([ $run = 1 ] && echo never || echo 'once, at the first answer') ($back)" \

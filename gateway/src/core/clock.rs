@@ -25,13 +25,14 @@
 //!   of the cut plus that lead plus a second, so the first answer of this boot may step the
 //!   clock back to the server's time plus that lead plus [`BACK_MARGIN`], never below the
 //!   previous save's stamps or the build time ([`Policy::back_to`]). Without it every
-//!   power cut would add up to 11 min that nothing takes back; with it the clock is off by
-//!   at most one lead after any number of them. The gateway starts before that answer:
-//!   its `Tunn`s made before the step stamp ahead of the clock by the step for the rest of
-//!   the boot (they read the wall clock once), so the NTP client records that lead
-//!   ([`Stamps::ahead`]) and every save adds it to the floor. A `Tunn` made after the
-//!   step for a peer that already saw this boot's earlier stamps is dropped by it until
-//!   the clock passes them again (at most the step).
+//!   power cut would add up to 11 min that nothing takes back. For that boot init holds
+//!   the gateway back until the first answer is settled ([`Stamps::settled`], at most
+//!   [`GATEWAY_WAIT`]): its `Tunn`s read the wall clock once, so made before a step back
+//!   they would stamp ahead of the clock for the rest of the boot. When the wait runs out
+//!   first, the NTP client records that lead ([`Stamps::ahead`]), every save adds it to
+//!   the floor and the next boot's first answer keeps the clock that far ahead; a `Tunn`
+//!   made after the step for a peer that already saw the earlier stamps is dropped by it
+//!   until the clock passes them (at most the step).
 //! - **Never backward** (but the first answer after a power cut, above). A backward step
 //!   would make every `Tunn` created after it (a reconfiguration, the next boot) stamp
 //!   lower than what the peers last saw: they drop its initiations until the clock catches
@@ -289,19 +290,23 @@ pub fn parse_time_text(text: &str) -> Option<i64> {
 /// This boot's handshake stamps against its clock, kept by the NTP client in
 /// `/run/riceguard/clock.stamps` and read by every save: `ahead` ns, by which the `Tunn`s
 /// made before a step back stamp ahead of the clock (they read the wall clock once), and
-/// whether the clock `agrees` with NTP now.
+/// whether the clock `agrees` with NTP now, and whether the first answer of the boot has
+/// been `settled` (acted on or refused: init holds the gateway back until then after a
+/// power cut, see the module comment).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stamps {
     pub ahead: i64,
     pub agrees: bool,
+    pub settled: bool,
 }
 
 impl Stamps {
     pub fn to_text(&self) -> String {
         format!(
-            "ahead_ns {}\nagrees {}\n",
+            "ahead_ns {}\nagrees {}\nsettled {}\n",
             self.ahead,
-            u8::from(self.agrees)
+            u8::from(self.agrees),
+            u8::from(self.settled)
         )
     }
     /// Anything unreadable is "nothing known": no lead, not agreeing.
@@ -311,6 +316,7 @@ impl Stamps {
             match l.split_once(' ') {
                 Some(("ahead_ns", v)) => st.ahead = v.trim().parse().unwrap_or(0).max(0),
                 Some(("agrees", v)) => st.agrees = v.trim() == "1",
+                Some(("settled", v)) => st.settled = v.trim() == "1",
                 _ => {}
             }
         }
@@ -734,9 +740,12 @@ pub const MAX_SINGLE_AHEAD: i64 = 24 * 3600 * NANOS;
 pub const AGREE: i64 = 2 * NANOS;
 /// An observation of another server counts for agreement this long.
 pub const AGREE_WINDOW: Duration = Duration::from_secs(600);
-/// How far past the server's time the first answer after a power cut steps back to: the
-/// previous boot agreed with NTP within [`MAX_BACKWARD`], plus the answer's own error.
-pub const BACK_MARGIN: i64 = 2 * NANOS;
+/// How far past the server's time the first answer after a power cut steps back to (the
+/// answer's own error); under [`MAX_BACKWARD`], so the next answers slew the rest.
+pub const BACK_MARGIN: i64 = NANOS / 2;
+/// How long init holds the gateway back after a power cut for the first answer that may
+/// step the clock back (see the module comment).
+pub const GATEWAY_WAIT: Duration = Duration::from_secs(8);
 /// An answer slower than this is too vague to set a clock by.
 pub const MAX_DELAY: i64 = 5 * NANOS;
 

@@ -473,7 +473,13 @@ fn handle(
             let wall = clock.wall();
             let now = sysclock::boottime();
             let who = server.addr;
-            match pol.decide(who, server.trusted, wall, now, &sample) {
+            let decision = pol.decide(who, server.trusted, wall, now, &sample);
+            if !clock.stamps.settled {
+                // The first answer is acted on below: init may start the gateway.
+                clock.stamps.settled = true;
+                write_stamps(&clock.dir, clock.stamps);
+            }
+            match decision {
                 Decision::Step { by, agreed } => match clock.step(by) {
                     Ok(()) => {
                         log::info!(
@@ -587,6 +593,7 @@ mod tests {
         let st = policy::Stamps {
             ahead: 5_000_000_000,
             agrees: true,
+            settled: true,
         };
         let t = save_time(&p, policy::SAVE_AHEAD, st).unwrap();
         let back = read_saved(&p).unwrap();

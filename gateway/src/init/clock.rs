@@ -29,8 +29,9 @@ pub(super) fn build_time() -> Option<i64> {
 
 /// Set the clock to the boot floor if it is behind, say so in one line, record the
 /// decision for status readers and the NTP client, and save the time at once (the floor
-/// may be the RTC, ahead of what perm held).
-pub(super) fn set_at_boot(perm_ok: bool) {
+/// may be the RTC, ahead of what perm held). True when the first NTP answer may set the
+/// clock back (after a power cut of a box that agreed with NTP: `core::clock`).
+pub(super) fn set_at_boot(perm_ok: bool) -> bool {
     let rtc = match sysclock::rtc_read(sysclock::RTC) {
         Ok(t) => t,
         Err(e) => {
@@ -77,6 +78,12 @@ pub(super) fn set_at_boot(perm_ok: bool) {
     if perm_ok {
         save(policy::SAVE_AHEAD);
     }
+    rec.back_to.is_some()
+}
+
+/// Whether `riceguard ntp` has acted on (or refused) its first answer of this boot.
+pub(super) fn first_answer_settled() -> bool {
+    ntp::stamps_in(Path::new(ntp::RUN_DIR)).settled
 }
 
 fn save(ahead: Duration) {

@@ -65,7 +65,7 @@ pub(super) fn stage2() -> ! {
     }
     let perm_ok = mount_perm();
     // Before anything makes a handshake or stamps a log: the clock at its floor.
-    clock::set_at_boot(perm_ok);
+    let may_step_back = clock::set_at_boot(perm_ok);
     let mut time_saver = clock::Saver::new(perm_ok);
     let gw = load_config(perm_ok);
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
@@ -92,16 +92,25 @@ pub(super) fn stage2() -> ! {
     if cmd.selftest_hang {
         argv.push("--selftest-hang".into());
     }
-    sup.add(
-        Spec {
-            name: "gateway".into(),
-            argv,
-            tty: None,
-            restart_delay: RESTART_DELAY,
-            health_checked: true,
-        },
-        now,
-    );
+    let gateway_spec = Spec {
+        name: "gateway".into(),
+        argv,
+        tty: None,
+        restart_delay: RESTART_DELAY,
+        health_checked: true,
+    };
+    // After a power cut the first NTP answer may step the clock back (core::clock): the
+    // gateway's sessions read the wall clock once, so they start after that answer.
+    let mut held_gateway = if may_step_back {
+        say!(
+            "clock: the gateway starts after the first NTP answer (at most {} s): it may set the clock back",
+            crate::core::clock::GATEWAY_WAIT.as_secs()
+        );
+        Some((gateway_spec, now + crate::core::clock::GATEWAY_WAIT))
+    } else {
+        sup.add(gateway_spec, now);
+        None
+    };
     // No static uplink address: the uplink is configured by DHCP (riceguard dhcp DEV),
     // supervised like the gateway but not health-checked (it has no UAPI).
     let sup_dhcp_dev = dhcp_dev.clone();
@@ -180,6 +189,17 @@ pub(super) fn stage2() -> ! {
     let mut halt: Option<os::Halt> = None;
     loop {
         let now = Instant::now();
+        if let Some((_, until)) = &held_gateway {
+            let settled = clock::first_answer_settled();
+            if settled || now >= *until {
+                if !settled {
+                    say!("clock: no NTP answer yet: starting the gateway");
+                }
+                if let Some((spec, _)) = held_gateway.take() {
+                    sup.add(spec, now);
+                }
+            }
+        }
         let next_start = sup.tick(now);
         confirm_guard.check(&sup);
         time_saver.tick(now);
@@ -271,7 +291,7 @@ pub(super) fn stage2() -> ! {
             say!("the gateway could not be restarted: the watchdog is no longer fed");
         }
         // Wait for a signal, a due restart, the watchdog or the next health probe.
-        let mut wait = Duration::from_millis(500);
+        let mut wait = Duration::from_millis(if held_gateway.is_some() { 100 } else { 500 });
         if let Some(t) = next_start {
             wait = wait.min(t.saturating_duration_since(now));
         }

@@ -262,6 +262,7 @@ fn saved_time_records_the_stamp_lead_and_agreement() {
     let st = Stamps {
         ahead: secs(90),
         agrees: true,
+        settled: false,
     };
     let s = SavedTime::at(now, st, SAVE_AHEAD);
     assert_eq!(s.floor, T0 + 90 + 660);
@@ -286,6 +287,11 @@ fn saved_time_records_the_stamp_lead_and_agreement() {
         );
     }
     assert_eq!(Stamps::from_text(&st.to_text()), st);
+    let settled = Stamps {
+        settled: true,
+        ..Stamps::default()
+    };
+    assert_eq!(Stamps::from_text(&settled.to_text()), settled);
     assert_eq!(
         Stamps::from_text("ahead_ns -4\nagrees yes\n"),
         Stamps::default()
@@ -317,6 +323,7 @@ fn first_answer_after_a_power_cut_may_step_back_once() {
         Stamps {
             ahead: secs(30),
             agrees: true,
+            settled: false,
         },
         SAVE_AHEAD,
     );
