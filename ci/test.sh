@@ -17,15 +17,20 @@
 #            address in use, `add client` skips them, a shadowed route said and installed
 #            later, a conflicting RA prefix not used (ci/uplink-guard.sh);
 #            the DHCP uplink client against dnsmasq and a short-lease server, with the
-#            daemon's firewall in place, and SLAAC (ci/dhcp.sh); the firewall and NAT: the
+#            daemon's firewall in place, and SLAAC; leases that would take a tunnel
+#            route's place declined with a back-off, summary overlaps kept and shown, a
+#            rogue server's renewal ACK ignored, a stale lease file re-acquired at once
+#            (ci/dhcp.sh); the firewall and NAT: the
 #            README's first client from the factory configuration, full-tunnel clients
 #            (NAT, NAT66), the uplink shut out two-armed, anti-spoofing, notrack under a
 #            flood, the table across reloads, Firewall = off and a crash (ci/firewall.sh);
 #            the SNTP client against scripted servers in a dry run: a good answer steps,
 #            kisses, LI=3, one far-future server, backward answers and DHCP's servers
 #            change nothing, two agreeing configured servers step (ci/ntp.sh)
-#   image    build both QEMU boards' images twice, boot them under TCG, check the gateway;
-#            then drive the x86_64 serial console (ci/test-console-qemu.sh)
+#   image    build both QEMU boards' images twice, boot them under TCG, check the gateway
+#            and the clock (RTC at 2001: the build time, the saved time after a power
+#            cut, an SNTP server in the namespace); then drive the x86_64 serial console
+#            (ci/test-console-qemu.sh)
 #   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
 #            clients added on the serial console reach LAN hosts one- and two-armed
 #            (ci/test-generic-board.sh)
