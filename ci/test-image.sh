@@ -370,6 +370,11 @@ EOF
             RG_QEMU_NS_HOOK="$peer $res" RG_QEMU_EXTRA="-rtc base=2001-01-01T00:00:00"
         log=$work/$b-reboot.log.txt
         grep -aE '^clock: ' "$log" | head -1 | sed "s/^/     $b show status: /"
+        # Boot 2 held its gateway until its step back, so it left no stamps ahead of its
+        # clock: boot 3's first answer steps back to the server's time, and the other
+        # server then agrees (no "ahead" refusal: the clock is not carried ahead).
+        check "$b boot 3 (after boot 2's power cut): stepped back to the server's time, the other server agrees" \
+            sh -c "$(declare -f have); have '$log' 'stepped the clock -' && ! have '$log' 'refused: our clock is .* ahead'"
         check "$b: \`show status\` begins with the clock line (source: ntp SERVER, last sync)" \
             sh -c "grep -aA2 'show status' '$log' | grep -aqE '^clock: [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z \(source: ntp 192\.0\.2\.[13]:123, last sync [0-9]+ s ago\)'"
         grep -aE '^(firewall|nat): ' "$log" | sed "s/^/     $b show status: /"

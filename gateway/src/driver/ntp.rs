@@ -193,6 +193,10 @@ struct Clock {
     /// The run directory, for [`STAMPS`].
     dir: PathBuf,
     stamps: policy::Stamps,
+    /// Init holds the gateway back for the first answer until this boot time at the
+    /// earliest (its record's boot time plus `GATEWAY_WAIT`, less a margin): `None` when
+    /// it does not hold it.
+    held_until: Option<Duration>,
 }
 
 impl Clock {
@@ -362,6 +366,7 @@ fn run(a: Args) -> Result<(), String> {
             agrees: false,
             ..stamps_in(&a.dir)
         },
+        held_until: None,
     };
     write_stamps(&a.dir, clock.stamps);
     let dry = if a.dry_run {
@@ -376,6 +381,9 @@ fn run(a: Args) -> Result<(), String> {
         Some(b) => Policy::new(b.wall, b.boot).back_to(b.back_to),
         None => Policy::new(clock.wall(), sysclock::boottime()),
     };
+    clock.held_until = boot
+        .filter(|b| b.back_to.is_some())
+        .map(|b| (b.boot + policy::GATEWAY_WAIT).saturating_sub(Duration::from_millis(500)));
     log::info!("ntp: started{dry}");
     let mut poller = Poller::default();
     let mut sources = Sources {
@@ -474,11 +482,9 @@ fn handle(
             let now = sysclock::boottime();
             let who = server.addr;
             let decision = pol.decide(who, server.trusted, wall, now, &sample);
-            if !clock.stamps.settled {
-                // The first answer is acted on below: init may start the gateway.
-                clock.stamps.settled = true;
-                write_stamps(&clock.dir, clock.stamps);
-            }
+            // While init holds the gateway for this first answer, no session stamps from
+            // the clock before a step back: it adds no lead.
+            let held = !clock.stamps.settled && clock.held_until.is_some_and(|u| now < u);
             match decision {
                 Decision::Step { by, agreed } => match clock.step(by) {
                     Ok(()) => {
@@ -489,7 +495,9 @@ fn handle(
                             if agreed { " (two servers agree)" } else { "" }
                         );
                         clock.synced();
-                        clock.stamps.ahead = clock.stamps.ahead.saturating_add((-by).max(0));
+                        if !held {
+                            clock.stamps.ahead = clock.stamps.ahead.saturating_add((-by).max(0));
+                        }
                         clock.stamps.agrees = true;
                         write_stamps(&clock.dir, clock.stamps);
                         clock.save_agreed();
@@ -521,6 +529,11 @@ fn handle(
                     log::warn!(target: "net::ntp", "ntp: {who}: refused: {r}");
                     poller.note(who, &format!("refused: {r}"));
                 }
+            }
+            if !clock.stamps.settled {
+                // The first answer is acted on: init may start the gateway now.
+                clock.stamps.settled = true;
+                write_stamps(&clock.dir, clock.stamps);
             }
         }
         Event::Bad { server, error } => {
