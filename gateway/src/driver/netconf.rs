@@ -1092,16 +1092,18 @@ mod tests {
         std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             let _tun = crate::sys::tun::Tun::create("rgnt1", 1, false).unwrap();
-            // A dummy uplink (on lo a prefix route goes to the local table only).
+            // A veth uplink (on lo a prefix route goes to the local table only; dummy links
+            // need a module these machines do not have).
             let ok = std::process::Command::new("ip")
-                .args(["link", "add", "rgup1", "type", "dummy"])
+                .args(["link", "add", "rgup1", "type", "veth", "peer", "name", "rgup1p"])
                 .status()
                 .is_ok_and(|s| s.success());
             if !ok {
-                crate::testutil::not_run("no `ip` or no dummy links");
+                crate::testutil::not_run("no `ip` or no veth links");
                 return;
             }
             let mut nl = Netlink::open().unwrap();
+            nl.set_link_up("rgup1p", true).unwrap();
             nl.set_link_up("rgup1", true).unwrap();
             nl.add_address("rgup1", c("10.251.1.50/24")).unwrap();
             let tun = Netlink::ifindex("rgnt1").unwrap();
