@@ -38,16 +38,32 @@
 #   flap      eth0's carrier off and on (QEMU monitor set_link): the lease is re-acquired
 #   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
-# Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line fails the run.
+#   power cut the appliance as the initiator towards a stock wireguard-go peer (issue 20:
+#             a peer drops an initiation whose TAI64N stamp is not newer than the last it
+#             saw): the phone's keys on a wireguard-go that cannot initiate (no endpoint, no
+#             keepalive, nothing routed into it); `set peer PHONE endpoint
+#             203.0.113.2:PORT`, `persistent-keepalive 5`, commit; a capture in the phone
+#             namespace tells who sent which message (type 1 initiation, 148 B; type 2
+#             response, 92 B, to the initiation's sender index). The appliance initiates and
+#             the peer answers; a clean `reboot`, QEMU started again with `-rtc
+#             base=2001-01-01T00:00:00`; then the power cut: QEMU killed (SIGKILL) and
+#             started again on the same disk, the RTC at 2001 again. After each: `clock: set
+#             to ... (source: saved)` on the serial line (boot 3's later than boot 2's),
+#             `show status`'s clock not in 2001, and the peer answers the appliance's new
+#             initiation (it took the stamp as newer); the peer never initiated and
+#             wireguard-go logged no `handshake replay`
+# Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line (of any boot) fails the run.
 #
-# usage: ci/test-generic-board.sh            (as root; about 5 min under TCG, 6-7 on a busy host)
+# usage: ci/test-generic-board.sh            (as root; about 6 min under TCG, 7-8 on a busy host)
 # env:   RG_BOARD_REBUILD=1 rebuilds out/x86_64-generic first (else reused if present: it
 #        may be older than the working tree); RG_OUT another image dir; RG_BIN passes a
 #        prebuilt static riceguard to image/build.sh; RG_BOARD_TIMEOUT (s per boot wait,
 #        default 240); RG_BOARD_SMP (vCPUs, default 2), RG_BOARD_QUEUES (tap queues per
 #        igb, default 2); RG_BOARD_KEEP=1 keeps the disk.
-#        Serial log, console transcript, phone configs and dnsmasq's log stay in
-#        out/test-generic-board/.
+#        Serial log (serial.log the last boot's, serial-boot1.log and serial-boot2.log
+#        the ones before), console transcript, phone configs, dnsmasq's log, the power
+#        cut's capture (powercut.pcap; ci/lib/wgpcap.py lists its messages) and
+#        wireguard-go's log (wireguard-go-powercut.log) stay in out/test-generic-board/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
@@ -77,7 +93,8 @@ if [ ! -f "$img" ] || [ -n "${RG_BOARD_REBUILD:-}" ]; then
     echo "== building $img"
     t0=$SECONDS
     image/build.sh "$board" >"$work/build.log" 2>&1 || { tail -20 "$work/build.log"; ko "image build"; finish; }
-    note "image built in $((SECONDS - t0)) s"
+    t_build=$((SECONDS - t0))
+    note "image built in $t_build s"
 fi
 
 # --- names: everything carries rgb and this run's PID ------------------------------------
@@ -606,6 +623,187 @@ else
         inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
 fi
 
-check "no kernel panic/oops on the serial line" sh -c '! grep -qaE "Kernel panic|Oops|BUG:|Call Trace" "$1"' _ "$log"
-grep -aE 'dhcp eth0: ' "$log" | tr -d '\r' | sed 's/^/     serial: /'
+# --- power cut -----------------------------------------------------------------------------
+# Issue 20: a peer drops an initiation whose TAI64N timestamp is not newer than the last it
+# saw from us; the boot floor (RTC, the time saved ahead on perm, the build time) keeps the
+# appliance's stamps increasing when it loses power and its RTC is reset. Only an
+# initiation carries the stamp, so the appliance initiates here: the phone's keys on a
+# wireguard-go that cannot initiate (no endpoint, no keepalive, nothing routed into it),
+# and the appliance's peer entry for it given the peer's address and a keepalive. The
+# capture is in the phone namespace; a response whose receiver index is the sender index
+# of the appliance's initiation says the peer took that stamp as newer. Without the floor
+# the clock would be the RTC's 2001 after the reboot and after the cut: wireguard-go logs
+# "handshake replay" for each initiation and answers none (the checks on a type 2 fail).
+echo "== power cut: the appliance initiates to a stock wireguard-go peer; a clean reboot, then QEMU killed, the RTC at 2001 both times"
+PC_RTC=2001-01-01T00:00:00
+pcap=$work/powercut.pcap
+GW_EP=203.0.113.1:51820 # the appliance as the phone sees it (the router's masquerade keeps the port)
+pc_port="" pc_peer="" tpid="" log1=$log boot_logs=()
+matches() { printf '%s\n' "$1" | grep -qaE -- "$2"; }
+later() { [ -n "$2" ] && [[ $1 > $2 ]]; } # ISO 8601 times, UTC, same form
+wg_msgs() { python3 ci/lib/wgpcap.py "$pcap" 2>/dev/null; }
+# answered SINCE: the appliance's first initiation (type 1, 148 B) sent after host time SINCE
+# that the peer answered (type 2, 92 B, receiver index = the initiation's sender index):
+# "INIT_TIME RESPONSE_TIME INDEX".
+answered() {
+    wg_msgs | awk -v t="$1" -v gw="$GW_EP" -v ph="203.0.113.2:$pc_port" '
+        $1 >= t && $2 == gw && $3 == ph && $4 == 1 && $5 == 148 && !($6 in init) { init[$6] = $1 }
+        $2 == ph && $3 == gw && $4 == 2 && $5 == 92 && ($7 in init) { print init[$7], $1, $7; exit }'
+}
+# wait_answered SINCE SECONDS: until `answered SINCE` has it (in $hs).
+wait_answered() {
+    local end=$((SECONDS + $2))
+    hs=""
+    while [ $SECONDS -lt $end ]; do
+        hs=$(answered "$1")
+        [ -n "$hs" ] && return 0
+        sleep 0.5
+    done
+    return 1
+}
+# count_msgs SRC TYPE [SINCE]: messages of TYPE from SRC in the capture.
+count_msgs() { wg_msgs | awk -v s="$1" -v ty="$2" -v t="${3:-0}" '$1 >= t && $2 == s && $4 == ty { n++ } END { print n + 0 }'; }
+# pc_boot NAME: QEMU (ended) started again on the same disk (now with the RTC at $PC_RTC);
+# the serial log so far kept as serial-NAME.log; waits for the prompt. A guest kernel that
+# stalls before init (see `stalled`) is started once more: it touched nothing.
+pc_boot() {
+    cp "$log" "$work/serial-$1.log"
+    boot_logs+=("$work/serial-$1.log")
+    pc_since=$(date +%s.%N)
+    start_qemu
+    if ! boot_wait; then
+        stalled || return 1
+        note "power cut: the guest kernel stalled under TCG before init after $1; started once more"
+        stop_qemu
+        cp "$log" "$work/serial-stalled-after-$1.log"
+        start_qemu
+        boot_wait || return 1
+    fi
+    have 'riceguard-init: boot marked good'
+}
+# pc_clock LABEL: `show status`'s clock line is not the RTC's 2001: not before this run began.
+pc_clock() {
+    local line t
+    cmd "show status"
+    line=$(answer | grep -am1 '^clock: ')
+    t=$(date -ud "$(printf '%s\n' "$line" | awk '{print $2}')" +%s 2>/dev/null)
+    check "power cut: $1: \`show status\`: '${line:-no clock line}': not in ${PC_RTC%%-*}, not before this run began ($(date -ud "@$t_run" +%FT%TZ))" \
+        sh -c '[ -n "$1" ] && [ "$1" -ge "$2" ]' _ "$t" "$t_run"
+}
+power_cut() {
+    local conf=$work/$WGIF.conf pub t0 left set2 set3 n
+    t_pc=$SECONDS
+    t_run=$(($(date +%s) - (SECONDS - t_all)))
+    [ -s "$work/phone.conf" ] || { ko "power cut: no phone config (add client phone failed): phase skipped"; return; }
+    # The boots to come need a lease: dnsmasq again (the lease phase stopped it).
+    if [ -n "${t_stop:-}" ]; then
+        start_dnsmasq
+        sleep 0.5
+    fi
+    check "power cut: dnsmasq serving DHCP again (the boots to come need a lease)" kill -0 "$dpid"
+    # The peer: the phone's keys and the appliance's key and preshared key from the printed
+    # config, without Endpoint and PersistentKeepalive: it learns the appliance's address
+    # from its initiation, and a responder that sends no data sends only responses and
+    # keepalives. No address, no route, no IPv6 on its TUN: nothing makes it initiate.
+    install -m 0600 "$work/phone.conf" "$conf"
+    wg-quick strip "$conf" 2>/dev/null | grep -viE '^ *(endpoint|persistentkeepalive) *=' >"$work/$WGIF.stripped"
+    nspawn "$P" env LOG_LEVEL=verbose wireguard-go -f "$WGIF" >"$work/wireguard-go-powercut.log" 2>&1
+    pc_peer=$lastpid
+    for _ in $(seq 50); do [ -S "/var/run/wireguard/$WGIF.sock" ] && break; sleep 0.1; done
+    inns "$P" wg setconf "$WGIF" "$work/$WGIF.stripped" &&
+        inns "$P" sysctl -qw "net.ipv6.conf.$WGIF.disable_ipv6=1" &&
+        inns "$P" ip link set "$WGIF" up
+    pc_port=$(inns "$P" wg show "$WGIF" listen-port 2>/dev/null)
+    pub=$(inns "$P" wg show "$WGIF" public-key 2>/dev/null)
+    if [ -n "$pc_port" ] && [ -n "$pub" ] && ! inns "$P" wg show "$WGIF" endpoints | grep -q ':[0-9]'; then
+        ok "power cut: a stock wireguard-go peer with the phone's keys in the phone namespace, listening on 203.0.113.2:$pc_port, no endpoint, no keepalive"
+    else
+        ko "power cut: the wireguard-go peer did not come up (port '${pc_port}', key '${pub}')"
+        return
+    fi
+    : >"$work/tcpdump-powercut.err"
+    nspawn "$P" tcpdump -i wan0 -nn -U -Z root -s 200 -c 5000 -w "$pcap" udp 2>"$work/tcpdump-powercut.err"
+    tpid=$lastpid
+    for _ in $(seq 50); do grep -q 'listening on' "$work/tcpdump-powercut.err" && break; sleep 0.1; done
+    check "power cut: capturing UDP on the phone's wan0 (tcpdump -c 5000)" grep -q 'listening on' "$work/tcpdump-powercut.err"
+    # 1. the appliance's entry for the phone: where to reach it, and a keepalive (boringtun
+    # initiates when the first keepalive is due and there is no session).
+    cmd "set peer $pub endpoint 203.0.113.2:$pc_port"
+    check "power cut: \`set peer PHONE endpoint 203.0.113.2:$pc_port\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+    cmd "set peer $pub persistent-keepalive 5"
+    check "power cut: \`set peer PHONE persistent-keepalive 5\` accepted" sh -c '! printf "%s\n" "$1" | grep -qaE "^error"' _ "$(answer)"
+    t0=$(date +%s.%N)
+    cmd commit 60
+    check "power cut: commit applied" has 'committed and saved'
+    if wait_answered "$t0" 30; then
+        ok "power cut: boot 1: the appliance initiates (type 1 from $GW_EP, sender ${hs##* }) and the peer answers it (type 2): the peer's last stamp is boot 1's"
+    else
+        ko "power cut: boot 1: no initiation of the appliance answered within 30 s of the commit ($(count_msgs "$GW_EP" 1 "$t0") initiations)"
+    fi
+    # 2. a clean reboot (the time saved at halt), QEMU started again with the RTC at 2001.
+    cmd reboot 20 'Type yes'
+    printf 'yes\r' >&9
+    left=240
+    while [ $left -gt 0 ] && kill -0 "$qpid" 2>/dev/null; do sleep 0.25; left=$((left - 1)); done
+    check "power cut: clean \`reboot\`: the guest rebooted (QEMU exited by itself) within 60 s" sh -c '! kill -0 "$1" 2>/dev/null' _ "$qpid"
+    stop_qemu
+    qargs+=(-rtc "base=$PC_RTC")
+    if pc_boot boot1; then
+        ok "power cut: boot 2 (after the reboot, RTC at $PC_RTC): console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
+    else
+        ko "power cut: boot 2 (RTC at $PC_RTC): no console prompt within $T s"
+        echo "---- last serial lines"; clean | tail -20
+        return
+    fi
+    set2=$(clean | grep -aoE -m1 'riceguard-init: clock: .*')
+    check "power cut: boot 2: '${set2#riceguard-init: }' (the time saved at halt, not the RTC)" \
+        matches "$set2" '^riceguard-init: clock: set to [^ ]+ \(source: saved\)$'
+    if wait_answered "$pc_since" 60; then
+        ok "power cut: boot 2: the peer answers the appliance's new initiation (sender ${hs##* }): its stamp is newer than boot 1's"
+    else
+        ko "power cut: boot 2: no initiation of the appliance answered within 60 s ($(count_msgs "$GW_EP" 1 "$pc_since") initiations since QEMU started; wireguard-go: $(grep -c 'handshake replay' "$work/wireguard-go-powercut.log") replays)"
+    fi
+    pc_clock "boot 2"
+    # 3. the power cut: QEMU killed, nothing runs at halt; started again, RTC at 2001.
+    { # (stderr: not bash's "Killed" notice for its job)
+        kill -9 "$qpid"
+        left=40
+        while [ $left -gt 0 ] && kill -0 "$qpid"; do sleep 0.25; left=$((left - 1)); done
+        kill -0 "$qpid" || wait "$qpid"
+    } 2>/dev/null
+    check "power cut: QEMU killed (SIGKILL, no shutdown)" sh -c '! kill -0 "$1" 2>/dev/null' _ "$qpid"
+    stop_qemu
+    if pc_boot boot2; then
+        ok "power cut: boot 3 (after the power cut, RTC at $PC_RTC): console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
+    else
+        ko "power cut: boot 3 (RTC at $PC_RTC): no console prompt within $T s"
+        echo "---- last serial lines"; clean | tail -20
+        return
+    fi
+    set3=$(clean | grep -aoE -m1 'riceguard-init: clock: .*')
+    check "power cut: boot 3: '${set3#riceguard-init: }' (the time saved ahead at boot 2, not the RTC)" \
+        matches "$set3" '^riceguard-init: clock: set to [^ ]+ \(source: saved\)$'
+    t2=$(printf '%s\n' "$set2" | awk '{print $5}') t3=$(printf '%s\n' "$set3" | awk '{print $5}')
+    check "power cut: boot 3's clock starts after boot 2's ($t3 > $t2)" later "$t3" "$t2"
+    if wait_answered "$pc_since" 60; then
+        ok "power cut: boot 3: the peer answers the appliance's new initiation (sender ${hs##* }, $(awk '{printf "%.1f", $1 - s}' s="$pc_since" <<<"$hs") s after QEMU started): it accepted its timestamp"
+    else
+        ko "power cut: boot 3: no initiation of the appliance answered within 60 s ($(count_msgs "$GW_EP" 1 "$pc_since") initiations since QEMU started; wireguard-go: $(grep -c 'handshake replay' "$work/wireguard-go-powercut.log") replays)"
+    fi
+    pc_clock "boot 3"
+    # Who initiated: only the appliance; and wireguard-go dropped none of its initiations.
+    n=$(count_msgs "203.0.113.2:$pc_port" 1)
+    check "power cut: the peer never initiated ($n type 1 from 203.0.113.2:$pc_port in the capture; $(count_msgs "$GW_EP" 1) from the appliance, $(count_msgs "203.0.113.2:$pc_port" 2) responses)" test "$n" = 0
+    n=$(grep -c 'handshake replay' "$work/wireguard-go-powercut.log")
+    check "power cut: wireguard-go dropped no initiation as a replay (no 'handshake replay' in its log; $(grep -c 'Received handshake initiation' "$work/wireguard-go-powercut.log") initiations received, $(grep -c 'Sending handshake response' "$work/wireguard-go-powercut.log") responses sent)" test "$n" = 0
+    stop_pid "$tpid"
+    stop_pid "$pc_peer"
+    rm -f "/var/run/wireguard/$WGIF.sock"
+    note "power cut phase: $((SECONDS - t_pc)) s; the run before it: $((t_pc - t_all)) s (the image build ${t_build:-0} s of them)"
+}
+power_cut
+
+check "no kernel panic/oops on the serial line (every boot)" sh -c '! cat "$@" | grep -qaE "Kernel panic|Oops|BUG:|Call Trace"' _ "${boot_logs[@]}" "$log"
+[ ${#boot_logs[@]} -gt 0 ] && log1=${boot_logs[0]}
+grep -aE 'dhcp eth0: ' "$log1" | tr -d '\r' | sed 's/^/     serial: /'
 finish
