@@ -63,7 +63,19 @@ part_size() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable.partition
 entries() { mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ' | sed 's/ $//'; }
 esp_cat() { mtype -i "$1@@$(part_off "$1" esp)" "::/loader/entries/$2" 2>/dev/null; }
 perm_cat() { debugfs -R "cat $2" "$1?offset=$(part_off "$1" perm)" 2>/dev/null; }
-perm_put() { debugfs -w -R "write $2 $3" "$1?offset=$(part_off "$1" perm)" >/dev/null 2>&1; }
+# perm_replay DISK: replay perm's journal (e2fsck on a loop device over the partition). A
+# guest killed or reset with perm mounted leaves its last transactions to the next mount's
+# journal replay, which would overwrite what debugfs writes offline into the same blocks
+# (seen: the request file lost, "bad block bitmap checksum" at the next boot).
+perm_replay() {
+    local dev rc
+    dev=$(losetup -f --show -o "$(part_off "$1" perm)" --sizelimit "$(part_size "$1" perm)" "$1") || return 1
+    e2fsck -fy "$dev" >/dev/null 2>&1
+    rc=$?
+    losetup -d "$dev"
+    [ "$rc" -lt 4 ]
+}
+perm_put() { perm_replay "$1" && debugfs -w -R "write $2 $3" "$1?offset=$(part_off "$1" perm)" >/dev/null 2>&1; }
 # sha256 of the first N bytes of partition NAME of DISK.
 part_sha() {
     dd if="$1" bs=1M iflag=skip_bytes,count_bytes skip="$(part_off "$1" "$2")" count="$3" status=none | sha256sum | cut -d' ' -f1
@@ -579,7 +591,7 @@ echo "== QEMU 5: v3 whose gateway fails its health check: 3 tries, then back to 
 RG_OUT=$work/v3u image/bundle.sh "$board" >"$work/v3u.bundle.log" 2>&1 || cat "$work/v3u.bundle.log"
 pad "$work/v3u/riceguard-$board-v3-unhealthy.bundle" "$work/v3u.disk"
 rm -f "$work/req"; printf '/dev/vdb\n' >"$work/req"
-debugfs -w -R "rm update-on-boot" "$disk?offset=$(part_off "$disk" perm)" >/dev/null 2>&1
+perm_replay "$disk" && debugfs -w -R "rm update-on-boot" "$disk?offset=$(part_off "$disk" perm)" >/dev/null 2>&1
 perm_put "$disk" "$work/req" update-on-boot
 boot q5 "$disk" never RG_QEMU_DISKS="$work/v3u.disk"
 check "q5: slot b installs v3-unhealthy into slot a (replacing the failed entry)" have "$work/q5.log.txt" 'removed old entry riceguard-a\+0-3.conf'
