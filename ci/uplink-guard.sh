@@ -178,7 +178,9 @@ check "(3) its status line is gone" wait_for 3 status_lacks "route 10.251.1.0/24
 
 # ---- (4) RA prefixes ---------------------------------------------------------------------------
 echo "--- (4) RAs for fd00:251::/64 (site-b's) and fd00:99::/64"
-spawn inns $R dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
+# `ip netns exec` itself, not the `inns` function: spawned in the background, a function
+# is a subshell whose PID is not dnsmasq's, and cleanup would leave dnsmasq running.
+spawn ip netns exec $R dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
     --interface=br0 --bind-interfaces --enable-ra \
     --dhcp-range=fd00:251::,ra-only,64 --dhcp-range=fd00:99::,ra-only,64 --ra-param=br0,3 \
     --pid-file="$WORK/dnsmasq.pid" >"$WORK/dnsmasq.log" 2>&1
