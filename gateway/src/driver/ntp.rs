@@ -248,13 +248,10 @@ impl Clock {
 }
 
 /// The NTP servers of a lease file: its `ntp A.B.C.D ...` line (DHCP option 42).
+/// Read as the DHCP client wrote it (`core::dhcp::Lease`, which bounds and filters the
+/// list); a file that does not read names none.
 pub fn lease_ntp(text: &str) -> Vec<Ipv4Addr> {
-    text.lines()
-        .take(64)
-        .filter_map(|l| l.trim().strip_prefix("ntp "))
-        .flat_map(|v| v.split_whitespace().filter_map(|a| a.parse().ok()))
-        .take(8)
-        .collect()
+    crate::core::dhcp::Lease::from_text(text).map_or_else(|_| Vec::new(), |l| l.ntp)
 }
 
 /// Gathers the server list: configured names resolved (cached), else DHCP's.
@@ -583,9 +580,21 @@ mod tests {
 
     #[test]
     fn lease_ntp_line() {
-        let t = "address 10.0.0.5/24\nntp 10.0.0.1 10.0.0.2 junk\nserver 10.0.0.1\n";
+        let l = crate::core::dhcp::Lease {
+            address: Ipv4Addr::new(10, 0, 0, 5),
+            prefix: 24,
+            router: None,
+            dns: Vec::new(),
+            ntp: vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)],
+            server: Ipv4Addr::new(10, 0, 0, 1),
+            lease_secs: 600,
+            t1_secs: 300,
+            t2_secs: 525,
+            obtained: 0,
+        };
+        let t = l.to_text();
         assert_eq!(
-            lease_ntp(t),
+            lease_ntp(&t),
             vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]
         );
         assert!(lease_ntp("address 10.0.0.5/24\n").is_empty());

@@ -596,9 +596,9 @@ mod netconf_ops {
     const NLM_F_EXCL: u16 = 0x200;
     const RTA_PRIORITY: u16 = 6;
     const RTA_TABLE: u16 = 15;
-    const NDA_DST: u16 = 1;
+    pub(super) const NDA_DST: u16 = 1;
     const NDA_PROTOCOL: u16 = 12;
-    const NTF_PROXY: u8 = 0x08;
+    pub(super) const NTF_PROXY: u8 = 0x08;
     const NUD_PERMANENT: u16 = 0x80;
     const RT_SCOPE_NOWHERE: u8 = 255;
     const RTM_F_CLONED: u32 = 0x200;
@@ -1238,11 +1238,10 @@ mod dhcp_ops {
 pub use guard_ops::{AddrDetail, Neighbour};
 
 mod guard_ops {
+    use super::netconf_ops::{NDA_DST, NTF_PROXY};
     use super::*;
 
-    const NDA_DST: u16 = 1;
     const NDA_LLADDR: u16 = 2;
-    const NTF_PROXY: u8 = 0x08;
     const IFA_FLAGS: u16 = 8;
     const IFA_PROTO: u16 = 11;
     const IFA_F_PERMANENT: u32 = 0x80;
