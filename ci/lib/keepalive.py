@@ -20,7 +20,6 @@ Ends with "N passed, N failed"; exit 1 on failure. RG_BIN picks the riceguard bi
 
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -53,21 +52,9 @@ def main():
         with wgnet.Lab(LAB_INDEX, logdir) as lab:
             rg, wg = lab.a, lab.b
             pcap = os.path.join(logdir, "outer.pcap")
-            err = os.path.join(lab.workdir, "tcpdump.err")
             lab.start(rg, "riceguard")
             lab.start(wg, "wireguard-go")
-            with open(err, "wb") as ef:
-                cap = subprocess.Popen(
-                    ["ip", "netns", "exec", rg.ns, "tcpdump", "-i", rg.veth, "-n", "-U",
-                     "-c", "5000", "-w", pcap, f"udp and host {wg.outer4}"],
-                    stdout=subprocess.DEVNULL, stderr=ef, stdin=subprocess.DEVNULL,
-                    start_new_session=True)
-            lab.procs.append(cap)
-            deadline = time.monotonic() + 5
-            while b"listening on" not in open(err, "rb").read():
-                if cap.poll() is not None or time.monotonic() > deadline:
-                    raise LabError(f"tcpdump did not start: {wgnet.tail(err)}")
-                time.sleep(0.05)
+            cap = wgnet.start_capture(lab, rg, pcap, f"udp and host {wg.outer4}")
             wgnet.configure_pair(lab, rg, wg)  # riceguard has the endpoint and initiates
 
             results = []

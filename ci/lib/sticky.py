@@ -19,7 +19,6 @@ an authenticated datagram comes from. Ends with "N passed, N failed"; exit 1 on 
 """
 
 import os
-import subprocess
 import sys
 import time
 
@@ -60,19 +59,7 @@ def run_family(fam, logdir, check):
         lab.start(rg, "riceguard")
         lab.start(wg, "wireguard-go")
         pcap = os.path.join(logdir, f"ipv{fam}.pcap")
-        err = os.path.join(lab.workdir, f"tcpdump{fam}.err")
-        with open(err, "wb") as ef:
-            cap = subprocess.Popen(
-                ["ip", "netns", "exec", wg.ns, "tcpdump", "-i", wg.veth, "-n", "-U",
-                 "-c", "2000", "-w", pcap, f"udp port {rg.port}"],
-                stdout=subprocess.DEVNULL, stderr=ef, stdin=subprocess.DEVNULL,
-                start_new_session=True)
-        lab.procs.append(cap)
-        deadline = time.monotonic() + 5
-        while b"listening on" not in open(err, "rb").read():
-            if cap.poll() is not None or time.monotonic() > deadline:
-                raise LabError(f"tcpdump did not start: {wgnet.tail(err)}")
-            time.sleep(0.05)
+        cap = wgnet.start_capture(lab, wg, pcap, f"udp port {rg.port}", 2000, f"tcpdump{fam}")
         # riceguard: the peer without an endpoint (learnt from its handshake), keepalives
         # from its timer every second.
         wgnet.configure_server(rg, wg)

@@ -527,6 +527,25 @@ def install_signal_handlers():
         signal.signal(s, handler)
 
 
+def start_capture(lab, side, pcap, bpf, count=5000, name="tcpdump"):
+    """tcpdump on `side`'s veth into `pcap` (at most `count` packets), owned by the lab;
+    returns once it listens (5 s at most) or raises LabError."""
+    err = os.path.join(lab.workdir, f"{name}.err")
+    with open(err, "wb") as ef:
+        cap = subprocess.Popen(
+            ["ip", "netns", "exec", side.ns, "tcpdump", "-i", side.veth, "-n", "-U",
+             "-c", str(count), "-w", pcap, bpf],
+            stdout=subprocess.DEVNULL, stderr=ef, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+    lab.procs.append(cap)
+    deadline = time.monotonic() + 5
+    while b"listening on" not in open(err, "rb").read():
+        if cap.poll() is not None or time.monotonic() > deadline:
+            raise LabError(f"tcpdump did not start: {tail(err)}")
+        time.sleep(0.05)
+    return cap
+
+
 class CheckLab:
     """A lab script's frame: root, signal handlers, riceguard and wireguard-go present,
     a log directory out/NAME/STAMP, stale namespaces swept; `check(name, ok, detail)`
