@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, `make test`, .ci/run). Stages, in order:
-#   unit     cargo fmt check, clippy -D warnings, cargo test (core simulation, parsers, sys)
+#   unit     cargo fmt check, clippy -D warnings, cargo test of both crates (riceguard-core:
+#            simulation, parsers, policy; riceguard: sys, driver, init, console)
 #   fuzz     each fuzz target for a bounded time
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
 #   fastpath the matrix on every forced data-plane path, pinning, GSO demotion, GRO on/off
@@ -60,12 +61,12 @@ run_stage() {
 
 stage_unit() {
     cargo fmt --all -- --check &&
-    cargo clippy --locked -p riceguard --all-targets -- -D warnings &&
+    cargo clippy --locked --workspace --all-targets -- -D warnings &&
     # Tests that need root (namespaces, TUN) are #[ignore = "needs root ..."], so a run
     # without root reports them as ignored; here (CI runs as root) they run too. A test
     # whose kernel feature is missing says "not run" and passes elsewhere, but fails here
     # (RG_TEST_STRICT). Tests named bench_* are measurements, not checks: left out.
-    RG_TEST_STRICT=1 cargo test --locked -p riceguard -- --include-ignored --skip bench_
+    RG_TEST_STRICT=1 cargo test --locked --workspace -- --include-ignored --skip bench_
 }
 
 # Every attack script runs even when an earlier one failed; the stage fails if any did.

@@ -296,7 +296,7 @@ impl Sim {
             let mut c = Config::default();
             c.interface.private_key = Some(own);
             c.peers = peers;
-            let d = Device::new();
+            let d = Device::new(Box::new(riceguard_core::testutil::Rng(0xf022)));
             d.reconfigure(&c).expect("fixed config");
             d
         };

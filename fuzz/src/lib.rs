@@ -384,7 +384,7 @@ pub fn check_dhcp(data: &[u8]) {
     let mut c = Client::new(DHCP_MAC, u64::from(sel) + 1, now);
     c.start(now);
     let mut xid = [0u8; 4];
-    let mut send = |c: &mut Client, now: Instant, xid: &mut [u8; 4]| {
+    let send = |c: &mut Client, now: Instant, xid: &mut [u8; 4]| {
         c.handle_timeout(now);
         while let Some(t) = c.poll_transmit(now) {
             assert!(t.payload.len() >= 300);

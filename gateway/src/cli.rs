@@ -39,7 +39,10 @@ pub fn main(args: Vec<String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("genkey") => {
-            println!("{}", Key::generate_private().to_base64());
+            println!(
+                "{}",
+                Key::generate_private(&mut rand_core::OsRng).to_base64()
+            );
             ExitCode::SUCCESS
         }
         Some("pubkey") => pubkey(),

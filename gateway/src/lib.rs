@@ -7,7 +7,7 @@
 
 pub mod cli;
 pub mod console;
-pub mod core;
+pub use riceguard_core as core;
 pub mod driver;
 pub mod init;
 pub mod logger;

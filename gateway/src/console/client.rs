@@ -410,9 +410,9 @@ pub fn add(
         })
         .unwrap_or_default();
     let addresses = allocate(cfg, &reserved)?;
-    let private_key = Key::generate_private();
+    let private_key = Key::generate_private(&mut rand_core::OsRng);
     let peer = PeerConfig {
-        preshared_key: Some(Key::generate_preshared()),
+        preshared_key: Some(Key::generate_preshared(&mut rand_core::OsRng)),
         allowed_ips: addresses,
         name: Some(client.to_string()),
         ..PeerConfig::new(private_key.public())
@@ -508,7 +508,7 @@ mod tests {
 
     fn gateway(addrs: &[&str]) -> Config {
         let mut cfg = Config::default();
-        cfg.interface.private_key = Some(Key::generate_private());
+        cfg.interface.private_key = Some(Key::generate_private(&mut rand_core::OsRng));
         cfg.interface.listen_port = Some(51820);
         cfg.interface.addresses = addrs.iter().map(|a| c(a)).collect();
         cfg
@@ -516,7 +516,7 @@ mod tests {
 
     fn peer(ips: &[&str]) -> PeerConfig {
         PeerConfig {
-            public_key: Key::generate_private().public(),
+            public_key: Key::generate_private(&mut rand_core::OsRng).public(),
             preshared_key: None,
             allowed_ips: ips.iter().map(|a| c(a).network()).collect(),
             endpoint: None,

@@ -1105,7 +1105,9 @@ mod tests {
     #[test]
     fn set_and_delete_edit_the_config() {
         let mut c = Config::default();
-        let pk = Key::generate_private().public().to_base64();
+        let pk = Key::generate_private(&mut rand_core::OsRng)
+            .public()
+            .to_base64();
         apply_set(&mut c, &s("interface listen-port 51820")).unwrap();
         apply_set(&mut c, &s("interface address 10.0.0.1/24")).unwrap();
         apply_set(&mut c, &s("interface address 10.0.0.1/24,fd00::1/64")).unwrap();
@@ -1158,7 +1160,9 @@ mod tests {
         );
         let e = apply_set(&mut c, &s("peer notakey allowed-ips 10.0.0.2/32")).unwrap_err();
         assert!(e.contains("44 characters"), "{e}");
-        let pk = Key::generate_private().public().to_base64();
+        let pk = Key::generate_private(&mut rand_core::OsRng)
+            .public()
+            .to_base64();
         let e = apply_set(&mut c, &s(&format!("peer {pk} allowed-ips 10.0.0.300/32"))).unwrap_err();
         assert!(e.contains("expected e.g."), "{e}");
         let e = apply_set(&mut c, &s(&format!("peer {pk} colour"))).unwrap_err();
@@ -1268,7 +1272,9 @@ mod tests {
         apply_delete(&mut c, &s("gateway firewall")).unwrap();
         apply_delete(&mut c, &s("gateway masquerade")).unwrap();
         assert_eq!(c.gateway, GatewayConfig::default());
-        let pk = Key::generate_private().public().to_base64();
+        let pk = Key::generate_private(&mut rand_core::OsRng)
+            .public()
+            .to_base64();
         apply_set(&mut c, &s(&format!("peer {pk} masquerade off"))).unwrap();
         apply_set(&mut c, &s(&format!("peer {pk} enabled off"))).unwrap();
         assert!(!c.peers[0].masquerade && !c.peers[0].enabled);

@@ -141,12 +141,12 @@ mod tests {
 
     #[test]
     fn formats_a_wireguard_go_reply() {
-        let pk = Key::generate_private().public();
+        let pk = Key::generate_private(&mut rand_core::OsRng).public();
         let reply = format!(
             "private_key={}\nlisten_port=51820\npublic_key={}\nendpoint=192.0.2.7:51820\n\
              last_handshake_time_sec=1000\nlast_handshake_time_nsec=0\ntx_bytes=2048\nrx_bytes=100\n\
              persistent_keepalive_interval=25\nallowed_ip=10.0.0.2/32\nprotocol_version=1\nerrno=0\n\n",
-            Key::generate_private().to_hex(),
+            Key::generate_private(&mut rand_core::OsRng).to_hex(),
             pk.to_hex()
         );
         let s = format_uapi(&reply, 1042, &[(pk, "phone".into())]).unwrap();

@@ -230,7 +230,7 @@ impl Session {
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
             // first `commit` works without knowing about `genkey`.
-            let k = Key::generate_private();
+            let k = Key::generate_private(&mut rand_core::OsRng);
             s.candidate.interface.private_key = Some(k);
             let _ = writeln!(
                 text,
@@ -498,7 +498,7 @@ impl Session {
                 }
             }
             Command::Genkey => {
-                let k = Key::generate_private();
+                let k = Key::generate_private(&mut rand_core::OsRng);
                 self.candidate.interface.private_key = Some(k);
                 Reply::ok(format!(
                     "new private key in the candidate; its public key (give it to your peers):\n{}\n`commit` to use it",
@@ -991,7 +991,7 @@ impl Session {
     fn factory_reset(&mut self, erase_history: bool) -> Reply {
         let mut fresh = Config::default();
         self.kept_pending.clear();
-        let k = Key::generate_private();
+        let k = Key::generate_private(&mut rand_core::OsRng);
         fresh.interface.private_key = Some(k);
         let msg = match self.save_and_apply(fresh) {
             Ok(m) => m,

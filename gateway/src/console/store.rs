@@ -634,7 +634,7 @@ pub(crate) mod tests {
 
     pub fn cfg_with_port(port: u16) -> Config {
         let mut c = Config::default();
-        c.interface.private_key = Some(Key::generate_private());
+        c.interface.private_key = Some(Key::generate_private(&mut rand_core::OsRng));
         c.interface.listen_port = Some(port);
         c
     }
@@ -725,7 +725,7 @@ pub(crate) mod tests {
         let s = Store::new(&d.0, TableFormat);
         assert_eq!(s.client_key("phone"), None);
         assert!(s.client_key_names().is_empty());
-        let k = Key::generate_private();
+        let k = Key::generate_private(&mut rand_core::OsRng);
         s.set_client_key("phone", Some(&k)).unwrap();
         assert_eq!(s.client_key("phone"), Some(k));
         let mode = std::fs::metadata(s.client_key_path("phone"))
@@ -870,10 +870,10 @@ pub(crate) mod tests {
         c.gateway.interface_name = "wg7".into();
         c.gateway.uplink = "eth1".into();
         c.gateway.uplink_addresses = vec!["192.0.2.2/24".parse().unwrap()];
-        let mut phone = PeerConfig::new(Key::generate_private().public());
+        let mut phone = PeerConfig::new(Key::generate_private(&mut rand_core::OsRng).public());
         phone.name = Some("phone".into());
         phone.allowed_ips = vec!["10.100.0.2/32".parse().unwrap()];
-        let mut laptop = PeerConfig::new(Key::generate_private().public());
+        let mut laptop = PeerConfig::new(Key::generate_private(&mut rand_core::OsRng).public());
         laptop.name = Some("laptop".into());
         laptop.allowed_ips = vec!["10.100.0.3/32".parse().unwrap()];
         c.peers = vec![phone.clone(), laptop.clone()];
@@ -922,7 +922,7 @@ pub(crate) mod tests {
     fn notes_on_lines_not_honoured() {
         let d = TempDir::new("notes");
         let s = Store::new(&d.0, Ini);
-        let k = Key::generate_private().to_base64();
+        let k = Key::generate_private(&mut rand_core::OsRng).to_base64();
         std::fs::create_dir_all(&d.0).unwrap();
         std::fs::write(
             s.conf_path(),

@@ -392,11 +392,11 @@ mod tests {
     fn whole_config_checks() {
         let mut c = Config::default();
         assert!(validate_candidate(&c).unwrap_err()[0].contains("genkey"));
-        let sk = Key::generate_private();
+        let sk = Key::generate_private(&mut rand_core::OsRng);
         c.interface.private_key = Some(sk);
         assert_eq!(validate_candidate(&c), Ok(()));
-        let a = Key::generate_private().public();
-        let b = Key::generate_private().public();
+        let a = Key::generate_private(&mut rand_core::OsRng).public();
+        let b = Key::generate_private(&mut rand_core::OsRng).public();
         c.peers.push(peer(a, "10.0.0.2/32,0.0.0.0/0"));
         c.peers.push(peer(b, "10.0.0.0/24"));
         assert_eq!(

@@ -215,7 +215,7 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
 
-    let device = Arc::new(Device::new());
+    let device = Arc::new(Device::new(Box::new(rand_core::OsRng)));
     if let Some(mtu) = read_mtu(&ifname) {
         device.set_mtu(mtu); // before any worker encrypts: padding is capped by it
     }

@@ -1367,7 +1367,10 @@ mod tests {
         };
         let sock_a = UdpSocket::bind("127.0.0.1:0".parse().expect("a"), &opts).expect("a");
         let sock_b = UdpSocket::bind("127.0.0.1:0".parse().expect("b"), &opts).expect("b");
-        let (ka, kb) = (Key::generate_private(), Key::generate_private());
+        let (ka, kb) = (
+            Key::generate_private(&mut rand_core::OsRng),
+            Key::generate_private(&mut rand_core::OsRng),
+        );
         let dev_a = device(ka, kb, "10.82.1.0/24", sock_b.local_addr());
         let dev_b = device(kb, ka, "10.82.0.0/24", sock_a.local_addr());
         let (qa, qb) = (tun_a.queue(0).expect("qa"), tun_b.queue(0).expect("qb"));

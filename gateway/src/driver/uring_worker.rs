@@ -634,7 +634,10 @@ mod tests {
             assert_eq!(tun.vnet_hdr(), vnet_hdr);
             ip(&["addr", "add", "10.79.0.1/24", "dev", "rguw0"]);
             ip(&["link", "set", "rguw0", "up"]);
-            let (ka, kb) = (Key::generate_private(), Key::generate_private());
+            let (ka, kb) = (
+                Key::generate_private(&mut rand_core::OsRng),
+                Key::generate_private(&mut rand_core::OsRng),
+            );
             let sock_a = UdpSocket::bind(
                 "127.0.0.1:0".parse().expect("literal"),
                 &crate::sys::udp::UdpOptions {
@@ -731,7 +734,10 @@ mod tests {
         let tun = Tun::create("rgfst0", 1, true).expect("tun");
         ip(&["addr", "add", "10.79.0.1/24", "dev", "rgfst0"]);
         ip(&["link", "set", "rgfst0", "up"]);
-        let (ka, kb) = (Key::generate_private(), Key::generate_private());
+        let (ka, kb) = (
+            Key::generate_private(&mut rand_core::OsRng),
+            Key::generate_private(&mut rand_core::OsRng),
+        );
         let sock_a = UdpSocket::bind(
             "[::]:0".parse().expect("literal"),
             &crate::sys::udp::UdpOptions {
@@ -847,7 +853,7 @@ mod tests {
         in_new_netns(|| {
             let tun = Tun::create("rguw1", 1, false).expect("tun");
             let shared = Arc::new(Shared {
-                device: Arc::new(Device::new()),
+                device: Arc::new(Device::new(Box::new(rand_core::OsRng))),
                 sockets: Arc::new(SocketSet::new(Vec::new(), 0)),
                 stop: Arc::new(AtomicBool::new(false)),
                 tcp: None,

@@ -645,7 +645,7 @@ mod tests {
         };
         let s = UdpSocket::bind("127.0.0.1:0".parse().expect("addr"), &opts).expect("bind");
         Shared {
-            device: Arc::new(Device::new()),
+            device: Arc::new(Device::new(Box::new(rand_core::OsRng))),
             sockets: Arc::new(SocketSet::new(vec![Arc::new(s)], 0)),
             stop: Arc::new(AtomicBool::new(false)),
             tcp: None,

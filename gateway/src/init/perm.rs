@@ -56,7 +56,7 @@ pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
     }
     let path = Path::new(CONFIG);
     if !path.exists() {
-        let key = Key::generate_private();
+        let key = Key::generate_private(&mut rand_core::OsRng);
         let template = std::fs::read_to_string(DEFAULT_CONFIG).unwrap_or_else(|_| {
             "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
         });
@@ -244,8 +244,9 @@ pub(super) fn gateway_config(failsafe: bool) -> String {
         say!("failsafe: the gateway starts with no peers; {CONFIG} is untouched");
     }
     if cfg.interface.private_key.is_none() {
-        cfg.interface.private_key =
-            Some(private_key_line(&text).unwrap_or_else(Key::generate_private));
+        cfg.interface.private_key = Some(
+            private_key_line(&text).unwrap_or_else(|| Key::generate_private(&mut rand_core::OsRng)),
+        );
     }
     let out = crate::core::ini::emit(&cfg);
     match store::write(Path::new(RUN_CONFIG), out.as_bytes(), store::SECRET) {
@@ -329,7 +330,7 @@ mod tests {
 
     #[test]
     fn private_key_from_text() {
-        let k = Key::generate_private();
+        let k = Key::generate_private(&mut rand_core::OsRng);
         let t = format!(
             "[Interface]\n PrivateKey = {}\nAddress = x\n",
             k.to_base64()

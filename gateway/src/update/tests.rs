@@ -1,8 +1,8 @@
 //! The whole update against a disk image file (root partitions at offsets) and an ESP
 //! directory: good bundles land in the inactive slot, bad ones change no byte.
 use super::*;
-use crate::core::bundle::tests::{make_bundle, manifest_for, slot_uki, test_key};
 use crate::slots::{entry_tries, is_slot_entry};
+use crate::testutil::bundle::{make_bundle, manifest_for, slot_uki, test_key};
 use ed25519_dalek::SigningKey;
 
 const MIB: u64 = 1 << 20;

@@ -174,7 +174,9 @@ impl Rig {
 }
 
 fn peer_key() -> String {
-    Key::generate_private().public().to_base64()
+    Key::generate_private(&mut rand_core::OsRng)
+        .public()
+        .to_base64()
 }
 
 #[test]
@@ -1249,7 +1251,7 @@ fn ini_session(dir: &TempDir) -> (Session, Reply) {
 #[test]
 fn ignored_wg_quick_lines_are_shown_and_dropped_at_commit() {
     let dir = TempDir::new("session-notes");
-    let k = Key::generate_private().to_base64();
+    let k = Key::generate_private(&mut rand_core::OsRng).to_base64();
     std::fs::write(
         dir.0.join("riceguard.conf"),
         format!(

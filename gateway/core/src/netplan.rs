@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use crate::core::config::Config;
-use crate::core::net::Cidr;
+use crate::config::Config;
+use crate::net::Cidr;
 
 /// The kernel's main routing table (`RT_TABLE_MAIN`).
 pub const MAIN_TABLE: u32 = 254;
@@ -290,7 +290,7 @@ fn proxiable(ip: IpAddr) -> bool {
         || ip.is_loopback()
         || ip.is_multicast()
         || special
-        || crate::core::net::is_link_local(ip))
+        || crate::net::is_link_local(ip))
 }
 
 /// Whether the subnet of port address `a` holds the host `ip` as a usable address: a
@@ -474,8 +474,8 @@ pub fn mac_text(m: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config::PeerConfig;
-    use crate::core::key::Key;
+    use crate::config::PeerConfig;
+    use crate::key::Key;
 
     fn c(s: &str) -> Cidr {
         s.parse().unwrap()

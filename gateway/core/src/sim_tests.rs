@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use mock_instant::MockClock;
 
-use crate::core::config::{Config, Endpoint, PeerConfig};
-use crate::core::device::{Device, PeerAddr, SCRATCH_SIZE};
-use crate::core::key::Key;
+use crate::config::{Config, Endpoint, PeerConfig};
+use crate::device::{Device, PeerAddr, SCRATCH_SIZE};
+use crate::key::Key;
 
 use crate::testutil::Wire;
 
@@ -30,8 +30,8 @@ fn msg_type(d: &[u8]) -> u8 {
 }
 
 fn pair(keepalive: Option<u16>) -> (Node, Node) {
-    let ka = Key::generate_private();
-    let kb = Key::generate_private();
+    let ka = crate::testutil::private_key();
+    let kb = crate::testutil::private_key();
     let a_addr: SocketAddr = "192.0.2.1:51820".parse().unwrap();
     let b_addr: SocketAddr = "192.0.2.2:51820".parse().unwrap();
     let mk = |own: Key, peer: Key, inner: &str, ep: SocketAddr, keepalive| {
@@ -54,7 +54,7 @@ fn pair(keepalive: Option<u16>) -> (Node, Node) {
 
 /// Deliver everything `from` has queued for `to`'s address; returns how many.
 fn deliver(from: &mut Node, to: &mut Node, src_addr: SocketAddr) -> usize {
-    let msgs: Vec<_> = from.wire.sent.drain(..).collect();
+    let msgs: Vec<_> = std::mem::take(&mut from.wire.sent);
     let mut n = 0;
     let mut scratch = vec![0u8; SCRATCH_SIZE];
     for (dst, d) in msgs {
@@ -255,7 +255,7 @@ fn hostile_datagrams_are_dropped_and_counted() {
     );
     // A handshake from a key B doesn't know.
     let (mut stranger, _) = pair(None);
-    stranger.key = Key::generate_private();
+    stranger.key = crate::testutil::private_key();
     let mut c = Config::default();
     c.interface.private_key = Some(stranger.key);
     c.peers.push(PeerConfig {
@@ -330,7 +330,7 @@ fn reconfigure_keeps_sessions_of_unchanged_peers() {
     // Add an unrelated peer on B: A's session must keep working without a handshake.
     let mut c = b.dev.config();
     c.peers.push(PeerConfig {
-        public_key: Key::generate_private().public(),
+        public_key: crate::testutil::private_key().public(),
         preshared_key: None,
         allowed_ips: vec!["10.0.0.3/32".parse().unwrap()],
         endpoint: None,
@@ -398,7 +398,7 @@ fn peer_view(
 ) -> (
     Option<PeerAddr>,
     u64,
-    Option<crate::core::device::TransportEvents>,
+    Option<crate::device::TransportEvents>,
 ) {
     let s = &n.dev.peer_stats()[0];
     let ev = n.dev.peer_events(&s.public_key).map(|e| e.0);
@@ -483,10 +483,10 @@ fn replayed_and_rate_limited_packets_do_not_roam() {
 #[test]
 fn peer_indexes_are_random_and_distinct() {
     let mut c = Config::default();
-    c.interface.private_key = Some(Key::generate_private());
+    c.interface.private_key = Some(crate::testutil::private_key());
     for i in 0..200u32 {
         c.peers.push(PeerConfig {
-            public_key: Key::generate_private().public(),
+            public_key: crate::testutil::private_key().public(),
             preshared_key: None,
             allowed_ips: vec![format!("10.1.{}.{}/32", i / 250, i % 250 + 1)
                 .parse()
@@ -499,7 +499,7 @@ fn peer_indexes_are_random_and_distinct() {
             enabled: true,
         });
     }
-    let d = Device::new();
+    let d = Device::new(Box::new(crate::testutil::Rng(0xd1ce)));
     d.reconfigure(&c).unwrap();
     let idx: Vec<u32> = d.snapshot().peers().iter().map(|p| p.index).collect();
     let set: std::collections::HashSet<_> = idx.iter().collect();
@@ -673,8 +673,8 @@ fn no_handshake_when_a_reply_lands_after_a_tick() {
 fn later_tunns_stamp_later_and_a_backward_clock_is_refused() {
     use boringtun::noise::{Tunn, TunnResult};
     use boringtun::x25519;
-    let ki = x25519::StaticSecret::random_from_rng(rand_core::OsRng);
-    let kr = x25519::StaticSecret::random_from_rng(rand_core::OsRng);
+    let ki = x25519::StaticSecret::from(crate::testutil::private_key().0);
+    let kr = x25519::StaticSecret::from(crate::testutil::private_key().0);
     let (pi, pr) = (x25519::PublicKey::from(&ki), x25519::PublicKey::from(&kr));
     let mut responder = Tunn::new(kr, pi, None, None, 1, None);
     let init = |t: &mut Tunn| {

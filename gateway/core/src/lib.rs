@@ -24,3 +24,5 @@ pub mod uplink_overlap;
 
 #[cfg(test)]
 mod sim_tests;
+#[cfg(any(test, feature = "testutil"))]
+pub mod testutil;

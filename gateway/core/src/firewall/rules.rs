@@ -3,7 +3,7 @@
 //! `sys::nftables` encodes into netlink messages. Nothing here knows netlink; nothing
 //! there knows zones or policy.
 
-use crate::core::net::Cidr;
+use crate::net::Cidr;
 
 /// A whole table, replaced as one transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]

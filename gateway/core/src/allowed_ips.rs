@@ -20,7 +20,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::core::net::Cidr;
+use crate::net::Cidr;
 
 const NONE: u32 = u32::MAX;
 

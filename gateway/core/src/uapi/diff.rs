@@ -3,9 +3,9 @@
 
 use std::collections::HashMap;
 
-use crate::core::config::{Config, Endpoint, PeerConfig};
-use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::config::{Config, Endpoint, PeerConfig};
+use crate::key::Key;
+use crate::net::Cidr;
 
 use super::*;
 

@@ -3,15 +3,15 @@
 //! by the console, kept on `perm`.
 //!
 //! This module owns the types and their validation; parsing and emitting live in
-//! [`crate::core::ini`].
+//! [`crate::ini`].
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
-use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::key::Key;
+use crate::net::Cidr;
 
 /// A whole configuration file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

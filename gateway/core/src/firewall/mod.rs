@@ -41,8 +41,8 @@
 
 pub mod rules;
 
-use crate::core::config::{Config, MasqueradeMode};
-use crate::core::net::Cidr;
+use crate::config::{Config, MasqueradeMode};
+use crate::net::Cidr;
 pub use rules::*;
 
 /// The table's name (family `inet`).

@@ -22,8 +22,8 @@
 //! `UplinkOverlap = refuse` makes every overlap a conflict, the proxy-ARP layout too.
 #![forbid(unsafe_code)]
 
-use crate::core::config::{Config, OverlapPolicy};
-use crate::core::net::Cidr;
+use crate::config::{Config, OverlapPolicy};
+use crate::net::Cidr;
 
 /// The shortest IPv4 tunnel route an uplink prefix may not lie inside: a remote site's
 /// network and the uplink cannot be one network (`OverlapPolicy::Auto`).
@@ -173,8 +173,8 @@ pub fn judge_config(iface: &str, subnet: Cidr, cfg: &Config) -> Result<Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::config::PeerConfig;
-    use crate::core::key::Key;
+    use crate::config::PeerConfig;
+    use crate::key::Key;
 
     fn c(s: &str) -> Cidr {
         s.parse().unwrap()

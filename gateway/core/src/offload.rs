@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::core::config::OffloadMode;
+use crate::config::OffloadMode;
 
 /// One NIC feature as `ethtool -k` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

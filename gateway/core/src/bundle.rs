@@ -416,51 +416,9 @@ pub fn check_policy(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use ed25519_dalek::{Signer, SigningKey};
-    use sha2::{Digest, Sha256};
-
-    pub fn test_key(seed: u8) -> SigningKey {
-        SigningKey::from_bytes(&[seed; 32])
-    }
-
-    /// The UKI of a slot in test bundles: `uki` with the slot letter appended.
-    pub fn slot_uki(uki: &[u8], slot: u8) -> Vec<u8> {
-        let mut v = uki.to_vec();
-        v.push(slot);
-        v
-    }
-
-    pub fn manifest_for(board: &str, root: &[u8], uki: &[u8], extra: &str) -> String {
-        let mut m = format!(
-            "format 1\nboard {board}\narch x86_64\nversion v2\nbuild 2\ncompat 1\nmin-compat 1\n{extra}part root {} {}\n",
-            root.len(),
-            hex(&Sha256::digest(root)),
-        );
-        for s in [b'a', b'b'] {
-            let u = slot_uki(uki, s);
-            m += &format!(
-                "part uki-{} {} {}\n",
-                s as char,
-                u.len(),
-                hex(&Sha256::digest(&u))
-            );
-        }
-        m
-    }
-
-    /// A whole bundle: header, manifest, parts (root, uki-a, uki-b).
-    pub fn make_bundle(key: &SigningKey, manifest: &str, root: &[u8], uki: &[u8]) -> Vec<u8> {
-        let mut b = MAGIC.to_vec();
-        b.extend_from_slice(&(manifest.len() as u32).to_le_bytes());
-        b.extend_from_slice(&key.sign(manifest.as_bytes()).to_bytes());
-        b.extend_from_slice(manifest.as_bytes());
-        b.extend_from_slice(root);
-        b.extend_from_slice(&slot_uki(uki, b'a'));
-        b.extend_from_slice(&slot_uki(uki, b'b'));
-        b
-    }
+    use crate::testutil::bundle::{make_bundle, manifest_for, test_key};
 
     fn dev() -> DeviceInfo {
         DeviceInfo {

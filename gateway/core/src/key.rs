@@ -84,19 +84,19 @@ impl Key {
         self.0.iter().all(|&b| b == 0)
     }
 
-    /// A new private key from the OS random source, clamped like `wg genkey`.
-    pub fn generate_private() -> Key {
-        let secret = x25519::StaticSecret::random_from_rng(rand_core::OsRng);
+    /// A new private key from `rng` (the caller's: the gateway passes the OS random
+    /// source), clamped like `wg genkey`.
+    pub fn generate_private(rng: &mut impl rand_core::CryptoRngCore) -> Key {
+        let secret = x25519::StaticSecret::random_from_rng(rng);
         let mut k = secret.to_bytes();
         clamp(&mut k);
         Key(k)
     }
 
-    /// A new preshared key: 32 random bytes from the OS random source, as `wg genpsk`.
-    pub fn generate_preshared() -> Key {
-        use rand_core::RngCore as _;
+    /// A new preshared key: 32 random bytes from `rng`, as `wg genpsk`.
+    pub fn generate_preshared(rng: &mut impl rand_core::CryptoRngCore) -> Key {
         let mut k = [0u8; 32];
-        rand_core::OsRng.fill_bytes(&mut k);
+        rng.fill_bytes(&mut k);
         Key(k)
     }
 
@@ -136,7 +136,7 @@ mod tests {
 
     #[test]
     fn base64_roundtrip_and_hex() {
-        let k = Key::generate_private();
+        let k = Key::generate_private(&mut crate::testutil::Rng(7));
         assert_eq!(Key::from_base64(&k.to_base64()).unwrap(), k);
         assert_eq!(Key::from_hex(&k.to_hex()).unwrap(), k);
         assert_eq!(k.0[0] & 7, 0);
@@ -145,7 +145,11 @@ mod tests {
 
     #[test]
     fn preshared_keys_are_random() {
-        let (a, b) = (Key::generate_preshared(), Key::generate_preshared());
+        let mut rng = crate::testutil::Rng(11);
+        let (a, b) = (
+            Key::generate_preshared(&mut rng),
+            Key::generate_preshared(&mut rng),
+        );
         assert_ne!(a, b);
         assert!(!a.is_zero());
     }

@@ -45,11 +45,11 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use crate::core::config::{
+use crate::config::{
     valid_ifname, Config, Endpoint, GatewayConfig, OffloadMode, PeerConfig, MIN_MTU,
 };
-use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::key::Key;
+use crate::net::Cidr;
 
 /// Largest configuration file accepted.
 pub const MAX_FILE_BYTES: usize = 1 << 20;
@@ -638,7 +638,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     }
                     "tcpport" => d.tcp_port = Some(port(v).map_err(e)?),
                     "name" => {
-                        if !crate::core::config::valid_peer_name(v) {
+                        if !crate::config::valid_peer_name(v) {
                             return Err(e(format!(
                                 "expected 1-32 letters, digits, `.`, `_` or `-`, got {}",
                                 shown(v)
@@ -666,7 +666,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     "iouring" => g.io_uring = on_off(v).map_err(e)?,
                     "sqpoll" => g.sqpoll = on_off(v).map_err(e)?,
                     "poll" => {
-                        g.poll = crate::core::config::PollMode::parse(v).ok_or_else(|| {
+                        g.poll = crate::config::PollMode::parse(v).ok_or_else(|| {
                             e(format!(
                                 "expected sleep, adaptive or busy, got {}",
                                 shown(v)
@@ -727,10 +727,9 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     "proxyarp" => g.proxy_arp = on_off(v).map_err(e)?,
                     "firewall" => g.firewall = on_off(v).map_err(e)?,
                     "masquerade" => {
-                        g.masquerade =
-                            crate::core::config::MasqueradeMode::parse(v).ok_or_else(|| {
-                                e(format!("expected auto, on or off, got {}", shown(v)))
-                            })?
+                        g.masquerade = crate::config::MasqueradeMode::parse(v).ok_or_else(|| {
+                            e(format!("expected auto, on or off, got {}", shown(v)))
+                        })?
                     }
                     "publicendpoint" => {
                         g.public_endpoint = if v.is_empty() {
@@ -755,7 +754,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     }
                     "ntp" => {
                         for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                            let n = crate::core::config::NtpServer::parse(a).map_err(e)?;
+                            let n = crate::config::NtpServer::parse(a).map_err(e)?;
                             if g.ntp.contains(&n) {
                                 return Err(e(format!("{n} is listed twice")));
                             }
@@ -764,7 +763,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     }
                     "uplinkoverlap" => {
                         g.uplink_overlap =
-                            crate::core::config::OverlapPolicy::parse(v).ok_or_else(|| {
+                            crate::config::OverlapPolicy::parse(v).ok_or_else(|| {
                                 e(format!("expected auto or refuse, got {}", shown(v)))
                             })?
                     }
@@ -1116,9 +1115,9 @@ pub(crate) mod tests {
         g.io_uring = !rng.chance(3);
         g.sqpoll = rng.chance(4);
         g.poll = [
-            crate::core::config::PollMode::Sleep,
-            crate::core::config::PollMode::Adaptive,
-            crate::core::config::PollMode::Busy,
+            crate::config::PollMode::Sleep,
+            crate::config::PollMode::Adaptive,
+            crate::config::PollMode::Busy,
         ][rng.below(3) as usize];
         g.offload = [
             OffloadMode::Auto,
@@ -1135,9 +1134,9 @@ pub(crate) mod tests {
         g.proxy_arp = !rng.chance(3);
         g.firewall = !rng.chance(4);
         g.masquerade = [
-            crate::core::config::MasqueradeMode::Auto,
-            crate::core::config::MasqueradeMode::On,
-            crate::core::config::MasqueradeMode::Off,
+            crate::config::MasqueradeMode::Auto,
+            crate::config::MasqueradeMode::On,
+            crate::config::MasqueradeMode::Off,
         ][rng.below(3) as usize];
         if rng.chance(3) {
             g.public_endpoint = Some(Endpoint::Name {
@@ -1155,13 +1154,13 @@ pub(crate) mod tests {
                 _ => format!("10.9.9.{i}"),
             };
             let port = if rng.chance(3) { rng.port() } else { 123 };
-            let n = crate::core::config::NtpServer { host, port };
+            let n = crate::config::NtpServer { host, port };
             if !g.ntp.contains(&n) {
                 g.ntp.push(n);
             }
         }
         if rng.chance(4) {
-            g.uplink_overlap = crate::core::config::OverlapPolicy::Refuse;
+            g.uplink_overlap = crate::config::OverlapPolicy::Refuse;
         }
         if rng.chance(3) {
             g.buffers = 1 + rng.below(1 << 20) as u32;
@@ -1447,7 +1446,7 @@ pub(crate) mod tests {
     /// `#+` lines as settings) and schema-1 firmware both skip.
     #[test]
     fn schema3_keys_on_their_own_guarded_lines() {
-        use crate::core::config::{NtpServer, OverlapPolicy};
+        use crate::config::{NtpServer, OverlapPolicy};
         let mut c = Config::default();
         c.gateway.ntp = vec![
             NtpServer::parse("192.168.1.1").unwrap(),
@@ -1573,10 +1572,7 @@ pub(crate) mod tests {
         )
         .unwrap();
         assert!(!c2.gateway.firewall && !c2.peers[0].enabled);
-        assert_eq!(
-            c2.gateway.masquerade,
-            crate::core::config::MasqueradeMode::On
-        );
+        assert_eq!(c2.gateway.masquerade, crate::config::MasqueradeMode::On);
         // A plain line inside a hidden section would land in the section above.
         let e = err_of(&format!(
             "[Peer]\nPublicKey = {PRIV}\n#+ [Peer]\n#+ PublicKey = {PUB}\nAllowedIPs = 10.0.0.9/32\n"

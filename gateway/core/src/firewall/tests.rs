@@ -1,6 +1,6 @@
 use super::*;
-use crate::core::config::PeerConfig;
-use crate::core::key::Key;
+use crate::config::PeerConfig;
+use crate::key::Key;
 
 fn c(s: &str) -> Cidr {
     s.parse().unwrap()

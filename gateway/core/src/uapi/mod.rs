@@ -32,8 +32,8 @@ use std::fmt;
 use std::io::BufRead;
 use std::net::SocketAddr;
 
-use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::key::Key;
+use crate::net::Cidr;
 
 mod client;
 mod diff;

@@ -1,6 +1,6 @@
 use super::*;
-use crate::core::config::{Config, Endpoint, PeerConfig};
-use crate::core::ini::tests::{random_config, Rng};
+use crate::config::{Config, Endpoint, PeerConfig};
+use crate::ini::tests::{random_config, Rng};
 use std::io::Cursor;
 
 fn k(b: u8) -> Key {
@@ -320,7 +320,7 @@ fn real_wg_setconf_request_applies_like_the_config_file() {
         k(0x22).to_base64(),
         k(0x23).to_base64()
     );
-    assert_eq!(got, crate::core::ini::parse("wg.conf", &conf).unwrap());
+    assert_eq!(got, crate::ini::parse("wg.conf", &conf).unwrap());
 }
 
 /// A `get=1` answer captured from Debian's wireguard-go (keys replaced by fixed

@@ -36,12 +36,12 @@ use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
-use rand_core::{OsRng, RngCore};
+use rand_core::RngCore;
 
-use crate::core::allowed_ips::AllowedIps;
-use crate::core::config::{Config, Endpoint};
-use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::allowed_ips::AllowedIps;
+use crate::config::{Config, Endpoint};
+use crate::key::Key;
+use crate::net::Cidr;
 
 /// Identifies one TCP connection of the fallback transport; never reused.
 pub type ConnId = u64;
@@ -449,6 +449,8 @@ pub struct Device {
     tick_ms: AtomicU64,
     /// The wall-clock time given to the latest `update_timers`, in ms since the epoch.
     tick_wall_ms: AtomicU64,
+    /// Where new peers' local indices come from (the caller's random source).
+    index_rng: Mutex<Box<dyn RngCore + Send>>,
     pub drops: DropCounters,
 }
 
@@ -467,14 +469,10 @@ impl TableCache {
     }
 }
 
-impl Default for Device {
-    fn default() -> Self {
-        Device::new()
-    }
-}
-
 impl Device {
-    pub fn new() -> Device {
+    /// An empty device; `index_rng` draws the local session indices of new peers (the
+    /// gateway passes the OS random source, tests a seeded one).
+    pub fn new(index_rng: Box<dyn RngCore + Send>) -> Device {
         Device {
             table: RwLock::new(Arc::new(Table {
                 identity: None,
@@ -489,6 +487,7 @@ impl Device {
             mtu: AtomicU32::new(0),
             tick_ms: AtomicU64::new(0),
             tick_wall_ms: AtomicU64::new(0),
+            index_rng: Mutex::new(index_rng),
             drops: DropCounters::default(),
         }
     }
@@ -531,6 +530,7 @@ impl Device {
         // Indexes of the old table stay reserved (kept peers keep theirs; a removed
         // peer's may still be in flight).
         let mut used: HashSet<u32> = old_table.by_index.keys().copied().collect();
+        let mut index_rng = self.index_rng.lock().unwrap_or_else(|p| p.into_inner());
         let mut logs: Vec<String> = Vec::new();
 
         let identity = new.interface.private_key.filter(|k| !k.is_zero()).map(|k| {
@@ -590,7 +590,7 @@ impl Device {
                     })
                 }
                 (_, Some(id)) => {
-                    let index = random_index(&mut used);
+                    let index = random_index(&mut **index_rng, &mut used);
                     let tunn = Tunn::new(
                         id.private.clone(),
                         x25519::PublicKey::from(pc.public_key.0),
@@ -1145,8 +1145,8 @@ pub struct PeerStats {
 
 fn update_peer_state(
     st: &mut PeerState,
-    pc: &crate::core::config::PeerConfig,
-    old_pc: Option<&crate::core::config::PeerConfig>,
+    pc: &crate::config::PeerConfig,
+    old_pc: Option<&crate::config::PeerConfig>,
     cfg_endpoint: Option<SocketAddr>,
     id: &Identity,
     key_changed: bool,
@@ -1218,9 +1218,9 @@ fn padded_len(len: usize, mtu: usize) -> usize {
 }
 
 /// A random local index in 1..2^24 not in `used`; it is added to `used`.
-fn random_index(used: &mut HashSet<u32>) -> u32 {
+fn random_index(rng: &mut dyn RngCore, used: &mut HashSet<u32>) -> u32 {
     loop {
-        let i = OsRng.next_u32() % INDEX_SPACE;
+        let i = rng.next_u32() % INDEX_SPACE;
         if i != 0 && used.insert(i) {
             return i;
         }

@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::BufRead;
 
-use crate::core::config::{Config, Endpoint, PeerConfig};
-use crate::core::key::Key;
-use crate::core::net::Cidr;
+use crate::config::{Config, Endpoint, PeerConfig};
+use crate::key::Key;
+use crate::net::Cidr;
 
 use super::*;
 
