@@ -113,7 +113,7 @@ net=riceguard.uplink=10.0.2.15/24,gw=10.0.2.2
 net0=
 # Configuration schemas (core::bundle::COMPAT): this tree's, and today's firmware's.
 schema() { sed -n 's/^pub const COMPAT: u32 = \([0-9][0-9]*\);$/\1/p'; }
-compat=$(schema <gateway/src/core/bundle.rs)
+compat=$(schema <gateway/core/src/bundle.rs)
 old_rev=${RG_UPDATE_OLD:-31a60ec}
 old_commit=$(git rev-parse --verify -q "$old_rev^{commit}") || { ko "RG_UPDATE_OLD=$old_rev: no such commit"; exit 1; }
 old_compat=$(git show "$old_commit:gateway/src/core/bundle.rs" | schema)
