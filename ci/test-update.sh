@@ -116,7 +116,8 @@ schema() { sed -n 's/^pub const COMPAT: u32 = \([0-9][0-9]*\);$/\1/p'; }
 compat=$(schema <gateway/core/src/bundle.rs)
 old_rev=${RG_UPDATE_OLD:-31a60ec}
 old_commit=$(git rev-parse --verify -q "$old_rev^{commit}") || { ko "RG_UPDATE_OLD=$old_rev: no such commit"; exit 1; }
-old_compat=$(git show "$old_commit:gateway/src/core/bundle.rs" | schema)
+old_compat=$( { git show "$old_commit:gateway/core/src/bundle.rs" 2>/dev/null ||
+    git show "$old_commit:gateway/src/core/bundle.rs"; } | schema)
 # Build numbers (signed into bundles; a device takes only newer ones): v1 1, v2 2, v3 3;
 # today's firmware (QEMU 0) 1.
 if build v1 v1 RG_BUILD=1 RG_PERM_SEED="$seed" RG_CMDLINE_EXTRA=$net && build v2 v2 RG_BUILD=2 RG_CMDLINE_EXTRA=$net \
