@@ -91,11 +91,6 @@ stage_gateway() {
     return $rc
 }
 
-# Release binary for the network tests (host target; static musl for the image).
-build_release() {
-    cargo build --locked --release -p riceguard
-}
-
 for s in "${stages[@]}"; do
     case "$s" in
         unit) run_stage unit stage_unit ;;
