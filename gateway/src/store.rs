@@ -156,30 +156,8 @@ pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
 pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A fresh empty directory under the system temp dir (removed by [`TempDir`]'s drop).
-    pub struct TempDir(pub PathBuf);
-
-    impl TempDir {
-        pub fn new(tag: &str) -> TempDir {
-            static N: AtomicUsize = AtomicUsize::new(0);
-            let p = std::env::temp_dir().join(format!(
-                "riceguard-{tag}-{}-{}",
-                std::process::id(),
-                N.fetch_add(1, Ordering::Relaxed)
-            ));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).expect("create temp dir");
-            TempDir(p)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    pub(crate) use crate::testutil::TempDir;
 
     fn fail_at(at: Step) -> impl FnMut(Step) -> io::Result<()> {
         move |s| {

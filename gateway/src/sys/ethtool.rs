@@ -382,7 +382,7 @@ fn set_u32(buf: &mut [u64], at: usize, v: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::tun::tests::{in_new_netns, ip};
+    use crate::testutil::{in_new_netns, ip};
 
     #[test]
     fn word_buffer_helpers() {

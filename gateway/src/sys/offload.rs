@@ -95,7 +95,7 @@ pub fn decide_and_apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::tun::tests::{in_new_netns, ip};
+    use crate::testutil::{in_new_netns, ip};
     use crate::sys::udp::UdpOptions;
 
     #[test]

@@ -349,24 +349,8 @@ fn set_best_offload(fd: RawFd) -> TunOffload {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::process::Command;
 
-    /// Whether this process may create TUN devices and network namespaces.
-    /// Run `body` on a fresh thread inside its own, anonymous network namespace, which
-    /// vanishes when the thread ends. Commands spawned from that thread (`ip`) run in it.
-    pub(crate) fn in_new_netns<T: Send + 'static>(body: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::spawn(move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare netns");
-            body()
-        })
-        .join()
-        .expect("netns thread")
-    }
-
-    pub(crate) fn ip(args: &[&str]) {
-        let st = Command::new("ip").args(args).status().expect("run ip");
-        assert!(st.success(), "ip {args:?} failed");
-    }
+    pub(crate) use crate::testutil::{in_new_netns, ip};
 
     #[test]
     fn rejects_bad_names_and_queues() {

@@ -1629,8 +1629,8 @@ mod tests {
     #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
     fn tun_read_fixed_and_write_fixed() {
         require_uring!();
-        crate::sys::tun::tests::in_new_netns(|| {
-            use crate::sys::tun::tests::ip;
+        crate::testutil::in_new_netns(|| {
+            use crate::testutil::ip;
             let tun = crate::sys::tun::Tun::create("rgur0", 1, false).expect("tun");
             ip(&["link", "set", "lo", "up"]);
             ip(&["addr", "add", "10.78.0.1/24", "dev", "rgur0"]);
@@ -1724,8 +1724,8 @@ mod tests {
             crate::testutil::not_run("no IORING_OP_READ_MULTISHOT (kernel < 6.7)");
             return;
         }
-        crate::sys::tun::tests::in_new_netns(|| {
-            use crate::sys::tun::tests::ip;
+        crate::testutil::in_new_netns(|| {
+            use crate::testutil::ip;
             let tun = crate::sys::tun::Tun::create("rgur1", 1, false).expect("tun");
             ip(&["link", "set", "lo", "up"]);
             ip(&["addr", "add", "10.79.0.1/24", "dev", "rgur1"]);
