@@ -1,14 +1,14 @@
 //! Checks on configuration values before anything is applied: one parser per field with
 //! a message saying what is expected, and whole-configuration checks.
 //!
-//! [`validate_candidate`] is the single gate `commit` and boot-time loading go through.
-//! It runs the console's own checks, then core's `Config::validate_consistency`.
+//! [`validate_candidate`] is the single gate `commit` and boot-time loading go through:
+//! core's rules, every problem they find. The values' grammar is core's too
+//! (`core::value`); here they only get the console's wording.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::core::config::{
-    Config, Endpoint, MasqueradeMode, NtpServer, OffloadMode, OverlapPolicy,
+    Config, Endpoint, MasqueradeMode, NtpServer, OffloadMode, OverlapPolicy, ValidationError,
 };
 use crate::core::key::Key;
 use crate::core::net::Cidr;
@@ -194,88 +194,27 @@ pub fn uplink_overlap(s: &str) -> Result<OverlapPolicy, ValueError> {
     value::uplink_overlap(s).map_err(at("uplink overlap policy"))
 }
 
-/// Checks that hold for any candidate, even an unfinished one (run after every `set`).
+/// Checks that hold for any candidate, even an unfinished one (run after every `set`):
+/// core's rules (`Config::problems`), every one it finds.
 pub fn check_consistency(cfg: &Config) -> Vec<String> {
-    let mut errs = Vec::new();
-    let ours = cfg.interface.private_key.map(|k| k.public());
-    let mut seen_keys: Vec<&Key> = Vec::new();
-    let mut owner: HashMap<Cidr, &Key> = HashMap::new();
-    for p in &cfg.peers {
-        let pk = p.public_key.to_base64();
-        if p.public_key.is_zero() {
-            errs.push("a peer's public key is all zeros".to_string());
-        }
-        if Some(p.public_key) == ours {
-            errs.push(format!("peer {pk} is this gateway's own public key"));
-        }
-        if seen_keys.contains(&&p.public_key) {
-            errs.push(format!("peer {pk} appears twice"));
-        }
-        seen_keys.push(&p.public_key);
-        for a in &p.allowed_ips {
-            // The same prefix on two peers is ambiguous (WireGuard would silently move it
-            // to the last one). Nested prefixes of different lengths are fine: longest match.
-            let net = a.network();
-            match owner.get(&net) {
-                Some(other) if **other != p.public_key => errs.push(format!(
-                    "allowed IP {net} is on two peers ({} and {pk}): remove it from one",
-                    other.to_base64()
-                )),
-                _ => {
-                    owner.insert(net, &p.public_key);
-                }
-            }
-        }
-    }
-    let mut names: Vec<&str> = Vec::new();
-    for p in &cfg.peers {
-        if let Some(n) = &p.name {
-            if names.contains(&n.as_str()) {
-                errs.push(format!(
-                    "two peers are named {}: peer names must differ",
-                    short(n)
-                ));
-            }
-            names.push(n);
-        }
-    }
-    if let Err(e) = ifname(&cfg.gateway.interface_name, "gateway interface-name") {
-        errs.push(e.to_string());
-    }
-    let g = &cfg.gateway;
-    if !g.lan.is_empty() && g.lan == g.uplink {
-        errs.push(format!(
-            "the LAN port {} is the uplink too: for a one-armed gateway leave `gateway lan` unset",
-            g.lan
-        ));
-    }
-    if cfg.gateway.buffers == 0 {
-        errs.push("gateway buffers must be at least 1".into());
-    }
-    errs
+    cfg.problems().iter().map(ToString::to_string).collect()
 }
 
-/// The gate before a configuration is committed or used at boot: everything in
-/// [`check_consistency`] plus what a runnable configuration needs.
+/// The gate before a configuration is committed or used at boot: the same rules as
+/// `riceguard up` applies to a file (`Config::all_problems`), so the console never
+/// commits something the daemon would refuse. A missing key says what to run here.
 pub fn validate_candidate(cfg: &Config) -> Result<(), Vec<String>> {
-    let mut errs = check_consistency(cfg);
-    match cfg.interface.private_key {
-        None => errs.push(
-            "the interface has no private key: run `genkey` (or `set interface private-key KEY`)"
-                .into(),
-        ),
-        Some(k) if k.is_zero() => {
-            errs.push("the interface private key is all zeros: run `genkey`".into())
-        }
-        Some(_) => {}
-    }
-    // The same consistency rules the daemon applies to a config file, so the console
-    // never commits something `riceguard up` would refuse.
-    if errs.is_empty() {
-        if let Err(e) = cfg.validate_consistency() {
-            errs.push(e.to_string());
-        }
-    }
+    let errs: Vec<String> = cfg
+        .all_problems()
+        .iter()
+        .map(|e| match e {
+            ValidationError::MissingPrivateKey => {
+                "the interface has no private key: run `genkey` (or `set interface private-key KEY`)"
+                    .to_string()
+            }
+            e => e.to_string(),
+        })
+        .collect();
     if errs.is_empty() {
         Ok(())
     } else {
