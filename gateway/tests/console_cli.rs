@@ -107,7 +107,7 @@ fn failures_give_nonzero_exit_and_change_nothing() {
     let d = Tmp::new("fail");
     let (ok, out) = console(&d.0, &[], b"set interface listen-port 99999\n");
     assert!(!ok);
-    assert!(out.contains("1 to 65535"), "{out}");
+    assert!(out.contains("1-65535"), "{out}");
     assert!(!d.0.join("riceguard.conf").exists());
     let (ok, out) = console(&d.0, &[], b"frobnicate\n");
     assert!(!ok && out.contains("unknown command"), "{out}");

@@ -480,6 +480,14 @@ pub enum ValidationError {
     InvalidPeerName { name: String },
     /// A list holds the same value twice (`what` names the setting).
     DuplicateValue { what: &'static str, value: String },
+    /// Two peers have the same `Name`.
+    DuplicatePeerName { name: String },
+    /// A peer's public key is all zeros.
+    ZeroPublicKey,
+    /// The private key is all zeros.
+    ZeroPrivateKey,
+    /// `Buffers = 0`.
+    NoBuffers,
 }
 
 impl fmt::Display for ValidationError {
@@ -487,17 +495,17 @@ impl fmt::Display for ValidationError {
         match self {
             ValidationError::DuplicatePeer { public_key } => write!(
                 f,
-                "peer {} appears in two [Peer] sections; merge them into one",
+                "peer {} appears twice: merge its two [Peer] sections into one",
                 public_key.to_base64()
             ),
             ValidationError::PeerIsSelf { public_key } => write!(
                 f,
-                "peer {} is this interface's own public key (from PrivateKey); remove that [Peer]",
+                "peer {} is this gateway's own public key (from its private key): remove that peer",
                 public_key.to_base64()
             ),
             ValidationError::DuplicateAllowedIp { cidr, first, second } => write!(
                 f,
-                "AllowedIPs {} is given to two peers ({} and {}); a prefix can route to only one peer",
+                "allowed IP {} is on two peers ({} and {}): a prefix routes to only one peer, remove it from one",
                 cidr,
                 first.to_base64(),
                 second.to_base64()
@@ -518,7 +526,7 @@ impl fmt::Display for ValidationError {
             ),
             ValidationError::LanIsUplink { name } => write!(
                 f,
-                "Lan = {name} is the uplink too; leave Lan unset for the one-armed deployment"
+                "the LAN port {name} is the uplink too: for a one-armed gateway leave Lan (`gateway lan`) unset"
             ),
             ValidationError::InvalidPeerName { name } => write!(
                 f,
@@ -528,6 +536,16 @@ impl fmt::Display for ValidationError {
             ValidationError::DuplicateValue { what, value } => {
                 write!(f, "{what} lists {value} twice")
             }
+            ValidationError::DuplicatePeerName { name } => write!(
+                f,
+                "two peers are named {}: peer names must differ",
+                name.escape_debug()
+            ),
+            ValidationError::ZeroPublicKey => f.write_str("a peer's public key is all zeros"),
+            ValidationError::ZeroPrivateKey => f.write_str(
+                "the private key is all zeros: generate one (`genkey` on the console, `riceguard genkey`)",
+            ),
+            ValidationError::NoBuffers => f.write_str("Buffers (`gateway buffers`) must be at least 1"),
         }
     }
 }
@@ -546,19 +564,34 @@ impl Config {
     }
 
     /// Checks that hold for any configuration we accept, with or without a private key
-    /// (the UAPI face starts keyless and gets its key from `wg set`).
+    /// (the UAPI face starts keyless and gets its key from `wg set`): the first of
+    /// [`Config::problems`].
     pub fn validate_consistency(&self) -> Result<(), ValidationError> {
+        match self.problems().into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Every consistency problem of this configuration, in file order (the console shows
+    /// them all; a file load and `up` refuse on the first). The one set of rules: the
+    /// console, the daemon and boot-time loading all check through it.
+    pub fn problems(&self) -> Vec<ValidationError> {
+        let mut errs = Vec::new();
         let own = self.interface.private_key.map(|k| k.public());
         let mut seen_keys: HashSet<Key> = HashSet::with_capacity(self.peers.len());
         let mut owner: HashMap<Cidr, Key> = HashMap::new();
         for p in &self.peers {
+            if p.public_key.is_zero() {
+                errs.push(ValidationError::ZeroPublicKey);
+            }
             if !seen_keys.insert(p.public_key) {
-                return Err(ValidationError::DuplicatePeer {
+                errs.push(ValidationError::DuplicatePeer {
                     public_key: p.public_key,
                 });
             }
             if own == Some(p.public_key) {
-                return Err(ValidationError::PeerIsSelf {
+                errs.push(ValidationError::PeerIsSelf {
                     public_key: p.public_key,
                 });
             }
@@ -566,18 +599,16 @@ impl Config {
                 let n = c.network();
                 match owner.get(&n) {
                     Some(first) if *first == p.public_key => {
-                        return Err(ValidationError::DuplicateValue {
+                        errs.push(ValidationError::DuplicateValue {
                             what: "AllowedIPs",
                             value: n.to_string(),
                         })
                     }
-                    Some(first) => {
-                        return Err(ValidationError::DuplicateAllowedIp {
-                            cidr: n,
-                            first: *first,
-                            second: p.public_key,
-                        })
-                    }
+                    Some(first) => errs.push(ValidationError::DuplicateAllowedIp {
+                        cidr: n,
+                        first: *first,
+                        second: p.public_key,
+                    }),
                     None => {
                         owner.insert(n, p.public_key);
                     }
@@ -586,7 +617,7 @@ impl Config {
         }
         if let Some(mtu) = self.interface.mtu {
             if mtu < MIN_MTU {
-                return Err(ValidationError::MtuOutOfRange { mtu });
+                errs.push(ValidationError::MtuOutOfRange { mtu });
             }
             if mtu < MIN_MTU_IPV6 {
                 let v6 = self
@@ -596,23 +627,23 @@ impl Config {
                     .chain(self.peers.iter().flat_map(|p| p.allowed_ips.iter()))
                     .find(|c| c.addr.is_ipv6());
                 if let Some(what) = v6 {
-                    return Err(ValidationError::MtuTooSmallForIpv6 { mtu, what: *what });
+                    errs.push(ValidationError::MtuTooSmallForIpv6 { mtu, what: *what });
                 }
             }
         }
         let g = &self.gateway;
         if !valid_ifname(&g.interface_name) {
-            return Err(ValidationError::InvalidInterfaceName {
+            errs.push(ValidationError::InvalidInterfaceName {
                 name: g.interface_name.clone(),
             });
         }
         for n in [&g.uplink, &g.lan] {
             if !n.is_empty() && !valid_ifname(n) {
-                return Err(ValidationError::InvalidInterfaceName { name: n.clone() });
+                errs.push(ValidationError::InvalidInterfaceName { name: n.clone() });
             }
         }
         if !g.lan.is_empty() && g.lan == g.uplink {
-            return Err(ValidationError::LanIsUplink {
+            errs.push(ValidationError::LanIsUplink {
                 name: g.lan.clone(),
             });
         }
@@ -620,30 +651,42 @@ impl Config {
         for p in &self.peers {
             if let Some(n) = &p.name {
                 if !valid_peer_name(n) {
-                    return Err(ValidationError::InvalidPeerName { name: n.clone() });
+                    errs.push(ValidationError::InvalidPeerName { name: n.clone() });
                 }
                 if names.contains(&n.as_str()) {
-                    return Err(ValidationError::DuplicateValue {
-                        what: "peer Name",
-                        value: n.clone(),
-                    });
+                    errs.push(ValidationError::DuplicatePeerName { name: n.clone() });
                 }
                 names.push(n);
             }
         }
         if let Some(d) = first_duplicate(&g.cores) {
-            return Err(ValidationError::DuplicateValue {
+            errs.push(ValidationError::DuplicateValue {
                 what: "Cores",
                 value: d.to_string(),
             });
         }
         if let Some(d) = first_duplicate(&g.tcp_listen) {
-            return Err(ValidationError::DuplicateValue {
+            errs.push(ValidationError::DuplicateValue {
                 what: "TcpListen",
                 value: d.to_string(),
             });
         }
-        Ok(())
+        if g.buffers == 0 {
+            errs.push(ValidationError::NoBuffers);
+        }
+        errs
+    }
+
+    /// [`Config::problems`] plus what running needs: a private key that is not all
+    /// zeros. The gate before a configuration is committed, loaded at boot or run.
+    pub fn all_problems(&self) -> Vec<ValidationError> {
+        let mut errs = self.problems();
+        match self.interface.private_key {
+            None => errs.push(ValidationError::MissingPrivateKey),
+            Some(k) if k.is_zero() => errs.push(ValidationError::ZeroPrivateKey),
+            Some(_) => {}
+        }
+        errs
     }
 }
 
@@ -682,6 +725,49 @@ mod tests {
             peer(2, &["10.0.0.3/32", "fd00::3/128"]),
         ];
         c
+    }
+
+    #[test]
+    fn problems_lists_every_one_it_finds() {
+        let mut c = base();
+        c.peers.push(peer(1, &["10.0.0.9/32"])); // the first peer again
+        c.peers[2].name = Some("x".into());
+        c.peers[1].name = Some("x".into());
+        c.peers.push(peer(0, &["10.0.0.3/32"])); // zero key, and peer 2's prefix
+        c.gateway.lan = "eth0".into();
+        c.gateway.uplink = "eth0".into();
+        c.gateway.buffers = 0;
+        let p = c.problems();
+        let has = |f: fn(&ValidationError) -> bool| p.iter().any(f);
+        assert!(
+            has(|e| matches!(e, ValidationError::DuplicatePeer { .. })),
+            "{p:?}"
+        );
+        assert!(
+            has(|e| matches!(e, ValidationError::DuplicatePeerName { .. })),
+            "{p:?}"
+        );
+        assert!(
+            has(|e| matches!(e, ValidationError::ZeroPublicKey)),
+            "{p:?}"
+        );
+        assert!(
+            has(|e| matches!(e, ValidationError::DuplicateAllowedIp { .. })),
+            "{p:?}"
+        );
+        assert!(
+            has(|e| matches!(e, ValidationError::LanIsUplink { .. })),
+            "{p:?}"
+        );
+        assert!(has(|e| matches!(e, ValidationError::NoBuffers)), "{p:?}");
+        assert_eq!(
+            c.validate_consistency(),
+            Err(p[0].clone()),
+            "the first is the file's refusal"
+        );
+        c.interface.private_key = Some(Key([0; 32]));
+        assert!(c.all_problems().contains(&ValidationError::ZeroPrivateKey));
+        assert!(base().problems().is_empty() && base().all_problems().is_empty());
     }
 
     #[test]

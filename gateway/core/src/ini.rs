@@ -43,11 +43,8 @@
 //! change together.
 
 use std::fmt::Write as _;
-use std::net::IpAddr;
 
-use crate::config::{
-    valid_ifname, Config, Endpoint, GatewayConfig, OffloadMode, PeerConfig, MIN_MTU,
-};
+use crate::config::{Config, Endpoint, GatewayConfig, OffloadMode, PeerConfig};
 use crate::key::Key;
 use crate::net::Cidr;
 
@@ -55,8 +52,10 @@ use crate::net::Cidr;
 pub const MAX_FILE_BYTES: usize = 1 << 20;
 /// Longest line accepted, in characters.
 pub const MAX_LINE_CHARS: usize = 4096;
-/// Highest core number `Cores` may name (also bounds what a range can expand to).
-pub const MAX_CORE: usize = 4095;
+use crate::value::{self, BadValue};
+/// The values' grammar is `crate::value`'s (shared with the console); `Cores` is also
+/// the daemon's `--cores`.
+pub use crate::value::{cores, MAX_CORE};
 
 /// A config file error: which file, line and key, and what is allowed there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,129 +200,12 @@ fn shown(v: &str) -> String {
     format!("`{s}`")
 }
 
-fn port(v: &str) -> Result<u16, String> {
-    match v.parse::<u16>() {
-        Ok(p) if p != 0 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
-        _ => Err(format!("expected a port number 1-65535, got {}", shown(v))),
-    }
-}
-
 fn number<T: std::str::FromStr>(v: &str, what: &str) -> Result<T, String> {
     if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!("expected {what}, got {}", shown(v)));
     }
     v.parse::<T>()
         .map_err(|_| format!("expected {what}, got {}", shown(v)))
-}
-
-fn on_off(v: &str) -> Result<bool, String> {
-    match v.to_ascii_lowercase().as_str() {
-        "on" | "true" | "yes" => Ok(true),
-        "off" | "false" | "no" => Ok(false),
-        _ => Err(format!("expected on or off, got {}", shown(v))),
-    }
-}
-
-fn key(v: &str) -> Result<Key, String> {
-    Key::from_base64(v).map_err(|e| format!("{e}, got {}", shown(v)))
-}
-
-fn items(v: &str) -> impl Iterator<Item = &str> {
-    v.split(',').map(str::trim).filter(|s| !s.is_empty())
-}
-
-fn cidrs(v: &str) -> Result<Vec<Cidr>, String> {
-    items(v)
-        .map(|s| s.parse::<Cidr>().map_err(|e| e.to_string()))
-        .collect()
-}
-
-fn fwmark(v: &str) -> Result<Option<u32>, String> {
-    let err = || {
-        format!(
-            "expected a number (decimal or 0x hex) or off, got {}",
-            shown(v)
-        )
-    };
-    if v.eq_ignore_ascii_case("off") {
-        return Ok(None);
-    }
-    let n = if let Some(h) = v.strip_prefix("0x").or_else(|| v.strip_prefix("0X")) {
-        if h.is_empty() || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(err());
-        }
-        u32::from_str_radix(h, 16).map_err(|_| err())?
-    } else {
-        number::<u32>(v, "a number (decimal or 0x hex) or off")?
-    };
-    Ok((n != 0).then_some(n))
-}
-
-/// A `Cores` value (`0,1`, `0-3`, `all`; empty means all): also the daemon's `--cores`.
-pub fn cores(v: &str) -> Result<Vec<usize>, String> {
-    if v.is_empty() || v.eq_ignore_ascii_case("all") {
-        return Ok(Vec::new());
-    }
-    let what = format!("core numbers 0-{MAX_CORE} as a list or ranges (`0,1` or `0-3`) or all");
-    let mut out: Vec<usize> = Vec::new();
-    for it in items(v) {
-        let (lo, hi) = match it.split_once('-') {
-            Some((a, b)) => (
-                number::<usize>(a.trim(), &what)?,
-                number::<usize>(b.trim(), &what)?,
-            ),
-            None => {
-                let n = number::<usize>(it, &what)?;
-                (n, n)
-            }
-        };
-        if lo > hi || hi > MAX_CORE {
-            return Err(format!("expected {what}, got {}", shown(it)));
-        }
-        for c in lo..=hi {
-            if out.contains(&c) {
-                return Err(format!("core {c} is listed twice"));
-            }
-            out.push(c);
-        }
-    }
-    Ok(out)
-}
-
-fn tcp_listen(v: &str) -> Result<Vec<u16>, String> {
-    if v.eq_ignore_ascii_case("off") {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for it in items(v) {
-        let p = port(it).map_err(|e| format!("{e} (or off)"))?;
-        if out.contains(&p) {
-            return Err(format!("port {p} is listed twice"));
-        }
-        out.push(p);
-    }
-    Ok(out)
-}
-
-fn offload(v: &str) -> Result<OffloadMode, String> {
-    match v.to_ascii_lowercase().as_str() {
-        "auto" => Ok(OffloadMode::Auto),
-        "gso" => Ok(OffloadMode::Gso),
-        "mmsg" => Ok(OffloadMode::Mmsg),
-        "off" => Ok(OffloadMode::Off),
-        _ => Err(format!("expected auto, gso, mmsg or off, got {}", shown(v))),
-    }
-}
-
-fn ifname(v: &str) -> Result<String, String> {
-    if valid_ifname(v) {
-        Ok(v.to_string())
-    } else {
-        Err(format!(
-            "expected an interface name (1-15 characters, no spaces, `/` or `:`), got {}",
-            shown(v)
-        ))
-    }
 }
 
 /// Parse a configuration file. `file` is only used in error messages. Lines that load
@@ -511,6 +393,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
         let v = v.trim();
         let lk = k.to_ascii_lowercase();
         let e = |msg: String| err(ln, k, msg);
+        let bad = |b: BadValue| err(ln, k, b.to_string());
         if guarded_section && !guarded {
             return Err(e(
                 "is on a plain line in a section whose header is on a `#+` line: firmware before schema 2 would read it into the section above; start it with `#+` too".into(),
@@ -577,20 +460,11 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
             Section::Interface => {
                 let ic = &mut cfg.interface;
                 match lk.as_str() {
-                    "privatekey" => ic.private_key = Some(key(v).map_err(e)?),
-                    "listenport" => ic.listen_port = Some(port(v).map_err(e)?),
-                    "fwmark" => ic.fwmark = fwmark(v).map_err(e)?,
-                    "address" => ic.addresses.extend(cidrs(v).map_err(e)?),
-                    "mtu" => {
-                        let m: u16 = number(v, &format!("a number {MIN_MTU}-65535")).map_err(e)?;
-                        if m < MIN_MTU {
-                            return Err(e(format!(
-                                "expected a number {MIN_MTU}-65535, got {}",
-                                shown(v)
-                            )));
-                        }
-                        ic.mtu = Some(m);
-                    }
+                    "privatekey" => ic.private_key = Some(value::key(v).map_err(bad)?),
+                    "listenport" => ic.listen_port = Some(value::port(v).map_err(bad)?),
+                    "fwmark" => ic.fwmark = value::fwmark(v).map_err(bad)?,
+                    "address" => ic.addresses.extend(value::cidrs(v).map_err(bad)?),
+                    "mtu" => ic.mtu = Some(value::mtu(v).map_err(bad)?),
                     // wg-quick-only: see the module comment.
                     other => match wg_quick_only(other, v) {
                         // Schema-1 firmware dropped them without a word, `Table = off` too.
@@ -616,136 +490,84 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     return Err(e("internal: [Peer] state missing".into()));
                 };
                 match lk.as_str() {
-                    "publickey" => d.public_key = Some(key(v).map_err(e)?),
-                    "presharedkey" => {
-                        let k = key(v).map_err(e)?;
-                        // An all-zero preshared key is WireGuard's "none".
-                        d.preshared_key = (!k.is_zero()).then_some(k);
-                    }
-                    "allowedips" => d
-                        .allowed_ips
-                        .extend(cidrs(v).map_err(e)?.into_iter().map(|c| c.network())),
-                    "endpoint" => {
-                        d.endpoint = Some(v.parse::<Endpoint>().map_err(|x| e(x.to_string()))?)
-                    }
+                    "publickey" => d.public_key = Some(value::key(v).map_err(bad)?),
+                    "presharedkey" => d.preshared_key = value::preshared_key(v).map_err(bad)?,
+                    "allowedips" => d.allowed_ips.extend(value::prefixes(v).map_err(bad)?),
+                    "endpoint" => d.endpoint = Some(value::endpoint(v).map_err(bad)?),
                     "persistentkeepalive" => {
-                        d.persistent_keepalive = if v.eq_ignore_ascii_case("off") {
-                            None
-                        } else {
-                            let n: u16 = number(v, "seconds 0-65535 or off").map_err(e)?;
-                            (n != 0).then_some(n)
-                        }
+                        d.persistent_keepalive = value::keepalive(v).map_err(bad)?
                     }
-                    "tcpport" => d.tcp_port = Some(port(v).map_err(e)?),
-                    "name" => {
-                        if !crate::config::valid_peer_name(v) {
-                            return Err(e(format!(
-                                "expected 1-32 letters, digits, `.`, `_` or `-`, got {}",
-                                shown(v)
-                            )));
-                        }
-                        d.name = Some(v.to_string());
-                    }
-                    "masquerade" => d.masquerade = on_off(v).map_err(e)?,
-                    "enabled" => d.enabled = on_off(v).map_err(e)?,
+                    "tcpport" => d.tcp_port = Some(value::port(v).map_err(bad)?),
+                    "name" => d.name = Some(value::peer_name(v).map_err(bad)?),
+                    "masquerade" => d.masquerade = value::boolean(v).map_err(bad)?,
+                    "enabled" => d.enabled = value::boolean(v).map_err(bad)?,
                     _ => return Err(e(format!("unknown key in [Peer]; allowed are {PEER_KEYS}"))),
                 }
             }
             Section::Gateway => {
                 let g = &mut cfg.gateway;
                 match lk.as_str() {
-                    "interfacename" => g.interface_name = ifname(v).map_err(e)?,
+                    "interfacename" => g.interface_name = value::ifname(v).map_err(bad)?,
                     "cores" => {
-                        for c in cores(v).map_err(e)? {
+                        for c in value::cores(v).map_err(bad)? {
                             if g.cores.contains(&c) {
                                 return Err(e(format!("core {c} is listed twice")));
                             }
                             g.cores.push(c);
                         }
                     }
-                    "iouring" => g.io_uring = on_off(v).map_err(e)?,
-                    "sqpoll" => g.sqpoll = on_off(v).map_err(e)?,
-                    "poll" => {
-                        g.poll = crate::config::PollMode::parse(v).ok_or_else(|| {
-                            e(format!(
-                                "expected sleep, adaptive or busy, got {}",
-                                shown(v)
-                            ))
-                        })?
-                    }
-                    "offload" => g.offload = offload(v).map_err(e)?,
-                    "tunoffload" => g.tun_offload = on_off(v).map_err(e)?,
-                    "hugepages" => g.hugepages = on_off(v).map_err(e)?,
-                    "buffers" => {
-                        let what = "a number of buffers 1-1048576";
-                        let n: u32 = number(v, what).map_err(e)?;
-                        if n == 0 || n > 1 << 20 {
-                            return Err(e(format!("expected {what}, got {}", shown(v))));
-                        }
-                        g.buffers = n;
-                    }
+                    "iouring" => g.io_uring = value::boolean(v).map_err(bad)?,
+                    "sqpoll" => g.sqpoll = value::boolean(v).map_err(bad)?,
+                    "poll" => g.poll = value::poll(v).map_err(bad)?,
+                    "offload" => g.offload = value::offload(v).map_err(bad)?,
+                    "tunoffload" => g.tun_offload = value::boolean(v).map_err(bad)?,
+                    "hugepages" => g.hugepages = value::boolean(v).map_err(bad)?,
+                    "buffers" => g.buffers = value::buffers(v).map_err(bad)?,
                     "tcplisten" => {
-                        for p in tcp_listen(v).map_err(e)? {
+                        for p in value::tcp_listen(v).map_err(bad)? {
                             if g.tcp_listen.contains(&p) {
                                 return Err(e(format!("port {p} is listed twice")));
                             }
                             g.tcp_listen.push(p);
                         }
                     }
-                    "tcpfallback" => g.tcp_fallback = on_off(v).map_err(e)?,
-                    "bbrrttms" => {
-                        g.bbr_rtt_ms = number(v, "milliseconds 0-4294967295").map_err(e)?
-                    }
+                    "tcpfallback" => g.tcp_fallback = value::boolean(v).map_err(bad)?,
+                    "bbrrttms" => g.bbr_rtt_ms = value::bbr_rtt_ms(v).map_err(bad)?,
                     "uplink" => {
                         g.uplink = if v.is_empty() {
                             String::new()
                         } else {
-                            ifname(v).map_err(e)?
+                            value::ifname(v).map_err(bad)?
                         }
                     }
-                    "uplinkaddress" => g.uplink_addresses.extend(cidrs(v).map_err(e)?),
+                    "uplinkaddress" => g.uplink_addresses.extend(value::cidrs(v).map_err(bad)?),
                     "uplinkgateway" => {
                         g.uplink_gateway = if v.is_empty() {
                             None
                         } else {
-                            Some(v.parse::<IpAddr>().map_err(|_| {
-                                e(format!(
-                                    "expected an IP address such as 192.0.2.1, got {}",
-                                    shown(v)
-                                ))
-                            })?)
+                            Some(value::ip(v).map_err(bad)?)
                         }
                     }
                     "lan" => {
                         g.lan = if v.is_empty() {
                             String::new()
                         } else {
-                            ifname(v).map_err(e)?
+                            value::ifname(v).map_err(bad)?
                         }
                     }
-                    "lanaddress" => g.lan_addresses.extend(cidrs(v).map_err(e)?),
-                    "proxyarp" => g.proxy_arp = on_off(v).map_err(e)?,
-                    "firewall" => g.firewall = on_off(v).map_err(e)?,
-                    "masquerade" => {
-                        g.masquerade = crate::config::MasqueradeMode::parse(v).ok_or_else(|| {
-                            e(format!("expected auto, on or off, got {}", shown(v)))
-                        })?
-                    }
+                    "lanaddress" => g.lan_addresses.extend(value::cidrs(v).map_err(bad)?),
+                    "proxyarp" => g.proxy_arp = value::boolean(v).map_err(bad)?,
+                    "firewall" => g.firewall = value::boolean(v).map_err(bad)?,
+                    "masquerade" => g.masquerade = value::masquerade(v).map_err(bad)?,
                     "publicendpoint" => {
                         g.public_endpoint = if v.is_empty() {
                             None
                         } else {
-                            Some(v.parse::<Endpoint>().map_err(|x| e(x.to_string()))?)
+                            Some(value::endpoint(v).map_err(bad)?)
                         }
                     }
                     "clientdns" => {
-                        for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                            let ip = a.parse::<IpAddr>().map_err(|_| {
-                                e(format!(
-                                    "expected IP addresses such as 192.168.1.1, got {}",
-                                    shown(a)
-                                ))
-                            })?;
+                        for ip in value::ips(v).map_err(bad)? {
                             if g.client_dns.contains(&ip) {
                                 return Err(e(format!("{ip} is listed twice")));
                             }
@@ -753,20 +575,14 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                         }
                     }
                     "ntp" => {
-                        for a in v.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                            let n = crate::config::NtpServer::parse(a).map_err(e)?;
+                        for n in value::ntp_servers(v).map_err(bad)? {
                             if g.ntp.contains(&n) {
                                 return Err(e(format!("{n} is listed twice")));
                             }
                             g.ntp.push(n);
                         }
                     }
-                    "uplinkoverlap" => {
-                        g.uplink_overlap =
-                            crate::config::OverlapPolicy::parse(v).ok_or_else(|| {
-                                e(format!("expected auto or refuse, got {}", shown(v)))
-                            })?
-                    }
+                    "uplinkoverlap" => g.uplink_overlap = value::uplink_overlap(v).map_err(bad)?,
                     _ => {
                         return Err(e(format!(
                             "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
@@ -1045,7 +861,7 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::net::SocketAddr;
+    use std::net::{IpAddr, SocketAddr};
 
     pub(crate) use crate::testutil::Rng;
 

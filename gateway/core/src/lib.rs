@@ -21,6 +21,7 @@ pub mod netplan;
 pub mod offload;
 pub mod uapi;
 pub mod uplink_overlap;
+pub mod value;
 
 #[cfg(test)]
 mod sim_tests;

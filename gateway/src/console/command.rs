@@ -8,7 +8,7 @@
 //! Why ~870 lines: the word tables (every `set`/`delete`/`show` form and its help) are
 //! most of it, and they must stay in one place for the reason above.
 
-use crate::core::config::{Config, GatewayConfig, MasqueradeMode, OffloadMode, PeerConfig};
+use crate::core::config::{Config, GatewayConfig, OffloadMode, PeerConfig};
 use crate::core::key::Key;
 
 use super::client::Tunnel;
@@ -745,8 +745,8 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 }
                 "listen-port" => i.listen_port = Some(v::port(val()?, "listen port")?),
                 "address" => push_unique(&mut i.addresses, v::cidr_list(val()?)?),
-                "mtu" => i.mtu = Some(v::number(val()?, "MTU", 576, 9600)?),
-                "fwmark" => i.fwmark = Some(v::fwmark(val()?)?),
+                "mtu" => i.mtu = Some(v::mtu(val()?)?),
+                "fwmark" => i.fwmark = v::fwmark(val()?)?,
                 w => return Err(unknown(w, "set interface", &words(INTERFACE_FIELDS))),
             }
             Ok(String::new())
@@ -774,13 +774,10 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 // INI reader keep allowed IPs.
                 "allowed-ips" => push_unique(&mut p.allowed_ips, v::prefix_list(val)?),
                 "endpoint" => p.endpoint = Some(v::endpoint(val)?),
-                "persistent-keepalive" => {
-                    p.persistent_keepalive =
-                        Some(v::number(val, "keepalive interval in seconds", 1, 65535)?)
-                }
-                "preshared-key" => p.preshared_key = Some(v::key(val, "preshared key")?),
+                "persistent-keepalive" => p.persistent_keepalive = v::keepalive(val)?,
+                "preshared-key" => p.preshared_key = v::preshared_key(val)?,
                 "tcp-port" => p.tcp_port = Some(v::port(val, "TCP port")?),
-                "name" => p.name = Some(super::client::name(val)?.to_string()),
+                "name" => p.name = Some(v::peer_name(val)?),
                 "masquerade" => p.masquerade = v::boolean(val, "peer masquerade")?,
                 "enabled" => p.enabled = v::boolean(val, "peer enabled")?,
                 w => return Err(unknown(w, "set peer PUBKEY", &words(PEER_FIELDS))),
@@ -808,13 +805,10 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "offload" => g.offload = v::offload(val()?)?,
                 "tun-offload" => g.tun_offload = v::boolean(val()?, &what)?,
                 "hugepages" => g.hugepages = v::boolean(val()?, &what)?,
-                "buffers" => g.buffers = v::number(val()?, "number of buffers", 64, 1 << 20)?,
-                "tcp-listen" => {
-                    g.tcp_listen.clear();
-                    push_unique(&mut g.tcp_listen, v::port_list(val()?, "TCP listen port")?)
-                }
+                "buffers" => g.buffers = v::buffers(val()?)?,
+                "tcp-listen" => g.tcp_listen = v::tcp_listen(val()?)?,
                 "tcp-fallback" => g.tcp_fallback = v::boolean(val()?, &what)?,
-                "bbr-rtt-ms" => g.bbr_rtt_ms = v::number(val()?, "RTT in milliseconds", 1, 60_000)?,
+                "bbr-rtt-ms" => g.bbr_rtt_ms = v::bbr_rtt_ms(val()?)?,
                 "uplink" => g.uplink = v::ifname(val()?, "uplink interface name")?,
                 "uplink-address" => push_unique(&mut g.uplink_addresses, v::cidr_list(val()?)?),
                 "uplink-gateway" => g.uplink_gateway = Some(v::ip(val()?, "uplink gateway")?),
@@ -822,47 +816,18 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "lan-address" => push_unique(&mut g.lan_addresses, v::cidr_list(val()?)?),
                 "proxy-arp" => g.proxy_arp = v::boolean(val()?, &what)?,
                 "public-endpoint" => g.public_endpoint = Some(v::endpoint(val()?)?),
-                "client-dns" => {
-                    let list = v::ip_list(val()?, "client DNS server")?;
-                    g.client_dns.clear();
-                    push_unique(&mut g.client_dns, list);
-                }
+                "client-dns" => g.client_dns = v::ip_list(val()?, "client DNS server list")?,
                 "firewall" => g.firewall = v::boolean(val()?, &what)?,
                 "masquerade" => {
-                    let s = val()?;
-                    g.masquerade = MasqueradeMode::parse(s).ok_or_else(|| {
-                        v::ValueError::new(s, "masquerade mode", "one of auto, on, off")
-                    })?;
+                    g.masquerade = v::masquerade(val()?)?;
                     if !g.firewall {
                         return Ok(
                             "note: masquerade takes effect only with `gateway firewall on`".into(),
                         );
                     }
                 }
-                "ntp" => {
-                    let mut list = Vec::new();
-                    for a in val()?.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                        let n = crate::core::config::NtpServer::parse(a).map_err(|_| {
-                            v::ValueError::new(
-                                a,
-                                "NTP server",
-                                "a host name or an IP address, optionally :PORT",
-                            )
-                        })?;
-                        if list.contains(&n) {
-                            return Err(format!("{n} is listed twice"));
-                        }
-                        list.push(n);
-                    }
-                    g.ntp = list;
-                }
-                "uplink-overlap" => {
-                    let s = val()?;
-                    g.uplink_overlap =
-                        crate::core::config::OverlapPolicy::parse(s).ok_or_else(|| {
-                            v::ValueError::new(s, "uplink overlap policy", "auto or refuse")
-                        })?;
-                }
+                "ntp" => g.ntp = v::ntp_servers(val()?)?,
+                "uplink-overlap" => g.uplink_overlap = v::uplink_overlap(val()?)?,
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
             Ok(String::new())
@@ -1020,6 +985,7 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::config::MasqueradeMode;
 
     fn s(words: &str) -> Vec<String> {
         words.split_whitespace().map(String::from).collect()
@@ -1152,7 +1118,7 @@ mod tests {
     fn bad_input_says_what_is_expected() {
         let mut c = Config::default();
         let e = apply_set(&mut c, &s("interface listen-port 70000")).unwrap_err();
-        assert!(e.contains("1 to 65535"), "{e}");
+        assert!(e.contains("1-65535"), "{e}");
         let e = apply_set(&mut c, &s("interface colour blue")).unwrap_err();
         assert!(
             e.contains("private-key, listen-port, address, mtu, fwmark"),
@@ -1164,7 +1130,10 @@ mod tests {
             .public()
             .to_base64();
         let e = apply_set(&mut c, &s(&format!("peer {pk} allowed-ips 10.0.0.300/32"))).unwrap_err();
-        assert!(e.contains("expected e.g."), "{e}");
+        assert!(
+            e.contains("expected an address with its prefix, e.g."),
+            "{e}"
+        );
         let e = apply_set(&mut c, &s(&format!("peer {pk} colour"))).unwrap_err();
         assert!(e.contains("allowed-ips, endpoint"), "{e}");
         assert!(apply_set(&mut c, &s("interface mtu"))
@@ -1266,7 +1235,7 @@ mod tests {
         assert_eq!(c.gateway.masquerade, MasqueradeMode::On);
         let before = c.clone();
         let e = apply_set(&mut c, &s("gateway masquerade sometimes")).unwrap_err();
-        assert!(e.contains("auto, on, off"), "{e}");
+        assert!(e.contains("auto, on or off"), "{e}");
         assert!(apply_set(&mut c, &s("gateway firewall maybe")).is_err());
         assert_eq!(c, before, "refused edits change nothing");
         apply_delete(&mut c, &s("gateway firewall")).unwrap();
@@ -1290,5 +1259,273 @@ mod tests {
                 .unwrap_err()
                 .contains("takes no value")
         );
+    }
+
+    /// One grammar: every setting the console can `set` is fed the same table of good and
+    /// bad values through `set` and through a configuration file line; both faces accept
+    /// exactly the same values, and what they accept gives the same configuration.
+    #[test]
+    fn console_and_file_accept_the_same_values() {
+        use crate::core::ini;
+        const PRIV: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+        const PEER: &str = "xTIBA5rboUvnH4htodjb6e697QjLERt1NAB4mZqp8Dg=";
+        const PSK: &str = "FpCyhws9cxwWoV4xELtfJvjJN+zQVRPISllRWgeopVE=";
+        // (section, console field, file key, value, accepted)
+        let table: &[(&str, &str, &str, &str, bool)] = &[
+            ("interface", "private-key", "PrivateKey", PEER, true),
+            ("interface", "private-key", "PrivateKey", "abc", false),
+            ("interface", "listen-port", "ListenPort", "51820", true),
+            ("interface", "listen-port", "ListenPort", "0", false),
+            ("interface", "listen-port", "ListenPort", "65536", false),
+            ("interface", "listen-port", "ListenPort", "+1", false),
+            (
+                "interface",
+                "address",
+                "Address",
+                "10.0.0.1/24,fd00::1/64",
+                true,
+            ),
+            ("interface", "address", "Address", "10.0.0.1/24,", true),
+            ("interface", "address", "Address", "10.0.0.300/24", false),
+            ("interface", "mtu", "MTU", "1420", true),
+            ("interface", "mtu", "MTU", "9601", true),
+            ("interface", "mtu", "MTU", "575", false),
+            ("interface", "mtu", "MTU", "65536", false),
+            ("interface", "fwmark", "FwMark", "0x10", true),
+            ("interface", "fwmark", "FwMark", "0", true),
+            ("interface", "fwmark", "FwMark", "off", true),
+            ("interface", "fwmark", "FwMark", "0x", false),
+            ("interface", "fwmark", "FwMark", "-1", false),
+            (
+                "peer",
+                "allowed-ips",
+                "AllowedIPs",
+                "10.0.1.7/24,fd01::/64",
+                true,
+            ),
+            ("peer", "allowed-ips", "AllowedIPs", "10.0.1.0/33", false),
+            ("peer", "endpoint", "Endpoint", "192.0.2.7:51820", true),
+            ("peer", "endpoint", "Endpoint", "[2001:db8::7]:51820", true),
+            (
+                "peer",
+                "endpoint",
+                "Endpoint",
+                "vpn.example.com:51820",
+                true,
+            ),
+            ("peer", "endpoint", "Endpoint", "host:0", false),
+            ("peer", "endpoint", "Endpoint", "192.0.2.7", false),
+            (
+                "peer",
+                "persistent-keepalive",
+                "PersistentKeepalive",
+                "25",
+                true,
+            ),
+            (
+                "peer",
+                "persistent-keepalive",
+                "PersistentKeepalive",
+                "0",
+                true,
+            ),
+            (
+                "peer",
+                "persistent-keepalive",
+                "PersistentKeepalive",
+                "off",
+                true,
+            ),
+            (
+                "peer",
+                "persistent-keepalive",
+                "PersistentKeepalive",
+                "70000",
+                false,
+            ),
+            ("peer", "preshared-key", "PresharedKey", PSK, true),
+            ("peer", "preshared-key", "PresharedKey", "abc", false),
+            ("peer", "tcp-port", "TcpPort", "443", true),
+            ("peer", "tcp-port", "TcpPort", "0", false),
+            ("peer", "name", "Name", "phone", true),
+            ("peer", "name", "Name", ".hidden", false),
+            ("peer", "masquerade", "Masquerade", "off", true),
+            ("peer", "masquerade", "Masquerade", "yes", true),
+            ("peer", "masquerade", "Masquerade", "enable", false),
+            ("peer", "enabled", "Enabled", "off", true),
+            ("peer", "enabled", "Enabled", "1", false),
+            ("gateway", "interface-name", "InterfaceName", "wg1", true),
+            ("gateway", "interface-name", "InterfaceName", "a/b", false),
+            ("gateway", "cores", "Cores", "1,0", true),
+            ("gateway", "cores", "Cores", "0-2", true),
+            ("gateway", "cores", "Cores", "all", true),
+            ("gateway", "cores", "Cores", "0-2,1", false),
+            ("gateway", "cores", "Cores", "3-1", false),
+            ("gateway", "cores", "Cores", "4096", false),
+            ("gateway", "io-uring", "IoUring", "off", true),
+            ("gateway", "io-uring", "IoUring", "maybe", false),
+            ("gateway", "offload", "Offload", "gso", true),
+            ("gateway", "offload", "Offload", "fast", false),
+            ("gateway", "tun-offload", "TunOffload", "off", true),
+            ("gateway", "hugepages", "HugePages", "no", true),
+            ("gateway", "hugepages", "HugePages", "0", false),
+            ("gateway", "buffers", "Buffers", "32", true),
+            ("gateway", "buffers", "Buffers", "0", false),
+            ("gateway", "buffers", "Buffers", "2000000", false),
+            ("gateway", "tcp-listen", "TcpListen", "443,8443", true),
+            ("gateway", "tcp-listen", "TcpListen", "off", true),
+            ("gateway", "tcp-listen", "TcpListen", "443,443", false),
+            ("gateway", "tcp-fallback", "TcpFallback", "on", true),
+            ("gateway", "bbr-rtt-ms", "BbrRttMs", "0", true),
+            ("gateway", "bbr-rtt-ms", "BbrRttMs", "100000", true),
+            ("gateway", "bbr-rtt-ms", "BbrRttMs", "-5", false),
+            ("gateway", "uplink", "Uplink", "eth0", true),
+            ("gateway", "uplink", "Uplink", "eth/0", false),
+            (
+                "gateway",
+                "uplink-address",
+                "UplinkAddress",
+                "192.0.2.2/24",
+                true,
+            ),
+            (
+                "gateway",
+                "uplink-address",
+                "UplinkAddress",
+                "192.0.2.2",
+                true,
+            ),
+            (
+                "gateway",
+                "uplink-address",
+                "UplinkAddress",
+                "192.0.2.2/40",
+                false,
+            ),
+            (
+                "gateway",
+                "uplink-gateway",
+                "UplinkGateway",
+                "192.0.2.1",
+                true,
+            ),
+            ("gateway", "uplink-gateway", "UplinkGateway", "x", false),
+            ("gateway", "lan", "Lan", "eth1", true),
+            (
+                "gateway",
+                "lan-address",
+                "LanAddress",
+                "192.168.50.1/24",
+                true,
+            ),
+            (
+                "gateway",
+                "lan-address",
+                "LanAddress",
+                "192.168.50.300/24",
+                false,
+            ),
+            ("gateway", "proxy-arp", "ProxyArp", "off", true),
+            (
+                "gateway",
+                "public-endpoint",
+                "PublicEndpoint",
+                "203.0.113.1:51820",
+                true,
+            ),
+            (
+                "gateway",
+                "public-endpoint",
+                "PublicEndpoint",
+                "203.0.113.1:0",
+                false,
+            ),
+            (
+                "gateway",
+                "client-dns",
+                "ClientDns",
+                "192.168.1.1,fd00::1",
+                true,
+            ),
+            (
+                "gateway",
+                "client-dns",
+                "ClientDns",
+                "1.1.1.1,1.1.1.1",
+                false,
+            ),
+            ("gateway", "client-dns", "ClientDns", "nine", false),
+            ("gateway", "firewall", "Firewall", "off", true),
+            ("gateway", "firewall", "Firewall", "enable", false),
+            ("gateway", "masquerade", "Masquerade", "auto", true),
+            ("gateway", "masquerade", "Masquerade", "sometimes", false),
+            (
+                "gateway",
+                "ntp",
+                "Ntp",
+                "192.0.2.1,pool.example.net:1123",
+                true,
+            ),
+            ("gateway", "ntp", "Ntp", "192.0.2.1,192.0.2.1", false),
+            ("gateway", "uplink-overlap", "UplinkOverlap", "refuse", true),
+            ("gateway", "uplink-overlap", "UplinkOverlap", "never", false),
+        ];
+        // Every field the console can set is in the table.
+        for (section, fields) in [
+            ("interface", INTERFACE_FIELDS),
+            ("peer", PEER_FIELDS),
+            ("gateway", GATEWAY_FIELDS),
+        ] {
+            for f in fields {
+                assert!(
+                    table.iter().any(|r| r.0 == section && r.1 == f.0),
+                    "set {section} {} is not in the table",
+                    f.0
+                );
+            }
+        }
+        let file = |iface: &str, peer: &str, gw: &str| {
+            format!(
+                "[Interface]\nPrivateKey = {PRIV}\n{iface}[Peer]\nPublicKey = {PEER}\nAllowedIPs = 10.9.0.2/32\n{peer}[Gateway]\n{gw}"
+            )
+        };
+        let base = ini::parse("base.conf", &file("", "", "")).expect("base file");
+        for &(section, field, key, value, good) in table {
+            let line = format!("{key} = {value}\n");
+            let text = match section {
+                // A key given once per section takes the base's place.
+                "interface" if key == "PrivateKey" => {
+                    file("", "", "").replace(&format!("PrivateKey = {PRIV}\n"), &line)
+                }
+                "interface" => file(&line, "", ""),
+                "peer" => file("", &line, ""),
+                _ => file("", "", &line),
+            };
+            let from_file = ini::parse("t.conf", &text);
+            let mut c = base.clone();
+            let words = match section {
+                "peer" => format!("peer {PEER} {field} {value}"),
+                _ => format!("{section} {field} {value}"),
+            };
+            let from_console = apply_set(&mut c, &s(&words)).map(|_| c);
+            match (&from_file, &from_console) {
+                (Ok(f), Ok(c)) => {
+                    assert!(
+                        good,
+                        "`{key} = {value}` and `set {words}` both accepted a bad value"
+                    );
+                    assert_eq!(
+                        f, c,
+                        "`{key} = {value}` and `set {words}` disagree on the result"
+                    );
+                }
+                (Err(_), Err(_)) => assert!(!good, "`{key} = {value}` refused by both faces"),
+                (f, c) => panic!(
+                    "`{key} = {value}`: the file says {:?}, `set {words}` says {:?}",
+                    f.as_ref().err().map(ToString::to_string),
+                    c.as_ref().err()
+                ),
+            }
+        }
     }
 }

@@ -1,27 +1,11 @@
 //! `show peers`: ask the running daemon over the stock UAPI (`get=1`) and print what it
-//! says, the way `wg show` does. The text is parsed here; the socket is opened by the
-//! [`super::system`] hooks.
+//! says, the way `wg show` does. The answer is read by core's UAPI client; the socket is
+//! opened by the [`super::system`] hooks.
 
 use std::fmt::Write as _;
 
 use crate::core::key::Key;
-
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Peer {
-    public_key: String,
-    endpoint: Option<String>,
-    allowed_ips: Vec<String>,
-    handshake_sec: u64,
-    rx: u64,
-    tx: u64,
-    keepalive: u64,
-}
-
-fn b64_of_hex(h: &str) -> String {
-    Key::from_hex(h)
-        .map(|k| k.to_base64())
-        .unwrap_or_else(|_| format!("(bad key {})", super::validate::short(h)))
-}
+use crate::core::uapi::{self, UapiError};
 
 fn bytes(n: u64) -> String {
     const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -47,89 +31,66 @@ fn ago(secs: u64) -> String {
     }
 }
 
-/// Format a UAPI `get=1` answer. `now_unix` dates the handshakes; `names`: peer names
+/// Format a UAPI `get=1` answer, read by core's UAPI client (`parse_get_response`, the
+/// one `riceguard status` uses too). `now_unix` dates the handshakes; `names`: peer names
 /// (`Name =`, which UAPI does not carry) by public key, shown after the key. An `errno=N`
 /// other than 0, or a reply that is not UAPI at all, is an error.
 pub fn format_uapi(reply: &str, now_unix: u64, names: &[(Key, String)]) -> Result<String, String> {
-    let mut listen = None;
-    let mut has_key = false;
-    let mut peers: Vec<Peer> = Vec::new();
-    let mut errno = None;
-    for line in reply.lines() {
-        if line.is_empty() {
-            break;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            return Err(format!(
-                "the daemon's answer is not UAPI (line `{}`)",
-                super::validate::short(line)
-            ));
-        };
-        let num = || v.parse::<u64>().unwrap_or(0);
-        match (k, peers.last_mut()) {
-            ("errno", _) => errno = Some(num()),
-            ("public_key", _) => peers.push(Peer {
-                public_key: b64_of_hex(v),
-                ..Peer::default()
-            }),
-            ("private_key", None) => has_key = true,
-            ("listen_port", None) => listen = Some(num()),
-            ("endpoint", Some(p)) => p.endpoint = Some(v.to_string()),
-            ("allowed_ip", Some(p)) => p.allowed_ips.push(v.to_string()),
-            ("last_handshake_time_sec", Some(p)) => p.handshake_sec = num(),
-            ("rx_bytes", Some(p)) => p.rx = num(),
-            ("tx_bytes", Some(p)) => p.tx = num(),
-            ("persistent_keepalive_interval", Some(p)) => p.keepalive = num(),
-            _ => {}
-        }
-    }
-    match errno {
-        Some(0) => {}
-        Some(e) => return Err(format!("the daemon answered errno={e}")),
-        None => return Err("the daemon's answer ended early (no errno line)".into()),
-    }
+    let st = uapi::parse_get_response(reply).map_err(|e| match e {
+        UapiError::Remote(n) => format!("the daemon answered errno={n}"),
+        e => format!("the daemon's answer is not UAPI: {e}"),
+    })?;
     let mut s = String::new();
     let _ = writeln!(
         s,
         "interface: listening on port {}{}",
-        listen
-            .map(|p| p.to_string())
-            .unwrap_or_else(|| "(none)".into()),
-        if has_key { "" } else { ", no private key" }
+        if st.listen_port == 0 {
+            "(none)".to_string()
+        } else {
+            st.listen_port.to_string()
+        },
+        if st.private_key.is_some() {
+            ""
+        } else {
+            ", no private key"
+        }
     );
-    if peers.is_empty() {
+    if st.peers.is_empty() {
         s.push_str("no peers\n");
     }
-    for p in &peers {
+    for p in &st.peers {
         let name = names
             .iter()
-            .find(|(k, _)| k.to_base64() == p.public_key)
+            .find(|(k, _)| *k == p.public_key)
             .map(|(_, n)| format!(" ({n})"))
             .unwrap_or_default();
-        let _ = writeln!(s, "\npeer: {}{name}", p.public_key);
+        let _ = writeln!(s, "\npeer: {}{name}", p.public_key.to_base64());
         if let Some(e) = &p.endpoint {
             let _ = writeln!(s, "  endpoint: {e}");
         }
         let ips = if p.allowed_ips.is_empty() {
             "(none)".to_string()
         } else {
-            p.allowed_ips.join(", ")
+            p.allowed_ips
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         let _ = writeln!(s, "  allowed ips: {ips}");
-        let hs = if p.handshake_sec == 0 {
-            "never".to_string()
-        } else {
-            ago(now_unix.saturating_sub(p.handshake_sec))
+        let hs = match p.last_handshake {
+            None => "never".to_string(),
+            Some((sec, _)) => ago(now_unix.saturating_sub(sec)),
         };
         let _ = writeln!(s, "  latest handshake: {hs}");
         let _ = writeln!(
             s,
             "  transfer: {} received, {} sent",
-            bytes(p.rx),
-            bytes(p.tx)
+            bytes(p.rx_bytes),
+            bytes(p.tx_bytes)
         );
-        if p.keepalive > 0 {
-            let _ = writeln!(s, "  persistent keepalive: every {} s", p.keepalive);
+        if let Some(k) = p.persistent_keepalive {
+            let _ = writeln!(s, "  persistent keepalive: every {k} s");
         }
     }
     Ok(s)

@@ -1,15 +1,18 @@
 //! Checks on configuration values before anything is applied: one parser per field with
 //! a message saying what is expected, and whole-configuration checks.
 //!
-//! [`validate_candidate`] is the single gate `commit` and boot-time loading go through.
-//! It runs the console's own checks, then core's `Config::validate_consistency`.
+//! [`validate_candidate`] is the single gate `commit` and boot-time loading go through:
+//! core's rules, every problem they find. The values' grammar is core's too
+//! (`core::value`); here they only get the console's wording.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
-use crate::core::config::{Config, Endpoint, OffloadMode};
+use crate::core::config::{
+    Config, Endpoint, MasqueradeMode, NtpServer, OffloadMode, OverlapPolicy, ValidationError,
+};
 use crate::core::key::Key;
 use crate::core::net::Cidr;
+use crate::core::value::{self, BadValue};
 
 /// A value the console refused: what was typed (cut for echoing), what it was meant to
 /// be, and what is expected instead. Every field parser here returns it; the message is
@@ -53,11 +56,6 @@ impl From<ValueError> for String {
     }
 }
 
-pub fn key(s: &str, what: &str) -> Result<Key, ValueError> {
-    Key::from_base64(s)
-        .map_err(|_| ValueError::new(s, what, "44 characters of base64, as `genkey` prints"))
-}
-
 /// Cut untrusted input for echoing in a message.
 pub fn short(s: &str) -> String {
     if s.chars().count() > 48 {
@@ -67,13 +65,7 @@ pub fn short(s: &str) -> String {
     }
 }
 
-pub fn port(s: &str, what: &str) -> Result<u16, ValueError> {
-    match s.parse::<u16>() {
-        Ok(p) if p > 0 && s.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
-        _ => Err(ValueError::new(s, what, "a port number from 1 to 65535")),
-    }
-}
-
+/// A number given to a command (`commit-confirm MINUTES`, `rollback N`), not a setting.
 pub fn number<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(
     s: &str,
     what: &str,
@@ -90,228 +82,139 @@ pub fn number<T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy>(
     }
 }
 
-/// Decimal or `0x` hexadecimal, as `wg` accepts for fwmark.
-pub fn fwmark(s: &str) -> Result<u32, ValueError> {
-    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        Some(h) if !h.is_empty() => u32::from_str_radix(h, 16).ok(),
-        Some(_) => None,
-        None if s.bytes().all(|b| b.is_ascii_digit()) => s.parse().ok(),
-        None => None,
-    };
-    r.ok_or_else(|| ValueError::new(s, "fwmark", "a number (decimal or 0x hex) up to 0xffffffff"))
+/// `what` names the setting in the message; the grammar is `core::value`'s.
+fn at(what: &str) -> impl Fn(BadValue) -> ValueError + '_ {
+    move |b| ValueError {
+        value: short(&b.value),
+        what: what.to_string(),
+        expected: b.expected,
+    }
+}
+
+// The settings' values, read by the grammar the configuration file uses (`core::value`):
+// what `set` accepts is exactly what a file line accepts. Only the message's wording
+// (`VALUE is not a valid WHAT`) is the console's.
+
+pub fn key(s: &str, what: &str) -> Result<Key, ValueError> {
+    value::key(s).map_err(at(what))
+}
+
+pub fn preshared_key(s: &str) -> Result<Option<Key>, ValueError> {
+    value::preshared_key(s).map_err(at("preshared key"))
+}
+
+pub fn port(s: &str, what: &str) -> Result<u16, ValueError> {
+    value::port(s).map_err(at(what))
+}
+
+pub fn fwmark(s: &str) -> Result<Option<u32>, ValueError> {
+    value::fwmark(s).map_err(at("fwmark"))
+}
+
+pub fn mtu(s: &str) -> Result<u16, ValueError> {
+    value::mtu(s).map_err(at("MTU"))
 }
 
 pub fn cidr(s: &str) -> Result<Cidr, ValueError> {
-    s.parse::<Cidr>()
-        .map_err(|_| ValueError::new(s, "address or prefix", "e.g. 10.0.0.1/24 or fd00::1/64"))
-}
-
-/// `CIDR[,CIDR...]`; empty items are an error (a stray comma usually hides a typo).
-pub fn cidr_list(s: &str) -> Result<Vec<Cidr>, ValueError> {
-    s.split(',').map(|p| cidr(p.trim())).collect()
-}
-
-/// [`cidr_list`] with host bits cleared: allowed IPs are prefixes, not addresses.
-pub fn prefix_list(s: &str) -> Result<Vec<Cidr>, ValueError> {
-    Ok(cidr_list(s)?.iter().map(Cidr::network).collect())
-}
-
-pub fn port_list(s: &str, what: &str) -> Result<Vec<u16>, ValueError> {
-    s.split(',').map(|p| port(p.trim(), what)).collect()
-}
-
-/// `0,1,2` or ranges `0-3,6`.
-pub fn core_list(s: &str) -> Result<Vec<usize>, ValueError> {
-    let bad = || ValueError::new(s, "core list", "numbers or ranges such as 0,1 or 0-3");
-    let mut out = Vec::new();
-    for item in s.split(',') {
-        let item = item.trim();
-        let (a, b) = item.split_once('-').unwrap_or((item, item));
-        let a: usize = number(a, "core", 0, 4095).map_err(|_| bad())?;
-        let b: usize = number(b, "core", 0, 4095).map_err(|_| bad())?;
-        if a > b {
-            return Err(bad());
-        }
-        for c in a..=b {
-            if !out.contains(&c) {
-                out.push(c);
-            }
-        }
-    }
-    Ok(out)
-}
-
-pub fn boolean(s: &str, what: &str) -> Result<bool, ValueError> {
-    match s.to_ascii_lowercase().as_str() {
-        "on" | "true" | "yes" | "enable" | "enabled" | "1" => Ok(true),
-        "off" | "false" | "no" | "disable" | "disabled" | "0" => Ok(false),
-        _ => Err(ValueError::new(s, what, "on or off")),
-    }
-}
-
-pub fn offload(s: &str) -> Result<OffloadMode, ValueError> {
-    match s.to_ascii_lowercase().as_str() {
-        "auto" => Ok(OffloadMode::Auto),
-        "gso" => Ok(OffloadMode::Gso),
-        "mmsg" => Ok(OffloadMode::Mmsg),
-        "off" => Ok(OffloadMode::Off),
+    match value::cidrs(s).map_err(at("address or prefix"))?.as_slice() {
+        [c] => Ok(*c),
         _ => Err(ValueError::new(
             s,
-            "offload mode",
-            "one of auto, gso, mmsg, off",
+            "address or prefix",
+            "one address with its prefix, e.g. 10.0.0.1/24 or fd00::1/64",
         )),
     }
 }
 
-/// A Linux interface name: 1 to 15 characters, no `/`, whitespace, or `:`.
+pub fn cidr_list(s: &str) -> Result<Vec<Cidr>, ValueError> {
+    value::cidrs(s).map_err(at("address or prefix"))
+}
+
+pub fn prefix_list(s: &str) -> Result<Vec<Cidr>, ValueError> {
+    value::prefixes(s).map_err(at("prefix"))
+}
+
+pub fn tcp_listen(s: &str) -> Result<Vec<u16>, ValueError> {
+    value::tcp_listen(s).map_err(at("TCP listen ports"))
+}
+
+pub fn core_list(s: &str) -> Result<Vec<usize>, ValueError> {
+    value::cores(s).map_err(at("core list"))
+}
+
+pub fn boolean(s: &str, what: &str) -> Result<bool, ValueError> {
+    value::boolean(s).map_err(at(what))
+}
+
+pub fn offload(s: &str) -> Result<OffloadMode, ValueError> {
+    value::offload(s).map_err(at("offload mode"))
+}
+
 pub fn ifname(s: &str, what: &str) -> Result<String, ValueError> {
-    let ok = !s.is_empty()
-        && s.len() <= 15
-        && s != "."
-        && s != ".."
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.+=".contains(&b));
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(ValueError::new(
-            s,
-            what,
-            "1 to 15 letters, digits or - _ . (e.g. wg0, eth0)",
-        ))
-    }
+    value::ifname(s).map_err(at(what))
 }
 
 pub fn ip(s: &str, what: &str) -> Result<IpAddr, ValueError> {
-    s.parse()
-        .map_err(|_| ValueError::new(s, what, "an IP address such as 192.0.2.1"))
+    value::ip(s).map_err(at(what))
 }
 
-/// `IP[,IP...]`; empty items are an error.
 pub fn ip_list(s: &str, what: &str) -> Result<Vec<IpAddr>, ValueError> {
-    s.split(',').map(|p| ip(p.trim(), what)).collect()
+    value::ips(s).map_err(at(what))
 }
 
-/// `1.2.3.4:51820`, `[fd00::1]:51820` or `vpn.example.com:51820`.
 pub fn endpoint(s: &str) -> Result<Endpoint, ValueError> {
-    let bad = || {
-        ValueError::new(
-            s,
-            "endpoint",
-            "HOST:PORT, e.g. 192.0.2.7:51820, [2001:db8::7]:51820 or vpn.example.com:51820",
-        )
-    };
-    if let Ok(sa) = s.parse::<SocketAddr>() {
-        if sa.port() == 0 {
-            return Err(bad());
-        }
-        return Ok(Endpoint::Addr(sa));
-    }
-    let (host, p) = s.rsplit_once(':').ok_or_else(bad)?;
-    let port = port(p, "endpoint port").map_err(|_| bad())?;
-    let host_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
-        // All-numeric dotted names are mistyped IPv4 addresses, not host names.
-        && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.');
-    if host_ok {
-        Ok(Endpoint::Name {
-            host: host.to_ascii_lowercase(),
-            port,
-        })
-    } else {
-        Err(bad())
-    }
+    value::endpoint(s).map_err(at("endpoint"))
 }
 
-/// Checks that hold for any candidate, even an unfinished one (run after every `set`).
+pub fn keepalive(s: &str) -> Result<Option<u16>, ValueError> {
+    value::keepalive(s).map_err(at("keepalive interval"))
+}
+
+pub fn buffers(s: &str) -> Result<u32, ValueError> {
+    value::buffers(s).map_err(at("number of buffers"))
+}
+
+pub fn bbr_rtt_ms(s: &str) -> Result<u32, ValueError> {
+    value::bbr_rtt_ms(s).map_err(at("BBR RTT in milliseconds"))
+}
+
+pub fn peer_name(s: &str) -> Result<String, ValueError> {
+    value::peer_name(s).map_err(at("peer name"))
+}
+
+pub fn masquerade(s: &str) -> Result<MasqueradeMode, ValueError> {
+    value::masquerade(s).map_err(at("masquerade mode"))
+}
+
+pub fn ntp_servers(s: &str) -> Result<Vec<NtpServer>, ValueError> {
+    value::ntp_servers(s).map_err(at("NTP server list"))
+}
+
+pub fn uplink_overlap(s: &str) -> Result<OverlapPolicy, ValueError> {
+    value::uplink_overlap(s).map_err(at("uplink overlap policy"))
+}
+
+/// Checks that hold for any candidate, even an unfinished one (run after every `set`):
+/// core's rules (`Config::problems`), every one it finds.
 pub fn check_consistency(cfg: &Config) -> Vec<String> {
-    let mut errs = Vec::new();
-    let ours = cfg.interface.private_key.map(|k| k.public());
-    let mut seen_keys: Vec<&Key> = Vec::new();
-    let mut owner: HashMap<Cidr, &Key> = HashMap::new();
-    for p in &cfg.peers {
-        let pk = p.public_key.to_base64();
-        if p.public_key.is_zero() {
-            errs.push("a peer's public key is all zeros".to_string());
-        }
-        if Some(p.public_key) == ours {
-            errs.push(format!("peer {pk} is this gateway's own public key"));
-        }
-        if seen_keys.contains(&&p.public_key) {
-            errs.push(format!("peer {pk} appears twice"));
-        }
-        seen_keys.push(&p.public_key);
-        for a in &p.allowed_ips {
-            // The same prefix on two peers is ambiguous (WireGuard would silently move it
-            // to the last one). Nested prefixes of different lengths are fine: longest match.
-            let net = a.network();
-            match owner.get(&net) {
-                Some(other) if **other != p.public_key => errs.push(format!(
-                    "allowed IP {net} is on two peers ({} and {pk}): remove it from one",
-                    other.to_base64()
-                )),
-                _ => {
-                    owner.insert(net, &p.public_key);
-                }
-            }
-        }
-    }
-    let mut names: Vec<&str> = Vec::new();
-    for p in &cfg.peers {
-        if let Some(n) = &p.name {
-            if names.contains(&n.as_str()) {
-                errs.push(format!(
-                    "two peers are named {}: peer names must differ",
-                    short(n)
-                ));
-            }
-            names.push(n);
-        }
-    }
-    if let Err(e) = ifname(&cfg.gateway.interface_name, "gateway interface-name") {
-        errs.push(e.to_string());
-    }
-    let g = &cfg.gateway;
-    if !g.lan.is_empty() && g.lan == g.uplink {
-        errs.push(format!(
-            "the LAN port {} is the uplink too: for a one-armed gateway leave `gateway lan` unset",
-            g.lan
-        ));
-    }
-    if cfg.gateway.buffers == 0 {
-        errs.push("gateway buffers must be at least 1".into());
-    }
-    errs
+    cfg.problems().iter().map(ToString::to_string).collect()
 }
 
-/// The gate before a configuration is committed or used at boot: everything in
-/// [`check_consistency`] plus what a runnable configuration needs.
+/// The gate before a configuration is committed or used at boot: the same rules as
+/// `riceguard up` applies to a file (`Config::all_problems`), so the console never
+/// commits something the daemon would refuse. A missing key says what to run here.
 pub fn validate_candidate(cfg: &Config) -> Result<(), Vec<String>> {
-    let mut errs = check_consistency(cfg);
-    match cfg.interface.private_key {
-        None => errs.push(
-            "the interface has no private key: run `genkey` (or `set interface private-key KEY`)"
-                .into(),
-        ),
-        Some(k) if k.is_zero() => {
-            errs.push("the interface private key is all zeros: run `genkey`".into())
-        }
-        Some(_) => {}
-    }
-    // The same consistency rules the daemon applies to a config file, so the console
-    // never commits something `riceguard up` would refuse.
-    if errs.is_empty() {
-        if let Err(e) = cfg.validate_consistency() {
-            errs.push(e.to_string());
-        }
-    }
+    let errs: Vec<String> = cfg
+        .all_problems()
+        .iter()
+        .map(|e| match e {
+            ValidationError::MissingPrivateKey => {
+                "the interface has no private key: run `genkey` (or `set interface private-key KEY`)"
+                    .to_string()
+            }
+            e => e.to_string(),
+        })
+        .collect();
     if errs.is_empty() {
         Ok(())
     } else {
@@ -342,10 +245,14 @@ mod tests {
     fn field_parsers() {
         assert_eq!(port("51820", "p"), Ok(51820));
         assert!(port("0", "p").is_err() && port("65536", "p").is_err() && port("+1", "p").is_err());
-        assert_eq!(fwmark("0x10"), Ok(16));
-        assert_eq!(fwmark("10"), Ok(10));
+        assert_eq!(fwmark("0x10"), Ok(Some(16)));
+        assert_eq!(fwmark("10"), Ok(Some(10)));
+        assert_eq!(fwmark("0"), Ok(None));
         assert!(fwmark("0x").is_err() && fwmark("-1").is_err());
-        assert_eq!(core_list("0-2,5,1"), Ok(vec![0, 1, 2, 5]));
+        // The order assigns cores to workers; a repeat is refused, not dropped.
+        assert_eq!(core_list("1,0"), Ok(vec![1, 0]));
+        assert_eq!(core_list("5,0-2"), Ok(vec![5, 0, 1, 2]));
+        assert!(core_list("0-2,5,1").is_err());
         assert!(core_list("3-1").is_err() && core_list("a").is_err());
         assert!(matches!(endpoint("192.0.2.7:51820"), Ok(Endpoint::Addr(_))));
         assert!(matches!(
@@ -355,7 +262,7 @@ mod tests {
         assert_eq!(
             endpoint("VPN.example.com:443"),
             Ok(Endpoint::Name {
-                host: "vpn.example.com".into(),
+                host: "VPN.example.com".into(),
                 port: 443
             })
         );
@@ -385,7 +292,7 @@ mod tests {
         assert!(offload("fast")
             .unwrap_err()
             .to_string()
-            .contains("auto, gso, mmsg, off"));
+            .contains("auto, gso, mmsg or off"));
     }
 
     #[test]

@@ -95,8 +95,8 @@ pub fn decide_and_apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{in_new_netns, ip};
     use crate::sys::udp::UdpOptions;
+    use crate::testutil::{in_new_netns, ip};
 
     #[test]
     #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]

@@ -1,57 +1,9 @@
-//! The console's side of the UAPI: write a `set` request, read the `get` and `set`
-//! answers back (unknown keys skipped, a nonzero errno returned as an error).
+//! The reading side of a UAPI client: the `get` and `set` answers (unknown keys skipped,
+//! a nonzero errno returned as an error), read by `show peers` and `riceguard status`.
 
-use std::fmt::Write as _;
 use std::io::BufRead;
 
 use super::*;
-
-/// Write a set request as `wg` would send it (with `set=1` and the closing blank line).
-pub fn emit_set(req: &SetRequest) -> String {
-    let mut s = String::from("set=1\n");
-    if let Some(k) = &req.private_key {
-        let _ = writeln!(s, "private_key={}", k.to_hex());
-    }
-    if let Some(p) = req.listen_port {
-        let _ = writeln!(s, "listen_port={p}");
-    }
-    if let Some(m) = req.fwmark {
-        let _ = writeln!(s, "fwmark={m}");
-    }
-    if req.replace_peers {
-        s.push_str("replace_peers=true\n");
-    }
-    for p in &req.peers {
-        let _ = writeln!(s, "public_key={}", p.public_key.to_hex());
-        if p.update_only {
-            s.push_str("update_only=true\n");
-        }
-        if let Some(v) = p.protocol_version {
-            let _ = writeln!(s, "protocol_version={v}");
-        }
-        if let Some(k) = &p.preshared_key {
-            let _ = writeln!(s, "preshared_key={}", k.to_hex());
-        }
-        if let Some(e) = &p.endpoint {
-            let _ = writeln!(s, "endpoint={e}");
-        }
-        if let Some(k) = p.persistent_keepalive {
-            let _ = writeln!(s, "persistent_keepalive_interval={k}");
-        }
-        if p.replace_allowed_ips {
-            s.push_str("replace_allowed_ips=true\n");
-        }
-        for c in &p.allowed_ips {
-            let _ = writeln!(s, "allowed_ip={}", c.network());
-        }
-        // Last, so the fields above (which a removed peer ignores) still read back.
-        if p.remove {
-            s.push_str("remove=true\n");
-        }
-    }
-    s.push('\n');
-    s
-}
 
 /// Parse the answer to `get=1` (up to and including `errno=`). Unknown keys are skipped
 /// so newer daemons' extra fields do not break the console; a nonzero errno is

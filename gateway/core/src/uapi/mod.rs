@@ -36,14 +36,16 @@ use crate::key::Key;
 use crate::net::Cidr;
 
 mod client;
-mod diff;
 mod server;
+#[cfg(any(test, feature = "testutil"))]
+mod set_writer;
 #[cfg(test)]
 mod tests;
 
-pub use client::{emit_set, parse_get_response, read_get_response, read_set_response};
-pub use diff::set_from_diff;
+pub use client::{parse_get_response, read_get_response, read_set_response};
 pub use server::{apply_set, emit_errno, emit_get, read_request};
+#[cfg(any(test, feature = "testutil"))]
+pub use set_writer::{emit_set, set_from_diff};
 
 /// errno values as wireguard-go's `ipc` package names them (Linux numbering; the wire
 /// carries them negated: `errno=-22`).

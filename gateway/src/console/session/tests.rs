@@ -878,11 +878,15 @@ fn gateway_and_peer_name_set_forms() {
     let cand = r.s.candidate().clone();
     for (line, says) in [
         ("set gateway lan eth/1", "not a valid LAN interface name"),
-        ("set gateway lan-address 192.168.50.300/24", "expected e.g."),
+        (
+            "set gateway lan-address 192.168.50.300/24",
+            "expected an address with its prefix",
+        ),
         ("set gateway proxy-arp maybe", "on or off"),
         ("set gateway public-endpoint vpn.example.net", "HOST:PORT"),
         ("set gateway public-endpoint 1.2.3.4:0", "HOST:PORT"),
-        ("set gateway client-dns 1.2.3.4,", "IP address"),
+        ("set gateway client-dns 1.2.3.4,1.2.3.4", "listed twice"),
+        ("set gateway client-dns 1.2.3.4,nine", "IP address"),
         ("set gateway client-dns", "needs a value"),
         ("set gateway uplink eth1", "is the uplink too"),
     ] {
@@ -898,7 +902,7 @@ fn gateway_and_peer_name_set_forms() {
     let e = r.err(&format!("set peer {b} name phone"));
     assert!(e.contains("two peers are named phone"), "{e}");
     let e = r.err(&format!("set peer {b} name .hidden"));
-    assert!(e.contains("not a valid client name"), "{e}");
+    assert!(e.contains("not a valid peer name"), "{e}");
     assert_eq!(r.s.candidate().peers[1].name, None);
     r.ok(&format!("set peer {b} name laptop"));
     r.ok(&format!("delete peer {b} name"));

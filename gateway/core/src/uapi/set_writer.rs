@@ -1,5 +1,10 @@
-//! The minimal `set` that turns one configuration into another (what the console sends
-//! the running daemon after a commit).
+//! The writing side of a UAPI client, as `wg` is one: a `set` request on the wire, and
+//! the minimal `set` that turns one configuration into another. The appliance's own faces
+//! never send `set` (a commit reaches the daemon as the saved file and SIGHUP), so this is
+//! test equipment, built for this crate's tests and with the `testutil` feature: the
+//! server's and the fuzz target's round trips.
+
+use std::fmt::Write as _;
 
 use std::collections::HashMap;
 
@@ -8,6 +13,53 @@ use crate::key::Key;
 use crate::net::Cidr;
 
 use super::*;
+
+/// Write a set request as `wg` would send it (with `set=1` and the closing blank line).
+pub fn emit_set(req: &SetRequest) -> String {
+    let mut s = String::from("set=1\n");
+    if let Some(k) = &req.private_key {
+        let _ = writeln!(s, "private_key={}", k.to_hex());
+    }
+    if let Some(p) = req.listen_port {
+        let _ = writeln!(s, "listen_port={p}");
+    }
+    if let Some(m) = req.fwmark {
+        let _ = writeln!(s, "fwmark={m}");
+    }
+    if req.replace_peers {
+        s.push_str("replace_peers=true\n");
+    }
+    for p in &req.peers {
+        let _ = writeln!(s, "public_key={}", p.public_key.to_hex());
+        if p.update_only {
+            s.push_str("update_only=true\n");
+        }
+        if let Some(v) = p.protocol_version {
+            let _ = writeln!(s, "protocol_version={v}");
+        }
+        if let Some(k) = &p.preshared_key {
+            let _ = writeln!(s, "preshared_key={}", k.to_hex());
+        }
+        if let Some(e) = &p.endpoint {
+            let _ = writeln!(s, "endpoint={e}");
+        }
+        if let Some(k) = p.persistent_keepalive {
+            let _ = writeln!(s, "persistent_keepalive_interval={k}");
+        }
+        if p.replace_allowed_ips {
+            s.push_str("replace_allowed_ips=true\n");
+        }
+        for c in &p.allowed_ips {
+            let _ = writeln!(s, "allowed_ip={}", c.network());
+        }
+        // Last, so the fields above (which a removed peer ignores) still read back.
+        if p.remove {
+            s.push_str("remove=true\n");
+        }
+    }
+    s.push('\n');
+    s
+}
 
 /// The smallest set request that turns `old` into `new` as far as the UAPI can express
 /// it: removed peers get `remove=true`, new peers are added in full, changed peers get
