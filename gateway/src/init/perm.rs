@@ -242,12 +242,13 @@ pub(super) fn failsafe_prompt(wait: Duration, consoles: &[String]) -> bool {
         }
     };
     tell(&mut ttys, &text);
+    let use_stdin = ttys.is_empty();
     let stdin = std::io::stdin();
     let deadline = Instant::now() + wait;
     let mut buf = [0u8; 64];
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-        let mut fds: Vec<nix::poll::PollFd> = if ttys.is_empty() {
+        let mut fds: Vec<nix::poll::PollFd> = if use_stdin {
             vec![nix::poll::PollFd::new(
                 stdin.as_fd(),
                 nix::poll::PollFlags::POLLIN,
@@ -273,8 +274,8 @@ pub(super) fn failsafe_prompt(wait: Duration, consoles: &[String]) -> bool {
         let mut gone = Vec::new();
         for i in ready {
             let (name, n) = match ttys.get_mut(i) {
-                Some((name, f)) => (name.clone(), f.read(&mut buf)),
-                None => ("console".to_string(), stdin.lock().read(&mut buf)),
+                Some((name, f)) if !use_stdin => (name.clone(), f.read(&mut buf)),
+                _ => ("console".to_string(), stdin.lock().read(&mut buf)),
             };
             match n {
                 Ok(n) if n > 0 && answers_failsafe(&buf[..n]) => {
@@ -295,14 +296,14 @@ pub(super) fn failsafe_prompt(wait: Duration, consoles: &[String]) -> bool {
                 _ => gone.push(i),
             }
         }
-        if ttys.is_empty() && !gone.is_empty() {
+        if use_stdin && !gone.is_empty() {
             return false; // no console input (EOF or error)
         }
         for i in gone.into_iter().rev() {
             ttys.remove(i);
         }
-        if ttys.is_empty() && !consoles.is_empty() {
-            return false;
+        if !use_stdin && ttys.is_empty() {
+            return false; // every console hung up
         }
     }
     false
