@@ -16,7 +16,8 @@ pub struct Board {
     pub hugepages: u32,
     /// Terminals the configuration console runs on, without `/dev/`, in order (e.g.
     /// `ttyS0`, the serial line, and `tty1`, the screen and keyboard). `CONSOLE=ttyS0` (the
-    /// old single form) and `CONSOLE="ttyS0 tty1"` (or `CONSOLES=`) both give the list.
+    /// old single form) and `CONSOLE="ttyS0 tty1"` (or `CONSOLES=`) both give the list;
+    /// `kernel` names the serial line the kernel's own console is on (resolved at boot).
     pub consoles: Vec<String>,
     /// Watchdog device; empty: none.
     pub watchdog: String,

@@ -321,6 +321,36 @@ pub(super) fn kernel_console() -> Option<String> {
     last_console(&active)
 }
 
+/// The board's console names as terminals: `kernel` is the serial line the kernel itself
+/// uses as its console (the last of its active consoles that is not a virtual terminal:
+/// from `console=`, else the firmware's device tree `stdout-path` or ACPI SPCR), for
+/// boards whose UART differs from box to box (`ttyS2` on Rockchip, `ttyAMA0`, `ttyMV0`).
+/// Duplicates are dropped; `kernel` with no serial console is dropped.
+pub(super) fn resolve_consoles(names: &[String], active: &str) -> Vec<String> {
+    let serial = active
+        .split_whitespace()
+        .rev()
+        .find(|c| !is_vt(c))
+        .map(str::to_string);
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        let t = if n == "kernel" {
+            serial.clone()
+        } else {
+            Some(n.clone())
+        };
+        if let Some(t) = t.filter(|t| !out.contains(t)) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+fn is_vt(name: &str) -> bool {
+    name.strip_prefix("tty")
+        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 pub(super) fn last_console(active: &str) -> Option<String> {
     let last = active.split_whitespace().last()?;
     Some(if last == "tty0" {
@@ -474,6 +504,13 @@ mod tests {
         assert_eq!(last_console("tty0 ttyS0\n").as_deref(), Some("ttyS0"));
         assert_eq!(last_console("ttyS0 tty0\n").as_deref(), Some("tty1"));
         assert_eq!(last_console(""), None);
+        let names: Vec<String> = ["kernel", "tty1", "ttyS2"].map(String::from).into();
+        assert_eq!(resolve_consoles(&names, "tty0 ttyS2\n"), ["ttyS2", "tty1"]);
+        assert_eq!(
+            resolve_consoles(&names, "ttyAMA0"),
+            ["ttyAMA0", "tty1", "ttyS2"]
+        );
+        assert_eq!(resolve_consoles(&names, "tty0"), ["tty1", "ttyS2"]);
         assert_eq!(quiet_printk("4\t4\t1\t7\n"), "0 4 1 7");
         assert_eq!(quiet_printk("7 4 1 7"), "0 4 1 7");
         assert_eq!(quiet_printk("garbage"), "0 4 1 7");

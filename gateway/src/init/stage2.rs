@@ -71,8 +71,8 @@ pub(super) fn stage2() -> ! {
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     // The board's consoles whose terminal exists (a screen-less box has no tty1, a box
     // without a COM port no ttyS0): the failsafe prompt asks on all of them.
-    let consoles: Vec<String> = board
-        .consoles
+    let active = std::fs::read_to_string("/sys/class/tty/console/active").unwrap_or_default();
+    let consoles: Vec<String> = resolve_consoles(&board.consoles, &active)
         .iter()
         .filter(|c| {
             let there = Path::new("/dev").join(c).exists();
