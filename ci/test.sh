@@ -31,7 +31,8 @@
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway
 #            and the clock (RTC at 2001: the build time, the saved time after a power
 #            cut, an SNTP server in the namespace); then drive the x86_64 serial console
-#            (ci/test-console-qemu.sh)
+#            (ci/test-console-qemu.sh) and two consoles at once, serial + virtio
+#            (ci/test-console2-qemu.sh)
 #   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
 #            clients added on the serial console reach LAN hosts one- and two-armed
 #            (ci/test-generic-board.sh)
@@ -100,7 +101,7 @@ for s in "${stages[@]}"; do
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
         adversarial) run_stage adversarial stage_adversarial ;;
         gateway) run_stage gateway stage_gateway ;;
-        image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh && [ $r = 0 ]' ;;
+        image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh; c=$?; ci/test-console2-qemu.sh && [ $r = 0 ] && [ $c = 0 ]' ;;
         board) run_stage board bash -c 'RG_BOARD_REBUILD=1 ci/test-generic-board.sh' ;;
         update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
         *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway image board update)"; exit 2 ;;

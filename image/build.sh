@@ -116,7 +116,7 @@ install -m 0755 "$bin" "$ird/init"
 board_runtime() {
     # The keys init acts on (gateway/src/init/board.rs), nothing build-only.
     printf '# from board/%s/board.conf by image/build.sh\n' "$board"
-    printf 'BOARD=%s\nMODULES="%s"\nDATAPLANE_CORES="%s"\nHUGEPAGES=%s\nCONSOLE=%s\nWATCHDOG=%s\nWATCHDOG_TIMEOUT=%s\n' \
+    printf 'BOARD=%s\nMODULES="%s"\nDATAPLANE_CORES="%s"\nHUGEPAGES=%s\nCONSOLE="%s"\nWATCHDOG=%s\nWATCHDOG_TIMEOUT=%s\n' \
         "$BOARD" "$MODULES" "$DATAPLANE_CORES" "$HUGEPAGES" "$CONSOLE" "$WATCHDOG" "$WATCHDOG_TIMEOUT"
 }
 board_runtime >"$ird/etc/riceguard/board.conf"

@@ -36,8 +36,13 @@
 //!   password"; an unreadable, non-text, empty or damaged file, or a `perm` init could
 //!   not mount (`--perm-unmounted`), locks the console (failsafe mode at boot still works
 //!   without it, and the lock message says so).
-//! - Commits are serialised with `flock(DIR/.lock)` and refuse to overwrite a
-//!   configuration another console saved meanwhile (`discard` reloads it).
+//! - Several consoles (the serial line and the screen, `--name` says which): each has its
+//!   own candidate; commits are serialised with `flock(DIR/.lock)`, refuse to overwrite a
+//!   configuration another console saved meanwhile (the refusal names it; `discard`
+//!   reloads), and wait while another console's `commit-confirm` is pending. That one
+//!   belongs to the console that made it (`DIR/commit-confirm.console`): it rolls it back;
+//!   any console may `confirm` it (the owner is told); another console rolls it back only
+//!   if the owner has not, 10 s after the deadline.
 
 pub mod client;
 pub mod command;
@@ -65,8 +70,10 @@ use system::{Clock, RawMode, SystemClock, SystemHooks};
 
 pub use store::load_with_fallback;
 
-const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidfile PATH] [--status-file PATH] [--perm-unmounted]
+const USAGE: &str = "usage: riceguard console --root DIR [--name NAME] [--socket PATH] [--pidfile PATH] [--status-file PATH] [--perm-unmounted]
   DIR          the appliance's perm partition (riceguard.conf, history/, console.argon2id)
+  --name       this console's name in what the other consoles are told (init gives its
+               terminal: ttyS0, tty1; default: the terminal on stdin, else `script`)
   --perm-unmounted  DIR is not the perm partition (init could not mount it): the console
                stays locked, since its password cannot be checked
   --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)
@@ -75,6 +82,7 @@ const USAGE: &str = "usage: riceguard console --root DIR [--socket PATH] [--pidf
 
 struct Args {
     root: PathBuf,
+    name: Option<String>,
     hooks: SystemHooks,
     perm_unmounted: bool,
 }
@@ -83,6 +91,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut root = None;
     let mut hooks = SystemHooks::default();
     let mut perm_unmounted = false;
+    let mut name = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| {
@@ -96,6 +105,15 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--pidfile" => hooks.pidfile = PathBuf::from(val("--pidfile")?),
             "--status-file" => hooks.status_file = PathBuf::from(val("--status-file")?),
             "--perm-unmounted" => perm_unmounted = true,
+            "--name" => {
+                let v = val("--name")?;
+                name = Some(store::console_name(&v).ok_or_else(|| {
+                    format!(
+                        "--name `{}`: letters, digits and /_-.: only, at most 32",
+                        validate::short(&v)
+                    )
+                })?);
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument `{}`", validate::short(other))),
         }
@@ -103,6 +121,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     let root = root.ok_or("--root DIR is required")?;
     Ok(Args {
         root,
+        name,
         hooks,
         perm_unmounted,
     })
@@ -171,8 +190,23 @@ pub fn main(args: &[String]) -> ExitCode {
     if args.perm_unmounted {
         store = store.perm_unmounted();
     }
-    let (session, hello) = Session::open(store, Box::new(args.hooks), Box::new(SystemClock));
+    let name = args.name.unwrap_or_else(|| stdin_name(tty));
+    let (session, hello) =
+        Session::open_as(store, Box::new(args.hooks), Box::new(SystemClock), &name);
     run(session, hello, tty)
+}
+
+/// The terminal on stdin (`/dev/ttyS0` -> `ttyS0`), or `script` when it is none.
+fn stdin_name(tty: bool) -> String {
+    let link = std::fs::read_link("/proc/self/fd/0").ok();
+    let name = link
+        .as_ref()
+        .and_then(|p| p.to_str())
+        .map(|p| p.trim_start_matches("/dev/").to_string());
+    match name.and_then(|n| store::console_name(&n)) {
+        Some(n) if tty => n,
+        _ => "script".into(),
+    }
 }
 
 fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {

@@ -73,9 +73,33 @@ enum Question {
 struct PendingConfirm {
     deadline: Instant,
     revert_to: Config,
-    /// The deadline is in `DIR/commit-confirm`; its disappearance then means another
-    /// console settled it.
-    recorded: bool,
+    /// The deadline is in `DIR/commit-confirm` (this unix time); its disappearance or
+    /// change then means another console settled it.
+    recorded: Option<u64>,
+}
+
+/// How long past a commit-confirm deadline a console that did not make it waits for
+/// its owner to roll it back before doing so itself (the owner's terminal may have no
+/// console any more: unplugged screen, a board.conf without it after an update).
+pub const BACKUP_GRACE_SECS: i64 = 10;
+
+/// Why a save did not happen.
+enum SaveErr {
+    /// Refused or failed; the text says why and what to do.
+    Refused(String),
+    /// A rollback found its commit-confirm already settled by another console.
+    Settled,
+}
+
+/// What a save is for: a user's change, or the rollback of the commit-confirm recorded
+/// with this unix deadline (`None`: not recorded).
+#[derive(Clone, Copy)]
+enum Save {
+    Commit,
+    ConfirmRollback {
+        recorded: Option<u64>,
+        foreign: bool,
+    },
 }
 
 impl<T: Format + ?Sized> Format for Box<T> {
@@ -110,6 +134,10 @@ pub struct Session {
     /// Lines of the saved file that loaded but are not honoured (wg-quick's `PostUp`, ...):
     /// shown by `show` until a commit writes the file without them.
     file_notes: Vec<String>,
+    /// This console's name (its terminal: `ttyS0`, `tty1`), told to the other consoles.
+    name: String,
+    /// When a failed backup rollback of another console's commit-confirm is tried again.
+    backup_retry: Option<Instant>,
 }
 
 const MIN_PASSWORD: usize = 8;
@@ -202,6 +230,20 @@ impl Session {
         hooks: Box<dyn Hooks>,
         clock: Box<dyn Clock>,
     ) -> (Session, Reply) {
+        Session::open_as(store, hooks, clock, "console")
+    }
+
+    /// [`Session::open`] for the console named `name` (its terminal): a pending
+    /// `commit-confirm` is resumed as this session's own only when this console made it
+    /// (or nobody recorded which did); another console's is shown, confirmable, and rolled
+    /// back from here only if its owner has not done so [`BACKUP_GRACE_SECS`] after the
+    /// deadline.
+    pub fn open_as(
+        store: Store<Box<dyn Format>>,
+        hooks: Box<dyn Hooks>,
+        clock: Box<dyn Clock>,
+        name: &str,
+    ) -> (Session, Reply) {
         let loaded = store.load();
         let mut text = String::new();
         if let (Some(w), false) = (&loaded.warning, loaded.fresh) {
@@ -226,6 +268,8 @@ impl Session {
             locked: None,
             kept_pending: HashMap::new(),
             file_notes: loaded.notes,
+            name: name.to_string(),
+            backup_retry: None,
         };
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
@@ -238,7 +282,18 @@ impl Session {
                 k.public().to_base64()
             );
         }
-        if let Some(deadline_unix) = s.store.pending_confirm() {
+        let owner = s.store.pending_confirm_owner();
+        if let (Some(deadline_unix), Some(o)) = (
+            s.store.pending_confirm(),
+            owner.as_ref().filter(|o| **o != s.name),
+        ) {
+            let left = s.confirm_left_secs(deadline_unix).max(0);
+            let _ = writeln!(
+                text,
+                "a commit-confirm made on {o} is pending: it rolls back in {left} s unless confirmed \
+                 (`confirm` here keeps it; commits wait until it is settled)"
+            );
+        } else if let Some(deadline_unix) = s.store.pending_confirm() {
             match s.store.history(1) {
                 Ok(prev) => {
                     // Bounded by the longest commit-confirm: a wall clock set backwards must
@@ -260,7 +315,7 @@ impl Session {
                     s.pending = Some(PendingConfirm {
                         deadline: s.clock.now() + Duration::from_secs(left),
                         revert_to: prev,
-                        recorded: true,
+                        recorded: Some(deadline_unix),
                     });
                     let _ = writeln!(text, "a commit-confirm is pending: it rolls back in {left} s unless you `confirm`");
                 }
@@ -343,47 +398,164 @@ impl Session {
 
     fn poll_confirm(&mut self) -> Option<Reply> {
         let now = self.clock.now();
-        let p = self.pending.as_ref()?;
+        let Some(p) = self.pending.as_ref() else {
+            return self.poll_foreign_confirm();
+        };
+        if let Some(unix) = p.recorded {
+            if self.store.pending_confirm() != Some(unix) {
+                // Another console confirmed it, or rolled it back as a backup.
+                self.pending = None;
+                return Some(self.settled_elsewhere());
+            }
+        }
         if now < p.deadline {
             return None;
         }
-        if p.recorded && self.store.pending_confirm().is_none() {
-            // Another console confirmed (or committed over) it: nothing left to undo.
-            self.pending = None;
-            return Some(Reply::ok(
-                "the pending commit-confirm was settled from another console: nothing rolled back",
-            ));
+        let (revert_to, recorded) = (p.revert_to.clone(), p.recorded);
+        self.roll_back_confirm(revert_to, recorded, None)
+    }
+
+    /// Seconds left (negative: overdue) of the pending commit-confirm recorded with unix
+    /// deadline `unix`, by boot time when it was recorded on this boot.
+    fn confirm_left_secs(&self, unix: u64) -> i64 {
+        let boot = self.clock.boot();
+        super::store::confirm_left(
+            unix,
+            self.store.pending_confirm_boot().as_ref(),
+            self.clock.unix(),
+            boot.as_ref().map(|b| b.0.as_str()),
+            boot.as_ref().map_or(0, |b| b.1),
+        )
+    }
+
+    /// Another console's commit-confirm: rolled back from here only when its owner has
+    /// not done it [`BACKUP_GRACE_SECS`] after the deadline.
+    fn poll_foreign_confirm(&mut self) -> Option<Reply> {
+        let unix = self.store.pending_confirm()?;
+        let owner = self.store.pending_confirm_owner()?;
+        if owner == self.name || self.confirm_left_secs(unix) > -BACKUP_GRACE_SECS {
+            return None;
         }
-        let revert_to = p.revert_to.clone();
+        let now = self.clock.now();
+        if self.backup_retry.is_some_and(|t| now < t) {
+            return None;
+        }
+        match self.store.history(1) {
+            Ok(prev) => self.roll_back_confirm(prev, Some(unix), Some(owner)),
+            Err(e) => {
+                self.backup_retry = Some(now + Duration::from_secs(60));
+                Some(Reply::err(format!(
+                    "the commit-confirm made on {owner} is overdue and the version to roll back to is unusable ({e}); retrying in 60 s"
+                )))
+            }
+        }
+    }
+
+    /// Roll back a commit-confirm (this console's, or `foreign`'s as a backup).
+    fn roll_back_confirm(
+        &mut self,
+        revert_to: Config,
+        recorded: Option<u64>,
+        foreign: Option<String>,
+    ) -> Option<Reply> {
+        let now = self.clock.now();
         let had_edits = self.candidate != self.running;
-        match self.save_and_apply(revert_to) {
+        let save = Save::ConfirmRollback {
+            recorded,
+            foreign: foreign.is_some(),
+        };
+        match self.save_as(revert_to, save) {
             Ok(msg) => {
                 self.pending = None;
-                let _ = self.store.set_pending_confirm(None);
                 self.candidate = self.running.clone();
-                let mut t = format!(
-                    "commit-confirm was not confirmed in time: the previous configuration is restored; {msg}\n\
-                     (the unconfirmed one is `rollback 1`)"
-                );
+                let mut t = match &foreign {
+                    None => format!(
+                        "commit-confirm was not confirmed in time: the previous configuration is restored; {msg}\n\
+                         (the unconfirmed one is `rollback 1`)"
+                    ),
+                    Some(o) => format!(
+                        "the commit-confirm made on {o} was not confirmed in time and {o} did not roll it back \
+                         within {BACKUP_GRACE_SECS} s: rolled back from here; the previous configuration is restored; {msg}\n\
+                         (the unconfirmed one is `rollback 1`)"
+                    ),
+                };
                 if had_edits {
                     t.push_str("\nuncommitted edits were dropped");
                 }
-                Some(Reply {
-                    text: t,
-                    ok: true,
-                    exit: false,
-                })
+                Some(Reply::ok(t))
             }
-            Err(e) => {
+            Err(SaveErr::Settled) => {
+                self.pending = None;
+                foreign.is_none().then(|| self.settled_elsewhere())
+            }
+            Err(SaveErr::Refused(e)) => {
                 // Try again in a minute rather than on every poll.
                 if let Some(p) = self.pending.as_mut() {
                     p.deadline = now + Duration::from_secs(60);
+                } else {
+                    self.backup_retry = Some(now + Duration::from_secs(60));
                 }
                 Some(Reply::err(format!(
                     "commit-confirm rollback failed, retrying in 60 s: {e}"
                 )))
             }
         }
+    }
+
+    /// This console's commit-confirm was settled by another one: say how, and take the
+    /// saved configuration as the running one (the candidate too, unless it has edits).
+    fn settled_elsewhere(&mut self) -> Reply {
+        let had_edits = self.candidate != self.running;
+        let loaded = self.store.load();
+        if !loaded.fresh {
+            self.running = loaded.config;
+            self.file_notes = loaded.notes;
+        }
+        if !had_edits {
+            self.candidate = self.running.clone();
+        }
+        Reply::ok(match self.store.confirm_settled() {
+            Some((how, who)) if how == "rolled-back" => format!(
+                "the pending commit-confirm was rolled back from another console ({who}) after its deadline: \
+                 the previous configuration runs again"
+            ),
+            Some((_, who)) => format!(
+                "the pending commit-confirm was confirmed from another console ({who}): the configuration stays"
+            ),
+            None => "the pending commit-confirm was settled from another console: nothing rolled back here".into(),
+        })
+    }
+
+    /// `confirm` on a console that did not make the pending commit-confirm: allowed (the
+    /// consoles are on the box itself and share one password); the owner is told.
+    fn confirm_foreign(&mut self) -> Reply {
+        let _lock = match self.store.lock() {
+            Ok(l) => l,
+            Err(e) => return Reply::err(format!("not confirmed: {e}")),
+        };
+        if self.store.pending_confirm().is_none() {
+            return Reply::err("nothing to confirm: no commit-confirm is pending");
+        }
+        let owner = self
+            .store
+            .pending_confirm_owner()
+            .unwrap_or_else(|| "another console".into());
+        if let Err(e) = self.store.set_pending_confirm(None) {
+            return Reply::err(format!("not confirmed: {e}"));
+        }
+        self.store
+            .set_confirm_settled("confirmed", &self.name, self.clock.unix());
+        if self.candidate == self.running {
+            let loaded = self.store.load();
+            if !loaded.fresh {
+                self.running = loaded.config;
+                self.candidate = self.running.clone();
+                self.file_notes = loaded.notes;
+            }
+        }
+        Reply::ok(format!(
+            "confirmed the commit-confirm made on {owner}: its configuration stays ({owner} is told)"
+        ))
     }
 
     /// Execute one input line.
@@ -457,9 +629,11 @@ impl Session {
             Command::Confirm => match self.pending.take() {
                 Some(_) => {
                     let _ = self.store.set_pending_confirm(None);
+                    self.store
+                        .set_confirm_settled("confirmed", &self.name, self.clock.unix());
                     Reply::ok("confirmed: the configuration stays")
                 }
-                None => Reply::err("nothing to confirm: no commit-confirm is pending"),
+                None => self.confirm_foreign(),
             },
             Command::Discard => {
                 // Re-read the saved file: it may have been committed from elsewhere.
@@ -651,13 +825,24 @@ impl Session {
             }
             Show::Status => {
                 let mut lines = self.hooks.status();
+                lines.push(format!("console: {}", self.name));
                 if let Some(p) = &self.pending {
                     let left = p
                         .deadline
                         .saturating_duration_since(self.clock.now())
                         .as_secs();
                     lines.push(format!(
-                        "commit-confirm: pending, rolls back in {left} s unless `confirm`"
+                        "commit-confirm: pending, made on this console ({}), rolls back in {left} s unless `confirm`",
+                        self.name
+                    ));
+                } else if let Some(unix) = self.store.pending_confirm() {
+                    let left = self.confirm_left_secs(unix).max(0);
+                    let owner = self
+                        .store
+                        .pending_confirm_owner()
+                        .unwrap_or_else(|| "another console".into());
+                    lines.push(format!(
+                        "commit-confirm: pending, made on {owner}, rolls back in {left} s unless `confirm` (here or there)"
                     ));
                 }
                 if self.candidate != self.running {
@@ -1039,11 +1224,10 @@ impl Session {
         };
         let secs = u64::from(minutes) * 60;
         let mut t = format!("{msg}\nrolls back in {minutes} min unless you `confirm`");
-        let recorded = match self
-            .store
-            .set_pending_confirm(Some(self.clock.unix() + secs))
-        {
+        let unix = self.clock.unix() + secs;
+        let recorded = match self.store.set_pending_confirm(Some(unix)) {
             Ok(()) => {
+                let _ = self.store.set_pending_confirm_owner(&self.name);
                 if let Some((boot_id, now)) = self.clock.boot() {
                     let b = super::store::ConfirmBoot {
                         boot_id,
@@ -1052,11 +1236,11 @@ impl Session {
                     // Without it the unix time is used, as before.
                     let _ = self.store.set_pending_confirm_boot(&b);
                 }
-                true
+                Some(unix)
             }
             Err(e) => {
                 let _ = write!(t, "\nwarning: the deadline could not be recorded ({e}): it is lost if the console restarts");
-                false
+                None
             }
         };
         self.pending = Some(PendingConfirm {
@@ -1070,29 +1254,55 @@ impl Session {
     /// The one path to change what runs: validate, check the file reads back identically,
     /// save atomically (the previous version goes to the history), then tell the daemon.
     fn save_and_apply(&mut self, cfg: Config) -> Result<String, String> {
+        self.save_as(cfg, Save::Commit).map_err(|e| match e {
+            SaveErr::Refused(t) => t,
+            SaveErr::Settled => "not committed: settled meanwhile".into(),
+        })
+    }
+
+    /// [`Session::save_and_apply`] for a commit or a commit-confirm's rollback. Under the
+    /// store's lock: a commit is refused while another console's commit-confirm is
+    /// pending, or when the saved configuration is no longer the one this session started
+    /// from (the message names the console that changed it); a rollback happens only if
+    /// its commit-confirm is still the pending one, and clears it.
+    fn save_as(&mut self, cfg: Config, why: Save) -> Result<String, SaveErr> {
+        let refused = SaveErr::Refused;
         validate_candidate(&cfg)
-            .map_err(|errs| format!("not committed:\n  {}", errs.join("\n  ")))?;
+            .map_err(|errs| refused(format!("not committed:\n  {}", errs.join("\n  "))))?;
         // The saved form: older firmware reads it too (schema-2 settings on `#+` lines).
         let text = self.store.format.emit_saved(&cfg);
         match self.store.format.parse("candidate", &text) {
             Ok(back) if back == cfg => {}
-            Ok(_) => return Err("not committed: the configuration file would not read back as entered (a bug; please report)".into()),
-            Err(e) => return Err(format!("not committed: the configuration file would not read back: {e}")),
+            Ok(_) => return Err(refused("not committed: the configuration file would not read back as entered (a bug; please report)".into())),
+            Err(e) => return Err(refused(format!("not committed: the configuration file would not read back: {e}"))),
         }
         let _lock = self
             .store
             .lock()
-            .map_err(|e| format!("not committed: {e}"))?;
-        // Another console (or a hand edit) may have saved since this one loaded: do not
-        // overwrite what it did without the user seeing it.
-        if self.store.load().config != self.running {
-            return Err("not committed: the saved configuration was changed by someone else since \
-                 this console loaded it; `discard` loads it (your changes are lost), or `show` then redo them"
-                .into());
+            .map_err(|e| refused(format!("not committed: {e}")))?;
+        match why {
+            Save::Commit => self.may_commit().map_err(refused)?,
+            Save::ConfirmRollback {
+                recorded: Some(unix),
+                ..
+            } if self.store.pending_confirm() != Some(unix) => return Err(SaveErr::Settled),
+            Save::ConfirmRollback { .. } => {}
         }
+        self.store.save_text(&text).map_err(|e| {
+            refused(format!(
+                "not committed: could not save: {e}; nothing changed"
+            ))
+        })?;
         self.store
-            .save_text(&text)
-            .map_err(|e| format!("not committed: could not save: {e}; nothing changed"))?;
+            .record_commit(&self.name, self.clock.unix(), &text);
+        if let Save::ConfirmRollback { foreign, .. } = why {
+            // Under the lock, so no other console rolls the same one back again.
+            let _ = self.store.set_pending_confirm(None);
+            if foreign {
+                self.store
+                    .set_confirm_settled("rolled-back", &self.name, self.clock.unix());
+            }
+        }
         let schema2 = crate::core::ini::schema2_settings(&cfg);
         let schema2_changed = schema2 != crate::core::ini::schema2_settings(&self.running);
         self.running = cfg;
@@ -1123,6 +1333,46 @@ impl Session {
         Ok(format!(
             "committed and saved to {}\n{applied}{keys}{notes}",
             self.store.conf_path().display()
+        ))
+    }
+
+    /// The two-console rule for a commit (under the store's lock). Edits are never
+    /// locked: each console has its own candidate. A commit must start from the saved
+    /// configuration (another console's commit since makes this one's base stale), and
+    /// waits while another console's commit-confirm is pending.
+    fn may_commit(&self) -> Result<(), String> {
+        if let (Some(unix), Some(owner), None) = (
+            self.store.pending_confirm(),
+            self.store.pending_confirm_owner(),
+            self.pending.as_ref(),
+        ) {
+            if owner != self.name {
+                let left = self.confirm_left_secs(unix).max(0);
+                return Err(format!(
+                    "not committed: a commit-confirm made on {owner} is pending (it rolls back in {left} s unless confirmed).\n  \
+                     `confirm` keeps it (from either console), or wait for it to roll back; then `discard` loads \
+                     the result (`compare` first to see your edits) and redo them"
+                ));
+            }
+        }
+        if self.store.load().config == self.running {
+            return Ok(());
+        }
+        let who = match self.store.committed_by() {
+            Some((n, t)) => {
+                let ago = super::system::format_uptime(self.clock.unix().saturating_sub(t));
+                if n == self.name {
+                    format!("an earlier session on this console ({n}) committed {ago} ago")
+                } else {
+                    format!("console {n} committed {ago} ago")
+                }
+            }
+            None => "it was changed outside this console session (by hand, a script, or firmware that does not record consoles)".into(),
+        };
+        Err(format!(
+            "not committed: the saved configuration changed since this console loaded it: {who}.\n  \
+             `compare` shows your edits against the configuration you started from; `discard` loads \
+             the new one (your edits are dropped), then redo them and `commit`"
         ))
     }
 }

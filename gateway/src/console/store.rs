@@ -57,6 +57,15 @@ pub const PASSWD_ARGON2ID: &str = "console.argon2id";
 pub const CONFIRM: &str = "commit-confirm";
 pub const CONFIRM_BOOT: &str = "commit-confirm.boot";
 pub const LOCK: &str = ".lock";
+/// The console a pending `commit-confirm` belongs to (its terminal's name), beside
+/// [`CONFIRM`]; older firmware ignores it.
+pub const CONFIRM_OWNER: &str = "commit-confirm.console";
+/// How the last pending `commit-confirm` was settled from a console other than its
+/// owner (`confirmed NAME UNIX` or `rolled-back NAME UNIX`), for the owner to say so.
+pub const CONFIRM_SETTLED: &str = ".commit-confirm.settled";
+/// Which console made the last commit: `NAME UNIX HASH` (HASH: of the saved file, so a
+/// file changed since by hand is not blamed on a console).
+pub const COMMITTED_BY: &str = ".committed-by";
 /// Kept client private keys (`add client NAME keep-key`).
 pub const CLIENTS: &str = "clients";
 
@@ -536,10 +545,60 @@ impl<F: Format> Store<F> {
             // fsyncs the directory: after `confirm` and a power cut the rollback stays off.
             None => {
                 durable::remove(&p).map_err(io_err(&p))?;
+                let o = self.dir.join(CONFIRM_OWNER);
+                let _ = durable::remove(&o);
                 let b = self.dir.join(CONFIRM_BOOT);
                 durable::remove(&b).map(|_| ()).map_err(io_err(&b))
             }
         }
+    }
+
+    /// The console a pending `commit-confirm` belongs to; `None` when not recorded (made
+    /// by firmware before consoles had names: it belongs to whichever console resumes it).
+    pub fn pending_confirm_owner(&self) -> Option<String> {
+        let t = std::fs::read_to_string(self.dir.join(CONFIRM_OWNER)).ok()?;
+        console_name(t.trim())
+    }
+
+    /// Record the console a pending `commit-confirm` belongs to.
+    pub fn set_pending_confirm_owner(&self, name: &str) -> Result<(), StoreError> {
+        let p = self.dir.join(CONFIRM_OWNER);
+        durable::write(&p, format!("{name}\n").as_bytes(), SECRET).map_err(io_err(&p))
+    }
+
+    /// Say how a pending `commit-confirm` was settled by a console that did not make it.
+    pub fn set_confirm_settled(&self, how: &str, by: &str, unix: u64) {
+        let p = self.dir.join(CONFIRM_SETTLED);
+        let _ = durable::write(&p, format!("{how} {by} {unix}\n").as_bytes(), SECRET);
+    }
+
+    /// `(how, by)` of the last settling by another console, if one is recorded.
+    pub fn confirm_settled(&self) -> Option<(String, String)> {
+        let t = std::fs::read_to_string(self.dir.join(CONFIRM_SETTLED)).ok()?;
+        let mut w = t.split_whitespace();
+        let how = w
+            .next()
+            .filter(|h| *h == "confirmed" || *h == "rolled-back")?;
+        Some((how.to_string(), console_name(w.next()?)?))
+    }
+
+    /// Record that console `name` saved `text` at `unix` (call under [`Store::lock`]).
+    pub fn record_commit(&self, name: &str, unix: u64, text: &str) {
+        let p = self.dir.join(COMMITTED_BY);
+        let line = format!("{name} {unix} {:016x}\n", text_hash(text.as_bytes()));
+        let _ = durable::write(&p, line.as_bytes(), SECRET);
+    }
+
+    /// The console that saved the configuration file as it is now, and when (unix), if
+    /// the last record matches the file (else it was changed since by something else).
+    pub fn committed_by(&self) -> Option<(String, u64)> {
+        let t = std::fs::read_to_string(self.dir.join(COMMITTED_BY)).ok()?;
+        let mut w = t.split_whitespace();
+        let name = console_name(w.next()?)?;
+        let unix: u64 = w.next()?.parse().ok()?;
+        let hash = u64::from_str_radix(w.next()?, 16).ok()?;
+        let now = std::fs::read(self.conf_path()).ok()?;
+        (text_hash(&now) == hash).then_some((name, unix))
     }
 
     /// The boot-time form of the pending deadline, if one was recorded.
@@ -552,6 +611,24 @@ impl<F: Format> Store<F> {
         let p = self.dir.join(CONFIRM_BOOT);
         durable::write(&p, b.to_text().as_bytes(), SECRET).map_err(io_err(&p))
     }
+}
+
+/// A console's name as files record it: a terminal's name (`ttyS0`, `tty1`, `hvc0`) or a
+/// script's; bounded, plain characters only (it is printed to other consoles).
+pub fn console_name(s: &str) -> Option<String> {
+    let ok = !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/_-.:".contains(&b));
+    ok.then(|| s.to_string())
+}
+
+/// FNV-1a: tells whether the file is still the one a console saved (not a security
+/// check: anything that can write the file can write the record too).
+fn text_hash(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A commit-confirm deadline on one boot's `CLOCK_BOOTTIME` (whole seconds).

@@ -14,8 +14,11 @@ pub struct Board {
     pub dataplane_cores: Vec<usize>,
     /// 2 MiB hugepages to reserve.
     pub hugepages: u32,
-    /// Serial device of the configuration console, without `/dev/` (e.g. `ttyS0`).
-    pub console: String,
+    /// Terminals the configuration console runs on, without `/dev/`, in order (e.g.
+    /// `ttyS0`, the serial line, and `tty1`, the screen and keyboard). `CONSOLE=ttyS0` (the
+    /// old single form) and `CONSOLE="ttyS0 tty1"` (or `CONSOLES=`) both give the list;
+    /// `kernel` names the serial line the kernel's own console is on (resolved at boot).
+    pub consoles: Vec<String>,
     /// Watchdog device; empty: none.
     pub watchdog: String,
     /// Watchdog timeout in seconds.
@@ -29,7 +32,7 @@ impl Default for Board {
             modules: Vec::new(),
             dataplane_cores: Vec::new(),
             hugepages: 0,
-            console: String::new(),
+            consoles: Vec::new(),
             watchdog: String::new(),
             watchdog_timeout: 30,
         }
@@ -109,7 +112,10 @@ pub fn parse(text: &str) -> (Board, Vec<BoardError>) {
                 Ok(h) => b.hugepages = h,
                 Err(_) => bad(format!("`{v}` is not a number of hugepages")),
             },
-            "CONSOLE" => b.console = v.trim_start_matches("/dev/").to_string(),
+            "CONSOLE" | "CONSOLES" => match parse_consoles(v) {
+                Ok(c) => b.consoles = c,
+                Err(m) => bad(m),
+            },
             "WATCHDOG" => b.watchdog = v.to_string(),
             "WATCHDOG_TIMEOUT" => match v.parse::<u32>() {
                 Ok(t) if (1..=3600).contains(&t) => b.watchdog_timeout = t,
@@ -119,6 +125,38 @@ pub fn parse(text: &str) -> (Board, Vec<BoardError>) {
         }
     }
     (b, errs)
+}
+
+/// Most consoles a board may list (a serial line, a screen, a spare: more is a typo).
+const MAX_CONSOLES: usize = 4;
+
+/// A console list: names under `/dev` (`/dev/` prefixes dropped), separated by spaces or
+/// commas, each a plain device name (no `/`, no `..`), duplicates dropped, at most
+/// [`MAX_CONSOLES`]. Empty: no console.
+pub fn parse_consoles(v: &str) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for w in v.split([' ', ',', '\t']).filter(|w| !w.is_empty()) {
+        let name = w.trim_start_matches("/dev/");
+        let plain = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+            && name != "."
+            && name != "..";
+        if !plain {
+            return Err(format!(
+                "`{w}` is not a terminal under /dev (e.g. ttyS0, tty1, hvc0)"
+            ));
+        }
+        if !out.iter().any(|o| o == name) {
+            out.push(name.to_string());
+        }
+    }
+    if out.len() > MAX_CONSOLES {
+        return Err(format!("at most {MAX_CONSOLES} consoles"));
+    }
+    Ok(out)
 }
 
 fn unquote(v: &str) -> &str {
@@ -186,7 +224,7 @@ mod tests {
         assert_eq!(b.modules, ["virtio_blk", "squashfs"]);
         assert_eq!(b.dataplane_cores, [1]);
         assert_eq!(b.hugepages, 32);
-        assert_eq!(b.console, "ttyS0");
+        assert_eq!(b.consoles, ["ttyS0"]);
         assert_eq!(b.watchdog, "/dev/watchdog");
     }
 
@@ -198,9 +236,27 @@ mod tests {
         assert_eq!(errs.len(), 4);
         assert_eq!(errs[1].line, 2);
         assert_eq!(b.hugepages, 0);
-        assert_eq!(b.console, "ttyAMA0");
+        assert_eq!(b.consoles, ["ttyAMA0"]);
         let (_, errs) = parse(&"#".repeat(MAX_BYTES + 10));
         assert_eq!(errs.len(), 1);
+    }
+
+    /// The old single `CONSOLE=ttyS0` and the list forms give the same kind of list; a
+    /// bad name is refused and leaves the default (no console), never a path.
+    #[test]
+    fn console_lists() {
+        let (b, errs) = parse("CONSOLE=\"ttyS0 tty1\"\n");
+        assert!(errs.is_empty(), "{errs:?}");
+        assert_eq!(b.consoles, ["ttyS0", "tty1"]);
+        let (b, _) = parse("CONSOLES='/dev/ttyS2,hvc0, ttyS2'\n");
+        assert_eq!(b.consoles, ["ttyS2", "hvc0"]);
+        let (b, _) = parse("CONSOLE=\n");
+        assert!(b.consoles.is_empty());
+        for bad in ["../sda", "tty1 /etc/x", "a b c d e"] {
+            let (b, errs) = parse(&format!("CONSOLE=\"{bad}\"\n"));
+            assert_eq!(errs.len(), 1, "{bad}");
+            assert!(b.consoles.is_empty(), "{bad}");
+        }
     }
 
     #[test]

@@ -42,6 +42,7 @@ use nix::mount::MsFlags;
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 
 use crate::core::config::GatewayConfig;
 use crate::core::key::Key;
@@ -62,6 +63,8 @@ const CONFIG: &str = "/perm/riceguard.conf";
 const DEFAULT_CONFIG: &str = "/etc/riceguard/default.conf";
 const ESP_MNT: &str = "/run/esp";
 const BIN: &str = "/usr/bin/riceguard";
+/// Console services are named `console-TTY` (one per terminal of the board).
+const CONSOLE_SERVICE: &str = "console";
 /// First delay before a service that exited is started again (gokrazy: 1 s); it doubles
 /// up to 60 s while the service keeps failing, so a gateway that fails at once does not
 /// flood the serial line (`supervise::Backoff`).

@@ -137,9 +137,18 @@ impl ConfirmGuard {
             return;
         }
         self.next = Some(now + Duration::from_secs(1));
-        let Some(supervise::State::Running(pid)) = sup.find("console").map(|s| s.state) else {
+        let running: Vec<Pid> = sup
+            .services
+            .iter()
+            .filter(|s| s.spec.name.starts_with(CONSOLE_SERVICE))
+            .filter_map(|s| match s.state {
+                supervise::State::Running(pid) => Some(pid),
+                _ => None,
+            })
+            .collect();
+        if running.is_empty() {
             return;
-        };
+        }
         let path = Path::new(PERM).join(crate::console::store::CONFIRM);
         let Ok(text) = std::fs::read_to_string(&path) else {
             return;
@@ -164,16 +173,26 @@ impl ConfirmGuard {
         }
         self.acted_on = Some(deadline);
         say!(
-            "console: the commit-confirm deadline passed {late} s ago and it has not rolled back: restarting the console (it rolls back at once)"
+            "console: the commit-confirm deadline passed {late} s ago and it has not rolled back: restarting the consoles (the one that made it rolls back at once, another one 10 s later)"
         );
-        let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+        for pid in running {
+            let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+        }
     }
 }
 
-/// The console's command line; a `perm` that did not mount (an empty tmpfs is there
-/// instead) locks it: no password file there proves nothing.
-pub(super) fn console_argv(perm_ok: bool) -> Vec<String> {
-    let mut v: Vec<String> = vec![BIN.into(), "console".into(), "--root".into(), PERM.into()];
+/// The console's command line on terminal `tty` (its name in messages to the other
+/// consoles); a `perm` that did not mount (an empty tmpfs is there instead) locks it:
+/// no password file there proves nothing.
+pub(super) fn console_argv(perm_ok: bool, tty: &str) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        BIN.into(),
+        "console".into(),
+        "--root".into(),
+        PERM.into(),
+        "--name".into(),
+        tty.into(),
+    ];
     if !perm_ok {
         v.push("--perm-unmounted".into());
     }
@@ -186,38 +205,188 @@ pub(super) const FAILSAFE_WAIT: Duration = Duration::from_secs(2);
 /// A commit on the console replaces it with the committed file (`console::system::hand_over`).
 pub(super) const RUN_CONFIG: &str = crate::console::system::BOOT_CONFIG;
 
-/// Offer failsafe mode on the console: `f` (then Enter) within `wait` starts the gateway
-/// with no peers and leaves the saved configuration alone. Anything else typed is ignored.
-pub(super) fn failsafe_prompt(wait: Duration) -> bool {
+/// Offer failsafe mode on every console: `f` (then Enter) within `wait` on any of them
+/// starts the gateway with no peers and leaves the saved configuration alone. The first
+/// console to answer wins; every console is told which one did. Anything else typed is
+/// ignored. `consoles` are the board's terminals that exist (names under `/dev`); with
+/// none that opens, init's own stdin (`/dev/console`) is asked, as before.
+pub(super) fn failsafe_prompt(wait: Duration, consoles: &[String]) -> bool {
     use std::os::fd::AsFd;
-    say!(
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = format!(
         "press f and Enter within {} s for failsafe mode (no peers; saved configuration untouched)",
         wait.as_secs()
     );
+    // `say!` reaches /dev/console (the kernel's last `console=`); the board's other
+    // consoles are written to directly, so each terminal shows every line once.
+    let kernel = kernel_console();
+    let mut ttys: Vec<(String, File)> = Vec::new();
+    for name in consoles {
+        let path = Path::new("/dev").join(name);
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+            .open(&path)
+        {
+            Ok(f) => ttys.push((name.clone(), f)),
+            Err(e) => say!("failsafe prompt: {}: {e}", path.display()),
+        }
+    }
+    let tell = |ttys: &mut Vec<(String, File)>, line: &str| {
+        say!("{line}");
+        for (name, f) in ttys.iter_mut() {
+            if kernel.as_deref() != Some(name.as_str()) {
+                let _ = writeln!(f, "riceguard-init: {line}");
+            }
+        }
+    };
+    tell(&mut ttys, &text);
+    let use_stdin = ttys.is_empty();
     let stdin = std::io::stdin();
     let deadline = Instant::now() + wait;
     let mut buf = [0u8; 64];
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-        let mut fds = [nix::poll::PollFd::new(
-            stdin.as_fd(),
-            nix::poll::PollFlags::POLLIN,
-        )];
+        let mut fds: Vec<nix::poll::PollFd> = if use_stdin {
+            vec![nix::poll::PollFd::new(
+                stdin.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )]
+        } else {
+            ttys.iter()
+                .map(|(_, f)| nix::poll::PollFd::new(f.as_fd(), nix::poll::PollFlags::POLLIN))
+                .collect()
+        };
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
             Ok(0) => return false,
-            Ok(_) => match nix::unistd::read(0, &mut buf) {
-                Ok(0) | Err(_) => return false, // no console input (EOF or error)
-                Ok(n) if buf[..n].iter().any(|&b| b == b'f' || b == b'F') => {
-                    say!("failsafe mode");
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return false,
+        }
+        let ready: Vec<usize> = fds
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
+            .map(|(i, _)| i)
+            .collect();
+        drop(fds);
+        let mut gone = Vec::new();
+        for i in ready {
+            let (name, n) = match ttys.get_mut(i) {
+                Some((name, f)) if !use_stdin => (name.clone(), f.read(&mut buf)),
+                _ => ("console".to_string(), stdin.lock().read(&mut buf)),
+            };
+            match n {
+                Ok(n) if n > 0 && answers_failsafe(&buf[..n]) => {
+                    if ttys.len() > 1 {
+                        tell(
+                            &mut ttys,
+                            &format!("failsafe mode (chosen on {name}; the other consoles are not asked any more)"),
+                        );
+                    } else {
+                        tell(&mut ttys, "failsafe mode");
+                    }
                     return true;
                 }
-                Ok(_) => {}
-            },
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => return false,
+                Ok(n) if n > 0 => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // EOF or an error: no input from this one (a hung-up line).
+                _ => gone.push(i),
+            }
+        }
+        if use_stdin && !gone.is_empty() {
+            return false; // no console input (EOF or error)
+        }
+        for i in gone.into_iter().rev() {
+            ttys.remove(i);
+        }
+        if !use_stdin && ttys.is_empty() {
+            return false; // every console hung up
         }
     }
     false
+}
+
+/// Typed input that asks for failsafe mode.
+pub(super) fn answers_failsafe(input: &[u8]) -> bool {
+    input.iter().any(|&b| b == b'f' || b == b'F')
+}
+
+/// The terminal `/dev/console` writes to: the last of the kernel's active consoles
+/// (`tty0`, the current virtual terminal, is `tty1` at boot).
+pub(super) fn kernel_console() -> Option<String> {
+    let active = std::fs::read_to_string("/sys/class/tty/console/active").ok()?;
+    last_console(&active)
+}
+
+/// The board's console names as terminals: `kernel` is the serial line the kernel itself
+/// uses as its console (the last of its active consoles that is not a virtual terminal:
+/// from `console=`, else the firmware's device tree `stdout-path` or ACPI SPCR), for
+/// boards whose UART differs from box to box (`ttyS2` on Rockchip, `ttyAMA0`, `ttyMV0`).
+/// Duplicates are dropped; `kernel` with no serial console is dropped.
+pub(super) fn resolve_consoles(names: &[String], active: &str) -> Vec<String> {
+    let serial = active
+        .split_whitespace()
+        .rev()
+        .find(|c| !is_vt(c))
+        .map(str::to_string);
+    let mut out: Vec<String> = Vec::new();
+    for n in names {
+        let t = if n == "kernel" {
+            serial.clone()
+        } else {
+            Some(n.clone())
+        };
+        if let Some(t) = t.filter(|t| !out.contains(t)) {
+            out.push(t);
+        }
+    }
+    out
+}
+
+fn is_vt(name: &str) -> bool {
+    name.strip_prefix("tty")
+        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+pub(super) fn last_console(active: &str) -> Option<String> {
+    let last = active.split_whitespace().last()?;
+    Some(if last == "tty0" {
+        "tty1".into()
+    } else {
+        last.into()
+    })
+}
+
+/// Keep kernel messages off the console lines from now on: the consoles are running,
+/// and a printk on a serial line or the screen lands in the middle of a prompt. Level 0
+/// holds back every record, KERN_EMERG too; a panic still prints (the kernel raises
+/// the level itself), and everything stays in the kernel's log buffer. This is the
+/// `console_loglevel` of `/proc/sys/kernel/printk` (the first of its four numbers).
+pub(super) fn quiet_kernel_console() {
+    const PRINTK: &str = "/proc/sys/kernel/printk";
+    let old = std::fs::read_to_string(PRINTK).unwrap_or_default();
+    let new = quiet_printk(&old);
+    match std::fs::write(PRINTK, new.as_bytes()) {
+        Ok(()) => say!(
+            "kernel messages kept off the consoles from here (console log level {} -> 0; a panic still prints)",
+            old.split_whitespace().next().unwrap_or("?")
+        ),
+        Err(e) => say!("{PRINTK}: {e}: kernel messages may still appear on the console lines"),
+    }
+}
+
+/// `/proc/sys/kernel/printk` with its console level set to 0, the other three kept.
+pub(super) fn quiet_printk(old: &str) -> String {
+    let mut v: Vec<&str> = old.split_whitespace().take(4).collect();
+    if v.len() != 4 || v.iter().any(|x| x.parse::<i32>().is_err()) {
+        // Unreadable: the kernel's defaults after the first.
+        v = vec!["0", "4", "1", "7"];
+    }
+    v[0] = "0";
+    v.join(" ")
 }
 
 /// The file the gateway starts from: `/perm/riceguard.conf` when it loads and validates;
@@ -320,12 +489,34 @@ mod tests {
 
     #[test]
     fn console_locked_when_perm_did_not_mount() {
-        assert!(!console_argv(true).contains(&"--perm-unmounted".to_string()));
+        assert!(!console_argv(true, "ttyS0").contains(&"--perm-unmounted".to_string()));
         assert_eq!(
-            console_argv(false).last().map(String::as_str),
+            console_argv(false, "tty1").last().map(String::as_str),
             Some("--perm-unmounted")
         );
-        assert_eq!(&console_argv(false)[1..4], ["console", "--root", PERM]);
+        assert_eq!(
+            &console_argv(false, "tty1")[1..6],
+            ["console", "--root", PERM, "--name", "tty1"]
+        );
+    }
+
+    #[test]
+    fn kernel_console_and_printk_level() {
+        assert_eq!(last_console("tty0 ttyS0\n").as_deref(), Some("ttyS0"));
+        assert_eq!(last_console("ttyS0 tty0\n").as_deref(), Some("tty1"));
+        assert_eq!(last_console(""), None);
+        let names: Vec<String> = ["kernel", "tty1", "ttyS2"].map(String::from).into();
+        assert_eq!(resolve_consoles(&names, "tty0 ttyS2\n"), ["ttyS2", "tty1"]);
+        assert_eq!(
+            resolve_consoles(&names, "ttyAMA0"),
+            ["ttyAMA0", "tty1", "ttyS2"]
+        );
+        assert_eq!(resolve_consoles(&names, "tty0"), ["tty1", "ttyS2"]);
+        assert_eq!(quiet_printk("4\t4\t1\t7\n"), "0 4 1 7");
+        assert_eq!(quiet_printk("7 4 1 7"), "0 4 1 7");
+        assert_eq!(quiet_printk("garbage"), "0 4 1 7");
+        assert!(answers_failsafe(b"f\n") && answers_failsafe(b"xF"));
+        assert!(!answers_failsafe(b"\r\n") && !answers_failsafe(b""));
     }
 
     #[test]

@@ -69,7 +69,21 @@ pub(super) fn stage2() -> ! {
     let mut time_saver = clock::Saver::new(perm_ok);
     let gw = load_config(perm_ok);
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
-    let failsafe = failsafe_prompt(FAILSAFE_WAIT);
+    // The board's consoles whose terminal exists (a screen-less box has no tty1, a box
+    // without a COM port no ttyS0): the failsafe prompt asks on all of them.
+    let active = std::fs::read_to_string("/sys/class/tty/console/active").unwrap_or_default();
+    let consoles: Vec<String> = resolve_consoles(&board.consoles, &active)
+        .iter()
+        .filter(|c| {
+            let there = Path::new("/dev").join(c).exists();
+            if !there {
+                say!("console: /dev/{c} does not exist: no console there");
+            }
+            there
+        })
+        .cloned()
+        .collect();
+    let failsafe = failsafe_prompt(FAILSAFE_WAIT, &consoles);
     let gateway_conf = gateway_config(failsafe);
     // Before any interface but lo is up: the uplink passes no packet unfiltered.
     boot_firewall(&gateway_conf);
@@ -154,15 +168,18 @@ pub(super) fn stage2() -> ! {
         },
         now,
     );
-    if !board.console.is_empty() && Path::new("/dev").join(&board.console).exists() {
+    if !consoles.is_empty() {
         if !perm_ok {
             say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");
         }
+        quiet_kernel_console();
+    }
+    for tty in &consoles {
         sup.add(
             Spec {
-                name: "console".into(),
-                argv: console_argv(perm_ok),
-                tty: Some(format!("/dev/{}", board.console)),
+                name: format!("{CONSOLE_SERVICE}-{tty}"),
+                argv: console_argv(perm_ok, tty),
+                tty: Some(format!("/dev/{tty}")),
                 restart_delay: RESTART_DELAY,
                 health_checked: false,
             },

@@ -121,6 +121,22 @@ impl Rig {
         Rig::open_with(dir, secs, log, &FakeUplink::default())
     }
 
+    /// A session on console `name` (a terminal) over the same directory and clock.
+    fn open_named(&self, name: &str) -> Session {
+        let store = Store::new(&self.dir.0, Box::new(TableFormat) as Box<dyn Format>);
+        let clock = FakeClock {
+            base: Instant::now(),
+            secs: self.secs.clone(),
+        };
+        let hooks = Recorder {
+            log: self.log.clone(),
+            daemon: true,
+            job: FakeJob::default(),
+            uplink: self.uplink.clone(),
+        };
+        Session::open_as(store, Box::new(hooks), Box::new(clock), name).0
+    }
+
     fn open_with(
         dir: &TempDir,
         secs: &Rc<Cell<u64>>,
@@ -640,7 +656,9 @@ fn a_commit_from_elsewhere_is_not_overwritten() {
     other.handle_line("set interface listen-port 2");
     assert!(other.handle_line("commit").ok);
     r.ok("set interface mtu 1400");
-    assert!(r.err("commit").contains("changed by someone else"));
+    assert!(r
+        .err("commit")
+        .contains("changed since this console loaded it"));
     assert_eq!(r.saved().interface.listen_port, Some(2));
     assert!(r.ok("discard").contains("reloaded"));
     assert_eq!(r.s.running().interface.listen_port, Some(2));
@@ -666,6 +684,166 @@ fn commit_confirm_settled_by_another_console() {
     assert!(rep.text.contains("another console"), "{}", rep.text);
     assert_eq!(r.saved().interface.listen_port, Some(2));
     assert!(r.s.confirm_deadline().is_none());
+}
+
+/// Two consoles (the serial line and the screen) editing at once: each has its own
+/// candidate; the second commit is refused, names the console that committed, and says
+/// what to do; nothing it had is lost until it `discard`s.
+#[test]
+fn two_consoles_editing_at_once() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 1");
+    r.ok("commit");
+    r.s = r.open_named("ttyS0");
+    let mut tty1 = r.open_named("tty1");
+    r.ok("set interface listen-port 2");
+    assert!(tty1.handle_line("set interface mtu 1300").ok);
+    r.ok("commit");
+    r.secs.set(r.secs.get() + 90);
+    let e = tty1.handle_line("commit");
+    assert!(!e.ok);
+    assert!(
+        e.text.contains("console ttyS0 committed 1 min 30 s ago"),
+        "{}",
+        e.text
+    );
+    assert!(
+        e.text.contains("`compare`") && e.text.contains("`discard`"),
+        "{}",
+        e.text
+    );
+    assert_eq!(r.saved().interface.listen_port, Some(2));
+    assert_eq!(r.saved().interface.mtu, None);
+    // Its edits are still there to review, against what it started from.
+    assert!(!tty1.handle_line("compare").text.starts_with("no changes"));
+    assert!(tty1.handle_line("discard").text.contains("reloaded"));
+    assert_eq!(tty1.running().interface.listen_port, Some(2));
+    assert!(tty1.handle_line("set interface mtu 1300").ok);
+    assert!(tty1.handle_line("commit").ok);
+    assert_eq!(r.saved().interface.mtu, Some(1300));
+    assert_eq!(r.saved().interface.listen_port, Some(2));
+    // A file changed by hand (no console's record matches it) is not blamed on one.
+    r.ok("discard");
+    r.ok("set interface listen-port 3");
+    let mut by_hand = r.saved();
+    by_hand.interface.listen_port = Some(9);
+    let st = Store::new(&r.dir.0, TableFormat);
+    st.save_text(&st.format.emit(&by_hand)).unwrap();
+    let e = r.err("commit");
+    assert!(e.contains("outside this console session"), "{e}");
+}
+
+/// A pending commit-confirm belongs to the console that made it: the other console sees
+/// it (on opening and in `show status`), cannot commit over it, may `confirm` it, and the
+/// owner is told; it is rolled back once, by its owner.
+#[test]
+fn commit_confirm_belongs_to_its_console() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 1");
+    r.ok("commit");
+    r.s = r.open_named("ttyS0");
+    r.ok("set interface listen-port 2");
+    r.ok("commit-confirm 1");
+    let (mut tty1, hello) = {
+        let store = Store::new(&r.dir.0, Box::new(TableFormat) as Box<dyn Format>);
+        let clock = FakeClock {
+            base: Instant::now(),
+            secs: r.secs.clone(),
+        };
+        Session::open_as(
+            store,
+            Box::new(Recorder::default()),
+            Box::new(clock),
+            "tty1",
+        )
+    };
+    assert!(
+        hello
+            .text
+            .contains("commit-confirm made on ttyS0 is pending"),
+        "{}",
+        hello.text
+    );
+    assert!(tty1.confirm_deadline().is_none(), "not tty1's own");
+    let st = tty1.handle_line("show status").text;
+    assert!(
+        st.contains("commit-confirm: pending, made on ttyS0, rolls back in 60 s"),
+        "{st}"
+    );
+    assert!(r.ok("show status").contains("made on this console (ttyS0)"));
+    assert!(tty1.handle_line("set interface mtu 1300").ok);
+    let e = tty1.handle_line("commit");
+    assert!(
+        !e.ok && e.text.contains("commit-confirm made on ttyS0 is pending"),
+        "{}",
+        e.text
+    );
+    // Confirmed from tty1: ttyS0 is told at its next poll and rolls nothing back.
+    tty1.handle_line("discard");
+    let c = tty1.handle_line("confirm");
+    assert!(c.ok && c.text.contains("made on ttyS0"), "{}", c.text);
+    let told = r.advance(1).expect("told at once");
+    assert!(
+        told.text.contains("confirmed from another console (tty1)"),
+        "{}",
+        told.text
+    );
+    assert!(r.s.confirm_deadline().is_none());
+    let reloads = r.reloads();
+    assert!(r.advance(120).is_none());
+    assert_eq!(r.reloads(), reloads, "nothing rolled back");
+    assert_eq!(r.saved().interface.listen_port, Some(2));
+    // Unconfirmed: the owner rolls back at the deadline, the other console does not again.
+    r.ok("set interface listen-port 3");
+    r.ok("commit-confirm 1");
+    assert!(tty1.poll().is_none());
+    let rb = r.advance(60).expect("rolls back");
+    assert!(rb.text.contains("not confirmed in time"), "{}", rb.text);
+    let reloads = r.reloads();
+    r.secs.set(r.secs.get() + 30);
+    assert!(tty1.poll().is_none(), "settled: nothing for tty1 to do");
+    assert_eq!(r.reloads(), reloads);
+    assert_eq!(r.saved().interface.listen_port, Some(2));
+}
+
+/// The owner's console is gone or stuck (a screen unplugged, a board without it after an
+/// update): the other console rolls the commit-confirm back 10 s after the deadline, and
+/// the owner, if it comes back, is told and does not roll back again.
+#[test]
+fn commit_confirm_backup_rollback_from_the_other_console() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 1");
+    r.ok("commit");
+    r.s = r.open_named("tty1");
+    r.ok("set interface listen-port 2");
+    r.ok("commit-confirm 1");
+    let mut serial = r.open_named("ttyS0");
+    r.secs.set(r.secs.get() + 60);
+    assert!(serial.poll().is_none(), "the owner's turn first");
+    r.secs.set(r.secs.get() + BACKUP_GRACE_SECS as u64 + 1);
+    let rb = serial.poll().expect("backup rollback");
+    assert!(
+        rb.ok && rb.text.contains("made on tty1 was not confirmed in time"),
+        "{}",
+        rb.text
+    );
+    assert_eq!(r.saved().interface.listen_port, Some(1));
+    assert_eq!(serial.running().interface.listen_port, Some(1));
+    let reloads = r.reloads();
+    let told = r.s.poll().expect("owner told");
+    assert!(
+        told.text
+            .contains("rolled back from another console (ttyS0)"),
+        "{}",
+        told.text
+    );
+    assert_eq!(r.reloads(), reloads, "rolled back once");
+    assert_eq!(r.s.running().interface.listen_port, Some(1));
+    assert!(r.s.confirm_deadline().is_none());
+    // The owner's commit now starts from the rolled-back configuration.
+    r.ok("set interface listen-port 5");
+    r.ok("commit");
+    assert_eq!(r.saved().interface.listen_port, Some(5));
 }
 
 /// The password fails closed: an empty, non-text or unreadable password file, or a perm
