@@ -18,10 +18,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::core::config::{Config, Endpoint};
+use crate::core::device::ConnId;
 use crate::core::device::{short, Device, Io, PeerAddr, TableCache, TransportEvents, SCRATCH_SIZE};
 use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
 use crate::core::key::Key;
-use crate::driver::tcp::{ConnId, TcpConfig, TcpHandle, TcpSink, TcpTransport};
+use crate::driver::tcp::{TcpConfig, TcpHandle, TcpSink, TcpTransport};
 use crate::driver::worker::{self, SocketSet, TcpOut};
 use crate::sys::tun::TunQueue;
 
