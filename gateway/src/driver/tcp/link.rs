@@ -22,8 +22,11 @@ use crate::core::device::ConnId;
 use crate::core::device::{short, Device, Io, PeerAddr, TableCache, TransportEvents, SCRATCH_SIZE};
 use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
 use crate::core::key::Key;
-use crate::driver::tcp::{TcpConfig, TcpHandle, TcpSink, TcpTransport};
-use crate::driver::worker::{self, SocketSet, TcpOut};
+use crate::driver::dataplane::shared::TcpOut;
+use crate::driver::dataplane::sockets::SocketSet;
+use crate::driver::dataplane::tun_batch::write_plain;
+use crate::driver::tcp::transport::{TcpConfig, TcpHandle, TcpSink, TcpTransport};
+use crate::sys::cmsg::canonical;
 use crate::sys::tun::TunQueue;
 
 /// The current TCP transport's handle, replaceable when the listen port changes.
@@ -148,7 +151,7 @@ impl Deferred {
         }
         for &(at, len) in &self.writes {
             let p = &self.bytes[at..at + len];
-            let _ = worker::write_plain(out.tun, out.vnet_hdr, p, tunbuf);
+            let _ = write_plain(out.tun, out.vnet_hdr, p, tunbuf);
         }
         self.bytes.clear();
         self.sends.clear();
@@ -181,7 +184,7 @@ impl TcpSink for DeviceSink {
         let table = cache.get(&self.device);
         let from = PeerAddr::Tcp {
             conn,
-            remote: worker::canonical(remote),
+            remote: canonical(remote),
         };
         let authenticated = self
             .device
@@ -424,7 +427,7 @@ impl FallbackManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::tcp::TcpConfig;
+    use crate::driver::tcp::transport::TcpConfig;
     use std::time::Duration;
 
     #[test]
