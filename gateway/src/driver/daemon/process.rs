@@ -6,10 +6,10 @@
 use super::args::{parse_args, Opts, USAGE};
 use super::runtime::{reload, Runtime};
 use super::status::{self, status_path};
+use super::timers;
 use super::uapi;
 use crate::driver::appliance::netconf;
 use crate::driver::dataplane::heartbeat::Heartbeats;
-use crate::driver::dataplane::outbox::TimerIo;
 use crate::driver::dataplane::shared::{Shared, TcpOut};
 use crate::driver::dataplane::sockets::{bind_udp, SocketSet};
 use crate::driver::dataplane::{poll, uring};
@@ -24,7 +24,7 @@ use std::time::Duration;
 use nix::sys::signal::{SigSet, Signal};
 
 use crate::core::config::Config;
-use crate::core::device::{Device, SCRATCH_SIZE};
+use crate::core::device::Device;
 use crate::sys::tun::Tun;
 use crate::sys::udp::UdpSocket;
 
@@ -163,7 +163,7 @@ fn run(opts: Opts) -> Result<(), String> {
     sigs.thread_block().map_err(|e| format!("signals: {e}"))?;
 
     let device = Arc::new(Device::new(Box::new(rand_core::OsRng)));
-    if let Some(mtu) = read_mtu(&ifname) {
+    if let Some(mtu) = timers::read_mtu(&ifname) {
         device.set_mtu(mtu); // before any worker encrypts: padding is capped by it
     }
     let tcp_slot = Arc::new(tcp_link::TcpSlot::default());
@@ -297,43 +297,7 @@ fn run(opts: Opts) -> Result<(), String> {
         let board = board.clone();
         std::thread::Builder::new()
             .name("rg-timers".into())
-            .spawn(move || {
-                let mut scratch = vec![0u8; SCRATCH_SIZE];
-                let mut fallback = tcp_link::FallbackManager::new();
-                let start = std::time::Instant::now();
-                let mut ticks = 0u64;
-                loop {
-                    // wg-quick (or anyone) may change the MTU at any time; padding must
-                    // never push a packet past it (and needs it known from the start).
-                    if let Some(mtu) = read_mtu(&ifname) {
-                        sh.device.set_mtu(mtu);
-                    }
-                    if sh.stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(250));
-                    if ticks % 4 == 0 {
-                        // Once a second: the workers' heartbeats for init's health
-                        // watch (a stuck timer thread stops them moving too).
-                        // Not once stopping: the file is removed on the way out.
-                        if !sh.stop.load(Ordering::Relaxed) {
-                            board.heartbeats(sh.heartbeats.snapshot());
-                        }
-                    }
-                    ticks += 1;
-                    let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
-                    sh.device.update_timers(
-                        start.elapsed(),
-                        std::time::SystemTime::now(),
-                        &mut scratch,
-                        &mut io,
-                    );
-                    io.send_all();
-                    if let Some(sink) = &sink {
-                        fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
-                    }
-                }
-            })
+            .spawn(move || timers::run(&sh, sink.as_deref(), &ifname, &board))
             .map_err(|e| e.to_string())?;
     }
     {
@@ -452,15 +416,6 @@ fn remove_pidfile_if_ours(path: &std::path::Path, pid: u32) {
     if ours {
         let _ = std::fs::remove_file(path);
     }
-}
-
-/// The interface's MTU from sysfs (None when it cannot be read).
-fn read_mtu(ifname: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]

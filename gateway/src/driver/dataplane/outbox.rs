@@ -1,11 +1,14 @@
 //! Deferred sends: what the device asks to send while it holds a peer lock is recorded
 //! here and sent once it has returned — [`TcpQueue`] (a worker round's TCP-carried
-//! messages) and [`TimerIo`] (the timer thread's handshakes and keepalives, UDP from the
-//! peer's sticky source). No syscall happens while recording.
+//! messages), [`TimerIo`] (the timer thread's handshakes and keepalives) and
+//! [`Deferred`] (the TCP thread's sends and TUN writes, through its [`Outlets`]). UDP
+//! leaves from the peer's sticky source. No syscall happens while recording.
 
 use crate::core::device::{Io, PeerAddr};
 use crate::driver::dataplane::shared::TcpOut;
 use crate::driver::dataplane::sockets::SocketSet;
+use crate::driver::dataplane::tun_batch::write_plain;
+use crate::sys::tun::TunQueue;
 
 /// TCP-fallback messages gathered during a round, sent when it ends (the transport's
 /// send may write to the socket: not under a peer lock).
@@ -71,4 +74,53 @@ impl Io for TimerIo<'_> {
     }
 
     fn tun_write(&mut self, _p: &[u8]) {}
+}
+
+/// The device's sink on the TCP thread (TCP-carried messages, fallback probes): it
+/// only records, and [`Deferred::run`] does the sends and TUN writes once the device
+/// has returned, so no syscall happens under a peer lock.
+#[derive(Default)]
+pub struct Deferred {
+    bytes: Vec<u8>,
+    sends: Vec<(PeerAddr, usize, usize)>,
+    writes: Vec<(usize, usize)>,
+}
+
+impl Io for Deferred {
+    fn send(&mut self, to: PeerAddr, d: &[u8]) {
+        self.sends.push((to, self.bytes.len(), d.len()));
+        self.bytes.extend_from_slice(d);
+    }
+
+    fn tun_write(&mut self, p: &[u8]) {
+        self.writes.push((self.bytes.len(), p.len()));
+        self.bytes.extend_from_slice(p);
+    }
+}
+
+/// Where a [`Deferred`]'s sends and writes go.
+pub struct Outlets<'a> {
+    pub sockets: &'a SocketSet,
+    pub slot: &'a dyn TcpOut,
+    pub tun: &'a TunQueue,
+    pub vnet_hdr: bool,
+}
+
+impl Deferred {
+    pub fn run(&mut self, out: &Outlets<'_>, tunbuf: &mut [u8]) {
+        for &(to, at, len) in &self.sends {
+            let d = &self.bytes[at..at + len];
+            match to {
+                PeerAddr::Tcp { conn, .. } => out.slot.send(conn, d),
+                PeerAddr::Udp(a) => out.sockets.send_sticky(d, a),
+            }
+        }
+        for &(at, len) in &self.writes {
+            let p = &self.bytes[at..at + len];
+            let _ = write_plain(out.tun, out.vnet_hdr, p, tunbuf);
+        }
+        self.bytes.clear();
+        self.sends.clear();
+        self.writes.clear();
+    }
 }
