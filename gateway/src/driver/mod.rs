@@ -2,8 +2,9 @@
 //! `core` device, by subsystem — `dataplane` (the per-core workers), `tcp` (the
 //! WireGuard-over-TCP transport and relays), `daemon` (the process: arguments, start-up,
 //! configuration changes, UAPI, status) and `appliance` (the appliance's network,
-//! firewall, DHCP and NTP). Dependencies point one way: daemon → tcp, appliance →
-//! dataplane; dataplane uses none of them.
+//! firewall, DHCP and NTP). Imports point one way: `daemon` uses the other three, `tcp`
+//! uses `dataplane`, and `dataplane` and `appliance` use nothing else of `driver`
+//! (`import_graph` checks that no circle forms).
 
 pub mod appliance;
 pub mod daemon;
@@ -18,3 +19,6 @@ pub use daemon::status;
 pub use daemon::status::status_main;
 pub use dataplane::uring::engine as uring_worker;
 pub use tcp::relay as udptcp;
+
+#[cfg(test)]
+mod import_graph;
