@@ -1,42 +1,22 @@
-//! The per-core worker: ONE loop ([`run_loop`]) over a backend ([`Engine`]), and the
-//! portable backend ([`PollEngine`]).
+//! The per-core worker: ONE loop ([`run_loop`]) over an [`Engine`].
 //!
-//! A round of the loop: heartbeat, pick up a replaced socket, let the backend re-arm,
-//! wait as `Poll =` says, then drain — the backend hands every received buffer and
+//! A round of the loop: heartbeat, pick up a replaced socket, let the engine re-arm,
+//! wait as `Poll =` says, then drain — the engine hands every received buffer and
 //! every TUN read to the shared [`Pipeline`] (device, TSO split, GSO batches, GRO
 //! coalescing) — and flush the round's batches to the kernel, outside any peer lock.
-//! What differs between backends is only how they receive, submit and wait:
-//! [`PollEngine`] (`poll(2)`, `recvmmsg`, `read`, `sendmsg`/`sendmmsg` and `write` made
-//! when the round ends, waiting for room when the socket is full) and the io_uring
-//! engine in `uring_worker` (completions in, SQEs out, one `io_uring_enter` per round).
-//!
-//! Sockets can be replaced at run time (a UAPI `listen_port` change): the shared
-//! [`SocketSet`] carries a generation and workers pick up new sockets at their next wake.
+//! What differs between engines is only how they receive, submit and wait: the poll
+//! engine (`dataplane::poll`) and the io_uring engine (`dataplane::uring`).
 
-use std::io;
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-
 use crate::core::config::PollMode;
-use crate::core::device::Device;
-use crate::driver::offload_io::{
-    Backend, Cx, Pending, Pipeline, SendStats, StickyTable, SyscallBackend, GSO_BUF, MAX_PENDING,
-    RECV_BATCH,
-};
-use crate::sys::cmsg::RecvMeta;
-use crate::sys::tun::{TunOffload, TunQueue};
+use crate::driver::dataplane::backend::Backend;
+use crate::driver::dataplane::pipeline::{Cx, Pipeline};
+use crate::driver::dataplane::shared::{socket_of, Shared};
 use crate::sys::udp::UdpSocket;
 
-pub use crate::sys::cmsg::canonical;
-
-/// TUN reads one poll round may make before the loop looks at the socket again.
-const TUN_READS: usize = 64;
-/// `recvmmsg` batches one poll round may receive.
-const RECV_BATCHES: usize = 4;
 /// How long one wait may block, so `stop` and socket changes are noticed (and the
 /// heartbeat moves while idle).
 pub const WAIT: Duration = Duration::from_millis(100);
@@ -57,150 +37,6 @@ pub fn spin_now(mode: PollMode, hot_until: Instant) -> bool {
         PollMode::Sleep => false,
     }
 }
-
-/// The UDP sockets of all workers, all bound to the listen port (`SO_REUSEPORT`), and
-/// the local address each peer reaches them at ([`StickyTable`]).
-pub struct SocketSet {
-    inner: RwLock<Arc<Vec<Arc<UdpSocket>>>>,
-    generation: AtomicU64,
-    pub port: std::sync::atomic::AtomicU16,
-    pub sticky: Arc<StickyTable>,
-}
-
-impl SocketSet {
-    pub fn new(socks: Vec<Arc<UdpSocket>>, port: u16) -> SocketSet {
-        SocketSet {
-            inner: RwLock::new(Arc::new(socks)),
-            generation: AtomicU64::new(1),
-            port: std::sync::atomic::AtomicU16::new(port),
-            sticky: Arc::default(),
-        }
-    }
-
-    pub fn get(&self) -> (u64, Arc<Vec<Arc<UdpSocket>>>) {
-        let g = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        (self.generation.load(Ordering::Acquire), g.clone())
-    }
-
-    pub fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Acquire)
-    }
-
-    pub fn replace(&self, socks: Vec<Arc<UdpSocket>>, port: u16) {
-        *self.inner.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(socks);
-        self.port.store(port, Ordering::Relaxed);
-        self.generation.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// Any socket, for sends from outside the workers (timers).
-    pub fn any(&self) -> Option<Arc<UdpSocket>> {
-        self.get().1.first().cloned()
-    }
-
-    /// One datagram to `to` from outside the workers (timer-made handshakes and
-    /// keepalives, the TCP thread's fallback probes), from the local address `to` last
-    /// reached us at, as the workers answer it: on a multi-homed uplink a keepalive from
-    /// another address would reach a peer that does not know it (wireguard-go keeps the
-    /// source on the endpoint). A source that is gone is forgotten and routing picks.
-    pub fn send_sticky(&self, d: &[u8], to: std::net::SocketAddr) {
-        let Some(s) = self.any() else { return };
-        let src = self.sticky.source_for(to);
-        if let Err(e) = s.send_from(src, d, to) {
-            if src.is_some()
-                && e.raw_os_error()
-                    .is_some_and(crate::sys::udp::stale_source_errno)
-            {
-                self.sticky.clear();
-                let _ = s.send_to(d, to);
-            }
-        }
-    }
-}
-
-/// Where outgoing TCP-fallback messages go; implemented by the TCP transport.
-pub trait TcpOut: Send + Sync {
-    fn send(&self, conn: u64, msg: &[u8]);
-}
-
-/// Write one plain IP packet to a TUN queue, prefixing an all-zero virtio_net_hdr
-/// (no offload, checksum complete) when the device was opened with `IFF_VNET_HDR`.
-pub fn write_plain(q: &TunQueue, vnet_hdr: bool, p: &[u8], buf: &mut [u8]) -> io::Result<usize> {
-    if !vnet_hdr {
-        return q.write(p);
-    }
-    let h = crate::core::gso::VIRTIO_NET_HDR_LEN;
-    let Some(dst) = buf.get_mut(..h + p.len()) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "packet larger than the TUN buffer",
-        ));
-    };
-    dst[..h].fill(0);
-    dst[h..].copy_from_slice(p);
-    q.write(dst)
-}
-
-/// Shared state the workers watch.
-pub struct Shared {
-    pub device: Arc<Device>,
-    pub sockets: Arc<SocketSet>,
-    pub stop: Arc<AtomicBool>,
-    pub tcp: Option<Arc<dyn TcpOut>>,
-    /// Set when the TUN went away (interface deleted): the process should exit.
-    pub tun_gone: Arc<AtomicBool>,
-    /// One heartbeat per worker, bumped every round (idle rounds too).
-    pub heartbeats: Arc<Heartbeats>,
-}
-
-/// The workers' heartbeats: each worker loop bumps its counter every round, and a round
-/// ends at least every 100 ms even when idle, so a counter that stops moving for seconds
-/// means a stuck worker. Written into the status file, where init watches them.
-#[derive(Debug, Default)]
-pub struct Heartbeats {
-    beats: Vec<AtomicU64>,
-    /// Test images only (`--selftest-hang`, then SIGUSR2): the workers stop bumping,
-    /// as a deadlocked worker would, so the image test sees init restart the gateway.
-    frozen: AtomicBool,
-}
-
-impl Heartbeats {
-    pub fn new(workers: usize) -> Heartbeats {
-        Heartbeats {
-            beats: (0..workers).map(|_| AtomicU64::new(0)).collect(),
-            frozen: AtomicBool::new(false),
-        }
-    }
-
-    /// Worker `i` finished a round.
-    pub fn beat(&self, i: usize) {
-        if self.frozen.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Some(b) = self.beats.get(i) {
-            b.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub fn snapshot(&self) -> Vec<u64> {
-        self.beats
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// Selftest: stop every heartbeat from now on.
-    pub fn freeze(&self) {
-        self.frozen.store(true, Ordering::Relaxed);
-    }
-}
-
-/// This worker's socket in the shared set, with the set's generation.
-pub fn socket_of(shared: &Shared, index: usize) -> Option<(u64, Arc<UdpSocket>)> {
-    let (gen, socks) = shared.sockets.get();
-    let s = socks.get(index % socks.len().max(1))?.clone();
-    Some((gen, s))
-}
-
 /// What a wait ended with.
 #[derive(Debug)]
 pub enum Waited {
@@ -333,193 +169,17 @@ pub fn run_loop<E: Engine>(
         }
     }
 }
-
-/// The portable backend: `poll(2)` for readiness, `recvmmsg` (GRO trains) and TUN
-/// `read`s drained in bounded batches, and [`SyscallBackend`] for the round's sends
-/// (`sendmsg` with `UDP_SEGMENT`, or `sendmmsg`; waiting for room when the socket is
-/// full) and TUN writes. Every buffer is allocated once.
-pub struct PollEngine {
-    tun: TunQueue,
-    sock: Arc<UdpSocket>,
-    spare: Vec<Vec<u8>>,
-    pending: Vec<Pending>,
-    pub stats: SendStats,
-    reported_drops: u64,
-    rbuf: Vec<u8>,
-    bufs: Vec<Vec<u8>>,
-    metas: Vec<RecvMeta>,
-    udp_ready: bool,
-    tun_ready: bool,
-}
-
-impl PollEngine {
-    pub fn new(tun: TunQueue, sock: Arc<UdpSocket>) -> PollEngine {
-        PollEngine {
-            tun,
-            sock,
-            spare: vec![vec![0; GSO_BUF], vec![0; GSO_BUF]],
-            pending: Vec::with_capacity(MAX_PENDING * 2),
-            stats: SendStats::default(),
-            reported_drops: 0,
-            rbuf: vec![0; crate::core::gso::VIRTIO_NET_HDR_LEN + 65535],
-            bufs: vec![vec![0; 65536]; RECV_BATCH],
-            metas: vec![RecvMeta::default(); RECV_BATCH],
-            udp_ready: false,
-            tun_ready: false,
-        }
-    }
-
-    /// Both sides ready, as if a wait said so (tests that drive several engines from
-    /// one poll).
-    #[cfg(test)]
-    pub fn assume_ready(&mut self) {
-        self.udp_ready = true;
-        self.tun_ready = true;
-    }
-}
-
-impl Engine for PollEngine {
-    type Buf = Vec<u8>;
-    type Exec<'e> = SyscallBackend<'e>;
-
-    fn set_socket(&mut self, sock: &Arc<UdpSocket>) -> Result<(), String> {
-        self.sock = sock.clone();
-        Ok(())
-    }
-
-    fn wait(&mut self, timeout: Duration) -> Waited {
-        let mut fds = [
-            PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
-            PollFd::new(self.tun.as_fd(), PollFlags::POLLIN),
-        ];
-        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-        match poll(&mut fds, PollTimeout::from(ms)) {
-            Ok(0) => return Waited::Idle,
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => return Waited::Idle,
-            Err(e) => return Waited::Failed(format!("poll: {e}")),
-        }
-        let r = |f: &PollFd| f.revents().unwrap_or(PollFlags::empty());
-        let tr = r(&fds[1]);
-        if tr.intersects(PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL) {
-            return Waited::TunGone("TUN closed".into());
-        }
-        self.udp_ready = r(&fds[0]).contains(PollFlags::POLLIN);
-        self.tun_ready = tr.contains(PollFlags::POLLIN);
-        Waited::Ready
-    }
-
-    fn drain(&mut self, p: &mut Pipeline<Vec<u8>>, cx: &Cx<'_>) -> Drained {
-        let PollEngine {
-            tun,
-            sock,
-            spare,
-            pending,
-            stats,
-            rbuf,
-            bufs,
-            metas,
-            udp_ready,
-            tun_ready,
-            ..
-        } = self;
-        let mut be = SyscallBackend {
-            sock,
-            tun: Some(tun),
-            spare,
-            pending,
-            stats,
-        };
-        let mut d = Drained::default();
-        if std::mem::take(udp_ready) {
-            for _ in 0..RECV_BATCHES {
-                let received = {
-                    let mut slices: heapless::Vec<&mut [u8], RECV_BATCH> = heapless::Vec::new();
-                    for b in bufs.iter_mut() {
-                        let _ = slices.push(&mut b[..]);
-                    }
-                    sock.recv_batch(&mut slices, metas)
-                };
-                let k = match received {
-                    Ok(k) => k,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        // ICMP errors (ECONNREFUSED, ...) surface on UDP sockets; not fatal.
-                        log::trace!("recv: {e}");
-                        break;
-                    }
-                };
-                for (m, b) in metas[..k].iter().zip(bufs.iter()) {
-                    p.datagrams(&mut be, cx, b, m);
-                }
-                d.handled += k;
-                if k < RECV_BATCH {
-                    break;
-                }
-            }
-        }
-        if std::mem::take(tun_ready) {
-            let mut reads = 0;
-            while reads < TUN_READS {
-                let n = match tun.read(rbuf) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        d.tun_gone = Some(format!("TUN read failed ({e})"));
-                        break;
-                    }
-                };
-                reads += 1;
-                p.tun_read(&mut be, cx, rbuf, n);
-            }
-            d.handled += reads;
-        }
-        d
-    }
-
-    fn exec(&mut self) -> SyscallBackend<'_> {
-        SyscallBackend {
-            sock: &self.sock,
-            tun: Some(&self.tun),
-            spare: &mut self.spare,
-            pending: &mut self.pending,
-            stats: &mut self.stats,
-        }
-    }
-
-    fn take_dropped(&mut self) -> u64 {
-        let d = self.stats.dropped - self.reported_drops;
-        self.reported_drops = self.stats.dropped;
-        d
-    }
-}
-
-/// Run one worker on the portable backend until `stop` is set. `index` picks this
-/// worker's socket.
-pub fn run(
-    index: usize,
-    tun: TunQueue,
-    offload: TunOffload,
-    vnet_hdr: bool,
-    poll_mode: PollMode,
-    shared: Arc<Shared>,
-) {
-    let Some((gen, sock)) = socket_of(&shared, index) else {
-        log::error!("worker {index}: no UDP socket to serve");
-        return;
-    };
-    let mut e = PollEngine::new(tun, sock);
-    let mut p = Pipeline::new(offload, vnet_hdr, shared.sockets.sticky.clone());
-    run_loop(index, &mut e, &mut p, poll_mode, &shared, gen);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::offload_io::Dst;
+    use crate::core::device::Device;
+    use crate::driver::dataplane::backend::Dst;
+    use crate::driver::dataplane::backend::GSO_BUF;
+    use crate::driver::dataplane::heartbeat::Heartbeats;
+    use crate::driver::dataplane::sockets::SocketSet;
+    use crate::sys::tun::TunOffload;
     use std::collections::VecDeque;
+    use std::sync::atomic::AtomicBool;
 
     /// A backend that lends vectors and records what it was asked to do.
     #[derive(Default)]

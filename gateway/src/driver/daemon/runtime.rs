@@ -3,7 +3,23 @@
 //! applied whole (`Runtime`); on error nothing live changed. Also the UDP socket binding
 //! both start-up and changes use.
 
-use super::*;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use nix::sys::socket::{self as nsock, sockopt};
+
+use crate::core::config::OffloadMode;
+use crate::core::config::{Config, Endpoint};
+use crate::core::device::SCRATCH_SIZE;
+use crate::core::uapi::{SetRequest, UapiError};
+use crate::driver::appliance::netconf;
+use crate::driver::dataplane::outbox::TimerIo;
+use crate::driver::dataplane::shared::Shared;
+use crate::driver::dataplane::sockets::{bind_udp, BindError};
+use crate::driver::tcp::link as tcp_link;
+use crate::driver::tcp::transport as tcp;
+use crate::sys::udp::UdpSocket;
 
 /// The running daemon's handles, shared by the UAPI server and the signal loop.
 pub struct Runtime {
@@ -512,98 +528,6 @@ pub(super) fn with_names(cfg: &Config, names: &Names) -> Config {
         }
     }
     c
-}
-
-/// Why [`bind_udp`] failed.
-#[derive(Debug)]
-pub enum BindError {
-    Udp(std::io::Error),
-    Mark(std::io::Error),
-}
-
-impl std::fmt::Display for BindError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BindError::Udp(e) => write!(f, "{e}"),
-            BindError::Mark(e) => write!(f, "cannot set fwmark: {e}"),
-        }
-    }
-}
-
-/// Bind `n` UDP sockets to one port with `SO_REUSEPORT` (dual-stack where IPv6 exists).
-/// Port 0 picks a port no one holds and binds all to it. `gro`/`gso`
-/// follow the configured offload level; the decision made at start is applied after.
-/// A port another program holds is refused even if that program also set
-/// `SO_REUSEPORT` (same user): the sockets would silently share its traffic.
-pub fn bind_udp(
-    n: usize,
-    port: u16,
-    fwmark: Option<u32>,
-    mode: OffloadMode,
-) -> Result<(Vec<Arc<UdpSocket>>, u16), BindError> {
-    let opts = UdpOptions {
-        gro: matches!(mode, OffloadMode::Auto | OffloadMode::Gso),
-        gso: matches!(mode, OffloadMode::Auto | OffloadMode::Gso),
-        ..UdpOptions::default()
-    };
-    let udp_err = |e: crate::sys::udp::UdpError| {
-        BindError::Udp(match e {
-            crate::sys::udp::UdpError::Bind { source, .. } => source,
-            e => std::io::Error::other(e.to_string()),
-        })
-    };
-    let probe = UdpOptions {
-        reuse_port: false,
-        gro: false,
-        gso: false,
-        pktinfo: false,
-        buffer_bytes: 0,
-    };
-    let mut port = port;
-    if port == 0 {
-        // Choose the port with an exclusive bind: the kernel may give a SO_REUSEPORT
-        // socket's port 0 the port of another program's SO_REUSEPORT socket (same user),
-        // and the two would split the traffic.
-        let s = UdpSocket::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)), &probe)
-            .or_else(|_| UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)), &probe))
-            .map_err(udp_err)?;
-        port = s.local_addr().port();
-    }
-    {
-        // An exclusive bind (no SO_REUSEPORT) fails if anyone holds the port; dropped
-        // at once, so our own sockets can take it.
-        let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
-        if let Err(e) = UdpSocket::bind(any6, &probe) {
-            let free_v4 = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)), &probe);
-            match (e, free_v4) {
-                // The v6 failure was about the port: report it.
-                (e @ crate::sys::udp::UdpError::Bind { .. }, _) => return Err(udp_err(e)),
-                (_, Err(e)) => return Err(udp_err(e)),
-                (_, Ok(_)) => {}
-            }
-        }
-    }
-    let mut socks = Vec::with_capacity(n);
-    for _ in 0..n.max(1) {
-        let any6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
-        let s = match UdpSocket::bind(any6, &opts) {
-            Ok(s) => s,
-            // No IPv6 in this kernel or namespace: IPv4 only.
-            Err(_) => UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)), &opts)
-                .map_err(udp_err)?,
-        };
-        if fwmark.is_some() {
-            crate::sys::set_mark(&s, fwmark).map_err(BindError::Mark)?;
-        }
-        if std::env::var("RG_FAULT_GSO").as_deref() == Ok("einval") {
-            if let Err(e) = s.inject_gso_failure() {
-                log::warn!("RG_FAULT_GSO: {e}");
-            }
-        }
-        port = s.local_addr().port();
-        socks.push(Arc::new(s));
-    }
-    Ok((socks, port))
 }
 
 /// SIGHUP in appliance mode: re-read the file; a bad file changes nothing. `Err` says

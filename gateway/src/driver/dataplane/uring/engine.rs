@@ -1,5 +1,5 @@
 //! The io_uring backend of the worker loop (the default): the same job as
-//! [`worker::run`] (one UDP socket and one TUN queue per worker, drained into the
+//! `dataplane::poll::engine::run` (one UDP socket and one TUN queue per worker, drained into the
 //! device), with the I/O done by one ring per worker and packet memory from one
 //! (hugepage) buffer pool per worker.
 //!
@@ -15,7 +15,7 @@
 //!   / `WriteFixed`; nothing is allocated per packet. All queued SQEs go to the
 //!   kernel with one `io_uring_enter` per loop iteration (the wait).
 //!
-//! The loop itself is [`worker::run_loop`], the same for both backends; this file holds
+//! The loop itself is [`run_loop`], the same for both backends; this file holds
 //! only what io_uring does differently (the engine) and its set-up. When the ring or the
 //! pool cannot be set up, [`run`] gives the TUN queue back with the reason, and the
 //! caller runs the portable worker instead.
@@ -29,10 +29,10 @@ use io_uring::cqueue;
 use nix::errno::Errno;
 
 use crate::core::config::GatewayConfig;
-use crate::driver::offload_io::{Backend, Cx, Dst, Pipeline};
-#[cfg(doc)]
-use crate::driver::worker;
-use crate::driver::worker::{run_loop, socket_of, Drained, Engine, Shared, Waited};
+use crate::driver::dataplane::pipeline::{Cx, Pipeline};
+use crate::driver::dataplane::shared::{socket_of, Shared};
+use crate::driver::dataplane::uring::backend::UringBackend;
+use crate::driver::dataplane::worker::{run_loop, Drained, Engine, Waited};
 use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
 use crate::sys::tun::{TunOffload, TunQueue};
 use crate::sys::udp::{gso_errno, stale_source_errno, UdpSocket};
@@ -129,82 +129,6 @@ impl SetupError {
 pub struct NotStarted {
     pub error: SetupError,
     pub tun: TunQueue,
-}
-
-/// Sends short of this much room in the submission queue are handed to the kernel
-/// between packets (outside any peer lock), so a full queue never forces a submit while
-/// the device holds one.
-const SQ_HEADROOM: usize = 64;
-
-/// The io_uring executor of one round: batches are built in registered pool buffers
-/// and handed to the kernel as SQEs (`SendMsg` with `UDP_SEGMENT` and the sticky
-/// source, `WriteFixed`); nothing here makes a syscall except `relieve`, between packets.
-struct UringBackend<'r, 'p> {
-    ring: &'r mut Ring<'p>,
-    pool: &'p BufPool,
-    sock: &'r UdpSocket,
-    v6: bool,
-    /// Packets dropped for lack of a buffer or a slot.
-    dropped: &'r mut u64,
-}
-
-impl UringBackend<'_, '_> {
-    fn rejected(&mut self, r: Result<(), Rejected>) {
-        if let Err(Rejected(buf, _)) = r {
-            self.pool.free(buf);
-            *self.dropped += 1;
-        }
-    }
-}
-
-impl Backend for UringBackend<'_, '_> {
-    type Buf = BufId;
-
-    fn alloc(&mut self) -> Option<BufId> {
-        let b = self.pool.alloc();
-        if b.is_none() {
-            *self.dropped += 1;
-        }
-        b
-    }
-
-    fn bytes<'b>(&'b self, b: &'b mut BufId) -> &'b mut [u8] {
-        self.pool.buf_mut(b)
-    }
-
-    fn release(&mut self, b: BufId) {
-        self.pool.free(b);
-    }
-
-    fn max_segments(&self) -> usize {
-        // One SendMsg per batch: without GSO a batch is one datagram (the ring still
-        // submits many SendMsg per io_uring_enter).
-        self.sock.max_gso_segments()
-    }
-
-    fn send(&mut self, b: BufId, len: usize, to: Dst, seg: usize) {
-        let segment = (len > seg).then(|| u16::try_from(seg).unwrap_or(u16::MAX));
-        let dst = uring::to_socket_family(to.addr, self.v6);
-        let r = self.ring.send_udp(b, len, dst, segment, to.src);
-        self.rejected(r);
-    }
-
-    fn write_tun(&mut self, b: BufId, len: usize) {
-        let r = self.ring.write_tun(b, len);
-        self.rejected(r);
-    }
-
-    fn dropped(&self) -> u64 {
-        *self.dropped
-    }
-
-    fn relieve(&mut self) {
-        if self.ring.sq_room() < SQ_HEADROOM {
-            if let Err(e) = self.ring.submit() {
-                log::trace!("submit: {e}");
-            }
-        }
-    }
 }
 
 /// The io_uring backend of the worker loop: one multishot TUN read on a buffer ring (or
@@ -452,7 +376,7 @@ impl<'p> Engine for UringEngine<'p> {
 
 /// Run one worker on io_uring until `shared.stop` is set (`Ok`), or give the TUN queue
 /// back when io_uring (or the pool) cannot be set up. `index` picks this worker's socket,
-/// as in [`worker::run`]. `started` gets the worker's status line once it runs.
+/// as in `dataplane::poll::engine::run`. `started` gets the worker's status line once it runs.
 pub fn run(
     index: usize,
     tun: TunQueue,
@@ -538,7 +462,8 @@ mod tests {
     use crate::core::device::Device;
     use crate::core::device::{PeerAddr, SCRATCH_SIZE};
     use crate::core::key::Key;
-    use crate::driver::worker::{Heartbeats, SocketSet};
+    use crate::driver::dataplane::heartbeat::Heartbeats;
+    use crate::driver::dataplane::sockets::SocketSet;
     use crate::sys::tun::tests::{in_new_netns, ip};
     use crate::sys::tun::Tun;
     use std::net::SocketAddr;
@@ -775,7 +700,7 @@ mod tests {
                 });
                 run(0, q, off, vnet, sh, &cfg, |_| {}).map_err(|n| n.error.to_string())
             } else {
-                crate::driver::worker::run(0, q, off, vnet, PollMode::Sleep, sh);
+                crate::driver::dataplane::poll::engine::run(0, q, off, vnet, PollMode::Sleep, sh);
                 Ok(())
             }
         });

@@ -48,7 +48,7 @@ use crate::core::net::Cidr;
 use crate::core::netplan::{
     self, KernelRoute, Port, ProbeBook, ProbeResult, ProxyEntry, Role, MAIN_TABLE,
 };
-use crate::core::uplink_overlap::{self, TunnelRoute, Verdict};
+use crate::core::uplink_overlap::{self, TunnelRoute};
 use crate::sys::netlink::{Netlink, NetlinkError, RTPROT_RICEGUARD};
 use crate::sys::probe::Probe;
 
@@ -411,8 +411,8 @@ impl NetConf {
         prefixes.dedup();
         for p in prefixes {
             match uplink_overlap::verdict(p, &routes, cfg.gateway.uplink_overlap) {
-                Verdict::Clear => {}
-                Verdict::Kept { route } => {
+                uplink_overlap::Verdict::Clear => {}
+                uplink_overlap::Verdict::Kept { route } => {
                     let msg = format!(
                         "uplink {up}: RA prefix {p} overlaps {}'s {}: kept ({})",
                         route.owner,
@@ -428,7 +428,7 @@ impl NetConf {
                     }
                     st.ra.insert(p.sort_key(), msg);
                 }
-                Verdict::Conflict { why, .. } => {
+                uplink_overlap::Verdict::Conflict { why, .. } => {
                     for a in addrs
                         .iter()
                         .filter(|a| a.slaac() && p.contains(a.cidr.addr))

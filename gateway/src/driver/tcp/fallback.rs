@@ -1,7 +1,5 @@
-//! Joins the TCP transport (`driver::tcp`) to the WireGuard device: messages arriving on
-//! TCP connections go into the device as `PeerAddr::Tcp`, the device's sends to a TCP
-//! endpoint go out on that connection, and the fallback client (`core::fallback`) moves
-//! peers with an `Endpoint` between UDP and TCP.
+//! The fallback client ([`FallbackManager`]): moves peers with an `Endpoint` between UDP
+//! and TCP as `core::fallback` decides, driven by the timer thread.
 //!
 //! The fallback machine is fed from the device's per-peer transport counters, sampled by
 //! the timer thread (a few times a second), so the packet path does no extra work.
@@ -14,206 +12,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::core::config::{Config, Endpoint};
-use crate::core::device::{short, Device, Io, PeerAddr, TableCache, TransportEvents, SCRATCH_SIZE};
+use crate::core::device::ConnId;
+use crate::core::device::{short, Device, PeerAddr, TransportEvents, SCRATCH_SIZE};
 use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
 use crate::core::key::Key;
-use crate::driver::tcp::{ConnId, TcpConfig, TcpHandle, TcpSink, TcpTransport};
-use crate::driver::worker::{self, SocketSet, TcpOut};
-use crate::sys::tun::TunQueue;
-
-/// The current TCP transport's handle, replaceable when the listen port changes.
-#[derive(Default)]
-pub struct TcpSlot {
-    handle: RwLock<Option<TcpHandle>>,
-}
-
-impl TcpSlot {
-    pub fn set(&self, h: Option<TcpHandle>) {
-        *self.handle.write().unwrap_or_else(|p| p.into_inner()) = h;
-    }
-
-    pub fn get(&self) -> Option<TcpHandle> {
-        self.handle
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
-
-impl TcpOut for TcpSlot {
-    fn send(&self, conn: u64, msg: &[u8]) {
-        if let Some(h) = self
-            .handle
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            // A full queue drops the whole packet: the inner TCP recovers.
-            let _ = h.send(conn, msg);
-        }
-    }
-}
-
-/// The device's side of the TCP transport.
-pub struct DeviceSink {
-    device: Arc<Device>,
-    sockets: Arc<SocketSet>,
-    slot: Arc<TcpSlot>,
-    tun: TunQueue,
-    vnet_hdr: bool,
-    /// The receiving side's working state. Only the transport's one epoll thread calls
-    /// `on_message`, so this lock is never contended; it exists because the sink is
-    /// shared (`Arc<dyn TcpSink>`), not to serialise threads.
-    rx: Mutex<SinkRx>,
-}
-
-/// What a worker keeps per thread, for the TCP transport's thread: the table cached per
-/// generation (one atomic load per message, as in the UDP workers), the device's
-/// scratch, the TUN write buffer, and the deferred sends.
-struct SinkRx {
-    cache: TableCache,
-    scratch: Vec<u8>,
-    tunbuf: Vec<u8>,
-    deferred: Deferred,
-}
-
-impl DeviceSink {
-    pub fn new(
-        device: Arc<Device>,
-        sockets: Arc<SocketSet>,
-        slot: Arc<TcpSlot>,
-        tun: TunQueue,
-        vnet_hdr: bool,
-    ) -> DeviceSink {
-        let cache = device.cache();
-        DeviceSink {
-            device,
-            sockets,
-            slot,
-            tun,
-            vnet_hdr,
-            rx: Mutex::new(SinkRx {
-                cache,
-                scratch: vec![0u8; SCRATCH_SIZE],
-                tunbuf: vec![0u8; SCRATCH_SIZE],
-                deferred: Deferred::default(),
-            }),
-        }
-    }
-}
-
-/// The device's sink outside the workers (TCP-carried messages, fallback probes): it
-/// only records, and [`Deferred::run`] does the sends and TUN writes once the device
-/// has returned, so no syscall happens under a peer lock.
-#[derive(Default)]
-struct Deferred {
-    bytes: Vec<u8>,
-    sends: Vec<(PeerAddr, usize, usize)>,
-    writes: Vec<(usize, usize)>,
-}
-
-impl Io for Deferred {
-    fn send(&mut self, to: PeerAddr, d: &[u8]) {
-        self.sends.push((to, self.bytes.len(), d.len()));
-        self.bytes.extend_from_slice(d);
-    }
-
-    fn tun_write(&mut self, p: &[u8]) {
-        self.writes.push((self.bytes.len(), p.len()));
-        self.bytes.extend_from_slice(p);
-    }
-}
-
-/// Where a [`Deferred`]'s sends and writes go.
-struct Outlets<'a> {
-    sockets: &'a SocketSet,
-    slot: &'a TcpSlot,
-    tun: &'a TunQueue,
-    vnet_hdr: bool,
-}
-
-impl Deferred {
-    fn run(&mut self, out: &Outlets<'_>, tunbuf: &mut [u8]) {
-        for &(to, at, len) in &self.sends {
-            let d = &self.bytes[at..at + len];
-            match to {
-                PeerAddr::Tcp { conn, .. } => out.slot.send(conn, d),
-                PeerAddr::Udp(a) => out.sockets.send_sticky(d, a),
-            }
-        }
-        for &(at, len) in &self.writes {
-            let p = &self.bytes[at..at + len];
-            let _ = worker::write_plain(out.tun, out.vnet_hdr, p, tunbuf);
-        }
-        self.bytes.clear();
-        self.sends.clear();
-        self.writes.clear();
-    }
-}
-
-impl DeviceSink {
-    fn outlets(&self) -> Outlets<'_> {
-        Outlets {
-            sockets: &self.sockets,
-            slot: &self.slot,
-            tun: &self.tun,
-            vnet_hdr: self.vnet_hdr,
-        }
-    }
-}
-
-impl TcpSink for DeviceSink {
-    /// The device decides (one place, `Device::handle_datagram`) whether the message
-    /// proved a peer's keys; the transport lets only such messages keep the connection.
-    fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool {
-        let mut g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-        let SinkRx {
-            cache,
-            scratch,
-            tunbuf,
-            deferred,
-        } = &mut *g;
-        let table = cache.get(&self.device);
-        let from = PeerAddr::Tcp {
-            conn,
-            remote: worker::canonical(remote),
-        };
-        let authenticated = self
-            .device
-            .handle_datagram(table, from, msg, scratch, deferred);
-        deferred.run(&self.outlets(), tunbuf);
-        authenticated
-    }
-
-    // Deliberately records nothing: the fallback client polls its own connection (see
-    // the module doc), so closes of inbound connections cannot pile up here.
-    fn on_closed(&self, _conn: ConnId) {}
-}
-
-/// Start a transport listening on `ports` (`[::]:port`, IPv4 too).
-pub fn start_transport(
-    cfg: &Config,
-    ports: &[u16],
-    sink: Arc<DeviceSink>,
-) -> std::io::Result<TcpTransport> {
-    TcpTransport::start(transport_config(cfg, ports), sink)
-}
-
-/// The transport's settings for `cfg` listening on `ports`: the `[Gateway]` ones, and
-/// the interface's fwmark on every socket, as the UDP sockets have it (else, under
-/// wg-quick's `not fwmark` rule, the fallback's own packets would be routed into the
-/// tunnel they carry).
-pub fn transport_config(cfg: &Config, ports: &[u16]) -> TcpConfig {
-    let mut g = cfg.gateway.clone();
-    g.tcp_listen = ports.to_vec();
-    let mut t = TcpConfig::from_gateway(&g);
-    t.tuning.fwmark = cfg.interface.fwmark;
-    t
-}
+use crate::driver::dataplane::outbox::{Deferred, Outlets};
+use crate::driver::dataplane::sockets::SocketSet;
+use crate::driver::tcp::link::DeviceSink;
 
 /// One client peer's fallback state.
 struct PeerFb {
@@ -412,7 +220,7 @@ impl FallbackManager {
         }
         let out = Outlets {
             sockets,
-            slot: &sink.slot,
+            slot: &*sink.slot,
             tun: &sink.tun,
             vnet_hdr: false,
         };
@@ -423,21 +231,9 @@ impl FallbackManager {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::tcp::TcpConfig;
+    use crate::driver::tcp::transport::{TcpConfig, TcpSink, TcpTransport};
+    use std::sync::Arc;
     use std::time::Duration;
-
-    #[test]
-    fn transport_config_takes_the_interface_fwmark() {
-        let mut cfg = Config::default();
-        cfg.gateway.bbr_rtt_ms = 40;
-        let t = transport_config(&cfg, &[443]);
-        assert_eq!(t.tuning.fwmark, None);
-        assert_eq!(t.listen, vec!["[::]:443".parse().unwrap()]);
-        cfg.interface.fwmark = Some(51820);
-        let t = transport_config(&cfg, &[]);
-        assert_eq!(t.tuning.fwmark, Some(51820));
-        assert!(t.listen.is_empty());
-    }
 
     #[test]
     fn link_news_from_polling() {

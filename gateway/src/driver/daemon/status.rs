@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::{dhcp, uapi};
+use super::uapi;
+use crate::driver::appliance::dhcp;
 use std::sync::Mutex;
 
 /// The lines of the status report; rewritten whole whenever a worker reports.
@@ -216,7 +217,7 @@ pub fn status_main(args: &[String]) -> ExitCode {
     };
     // Collected and written once: a closed pipe (`status | head`) ends the write, not
     // the process with a panic.
-    let mut out = crate::driver::ntp::clock_line();
+    let mut out = crate::driver::appliance::ntp::clock_line();
     out.push('\n');
     // The uplink's DHCP lease(s) next: they say how the appliance is reached.
     let leases = dhcp::lease_lines();

@@ -27,10 +27,13 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{self, MsgFlags};
 
 use crate::core::congestion::CcPolicy;
+use crate::core::device::ConnId;
 use crate::core::framing::{
     check_message, tail_split, CoalescePolicy, FrameDecoder, HEADER_LEN, MAX_MESSAGE_LEN,
 };
-use crate::driver::tcp::{set_cc, ConnId, SendError, TcpConfig, TcpHandle, TcpSink, TcpTransport};
+use crate::driver::tcp::transport::{
+    set_cc, SendError, TcpConfig, TcpHandle, TcpSink, TcpTransport,
+};
 use crate::sys::tcp::{self as systcp, TcpTuning};
 
 const UDP2TCP_USAGE: &str =

@@ -1,0 +1,62 @@
+//! The timer thread: every 250 ms the device's timers (handshake retries, keepalives,
+//! sent through a [`TimerIo`] once the device has returned) and the fallback client's
+//! tick; the tunnel's MTU followed (padding must never pass it); once a second the
+//! workers' heartbeats into the status file.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::status::StatusBoard;
+use crate::core::device::SCRATCH_SIZE;
+use crate::driver::dataplane::outbox::TimerIo;
+use crate::driver::dataplane::shared::Shared;
+use crate::driver::tcp::fallback::FallbackManager;
+use crate::driver::tcp::link::DeviceSink;
+
+/// Run the timer thread until `sh.stop` is set.
+pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &StatusBoard) {
+    let mut scratch = vec![0u8; SCRATCH_SIZE];
+    let mut fallback = FallbackManager::new();
+    let start = std::time::Instant::now();
+    let mut ticks = 0u64;
+    loop {
+        // wg-quick (or anyone) may change the MTU at any time; padding must
+        // never push a packet past it (and needs it known from the start).
+        if let Some(mtu) = read_mtu(ifname) {
+            sh.device.set_mtu(mtu);
+        }
+        if sh.stop.load(Ordering::Relaxed) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        if ticks % 4 == 0 {
+            // Once a second: the workers' heartbeats for init's health
+            // watch (a stuck timer thread stops them moving too).
+            // Not once stopping: the file is removed on the way out.
+            if !sh.stop.load(Ordering::Relaxed) {
+                board.heartbeats(sh.heartbeats.snapshot());
+            }
+        }
+        ticks += 1;
+        let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
+        sh.device.update_timers(
+            start.elapsed(),
+            std::time::SystemTime::now(),
+            &mut scratch,
+            &mut io,
+        );
+        io.send_all();
+        if let Some(sink) = sink {
+            fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
+        }
+    }
+}
+
+/// The interface's MTU from sysfs (None when it cannot be read).
+pub(super) fn read_mtu(ifname: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
