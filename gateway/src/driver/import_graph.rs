@@ -142,26 +142,30 @@ fn graph(root: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
         let me = module_of(root, f);
         let src = strip_comments(&std::fs::read_to_string(f).expect("a source file"));
         let b = src.as_bytes();
-        let inline: Vec<(usize, usize)> = src
-            .match_indices("mod ")
-            .filter_map(|(i, _)| {
-                let rest = &src[i + 4..];
-                let name_len = rest.bytes().take_while(|&c| is_ident(c)).count();
-                let after = rest[name_len..].trim_start();
-                (name_len > 0 && after.starts_with('{') && (i == 0 || !is_ident(b[i - 1])))
-                    .then(|| {
-                        let open = src.len() - after.len();
-                        (i, block_end(b, open + 1))
-                    })
-            })
-            .collect();
+        let inline: Vec<(usize, usize)> =
+            src.match_indices("mod ")
+                .filter_map(|(i, _)| {
+                    let rest = &src[i + 4..];
+                    let name_len = rest.bytes().take_while(|&c| is_ident(c)).count();
+                    let after = rest[name_len..].trim_start();
+                    (name_len > 0 && after.starts_with('{') && (i == 0 || !is_ident(b[i - 1])))
+                        .then(|| {
+                            let open = src.len() - after.len();
+                            (i, block_end(b, open + 1))
+                        })
+                })
+                .collect();
         let mut out = BTreeSet::new();
         // Bare paths to a child module (`worker::run` in a mod.rs).
-        for child in mods.iter().filter(|c| c.len() == me.len() + 1 && c.starts_with(&me)) {
+        for child in mods
+            .iter()
+            .filter(|c| c.len() == me.len() + 1 && c.starts_with(&me))
+        {
             let name = format!("{}::", child[me.len()]);
-            if src.match_indices(&name).any(|(i, _)| {
-                i == 0 || !(is_ident(b[i - 1]) || b[i - 1] == b':')
-            }) {
+            if src
+                .match_indices(&name)
+                .any(|(i, _)| i == 0 || !(is_ident(b[i - 1]) || b[i - 1] == b':'))
+            {
                 out.insert(child.clone());
             }
         }
@@ -278,7 +282,9 @@ fn no_circle_between_driver_folders() {
         }
     }
     assert!(
-        folders.get("daemon").is_some_and(|d| d.contains("dataplane")),
+        folders
+            .get("daemon")
+            .is_some_and(|d| d.contains("dataplane")),
         "the graph sees the daemon's imports: {folders:?}"
     );
     let c = circles(&folders);
@@ -300,7 +306,11 @@ fn the_check_sees_a_circle() {
     let g = graph(&dir.0);
     let x = vec!["a".to_string(), "x".to_string()];
     let y = vec!["a".to_string(), "y".to_string()];
-    assert_eq!(g[&x], BTreeSet::from([y.clone()]), "the test module's super is x");
+    assert_eq!(
+        g[&x],
+        BTreeSet::from([y.clone()]),
+        "the test module's super is x"
+    );
     assert!(g[&y].contains(&x));
     assert_eq!(circles(&g).len(), 1);
 }
