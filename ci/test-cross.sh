@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The `cross` stage: riceguard built by cross-rs (Cross.toml) in the image from Debian
 # packages that `make deps` builds (ci/cross/build-image.sh), for both musl targets, into
-# target/cross/ so the default build's target/<triple>/ stays untouched. Each binary must be
-# static (file: "statically linked", no PT_INTERP), for its architecture (ELF machine), and
-# work: --version as the native build says it, `genkey | pubkey` gives a 44-character
-# base64 key equal to what the native riceguard and wireguard-tools' `wg pubkey` compute
-# from the same private key (the aarch64 binary runs under qemu-aarch64-static).
+# target/cross/ so the default build's target/<triple>/ stays untouched. For each: ring's C
+# went through the image's compiler for the target; the binary is static (file: "statically
+# linked", no PT_INTERP), for its architecture (ELF machine), and works: --version as the
+# native build says it, `genkey | pubkey` gives a 44-character base64 key equal to what the
+# native riceguard and wireguard-tools' `wg pubkey` compute from the same private key (the
+# aarch64 binary runs under qemu-aarch64-static).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/cross/env.sh
@@ -37,8 +38,8 @@ is_key() { [[ "$1" =~ ^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$ ]]; }
 sizes=()
 for t in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
     case "$t" in
-        x86_64-*) machine="Advanced Micro Devices X86-64"; run=() ;;
-        aarch64-*) machine="AArch64"; run=(qemu-aarch64-static) ;;
+        x86_64-*) machine="Advanced Micro Devices X86-64"; run=(); cc=musl-gcc ;;
+        aarch64-*) machine="AArch64"; run=(qemu-aarch64-static); cc=aarch64-linux-musl-gcc ;;
     esac
     echo "--- cross build --release --target $t"
     t0=$SECONDS
@@ -46,6 +47,9 @@ for t in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
     echo "cross: built $t in $((SECONDS - t0)) s"
     bin=target/cross/$t/release/riceguard
     [ -x "$bin" ] || fail "$bin missing"
+    # ring's C went through the image's compiler (its build script's output says which).
+    grep -qx "CC_${t//-/_} = Some($cc)" target/cross/"$t"/release/build/ring-*/output 2>/dev/null ||
+        fail "ring for $t was not compiled with the image's $cc"
 
     desc=$(file -b "$bin")
     echo "cross: $bin: $desc"
