@@ -52,6 +52,29 @@ BACKPORTS_PKGS=(
 # them into .cache/ with a private apt state.)
 # ---- end of image helper's packages ----------------------------------------------------
 
+# ---- cross build path (Cross.toml, ci/cross/, ci/test-cross.sh) -------------------------
+# podman + runc run the containers cross-rs starts (ci/cross/containers.conf), mmdebstrap
+# makes the cross image's root file system from Debian packages, qemu-user-static runs the
+# aarch64 binary in the smoke test. cross itself comes from crates.io, pinned; the image is
+# built at the end of this script (ci/cross/build-image.sh: quick when it is current).
+APT_PKGS+=(podman runc mmdebstrap qemu-user-static)
+CROSS_VERSION=$(. ci/cross/env.sh && echo "$CROSS_VERSION")   # pinned in ci/cross/env.sh
+have_cross() { cargo install --list 2>/dev/null | grep -qx "cross v$CROSS_VERSION:"; }
+cross_missing() {
+    have_cross || echo "missing cross $CROSS_VERSION"
+    if ! command -v podman >/dev/null || ! ci/cross/build-image.sh --check >/dev/null 2>&1; then
+        echo "missing the cross image (ci/cross/build-image.sh)"
+    fi
+}
+install_cross() {
+    if ! have_cross; then
+        echo "deps: cargo install cross $CROSS_VERSION"
+        cargo install --locked --quiet cross --version "$CROSS_VERSION"
+    fi
+    ci/cross/build-image.sh
+}
+# ---- end of cross build path ----------------------------------------------------------
+
 RUST_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
 BORINGTUN_VERSION=0.7.1
 
@@ -104,6 +127,7 @@ if [ "$check_only" = 1 ]; then
     [ -n "$missing_apt$missing_bp" ] && { echo "missing apt packages:" $missing_apt $missing_bp; status=1; }
     [ -n "$missing_targets" ] && { echo "missing rust targets:" $missing_targets; status=1; }
     [ "$missing_bt" = 1 ] && { echo "missing boringtun-cli $BORINGTUN_VERSION"; status=1; }
+    m=$(cross_missing); [ -n "$m" ] && { echo "$m"; status=1; }
     [ "$status" = 0 ] && echo "deps: all present"
     exit "$status"
 fi
@@ -134,5 +158,7 @@ if [ "$missing_bt" = 1 ]; then
     echo "deps: cargo install boringtun-cli $BORINGTUN_VERSION"
     cargo install --locked --quiet boringtun-cli --version "$BORINGTUN_VERSION"
 fi
+
+install_cross
 
 echo "deps: all present (boringtun-cli $BORINGTUN_VERSION in $(cargo_bin_dir))"

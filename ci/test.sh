@@ -28,6 +28,10 @@
 #            the SNTP client against scripted servers in a dry run: a good answer steps,
 #            kisses, LI=3, one far-future server, backward answers and DHCP's servers
 #            change nothing, two agreeing configured servers step (ci/ntp.sh)
+#   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
+#            from Debian packages, for both musl targets: static, right ELF machine,
+#            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
+#            with the native build and wg (ci/test-cross.sh)
 #   image    build both QEMU boards' images twice, boot them under TCG, check the gateway
 #            and the clock (RTC at 2001: the build time, the saved time after a power
 #            cut, an SNTP server in the namespace); then drive the x86_64 serial console
@@ -45,7 +49,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp adversarial gateway image board update)
+[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp adversarial gateway cross image board update)
 
 passed=0; failed=0; failed_names=()
 run_stage() {
@@ -101,10 +105,11 @@ for s in "${stages[@]}"; do
         tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
         adversarial) run_stage adversarial stage_adversarial ;;
         gateway) run_stage gateway stage_gateway ;;
+        cross) run_stage cross ci/test-cross.sh ;;
         image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh; c=$?; ci/test-console2-qemu.sh && [ $r = 0 ] && [ $c = 0 ]' ;;
         board) run_stage board bash -c 'RG_BOARD_REBUILD=1 ci/test-generic-board.sh' ;;
         update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
-        *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway image board update)"; exit 2 ;;
+        *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway cross image board update)"; exit 2 ;;
     esac
 done
 
