@@ -83,7 +83,7 @@
 #        may be older than the working tree); RG_OUT another image dir; RG_BIN passes a
 #        prebuilt static riceguard to image/build.sh; RG_BOARD_TIMEOUT (s per boot wait,
 #        default 240); RG_BOARD_SMP (vCPUs, default 2), RG_BOARD_QUEUES (tap queues per
-#        igb, default 2); RG_BOARD_KEEP=1 keeps the disk.
+#        igb, default 2); RG_BOARD_KEEP=1 keeps the disk (and the update's bundles).
 #        Serial log (serial.log the last boot's, serial-boot1.log and serial-boot2.log
 #        the ones before), console transcript, phone configs, dnsmasq's log, the power
 #        cut's capture (powercut.pcap; ci/lib/wgpcap.py lists its messages) and
@@ -157,7 +157,7 @@ qpid="" dpid=""
 cleanup() {
     exec 9>&- 2>/dev/null
     rm -f "/var/run/wireguard/$WGIF.sock" "$sin.in" "$sin.out"
-    [ -n "${RG_BOARD_KEEP:-}" ] || rm -f "$work/nvme.img"
+    [ -n "${RG_BOARD_KEEP:-}" ] || rm -rf "$work/nvme.img" "$work/www" "$work/v2" "$work/v3"
 }
 # (at exit the harness stops what `spawn` started, runs this, deletes the namespaces)
 at_exit cleanup
