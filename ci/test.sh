@@ -39,7 +39,8 @@
 #            (ci/test-console2-qemu.sh)
 #   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
 #            clients added on the serial console reach LAN hosts one- and two-armed
-#            (ci/test-generic-board.sh)
+#            (ci/test-generic-board.sh); then aarch64-generic the same way on QEMU virt +
+#            AAVMF (one-armed), with an update into slot b and a rollback from a bad slot a
 #   update   the flash script refuses disks with anything stacked on them in use
 #            (ci/test-flash-stacking.sh), then signed A/B updates: host checks, then QEMU
 #            (ci/test-update.sh)
@@ -107,7 +108,7 @@ for s in "${stages[@]}"; do
         gateway) run_stage gateway stage_gateway ;;
         cross) run_stage cross ci/test-cross.sh ;;
         image) run_stage image bash -c 'ci/test-image.sh; r=$?; RG_CONSOLE_REBUILD=1 ci/test-console-qemu.sh; c=$?; ci/test-console2-qemu.sh && [ $r = 0 ] && [ $c = 0 ]' ;;
-        board) run_stage board bash -c 'RG_BOARD_REBUILD=1 ci/test-generic-board.sh' ;;
+        board) run_stage board bash -c 'RG_BOARD_REBUILD=1 ci/test-generic-board.sh; r=$?; BOARD=aarch64-generic RG_BOARD_REBUILD=1 ci/test-generic-board.sh && [ $r = 0 ]' ;;
         update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
         *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway cross image board update)"; exit 2 ;;
     esac

@@ -71,7 +71,9 @@ fi
 file "$bin" | grep -q "statically linked" || { echo "build: $bin is not a static binary" >&2; exit 1; }
 
 STEP "Debian packages ($DEBARCH: $KERNEL_PKG systemd-boot-efi)"
-mapfile -t debs < <(image/fetch.sh "$DEBARCH" "$KERNEL_PKG" systemd-boot-efi)
+# FIRMWARE_PKGS (board.conf, optional): packages the modules' firmware files come from.
+read -ra fwpkgs <<<"${FIRMWARE_PKGS:-}"
+mapfile -t debs < <(image/fetch.sh "$DEBARCH" "$KERNEL_PKG" systemd-boot-efi "${fwpkgs[@]}")
 pkgs=()
 for d in "${debs[@]}"; do
     pkgs+=("$(dpkg-deb -f "$d" Package) $(dpkg-deb -f "$d" Version)")
@@ -112,6 +114,27 @@ depmod -b "$ird" "$kver"
 # Keep only what init reads (the binary indexes would only be dead weight).
 find "$ird/lib/modules/$kver" -maxdepth 1 -name 'modules.*' ! -name modules.dep ! -name modules.builtin -delete
 echo "    $(find "$ird/lib/modules" -name '*.ko' | wc -l) module files"
+# The firmware files the image's modules declare (modinfo -F firmware) that FIRMWARE_PKGS
+# ship, under /lib/firmware where the kernel's loader looks (it reads .xz/.zst itself);
+# the same files go into the root below (a NIC loads its firmware when brought up).
+fwd=$work/firmware
+if [ ${#fwpkgs[@]} -gt 0 ]; then
+    for d in "${debs[@]:2}"; do dpkg-deb -x "$d" "$work/fwpkgs"; done
+    find "$ird/lib/modules" -name '*.ko' | sort | while read -r ko; do
+        modinfo -F firmware "$ko"
+    done | sort -u | while read -r fw; do
+        for f in "$work/fwpkgs/lib/firmware/$fw" "$work/fwpkgs/usr/lib/firmware/$fw"; do
+            for c in "$f" "$f.xz" "$f.zst"; do
+                [ -f "$c" ] || continue
+                mkdir -p "$fwd/$(dirname "$fw")"
+                cp "$c" "$fwd/$(dirname "$fw")/"
+            done
+        done
+    done
+    mkdir -p "$ird/lib/firmware"
+    [ -d "$fwd" ] && cp -a "$fwd/." "$ird/lib/firmware/"
+    echo "    $(find "$ird/lib/firmware" -type f | wc -l) firmware files (${fwpkgs[*]})"
+fi
 install -m 0755 "$bin" "$ird/init"
 board_runtime() {
     # The keys init acts on (gateway/src/init/board.rs), nothing build-only.
@@ -137,6 +160,7 @@ printf '%s\n' "$E" >"$rfs/etc/riceguard/build-time"
 install -m 0755 "$bin" "$rfs/usr/bin/riceguard"
 ln -s ../usr/bin/riceguard "$rfs/sbin/init"
 ln -s ../run "$rfs/var/run"
+if [ -d "$fwd" ]; then mkdir -p "$rfs/lib/firmware" && cp -a "$fwd/." "$rfs/lib/firmware/"; fi
 # The resolver (musl, for Endpoint host names) reads the DNS servers of the uplink's DHCP lease.
 ln -s ../run/riceguard/resolv.conf "$rfs/etc/resolv.conf"
 board_runtime >"$rfs/etc/riceguard/board.conf"

@@ -3,7 +3,7 @@
 # with a private apt state under .cache/apt/<debarch>/ (the host's apt configuration and
 # dpkg database are never touched, no root needed). Sources: the URIs of the host's own
 # /etc/apt/sources.list.d/debian.sources (no mirror is written into the repository),
-# suites bookworm and bookworm-backports, backports preferred (APT::Default-Release:
+# suites bookworm and bookworm-backports (components main and non-free-firmware), backports preferred (APT::Default-Release:
 # the 6.12 kernel and systemd-boot 254). Offline: a package already in the cache is not
 # fetched again; with all of them present, apt is not run at all. The cached .debs pin the
 # image's inputs; RG_APT_UPDATE=1 refreshes the lists and downloads the packages again.
@@ -41,8 +41,12 @@ if [ ${#need[@]} -gt 0 ]; then
     mkdir -p "$aptd"/{state,lists/partial,cache/archives/partial,empty}
     : > "$aptd/status"
     key=/usr/share/keyrings/debian-archive-keyring.gpg
-    printf 'deb [signed-by=%s] %s bookworm main\ndeb [signed-by=%s] %s bookworm-backports main\n' \
-        "$key" "$uri" "$key" "$uri" > "$aptd/sources.list"
+    # non-free-firmware: NIC firmware (firmware-realtek for r8169, aarch64-generic's FIRMWARE_PKGS).
+    printf 'deb [signed-by=%s] %s bookworm main non-free-firmware\ndeb [signed-by=%s] %s bookworm-backports main non-free-firmware\n' \
+        "$key" "$uri" "$key" "$uri" > "$aptd/sources.list.new"
+    # Lists fetched for other sources (an older cache: main only) are refreshed once.
+    if ! cmp -s "$aptd/sources.list.new" "$aptd/sources.list"; then rm -f "$aptd/updated"; fi
+    mv "$aptd/sources.list.new" "$aptd/sources.list"
     # shellcheck disable=SC2046
     if [ ! -s "$aptd/updated" ] || [ -n "${RG_APT_UPDATE:-}" ]; then
         echo "fetch: apt-get update ($debarch, $uri)" >&2
