@@ -130,16 +130,9 @@ pub fn lease_dns(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
         .unwrap_or_default()
 }
 
-/// Where `riceguard dhcp` keeps its leases: `RG_RUN_DIR` when set (tests on a host), as
-/// the DHCP client and `riceguard status` have it, else `/run/riceguard`.
-fn run_dir() -> PathBuf {
-    std::env::var_os("RG_RUN_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(
-            || PathBuf::from(crate::driver::dhcp::RUN_DIR),
-            PathBuf::from,
-        )
-}
+// Where `riceguard dhcp` keeps its leases: `paths::run_dir()`, as the DHCP client and
+// `riceguard status` have it.
+use crate::paths::run_dir;
 
 /// What the console asks of the rest of the appliance.
 pub trait Hooks {
@@ -351,11 +344,10 @@ pub struct SystemHooks {
     pub job: Option<Job>,
 }
 
-pub const DEFAULT_PIDFILE: &str = "/run/riceguard.pid";
-pub const DEFAULT_STATUS_FILE: &str = "/run/riceguard.status";
 /// The file init starts the gateway from on a failsafe or fallback boot (a copy in
 /// /run; `/perm/riceguard.conf` itself otherwise).
-pub const BOOT_CONFIG: &str = "/run/riceguard/boot.conf";
+pub use crate::paths::BOOT_CONFIG;
+pub use crate::paths::{PIDFILE as DEFAULT_PIDFILE, STATUS_FILE as DEFAULT_STATUS_FILE};
 /// How long a commit waits for the daemon to say what it did with the file.
 pub const RELOAD_WAIT: Duration = Duration::from_secs(5);
 
@@ -552,7 +544,7 @@ impl Hooks for SystemHooks {
         let path = self
             .socket
             .clone()
-            .unwrap_or_else(|| Path::new("/var/run/wireguard").join(format!("{ifname}.sock")));
+            .unwrap_or_else(|| crate::paths::uapi_socket(ifname));
         let fail =
             |e: std::io::Error| format!("no answer from the daemon on {}: {e}", path.display());
         let mut s = UnixStream::connect(&path).map_err(fail)?;
@@ -765,7 +757,7 @@ mod tests {
     fn daemon_config_from_cmdline() {
         assert_eq!(
             config_arg(b"/usr/bin/riceguard\0up\0--config\0/run/riceguard/boot.conf\0"),
-            Some(PathBuf::from("/run/riceguard/boot.conf"))
+            Some(PathBuf::from(BOOT_CONFIG))
         );
         assert_eq!(config_arg(b"riceguard\0wg0\0"), None);
         assert_eq!(config_arg(b"riceguard\0up\0--config"), None);

@@ -89,7 +89,10 @@ pub(super) fn stage1() -> String {
             return format!("moving {m} into the new root: {e}");
         }
     }
-    let _ = std::fs::write(format!("{NEWROOT}/run/riceguard-root"), format!("{dev}\n"));
+    let _ = std::fs::write(
+        format!("{NEWROOT}{}", crate::paths::ROOT_DEVICE),
+        format!("{dev}\n"),
+    );
     empty_initramfs();
     if let Err(e) = os::switch_root(NEWROOT) {
         return format!("switching to the root on {dev}: {e}");

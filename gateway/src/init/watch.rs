@@ -6,11 +6,11 @@ use super::*;
 /// One look at the gateway for the health watch: its UAPI answer and the worker
 /// heartbeats of its status file.
 pub(super) fn probe_gateway(ifname: &str) -> health::Probe {
-    let status = format!("/run/riceguard/{ifname}.status");
+    let status = crate::paths::status_file(ifname);
     let beats = match std::fs::read_to_string(&status) {
         Ok(t) => crate::driver::status::parse_heartbeats(&t)
-            .ok_or_else(|| format!("no heartbeat line in {status}")),
-        Err(e) => Err(format!("{status}: {e}")),
+            .ok_or_else(|| format!("no heartbeat line in {}", status.display())),
+        Err(e) => Err(format!("{}: {e}", status.display())),
     };
     health::Probe {
         uapi: uapi_answers(ifname),
@@ -21,7 +21,7 @@ pub(super) fn probe_gateway(ifname: &str) -> health::Probe {
 /// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
 pub(super) fn uapi_answers(ifname: &str) -> Result<(), String> {
     use std::os::unix::net::UnixStream;
-    let mut s = UnixStream::connect(format!("/var/run/wireguard/{ifname}.sock"))
+    let mut s = UnixStream::connect(crate::paths::uapi_socket(ifname))
         .map_err(|e| format!("connect: {e}"))?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));

@@ -40,15 +40,9 @@ use crate::core::dhcp::{
 use crate::core::net::Cidr;
 use crate::sys::netlink::{Lifetime, Netlink, Route};
 
-/// Where the lease files and resolv.conf go (`RG_RUN_DIR` overrides it, for tests that
-/// run the client on a host).
-pub const RUN_DIR: &str = "/run/riceguard";
-
-fn run_dir() -> PathBuf {
-    std::env::var_os("RG_RUN_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from(RUN_DIR), PathBuf::from)
-}
+// The lease files and resolv.conf go to `paths::run_dir()` (`RG_RUN_DIR` moves it, for
+// tests that run the client on a host).
+use crate::paths::run_dir;
 const CARRIER_POLL: Duration = Duration::from_secs(1);
 const USAGE: &str = "usage: riceguard dhcp [--run-dir DIR] [--config FILE] IFACE";
 

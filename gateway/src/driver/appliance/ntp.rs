@@ -36,7 +36,7 @@ use crate::core::clock::{
 use crate::sys::clock as sysclock;
 
 /// Where the state files are (`RG_RUN_DIR` or `--run-dir` override it).
-pub const RUN_DIR: &str = "/run/riceguard";
+pub use crate::paths::RUN_DIR;
 /// The client's state, in [`RUN_DIR`].
 pub const STATE: &str = "clock";
 /// Init's boot-floor record, in [`RUN_DIR`].
@@ -52,11 +52,7 @@ const RESOLVE_OK: Duration = Duration::from_secs(1800);
 const RESOLVE_FAILED: Duration = Duration::from_secs(30);
 const USAGE: &str = "usage: riceguard ntp [--config FILE] [--lease FILE]... [--server HOST[:PORT]]... [--run-dir DIR] [--dry-run]";
 
-fn run_dir() -> PathBuf {
-    std::env::var_os("RG_RUN_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| PathBuf::from(RUN_DIR), PathBuf::from)
-}
+use crate::paths::run_dir;
 
 /// The saved time in `path`, if it reads.
 pub fn read_saved(path: &Path) -> Option<policy::SavedTime> {

@@ -188,11 +188,7 @@ impl StatusBoard {
 
 // ---- `riceguard status`: the reader of the file above, and the live peer table ----
 
-const STATUS_DIR: &str = "/run/riceguard";
-
-pub(super) fn status_path(ifname: &str) -> std::path::PathBuf {
-    std::path::Path::new(STATUS_DIR).join(format!("{ifname}.status"))
-}
+pub(super) use crate::paths::status_file as status_path;
 
 /// The data-plane decisions made at start, for `riceguard status` and the console.
 /// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.

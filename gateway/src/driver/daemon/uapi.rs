@@ -13,7 +13,7 @@ use std::io::{BufReader, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use super::runtime::Runtime;
 use crate::core::uapi::{self, DeviceStatus, PeerStatus, Request, SetRequest, UapiError};
 
-pub const SOCKET_DIR: &str = "/var/run/wireguard";
+pub use crate::paths::UAPI_DIR as SOCKET_DIR;
 /// A request (from waiting for its first line to its blank line) must arrive within
 /// this; `wg` sends its whole request at once, even `wg setconf` with thousands of
 /// peers takes milliseconds on a local socket.
@@ -31,9 +31,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Clients served at once; one more closes the oldest.
 pub const MAX_CLIENTS: usize = 16;
 
-pub fn socket_path(ifname: &str) -> PathBuf {
-    Path::new(SOCKET_DIR).join(format!("{ifname}.sock"))
-}
+pub use crate::paths::uapi_socket as socket_path;
 
 /// Bind the UAPI socket, replacing a stale one (no listener behind it) but refusing to
 /// steal one that answers.
@@ -273,6 +271,7 @@ pub fn status(rt: &Runtime) -> DeviceStatus {
 mod tests {
     use super::*;
     use std::io::BufRead;
+    use std::path::PathBuf;
     use std::os::unix::fs::FileTypeExt;
 
     struct Fake {
