@@ -2,6 +2,8 @@
 # A/B rollback on U-Boot boards (qemu-aarch64 image, QEMU virt, TCG, cortex-a57), under
 # Debian's u-boot-qemu and, for the same disk, under AAVMF:
 #
+#   S1 evidence of the problem: the image without /boot.scr under U-Boot: systemd-boot's
+#      rename is refused (the trial is never counted) and init's report warns
 #   U1 flashed v1 under U-Boot: distro boot runs the ESP's /boot.scr, which counts slot a's
 #      try itself (a+3 -> a+2-1: fatwrite + fatrm), bootefi starts the UKI; init says the
 #      U-Boot script booted it, marks good (a.conf), installs v2 (bundle on /dev/vdb)
@@ -24,7 +26,7 @@ cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 . ci/lib/firmware.sh
 h_init test-uboot-rollback
-require_tools qemu-system-aarch64 mkimage mdir mtype sfdisk jq debugfs e2fsck losetup
+require_tools qemu-system-aarch64 mkimage mdir mtype mdel sfdisk jq debugfs e2fsck losetup
 [ -f "$FW_UBOOT" ] || h_abort "no $FW_UBOOT (u-boot-qemu; ci/deps.sh)"
 board=qemu-aarch64
 T=${RG_UBR_BOOT_TIMEOUT:-300}
@@ -102,6 +104,16 @@ check "ESP is partition 1 and LegacyBIOSBootable (distro boot's part list -boota
     sh -c "sfdisk --json '$disk' | jq -e '.partitiontable.partitions[0] | (.name == \"esp\") and (.attrs | test(\"LegacyBIOSBootable\"))'"
 check "factory entry: a+3 only" test "$(entries "$disk")" = riceguard-a+3.conf
 check "factory entry: sort-key is its last line" bash -c "$(declare -f esp_cat part_off); esp_cat '$disk' ::/loader/entries/riceguard-a+3.conf | tail -1 | grep -qx 'sort-key riceguard-0'"
+
+# ---------------------------------------------------------------------------------------
+echo "== U-Boot without /boot.scr: systemd-boot cannot count (the problem the script solves)"
+cp --sparse=always "$disk" "$work/disk-sdboot.img"
+mdel -i "$work/disk-sdboot.img@@$(part_off "$disk" esp)" ::/boot.scr
+boot uboot s1 "$work/disk-sdboot.img" good_boot
+check "s1: U-Boot fell through to systemd-boot, whose rename is refused" have "$l" "Failed to rename '.loader.entries.riceguard-a\+3.conf' to 'riceguard-a\+2-1.conf', ignoring: Access denied"
+check "s1: so the trial entry is not counted (still a+3 at init)" have "$l" 'slot a on trial \(riceguard-a\+3.conf: 3 tries left, 0 used\)'
+check "s1: init warns that this boot path cannot roll back" have "$l" 'WARNING: systemd-boot on U-Boot cannot count tries'
+rm -f "$work/disk-sdboot.img"
 
 # ---------------------------------------------------------------------------------------
 echo "== U-Boot: first boot marked good, update to slot b, its trial marked good"
