@@ -43,6 +43,9 @@ use crate::store;
 
 /// Tries a freshly installed slot gets before systemd-boot gives up on it.
 pub const TRIES: u32 = 3;
+// The U-Boot boot script (image/uboot/boot.cmd) probes counters up to 3 only: more tries
+// would make a fresh entry invisible to it. Raise both together.
+const _: () = assert!(TRIES <= crate::slots::UBOOT_MAX_TRIES);
 /// Sort keys: the default entry sorts first.
 const KEY_DEFAULT: &str = "riceguard-0";
 const KEY_OTHER: &str = "riceguard-1";
