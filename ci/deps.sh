@@ -34,6 +34,9 @@ APT_PKGS=(
     lvm2 btrfs-progs
     # the console's QR code read back by a real decoder (console/qr.rs test)
     zbar-tools
+    # U-Boot boards: mkimage makes the ESP's boot.scr (image/uboot/); Debian's U-Boot for
+    # QEMU virt is the test firmware of ci/test-uboot-rollback.sh (ci/lib/firmware.sh)
+    u-boot-tools u-boot-qemu
 )
 
 # ---- image helper: packages from bookworm-backports ------------------------------------

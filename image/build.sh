@@ -60,6 +60,25 @@ uuid_for() {
 }
 touch_tree() { find "$1" -exec touch -h -d "@$E" {} +; }
 
+# ---- U-Boot A/B boot script (owner: the U-Boot rollback work; image/uboot/) ---------
+# aarch64 images carry /boot.scr on the ESP: U-Boot's distro boot runs it before the
+# EFI removable path and it does the boot counting systemd-boot cannot do there
+# (image/uboot/boot.cmd, flash-scripts/README.md "U-Boot boards"). EDK2 ignores it.
+# mkimage stamps the legacy image header with the time: SOURCE_DATE_EPOCH keeps it fixed.
+uboot_boot_script() { # ESP_TREE
+    [ "$ARCH" = aarch64 ] || return 0
+    need mkimage
+    SOURCE_DATE_EPOCH=$E mkimage -A arm64 -O linux -T script -C none -n "riceguard A/B boot" \
+        -d image/uboot/boot.cmd "$1/boot.scr" >/dev/null
+}
+# The ESP is U-Boot's boot partition: mark it LegacyBIOSBootable (distro boot's
+# `part list -bootable`; without any such partition it tries partition 1 only).
+uboot_esp_bootable() { # DISK
+    [ "$ARCH" = aarch64 ] || return 0
+    sfdisk -q --no-reread --no-tell-kernel --part-attrs "$1" 1 LegacyBIOSBootable
+}
+# ---- end of the U-Boot block ------------------------------------------------------
+
 # ---------------------------------------------------------------------------
 STEP "riceguard static binary ($RUST_TARGET)"
 if [ -n "${RG_BIN:-}" ]; then
@@ -221,8 +240,10 @@ cp "$out/slot-a.efi" "$out/slot-b.efi" "$ef/EFI/riceguard/"
 # No `default` line: a counted-out entry must not stay pinned (ENVIRONMENT.md). The
 # factory image has slot a's entry only, with 3 tries; an update adds the other slot's.
 printf 'timeout 0\neditor no\nconsole-mode keep\n' >"$ef/loader/loader.conf"
-printf 'title RiceGuard %s (slot a)\nversion %s\nsort-key riceguard\nefi /EFI/riceguard/slot-a.efi\n' \
+# sort-key is the last line: the U-Boot boot script reads its digit there (slots.rs).
+printf 'title RiceGuard %s (slot a)\nversion %s\nefi /EFI/riceguard/slot-a.efi\nsort-key riceguard-0\n' \
     "$version" "$version" >"$ef/loader/entries/riceguard-a+3.conf"
+uboot_boot_script "$ef"
 touch_tree "$ef"
 # mtools: -m keeps the (fixed) mtimes; directories are made in sorted order.
 (cd "$ef" && find . -mindepth 1 -type d | sort | while read -r d; do mmd -i "$esp" "::${d#.}"; done
@@ -270,6 +291,7 @@ start=$ra_start, size=$ra_size, type=$roottype, uuid=$(uuid_for root-a), name="r
 start=$rb_start, size=$rb_size, type=$roottype, uuid=$(uuid_for root-b), name="root-b"
 start=$pm_start, size=$pm_size, type=0FC63DAF-8483-4772-8E79-3D69D8477DE4, uuid=$(uuid_for perm), name="perm"
 SFDISK
+uboot_esp_bootable "$img"
 put() { dd if="$1" of="$img" bs=512 seek="$2" conv=notrunc,sparse status=none; }
 put "$esp" $esp_start
 put "$out/root.squashfs" $ra_start

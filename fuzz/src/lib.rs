@@ -507,6 +507,46 @@ pub fn check_sntp(data: &[u8]) {
     let _ = wall.to_string();
 }
 
+/// The ESP's boot entries as the U-Boot boot script reads them (`slots::uboot_plan`):
+/// records split by 0xFF, each a file name, a newline, then its contents; also the
+/// `RiceGuardBoot` variable. Nothing panics; a plan boots a slot whose entry the script
+/// can see, never a used-up one over a usable other slot, and none only when neither
+/// slot has an entry; a counted name stays findable.
+pub fn check_uboot_entries(data: &[u8]) {
+    use riceguard::slots::*;
+    let _ = parse_boot_var(data);
+    let _ = sort_key_digit(data);
+    let entries: Vec<(String, Vec<u8>)> = data
+        .split(|&b| b == 0xff)
+        .map(|r| {
+            let (name, text) = match r.iter().position(|&b| b == b'\n') {
+                Some(i) => (&r[..i], &r[i + 1..]),
+                None => (r, &r[r.len()..]),
+            };
+            (String::from_utf8_lossy(name).into_owned(), text.to_vec())
+        })
+        .collect();
+    let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    let (va, vb) = (uboot_entry_name(&names, 'a'), uboot_entry_name(&names, 'b'));
+    let Some(p) = uboot_plan(&entries) else {
+        assert!(va.is_none() && vb.is_none(), "no plan with an entry: {names:?}");
+        return;
+    };
+    let (mine, other) = if p.slot == 'a' { (va, vb) } else { (vb, va) };
+    assert_eq!(Some(p.entry.as_str()), mine);
+    if p.exhausted {
+        if let Some(o) = other {
+            assert!(matches!(entry_tries(o), Some((0, _))), "{names:?} -> {p:?}");
+        }
+    }
+    if let Some(to) = &p.count_to {
+        assert!(is_slot_entry(to, p.slot), "{to}");
+        let mut after: Vec<&str> = names.iter().copied().filter(|n| *n != p.entry).collect();
+        after.push(to);
+        assert!(uboot_entry_name(&after, p.slot).is_some(), "{to}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -656,6 +696,11 @@ mod tests {
     #[test]
     fn sntp_seeded() {
         run("sntp", check_sntp, 20_000);
+    }
+
+    #[test]
+    fn uboot_entries_seeded() {
+        run("uboot_entries", check_uboot_entries, 20_000);
     }
 
     #[test]

@@ -489,13 +489,16 @@ pub fn entry_tries(name: &str) -> Option<(u32, u32)> {
     }
 }
 
+/// An entry's text. `sort-key` is the last line: the U-Boot boot script reads the key's
+/// digit as the byte before the final newline ([`sort_key_digit`]).
 pub fn entry_text(version: &str, slot: char, sort_key: &str) -> String {
     format!(
-        "title RiceGuard {version} (slot {slot})\nversion {version}\nsort-key {sort_key}\nefi /EFI/riceguard/slot-{slot}.efi\n"
+        "title RiceGuard {version} (slot {slot})\nversion {version}\nefi /EFI/riceguard/slot-{slot}.efi\nsort-key {sort_key}\n"
     )
 }
 
-/// Set `sort-key` of an entry file (added when missing), keeping the other lines.
+/// Set `sort-key` of an entry file, as its last line (see [`entry_text`]), keeping the
+/// other lines.
 pub fn set_sort_key(path: &Path, key: &str) -> io::Result<()> {
     let text = std::fs::read_to_string(path)?;
     let mut out: String = text
@@ -513,6 +516,222 @@ pub fn slot_on_trial(esp: &Path, slot: char) -> bool {
         .unwrap_or_default()
         .iter()
         .any(|n| entry_tries(n).is_some())
+}
+
+// ---------------------------------------------------------------------------------------
+// U-Boot boards. U-Boot's EFI file protocol refuses renames, so systemd-boot cannot count
+// tries there; the ESP's `/boot.scr` (image/uboot/boot.cmd) does the same counting on the
+// same entry files before any kernel runs. The entry names stay the one source of truth
+// for both firmware paths: init marks good and the updater installs exactly as under
+// systemd-boot. The functions below are the script's rules in Rust (tests, the fuzz
+// target `uboot_entries`, and the boot report), kept in step with boot.cmd by hand.
+
+/// The highest tries-left and tries-done the boot script probes for (`+L-D`, 0..=3):
+/// entry names outside this range are invisible to it.
+pub const UBOOT_MAX_TRIES: u32 = 3;
+
+/// One slot's entry as the U-Boot boot script sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UbootEntry {
+    pub name: String,
+    /// Tries (left, done); `None`: no counter (a good slot).
+    pub tries: Option<(u32, u32)>,
+    /// The sort key's digit (`riceguard-0` -> 0), when the file ends with one.
+    pub key: Option<u8>,
+}
+
+/// What the boot script does with a set of entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UbootPlan {
+    pub slot: char,
+    pub entry: String,
+    /// The name a trial entry is renamed to before its kernel runs.
+    pub count_to: Option<String>,
+    /// No slot has tries left: the script boots this one anyway (as systemd-boot does).
+    pub exhausted: bool,
+}
+
+/// The digit of `sort-key riceguard-N` when it is the file's last line: the byte before
+/// the final newline, as the boot script reads it (one byte at `size - 2`).
+pub fn sort_key_digit(text: &[u8]) -> Option<u8> {
+    let n = text.len();
+    if n < 2 || text[n - 1] != b'\n' {
+        return None;
+    }
+    match text[n - 2] {
+        b @ (b'0' | b'1')
+            if text[..n - 1].ends_with(b"sort-key riceguard-0")
+                || text[..n - 1].ends_with(b"sort-key riceguard-1") =>
+        {
+            Some(b - b'0')
+        }
+        _ => None,
+    }
+}
+
+/// The entry of `slot` the boot script finds among `names` (case-insensitive, as FAT
+/// is): counters with the most tries left first (so after a power cut between its
+/// write and its delete the old name is taken and the same step redone), then the
+/// plain name.
+pub fn uboot_entry_name<'a>(names: &[&'a str], slot: char) -> Option<&'a str> {
+    let find = |want: &str| names.iter().copied().find(|n| n.eq_ignore_ascii_case(want));
+    for l in (0..=UBOOT_MAX_TRIES).rev() {
+        for d in 0..=UBOOT_MAX_TRIES {
+            let c = if d == 0 {
+                format!("{l}")
+            } else {
+                format!("{l}-{d}")
+            };
+            if let Some(n) = find(&format!("riceguard-{slot}+{c}.conf")) {
+                return Some(n);
+            }
+        }
+    }
+    find(&format!("riceguard-{slot}.conf"))
+}
+
+/// Lower boots first: usable (tries left or no counter) before used up, then sort key
+/// 0, 1, none.
+fn uboot_score(e: &UbootEntry) -> u32 {
+    let key = match e.key {
+        Some(0) => 0,
+        Some(1) => 1,
+        _ => 2,
+    };
+    key + if matches!(e.tries, Some((0, _))) {
+        4
+    } else {
+        0
+    }
+}
+
+/// The boot script's choice among `entries` (file name, contents) of
+/// `<esp>/loader/entries`. `None` only when neither slot has an entry the script can
+/// see; then U-Boot goes on to the EFI removable path (systemd-boot, uncounted).
+pub fn uboot_plan(entries: &[(String, Vec<u8>)]) -> Option<UbootPlan> {
+    let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    let slot_entry = |slot: char| -> Option<UbootEntry> {
+        let name = uboot_entry_name(&names, slot)?;
+        let text = &entries.iter().find(|(n, _)| n == name)?.1;
+        Some(UbootEntry {
+            name: name.to_string(),
+            tries: entry_tries(name),
+            key: sort_key_digit(text),
+        })
+    };
+    let (a, b) = (slot_entry('a'), slot_entry('b'));
+    let (slot, e) = match (a, b) {
+        (Some(a), Some(b)) if uboot_score(&b) < uboot_score(&a) => ('b', b),
+        (Some(a), _) => ('a', a),
+        (None, Some(b)) => ('b', b),
+        (None, None) => return None,
+    };
+    let count_to = match e.tries {
+        // Tries done stops at the highest the script probes for, so the counted name
+        // stays one it finds (`+2-3` by hand would otherwise become an invisible `+1-4`).
+        Some((left, done)) if left > 0 => Some(format!(
+            "riceguard-{slot}+{}-{}.conf",
+            left - 1,
+            (done + 1).min(UBOOT_MAX_TRIES)
+        )),
+        _ => None,
+    };
+    Some(UbootPlan {
+        slot,
+        exhausted: matches!(e.tries, Some((0, _))),
+        entry: e.name,
+        count_to,
+    })
+}
+
+/// RiceGuard's EFI vendor GUID (boot.cmd's `rg_guid`).
+pub const RICEGUARD_GUID: &str = "8e4b3f5a-1c2d-4e6f-9a0b-52696365476d";
+/// The GUID of systemd-boot's variables.
+const LOADER_GUID: &str = "4a67b082-0a4c-41cf-b6c7-440b29bb8c4f";
+
+/// What started the running kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootPath {
+    /// The U-Boot boot script chose `slot` from `entry` (its volatile `RiceGuardBoot`
+    /// variable).
+    UbootScript { slot: char, entry: String },
+    /// systemd-boot (`LoaderInfo`), on firmware `firmware` (`LoaderFirmwareInfo`).
+    SystemdBoot { loader: String, firmware: String },
+    /// Neither variable (no EFI, or another loader).
+    Unknown,
+}
+
+/// The `RiceGuardBoot` variable as efivarfs shows it: 4 attribute bytes, then the text
+/// `uboot SLOT ENTRY` (U-Boot stores the ASCII of `env set -e`; NULs are dropped).
+pub fn parse_boot_var(bytes: &[u8]) -> Option<(char, String)> {
+    let text: String = std::str::from_utf8(bytes.get(4..)?)
+        .ok()?
+        .trim_matches(char::from(0))
+        .to_string();
+    let mut w = text.split_whitespace();
+    if w.next()? != "uboot" {
+        return None;
+    }
+    let slot = match w.next()? {
+        "a" => 'a',
+        "b" => 'b',
+        _ => return None,
+    };
+    let entry = w.next()?;
+    if w.next().is_some() || !is_slot_entry(entry, slot) {
+        return None;
+    }
+    Some((slot, entry.to_string()))
+}
+
+/// [`BootPath`] from the variables in `efivars` (`/sys/firmware/efi/efivars`).
+pub fn boot_path(efivars: &Path) -> BootPath {
+    let var = |name: &str, guid: &str| std::fs::read(efivars.join(format!("{name}-{guid}"))).ok();
+    if let Some((slot, entry)) =
+        var("RiceGuardBoot", RICEGUARD_GUID).and_then(|b| parse_boot_var(&b))
+    {
+        return BootPath::UbootScript { slot, entry };
+    }
+    let utf16 = |b: Vec<u8>| -> Option<String> {
+        let units: Vec<u16> = b
+            .get(4..)?
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            .take_while(|&u| u != 0)
+            .collect();
+        String::from_utf16(&units).ok()
+    };
+    match var("LoaderInfo", LOADER_GUID).and_then(utf16) {
+        Some(loader) => BootPath::SystemdBoot {
+            loader,
+            firmware: var("LoaderFirmwareInfo", LOADER_GUID)
+                .and_then(utf16)
+                .unwrap_or_default(),
+        },
+        None => BootPath::Unknown,
+    }
+}
+
+/// The entries of `<esp>/loader/entries` with their contents (at most 4 KiB each), for
+/// [`uboot_plan`].
+pub fn read_entries(esp: &Path) -> Vec<(String, Vec<u8>)> {
+    let Ok(rd) = std::fs::read_dir(esp.join("loader/entries")) else {
+        return Vec::new();
+    };
+    let mut v: Vec<(String, Vec<u8>)> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let mut buf = Vec::new();
+            std::fs::File::open(e.path())
+                .ok()?
+                .take(4096)
+                .read_to_end(&mut buf)
+                .ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), buf))
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 #[cfg(test)]
@@ -836,5 +1055,253 @@ mod tests {
         assert!(e.join("riceguard-a.conf").exists());
         assert_eq!(mark_good(&d, 'a').unwrap(), Marked::AlreadyGood);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn ent(name: &str, key: &str) -> (String, Vec<u8>) {
+        let slot = if name.to_ascii_lowercase().starts_with("riceguard-b") {
+            'b'
+        } else {
+            'a'
+        };
+        (name.to_string(), entry_text("v1", slot, key).into_bytes())
+    }
+
+    #[test]
+    fn sort_key_is_the_last_byte_before_the_newline() {
+        assert_eq!(
+            sort_key_digit(entry_text("v", 'a', "riceguard-0").as_bytes()),
+            Some(0)
+        );
+        assert_eq!(
+            sort_key_digit(entry_text("v", 'a', "riceguard-1").as_bytes()),
+            Some(1)
+        );
+        // set_sort_key keeps it last whatever order the file had.
+        let d = TempDir::new("sortkey");
+        let p = d.0.join("e.conf");
+        std::fs::write(&p, "title x\nsort-key riceguard-1\nefi /x.efi\n").unwrap();
+        set_sort_key(&p, "riceguard-0").unwrap();
+        assert_eq!(sort_key_digit(&std::fs::read(&p).unwrap()), Some(0));
+        for bad in [
+            &b""[..],
+            b"\n",
+            b"sort-key riceguard-0",
+            b"sort-key riceguard-7\n",
+            b"efi 0\n",
+            b"sort-key riceguard-0\r\n",
+        ] {
+            assert_eq!(sort_key_digit(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn uboot_plan_counts_like_systemd_boot() {
+        let plan = |e: &[(String, Vec<u8>)]| {
+            uboot_plan(e).map(|p| (p.slot, p.entry, p.count_to, p.exhausted))
+        };
+        // Factory: slot a on trial.
+        assert_eq!(
+            plan(&[ent("riceguard-a+3.conf", "riceguard-0")]),
+            Some((
+                'a',
+                "riceguard-a+3.conf".into(),
+                Some("riceguard-a+2-1.conf".into()),
+                false
+            ))
+        );
+        // An update on trial (key 0) over the good slot (key 1); counted names as FAT
+        // gives them back (any case).
+        let up = [
+            ent("riceguard-a.conf", "riceguard-1"),
+            ent("RICEGUARD-B+2-1.CONF", "riceguard-0"),
+        ];
+        assert_eq!(
+            plan(&up),
+            Some((
+                'b',
+                "RICEGUARD-B+2-1.CONF".into(),
+                Some("riceguard-b+1-2.conf".into()),
+                false
+            ))
+        );
+        // Its tries used up: the good slot, uncounted.
+        let back = [
+            ent("riceguard-a.conf", "riceguard-1"),
+            ent("riceguard-b+0-3.conf", "riceguard-0"),
+        ];
+        assert_eq!(
+            plan(&back),
+            Some(('a', "riceguard-a.conf".into(), None, false))
+        );
+        // Both good: the sort key decides (rollback-slot swaps keys).
+        let both = [
+            ent("riceguard-a.conf", "riceguard-1"),
+            ent("riceguard-b.conf", "riceguard-0"),
+        ];
+        assert_eq!(uboot_plan(&both).unwrap().slot, 'b');
+        let both = [
+            ent("riceguard-a.conf", "riceguard-0"),
+            ent("riceguard-b.conf", "riceguard-1"),
+        ];
+        assert_eq!(uboot_plan(&both).unwrap().slot, 'a');
+        // Only used-up entries: boot one anyway (as systemd-boot does), say so.
+        let p = uboot_plan(&[ent("riceguard-b+0-3.conf", "riceguard-0")]).unwrap();
+        assert!(p.exhausted && p.slot == 'b' && p.count_to.is_none());
+        // rollback-slot's fresh try (+1) counts to +0-1.
+        assert_eq!(
+            uboot_plan(&[
+                ent("riceguard-a+1.conf", "riceguard-0"),
+                ent("riceguard-b.conf", "riceguard-1")
+            ])
+            .unwrap()
+            .count_to
+            .as_deref(),
+            Some("riceguard-a+0-1.conf")
+        );
+        // Power cut between the script's write and its delete: both names; the old one
+        // (more tries left) is taken and the same step redone.
+        let cut = [
+            ent("riceguard-b+2-1.conf", "riceguard-0"),
+            ent("riceguard-b+3.conf", "riceguard-0"),
+            ent("riceguard-a.conf", "riceguard-1"),
+        ];
+        assert_eq!(
+            uboot_plan(&cut).unwrap().count_to.as_deref(),
+            Some("riceguard-b+2-1.conf")
+        );
+        // No entry the script can see (other names, counters past 3): nothing.
+        assert_eq!(
+            uboot_plan(&[
+                ent("other.conf", "riceguard-0"),
+                ent("riceguard-a+9.conf", "riceguard-0")
+            ]),
+            None
+        );
+        assert_eq!(uboot_plan(&[]), None);
+    }
+
+    /// Whatever the entries directory holds, the script boots a slot that has an entry it
+    /// can see, a good entry is never passed over for a used-up one, and a counted name
+    /// stays a name of the same slot that the script finds again.
+    #[test]
+    fn uboot_plan_never_loses_a_bootable_slot() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let counters = [
+            "", "+3", "+2-1", "+1-2", "+0-3", "+1", "+0-1", "+2-3", "+3-3", "+9", "+x", "+2-",
+        ];
+        for _ in 0..20_000 {
+            let mut es = Vec::new();
+            for _ in 0..rnd(4) {
+                let slot = if rnd(2) == 0 { 'a' } else { 'b' };
+                let name = format!(
+                    "riceguard-{slot}{}.conf",
+                    counters[rnd(counters.len() as u64) as usize]
+                );
+                let text = match rnd(4) {
+                    0 => b"garbage".to_vec(),
+                    1 => entry_text("v", slot, "riceguard-1").into_bytes(),
+                    _ => entry_text("v", slot, "riceguard-0").into_bytes(),
+                };
+                es.push((name, text));
+            }
+            let visible = |s: char| {
+                let names: Vec<&str> = es.iter().map(|(n, _)| n.as_str()).collect();
+                uboot_entry_name(&names, s).map(str::to_string)
+            };
+            let (va, vb) = (visible('a'), visible('b'));
+            let Some(p) = uboot_plan(&es) else {
+                assert!(va.is_none() && vb.is_none(), "{es:?}");
+                continue;
+            };
+            assert_eq!(
+                Some(&p.entry),
+                if p.slot == 'a' {
+                    va.as_ref()
+                } else {
+                    vb.as_ref()
+                }
+            );
+            let other = if p.slot == 'a' { &vb } else { &va };
+            if p.exhausted {
+                // Used up is chosen only when the other slot is used up too, or absent.
+                if let Some(o) = other {
+                    assert!(matches!(entry_tries(o), Some((0, _))), "{es:?} -> {p:?}");
+                }
+            }
+            if let Some(to) = &p.count_to {
+                assert!(is_slot_entry(to, p.slot));
+                let (l, d) = entry_tries(to).unwrap();
+                assert!(l < UBOOT_MAX_TRIES && d <= UBOOT_MAX_TRIES, "{to}");
+                // After the rename the slot still has an entry the script sees.
+                let mut after: Vec<(String, Vec<u8>)> =
+                    es.iter().filter(|(n, _)| *n != p.entry).cloned().collect();
+                after.push((to.clone(), b"sort-key riceguard-0\n".to_vec()));
+                let names: Vec<&str> = after.iter().map(|(n, _)| n.as_str()).collect();
+                assert!(uboot_entry_name(&names, p.slot).is_some(), "{to}");
+            }
+        }
+    }
+
+    #[test]
+    fn boot_path_from_efivars() {
+        let d = TempDir::new("efivars");
+        assert_eq!(boot_path(&d.0), BootPath::Unknown);
+        let u16v = |s: &str| {
+            let mut v = vec![6, 0, 0, 0];
+            for u in s.encode_utf16().chain([0]) {
+                v.extend(u.to_le_bytes());
+            }
+            v
+        };
+        std::fs::write(
+            d.0.join(format!("LoaderInfo-{LOADER_GUID}")),
+            u16v("systemd-boot 254"),
+        )
+        .unwrap();
+        std::fs::write(
+            d.0.join(format!("LoaderFirmwareInfo-{LOADER_GUID}")),
+            u16v("Das U-Boot 8215.1"),
+        )
+        .unwrap();
+        assert_eq!(
+            boot_path(&d.0),
+            BootPath::SystemdBoot {
+                loader: "systemd-boot 254".into(),
+                firmware: "Das U-Boot 8215.1".into()
+            }
+        );
+        std::fs::write(
+            d.0.join(format!("RiceGuardBoot-{RICEGUARD_GUID}")),
+            b"\x06\0\0\0uboot b riceguard-b+2-1.conf",
+        )
+        .unwrap();
+        assert_eq!(
+            boot_path(&d.0),
+            BootPath::UbootScript {
+                slot: 'b',
+                entry: "riceguard-b+2-1.conf".into()
+            }
+        );
+        assert_eq!(
+            parse_boot_var(b"\x06\0\0\0uboot a riceguard-a.conf\0"),
+            Some(('a', "riceguard-a.conf".into()))
+        );
+        for bad in [
+            &b""[..],
+            b"\x06\0\0\0",
+            b"\x06\0\0\0uboot c riceguard-c.conf",
+            b"\x06\0\0\0uboot a riceguard-b.conf",
+            b"\x06\0\0\0uboot a riceguard-a.conf extra",
+            b"\x06\0\0\0\xff\xfe",
+            b"\x06\0\0\0efi a riceguard-a.conf",
+        ] {
+            assert_eq!(parse_boot_var(bad), None, "{bad:?}");
+        }
     }
 }

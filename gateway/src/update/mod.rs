@@ -18,6 +18,9 @@
 //! Files on the ESP are changed through [`crate::store`] (temp, fsync, rename, fsync dir).
 //!
 //! systemd-boot (no `default` line in loader.conf) boots the first entry in sort order;
+//! on U-Boot boards the ESP's `/boot.scr` makes the same choice and counts the same
+//! entry files (U-Boot refuses systemd-boot's renames; see `slots::uboot_plan`), so
+//! nothing here depends on which of the two booted the device;
 //! an entry with no tries left sorts last, so a new slot that never gets marked good
 //! (init marks it when the gateway is healthy) falls back to the old one after 3 boots.
 //! Block devices and the ESP are reached through [`Platform`], so tests run the whole
@@ -35,11 +38,14 @@ use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
 use crate::core::bundle::{self, BundleError, DeviceInfo, Manifest, HEADER_LEN};
-use crate::slots::{entry_text, entry_tries, set_sort_key, slot_entries};
+use crate::slots::{entry_text, entry_tries, set_sort_key, slot_entries, slot_on_trial};
 use crate::store;
 
 /// Tries a freshly installed slot gets before systemd-boot gives up on it.
 pub const TRIES: u32 = 3;
+// The U-Boot boot script (image/uboot/boot.cmd) probes counters up to 3 only: more tries
+// would make a fresh entry invisible to it. Raise both together.
+const _: () = assert!(TRIES <= crate::slots::UBOOT_MAX_TRIES);
 /// Sort keys: the default entry sorts first.
 const KEY_DEFAULT: &str = "riceguard-0";
 const KEY_OTHER: &str = "riceguard-1";
@@ -504,7 +510,33 @@ pub fn rollback(p: &mut dyn Platform, log: &mut dyn FnMut(&str)) -> Result<char,
 /// Lines for the console at boot: which entry booted, whether it is on trial, and whether
 /// this boot is a fallback because the other slot used up its tries.
 pub fn boot_report(esp: &Path, slot: char) -> Vec<String> {
+    boot_report_with(
+        esp,
+        slot,
+        &crate::slots::boot_path(Path::new("/sys/firmware/efi/efivars")),
+    )
+}
+
+/// [`boot_report`] given what started the kernel: the U-Boot boot script or systemd-boot.
+/// Both count tries on the same entry files, so marking good is the same rename either
+/// way; systemd-boot on U-Boot firmware cannot count (renames refused) and is called out.
+pub fn boot_report_with(esp: &Path, slot: char, path: &crate::slots::BootPath) -> Vec<String> {
+    use crate::slots::BootPath;
     let mut out = Vec::new();
+    match path {
+        BootPath::UbootScript { slot: s, entry } => out.push(format!(
+            "booted by the U-Boot boot script: slot {s} from {entry} (it counts tries on the ESP itself)"
+        )),
+        BootPath::SystemdBoot { loader, firmware } => {
+            out.push(format!("booted by {loader} on {firmware}"));
+            if firmware.contains("U-Boot") && slot_on_trial(esp, slot) {
+                out.push(format!(
+                    "WARNING: systemd-boot on U-Boot cannot count tries (U-Boot refuses renames) and /boot.scr was not used: a failing slot {slot} would not roll back"
+                ));
+            }
+        }
+        BootPath::Unknown => {}
+    }
     for n in slot_entries(esp, slot).unwrap_or_default() {
         match entry_tries(&n) {
             Some((left, done)) => out.push(format!(

@@ -1,7 +1,7 @@
 //! The whole update against a disk image file (root partitions at offsets) and an ESP
 //! directory: good bundles land in the inactive slot, bad ones change no byte.
 use super::*;
-use crate::slots::{entry_tries, is_slot_entry};
+use crate::slots::{entry_tries, is_slot_entry, read_entries, uboot_plan, BootPath};
 use crate::testutil::bundle::{make_bundle, manifest_for, slot_uki, test_key};
 use ed25519_dalek::SigningKey;
 
@@ -161,6 +161,9 @@ fn installs_into_the_inactive_slot() {
         "{a}"
     );
     assert!(lines.iter().any(|l| l.contains("read back")), "{lines:?}");
+    // The U-Boot boot script reads the same entries: it tries b and counts it down.
+    let plan = |f: &Fixture| uboot_plan(&read_entries(&f.p.esp)).map(|p| (p.slot, p.count_to));
+    assert_eq!(plan(&f), Some(('b', Some("riceguard-b+2-1.conf".into()))));
 
     // Booted into b (marked good by init), update again: a is written, b stays.
     std::fs::rename(
@@ -179,10 +182,12 @@ fn installs_into_the_inactive_slot() {
         .entry("riceguard-a+3.conf")
         .contains("sort-key riceguard-0"));
     assert!(f.entry("riceguard-b.conf").contains("sort-key riceguard-1"));
+    assert_eq!(plan(&f), Some(('a', Some("riceguard-a+2-1.conf".into()))));
 
     // Manual rollback from a (running) to b.
     f.p.running = 'a';
     assert_eq!(rollback(&mut f.p, &mut |_| {}).unwrap(), 'b');
+    assert_eq!(plan(&f), Some(('b', None)));
     assert!(f.entry("riceguard-b.conf").contains("sort-key riceguard-0"));
     assert!(f
         .entry("riceguard-a+3.conf")
@@ -353,6 +358,29 @@ fn entry_names_and_boot_report() {
             .any(|l| l.contains("on trial") && l.contains("2 tries left")),
         "{r:?}"
     );
+    // Which path booted: the U-Boot script says so; systemd-boot on U-Boot firmware
+    // cannot count a trial and is called out; on EDK2 it is not.
+    let ub = BootPath::UbootScript {
+        slot: 'a',
+        entry: "riceguard-a+2-1.conf".into(),
+    };
+    let r = boot_report_with(&f.p.esp, 'a', &ub);
+    assert!(
+        r[0].starts_with("booted by the U-Boot boot script: slot a from riceguard-a+2-1.conf"),
+        "{r:?}"
+    );
+    let sd = |fw: &str| BootPath::SystemdBoot {
+        loader: "systemd-boot 254".into(),
+        firmware: fw.into(),
+    };
+    let r = boot_report_with(&f.p.esp, 'a', &sd("Das U-Boot 8215.1"));
+    assert!(
+        r.iter()
+            .any(|l| l.starts_with("WARNING: systemd-boot on U-Boot cannot count")),
+        "{r:?}"
+    );
+    let r = boot_report_with(&f.p.esp, 'a', &sd("EDK II 65536.0"));
+    assert!(!r.iter().any(|l| l.starts_with("WARNING")), "{r:?}");
 }
 
 #[test]

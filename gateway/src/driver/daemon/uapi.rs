@@ -271,8 +271,8 @@ pub fn status(rt: &Runtime) -> DeviceStatus {
 mod tests {
     use super::*;
     use std::io::BufRead;
-    use std::path::PathBuf;
     use std::os::unix::fs::FileTypeExt;
+    use std::path::PathBuf;
 
     struct Fake {
         port: Mutex<u16>,
