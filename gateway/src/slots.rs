@@ -737,7 +737,7 @@ pub fn read_entries(esp: &Path) -> Vec<(String, Vec<u8>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::tests::TempDir;
+    use crate::testutil::TempDir;
     use std::os::unix::fs::symlink;
 
     /// 16 GPT-order bytes of a GUID text (the inverse of [`guid_text`]).

@@ -153,11 +153,10 @@ pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::testutil::TempDir;
     use std::os::unix::fs::PermissionsExt;
-
-    pub(crate) use crate::testutil::TempDir;
 
     fn fail_at(at: Step) -> impl FnMut(Step) -> io::Result<()> {
         move |s| {

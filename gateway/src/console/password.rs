@@ -358,7 +358,7 @@ impl FailureLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::tests::TempDir;
+    use crate::testutil::TempDir;
 
     const SALT: &[u8] = b"0123456789abcdef";
 

@@ -220,7 +220,7 @@ mod tests {
                 pbm.push('\n');
             }
         }
-        let d = crate::store::tests::TempDir::new("qr-decode");
+        let d = crate::testutil::TempDir::new("qr-decode");
         let f = d.0.join("qr.pbm");
         std::fs::write(&f, pbm).unwrap();
         let out = std::process::Command::new("zbarimg")

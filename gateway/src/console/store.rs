@@ -682,7 +682,7 @@ pub fn load_with_fallback(dir: &Path) -> (Config, Option<String>) {
 pub(crate) mod tests {
     use super::*;
     use crate::core::key::Key;
-    use crate::store::tests::TempDir;
+    use crate::testutil::TempDir;
     use std::sync::Mutex;
 
     /// A stand-in for the INI format so the store's logic is tested on its own: the file

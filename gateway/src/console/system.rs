@@ -728,7 +728,7 @@ mod tests {
 
     #[test]
     fn dns_from_the_uplink_lease() {
-        let d = crate::store::tests::TempDir::new("lease-dns");
+        let d = crate::testutil::TempDir::new("lease-dns");
         std::fs::create_dir_all(&d.0).unwrap();
         assert!(lease_dns(&d.0, "eth0").is_empty(), "no lease: none");
         let l = crate::core::dhcp::Lease {

@@ -293,7 +293,7 @@ fn no_circle_between_driver_folders() {
 
 #[test]
 fn the_check_sees_a_circle() {
-    let dir = crate::store::tests::TempDir::new("rgd-import-graph");
+    let dir = crate::testutil::TempDir::new("rgd-import-graph");
     std::fs::create_dir_all(dir.0.join("a")).unwrap();
     std::fs::write(dir.0.join("mod.rs"), "pub mod a;\n").unwrap();
     std::fs::write(dir.0.join("a/mod.rs"), "pub mod x;\npub mod y;\n").unwrap();

@@ -347,10 +347,9 @@ fn set_best_offload(fd: RawFd) -> TunOffload {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    pub(crate) use crate::testutil::{in_new_netns, ip};
+    use crate::testutil::{in_new_netns, ip};
 
     #[test]
     fn rejects_bad_names_and_queues() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::console::store::tests::TableFormat;
 use crate::console::system::{Clock, Hooks, JobReport, Uplink};
-use crate::store::tests::TempDir;
+use crate::testutil::TempDir;
 
 #[derive(Clone)]
 struct FakeClock {

@@ -598,7 +598,7 @@ mod tests {
 
     #[test]
     fn saved_time_round_trip_and_clock_line() {
-        let d = crate::store::tests::TempDir::new("ntp-saved");
+        let d = crate::testutil::TempDir::new("ntp-saved");
         let p = d.0.join("clock");
         let t = save_time(&p, policy::SAVE_AHEAD, policy::Stamps::default()).unwrap();
         assert_eq!(

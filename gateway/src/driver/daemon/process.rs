@@ -424,7 +424,7 @@ mod tests {
 
     #[test]
     fn a_pid_file_is_removed_only_by_its_owner() {
-        let dir = crate::store::tests::TempDir::new("pidfile");
+        let dir = crate::testutil::TempDir::new("pidfile");
         let p = dir.0.join("riceguard.pid");
         std::fs::write(&p, "4242\n").unwrap();
         remove_pidfile_if_ours(&p, 4243);

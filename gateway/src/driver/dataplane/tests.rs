@@ -18,10 +18,10 @@ use crate::driver::dataplane::tun_batch::TunBatch;
 use crate::driver::dataplane::tx_batch::TxBatch;
 use crate::driver::dataplane::worker::round;
 use crate::sys::cmsg::{PktInfo, RecvMeta};
-use crate::sys::tun::tests::{in_new_netns, ip};
 use crate::sys::tun::Tun;
 use crate::sys::tun::TunQueue;
 use crate::sys::udp::{UdpOptions, UdpSocket};
+use crate::testutil::{in_new_netns, ip};
 
 fn wait_readable(s: &UdpSocket) -> bool {
     let mut pfd = [nix::poll::PollFd::new(

@@ -464,8 +464,8 @@ mod tests {
     use crate::core::key::Key;
     use crate::driver::dataplane::heartbeat::Heartbeats;
     use crate::driver::dataplane::sockets::SocketSet;
-    use crate::sys::tun::tests::{in_new_netns, ip};
     use crate::sys::tun::Tun;
+    use crate::testutil::{in_new_netns, ip};
     use std::net::SocketAddr;
     use std::sync::atomic::AtomicBool;
     use std::sync::atomic::Ordering;
