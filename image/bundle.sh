@@ -5,7 +5,7 @@
 #
 # = header (magic, manifest length, ed25519 signature of the manifest) + manifest
 # (format, board, arch, version, compat, min-compat, sha256 and size of each part) +
-# root.squashfs + slot-a.efi + slot-b.efi. Format: gateway/src/core/bundle.rs. Only the
+# root.squashfs + slot-a.efi + slot-b.efi. Format: gateway/core/src/bundle.rs. Only the
 # manifest is signed (openssl pkeyutl -rawin, ed25519); it binds each part by its sha256.
 # `build` (from the image's manifest.txt, RG_BUILD at image/build.sh time) is the signed,
 # monotonic build number: a device refuses a bundle not newer than its running slot.
@@ -15,7 +15,7 @@
 # env:   RG_OUT (default out/<board>), RG_UPDATE_KEY (default keys/update.key, see
 #        image/keys.sh), RG_BUNDLE_COMPAT / RG_BUNDLE_MIN_COMPAT (configuration schema
 #        range this firmware handles; default COMPAT / MIN_COMPAT of
-#        gateway/src/core/bundle.rs, the tree the image was built from: a device accepts
+#        gateway/core/src/bundle.rs, the tree the image was built from: a device accepts
 #        the bundle when its own schema is in that range), RG_BUNDLE_BOARD / RG_BUNDLE_ARCH
 #        (override, for tests of refusals), RG_BUNDLE_BUILD (override the build number, for
 #        tests; RG_BUNDLE_BUILD=none leaves it out, as bundles made before build numbers:
@@ -37,14 +37,14 @@ case $build in
 esac
 # The schema range the firmware handles: its own COMPAT, down to the oldest it reads.
 schema() {
-    sed -n "s/^pub const $1: u32 = \([0-9][0-9]*\);\$/\1/p" gateway/src/core/bundle.rs
+    sed -n "s/^pub const $1: u32 = \([0-9][0-9]*\);\$/\1/p" gateway/core/src/bundle.rs
 }
 compat=${RG_BUNDLE_COMPAT:-$(schema COMPAT)}
 min_compat=${RG_BUNDLE_MIN_COMPAT:-$(schema MIN_COMPAT)}
 # An explicit RG_BUNDLE_COMPAT alone: a bundle of that one schema (tests of refusals).
 [ -z "${RG_BUNDLE_COMPAT:-}" ] || [ -n "${RG_BUNDLE_MIN_COMPAT:-}" ] || min_compat=$compat
 case $compat$min_compat in
-    ''|*[!0-9]*) echo "bundle: no COMPAT/MIN_COMPAT in gateway/src/core/bundle.rs (or RG_BUNDLE_COMPAT/RG_BUNDLE_MIN_COMPAT)" >&2; exit 1 ;;
+    ''|*[!0-9]*) echo "bundle: no COMPAT/MIN_COMPAT in gateway/core/src/bundle.rs (or RG_BUNDLE_COMPAT/RG_BUNDLE_MIN_COMPAT)" >&2; exit 1 ;;
 esac
 [ "$min_compat" -le "$compat" ] || { echo "bundle: min-compat $min_compat above compat $compat" >&2; exit 1; }
 key=$(image/keys.sh key)

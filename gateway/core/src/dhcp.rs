@@ -1,6 +1,6 @@
 //! The DHCPv4 client of the uplink (RFC 2131), sans-IO: the state machine, the lease and
 //! its text form. Messages are built and parsed with `dhcproto`; time is passed in
-//! (`Instant`), randomness comes from a seed, and the driver (`driver/dhcp.rs`) owns the
+//! (`Instant`), randomness comes from a seed, and the driver (`driver/appliance/dhcp.rs`) owns the
 //! socket, the clock, netlink and the files.
 //!
 //! States: INIT → SELECTING (DISCOVER, first acceptable OFFER) → REQUESTING (REQUEST,

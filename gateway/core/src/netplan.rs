@@ -2,7 +2,7 @@
 //! addresses and routes and the LAN side's proxy neighbour entries, each as a diff (what to
 //! add, what to delete) between what a configuration wants and what the kernel has.
 //!
-//! `driver/netconf.rs` dumps the kernel's state over rtnetlink, asks this module for the
+//! `driver/appliance/netconf.rs` dumps the kernel's state over rtnetlink, asks this module for the
 //! diff and executes it. Nothing here does I/O; the kernel's answers come in as values.
 //!
 //! Ownership rules, so a reload never removes what someone else put there:

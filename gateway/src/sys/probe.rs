@@ -1,5 +1,5 @@
 //! Is an address in use on a link? One probe per address, sent and read without
-//! blocking, so the caller (driver/netconf.rs's watch) never waits on the network:
+//! blocking, so the caller (driver/appliance/netconf.rs's watch) never waits on the network:
 //!
 //! - IPv4: an ARP probe (RFC 5227 §2.1.1: sender IP 0.0.0.0, target the address, to the
 //!   broadcast MAC), so no host's ARP cache learns anything from it;
