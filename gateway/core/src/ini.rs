@@ -508,14 +508,8 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                 let g = &mut cfg.gateway;
                 match lk.as_str() {
                     "interfacename" => g.interface_name = value::ifname(v).map_err(bad)?,
-                    "cores" => {
-                        for c in value::cores(v).map_err(bad)? {
-                            if g.cores.contains(&c) {
-                                return Err(e(format!("core {c} is listed twice")));
-                            }
-                            g.cores.push(c);
-                        }
-                    }
+                    "cores" => extend_once(&mut g.cores, value::cores(v).map_err(bad)?, "core ")
+                        .map_err(e)?,
                     "iouring" => g.io_uring = value::boolean(v).map_err(bad)?,
                     "sqpoll" => g.sqpoll = value::boolean(v).map_err(bad)?,
                     "poll" => g.poll = value::poll(v).map_err(bad)?,
@@ -524,12 +518,8 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     "hugepages" => g.hugepages = value::boolean(v).map_err(bad)?,
                     "buffers" => g.buffers = value::buffers(v).map_err(bad)?,
                     "tcplisten" => {
-                        for p in value::tcp_listen(v).map_err(bad)? {
-                            if g.tcp_listen.contains(&p) {
-                                return Err(e(format!("port {p} is listed twice")));
-                            }
-                            g.tcp_listen.push(p);
-                        }
+                        let ports = value::tcp_listen(v).map_err(bad)?;
+                        extend_once(&mut g.tcp_listen, ports, "port ").map_err(e)?
                     }
                     "tcpfallback" => g.tcp_fallback = value::boolean(v).map_err(bad)?,
                     "bbrrttms" => g.bbr_rtt_ms = value::bbr_rtt_ms(v).map_err(bad)?,
@@ -566,21 +556,11 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                             Some(value::endpoint(v).map_err(bad)?)
                         }
                     }
-                    "clientdns" => {
-                        for ip in value::ips(v).map_err(bad)? {
-                            if g.client_dns.contains(&ip) {
-                                return Err(e(format!("{ip} is listed twice")));
-                            }
-                            g.client_dns.push(ip);
-                        }
-                    }
+                    "clientdns" => extend_once(&mut g.client_dns, value::ips(v).map_err(bad)?, "")
+                        .map_err(e)?,
                     "ntp" => {
-                        for n in value::ntp_servers(v).map_err(bad)? {
-                            if g.ntp.contains(&n) {
-                                return Err(e(format!("{n} is listed twice")));
-                            }
-                            g.ntp.push(n);
-                        }
+                        let servers = value::ntp_servers(v).map_err(bad)?;
+                        extend_once(&mut g.ntp, servers, "").map_err(e)?
                     }
                     "uplinkoverlap" => g.uplink_overlap = value::uplink_overlap(v).map_err(bad)?,
                     _ => {
@@ -596,6 +576,22 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
         finish_peer(d, &mut cfg)?;
     }
     Ok((cfg, warnings))
+}
+
+/// Append a list key's values to what earlier lines of the key gave (the list keys add
+/// up); a value already there is refused, as `core::value` refuses it within one line.
+fn extend_once<T: PartialEq + std::fmt::Display>(
+    list: &mut Vec<T>,
+    items: Vec<T>,
+    what: &str,
+) -> Result<(), String> {
+    for x in items {
+        if list.contains(&x) {
+            return Err(format!("{what}{x} is listed twice"));
+        }
+        list.push(x);
+    }
+    Ok(())
 }
 
 /// Write `Key = a, b, ...` lines for a list, starting a new line (the list keys add up)
