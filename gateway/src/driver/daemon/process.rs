@@ -176,6 +176,7 @@ fn run(opts: Opts) -> Result<(), String> {
             tcp_slot.clone(),
             q,
             vnet_hdr,
+            tun.offload(),
         ))),
         _ => {
             log::warn!(

@@ -14,7 +14,7 @@ use crate::core::config::{Config, Endpoint};
 use crate::core::device::SCRATCH_SIZE;
 use crate::core::uapi::{SetRequest, UapiError};
 use crate::driver::appliance::netconf;
-use crate::driver::dataplane::outbox::TimerIo;
+use crate::driver::dataplane::outbox::{Outbox, Outlets};
 use crate::driver::dataplane::shared::Shared;
 use crate::driver::dataplane::sockets::{bind_udp, BindError};
 use crate::driver::tcp::link as tcp_link;
@@ -200,11 +200,15 @@ impl Runtime {
             .map_err(ApplyError::Device)?;
         self.commit(prepared, new);
         let mut scratch = vec![0u8; SCRATCH_SIZE];
-        let mut io = TimerIo::new(&self.shared.sockets, self.shared.tcp.as_deref());
+        let mut io = Outbox::default();
         self.shared
             .device
             .initiate_keepalive_peers(&mut scratch, &mut io);
-        io.send_all();
+        io.flush(&mut Outlets {
+            udp: Some(&self.shared.sockets),
+            tcp: self.shared.tcp.as_deref(),
+            tun: None,
+        });
         Ok(())
     }
 

@@ -1,5 +1,5 @@
 //! The timer thread: every 250 ms the device's timers (handshake retries, keepalives,
-//! sent through a [`TimerIo`] once the device has returned) and the fallback client's
+//! recorded in an [`Outbox`] and sent once the device has returned) and the fallback client's
 //! tick; the tunnel's MTU followed (padding must never pass it); once a second the
 //! workers' heartbeats into the status file.
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::status::StatusBoard;
 use crate::core::device::SCRATCH_SIZE;
-use crate::driver::dataplane::outbox::TimerIo;
+use crate::driver::dataplane::outbox::{Outbox, Outlets};
 use crate::driver::dataplane::shared::Shared;
 use crate::driver::tcp::fallback::FallbackManager;
 use crate::driver::tcp::link::DeviceSink;
@@ -16,6 +16,7 @@ use crate::driver::tcp::link::DeviceSink;
 /// Run the timer thread until `sh.stop` is set.
 pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &StatusBoard) {
     let mut scratch = vec![0u8; SCRATCH_SIZE];
+    let mut io = Outbox::default();
     let mut fallback = FallbackManager::new();
     let start = std::time::Instant::now();
     let mut ticks = 0u64;
@@ -38,14 +39,17 @@ pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &
             }
         }
         ticks += 1;
-        let mut io = TimerIo::new(&sh.sockets, sh.tcp.as_deref());
         sh.device.update_timers(
             start.elapsed(),
             std::time::SystemTime::now(),
             &mut scratch,
             &mut io,
         );
-        io.send_all();
+        io.flush(&mut Outlets {
+            udp: Some(&sh.sockets),
+            tcp: sh.tcp.as_deref(),
+            tun: None,
+        });
         if let Some(sink) = sink {
             fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
         }

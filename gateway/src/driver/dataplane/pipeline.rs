@@ -13,12 +13,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::core::device::{Device, Io, PeerAddr, Table, SCRATCH_SIZE};
-use crate::core::gso::{finish_checksum, CoalesceOptions, GsoError, Splitter, VIRTIO_NET_HDR_LEN};
+use crate::core::gso::{finish_checksum, GsoError, Splitter, VIRTIO_NET_HDR_LEN};
 use crate::driver::dataplane::backend::{Backend, Dst};
-use crate::driver::dataplane::outbox::TcpQueue;
+use crate::driver::dataplane::outbox::{Outbox, Outlets};
 use crate::driver::dataplane::shared::TcpOut;
 use crate::driver::dataplane::sticky::{Sticky, StickyTable};
-use crate::driver::dataplane::tun_batch::TunBatch;
+use crate::driver::dataplane::tun_batch::{coalesce_options, TunBatch};
 use crate::driver::dataplane::tx_batch::TxBatch;
 use crate::sys::cmsg::{PktInfo, RecvMeta};
 use crate::sys::tun::TunOffload;
@@ -27,7 +27,9 @@ use crate::sys::tun::TunOffload;
 pub struct OffloadIo<'a, K: Backend> {
     pub be: &'a mut K,
     pub tcp: Option<&'a dyn TcpOut>,
-    pub tcp_queue: &'a mut TcpQueue,
+    /// The round's TCP-carried messages (sent when it ends: the transport's send may
+    /// write to the socket).
+    pub tcp_queue: &'a mut Outbox,
     pub tx: &'a mut TxBatch<K::Buf>,
     pub rx: &'a mut TunBatch,
     pub sticky: &'a Sticky,
@@ -43,7 +45,12 @@ impl<K: Backend> OffloadIo<'_, K> {
         self.tx.flush(self.be);
         self.rx.flush(self.be);
         self.be.submit();
-        self.tcp_queue.send(self.tcp);
+        if !self.tcp_queue.is_empty() {
+            self.tcp_queue.flush(&mut Outlets {
+                tcp: self.tcp,
+                ..Outlets::default()
+            });
+        }
     }
 
     pub(super) fn dst(&self, a: SocketAddr) -> Dst {
@@ -62,9 +69,9 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
                 let to = self.dst(a);
                 self.tx.push(self.be, to, d)
             }
-            PeerAddr::Tcp { conn, .. } => {
+            PeerAddr::Tcp { .. } => {
                 if self.tcp.is_some() {
-                    self.tcp_queue.push(conn, d);
+                    self.tcp_queue.send(to, d);
                 }
             }
         }
@@ -115,7 +122,7 @@ pub struct Cx<'a> {
 pub struct Pipeline<B> {
     pub tx: TxBatch<B>,
     pub rx: TunBatch,
-    tcp_queue: TcpQueue,
+    tcp_queue: Outbox,
     pub sticky: Sticky,
     vnet_hdr: bool,
     /// The TSO/USO splitter's output (one segment at a time, before encryption).
@@ -129,14 +136,11 @@ impl<B> Pipeline<B> {
     /// For a TUN created with `vnet_hdr` whose `TUNSETOFFLOAD` left `offload`; `sticky`
     /// is shared by all workers.
     pub fn new(offload: TunOffload, vnet_hdr: bool, sticky: Arc<StickyTable>) -> Self {
-        let co = CoalesceOptions {
-            tcp: vnet_hdr && offload.tso(),
-            udp: vnet_hdr && offload.uso(),
-        };
+        let co = coalesce_options(offload, vnet_hdr);
         Pipeline {
             tx: TxBatch::new(),
             rx: TunBatch::new(co, vnet_hdr),
-            tcp_queue: TcpQueue::default(),
+            tcp_queue: Outbox::default(),
             sticky: Sticky::new(sticky),
             vnet_hdr,
             seg: vec![0; 65535],

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use crate::core::device::Device;
 use crate::core::gso::{CoalesceOptions, VIRTIO_NET_HDR_LEN};
 use crate::driver::dataplane::backend::{Backend, Dst};
-use crate::driver::dataplane::outbox::TcpQueue;
+use crate::driver::dataplane::outbox::{Outbox, Outlets, TunOut, TunOutlet};
 use crate::driver::dataplane::pipeline::{datagrams, split_tun_read, Cx, OffloadIo, Pipeline};
 use crate::driver::dataplane::poll::backend::{SendStats, SyscallBackend};
 use crate::driver::dataplane::poll::engine::PollEngine;
 use crate::driver::dataplane::sticky::{Sticky, StickyTable};
+use crate::driver::dataplane::tun_batch::coalesce_options;
 use crate::driver::dataplane::tun_batch::TunBatch;
 use crate::driver::dataplane::tx_batch::TxBatch;
 use crate::driver::dataplane::worker::round;
@@ -192,7 +193,7 @@ fn sticky_sources_learn_answer_and_forget() {
         stats: &mut stats,
     };
     let (mut tq, mut tx, mut rx) = (
-        TcpQueue::default(),
+        Outbox::default(),
         TxBatch::new(),
         TunBatch::new(CoalesceOptions::default(), false),
     );
@@ -556,4 +557,66 @@ fn split_tun_read_plain_and_malformed() {
     assert_eq!(seen, [(38, 54), (38, 54)]);
     assert!(in_place);
     assert!(split_tun_read(&mut v, 5, true, &mut seg, |_, _| {}).is_err());
+}
+
+#[test]
+#[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
+fn outbox_tun_writes_go_through_the_coalescer() {
+    // The TCP thread's path: what the device decrypted from TCP-carried messages is
+    // recorded, then written coalesced like a worker's (it was one write per packet).
+    in_new_netns(|| {
+        let tun = Tun::create("rgob2", 1, true).expect("tun");
+        ip(&["link", "set", "lo", "up"]);
+        ip(&["addr", "add", "10.81.0.1/24", "dev", "rgob2"]);
+        ip(&["link", "set", "rgob2", "up"]);
+        let opts = UdpOptions {
+            gro: false,
+            ..UdpOptions::default()
+        };
+        let s = UdpSocket::bind("10.81.0.1:5001".parse().expect("addr"), &opts).expect("bind");
+        let mut out = TunOutlet::new(coalesce_options(tun.offload(), true), true);
+        let mut ob = Outbox::default();
+        for i in 0..8u8 {
+            crate::core::device::Io::tun_write(&mut ob, &udp4(5001, &[i; 1000]));
+        }
+        crate::core::device::Io::tun_write(&mut ob, &udp4(5001, &[8; 300]));
+        ob.flush(&mut Outlets {
+            tun: Some(TunOut {
+                queue: tun.queue(0).expect("q"),
+                out: &mut out,
+            }),
+            ..Outlets::default()
+        });
+        assert!(ob.is_empty());
+        assert_eq!((ob.unroutable, out.write_errors), (0, 0));
+        assert_eq!(
+            out.coalesced(),
+            u64::from(tun.offload().uso()),
+            "one USO super-packet"
+        );
+        let got = recv_all(&s, 8_300);
+        assert_eq!(got.len(), 9, "{got:?}");
+        assert_eq!(got.iter().sum::<usize>(), 8_300);
+
+        // Without vnet_hdr each packet is written as it is.
+        let plain = Tun::create("rgob3", 1, false).expect("tun");
+        ip(&["addr", "add", "10.81.1.1/24", "dev", "rgob3"]);
+        ip(&["link", "set", "rgob3", "up"]);
+        let mut out = TunOutlet::new(coalesce_options(plain.offload(), false), false);
+        for i in 0..3u8 {
+            crate::core::device::Io::tun_write(
+                &mut ob,
+                &udp4_from([10, 81, 1, 2], 5001, &[i; 100]),
+            );
+        }
+        ob.flush(&mut Outlets {
+            tun: Some(TunOut {
+                queue: plain.queue(0).expect("q"),
+                out: &mut out,
+            }),
+            ..Outlets::default()
+        });
+        assert_eq!((out.write_errors, out.coalesced()), (0, 0));
+        assert_eq!(recv_all(&s, 300).len(), 3);
+    });
 }

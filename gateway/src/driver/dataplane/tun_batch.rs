@@ -1,12 +1,97 @@
-//! Writes to the TUN: [`TunBatch`] gathers the decrypted packets of one round and
-//! writes them coalesced into `virtio_net_hdr` super-packets (`core::gso`'s coalescer);
-//! [`write_plain`] writes one packet as it is (the TCP thread's path).
-
-use std::io;
+//! Writes to the TUN, the one path every decrypted packet takes: [`TunBatch`] gathers
+//! the packets of a round and writes them coalesced into `virtio_net_hdr` super-packets
+//! (`core::gso`'s coalescer) through a [`TunSink`] — a worker's backend, or
+//! [`DirectTun`] (immediate writes, for the TCP thread).
 
 use crate::core::gso::{CoalesceOptions, Coalescer, MAX_BATCH};
-use crate::driver::dataplane::backend::Backend;
-use crate::sys::tun::TunQueue;
+use crate::driver::dataplane::backend::{Backend, GSO_BUF};
+use crate::sys::tun::{TunOffload, TunQueue};
+
+/// The TUN half of an executor: lends buffers a super-packet is built in and writes
+/// them. Every [`Backend`] is one; [`DirectTun`] is one without sockets.
+pub trait TunSink {
+    /// A buffer of at least [`GSO_BUF`] bytes.
+    type Buf;
+    /// A free buffer, or `None` when none is left (the packet is dropped).
+    fn alloc(&mut self) -> Option<Self::Buf>;
+    /// The bytes of a buffer this sink lent out.
+    fn bytes<'b>(&'b self, b: &'b mut Self::Buf) -> &'b mut [u8];
+    /// Give back a buffer that was not used.
+    fn release(&mut self, b: Self::Buf);
+    /// Write the first `len` bytes of `b` to the TUN as one (super-)packet.
+    fn write_tun(&mut self, b: Self::Buf, len: usize);
+    /// Write one plain packet to the TUN (no `vnet_hdr`).
+    fn write_tun_plain(&mut self, p: &[u8]);
+}
+
+impl<K: Backend> TunSink for K {
+    type Buf = K::Buf;
+    fn alloc(&mut self) -> Option<K::Buf> {
+        Backend::alloc(self)
+    }
+    fn bytes<'b>(&'b self, b: &'b mut K::Buf) -> &'b mut [u8] {
+        Backend::bytes(self, b)
+    }
+    fn release(&mut self, b: K::Buf) {
+        Backend::release(self, b)
+    }
+    fn write_tun(&mut self, b: K::Buf, len: usize) {
+        Backend::write_tun(self, b, len)
+    }
+    fn write_tun_plain(&mut self, p: &[u8]) {
+        Backend::write_tun_plain(self, p)
+    }
+}
+
+/// A [`TunSink`] that writes at once to one TUN queue from one reused buffer: for a
+/// thread that is not a worker (the TCP transport's), called only once the device has
+/// returned, never under a peer lock.
+pub struct DirectTun<'a> {
+    pub queue: &'a TunQueue,
+    pub buf: &'a mut Vec<u8>,
+    /// Writes the TUN refused.
+    pub errors: &'a mut u64,
+}
+
+impl DirectTun<'_> {
+    fn write(&mut self, p: &[u8]) {
+        if let Err(e) = self.queue.write(p) {
+            *self.errors += 1;
+            log::trace!("tun write: {e}");
+        }
+    }
+}
+
+impl TunSink for DirectTun<'_> {
+    type Buf = Vec<u8>;
+    fn alloc(&mut self) -> Option<Vec<u8>> {
+        let mut b = std::mem::take(self.buf);
+        b.resize(GSO_BUF, 0);
+        Some(b)
+    }
+    fn bytes<'b>(&'b self, b: &'b mut Vec<u8>) -> &'b mut [u8] {
+        b
+    }
+    fn release(&mut self, b: Vec<u8>) {
+        *self.buf = b;
+    }
+    fn write_tun(&mut self, b: Vec<u8>, len: usize) {
+        self.write(&b[..len.min(b.len())]);
+        *self.buf = b;
+    }
+    fn write_tun_plain(&mut self, p: &[u8]) {
+        self.write(p);
+    }
+}
+
+/// What the coalescer may merge on a TUN created with `vnet_hdr` whose `TUNSETOFFLOAD`
+/// left `offload` (TCP with TSO, UDP with USO; nothing without `vnet_hdr`).
+pub fn coalesce_options(offload: TunOffload, vnet_hdr: bool) -> CoalesceOptions {
+    CoalesceOptions {
+        tcp: vnet_hdr && offload.tso(),
+        udp: vnet_hdr && offload.uso(),
+    }
+}
 
 /// Bytes of decrypted packets a [`TunBatch`] holds before it must flush.
 const ARENA: usize = 512 * 1024;
@@ -38,7 +123,7 @@ impl TunBatch {
     }
 
     /// Queue one plain IP packet.
-    pub fn push<K: Backend>(&mut self, be: &mut K, p: &[u8]) {
+    pub fn push<K: TunSink>(&mut self, be: &mut K, p: &[u8]) {
         if !self.vnet_hdr {
             be.write_tun_plain(p);
             return;
@@ -58,7 +143,7 @@ impl TunBatch {
     /// Room for the next decrypted packet (at least `max` bytes) in the arena, where the
     /// device decrypts it; [`Self::commit`] queues it. `None` without `vnet_hdr` (plain
     /// writes go straight from the device's buffer) or for a packet that cannot fit.
-    pub fn slot<K: Backend>(&mut self, be: &mut K, max: usize) -> Option<&mut [u8]> {
+    pub fn slot<K: TunSink>(&mut self, be: &mut K, max: usize) -> Option<&mut [u8]> {
         if !self.vnet_hdr || max > ARENA {
             return None;
         }
@@ -76,7 +161,7 @@ impl TunBatch {
     }
 
     /// Coalesce and write what is queued: each group straight into a backend buffer.
-    pub fn flush<K: Backend>(&mut self, be: &mut K) {
+    pub fn flush<K: TunSink>(&mut self, be: &mut K) {
         if self.spans.is_empty() {
             return;
         }
@@ -104,21 +189,4 @@ impl TunBatch {
         self.spans.clear();
         self.used = 0;
     }
-}
-/// Write one plain IP packet to a TUN queue, prefixing an all-zero virtio_net_hdr
-/// (no offload, checksum complete) when the device was opened with `IFF_VNET_HDR`.
-pub fn write_plain(q: &TunQueue, vnet_hdr: bool, p: &[u8], buf: &mut [u8]) -> io::Result<usize> {
-    if !vnet_hdr {
-        return q.write(p);
-    }
-    let h = crate::core::gso::VIRTIO_NET_HDR_LEN;
-    let Some(dst) = buf.get_mut(..h + p.len()) else {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "packet larger than the TUN buffer",
-        ));
-    };
-    dst[..h].fill(0);
-    dst[h..].copy_from_slice(p);
-    q.write(dst)
 }

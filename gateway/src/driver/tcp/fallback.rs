@@ -19,7 +19,7 @@ use crate::core::device::ConnId;
 use crate::core::device::{short, Device, PeerAddr, TransportEvents, SCRATCH_SIZE};
 use crate::core::fallback::{Action, Fallback, FallbackConfig, Jitter, Transport};
 use crate::core::key::Key;
-use crate::driver::dataplane::outbox::{Deferred, Outlets};
+use crate::driver::dataplane::outbox::{Outbox, Outlets};
 use crate::driver::dataplane::sockets::SocketSet;
 use crate::driver::tcp::link::DeviceSink;
 
@@ -126,8 +126,7 @@ impl FallbackManager {
         }
         self.sync(&cfg);
         let mut scratch = vec![0u8; SCRATCH_SIZE];
-        let mut tunbuf = [0u8; 0];
-        let mut io = Deferred::default();
+        let mut io = Outbox::default();
         for (key, pf) in self.peers.iter_mut() {
             let Some((cur, _endpoint)) = device.peer_events(key) else {
                 continue;
@@ -218,13 +217,12 @@ impl FallbackManager {
                 );
             }
         }
-        let out = Outlets {
-            sockets,
-            slot: &*sink.slot,
-            tun: &sink.tun,
-            vnet_hdr: false,
-        };
-        io.run(&out, &mut tunbuf);
+        // Handshakes only: nothing here writes to the TUN.
+        io.flush(&mut Outlets {
+            udp: Some(sockets),
+            tcp: Some(&*sink.slot),
+            tun: None,
+        });
     }
 }
 

@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use crate::core::config::Config;
 use crate::core::device::ConnId;
 use crate::core::device::{Device, PeerAddr, TableCache, SCRATCH_SIZE};
-use crate::driver::dataplane::outbox::{Deferred, Outlets};
+use crate::driver::dataplane::outbox::{Outbox, Outlets, TunOut, TunOutlet};
 use crate::driver::dataplane::shared::TcpOut;
 use crate::driver::dataplane::sockets::SocketSet;
+use crate::driver::dataplane::tun_batch::coalesce_options;
 use crate::driver::tcp::transport::{TcpConfig, TcpHandle, TcpSink, TcpTransport};
 use crate::sys::cmsg::canonical;
-use crate::sys::tun::TunQueue;
+use crate::sys::tun::{TunOffload, TunQueue};
 
 /// The current TCP transport's handle, replaceable when the listen port changes.
 #[derive(Default)]
@@ -56,8 +57,7 @@ pub struct DeviceSink {
     device: Arc<Device>,
     sockets: Arc<SocketSet>,
     pub(super) slot: Arc<TcpSlot>,
-    pub(super) tun: TunQueue,
-    vnet_hdr: bool,
+    tun: TunQueue,
     /// The receiving side's working state. Only the transport's one epoll thread calls
     /// `on_message`, so this lock is never contended; it exists because the sink is
     /// shared (`Arc<dyn TcpSink>`), not to serialise threads.
@@ -66,12 +66,12 @@ pub struct DeviceSink {
 
 /// What a worker keeps per thread, for the TCP transport's thread: the table cached per
 /// generation (one atomic load per message, as in the UDP workers), the device's
-/// scratch, the TUN write buffer, and the deferred sends.
+/// scratch, the deferred sends and the TUN's coalescer.
 struct SinkRx {
     cache: TableCache,
     scratch: Vec<u8>,
-    tunbuf: Vec<u8>,
-    deferred: Deferred,
+    outbox: Outbox,
+    tun_out: TunOutlet,
 }
 
 impl DeviceSink {
@@ -81,6 +81,7 @@ impl DeviceSink {
         slot: Arc<TcpSlot>,
         tun: TunQueue,
         vnet_hdr: bool,
+        offload: TunOffload,
     ) -> DeviceSink {
         let cache = device.cache();
         DeviceSink {
@@ -88,24 +89,12 @@ impl DeviceSink {
             sockets,
             slot,
             tun,
-            vnet_hdr,
             rx: Mutex::new(SinkRx {
                 cache,
                 scratch: vec![0u8; SCRATCH_SIZE],
-                tunbuf: vec![0u8; SCRATCH_SIZE],
-                deferred: Deferred::default(),
+                outbox: Outbox::default(),
+                tun_out: TunOutlet::new(coalesce_options(offload, vnet_hdr), vnet_hdr),
             }),
-        }
-    }
-}
-
-impl DeviceSink {
-    fn outlets(&self) -> Outlets<'_> {
-        Outlets {
-            sockets: &self.sockets,
-            slot: &*self.slot,
-            tun: &self.tun,
-            vnet_hdr: self.vnet_hdr,
         }
     }
 }
@@ -118,8 +107,8 @@ impl TcpSink for DeviceSink {
         let SinkRx {
             cache,
             scratch,
-            tunbuf,
-            deferred,
+            outbox,
+            tun_out,
         } = &mut *g;
         let table = cache.get(&self.device);
         let from = PeerAddr::Tcp {
@@ -128,8 +117,15 @@ impl TcpSink for DeviceSink {
         };
         let authenticated = self
             .device
-            .handle_datagram(table, from, msg, scratch, deferred);
-        deferred.run(&self.outlets(), tunbuf);
+            .handle_datagram(table, from, msg, scratch, outbox);
+        outbox.flush(&mut Outlets {
+            udp: Some(&self.sockets),
+            tcp: Some(&*self.slot),
+            tun: Some(TunOut {
+                queue: &self.tun,
+                out: tun_out,
+            }),
+        });
         authenticated
     }
 
