@@ -547,6 +547,37 @@ pub fn check_uboot_entries(data: &[u8]) {
     }
 }
 
+/// The files the appliance's processes share (`riceguard::run`), read as text: the
+/// status file's `heartbeat:` and `reload:` lines, a lease file, the commit-confirm
+/// records. Nothing panics; what a parser accepts, its writer writes back the same.
+pub fn check_run_files(data: &[u8]) {
+    use riceguard::run::{confirm, lease::LeaseFile, status};
+    let text = String::from_utf8_lossy(data);
+    if let Some(b) = status::parse_heartbeats(&text) {
+        assert_eq!(status::parse_heartbeats(&status::heartbeat_line(&b)), Some(b));
+    }
+    if let Some(r) = status::parse_reload(&text) {
+        let back = status::parse_reload(&r.line()).expect("reload line reads back");
+        assert_eq!(back.generation, r.generation);
+        // A reason's line breaks become spaces; a `\r` would end the line for `lines()`.
+        if r.result.as_ref().err().is_none_or(|e| !e.contains('\r')) {
+            assert_eq!(back, r, "reload line round trip");
+        }
+    }
+    if let Ok(f) = LeaseFile::from_text(&text) {
+        let again = LeaseFile::from_text(&f.to_text()).expect("lease file reads back");
+        assert_eq!(again.lease, f.lease, "lease file round trip");
+    }
+    if let Some(t) = confirm::parse_marker(&text) {
+        assert_eq!(confirm::parse_marker(&confirm::marker_text(t)), Some(t));
+    }
+    if let Some(b) = confirm::ConfirmBoot::parse(&text) {
+        if !b.boot_id.contains(char::is_whitespace) {
+            assert_eq!(confirm::ConfirmBoot::parse(&b.to_text()), Some(b));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -696,6 +727,11 @@ mod tests {
     #[test]
     fn sntp_seeded() {
         run("sntp", check_sntp, 20_000);
+    }
+
+    #[test]
+    fn run_files_seeded() {
+        run("run_files", check_run_files, 20_000);
     }
 
     #[test]

@@ -46,16 +46,16 @@ pub fn main(args: Vec<String>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Some("pubkey") => pubkey(),
-        Some("status") => crate::driver::status_main(&rest[1..]),
-        Some("dhcp") => crate::driver::dhcp::main(&rest[1..]),
-        Some("ntp") => crate::driver::ntp::main(&rest[1..]),
+        Some("status") => crate::driver::daemon::status::status_main(&rest[1..]),
+        Some("dhcp") => crate::driver::appliance::dhcp::main(&rest[1..]),
+        Some("ntp") => crate::driver::appliance::ntp::main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
         Some("update") => crate::update::update_main(&rest[1..]),
         Some("rollback-slot") => crate::update::rollback_main(&rest[1..]),
-        Some("udp2tcp") => crate::driver::udptcp::udp2tcp_main(&rest[1..]),
-        Some("tcp2udp") => crate::driver::udptcp::tcp2udp_main(&rest[1..]),
-        _ => crate::driver::main(rest),
+        Some("udp2tcp") => crate::driver::tcp::relay::udp2tcp_main(&rest[1..]),
+        Some("tcp2udp") => crate::driver::tcp::relay::tcp2udp_main(&rest[1..]),
+        _ => crate::driver::daemon::process::main(rest),
     }
 }
 

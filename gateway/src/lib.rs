@@ -11,7 +11,7 @@ pub use riceguard_core as core;
 pub mod driver;
 pub mod init;
 pub mod logger;
-pub mod paths;
+pub mod run;
 pub mod slots;
 pub mod store;
 pub mod sys;

@@ -11,8 +11,8 @@
 use crate::core::config::{Config, GatewayConfig, OffloadMode, PeerConfig};
 use crate::core::key::Key;
 
-use super::client::Tunnel;
 use super::validate as v;
+use super::vpn_client::Tunnel;
 
 /// The longest `commit-confirm` wait (a day).
 pub const MAX_CONFIRM_MINUTES: u32 = 1440;

@@ -14,7 +14,7 @@
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash (Argon2id) and
 //!   the wrong-password wait every console shares
-//! - [`client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
+//! - [`vpn_client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
 //!   configuration) and its QR code in Unicode half blocks
 //!
 //! When stdin is a terminal the console prompts, echoes and edits; otherwise it reads
@@ -44,7 +44,6 @@
 //!   any console may `confirm` it (the owner is told); another console rolls it back only
 //!   if the owner has not, 10 s after the deadline.
 
-pub mod client;
 pub mod command;
 pub mod line;
 pub mod password;
@@ -54,6 +53,7 @@ pub mod session;
 pub mod store;
 pub mod system;
 pub mod validate;
+pub mod vpn_client;
 
 use std::io::{IsTerminal, Write};
 use std::os::fd::AsFd;
@@ -381,7 +381,7 @@ pub fn fuzz_check_input(data: &[u8]) {
                 }
                 Ok(command::Command::EnableClient { name, enabled }) => {
                     let before = cfg.clone();
-                    match client::set_enabled(&mut cfg, &name, enabled) {
+                    match vpn_client::set_enabled(&mut cfg, &name, enabled) {
                         Err(_) => {
                             assert_eq!(cfg, before, "a failed `{l}` changed the configuration")
                         }
@@ -415,7 +415,7 @@ pub fn fuzz_check_input(data: &[u8]) {
                         dns: vec![std::net::IpAddr::from([192, 0, 2, 1])],
                         in_use: vec![std::net::IpAddr::from([192, 0, 2, 1])],
                     });
-                    match client::add(&mut cfg, &name, &up, tunnel) {
+                    match vpn_client::add(&mut cfg, &name, &up, tunnel) {
                         Err(_) => {
                             assert_eq!(cfg, before, "a failed `{l}` changed the configuration")
                         }

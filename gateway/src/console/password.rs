@@ -218,7 +218,7 @@ pub mod legacy {
 }
 
 /// Where the consoles keep their shared failure count (tmpfs: a reboot clears it).
-pub use crate::paths::CONSOLE_FAILURES as FAILURES;
+pub use crate::run::CONSOLE_FAILURES as FAILURES;
 
 /// Wrong passwords that cost no wait.
 pub const FREE_TRIES: u32 = 3;

@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use super::client;
 use super::command::{self, Command, Show};
 use super::password;
 use super::peers;
 use super::store::{Format, Password, Store};
 use super::system::{Clock, Hooks};
 use super::validate::{check_consistency, validate_candidate};
+use super::vpn_client;
 use crate::core::config::Config;
 use crate::core::key::Key;
 
@@ -594,7 +594,7 @@ impl Session {
             } => self.add_client(&name, keep_key, tunnel),
             Command::ShowClient { name, tunnel } => self.show_client(&name, tunnel),
             Command::EnableClient { name, enabled } => {
-                self.edit(|c| client::set_enabled(c, &name, enabled))
+                self.edit(|c| vpn_client::set_enabled(c, &name, enabled))
             }
             Command::Delete(args) => self.edit(|c| command::apply_delete(c, &args)),
             Command::Compare => {
@@ -858,7 +858,7 @@ impl Session {
                     })
                 };
                 let kept = |p: &crate::core::config::PeerConfig| self.kept_key(p).is_some();
-                Reply::ok(client::list(&self.candidate, kept, committed))
+                Reply::ok(vpn_client::list(&self.candidate, kept, committed))
             }
             Show::History => {
                 let list = self.store.history_list();
@@ -916,10 +916,10 @@ impl Session {
             .filter(|k| k.public() == p.public_key)
     }
 
-    fn add_client(&mut self, name: &str, keep_key: bool, tunnel: client::Tunnel) -> Reply {
+    fn add_client(&mut self, name: &str, keep_key: bool, tunnel: vpn_client::Tunnel) -> Reply {
         let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
         let mut c = self.candidate.clone();
-        let added = match client::add(&mut c, name, &uplink, tunnel) {
+        let added = match vpn_client::add(&mut c, name, &uplink, tunnel) {
             Ok(a) => a,
             Err(e) => return Reply::err(e),
         };
@@ -927,7 +927,7 @@ impl Session {
         if !errs.is_empty() {
             return Reply::err(errs.join("\n  "));
         }
-        let shown = match client::framed(name, &added.text.config) {
+        let shown = match vpn_client::framed(name, &added.text.config) {
             Ok(t) => t,
             Err(e) => return Reply::err(e),
         };
@@ -947,7 +947,7 @@ impl Session {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-            if tunnel == client::Tunnel::Full {
+            if tunnel == vpn_client::Tunnel::Full {
                 "; full tunnel: all its traffic goes through this gateway"
             } else {
                 ""
@@ -974,8 +974,8 @@ impl Session {
         Reply::ok(t)
     }
 
-    fn show_client(&mut self, name: &str, tunnel: client::Tunnel) -> Reply {
-        let Some(p) = client::find(&self.candidate, name).cloned() else {
+    fn show_client(&mut self, name: &str, tunnel: vpn_client::Tunnel) -> Reply {
+        let Some(p) = vpn_client::find(&self.candidate, name).cloned() else {
             return Reply::err(format!(
                 "there is no client named {} (`show clients` lists them)",
                 super::validate::short(name)
@@ -983,11 +983,12 @@ impl Session {
         };
         let key = self.kept_key(&p);
         let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
-        let text = match client::client_config(&self.candidate, &p, key.as_ref(), &uplink, tunnel) {
-            Ok(t) => t,
-            Err(e) => return Reply::err(e),
-        };
-        let mut t = match client::framed(name, &text.config) {
+        let text =
+            match vpn_client::client_config(&self.candidate, &p, key.as_ref(), &uplink, tunnel) {
+                Ok(t) => t,
+                Err(e) => return Reply::err(e),
+            };
+        let mut t = match vpn_client::framed(name, &text.config) {
             Ok(f) => f,
             Err(e) => return Reply::err(e),
         };

@@ -54,8 +54,9 @@ pub const KEEP: usize = 10;
 pub const PASSWD: &str = "console.passwd";
 /// The console password: an Argon2id PHC string.
 pub const PASSWD_ARGON2ID: &str = "console.argon2id";
-pub const CONFIRM: &str = "commit-confirm";
-pub const CONFIRM_BOOT: &str = "commit-confirm.boot";
+// The commit-confirm record is read by init too: its files and format are `run::confirm`'s.
+pub use crate::run::confirm::{confirm_left, ConfirmBoot, CONFIRM, CONFIRM_BOOT};
+use crate::run::confirm::{marker_text, parse_marker};
 pub const LOCK: &str = ".lock";
 /// The console a pending `commit-confirm` belongs to (its terminal's name), beside
 /// [`CONFIRM`]; older firmware ignores it.
@@ -529,11 +530,7 @@ impl<F: Format> Store<F> {
 
     /// The deadline (unix seconds) of a pending `commit-confirm`, if one is recorded.
     pub fn pending_confirm(&self) -> Option<u64> {
-        std::fs::read_to_string(self.dir.join(CONFIRM))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        parse_marker(&std::fs::read_to_string(self.dir.join(CONFIRM)).ok()?)
     }
 
     /// Record (or clear, with `None`) a pending `commit-confirm` deadline. Clearing
@@ -541,7 +538,7 @@ impl<F: Format> Store<F> {
     pub fn set_pending_confirm(&self, deadline_unix: Option<u64>) -> Result<(), StoreError> {
         let p = self.dir.join(CONFIRM);
         match deadline_unix {
-            Some(t) => durable::write(&p, format!("{t}\n").as_bytes(), SECRET).map_err(io_err(&p)),
+            Some(t) => durable::write(&p, marker_text(t).as_bytes(), SECRET).map_err(io_err(&p)),
             // fsyncs the directory: after `confirm` and a power cut the rollback stays off.
             None => {
                 durable::remove(&p).map_err(io_err(&p))?;
@@ -629,45 +626,6 @@ fn text_hash(b: &[u8]) -> u64 {
     b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
         (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// A commit-confirm deadline on one boot's `CLOCK_BOOTTIME` (whole seconds).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfirmBoot {
-    pub boot_id: String,
-    pub deadline: u64,
-}
-
-impl ConfirmBoot {
-    pub fn to_text(&self) -> String {
-        format!("{} {}\n", self.boot_id, self.deadline)
-    }
-    pub fn parse(text: &str) -> Option<ConfirmBoot> {
-        let (id, d) = text.trim().split_once(' ')?;
-        (!id.is_empty() && id.len() <= 64).then_some(())?;
-        Some(ConfirmBoot {
-            boot_id: id.to_string(),
-            deadline: d.trim().parse().ok()?,
-        })
-    }
-}
-
-/// Seconds left (negative: overdue) of a pending commit-confirm whose unix deadline is
-/// `unix`: by boot time when `boot` is this boot's (`boot_id`, `now_boot`), so a clock
-/// step changes nothing; else (another boot, or no record) by the wall clock.
-pub fn confirm_left(
-    unix: u64,
-    boot: Option<&ConfirmBoot>,
-    now_unix: u64,
-    boot_id: Option<&str>,
-    now_boot: u64,
-) -> i64 {
-    let diff =
-        |a: u64, b: u64| (a as i128 - b as i128).clamp(i64::MIN as i128, i64::MAX as i128) as i64;
-    match (boot, boot_id) {
-        (Some(b), Some(id)) if b.boot_id == id => diff(b.deadline, now_boot),
-        _ => diff(unix, now_unix),
-    }
 }
 
 /// Boot-time loading of `DIR/riceguard.conf` for init and the daemon: the saved

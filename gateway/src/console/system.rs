@@ -76,18 +76,6 @@ pub struct Uplink {
     pub in_use: Vec<std::net::IpAddr>,
 }
 
-/// The router in the DHCP lease of interface `name` (`dir/lease.NAME`), if any.
-pub fn lease_router(dir: &Path, name: &str) -> Option<std::net::IpAddr> {
-    if name.is_empty() || name.contains('/') {
-        return None;
-    }
-    std::fs::read_to_string(dir.join(format!("lease.{name}")))
-        .ok()
-        .and_then(|t| crate::core::dhcp::Lease::from_text(&t).ok())
-        .and_then(|l| l.router)
-        .map(std::net::IpAddr::V4)
-}
-
 /// [`Uplink::in_use`] as the kernel has it now (best effort: what cannot be read is
 /// left out), plus the router of uplink `name`'s lease under `dir`.
 pub fn addresses_in_use(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
@@ -116,23 +104,10 @@ pub fn addresses_in_use(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
     v
 }
 
-/// The DNS servers in the DHCP lease of interface `name`, read from `dir/lease.NAME`
-/// (written by `riceguard dhcp`, format `core::dhcp::Lease::to_text`). None when there is
-/// no lease (a static uplink) or it does not read.
-pub fn lease_dns(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
-    if name.is_empty() || name.contains('/') {
-        return Vec::new();
-    }
-    std::fs::read_to_string(dir.join(format!("lease.{name}")))
-        .ok()
-        .and_then(|t| crate::core::dhcp::Lease::from_text(&t).ok())
-        .map(|l| l.dns.into_iter().map(std::net::IpAddr::V4).collect())
-        .unwrap_or_default()
-}
-
-// Where `riceguard dhcp` keeps its leases: `paths::run_dir()`, as the DHCP client and
+// Where `riceguard dhcp` keeps its leases: `run::run_dir()`, as the DHCP client and
 // `riceguard status` have it.
-use crate::paths::run_dir;
+use crate::run::lease::{lease_dns, lease_router};
+use crate::run::{reload, run_dir};
 
 /// What the console asks of the rest of the appliance.
 pub trait Hooks {
@@ -344,12 +319,11 @@ pub struct SystemHooks {
     pub job: Option<Job>,
 }
 
+pub use crate::run::reload::RELOAD_WAIT;
 /// The file init starts the gateway from on a failsafe or fallback boot (a copy in
 /// /run; `/perm/riceguard.conf` itself otherwise).
-pub use crate::paths::BOOT_CONFIG;
-pub use crate::paths::{PIDFILE as DEFAULT_PIDFILE, STATUS_FILE as DEFAULT_STATUS_FILE};
-/// How long a commit waits for the daemon to say what it did with the file.
-pub const RELOAD_WAIT: Duration = Duration::from_secs(5);
+pub use crate::run::BOOT_CONFIG;
+pub use crate::run::{PIDFILE as DEFAULT_PIDFILE, STATUS_FILE as DEFAULT_STATUS_FILE};
 
 /// The `--config FILE` of a daemon's NUL-separated command line.
 pub fn config_arg(cmdline: &[u8]) -> Option<PathBuf> {
@@ -390,41 +364,6 @@ pub fn hand_over(saved: &Path, runs: &Path, boot_config: &Path) -> Result<Option
     )))
 }
 
-/// The `reload:` line of the daemon's status file, if readable.
-fn last_reload(status_file: &Path) -> Option<crate::driver::status::Reload> {
-    let t = std::fs::read_to_string(status_file).ok()?;
-    crate::driver::status::parse_reload(&t)
-}
-
-/// Wait up to `wait` for the reload generation in `status_file` to move past `before`
-/// (`None`: there was none), and say what the daemon did.
-pub fn wait_reload(status_file: &Path, before: Option<u64>, wait: Duration) -> String {
-    let deadline = Instant::now() + wait;
-    loop {
-        if let Some(r) = last_reload(status_file) {
-            if before.map_or(r.generation > 0, |b| r.generation > b) {
-                return match r.result {
-                    Ok(()) => format!(
-                        "the gateway applied it (reload generation {})",
-                        r.generation
-                    ),
-                    Err(why) => format!(
-                        "the gateway refused it: {why}; it keeps running the previous configuration"
-                    ),
-                };
-            }
-        }
-        if Instant::now() >= deadline {
-            return format!(
-                "no answer from the gateway within {} s: it may not have applied it \
-                 (`show status` shows its last reload)",
-                wait.as_secs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 impl Default for SystemHooks {
     fn default() -> Self {
         SystemHooks {
@@ -463,29 +402,6 @@ impl SystemHooks {
         self.job = Some(job);
         Ok(t)
     }
-
-    /// The daemon's pid, checked to be a live riceguard process (a stale pid file must not
-    /// make us signal whatever process reused the number).
-    fn daemon_pid(&self) -> Result<i32, String> {
-        let p = &self.pidfile;
-        let text = std::fs::read_to_string(p).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("no daemon running (no {})", p.display()),
-            _ => format!("cannot read the daemon's pid from {}: {e}", p.display()),
-        })?;
-        let pid: i32 = match text.trim().parse() {
-            Ok(n) if n > 1 => n,
-            _ => return Err(format!("{} does not hold a daemon pid", p.display())),
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map_err(|_| format!("the daemon (pid {pid} from {}) is not running", p.display()))?;
-        if !String::from_utf8_lossy(&cmdline).contains("riceguard") {
-            return Err(format!(
-                "pid {pid} from {} is not a riceguard process (stale pid file)",
-                p.display()
-            ));
-        }
-        Ok(pid)
-    }
 }
 
 /// `riceguard.slot=X` from a kernel command line.
@@ -519,7 +435,7 @@ fn on_appliance() -> bool {
 
 impl Hooks for SystemHooks {
     fn reload(&mut self, saved: &Path) -> Result<String, String> {
-        let pid = self.daemon_pid()?;
+        let pid = reload::daemon_pid(&self.pidfile)?;
         let runs = std::fs::read(format!("/proc/{pid}/cmdline"))
             .ok()
             .and_then(|c| config_arg(&c));
@@ -530,10 +446,7 @@ impl Hooks for SystemHooks {
             Some(Err(e)) => return Ok(e),
             None => None,
         };
-        let before = last_reload(&self.status_file).map(|r| r.generation);
-        kill(Pid::from_raw(pid), Signal::SIGHUP)
-            .map_err(|e| format!("could not signal the daemon (pid {pid}): {e}"))?;
-        let answer = wait_reload(&self.status_file, before, RELOAD_WAIT);
+        let answer = reload::signal(pid, &self.status_file, RELOAD_WAIT)?;
         Ok(match note {
             Some(n) => format!("{n}\n{answer}"),
             None => answer,
@@ -544,7 +457,7 @@ impl Hooks for SystemHooks {
         let path = self
             .socket
             .clone()
-            .unwrap_or_else(|| crate::paths::uapi_socket(ifname));
+            .unwrap_or_else(|| crate::run::uapi_socket(ifname));
         let fail =
             |e: std::io::Error| format!("no answer from the daemon on {}: {e}", path.display());
         let mut s = UnixStream::connect(&path).map_err(fail)?;
@@ -568,8 +481,8 @@ impl Hooks for SystemHooks {
 
     fn status(&mut self) -> Vec<String> {
         // The clock first: a wrong one explains failed handshakes and odd dates.
-        let mut out = vec![crate::driver::ntp::clock_line()];
-        out.extend(crate::driver::ntp::note_lines());
+        let mut out = vec![crate::run::clock::clock_line()];
+        out.extend(crate::run::clock::note_lines());
         out.push(format!("version: riceguard {}", env!("CARGO_PKG_VERSION")));
         if let Ok(v) = std::fs::read_to_string("/etc/riceguard/version") {
             let build =
@@ -595,8 +508,8 @@ impl Hooks for SystemHooks {
             None => "uptime: unknown".into(),
         });
         // The uplink's DHCP lease (address, router, DNS, expiry), when it has one.
-        out.extend(crate::driver::dhcp::lease_lines());
-        out.push(match self.daemon_pid() {
+        out.extend(crate::run::lease::lease_lines());
+        out.push(match reload::daemon_pid(&self.pidfile) {
             Ok(pid) => format!("daemon: running (pid {pid})"),
             Err(e) => format!("daemon: {e}"),
         });
@@ -727,33 +640,6 @@ mod tests {
     }
 
     #[test]
-    fn dns_from_the_uplink_lease() {
-        let d = crate::testutil::TempDir::new("lease-dns");
-        std::fs::create_dir_all(&d.0).unwrap();
-        assert!(lease_dns(&d.0, "eth0").is_empty(), "no lease: none");
-        let l = crate::core::dhcp::Lease {
-            address: "192.168.1.20".parse().unwrap(),
-            prefix: 24,
-            router: Some("192.168.1.1".parse().unwrap()),
-            dns: vec!["192.168.1.1".parse().unwrap(), "9.9.9.9".parse().unwrap()],
-            ntp: vec![],
-            server: "192.168.1.1".parse().unwrap(),
-            lease_secs: 3600,
-            t1_secs: 1800,
-            t2_secs: 3150,
-            obtained: 1_700_000_000,
-        };
-        std::fs::write(d.0.join("lease.eth0"), l.to_text()).unwrap();
-        let want: Vec<std::net::IpAddr> =
-            vec!["192.168.1.1".parse().unwrap(), "9.9.9.9".parse().unwrap()];
-        assert_eq!(lease_dns(&d.0, "eth0"), want);
-        assert!(lease_dns(&d.0, "eth1").is_empty());
-        assert!(lease_dns(&d.0, "../eth0").is_empty());
-        std::fs::write(d.0.join("lease.eth0"), "garbage\n").unwrap();
-        assert!(lease_dns(&d.0, "eth0").is_empty(), "unreadable: none");
-    }
-
-    #[test]
     fn daemon_config_from_cmdline() {
         assert_eq!(
             config_arg(b"/usr/bin/riceguard\0up\0--config\0/run/riceguard/boot.conf\0"),
@@ -788,47 +674,6 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let e = hand_over(&dir.join("gone.conf"), &boot, &boot).unwrap_err();
         assert!(e.contains("cannot read"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// The commit's answer follows the daemon's `reload:` line: applied, refused with
-    /// its reason, or no answer when the generation does not move.
-    #[test]
-    fn reload_answer_follows_the_status_file() {
-        let dir = std::env::temp_dir().join(format!("rg-reload-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let st = dir.join("riceguard.status");
-        std::fs::write(&st, "interface: wg0\nreload: generation 2 ok\n").unwrap();
-        let short = Duration::from_millis(300);
-        let t0 = Instant::now();
-        let a = wait_reload(&st, Some(2), short);
-        assert!(a.starts_with("no answer from the gateway"), "{a}");
-        assert!(t0.elapsed() >= short);
-        // The daemon answers while the console waits.
-        let st2 = st.clone();
-        let t = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
-            std::fs::write(&st2, "reload: generation 3 ok\n").unwrap();
-        });
-        let a = wait_reload(&st, Some(2), Duration::from_secs(5));
-        t.join().unwrap();
-        assert_eq!(a, "the gateway applied it (reload generation 3)");
-        std::fs::write(
-            &st,
-            "reload: generation 4 failed cannot listen on UDP port 53: Address in use\n",
-        )
-        .unwrap();
-        let a = wait_reload(&st, Some(3), short);
-        assert!(
-            a.starts_with("the gateway refused it: cannot listen on UDP port 53: Address in use;"),
-            "{a}"
-        );
-        // No status before: any reload after the start-up one counts.
-        std::fs::write(&st, "reload: generation 0 ok\n").unwrap();
-        assert!(wait_reload(&st, None, short).starts_with("no answer"));
-        std::fs::write(&st, "reload: generation 1 ok\n").unwrap();
-        assert!(wait_reload(&st, None, short).contains("applied"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

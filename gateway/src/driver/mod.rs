@@ -11,14 +11,5 @@ pub mod daemon;
 pub mod dataplane;
 pub mod tcp;
 
-// Paths other modules (cli.rs, init/, console/) use from before the split; to be retired
-// once they name the new ones.
-pub use appliance::{dhcp, firewall, ntp};
-pub use daemon::process::main;
-pub use daemon::status;
-pub use daemon::status::status_main;
-pub use dataplane::uring::engine as uring_worker;
-pub use tcp::relay as udptcp;
-
 #[cfg(test)]
 mod import_graph;

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::core::clock::{self as policy, BootRecord, UnixTime};
-use crate::driver::ntp;
+use crate::run::clock as files;
 use crate::sys::clock as sysclock;
 
 /// Written by the image builder: the image's `SOURCE_DATE_EPOCH`.
@@ -40,7 +40,7 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
         }
     };
     let saved = if perm_ok {
-        ntp::read_saved(Path::new(ntp::SAVED))
+        files::read_saved(Path::new(files::SAVED))
     } else {
         None
     };
@@ -71,7 +71,7 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
     if let Some((b, _)) = rec.back_to {
         say!("clock: the last boot agreed with NTP: its first answer may set the clock back to {b} at the earliest");
     }
-    let path = Path::new(ntp::RUN_DIR).join(ntp::BOOT_RECORD);
+    let path = Path::new(files::RUN_DIR).join(files::BOOT_RECORD);
     if let Err(e) = store::write(&path, rec.to_text().as_bytes(), store::PUBLIC) {
         say!("clock: {}: {e}", path.display());
     }
@@ -83,13 +83,13 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
 
 /// Whether `riceguard ntp` has acted on (or refused) its first answer of this boot.
 pub(super) fn first_answer_settled() -> bool {
-    ntp::stamps_in(Path::new(ntp::RUN_DIR)).settled
+    files::stamps_in(Path::new(files::RUN_DIR)).settled
 }
 
 fn save(ahead: Duration) {
-    let stamps = ntp::stamps_in(Path::new(ntp::RUN_DIR));
-    if let Err(e) = ntp::save_time(Path::new(ntp::SAVED), ahead, stamps) {
-        say!("clock: saving the time to {}: {e}", ntp::SAVED);
+    let stamps = files::stamps_in(Path::new(files::RUN_DIR));
+    if let Err(e) = files::save_time(Path::new(files::SAVED), ahead, stamps) {
+        say!("clock: saving the time to {}: {e}", files::SAVED);
     }
 }
 
@@ -119,7 +119,7 @@ impl Saver {
 /// At reboot/poweroff, after the services stopped (the gateway sends no more
 /// handshakes): the time plus a little.
 pub(super) fn save_at_halt() {
-    if Path::new(ntp::SAVED).parent().is_some_and(Path::exists) {
+    if Path::new(files::SAVED).parent().is_some_and(Path::exists) {
         save(policy::SAVE_AT_HALT);
     }
 }

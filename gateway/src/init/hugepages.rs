@@ -27,7 +27,7 @@ pub(super) fn pool_hugepages(g: &GatewayConfig, workers: usize, page_size: usize
     if !g.io_uring || !g.hugepages {
         return 0;
     }
-    let pool = crate::driver::uring_worker::UringWorkerConfig::from_gateway(g).pool;
+    let pool = crate::driver::dataplane::uring::engine::UringWorkerConfig::from_gateway(g).pool;
     let n = pool.hugepages_needed(page_size) * workers as u64;
     u32::try_from(n).unwrap_or(u32::MAX)
 }

@@ -113,9 +113,9 @@ pub(super) fn confirm_overdue_at(
     boot_id: Option<&str>,
     now_boot: u64,
 ) -> Option<(u64, u64)> {
-    let d: u64 = marker.trim().parse().ok()?;
-    let rec = boot.and_then(crate::console::store::ConfirmBoot::parse);
-    let left = crate::console::store::confirm_left(d, rec.as_ref(), now, boot_id, now_boot);
+    let d = crate::run::confirm::parse_marker(marker)?;
+    let rec = boot.and_then(crate::run::confirm::ConfirmBoot::parse);
+    let left = crate::run::confirm::confirm_left(d, rec.as_ref(), now, boot_id, now_boot);
     let late = left.checked_neg()?.max(0).unsigned_abs();
     (late > CONFIRM_GRACE_SECS).then_some((d, late))
 }
@@ -149,7 +149,7 @@ impl ConfirmGuard {
         if running.is_empty() {
             return;
         }
-        let path = Path::new(PERM).join(crate::console::store::CONFIRM);
+        let path = Path::new(PERM).join(crate::run::confirm::CONFIRM);
         let Ok(text) = std::fs::read_to_string(&path) else {
             return;
         };
@@ -158,7 +158,7 @@ impl ConfirmGuard {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let boot =
-            std::fs::read_to_string(Path::new(PERM).join(crate::console::store::CONFIRM_BOOT)).ok();
+            std::fs::read_to_string(Path::new(PERM).join(crate::run::confirm::CONFIRM_BOOT)).ok();
         let Some((deadline, late)) = confirm_overdue_at(
             &text,
             boot.as_deref(),
@@ -203,7 +203,7 @@ pub(super) fn console_argv(perm_ok: bool, tty: &str) -> Vec<String> {
 pub(super) const FAILSAFE_WAIT: Duration = Duration::from_secs(2);
 /// The configuration the gateway runs when it is not `/perm/riceguard.conf` itself.
 /// A commit on the console replaces it with the committed file (`console::system::hand_over`).
-pub(super) const RUN_CONFIG: &str = crate::console::system::BOOT_CONFIG;
+pub(super) const RUN_CONFIG: &str = crate::run::BOOT_CONFIG;
 
 /// Offer failsafe mode on every console: `f` (then Enter) within `wait` on any of them
 /// starts the gateway with no peers and leaves the saved configuration alone. The first

@@ -90,7 +90,7 @@ pub(super) fn stage1() -> String {
         }
     }
     let _ = std::fs::write(
-        format!("{NEWROOT}{}", crate::paths::ROOT_DEVICE),
+        format!("{NEWROOT}{}", crate::run::ROOT_DEVICE),
         format!("{dev}\n"),
     );
     empty_initramfs();

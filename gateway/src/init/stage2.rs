@@ -17,12 +17,12 @@ pub(super) fn stage2() -> ! {
     mkdir("/dev/shm");
     let _ = os::mount("tmpfs", "/dev/shm", "tmpfs", nodev, None);
     let _ = os::mount("tmpfs", "/tmp", "tmpfs", nodev, Some("mode=1777"));
-    mkdir(crate::paths::RUN_DIR);
+    mkdir(crate::run::RUN_DIR);
     mkdir("/run/wireguard");
     let cmd = read_cmdline();
     let board = read_board();
     let slot = cmd.slot.unwrap_or('a');
-    let rootdev = std::fs::read_to_string(crate::paths::ROOT_DEVICE).unwrap_or_default();
+    let rootdev = std::fs::read_to_string(crate::run::ROOT_DEVICE).unwrap_or_default();
     let kernel = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -156,7 +156,7 @@ pub(super) fn stage2() -> ! {
     ];
     if let Some(dev) = sup_dhcp_dev.as_ref() {
         ntp_argv.push("--lease".into());
-        ntp_argv.push(format!("{}/lease.{dev}", crate::paths::RUN_DIR));
+        ntp_argv.push(format!("{}/lease.{dev}", crate::run::RUN_DIR));
     }
     sup.add(
         Spec {
@@ -429,8 +429,10 @@ fn boot_firewall(conf: &str) {
             return;
         }
     };
-    match crate::driver::firewall::install_at_boot(&cfg) {
-        Ok(crate::driver::firewall::Outcome::Off) => say!("firewall: off (Firewall = off)"),
+    match crate::driver::appliance::firewall::install_at_boot(&cfg) {
+        Ok(crate::driver::appliance::firewall::Outcome::Off) => {
+            say!("firewall: off (Firewall = off)")
+        }
         Ok(_) => say!(
             "firewall: table inet {} in place",
             crate::core::firewall::TABLE

@@ -330,7 +330,7 @@ impl Supervisor {
         s.last_status = Some(why);
         if let Ok(r) = s.ring.lock() {
             // Kept for `riceguard status` and post-mortems; /run is a tmpfs.
-            if let Ok(mut f) = std::fs::File::create(crate::paths::service_log(&s.spec.name)) {
+            if let Ok(mut f) = std::fs::File::create(crate::run::service_log(&s.spec.name)) {
                 for l in r.lines() {
                     let _ = writeln!(f, "{l}");
                 }

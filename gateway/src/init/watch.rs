@@ -6,9 +6,9 @@ use super::*;
 /// One look at the gateway for the health watch: its UAPI answer and the worker
 /// heartbeats of its status file.
 pub(super) fn probe_gateway(ifname: &str) -> health::Probe {
-    let status = crate::paths::status_file(ifname);
+    let status = crate::run::status_file(ifname);
     let beats = match std::fs::read_to_string(&status) {
-        Ok(t) => crate::driver::status::parse_heartbeats(&t)
+        Ok(t) => crate::run::status::parse_heartbeats(&t)
             .ok_or_else(|| format!("no heartbeat line in {}", status.display())),
         Err(e) => Err(format!("{}: {e}", status.display())),
     };
@@ -21,7 +21,7 @@ pub(super) fn probe_gateway(ifname: &str) -> health::Probe {
 /// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
 pub(super) fn uapi_answers(ifname: &str) -> Result<(), String> {
     use std::os::unix::net::UnixStream;
-    let mut s = UnixStream::connect(crate::paths::uapi_socket(ifname))
+    let mut s = UnixStream::connect(crate::run::uapi_socket(ifname))
         .map_err(|e| format!("connect: {e}"))?;
     let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
     let _ = s.set_write_timeout(Some(Duration::from_secs(1)));

@@ -54,7 +54,7 @@ pub const MAX_UKI: u64 = 256 << 20;
 pub const PUBLIC_KEY: &str = "/etc/riceguard/update.pub";
 /// The running root's build number (`image/build.sh` writes it; see `core::bundle`).
 pub const BUILD_FILE: &str = "/etc/riceguard/build";
-use crate::paths::ESP_UPDATE_MNT as ESP_MNT;
+use crate::run::ESP_UPDATE_MNT as ESP_MNT;
 /// A file on perm naming a bundle to install once after a good boot (tests, USB drop-in).
 pub const BOOT_REQUEST: &str = "/perm/update-on-boot";
 

@@ -1189,7 +1189,7 @@ fn add_client_prints_config_and_qr_and_needs_commit() {
     let (conf2, after2) = cut(&again, "phone");
     check_qr(&after2, &conf2);
     assert_eq!(
-        conf2.replace(crate::console::client::NOT_STORED, &k.to_base64()),
+        conf2.replace(crate::console::vpn_client::NOT_STORED, &k.to_base64()),
         conf
     );
     assert!(again.contains("was not kept"), "{again}");

@@ -15,7 +15,7 @@
 //! power cut right after still boots at or past any handshake stamped after the step;
 //! then the RTC is written. Slews change the clock by under a second, which the saved
 //! time's lead covers. The state goes to `RUN_DIR/clock` for `show status` and
-//! `riceguard status` ([`clock_line`]).
+//! `riceguard status` (`run::clock::clock_line`).
 //!
 //! Log lines start with `ntp: `; tests match `stepped the clock`, `slewing`, `refused:`,
 //! `kiss-o'-death`, `unsynchronised`.
@@ -34,95 +34,16 @@ use crate::core::clock::{
     SntpError, UnixTime,
 };
 use crate::sys::clock as sysclock;
-
-/// Where the state files are (`RG_RUN_DIR` or `--run-dir` override it).
-pub use crate::paths::RUN_DIR;
-/// The client's state, in [`RUN_DIR`].
-pub const STATE: &str = "clock";
-/// Init's boot-floor record, in [`RUN_DIR`].
-pub const BOOT_RECORD: &str = "clock.boot";
-/// The saved time on perm.
-pub const SAVED: &str = "/perm/clock";
-/// This boot's stamps against its clock ([`policy::Stamps`]), in [`RUN_DIR`]: written by
-/// the client, read by every save.
-pub const STAMPS: &str = "clock.stamps";
+// The clock's files (their names and formats, the `clock:` and `ntp:` lines) are
+// `run::clock`'s: init and the console read them too.
+use crate::run::clock::{save_time, stamps_in, write_stamps, write_state, BOOT_RECORD, SAVED};
 
 const REFRESH: Duration = Duration::from_secs(10);
 const RESOLVE_OK: Duration = Duration::from_secs(1800);
 const RESOLVE_FAILED: Duration = Duration::from_secs(30);
 const USAGE: &str = "usage: riceguard ntp [--config FILE] [--lease FILE]... [--server HOST[:PORT]]... [--run-dir DIR] [--dry-run]";
 
-use crate::paths::run_dir;
-
-/// The saved time in `path`, if it reads.
-pub fn read_saved(path: &Path) -> Option<policy::SavedTime> {
-    policy::SavedTime::from_text(&std::fs::read_to_string(path).ok()?)
-}
-
-/// Save the clock plus this boot's stamp lead plus `ahead` to `path`, atomically
-/// (`store::write`) and under a lock beside it: init's saver and this client both write
-/// it. With `stamps.agrees` the clock and the lead are recorded too.
-pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Result<i64> {
-    use nix::fcntl::{Flock, FlockArg};
-    let lock = path.with_file_name(".clock.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock)?;
-    let _held = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
-    let rec = policy::SavedTime::at(sysclock::realtime(), stamps, ahead);
-    crate::store::write(path, rec.to_text().as_bytes(), crate::store::PUBLIC)?;
-    Ok(rec.floor)
-}
-
-/// [`STAMPS`] in `dir` (nothing known when it is missing or unreadable).
-pub fn stamps_in(dir: &Path) -> policy::Stamps {
-    std::fs::read_to_string(dir.join(STAMPS))
-        .map(|t| policy::Stamps::from_text(&t))
-        .unwrap_or_default()
-}
-
-fn write_stamps(dir: &Path, st: policy::Stamps) {
-    let p = dir.join(STAMPS);
-    if let Err(e) = crate::store::write(&p, st.to_text().as_bytes(), crate::store::PUBLIC) {
-        log::warn!("ntp: {}: {e}", p.display());
-    }
-}
-
-/// The `clock:` line of `show status` and `riceguard status`, from init's record and the
-/// client's state in the run directory.
-pub fn clock_line() -> String {
-    clock_line_in(&run_dir())
-}
-
-pub fn clock_line_in(dir: &Path) -> String {
-    let boot = std::fs::read_to_string(dir.join(BOOT_RECORD))
-        .ok()
-        .and_then(|t| BootRecord::from_text(&t));
-    let ntp = std::fs::read_to_string(dir.join(STATE))
-        .ok()
-        .map(|t| NtpState::from_text(&t));
-    policy::status_line(
-        sysclock::realtime(),
-        sysclock::boottime(),
-        boot.as_ref(),
-        ntp.as_ref(),
-    )
-}
-
-/// The client's notes (per server, refusals), for `show status` after the clock line.
-pub fn note_lines() -> Vec<String> {
-    std::fs::read_to_string(run_dir().join(STATE))
-        .map(|t| {
-            NtpState::from_text(&t)
-                .notes
-                .into_iter()
-                .map(|n| format!("ntp: {n}"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
+use crate::run::run_dir;
 
 struct Args {
     config: Option<PathBuf>,
@@ -550,10 +471,7 @@ fn handle(
 fn publish(dir: &Path, state: &mut NtpState, poller: &Poller) {
     state.servers = poller.usable() as u32;
     state.notes = poller.report();
-    let p = dir.join(STATE);
-    if let Err(e) = crate::store::write(&p, state.to_text().as_bytes(), crate::store::PUBLIC) {
-        log::warn!("ntp: {}: {e}", p.display());
-    }
+    write_state(dir, state);
 }
 
 fn wait_readable(queries: &[(SocketAddr, UdpSocket)], wait: Duration) {
@@ -594,45 +512,5 @@ mod tests {
             vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]
         );
         assert!(lease_ntp("address 10.0.0.5/24\n").is_empty());
-    }
-
-    #[test]
-    fn saved_time_round_trip_and_clock_line() {
-        let d = crate::testutil::TempDir::new("ntp-saved");
-        let p = d.0.join("clock");
-        let t = save_time(&p, policy::SAVE_AHEAD, policy::Stamps::default()).unwrap();
-        assert_eq!(
-            read_saved(&p),
-            Some(policy::SavedTime {
-                floor: t,
-                agreed: None
-            })
-        );
-        let st = policy::Stamps {
-            ahead: 5_000_000_000,
-            agrees: true,
-            settled: true,
-        };
-        let t = save_time(&p, policy::SAVE_AHEAD, st).unwrap();
-        let back = read_saved(&p).unwrap();
-        assert_eq!(back.floor, t);
-        // The floor covers the stamps' lead and the save's.
-        let (w, a) = back.agreed.unwrap();
-        assert_eq!(a, 5_000_000_000);
-        assert!(t >= w + 5 + policy::SAVE_AHEAD.as_secs() as i64 - 1);
-        assert_eq!(stamps_in(&d.0), policy::Stamps::default());
-        assert!(t > sysclock::realtime().secs());
-        // No boot record, no client: a host's clock.
-        assert!(clock_line_in(&d.0).contains("(source: host clock"));
-        let rec = BootRecord {
-            source: policy::BootSource::Saved,
-            wall: sysclock::realtime(),
-            boot: sysclock::boottime(),
-            back_to: None,
-        };
-        std::fs::write(d.0.join(BOOT_RECORD), rec.to_text()).unwrap();
-        std::fs::write(d.0.join(STATE), "servers 0\n").unwrap();
-        assert!(clock_line_in(&d.0)
-            .ends_with("(source: saved, no NTP server: set gateway ntp or get one from DHCP)"));
     }
 }

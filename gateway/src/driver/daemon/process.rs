@@ -28,7 +28,7 @@ use crate::core::device::Device;
 use crate::sys::tun::Tun;
 use crate::sys::udp::UdpSocket;
 
-use crate::paths::PIDFILE;
+use crate::run::PIDFILE;
 /// How often unresolved peer endpoint names are looked up again (appliance mode).
 const RESOLVE_RETRY: Duration = Duration::from_secs(15);
 
@@ -229,7 +229,7 @@ fn run(opts: Opts) -> Result<(), String> {
     let mut status_paths = vec![status_path(&ifname)];
     if appliance {
         // The console's `show status` reads this one.
-        status_paths.push(crate::paths::STATUS_FILE.into());
+        status_paths.push(crate::run::STATUS_FILE.into());
     }
     let board = Arc::new(status::StatusBoard::new(status_paths, report, workers));
     if let Some(nc) = &netconf {

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::uapi;
-use crate::driver::appliance::dhcp;
+use crate::run::lease;
 use std::sync::Mutex;
 
 /// The lines of the status report; rewritten whole whenever a worker reports.
@@ -35,47 +35,9 @@ pub struct StatusBoard {
 /// A source of status lines that change at run time.
 pub type ExtraLines = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
-/// The last reload (SIGHUP) of the configuration file and how it went.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reload {
-    pub generation: u64,
-    /// `Err(reason)`: refused; the previous configuration keeps running.
-    pub result: Result<(), String>,
-}
-
-impl Reload {
-    fn line(&self) -> String {
-        match &self.result {
-            Ok(()) => format!("reload: generation {} ok", self.generation),
-            Err(r) => format!(
-                "reload: generation {} failed {}",
-                self.generation,
-                r.replace('\n', " ")
-            ),
-        }
-    }
-}
-
-/// The `reload:` line of a status file, if there is a well-formed one.
-pub fn parse_reload(text: &str) -> Option<Reload> {
-    let rest = text
-        .lines()
-        .find_map(|l| l.strip_prefix("reload: generation "))?;
-    let (n, rest) = rest.split_once(' ')?;
-    let generation = n.parse().ok()?;
-    let result = if rest == "ok" {
-        Ok(())
-    } else {
-        Err(rest.strip_prefix("failed ")?.to_string())
-    };
-    Some(Reload { generation, result })
-}
-
-/// The worker heartbeats of a status file (`heartbeat: N N ...`), if there is such a line.
-pub fn parse_heartbeats(text: &str) -> Option<Vec<u64>> {
-    let rest = text.lines().find_map(|l| l.strip_prefix("heartbeat:"))?;
-    rest.split_whitespace().map(|n| n.parse().ok()).collect()
-}
+// The `heartbeat:` and `reload:` lines' format is `run::status`'s (their readers' too).
+use crate::run::status::heartbeat_line;
+pub use crate::run::status::Reload;
 
 impl StatusBoard {
     /// A board written to `paths`, with `workers` worker lines to come.
@@ -143,8 +105,8 @@ impl StatusBoard {
         }
         drop(w);
         let beats = self.heartbeats.lock().unwrap_or_else(|p| p.into_inner());
-        let beats: Vec<String> = beats.iter().map(u64::to_string).collect();
-        lines.push(format!("heartbeat: {}", beats.join(" ")));
+        lines.push(heartbeat_line(&beats));
+        drop(beats);
         lines.push(self.reload.lock().unwrap_or_else(|p| p.into_inner()).line());
         if let Some(f) = &*self.extra.lock().unwrap_or_else(|p| p.into_inner()) {
             lines.extend(f());
@@ -188,7 +150,7 @@ impl StatusBoard {
 
 // ---- `riceguard status`: the reader of the file above, and the live peer table ----
 
-pub(super) use crate::paths::status_file as status_path;
+pub(super) use crate::run::status_file as status_path;
 
 /// The data-plane decisions made at start, for `riceguard status` and the console.
 /// `riceguard status [IFNAME]`: the start-up decisions and the live peer table.
@@ -213,10 +175,10 @@ pub fn status_main(args: &[String]) -> ExitCode {
     };
     // Collected and written once: a closed pipe (`status | head`) ends the write, not
     // the process with a panic.
-    let mut out = crate::driver::appliance::ntp::clock_line();
+    let mut out = crate::run::clock::clock_line();
     out.push('\n');
     // The uplink's DHCP lease(s) next: they say how the appliance is reached.
-    let leases = dhcp::lease_lines();
+    let leases = lease::lease_lines();
     for l in &leases {
         out.push_str(l);
         out.push('\n');
@@ -307,6 +269,7 @@ fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::status::{parse_heartbeats, parse_reload};
 
     #[test]
     fn worker_lines_fill_in() {
@@ -338,23 +301,5 @@ mod tests {
         );
         assert!(!dir.join("wg9.status.tmp").exists());
         let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[test]
-    fn status_lines_parse() {
-        let t = "interface: wg0\nheartbeat: 1 2 3\nreload: generation 0 ok\n";
-        assert_eq!(parse_heartbeats(t), Some(vec![1, 2, 3]));
-        assert_eq!(
-            parse_reload(t),
-            Some(Reload {
-                generation: 0,
-                result: Ok(())
-            })
-        );
-        assert_eq!(parse_heartbeats("heartbeat: 1 x\n"), None);
-        assert_eq!(parse_heartbeats("interface: wg0\n"), None);
-        assert_eq!(parse_heartbeats("heartbeat: \n"), Some(vec![]));
-        assert_eq!(parse_reload("reload: generation 2 maybe\n"), None);
-        assert_eq!(parse_reload("reload: generation x ok\n"), None);
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use super::runtime::Runtime;
 use crate::core::uapi::{self, DeviceStatus, PeerStatus, Request, SetRequest, UapiError};
 
-pub use crate::paths::UAPI_DIR as SOCKET_DIR;
+pub use crate::run::UAPI_DIR as SOCKET_DIR;
 /// A request (from waiting for its first line to its blank line) must arrive within
 /// this; `wg` sends its whole request at once, even `wg setconf` with thousands of
 /// peers takes milliseconds on a local socket.
@@ -31,7 +31,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Clients served at once; one more closes the oldest.
 pub const MAX_CLIENTS: usize = 16;
 
-pub use crate::paths::uapi_socket as socket_path;
+pub use crate::run::uapi_socket as socket_path;
 
 /// Bind the UAPI socket, replacing a stale one (no listener behind it) but refusing to
 /// steal one that answers.

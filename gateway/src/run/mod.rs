@@ -1,12 +1,27 @@
 //! Where the appliance's processes meet at run time: every path under `/run` that one
 //! process writes and another reads (init, the daemon, `riceguard dhcp`/`ntp`, the
-//! consoles, `riceguard status`). Defined here once, so a writer and its readers cannot
-//! drift apart; the files' formats stay with their writers.
+//! consoles, `riceguard status`), and what is in them: each file's format has one
+//! writer and one parser here, so a writer and its readers cannot drift apart.
+//!
+//! - this file: the paths;
+//! - [`status`]: the daemon's status file lines (`heartbeat:`, `reload:`);
+//! - [`reload`]: the reload handshake (SIGHUP to the pid in the pid file, then the
+//!   `reload:` generation polled until it moves or a deadline passes);
+//! - [`lease`]: the DHCP client's lease files and the lines shown from them;
+//! - [`clock`]: the clock's files (init's boot record, the NTP client's state and
+//!   stamps, the saved time on perm) and the `clock:` / `ntp:` lines shown from them;
+//! - [`confirm`]: the pending commit-confirm record on perm (consoles and init).
 //!
 //! `RG_RUN_DIR` moves [`run_dir`] for tests on a host (the daemon-side files then land in
 //! a test's own directory, never in the host's `/run`).
 
 use std::path::{Path, PathBuf};
+
+pub mod clock;
+pub mod confirm;
+pub mod lease;
+pub mod reload;
+pub mod status;
 
 /// The appliance's run-time directory (tmpfs, made by init at boot).
 pub const RUN_DIR: &str = "/run/riceguard";
