@@ -206,9 +206,9 @@ fn timers(lease: u32, t1: Option<u32>, t2: Option<u32>) -> (u32, u32) {
     }
 }
 
-/// Where a message goes.
+/// A DHCP message to send, and where it goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transmit {
+pub struct Outgoing {
     /// `None`: the limited broadcast 255.255.255.255; else unicast to the server.
     pub to: Option<Ipv4Addr>,
     pub payload: Vec<u8>,
@@ -627,7 +627,7 @@ impl Client {
     }
 
     /// The next message to send, if one is due.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
         if self.next_send.map_or(true, |t| now < t) {
             return None;
         }
@@ -665,7 +665,7 @@ impl Client {
             self.next_send = None;
         }
         let payload = self.build(now, kind)?;
-        Some(Transmit { to, payload })
+        Some(Outgoing { to, payload })
     }
 
     /// When to send again in the current state (None: not before a timer moves us on).
