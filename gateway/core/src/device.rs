@@ -20,9 +20,9 @@
 //! tests drive it with boringtun's `mock-instant` feature). Everything of ours that needs
 //! wall time (the UAPI's last-handshake time) takes it as an argument.
 //!
-//! Why one file of ~1150 lines: the table, the per-peer state and the message verdict
-//! (`classify`) form one invariant (only authenticated messages move state); tests are
-//! in `sim_tests.rs`.
+//! Owns: the peer table, each peer's state and the message verdict (`classify`).
+//! Invariant: only a message `classify` calls authenticated moves a peer's state; the
+//! tests in `sim_tests.rs` hold it to that.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -22,9 +22,9 @@
 //! absurd lease times, a /0 or /32 subnet, ...) are ignored with an [`Ignored`] reason;
 //! nothing received can panic this module (see `fuzz/fuzz_targets/dhcp.rs`).
 //!
-//! Why one file of ~1200 lines: the states share one transition table and one
-//! retransmission clock; split, the RFC's rules would be spread over files that each
-//! need all of them. Tests are in `dhcp/tests.rs`.
+//! Owns: the client's states, their one transition table and one retransmission clock,
+//! and the lease. Invariant: every RFC 2131 rule above is applied by that table, from
+//! the state and the time passed in, and nowhere else. Tests are in `dhcp/tests.rs`.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
