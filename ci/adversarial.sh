@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Adversarial UDP tests (issue 10, item 6): an attacker who knows only the gateway's public
+# Adversarial UDP tests (nothing unauthenticated may move a peer's state): an attacker who knows only the gateway's public
 # key sprays forged handshake responses and cookie replies over guessed receiver indexes,
 # floods handshake initiations from 200 addresses, and replays a peer's captured packets;
 # riceguard (drop-in, configured by stock `wg`) must keep the legitimate wireguard-go

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The uplink by DHCP (issue 13, item 1): `riceguard dhcp VETH` in a client namespace
+# The uplink by DHCP (the appliance numbers its uplink itself, no dhclient): `riceguard dhcp VETH` in a client namespace
 # against dnsmasq in a server namespace (2-minute leases, dnsmasq's minimum):
 #   - bound: address (with a finite lifetime), default route, resolv.conf, lease file,
 #     the lease line of `riceguard status`;
@@ -10,10 +10,10 @@
 #     with a 20 s lease and then stays silent: rebinding, then the address and route go.
 # While dnsmasq serves (bound, renewal, server lost, link flap) the appliance daemon
 # (`riceguard up --config`, uplink = the client's veth) runs in the client namespace, so
-# all of that happens with its firewall in place (issue 19), and dnsmasq also sends
+# all of that happens with its firewall in place (DHCP/RA must still pass it), and dnsmasq also sends
 # router advertisements: the uplink must still get its SLAAC address and default route
 # with forwarding on (the daemon sets accept_ra 2) and ICMPv6 filtered.
-# Issue 20 (about 45 s more), `riceguard dhcp --config FILE` against dnsmasq:
+# The untrusted uplink (about 45 s more), `riceguard dhcp --config FILE` against dnsmasq:
 #   - a lease equal to a peer's AllowedIPs is not requested, said with its reason, and not
 #     asked for in a loop (DISCOVERs counted on the server's side in a 15 s window);
 #   - `UplinkOverlap = refuse` declines an overlap with a wide summary route; `auto` keeps
@@ -174,7 +174,7 @@ stop_pid "$expiry_pid"
 check "client never panicked" bash -c "! grep -qi panick '$log1' '$log2'"
 fi
 
-# ---- issue 20: leases against the tunnel's routes, stale lease files, status, rogue ACKs --
+# ---- the untrusted uplink: leases against the tunnel's routes, stale lease files, status, rogue ACKs
 # A configuration as init passes it (`riceguard dhcp --config`): peers whose AllowedIPs
 # overlap dnsmasq's 192.168.77.0/24 in different ways.
 gwconf() { # FILE ALLOWEDIPS [UplinkOverlap]

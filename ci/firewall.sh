@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The appliance's firewall and NAT (issue 19), end to end with the release binary
+# The appliance's firewall and NAT (zones, anti-spoofing, fail closed), end to end with the release binary
 # (`riceguard up --config FILE`, `riceguard console --root DIR`) in network namespaces.
 # Names rgf<X><pid>; traffic only between the lab's namespaces.
 #

@@ -289,7 +289,7 @@ check "hand-made address 10.97.7.1 on the tunnel survived" sh -c "ip -n $G -o ad
 check "the phone's route 10.66.1.0/24 untouched" route_of 10.66.1.0/24
 check "LAN port address untouched" sh -c "ip -n $G -o addr show dev lan | grep -q 'inet 192.168.88.1/24'"
 check "phone still reaches 192.168.77.10 after the reloads" ping_loss0 $P 192.168.77.10
-# Two-armed since (b): the uplink is the outside, and the firewall (issue 19) lets it into
+# Two-armed since (b): the uplink is the outside, and the firewall (fail closed) lets it into
 # neither the LAN nor the tunnel, even for a peer address proxied on the uplink's subnet;
 # the phone's own connections to the uplink (above) still get their replies.
 check "two-armed: LAN host 192.168.77.10 on the uplink no longer reaches the phone (uplink -> tunnel closed)" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Passive keepalive and padding (issue 10, item 7): riceguard <-> stock wireguard-go in two
+# Passive keepalive and padding (what a stock peer expects on the wire): riceguard <-> stock wireguard-go in two
 # namespaces, one ping every KA_INTERVAL s (default 20) from riceguard's side for
 # KA_DURATION s (default 120), outer UDP captured with tcpdump. Asserts exactly one
 # handshake in the run, a keepalive from riceguard after each data message it received,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SNTP client (issue 20, the clock): `riceguard ntp --dry-run` in a client namespace
+# The SNTP client (the clock never goes back, nor far ahead on one server's word): `riceguard ntp --dry-run` in a client namespace
 # against scripted servers (ci/lib/sntp_server.py) in a server namespace. Dry run: the
 # client keeps a virtual clock and never sets the host's, so each case reads its
 # decisions from its log and state file:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # flash-scripts/flash must refuse a disk any part of which is in use, however it is stacked
-# (issue 12, item 7): loop devices on sparse files, partitioned, stacked the ways a host's
+# (so no host disk is lost): loop devices on sparse files, partitioned, stacked the ways a host's
 # own disk is (dm-linear, LVM, btrfs subvolumes and multi-device btrfs, swap, a loop device
 # on a partition, a mount in another mount namespace only, a partition that is / of a
 # chroot, a loop-device target whose disk is in use), each case flashed with --yes: these

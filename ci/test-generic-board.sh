@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A generic board tested as hardware: x86_64-generic (issue 13, item 4; the default) or
-# aarch64-generic (issue 21; BOARD=aarch64-generic, below). The board's image, with
+# A generic board tested as hardware: x86_64-generic (the default) or
+# aarch64-generic (U-Boot or EDK2; BOARD=aarch64-generic, below). The board's image, with
 # the Debian generic kernel, is flashed by flash-scripts/flash onto a disk file that QEMU
 # (q35, OVMF, TCG) shows as NVMe; two emulated Intel igb ports (82576, multi-queue) sit on
 # taps in bridges of a "switch" namespace; the i6300esb watchdog; the serial console is
@@ -39,7 +39,7 @@
 #   flap      eth0's carrier off and on (QEMU monitor set_link): the lease is re-acquired
 #   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
-#   power cut the appliance as the initiator towards a stock wireguard-go peer (issue 20:
+#   power cut the appliance as the initiator towards a stock wireguard-go peer (stamps must rise:
 #             a peer drops an initiation whose TAI64N stamp is not newer than the last it
 #             saw): the phone's keys on a wireguard-go that cannot initiate (no endpoint, no
 #             keepalive, nothing routed into it); `set peer PHONE endpoint
@@ -745,7 +745,7 @@ console_reboot() {
 }
 
 # --- power cut -----------------------------------------------------------------------------
-# Issue 20: a peer drops an initiation whose TAI64N timestamp is not newer than the last it
+# Stamps must rise: a peer drops an initiation whose TAI64N timestamp is not newer than the last it
 # saw from us; the boot floor (RTC, the time saved ahead on perm, the build time) keeps the
 # appliance's stamps increasing when it loses power and its RTC is reset. Only an
 # initiation carries the stamp, so the appliance initiates here: the phone's keys on a

@@ -14,7 +14,7 @@
 #     second boot, `show status` with the firewall's line, `reboot` typed on the serial
 #     console (clean unmount of perm); init's `firewall: table inet riceguard in place`
 #     before the uplink's address;
-#     the clock (issue 20): every net boot starts with the RTC at 2001 (-rtc base=), and
+#     the clock (never back): every net boot starts with the RTC at 2001 (-rtc base=), and
 #     the namespace runs an SNTP server (ci/lib/sntp_server.py) on two addresses, both in
 #     `Ntp`: boot 1 starts at the image's build time (source: build), then NTP steps it;
 #     boot 2 (after boot 1 was killed: a power cut) starts from the saved time (source:

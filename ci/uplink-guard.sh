@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The uplink cannot redirect the tunnel (issue 20, section 2), end to end with the release
+# The uplink cannot redirect the tunnel (a lease or RA never shadows a tunnel route), end to end with the release
 # binary (`riceguard up --config FILE`, `riceguard console --root DIR`) in namespaces:
 #
 #   ns R "router" br0 192.168.1.1/24, fd00:251::1/64, fd00:99::1/64 (dnsmasq: RAs only)

@@ -1,4 +1,4 @@
-"""Passive keepalive and padding conformance (ci/keepalive.sh, issue 10 item 7).
+"""Passive keepalive and padding conformance (ci/keepalive.sh: what a stock peer expects on the wire).
 
 riceguard (drop-in, `-f`, configured by stock `wg`, with the peer's endpoint) and stock
 wireguard-go in two namespaces. riceguard's side pings wireguard-go's tunnel address once

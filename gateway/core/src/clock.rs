@@ -44,7 +44,7 @@
 //!   forward (or slews a small backward offset); later ones slew up to
 //!   [`STEP_THRESHOLD`] and step forward beyond it.
 //! - **Bounded forward.** SNTP is unauthenticated, and option 42 comes from the uplink's
-//!   DHCP server, which section 2 of issue 20 distrusts. One far-future answer would
+//!   DHCP server, which the gateway does not trust (it may be hostile). One far-future answer would
 //!   become the floor and every peer's last-seen timestamp: a lock-out that survives
 //!   reboots (nothing can go back again). So one server may move the clock at most
 //!   [`MAX_SINGLE_AHEAD`] (24 h) ahead of the boot floor plus the boot time elapsed since

@@ -20,9 +20,9 @@
 //! tests drive it with boringtun's `mock-instant` feature). Everything of ours that needs
 //! wall time (the UAPI's last-handshake time) takes it as an argument.
 //!
-//! Why one file of ~1150 lines: the table, the per-peer state and the message verdict
-//! (`classify`) form one invariant (only authenticated messages move state); tests are
-//! in `sim_tests.rs`.
+//! Owns: the peer table, each peer's state and the message verdict (`classify`).
+//! Invariant: only a message `classify` calls authenticated moves a peer's state; the
+//! tests in `sim_tests.rs` hold it to that.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -313,7 +313,7 @@ const NEW_HANDSHAKE_AFTER_SILENCE: Duration = Duration::from_secs(15);
 
 /// What one message from the network did, decided from its type and boringtun's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum MessageOutcome {
     /// An initiation we answered with a response: the sender holds the peer's key.
     HandshakeAnswered,
     /// A response to our initiation that completed the handshake.
@@ -328,13 +328,15 @@ pub enum Verdict {
     Rejected,
 }
 
-impl Verdict {
+impl MessageOutcome {
     /// Whether this message proved the peer's keys (the only thing that may move its
     /// endpoint, counters or fallback state).
     pub fn authenticated(self) -> bool {
         matches!(
             self,
-            Verdict::HandshakeAnswered | Verdict::HandshakeCompleted | Verdict::Data { .. }
+            MessageOutcome::HandshakeAnswered
+                | MessageOutcome::HandshakeCompleted
+                | MessageOutcome::Data { .. }
         )
     }
 }
@@ -344,22 +346,24 @@ impl Verdict {
 /// initiation with a response (type 2) but a rate-limited one with a cookie reply
 /// (type 3), and a response with a keepalive (type 4) — so the *type of what it wrote*
 /// tells them apart, never the mere fact that it wrote something.
-fn classify(kind: u8, result: &TunnResult<'_>) -> Verdict {
+fn classify(kind: u8, result: &TunnResult<'_>) -> MessageOutcome {
     match (kind, result) {
-        (_, TunnResult::Err(_)) => Verdict::Rejected,
-        (_, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_COOKIE) => Verdict::CookieSent,
+        (_, TunnResult::Err(_)) => MessageOutcome::Rejected,
+        (_, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_COOKIE) => {
+            MessageOutcome::CookieSent
+        }
         (MSG_INIT, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_RESPONSE) => {
-            Verdict::HandshakeAnswered
+            MessageOutcome::HandshakeAnswered
         }
         (MSG_RESPONSE, TunnResult::WriteToNetwork(d)) if d.first() == Some(&MSG_DATA) => {
-            Verdict::HandshakeCompleted
+            MessageOutcome::HandshakeCompleted
         }
-        (MSG_COOKIE, _) => Verdict::CookieReceived,
-        (MSG_DATA, TunnResult::Done) => Verdict::Data { keepalive: true },
+        (MSG_COOKIE, _) => MessageOutcome::CookieReceived,
+        (MSG_DATA, TunnResult::Done) => MessageOutcome::Data { keepalive: true },
         (MSG_DATA, TunnResult::WriteToTunnelV4(..) | TunnResult::WriteToTunnelV6(..)) => {
-            Verdict::Data { keepalive: false }
+            MessageOutcome::Data { keepalive: false }
         }
-        _ => Verdict::Rejected,
+        _ => MessageOutcome::Rejected,
     }
 }
 
@@ -839,11 +843,11 @@ impl Device {
         datagram: &[u8],
         scratch: &mut [u8],
         io: &mut impl Io,
-    ) -> Verdict {
+    ) -> MessageOutcome {
         let result = st.tunn.decapsulate(Some(from.ip()), datagram, scratch);
         let verdict = classify(kind, &result);
         match result {
-            TunnResult::WriteToNetwork(d) if verdict == Verdict::CookieSent => {
+            TunnResult::WriteToNetwork(d) if verdict == MessageOutcome::CookieSent => {
                 // Not the peer's packet: the sender gets the cookie, the peer's
                 // counters and endpoint stay.
                 DropCounters::bump(&self.drops.cookies_sent);
@@ -859,7 +863,7 @@ impl Device {
                 self.deliver(table, peer, IpAddr::V6(src), p, io);
             }
             TunnResult::Done if verdict.authenticated() => {}
-            TunnResult::Done if verdict == Verdict::CookieReceived => {}
+            TunnResult::Done if verdict == MessageOutcome::CookieReceived => {}
             _ => DropCounters::bump(&self.drops.rejected),
         }
         verdict
@@ -873,7 +877,7 @@ impl Device {
         peer: &Arc<Peer>,
         mut st: MutexGuard<'_, PeerState>,
         from: PeerAddr,
-        verdict: Verdict,
+        verdict: MessageOutcome,
         n: usize,
         scratch: &mut [u8],
         io: &mut impl Io,
@@ -885,18 +889,18 @@ impl Device {
         st.unanswered_since = None;
         st.events.authenticated_rx[tidx(&from)] += 1;
         match verdict {
-            Verdict::HandshakeCompleted => {
+            MessageOutcome::HandshakeCompleted => {
                 st.events.handshakes_answered[tidx(&from)] += 1;
                 st.last_handshake = Some(now);
                 st.initiating = false;
                 note = Some(Note::HandshakeCompleted);
             }
-            Verdict::HandshakeAnswered => {
+            MessageOutcome::HandshakeAnswered => {
                 // Answering the peer's initiation replaces ours.
                 st.last_handshake = Some(now);
                 st.initiating = false;
             }
-            Verdict::Data { keepalive: false } if st.keepalive_owed_since.is_none() => {
+            MessageOutcome::Data { keepalive: false } if st.keepalive_owed_since.is_none() => {
                 st.keepalive_owed_since = Some(now);
             }
             _ => {}

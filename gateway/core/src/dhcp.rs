@@ -22,9 +22,9 @@
 //! absurd lease times, a /0 or /32 subnet, ...) are ignored with an [`Ignored`] reason;
 //! nothing received can panic this module (see `fuzz/fuzz_targets/dhcp.rs`).
 //!
-//! Why one file of ~1200 lines: the states share one transition table and one
-//! retransmission clock; split, the RFC's rules would be spread over files that each
-//! need all of them. Tests are in `dhcp/tests.rs`.
+//! Owns: the client's states, their one transition table and one retransmission clock,
+//! and the lease. Invariant: every RFC 2131 rule above is applied by that table, from
+//! the state and the time passed in, and nowhere else. Tests are in `dhcp/tests.rs`.
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -206,9 +206,9 @@ fn timers(lease: u32, t1: Option<u32>, t2: Option<u32>) -> (u32, u32) {
     }
 }
 
-/// Where a message goes.
+/// A DHCP message to send, and where it goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Transmit {
+pub struct Outgoing {
     /// `None`: the limited broadcast 255.255.255.255; else unicast to the server.
     pub to: Option<Ipv4Addr>,
     pub payload: Vec<u8>,
@@ -627,7 +627,7 @@ impl Client {
     }
 
     /// The next message to send, if one is due.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Transmit> {
+    pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
         if self.next_send.map_or(true, |t| now < t) {
             return None;
         }
@@ -665,7 +665,7 @@ impl Client {
             self.next_send = None;
         }
         let payload = self.build(now, kind)?;
-        Some(Transmit { to, payload })
+        Some(Outgoing { to, payload })
     }
 
     /// When to send again in the current state (None: not before a timer moves us on).

@@ -39,8 +39,8 @@
 //! defaults) which [`parse`] reads back to an equal `Config`; [`emit_compat`] the same
 //! with the schema-2 settings on `#+` lines (identical to [`emit`] when there are none).
 //!
-//! Why ~1300 lines: one reader, its two emitters and their round-trip tests, which must
-//! change together.
+//! Owns: the one reader, its two emitters and their round-trip tests. Invariant: what
+//! either emitter writes, [`parse`] reads back to an equal `Config`.
 
 use std::fmt::Write as _;
 

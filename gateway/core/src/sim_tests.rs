@@ -660,9 +660,9 @@ fn no_handshake_when_a_reply_lands_after_a_tick() {
     );
 }
 
-/// Issue 20: handshake timestamps only ever increase, across `Tunn`s made later (a
-/// reconfiguration) and, with the boot floor, across reboots. boringtun stamps an
-/// initiation with the wall clock read when its `Tunn` was made plus monotonic time
+/// Handshake timestamps only ever increase (a peer drops an initiation not newer than
+/// the last), across `Tunn`s made later (a reconfiguration) and, with the boot floor,
+/// across reboots. boringtun stamps an initiation with the wall clock read when its `Tunn` was made plus monotonic time
 /// since (here the mock clock), so a stock peer's `Tunn` (the responder, kept) shows
 /// what it accepts: a `Tunn` made later than the last initiation's stamp is accepted; one
 /// whose stamp is behind (the wall clock went back relative to monotonic time: modelled

@@ -6,9 +6,9 @@
 //! Invariants: `running` is what `DIR/riceguard.conf` holds; a command that fails
 //! changes neither `candidate`, `running` nor any file.
 //!
-//! Why one file of ~1000 lines: commit, commit-confirm, rollback, history and the
-//! daemon report all move the same candidate/running pair under the same invariants;
-//! tests are in `session/tests.rs`.
+//! Owns: commit, commit-confirm, rollback, history and the daemon report, every command
+//! that moves the candidate/running pair; the invariants above hold for each of them.
+//! Tests are in `session/tests.rs`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

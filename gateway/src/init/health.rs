@@ -61,7 +61,7 @@ enum Phase {
 
 /// What init should do after a probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub enum HealthChange {
     /// Nothing new.
     Same,
     /// Healthy now (after a start, or again).
@@ -142,24 +142,24 @@ impl GatewayHealth {
     }
 
     /// Take one probe of the running gateway into account.
-    pub fn observe(&mut self, now: Instant, p: &Probe) -> Verdict {
+    pub fn observe(&mut self, now: Instant, p: &Probe) -> HealthChange {
         let problem = self.problem(now, p);
         match (self.phase.clone(), problem) {
-            (Phase::Down | Phase::Killing(_), _) => Verdict::Same,
-            (Phase::Healthy, None) => Verdict::Same,
+            (Phase::Down | Phase::Killing(_), _) => HealthChange::Same,
+            (Phase::Healthy, None) => HealthChange::Same,
             (_, None) => {
                 self.phase = Phase::Healthy;
-                Verdict::Up
+                HealthChange::Up
             }
             (Phase::Starting(t), Some(why)) => {
                 if now.duration_since(t) >= self.limits.start {
                     self.phase = Phase::Killing(now);
-                    Verdict::Restart(format!(
+                    HealthChange::Restart(format!(
                         "not healthy {} s after it started ({why})",
                         self.limits.start.as_secs()
                     ))
                 } else {
-                    Verdict::Same
+                    HealthChange::Same
                 }
             }
             (Phase::Healthy, Some(why)) => {
@@ -167,18 +167,18 @@ impl GatewayHealth {
                     since: now,
                     why: why.clone(),
                 };
-                Verdict::Down(why)
+                HealthChange::Down(why)
             }
             (Phase::Unhealthy { since, .. }, Some(why)) => {
                 if now.duration_since(since) >= self.limits.grace {
                     self.phase = Phase::Killing(now);
-                    Verdict::Restart(format!(
+                    HealthChange::Restart(format!(
                         "{why}; unhealthy for {} s",
                         now.duration_since(since).as_secs()
                     ))
                 } else {
                     self.phase = Phase::Unhealthy { since, why };
-                    Verdict::Same
+                    HealthChange::Same
                 }
             }
         }
@@ -219,26 +219,26 @@ mod tests {
         assert!(h.feed(t0));
         h.started(t0);
         // Healthy only once every worker was seen moving.
-        assert_eq!(h.observe(t0, &ok(&[0, 0])), Verdict::Same);
-        assert_eq!(h.observe(t0, &ok(&[1, 0])), Verdict::Same);
-        assert_eq!(h.observe(t0, &ok(&[1, 1])), Verdict::Up);
-        assert_eq!(h.observe(t0 + s(1), &ok(&[5, 9])), Verdict::Same);
+        assert_eq!(h.observe(t0, &ok(&[0, 0])), HealthChange::Same);
+        assert_eq!(h.observe(t0, &ok(&[1, 0])), HealthChange::Same);
+        assert_eq!(h.observe(t0, &ok(&[1, 1])), HealthChange::Up);
+        assert_eq!(h.observe(t0 + s(1), &ok(&[5, 9])), HealthChange::Same);
         // Worker 1 stops; worker 0 goes on. Stuck only once `stall` has passed.
-        assert_eq!(h.observe(t0 + s(3), &ok(&[9, 9])), Verdict::Same);
-        let Verdict::Down(why) = h.observe(t0 + s(4), &ok(&[12, 9])) else {
+        assert_eq!(h.observe(t0 + s(3), &ok(&[9, 9])), HealthChange::Same);
+        let HealthChange::Down(why) = h.observe(t0 + s(4), &ok(&[12, 9])) else {
             panic!("not seen stuck")
         };
         assert!(why.contains("worker 1 heartbeat stuck at 9"), "{why}");
         assert!(h.feed(t0 + s(5)));
-        assert_eq!(h.observe(t0 + s(8), &ok(&[20, 9])), Verdict::Same);
-        let Verdict::Restart(why) = h.observe(t0 + s(9), &ok(&[25, 9])) else {
+        assert_eq!(h.observe(t0 + s(8), &ok(&[20, 9])), HealthChange::Same);
+        let HealthChange::Restart(why) = h.observe(t0 + s(9), &ok(&[25, 9])) else {
             panic!("no restart")
         };
         assert!(why.contains("unhealthy for 5 s"), "{why}");
         // Killed: fed while the kill takes effect, not after.
         assert!(h.feed(t0 + s(18)));
         assert!(!h.feed(t0 + s(19)));
-        assert_eq!(h.observe(t0 + s(19), &ok(&[30, 31])), Verdict::Same);
+        assert_eq!(h.observe(t0 + s(19), &ok(&[30, 31])), HealthChange::Same);
         h.exited();
         assert!(h.feed(t0 + s(100)));
     }
@@ -248,18 +248,18 @@ mod tests {
         let t0 = Instant::now();
         let mut h = GatewayHealth::new(LIMITS);
         h.started(t0);
-        assert_eq!(h.observe(t0, &ok(&[0])), Verdict::Same);
-        assert_eq!(h.observe(t0, &ok(&[1])), Verdict::Up);
+        assert_eq!(h.observe(t0, &ok(&[0])), HealthChange::Same);
+        assert_eq!(h.observe(t0, &ok(&[1])), HealthChange::Up);
         let down = Probe {
             uapi: Err("timed out".into()),
             beats: Ok(vec![2]),
         };
-        let Verdict::Down(why) = h.observe(t0 + s(1), &down) else {
+        let HealthChange::Down(why) = h.observe(t0 + s(1), &down) else {
             panic!()
         };
         assert!(why.contains("UAPI does not answer: timed out"), "{why}");
-        assert_eq!(h.observe(t0 + s(4), &down), Verdict::Same);
-        assert_eq!(h.observe(t0 + s(5), &ok(&[3])), Verdict::Up);
+        assert_eq!(h.observe(t0 + s(4), &down), HealthChange::Same);
+        assert_eq!(h.observe(t0 + s(5), &ok(&[3])), HealthChange::Up);
         assert!(h.is_healthy());
         // A status file without heartbeats is unhealthy too.
         let none = Probe {
@@ -268,11 +268,11 @@ mod tests {
         };
         assert_eq!(
             h.observe(t0 + s(6), &none),
-            Verdict::Down("no heartbeat line".into())
+            HealthChange::Down("no heartbeat line".into())
         );
         assert_eq!(
             h.observe(t0 + s(11), &none),
-            Verdict::Restart("no heartbeat line; unhealthy for 5 s".into())
+            HealthChange::Restart("no heartbeat line; unhealthy for 5 s".into())
         );
     }
 
@@ -285,9 +285,9 @@ mod tests {
             uapi: Err("connection refused".into()),
             beats: Err("no status file".into()),
         };
-        assert_eq!(h.observe(t0 + s(30), &down), Verdict::Same);
+        assert_eq!(h.observe(t0 + s(30), &down), HealthChange::Same);
         assert!(h.feed(t0 + s(30)));
-        let Verdict::Restart(why) = h.observe(t0 + s(60), &down) else {
+        let HealthChange::Restart(why) = h.observe(t0 + s(60), &down) else {
             panic!()
         };
         assert!(
@@ -300,9 +300,9 @@ mod tests {
         // A new start with a different number of workers starts its clocks afresh.
         h.exited();
         h.started(t0 + s(80));
-        assert_eq!(h.observe(t0 + s(81), &ok(&[3, 3, 3])), Verdict::Same);
-        assert_eq!(h.observe(t0 + s(81), &ok(&[4, 4, 4])), Verdict::Up);
-        assert_eq!(h.observe(t0 + s(83), &ok(&[4, 5, 6])), Verdict::Same);
-        assert_eq!(h.observe(t0 + s(84), &ok(&[5, 6, 7])), Verdict::Same);
+        assert_eq!(h.observe(t0 + s(81), &ok(&[3, 3, 3])), HealthChange::Same);
+        assert_eq!(h.observe(t0 + s(81), &ok(&[4, 4, 4])), HealthChange::Up);
+        assert_eq!(h.observe(t0 + s(83), &ok(&[4, 5, 6])), HealthChange::Same);
+        assert_eq!(h.observe(t0 + s(84), &ok(&[5, 6, 7])), HealthChange::Same);
     }
 }

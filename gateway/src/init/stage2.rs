@@ -246,7 +246,7 @@ pub(super) fn stage2() -> ! {
                 probe_gateway(&ifname)
             };
             match watch.observe(now, &probe) {
-                health::Verdict::Up => {
+                health::HealthChange::Up => {
                     sup.health("gateway", true, now);
                     say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers, worker heartbeats move)");
                     if !marked {
@@ -265,16 +265,16 @@ pub(super) fn stage2() -> ! {
                         let _ = nix::sys::signal::kill(pid, Signal::SIGUSR2);
                     }
                 }
-                health::Verdict::Down(why) => {
+                health::HealthChange::Down(why) => {
                     sup.health("gateway", false, now);
                     say!("gateway unhealthy: {why}");
                 }
-                health::Verdict::Restart(why) => {
+                health::HealthChange::Restart(why) => {
                     sup.health("gateway", false, now);
                     say!("gateway unhealthy ({why}): restarting it");
                     let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
                 }
-                health::Verdict::Same => {}
+                health::HealthChange::Same => {}
             }
             if !marked
                 && !watch.is_healthy()

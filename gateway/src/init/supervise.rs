@@ -68,7 +68,7 @@ pub fn read_line_capped(
 /// Hand a service's output to `out` as `NAME: line` and into its ring, line by line,
 /// each line capped at [`MAX_RELAY_LINE`] bytes. Returns at the end of input (the
 /// service and everything it started closed the pipe) or on a read error.
-pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<Ring>, out: &mut dyn FnMut(&str)) {
+pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<LogRing>, out: &mut dyn FnMut(&str)) {
     let mut rd = BufReader::with_capacity(8192, input);
     let mut buf = Vec::with_capacity(256);
     while let Ok(Some(dropped)) = read_line_capped(&mut rd, &mut buf, MAX_RELAY_LINE) {
@@ -88,11 +88,11 @@ pub fn relay(input: impl io::Read, name: &str, ring: &Mutex<Ring>, out: &mut dyn
 
 /// The last lines a service printed.
 #[derive(Debug, Default)]
-pub struct Ring {
+pub struct LogRing {
     lines: VecDeque<String>,
 }
 
-impl Ring {
+impl LogRing {
     pub fn push(&mut self, line: &str) {
         if self.lines.len() == RING_LINES {
             self.lines.pop_front();
@@ -209,7 +209,7 @@ pub struct Service {
     pub spec: Spec,
     pub state: State,
     pub starts: u32,
-    pub ring: Arc<Mutex<Ring>>,
+    pub ring: Arc<Mutex<LogRing>>,
     pub last_status: Option<String>,
     pub backoff: Backoff,
 }
@@ -234,7 +234,7 @@ fn describe(st: &WaitStatus) -> String {
 impl Supervisor {
     /// Add a service; it starts at the next [`Supervisor::tick`].
     pub fn add(&mut self, spec: Spec, now: Instant) {
-        let ring = Arc::new(Mutex::new(Ring::default()));
+        let ring = Arc::new(Mutex::new(LogRing::default()));
         let backoff = Backoff::new(spec.restart_delay);
         self.services.push(Service {
             backoff,
@@ -363,7 +363,7 @@ impl Supervisor {
     }
 }
 
-fn spawn(spec: &Spec, ring: &Arc<Mutex<Ring>>) -> std::io::Result<Pid> {
+fn spawn(spec: &Spec, ring: &Arc<Mutex<LogRing>>) -> std::io::Result<Pid> {
     let Some((prog, args)) = spec.argv.split_first() else {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn ring_keeps_last_lines_bounded() {
-        let mut r = Ring::default();
+        let mut r = LogRing::default();
         for i in 0..(RING_LINES + 5) {
             r.push(&format!("line {i}"));
         }
@@ -441,7 +441,7 @@ mod tests {
         input.extend(std::iter::repeat(b'x').take(10 << 20));
         input.extend_from_slice(b"\nafter\n");
         input.extend(std::iter::repeat(b'y').take(3 * MAX_RELAY_LINE));
-        let ring = Mutex::new(Ring::default());
+        let ring = Mutex::new(LogRing::default());
         let mut out = String::new();
         relay(io::Cursor::new(input), "svc", &ring, &mut |l| {
             out.push_str(l);

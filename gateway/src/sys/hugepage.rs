@@ -66,7 +66,7 @@ impl PoolConfig {
 /// Why the pool is on ordinary pages.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Fallback {
+pub enum NoHugepages {
     /// The configuration said so.
     Disabled,
     /// `vm.nr_hugepages` is 0.
@@ -79,7 +79,7 @@ pub enum Fallback {
     MapFailed(String),
 }
 
-impl fmt::Display for Fallback {
+impl fmt::Display for NoHugepages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Disabled => f.write_str("hugepages are switched off in the configuration"),
@@ -102,7 +102,7 @@ pub enum Backing {
     /// `pages` hugepages of `page_size` bytes.
     Huge { pages: u64, page_size: usize },
     /// Ordinary pages, and why.
-    Normal(Fallback),
+    Normal(NoHugepages),
 }
 
 /// Why no pool could be built at all.
@@ -255,9 +255,9 @@ impl BufPool {
                     page_size >> 10
                 ),
             ),
-            Backing::Normal(Fallback::Disabled) => (
+            Backing::Normal(NoHugepages::Disabled) => (
                 log::Level::Info,
-                format!("buffer pool: {n} buffers x {stride} B ({mib:.1} MiB) on ordinary pages: {}{unlocked}", Fallback::Disabled),
+                format!("buffer pool: {n} buffers x {stride} B ({mib:.1} MiB) on ordinary pages: {}{unlocked}", NoHugepages::Disabled),
             ),
             Backing::Normal(why) => (
                 log::Level::Warn,
@@ -408,21 +408,24 @@ fn parse_meminfo(text: &str) -> Option<HugeInfo> {
     })
 }
 
-fn try_huge(cfg: &PoolConfig, bytes: usize) -> Result<(NonNull<u8>, usize, u64, usize), Fallback> {
+fn try_huge(
+    cfg: &PoolConfig,
+    bytes: usize,
+) -> Result<(NonNull<u8>, usize, u64, usize), NoHugepages> {
     if !cfg.hugepages {
-        return Err(Fallback::Disabled);
+        return Err(NoHugepages::Disabled);
     }
     let info = huge_info()
-        .ok_or_else(|| Fallback::Unsupported("no HugePages lines in /proc/meminfo".into()))?;
+        .ok_or_else(|| NoHugepages::Unsupported("no HugePages lines in /proc/meminfo".into()))?;
     if info.total == 0 {
-        return Err(Fallback::NoneReserved);
+        return Err(NoHugepages::NoneReserved);
     }
     if info.page_size == 0 {
-        return Err(Fallback::Unsupported("hugepage size 0".into()));
+        return Err(NoHugepages::Unsupported("hugepage size 0".into()));
     }
     let pages = bytes.div_ceil(info.page_size) as u64;
     if info.free < pages {
-        return Err(Fallback::NotEnoughFree {
+        return Err(NoHugepages::NotEnoughFree {
             needed: pages,
             free: info.free,
         });
@@ -430,7 +433,7 @@ fn try_huge(cfg: &PoolConfig, bytes: usize) -> Result<(NonNull<u8>, usize, u64, 
     let len = pages as usize * info.page_size;
     // MAP_POPULATE with MAP_HUGETLB takes the pages now, so a shortage shows up as an
     // mmap error here rather than as SIGBUS on first touch.
-    let base = map(len, libc::MAP_HUGETLB).map_err(|e| Fallback::MapFailed(e.to_string()))?;
+    let base = map(len, libc::MAP_HUGETLB).map_err(|e| NoHugepages::MapFailed(e.to_string()))?;
     Ok((base, len, pages, info.page_size))
 }
 
@@ -516,7 +519,7 @@ pub(crate) mod tests {
             hugepages: false,
         })
         .expect("pool");
-        assert_eq!(pool.backing(), &Backing::Normal(Fallback::Disabled));
+        assert_eq!(pool.backing(), &Backing::Normal(NoHugepages::Disabled));
         assert_eq!(pool.available(), 4);
         let mut a = pool.alloc().expect("a");
         let b = pool.alloc().expect("b");
@@ -606,18 +609,18 @@ pub(crate) mod tests {
             return;
         }
         let pool = BufPool::new(&PoolConfig::new(2)).expect("pool");
-        assert_eq!(pool.backing(), &Backing::Normal(Fallback::NoneReserved));
+        assert_eq!(pool.backing(), &Backing::Normal(NoHugepages::NoneReserved));
         let (level, line) = pool.summary();
         assert_eq!(level, log::Level::Warn);
         assert!(
             line.contains("not hugepages") && line.contains("vm.nr_hugepages = 0"),
             "{line}"
         );
-        assert!(Fallback::NoneReserved
+        assert!(NoHugepages::NoneReserved
             .to_string()
             .contains("vm.nr_hugepages"));
         // Too few free pages is its own reason.
-        let msg = Fallback::NotEnoughFree { needed: 3, free: 1 }.to_string();
+        let msg = NoHugepages::NotEnoughFree { needed: 3, free: 1 }.to_string();
         assert!(msg.contains('3') && msg.contains('1'));
     }
 }

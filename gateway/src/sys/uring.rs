@@ -18,9 +18,11 @@
 //! [`check`] probes once per process what this kernel offers and logs it (or why the
 //! portable path must be used) exactly once.
 //!
-//! Why ~1170 lines of code: the probe, the ring, the registered buffer pool and the
-//! provided buffer rings share one set of kernel structures and their `unsafe` lifetimes;
-//! keeping them together keeps every SAFETY argument next to what it relies on.
+//! Owns: the probe, the ring, the registered buffer pool and the provided buffer rings:
+//! one set of kernel structures and their `unsafe` lifetimes. Invariant: none of that
+//! memory goes away while the kernel may still use it (dropping a [`Ring`] cancels and
+//! reaps everything in flight first), and every SAFETY argument sits beside what it
+//! relies on.
 
 use std::fmt;
 use std::io;

@@ -9,7 +9,7 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-fn decode(t: &Transmit) -> Message {
+fn decode(t: &Outgoing) -> Message {
     Message::decode(&mut Decoder::new(&t.payload)).unwrap()
 }
 
@@ -90,7 +90,7 @@ impl Reply {
 }
 
 /// Run timers and return the next transmission at or before `until`, advancing `now`.
-fn next_tx(c: &mut Client, now: &mut Instant, until: Instant) -> Option<Transmit> {
+fn next_tx(c: &mut Client, now: &mut Instant, until: Instant) -> Option<Outgoing> {
     for _ in 0..1000 {
         c.handle_timeout(*now);
         if let Some(t) = c.poll_transmit(*now) {
@@ -108,7 +108,7 @@ fn next_tx(c: &mut Client, now: &mut Instant, until: Instant) -> Option<Transmit
     panic!("timer loop did not settle");
 }
 
-fn tx_in(c: &mut Client, now: &mut Instant, within: Duration) -> Option<Transmit> {
+fn tx_in(c: &mut Client, now: &mut Instant, within: Duration) -> Option<Outgoing> {
     let until = *now + within;
     next_tx(c, now, until)
 }

@@ -7,13 +7,13 @@ use super::*;
 /// kernel into `segment_size`-byte datagrams (the last may be shorter). A batch of one
 /// datagram has `segment_size == size`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Transmit {
+pub struct PlannedSend {
     pub destination: SocketAddr,
     pub size: usize,
     pub segment_size: usize,
 }
 
-impl Transmit {
+impl PlannedSend {
     /// Datagrams in this send.
     pub fn segments(&self) -> usize {
         if self.segment_size == 0 {
@@ -120,11 +120,11 @@ impl GsoBatch {
     }
 
     /// The planned send (if any), and reset for the next one.
-    pub fn finish(&mut self) -> Option<Transmit> {
+    pub fn finish(&mut self) -> Option<PlannedSend> {
         if self.count == 0 {
             return None;
         }
-        let t = Transmit {
+        let t = PlannedSend {
             destination: self.destination,
             size: self.size,
             segment_size: self.segment_size,

@@ -637,7 +637,7 @@ fn gso_batch_planning() {
     let t = b.finish().expect("planned");
     assert_eq!(
         t,
-        Transmit {
+        PlannedSend {
             destination: dst,
             size: 4300,
             segment_size: 1200
