@@ -23,6 +23,8 @@
 #   ci/bench.sh                 3 rounds of 4 s runs (about 10 minutes)
 #   ci/bench.sh --quick         1 round of 3 s runs (about 3 minutes)
 #   ci/bench.sh --setups appliance-1core,appliance-nofw-1core --reps 5
+#   RG_BASE_BIN=old/riceguard ci/bench.sh --setups riceguard-1core,riceguard-base-1core
+#                               before/after: an older build against this one, same rounds
 #   ci/bench.sh --with-tcp-fallback    add riceguard over TCP (UDP dropped by nftables)
 #   ci/bench.sh --plot-only out/bench/bench-X.json    redraw that run's SVG (no root)
 #

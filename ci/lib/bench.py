@@ -223,6 +223,27 @@ def setup_appliance(firewall):
     return setup
 
 
+def with_binary(env_var, fn):
+    """`fn` with riceguard started from the binary in $env_var instead of $RG_BIN: a
+    before/after comparison (an older build against this one) in the same interleaved
+    rounds, so the host's changing load falls on both alike."""
+    def setup(lab):
+        base = os.environ.get(env_var)
+        if not base or not os.access(base, os.X_OK):
+            raise LabError(f"${env_var} does not name an executable riceguard")
+        old = os.environ.get("RG_BIN")
+        os.environ["RG_BIN"] = base
+        try:
+            return fn(lab)
+        finally:
+            if old is None:
+                os.environ.pop("RG_BIN", None)
+            else:
+                os.environ["RG_BIN"] = old
+    setup.extra_args = list(fn.extra_args) + [f"(riceguard from ${env_var})"]
+    return setup
+
+
 class Setup:
     """fn(lab) -> Path; impl: what must be installed; group: the core layout ("default":
     as each implementation starts, "1core": one core per end), whose wireguard-go and
@@ -252,6 +273,11 @@ SETUPS = {
     "boringtun-1core": Setup(setup_tunnel("boringtun", pinned=True), "boringtun", "1core"),
     "riceguard-1core": Setup(setup_tunnel("riceguard", ["--workers", "1"], side_args=RG_1CORE,
                                           pinned=True), "riceguard", "1core"),
+    # The same as riceguard-1core from $RG_BASE_BIN (an older build): ratios against
+    # riceguard-1core are before/after.
+    "riceguard-base-1core": Setup(with_binary("RG_BASE_BIN", setup_tunnel(
+        "riceguard", ["--workers", "1"], side_args=RG_1CORE, pinned=True)), "riceguard",
+        "1core", compare=["riceguard-1core"]),
     "appliance-1core": Setup(setup_appliance(True), "riceguard", "1core",
                              compare=["appliance-nofw-1core"]),
     "appliance-nofw-1core": Setup(setup_appliance(False), "riceguard", "1core"),
