@@ -24,6 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
+. ci/lib/qemu.sh
 h_init console-qemu
 board=qemu-x86_64
 T=${RG_CONSOLE_TIMEOUT:-180}
@@ -78,19 +79,8 @@ at_exit cleanup
 # The serial log without CRs (the tty's output processing adds them).
 clean() { tr -d '\r' <"$log"; }
 size() { stat -c %s "$log" 2>/dev/null || echo 0; }
-panic() { grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; }
 # wait_re REGEX SECONDS [OFFSET]: wait until the log after byte OFFSET matches REGEX.
-wait_re() {
-    local re=$1 left=$(($2 * 4)) off=${3:-0}
-    while [ "$left" -gt 0 ]; do
-        tail -c +$((off + 1)) "$log" | tr -d '\r' | grep -qaE "$re" && return 0
-        panic && return 1
-        kill -0 "$wpid" 2>/dev/null || return 1
-        sleep 0.25
-        left=$((left - 1))
-    done
-    return 1
-}
+wait_re() { serial_wait "$log" "$wpid" "$@"; }
 
 # boot NAME: start QEMU on $disk with the serial FIFO, wait for the console prompt.
 boot() {
@@ -117,7 +107,7 @@ boot() {
         printf '==== %s (console prompt after %s s)\n' "$1" "$((SECONDS - t0))" >>"$transcript"
         return 0
     fi
-    panic && ko "$1: kernel panic/oops on the serial line"
+    serial_panicked "$log" && ko "$1: kernel panic/oops on the serial line"
     ko "$1: no console prompt within $T s"
     echo "---- last serial lines ($1)"
     clean | tail -25

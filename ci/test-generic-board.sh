@@ -92,6 +92,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
+. ci/lib/qemu.sh
 h_init generic-board
 board=${BOARD:-x86_64-generic}
 FIRMWARE=${FIRMWARE:-uefi}
@@ -275,20 +276,9 @@ stop_qemu() {
 
 clean() { tr -d '\r' <"$log"; }
 size() { stat -c %s "$log" 2>/dev/null || echo 0; }
-panic() { grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; }
 have() { clean | grep -qaE -- "$1"; }
 # wait_re REGEX SECONDS [OFFSET]: wait until the log after byte OFFSET matches REGEX.
-wait_re() {
-    local re=$1 left=$(($2 * 4)) off=${3:-0}
-    while [ "$left" -gt 0 ]; do
-        tail -c +$((off + 1)) "$log" | tr -d '\r' | grep -qaE -- "$re" && return 0
-        panic && return 1
-        kill -0 "$qpid" 2>/dev/null || return 1
-        sleep 0.25
-        left=$((left - 1))
-    done
-    return 1
-}
+wait_re() { serial_wait "$log" "$qpid" "$@"; }
 # hmp LINE: a command on QEMU's human monitor (set_link: the guest sees the carrier go).
 hmp() {
     timeout 10 python3 ci/lib/labtool.py hmp "$work/monitor.sock" "$1"
@@ -323,7 +313,7 @@ boot_wait() {
     local left=$((T * 4))
     while [ $left -gt 0 ]; do
         clean | grep -qaE 'riceguard-init: (boot marked good|FATAL)' && break
-        panic || stalled && return 1
+        serial_panicked "$log" || stalled && return 1
         kill -0 "$qpid" 2>/dev/null || return 1
         sleep 0.25
         left=$((left - 1))
@@ -349,7 +339,7 @@ fi
 if clean | grep -qaE 'riceguard-init: boot marked good' && clean | grep -qaE 'riceguard(\(edit\))?# '; then
     ok "boot: console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
 else
-    panic && ko "boot: kernel panic/oops on the serial line"
+    serial_panicked "$log" && ko "boot: kernel panic/oops on the serial line"
     stalled && ko "boot: the guest kernel stalled (RCU) before init, twice"
     kill -0 "$qpid" 2>/dev/null || ko "boot: QEMU exited"
     ko "boot: no console prompt within $T s"
@@ -929,11 +919,7 @@ derive() {
     rm -rf "$r"
 }
 # The ESP's boot entries, from the host (QEMU stopped): "riceguard-a+0-3.conf riceguard-b.conf".
-esp_entries() {
-    local off
-    off=$(sfdisk --json "$disk" | jq -r '.partitiontable.partitions[] | select(.name == "esp") | .start * 512')
-    mdir -b -i "$disk@@$off" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ' | sed 's/ $//'
-}
+board_entries() { esp_entries "$disk"; }
 # install_from_lanhost NAME VERSION SLOT: `update http://lanhost/NAME.bundle` on the console;
 # true when the report says VERSION was installed into SLOT.
 install_from_lanhost() {
@@ -973,7 +959,7 @@ update_phase() {
         return 1
     fi
     check "update: \`reboot\`: the guest rebooted" console_reboot
-    [ "$FIRMWARE" = uefi ] && check "update: ESP entries: a good, b with 3 tries ($(esp_entries))" test "$(esp_entries)" = "riceguard-a.conf riceguard-b+3.conf"
+    [ "$FIRMWARE" = uefi ] && check "update: ESP entries: a good, b with 3 tries ($(board_entries))" test "$(board_entries)" = "riceguard-a.conf riceguard-b+3.conf"
     if boot_again boot1; then
         ok "update: slot b boots v2 and is marked good ($((SECONDS - t_boot)) s after QEMU start)"
     else
@@ -1003,7 +989,7 @@ rollback_phase() {
         return 1
     fi
     check "rollback: \`reboot\`: the guest rebooted" console_reboot
-    [ "$FIRMWARE" = uefi ] && check "rollback: ESP entries: a with 3 tries, b good ($(esp_entries))" test "$(esp_entries)" = "riceguard-a+3.conf riceguard-b.conf"
+    [ "$FIRMWARE" = uefi ] && check "rollback: ESP entries: a with 3 tries, b good ($(board_entries))" test "$(board_entries)" = "riceguard-a+3.conf riceguard-b.conf"
     # Slot a's tries, with nobody touching the box: each boot ends in a reboot (QEMU exits),
     # until the boot manager runs slot b again and init marks it good.
     local names=(v2 try1 try2 try3 try4)

@@ -32,6 +32,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
+. ci/lib/qemu.sh
 h_init test-image
 boards=("$@")
 [ ${#boards[@]} -gt 0 ] || boards=(qemu-x86_64 qemu-aarch64)
@@ -54,11 +55,6 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 
 # sha256 lines of a manifest (what must match between two builds).
 shas() { awk 'length($1) == 64 {print $1, $3}' "$1"; }
-# Byte offset of partition NAME in an image (from the GPT).
-part_off() {
-    sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable as $t | $t.partitions[] | select(.name == $n) | .start * ($t.sectorsize // 512)'
-}
-entries() { mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort; }
 
 # boot NAME DISK BOARD UNTIL_FN [qemu env...]: boot in the background, poll the serial
 # log until the function UNTIL_FN says done, a panic shows, or the timeout. Sets
@@ -72,7 +68,7 @@ boot() {
     pid=$!
     boot_status=4
     while kill -0 "$pid" 2>/dev/null; do
-        if grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then boot_status=3; break; fi
+        if serial_panicked "$log"; then boot_status=3; break; fi
         if "$until" "$log"; then boot_status=0; break; fi
         if [ $((SECONDS - t0)) -gt $((T + 10)) ]; then break; fi
         sleep 0.5
@@ -160,7 +156,7 @@ for b in "${boards[@]}"; do
     check "$b: root-b holds a squashfs" test "$magic" = hsqs
     unsquashfs -q -cat "$work/$b-1/root.squashfs" usr/bin/riceguard >"$work/$b.bin" 2>/dev/null
     check "$b: riceguard in the root is a static binary" sh -c "file '$work/$b.bin' | grep -q 'statically linked'"
-    check "$b: factory boot entry riceguard-a+3.conf" test "$(entries "$img")" = "riceguard-a+3.conf"
+    check "$b: factory boot entry riceguard-a+3.conf" test "$(esp_entries "$img")" = "riceguard-a+3.conf"
     kos=$(ird_kos "$work/$b-1/initramfs-$b.cpio.zst")
     nko[$b]=$(ird_loadable "$work/$b-1/initramfs-$b.cpio.zst" "$b")
     nfm=$(nf_modules "$b" | tr '\n' ' ')
@@ -192,7 +188,7 @@ for b in "${boards[@]}"; do
     check "$b: 'gateway up'" have "$log" 'riceguard-init: gateway up'
     check "$b: console prompt on the serial line" have "$log" 'riceguard(\(edit\))?# '
     check "$b: 'boot marked good'" have "$log" 'riceguard-init: boot marked good'
-    check "$b: ESP entry renamed to riceguard-a.conf" test "$(entries "$disk")" = "riceguard-a.conf"
+    check "$b: ESP entry renamed to riceguard-a.conf" test "$(esp_entries "$disk")" = "riceguard-a.conf"
     # The fast path the product is named for, by default: io_uring workers whose buffer
     # pools sit on the hugepages init reserved for exactly them.
     check "$b: hugepages reserved for the configured pools" have "$log" 'hugepages: [1-9][0-9]* of [1-9][0-9]* reserved \(the gateway'"'"'s buffer pools\)'
@@ -345,7 +341,7 @@ EOF
         check "$b: perm survived the second boot (boot 2)" have "$l2" 'perm mounted \(.*, boot 2\)'
         k1=$(grep -a '^riceguard: public key' "$l1" | head -1) k2=$(grep -a '^riceguard: public key' "$l2" | head -1)
         check "$b: pre-seeded key kept ($gpub)" test "$k1" = "riceguard: public key $gpub" -a "$k2" = "$k1"
-        check "$b: entry stays good after the second boot" test "$(entries "$disk")" = "riceguard-a.conf"
+        check "$b: entry stays good after the second boot" test "$(esp_entries "$disk")" = "riceguard-a.conf"
 
         # Boot 3: `show status` (the firewall's line), then `reboot` typed on the serial
         # console; init stops the services, unmounts perm and reboots (QEMU runs with

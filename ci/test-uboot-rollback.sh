@@ -25,6 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
+. ci/lib/qemu.sh
 . ci/lib/firmware.sh
 h_init test-uboot-rollback
 require_tools qemu-system-aarch64 mkimage mdir mtype mdel sfdisk jq debugfs e2fsck losetup
@@ -40,10 +41,6 @@ cleanup() { for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done; }
 at_exit cleanup
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
 
-part_off() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable.partitions[] | select(.name == $n) | .start * 512'; }
-part_size() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable.partitions[] | select(.name == $n) | .size * 512'; }
-entries() { mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ' | sed 's/ $//'; }
-esp_cat() { mtype -i "$1@@$(part_off "$1" esp)" "$2" 2>/dev/null; }
 # perm_put DISK FILE NAME: write FILE into perm as NAME, offline. The journal is replayed
 # first (a guest that rebooted leaves its last transactions there: see ci/test-update.sh).
 perm_put() {
@@ -67,7 +64,7 @@ boot() {
     fw_boot "$fw" "$disk" "$work/$name.log" "$T" "$until" "$@"
     tr -d '\r' <"$work/$name.log" >"$work/$name.log.txt"
     l=$work/$name.log.txt
-    echo "     $name ($fw): ${FW_SECS}s, status $FW_STATUS, ESP entries now: $(entries "$disk")"
+    echo "     $name ($fw): ${FW_SECS}s, status $FW_STATUS, ESP entries now: $(esp_entries "$disk")"
     boots+=("$name ${FW_SECS}s")
 }
 boots=()
@@ -103,7 +100,7 @@ check "ESP carries /boot.scr (a U-Boot script image of image/uboot/boot.cmd)" \
     sh -c "esp_off=\$(sfdisk --json '$disk' | jq -r '.partitiontable.partitions[0].start * 512'); mtype -i '$disk@@'\$esp_off ::/boot.scr | head -c 4 | od -An -tx1 | grep -q '27 05 19 56'"
 check "ESP is partition 1 and LegacyBIOSBootable (distro boot's part list -bootable)" \
     sh -c "sfdisk --json '$disk' | jq -e '.partitiontable.partitions[0] | (.name == \"esp\") and (.attrs | test(\"LegacyBIOSBootable\"))'"
-check "factory entry: a+3 only" test "$(entries "$disk")" = riceguard-a+3.conf
+check "factory entry: a+3 only" test "$(esp_entries "$disk")" = riceguard-a+3.conf
 check "factory entry: sort-key is its last line" bash -c "$(declare -f esp_cat part_off); esp_cat '$disk' ::/loader/entries/riceguard-a+3.conf | tail -1 | grep -qx 'sort-key riceguard-0'"
 
 # ---------------------------------------------------------------------------------------
@@ -125,14 +122,14 @@ check "u1: systemd-boot was not run (no rename attempt)" bash -c "! grep -qa 'Fa
 check "u1: init knows the U-Boot script booted it" have "$l" 'booted by the U-Boot boot script: slot a from riceguard-a\+2-1.conf'
 check "u1: first boot marked good (a+2-1 -> a.conf)" have "$l" 'boot marked good \(riceguard-a\+2-1.conf -> riceguard-a.conf\)'
 check "u1: v2 installed into slot b" have "$l" 'installed v2 into slot b'
-check "u1: ESP: a good, b on trial" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b+3.conf"
+check "u1: ESP: a good, b on trial" test "$(esp_entries "$disk")" = "riceguard-a.conf riceguard-b+3.conf"
 k1=$(grep -a '^riceguard: public key' "$l" | head -1)
 
 boot uboot u2 "$disk" good_boot
 check "u2: the script tries b (b+3 -> b+2-1)" have "$l" 'riceguard-uboot: slot b on trial: riceguard-b\+3.conf -> riceguard-b\+2-1.conf'
 check "u2: slot b booted, by the U-Boot script, on trial" bash -c "grep -qa 'slot b booted' '$l' && grep -qa 'booted by the U-Boot boot script: slot b from riceguard-b+2-1.conf' '$l'"
 check "u2: the trial is marked good (b+2-1 -> b.conf)" have "$l" 'boot marked good \(riceguard-b\+2-1.conf -> riceguard-b.conf\)'
-check "u2: ESP: both good" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
+check "u2: ESP: both good" test "$(esp_entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
 
 # ---------------------------------------------------------------------------------------
 echo "== U-Boot: a bad update (gateway never healthy) is tried 3 times, then slot b again"
@@ -140,7 +137,7 @@ check "u3: update request written into perm" perm_put "$disk" "$work/req" update
 boot uboot u3 "$disk" never -drive "if=none,id=x1,format=raw,readonly=on,file=$work/v3u.disk" -device virtio-blk-pci,drive=x1
 check "u3: b (good, the default) booted uncounted" have "$l" 'riceguard-uboot: booting slot b \(riceguard-b.conf\)'
 check "u3: v3-unhealthy installed into slot a" have "$l" 'installed v3-unhealthy into slot a'
-check "u3: ESP: a on trial, b good" test "$(entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
+check "u3: ESP: a on trial, b good" test "$(esp_entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
 cp --sparse=always "$disk" "$work/disk-aavmf.img"
 for i in 1 2 3; do
     boot uboot "u-fail$i" "$disk" never
@@ -149,12 +146,12 @@ for i in 1 2 3; do
     check "u-fail$i: init gave up on the unhealthy gateway and rebooted, not marked good" \
         bash -c "grep -qa 'gateway not healthy after 20s on slot a (on trial)' '$l' && ! grep -qa 'boot marked good' '$l'"
 done
-check "u: ESP after 3 failed trials: a+0-3, b good" test "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
+check "u: ESP after 3 failed trials: a+0-3, b good" test "$(esp_entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
 boot uboot u-back "$disk" good_boot
 check "u-back: the script passed over a (no tries left) for b" bash -c "grep -qa 'slot a: riceguard-a+0-3.conf (score 4); slot b: riceguard-b.conf (score 1)' '$l' && grep -qa 'riceguard-uboot: booting slot b (riceguard-b.conf)' '$l'"
 check "u-back: slot b runs, console says FALLBACK" bash -c "grep -qa 'slot b booted' '$l' && grep -qa 'FALLBACK: slot a (riceguard-a+0-3.conf) failed 3 boots' '$l'"
 check "u-back: marked good on b, perm kept (same key)" bash -c "grep -qa 'boot marked good' '$l' && grep -qaF '$k1' '$l'"
-check "u-back: ESP unchanged by the fallback boot" test "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
+check "u-back: ESP unchanged by the fallback boot" test "$(esp_entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
 
 # ---------------------------------------------------------------------------------------
 if [ "${RG_UBR_AAVMF:-1}" = 0 ]; then
@@ -167,7 +164,7 @@ for i in 1 2 3; do
     check "e-fail$i: systemd-boot (not /boot.scr) booted a on trial, init rebooted" \
         bash -c "! grep -qa 'riceguard-uboot' '$l' && grep -qa 'slot a booted' '$l' && grep -qa 'gateway not healthy after 20s on slot a (on trial)' '$l'"
 done
-check "e: ESP after 3 failed trials: a+0-3 (systemd-boot's renames), b good" test "$(entries "$d2")" = "riceguard-a+0-3.conf riceguard-b.conf"
+check "e: ESP after 3 failed trials: a+0-3 (systemd-boot's renames), b good" test "$(esp_entries "$d2")" = "riceguard-a+0-3.conf riceguard-b.conf"
 boot aavmf e-back "$d2" good_boot
 check "e-back: systemd-boot fell back to b, FALLBACK, marked good" bash -c "grep -qa 'booted by systemd-boot' '$l' && grep -qa 'slot b booted' '$l' && grep -qa 'FALLBACK: slot a (riceguard-a+0-3.conf) failed 3 boots' '$l' && grep -qa 'boot marked good' '$l'"
 fi

@@ -38,6 +38,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
+. ci/lib/qemu.sh
 h_init test-update
 top=$PWD
 board=qemu-x86_64
@@ -58,10 +59,6 @@ cleanup() {
 }
 at_exit cleanup
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
-part_off() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable as $t | $t.partitions[] | select(.name == $n) | .start * 512'; }
-part_size() { sfdisk --json "$1" | jq -r --arg n "$2" '.partitiontable.partitions[] | select(.name == $n) | .size * 512'; }
-entries() { mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ' | sed 's/ $//'; }
-esp_cat() { mtype -i "$1@@$(part_off "$1" esp)" "::/loader/entries/$2" 2>/dev/null; }
 perm_cat() { debugfs -R "cat $2" "$1?offset=$(part_off "$1" perm)" 2>/dev/null; }
 # perm_replay DISK: replay perm's journal (e2fsck on a loop device over the partition). A
 # guest killed or reset with perm mounted leaves its last transactions to the next mount's
@@ -251,7 +248,7 @@ boot() {
     boot_status=4
     while :; do
         if ! kill -0 "$pid" 2>/dev/null; then boot_status=0; break; fi
-        if grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then boot_status=3; break; fi
+        if serial_panicked "$log"; then boot_status=3; break; fi
         if "$until" "$log"; then boot_status=0; break; fi
         if [ $((SECONDS - t0)) -gt $((t + 10)) ]; then break; fi
         sleep 0.5
@@ -274,17 +271,8 @@ pad() { # bundle as a disk: whole sectors (the bundle ends where its manifest sa
 # console.txt); cstop [SECONDS] waits that long for the guest to end by itself (a reboot:
 # QEMU exits, cstatus=exited), else stops QEMU by its PID (cstatus=killed).
 sin=$work/serial-in clog="" ctime=0 cstatus="" out=""
-cwait() { # REGEX SECONDS [OFFSET]: the serial log after byte OFFSET matches REGEX
-    local re=$1 left=$(($2 * 4)) off=${3:-0}
-    while [ "$left" -gt 0 ]; do
-        tail -c +$((off + 1)) "$clog" | tr -d '\r' | grep -qaE "$re" && return 0
-        grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$clog" && return 1
-        kill -0 "$cpid" 2>/dev/null || return 1
-        sleep 0.25
-        left=$((left - 1))
-    done
-    return 1
-}
+# cwait REGEX SECONDS [OFFSET]: the serial log after byte OFFSET matches REGEX
+cwait() { serial_wait "$clog" "$cpid" "$@"; }
 cboot() {
     clog=$work/$1.log ctime=$SECONDS
     : >"$clog"
@@ -401,7 +389,7 @@ qemu_compat() {
     check "q0: it takes v2's bundle (compat $gm..=$gc; this device: schema $old_compat, build 1)" have "$l" "update: verified v2 \\(build 2\\) .*compat $gm\\.\\.=$gc"
     check "q0: installed v2 into slot b, rebooting" have "$l" 'rebooting into slot b'
     check "q0: the guest rebooted (QEMU exited by itself)" test "$boot_status" = 0
-    check "q0: ESP entries: a good, b with 3 tries" test "$(entries "$d")" = "riceguard-a.conf riceguard-b+3.conf"
+    check "q0: ESP entries: a good, b with 3 tries" test "$(esp_entries "$d")" = "riceguard-a.conf riceguard-b+3.conf"
     k0=$(grep -a '^riceguard: public key' "$l" | head -1)
     grep -aE "^update: (verified|installed)|bundle refused" "$l" | sed 's/^/     guest: /'
 
@@ -441,7 +429,7 @@ qemu_compat() {
     check "q0: the guest rebooted after \`reboot\` (QEMU exited by itself)" test "$cstatus" = exited
     check "q0: v2 does not run the consumed update request again" test "$(grep -ca 'update requested' "$l")" = 0
     check "q0: the saved file has the schema-2 settings on #+ lines (Masquerade, the laptop's whole section), the schema-3 ones on #3+ lines" bash -c "$(declare -f perm_cat part_off); t=\$(perm_cat '$d' riceguard.conf); grep -qx '#+ Masquerade = off' <<<\"\$t\" && grep -qxF '#+ PublicKey = $pl' <<<\"\$t\" && grep -qxF 'PublicKey = $pp' <<<\"\$t\" && grep -qxF '#3+ Ntp = 10.0.2.2, ntp.example.net' <<<\"\$t\" && grep -qxF '#3+ UplinkOverlap = refuse' <<<\"\$t\" && ! grep -qE '^[^#].*(Masquerade|Enabled|Ntp|UplinkOverlap)' <<<\"\$t\""
-    check "q0: ESP entries: a and b good, a the default" bash -c "$(declare -f esp_cat part_off entries); test \"\$(entries '$d')\" = 'riceguard-a.conf riceguard-b.conf' && esp_cat '$d' riceguard-a.conf | grep -q 'sort-key riceguard-0'"
+    check "q0: ESP entries: a and b good, a the default" bash -c "$(declare -f esp_cat part_off esp_entries); test \"\$(esp_entries '$d')\" = 'riceguard-a.conf riceguard-b.conf' && esp_cat '$d' ::/loader/entries/riceguard-a.conf | grep -q 'sort-key riceguard-0'"
 
     echo "     q0: back on today's firmware in slot a"
     if ! cboot q0-back "$d"; then
@@ -504,8 +492,8 @@ check "q1: read back checked" have "$l" 'read back: root and UKI match'
 check "q1: installed v2 into slot b, rebooting" have "$l" 'rebooting into slot b'
 check "q1: guest rebooted (QEMU exited by itself)" test "$boot_status" = 0
 k1=$(grep -a '^riceguard: public key' "$l" | head -1)
-check "q1: ESP entries: a good, b with 3 tries" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b+3.conf"
-check "q1: b's entry is the default (sort-key riceguard-0), a second" bash -c "$(declare -f esp_cat part_off); esp_cat '$disk' riceguard-b+3.conf | grep -q 'sort-key riceguard-0' && esp_cat '$disk' riceguard-a.conf | grep -q 'sort-key riceguard-1'"
+check "q1: ESP entries: a good, b with 3 tries" test "$(esp_entries "$disk")" = "riceguard-a.conf riceguard-b+3.conf"
+check "q1: b's entry is the default (sort-key riceguard-0), a second" bash -c "$(declare -f esp_cat part_off); esp_cat '$disk' ::/loader/entries/riceguard-b+3.conf | grep -q 'sort-key riceguard-0' && esp_cat '$disk' ::/loader/entries/riceguard-a.conf | grep -q 'sort-key riceguard-1'"
 check "q1: root-b holds v2's root.squashfs" test "$(part_sha "$disk" root-b "$(stat -c %s "$work/v2/root.squashfs")")" = "$(sha256sum <"$work/v2/root.squashfs" | cut -d' ' -f1)"
 check "q1: root-a untouched (v1)" test "$(part_sha "$disk" root-a 67108864)" = "$(part_sha "$v1img" root-a 67108864)"
 grep -aE '^update: ' "$l" | head -12 | sed 's/^/     guest: /'
@@ -519,7 +507,7 @@ check "q2: marked good (riceguard-b+2-1.conf -> riceguard-b.conf)" have "$l" 'bo
 check "q2: gateway up" have "$l" 'riceguard-init: gateway up'
 k2=$(grep -a '^riceguard: public key' "$l" | head -1)
 check "q2: configuration/key kept across the update ($k2)" test -n "$k1" -a "$k1" = "$k2"
-check "q2: ESP entries: a and b good" test "$(entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
+check "q2: ESP entries: a and b good" test "$(esp_entries "$disk")" = "riceguard-a.conf riceguard-b.conf"
 check "q2: the request was consumed (update-on-boot.done)" bash -c "$(declare -f perm_cat part_off); perm_cat '$disk' update-on-boot.done | grep -q vdh"
 check "q2: no update requested again" test "$(grep -ca 'update requested' "$l")" = 0
 
@@ -530,7 +518,7 @@ writing() { have "$1" 'update: verified'; }
 boot q3 "$disk3" writing RG_QEMU_DISKS="$work/good.disk $work/good.disk $work/good.disk $work/good.disk $work/good.disk"
 check "q3: killed after verification, during the write" have "$work/q3.log.txt" 'update: verified v2'
 check "q3: never enabled slot b" sh -c "! grep -qa 'slot b enabled' '$work/q3.log.txt'"
-e3=$(entries "$disk3")
+e3=$(esp_entries "$disk3")
 check "q3: ESP has only slot a's entry ($e3)" test "$e3" = "riceguard-a.conf"
 boot q3b "$disk3" good_boot
 check "q3: next boot: slot a booted" have "$work/q3b.log.txt" 'riceguard-init: slot a booted'
@@ -562,14 +550,14 @@ boot q4 "$disk" never
 kill "$httpd" 2>/dev/null; wait "$httpd" 2>/dev/null
 check "q4: bundle fetched over HTTP (http://10.0.2.2:$port)" bash -c "grep -qa 'from http://10.0.2.2:$port/v3.bundle' '$work/q4.log.txt' && grep -q 'GET /v3.bundle' '$work/http.log'"
 check "q4: slot b installs v3 into slot a" have "$work/q4.log.txt" 'installed v3-broken into slot a'
-check "q4: ESP: a on trial, b good" test "$(entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
+check "q4: ESP: a on trial, b good" test "$(esp_entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
 # fail_boots NAME PATTERN: boot until slot a's tries are used up (at most 5 boots). A boot
 # that reached init must show PATTERN; a guest kernel that stalls before init (TCG on a
 # loaded host) is noted: it still used one of the tries.
 fail_boots() {
     local name=$1 pat=$2 i good=0 stalls=0 other=0
     for i in 1 2 3 4 5; do
-        [ "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf" ] && break
+        [ "$(esp_entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf" ] && break
         BOOT_T=150 boot "$name-fail$i" "$disk" never
         l=$work/$name-fail$i.log.txt
         if grep -qaE "$pat" "$l" && ! grep -qa 'boot marked good' "$l"; then good=$((good + 1))
@@ -579,7 +567,7 @@ fail_boots() {
     check "$name: slot a failed $((good + stalls)) boots ($good with the expected reason, $stalls stalled, $other other)" test "$good" -ge 1 -a "$other" = 0 -a $((good + stalls)) = 3
 }
 fail_boots q4 'has no /sbin/init|as squashfs'
-check "q4: a's tries used up" test "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
+check "q4: a's tries used up" test "$(esp_entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
 boot q4-back "$disk" good_boot
 l=$work/q4-back.log.txt
 check "q4: fallback boot runs slot b" have "$l" 'riceguard-init: slot b booted'
@@ -596,9 +584,9 @@ perm_replay "$disk" && debugfs -w -R "rm update-on-boot" "$disk?offset=$(part_of
 perm_put "$disk" "$work/req" update-on-boot
 boot q5 "$disk" never RG_QEMU_DISKS="$work/v3u.disk"
 check "q5: slot b installs v3-unhealthy into slot a (replacing the failed entry)" have "$work/q5.log.txt" 'removed old entry riceguard-a\+0-3.conf'
-check "q5: ESP: a on trial, b good" test "$(entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
+check "q5: ESP: a on trial, b good" test "$(esp_entries "$disk")" = "riceguard-a+3.conf riceguard-b.conf"
 fail_boots q5 'gateway not healthy after 20s on slot a \(on trial\): rebooting to count down its tries'
-check "q5: a's tries used up" test "$(entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
+check "q5: a's tries used up" test "$(esp_entries "$disk")" = "riceguard-a+0-3.conf riceguard-b.conf"
 boot q5-back "$disk" good_boot
 l=$work/q5-back.log.txt
 check "q5: fallback boot runs slot b, says FALLBACK" bash -c "grep -qa 'slot b booted' '$l' && grep -qa 'FALLBACK: slot a (riceguard-a+0-3.conf) failed 3 boots' '$l'"

@@ -3,7 +3,7 @@
 # u-boot-qemu 2023.01: distro boot runs the ESP's /boot.scr, which counts tries itself,
 # because U-Boot's EFI file protocol refuses systemd-boot's renames).
 #
-#   . ci/lib/firmware.sh
+#   . ci/lib/qemu.sh; . ci/lib/firmware.sh   # serial_panicked comes from qemu.sh
 #   fw_args aavmf|uboot RUNDIR      # -> FW_ARGS (QEMU arguments); RUNDIR keeps the
 #                                   #    writable AAVMF variable store (fresh per call)
 #   fw_boot FW DISK LOG SECONDS UNTIL_FN [QEMU args...]
@@ -59,7 +59,7 @@ fw_boot() { # FW DISK LOG SECONDS UNTIL_FN [QEMU args...]
     FW_STATUS=4
     while :; do
         if ! kill -0 "$pid" 2>/dev/null; then FW_STATUS=0; break; fi
-        if grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then FW_STATUS=3; break; fi
+        if serial_panicked "$log"; then FW_STATUS=3; break; fi
         if "$until" "$log"; then FW_STATUS=0; break; fi
         if [ $((SECONDS - t0)) -gt "$secs" ]; then break; fi
         sleep 0.5
