@@ -23,7 +23,7 @@
 #   - `riceguard status` shows no lease left in the run directory by something else;
 #   - against a scripted server (ci/lib/dhcp_rogue_server.py), a rogue server's ACK to a
 #     renewal is ignored and the real server's taken.
-# RGD_ONLY=issue20 runs only those (for a quick run while working on them).
+# RGD_ONLY=untrusted runs only the untrusted-uplink checks (a quick run while working on them).
 # About 3.5 minutes. Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
 # target/release/riceguard). Names are prefixed `rgd`.
 # Ends with "dhcp: N passed, N failed"; exit 1 on failure.
@@ -60,7 +60,7 @@ has_default() { ip -n $CLI -4 route show default | grep -q "via $1 dev $VC"; }
 no_default() { [ -z "$(ip -n $CLI -4 route show default)" ]; }
 valid_lft() { ip -n $CLI -4 addr show dev $VC | sed -n 's/.*valid_lft \([0-9a-z]*\)sec.*/\1/p' | head -1; }
 
-only20=${RGD_ONLY:-}
+only=${RGD_ONLY:-}
 netns_add $SRV $CLI
 # The client end has no address: DHCP gives it one.
 veth_pair $SRV $VS 192.168.77.1/24 $CLI $VC -
@@ -85,7 +85,7 @@ start_client() { # RUNDIR LOG
     client_pid=$!
 }
 
-if [ "$only20" != issue20 ]; then
+if [ "$only" != untrusted ]; then
 # ---- the appliance daemon in the client namespace, its firewall in place first ---------
 has_table() { ip netns exec $CLI nft list table inet riceguard >/dev/null 2>&1; }
 sysctl_is() { [ "$(ip netns exec $CLI sysctl -n "$1" 2>/dev/null)" = "$2" ]; }
@@ -267,7 +267,7 @@ check "rogue case: the default route still goes via the real router" has_default
 check "rogue case: no rebinding to the rogue" bash -c "! grep -q 'router 192.168.78.66' '$log8'"
 stop_pid "$client_pid"
 stop_pid "$rogue_pid"
-check "issue 20 clients never panicked" bash -c "! cat '$log3' '$log4' '$log5' '$log6' '$log8' | grep -qi panick"
+check "untrusted-uplink clients never panicked" bash -c "! cat '$log3' '$log4' '$log5' '$log6' '$log8' | grep -qi panick"
 
 if [ "$failed" -gt 0 ]; then
     for f in "$tmp"/client*.log "$tmp/rogue.log"; do [ -e "$f" ] && { echo "---- $f"; tail -n 15 "$f"; }; done
