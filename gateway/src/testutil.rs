@@ -59,3 +59,21 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A DHCP lease of 192.168.77.2/24 from 192.168.77.1 (router and DNS), 120 s long,
+/// `obtained` 1000.
+pub fn lease() -> riceguard_core::dhcp::Lease {
+    use std::net::Ipv4Addr;
+    riceguard_core::dhcp::Lease {
+        address: Ipv4Addr::new(192, 168, 77, 2),
+        prefix: 24,
+        router: Some(Ipv4Addr::new(192, 168, 77, 1)),
+        dns: vec![Ipv4Addr::new(192, 168, 77, 1)],
+        ntp: vec![],
+        server: Ipv4Addr::new(192, 168, 77, 1),
+        lease_secs: 120,
+        t1_secs: 60,
+        t2_secs: 105,
+        obtained: 1000,
+    }
+}

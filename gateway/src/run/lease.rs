@@ -245,20 +245,7 @@ pub fn lease_dns(dir: &Path, name: &str) -> Vec<std::net::IpAddr> {
 mod tests {
     use super::*;
 
-    fn lease() -> Lease {
-        Lease {
-            address: Ipv4Addr::new(192, 168, 77, 2),
-            prefix: 24,
-            router: Some(Ipv4Addr::new(192, 168, 77, 1)),
-            dns: vec![Ipv4Addr::new(192, 168, 77, 1)],
-            ntp: vec![],
-            server: Ipv4Addr::new(192, 168, 77, 1),
-            lease_secs: 120,
-            t1_secs: 60,
-            t2_secs: 105,
-            obtained: 1000,
-        }
-    }
+    use crate::testutil::lease;
 
     #[test]
     fn lease_line_says_address_router_dns_and_times() {

@@ -586,20 +586,7 @@ impl Runner<'_> {
 mod tests {
     use super::*;
 
-    fn lease() -> Lease {
-        Lease {
-            address: Ipv4Addr::new(192, 168, 77, 2),
-            prefix: 24,
-            router: Some(Ipv4Addr::new(192, 168, 77, 1)),
-            dns: vec![Ipv4Addr::new(192, 168, 77, 1)],
-            ntp: vec![],
-            server: Ipv4Addr::new(192, 168, 77, 1),
-            lease_secs: 120,
-            t1_secs: 60,
-            t2_secs: 105,
-            obtained: 1000,
-        }
-    }
+    use crate::testutil::lease;
 
     #[test]
     fn overlap_reads_the_configuration_each_time() {
