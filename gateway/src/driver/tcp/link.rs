@@ -108,16 +108,28 @@ impl TcpSink for DeviceSink {
             cache,
             scratch,
             outbox,
-            tun_out,
+            ..
         } = &mut *g;
         let table = cache.get(&self.device);
         let from = PeerAddr::Tcp {
             conn,
             remote: canonical(remote),
         };
-        let authenticated = self
-            .device
-            .handle_datagram(table, from, msg, scratch, outbox);
+        // Recorded only: `on_read_done` carries it out once the read's messages are in.
+        self.device
+            .handle_datagram(table, from, msg, scratch, outbox)
+    }
+
+    /// What the messages of one read asked for, carried out together, so the packets
+    /// they carried reach the TUN coalesced.
+    fn on_read_done(&self) {
+        let mut g = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        let SinkRx {
+            outbox, tun_out, ..
+        } = &mut *g;
+        if outbox.is_empty() {
+            return;
+        }
         outbox.flush(&mut Outlets {
             udp: Some(&self.sockets),
             tcp: Some(&*self.slot),
@@ -126,7 +138,6 @@ impl TcpSink for DeviceSink {
                 out: tun_out,
             }),
         });
-        authenticated
     }
 
     // Deliberately records nothing: the fallback client polls its own connection (see

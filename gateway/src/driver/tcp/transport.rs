@@ -69,6 +69,9 @@ pub trait TcpSink: Send + Sync + 'static {
     /// authenticated and reset its idle timer; a sink that cannot tell (a relay)
     /// returns `true` for every message it accepts.
     fn on_message(&self, conn: ConnId, remote: SocketAddr, msg: &[u8]) -> bool;
+    /// The messages of one read have all been given to [`Self::on_message`]: a sink
+    /// that defers its work (writes to the TUN, coalesced) does it now.
+    fn on_read_done(&self) {}
     /// `conn` is gone (peer closed, error, bad frame, timeout, limit, or `close`).
     fn on_closed(&self, conn: ConnId);
     /// An outgoing connection from [`TcpHandle::connect`] is established.
@@ -1182,6 +1185,7 @@ impl EventLoop {
                     authenticated += 1;
                 }
             });
+            sink.on_read_done();
             match fed {
                 Ok(frames) => {
                     let now = Instant::now();
