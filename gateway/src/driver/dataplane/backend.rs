@@ -9,23 +9,18 @@ use crate::sys::cmsg::PktInfo;
 
 /// Largest send one GSO batch carries (also the biggest single datagram we send).
 pub const GSO_BUF: usize = 65536;
-/// How a worker's bytes reach the kernel. Buffers come from the backend so the batch is
-/// built where the kernel will read it (a registered pool buffer under io_uring).
-pub trait Backend {
-    /// A buffer of at least [`GSO_BUF`] bytes the backend lends out.
+
+/// The TUN half of an executor: lends the buffers a (super-)packet is built in and
+/// writes them. Every [`Backend`] is one; `tun_batch::DirectTun` is one without sockets.
+pub trait TunSink {
+    /// A buffer of at least [`GSO_BUF`] bytes the sink lends out.
     type Buf;
     /// A free buffer, or `None` when none is left (the packet is dropped and counted).
     fn alloc(&mut self) -> Option<Self::Buf>;
-    /// The bytes of a buffer this backend lent out.
+    /// The bytes of a buffer this sink lent out.
     fn bytes<'b>(&'b self, b: &'b mut Self::Buf) -> &'b mut [u8];
     /// Give back a buffer that was not used.
     fn release(&mut self, b: Self::Buf);
-    /// Datagrams one batch may carry (GSO segments, or datagrams of one `sendmmsg`).
-    fn max_segments(&self) -> usize;
-    /// Send the first `len` bytes of `b` to `dst` as datagrams of `seg` bytes (the last
-    /// may be shorter), from the local address `src` when given (else routing picks).
-    /// Takes the buffer back.
-    fn send(&mut self, b: Self::Buf, len: usize, to: Dst, seg: usize);
     /// Write the first `len` bytes of `b` to the TUN as one (super-)packet.
     fn write_tun(&mut self, b: Self::Buf, len: usize);
     /// Write one plain packet to the TUN (no `vnet_hdr`).
@@ -36,6 +31,18 @@ pub trait Backend {
             self.write_tun(b, n);
         }
     }
+}
+
+/// How a worker's bytes reach the kernel: its TUN half ([`TunSink`]) and the sends.
+/// Buffers come from the backend so the batch is built where the kernel will read it
+/// (a registered pool buffer under io_uring).
+pub trait Backend: TunSink {
+    /// Datagrams one batch may carry (GSO segments, or datagrams of one `sendmmsg`).
+    fn max_segments(&self) -> usize;
+    /// Send the first `len` bytes of `b` to `dst` as datagrams of `seg` bytes (the last
+    /// may be shorter), from the local address `src` when given (else routing picks).
+    /// Takes the buffer back.
+    fn send(&mut self, b: Self::Buf, len: usize, to: Dst, seg: usize);
     /// Drops for lack of a buffer, a ring slot or room in the socket.
     fn dropped(&self) -> u64;
     /// Hand everything queued to the kernel. Called at the end of a round, never under a

@@ -22,7 +22,7 @@ pub struct Outbox {
     /// `(destination, start, length)`; `None` is a TUN write.
     items: Vec<(Option<PeerAddr>, u32, u32)>,
     /// Items dropped at a flush for want of their outlet (say, a TUN write on a thread
-    /// that has no TUN): none is expected; counted so a mistake cannot hide.
+    /// that has no TUN): none is expected; the tests check it stays 0.
     pub unroutable: u64,
 }
 

@@ -4,44 +4,8 @@
 //! [`DirectTun`] (immediate writes, for the TCP thread).
 
 use crate::core::gso::{CoalesceOptions, Coalescer, MAX_BATCH};
-use crate::driver::dataplane::backend::{Backend, GSO_BUF};
+use crate::driver::dataplane::backend::{TunSink, GSO_BUF};
 use crate::sys::tun::{TunOffload, TunQueue};
-
-/// The TUN half of an executor: lends buffers a super-packet is built in and writes
-/// them. Every [`Backend`] is one; [`DirectTun`] is one without sockets.
-pub trait TunSink {
-    /// A buffer of at least [`GSO_BUF`] bytes.
-    type Buf;
-    /// A free buffer, or `None` when none is left (the packet is dropped).
-    fn alloc(&mut self) -> Option<Self::Buf>;
-    /// The bytes of a buffer this sink lent out.
-    fn bytes<'b>(&'b self, b: &'b mut Self::Buf) -> &'b mut [u8];
-    /// Give back a buffer that was not used.
-    fn release(&mut self, b: Self::Buf);
-    /// Write the first `len` bytes of `b` to the TUN as one (super-)packet.
-    fn write_tun(&mut self, b: Self::Buf, len: usize);
-    /// Write one plain packet to the TUN (no `vnet_hdr`).
-    fn write_tun_plain(&mut self, p: &[u8]);
-}
-
-impl<K: Backend> TunSink for K {
-    type Buf = K::Buf;
-    fn alloc(&mut self) -> Option<K::Buf> {
-        Backend::alloc(self)
-    }
-    fn bytes<'b>(&'b self, b: &'b mut K::Buf) -> &'b mut [u8] {
-        Backend::bytes(self, b)
-    }
-    fn release(&mut self, b: K::Buf) {
-        Backend::release(self, b)
-    }
-    fn write_tun(&mut self, b: K::Buf, len: usize) {
-        Backend::write_tun(self, b, len)
-    }
-    fn write_tun_plain(&mut self, p: &[u8]) {
-        Backend::write_tun_plain(self, p)
-    }
-}
 
 /// A [`TunSink`] that writes at once to one TUN queue from one reused buffer: for a
 /// thread that is not a worker (the TCP transport's), called only once the device has

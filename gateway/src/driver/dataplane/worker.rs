@@ -173,8 +173,8 @@ pub fn run_loop<E: Engine>(
 mod tests {
     use super::*;
     use crate::core::device::Device;
-    use crate::driver::dataplane::backend::Dst;
     use crate::driver::dataplane::backend::GSO_BUF;
+    use crate::driver::dataplane::backend::{Dst, TunSink};
     use crate::driver::dataplane::heartbeat::Heartbeats;
     use crate::driver::dataplane::sockets::SocketSet;
     use crate::sys::tun::TunOffload;
@@ -188,7 +188,7 @@ mod tests {
         submits: usize,
     }
 
-    impl Backend for &mut FakeExec {
+    impl TunSink for &mut FakeExec {
         type Buf = Vec<u8>;
         fn alloc(&mut self) -> Option<Vec<u8>> {
             Some(vec![0; GSO_BUF])
@@ -197,13 +197,16 @@ mod tests {
             b
         }
         fn release(&mut self, _: Vec<u8>) {}
+        fn write_tun(&mut self, _: Vec<u8>, _: usize) {}
+    }
+
+    impl Backend for &mut FakeExec {
         fn max_segments(&self) -> usize {
             64
         }
         fn send(&mut self, _: Vec<u8>, _: usize, _: Dst, _: usize) {
             self.sent += 1;
         }
-        fn write_tun(&mut self, _: Vec<u8>, _: usize) {}
         fn dropped(&self) -> u64 {
             0
         }

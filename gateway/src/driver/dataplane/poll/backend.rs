@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use crate::driver::dataplane::backend::{Backend, Dst, GSO_BUF};
+use crate::driver::dataplane::backend::{Backend, Dst, TunSink, GSO_BUF};
 use crate::sys::tun::TunQueue;
 use crate::sys::udp::{UdpSocket, MAX_GSO_SEGMENTS};
 
@@ -88,7 +88,7 @@ impl SyscallBackend<'_> {
     }
 }
 
-impl Backend for SyscallBackend<'_> {
+impl TunSink for SyscallBackend<'_> {
     type Buf = Vec<u8>;
 
     fn alloc(&mut self) -> Option<Vec<u8>> {
@@ -103,15 +103,6 @@ impl Backend for SyscallBackend<'_> {
         self.spare.push(b);
     }
 
-    fn max_segments(&self) -> usize {
-        // Without GSO the batch goes out as one sendmmsg (sys::udp splits it).
-        MAX_GSO_SEGMENTS
-    }
-
-    fn send(&mut self, buf: Vec<u8>, len: usize, to: Dst, seg: usize) {
-        self.queue(Pending::Send { buf, len, to, seg });
-    }
-
     fn write_tun(&mut self, buf: Vec<u8>, len: usize) {
         self.queue(Pending::Tun { buf, len });
     }
@@ -124,6 +115,17 @@ impl Backend for SyscallBackend<'_> {
             b[..n].copy_from_slice(&p[..n]);
             self.queue(Pending::Tun { buf: b, len: n });
         }
+    }
+}
+
+impl Backend for SyscallBackend<'_> {
+    fn max_segments(&self) -> usize {
+        // Without GSO the batch goes out as one sendmmsg (sys::udp splits it).
+        MAX_GSO_SEGMENTS
+    }
+
+    fn send(&mut self, buf: Vec<u8>, len: usize, to: Dst, seg: usize) {
+        self.queue(Pending::Send { buf, len, to, seg });
     }
 
     fn submit(&mut self) {

@@ -2,7 +2,7 @@
 //! pool buffers and handed to the kernel as SQEs (`SendMsg` with `UDP_SEGMENT` and the
 //! sticky source, `WriteFixed`); nothing here makes a syscall except `relieve`.
 
-use crate::driver::dataplane::backend::{Backend, Dst};
+use crate::driver::dataplane::backend::{Backend, Dst, TunSink};
 use crate::sys::hugepage::{BufId, BufPool};
 use crate::sys::udp::UdpSocket;
 use crate::sys::uring::{self, Rejected, Ring};
@@ -33,7 +33,7 @@ impl UringBackend<'_, '_> {
     }
 }
 
-impl Backend for UringBackend<'_, '_> {
+impl TunSink for UringBackend<'_, '_> {
     type Buf = BufId;
 
     fn alloc(&mut self) -> Option<BufId> {
@@ -52,6 +52,13 @@ impl Backend for UringBackend<'_, '_> {
         self.pool.free(b);
     }
 
+    fn write_tun(&mut self, b: BufId, len: usize) {
+        let r = self.ring.write_tun(b, len);
+        self.rejected(r);
+    }
+}
+
+impl Backend for UringBackend<'_, '_> {
     fn max_segments(&self) -> usize {
         // One SendMsg per batch: without GSO a batch is one datagram (the ring still
         // submits many SendMsg per io_uring_enter).
@@ -62,11 +69,6 @@ impl Backend for UringBackend<'_, '_> {
         let segment = (len > seg).then(|| u16::try_from(seg).unwrap_or(u16::MAX));
         let dst = uring::to_socket_family(to.addr, self.v6);
         let r = self.ring.send_udp(b, len, dst, segment, to.src);
-        self.rejected(r);
-    }
-
-    fn write_tun(&mut self, b: BufId, len: usize) {
-        let r = self.ring.write_tun(b, len);
         self.rejected(r);
     }
 
