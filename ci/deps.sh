@@ -112,6 +112,11 @@ add_backports_source() {
 
 cargo_bin_dir() { echo "${CARGO_HOME:-$HOME/.cargo}/bin"; }
 
+# cargo-fuzz drives ci/fuzz.sh (the fuzz stage); installed here so the stage only builds and
+# fuzzes. ci/fuzz.sh still installs it itself when run on a machine without it.
+CARGO_FUZZ_VERSION=0.13.2
+have_cargo_fuzz() { cargo install --list 2>/dev/null | grep -qx "cargo-fuzz v$CARGO_FUZZ_VERSION:"; }
+
 have_boringtun() {
     local v
     v=$(PATH="$(cargo_bin_dir):$PATH" boringtun-cli --version 2>/dev/null || true)
@@ -124,12 +129,15 @@ installed_targets=$(rustup target list --installed 2>/dev/null || true)
 missing_targets=$(for t in "${RUST_TARGETS[@]}"; do grep -qx "$t" <<<"$installed_targets" || echo "$t"; done)
 missing_bt=0
 have_boringtun || missing_bt=1
+missing_cf=0
+have_cargo_fuzz || missing_cf=1
 
 if [ "$check_only" = 1 ]; then
     status=0
     [ -n "$missing_apt$missing_bp" ] && { echo "missing apt packages:" $missing_apt $missing_bp; status=1; }
     [ -n "$missing_targets" ] && { echo "missing rust targets:" $missing_targets; status=1; }
     [ "$missing_bt" = 1 ] && { echo "missing boringtun-cli $BORINGTUN_VERSION"; status=1; }
+    [ "$missing_cf" = 1 ] && { echo "missing cargo-fuzz $CARGO_FUZZ_VERSION"; status=1; }
     m=$(cross_missing); [ -n "$m" ] && { echo "$m"; status=1; }
     [ "$status" = 0 ] && echo "deps: all present"
     exit "$status"
@@ -160,6 +168,11 @@ fi
 if [ "$missing_bt" = 1 ]; then
     echo "deps: cargo install boringtun-cli $BORINGTUN_VERSION"
     cargo install --locked --quiet boringtun-cli --version "$BORINGTUN_VERSION"
+fi
+
+if [ "$missing_cf" = 1 ]; then
+    echo "deps: cargo install cargo-fuzz $CARGO_FUZZ_VERSION"
+    cargo install --locked --quiet cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 fi
 
 install_cross

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README, `make test`, .ci/run). Stages, in order:
+# The test command (README, `make test`, .ci/run). Stages and their labs:
 #   unit     cargo fmt check, clippy -D warnings, cargo test of both crates (riceguard-core:
 #            simulation, parsers, policy; riceguard: sys, driver, init, console)
 #   fuzz     each fuzz target for a bounded time
@@ -46,81 +46,239 @@
 #   update   the flash script refuses disks with anything stacked on them in use
 #            (ci/test-flash-stacking.sh), then signed A/B updates: host checks, then QEMU
 #            (ci/test-update.sh)
-# `ci/test.sh` runs all; `ci/test.sh unit interop` runs the named ones.
-# Ends with one line `N passed, N failed` counting stages.
+#
+# How a full run is scheduled (`ci/test.sh` with no stage named). First `build`: every
+# binary the labs run (the host riceguard, both static musl builds), then `unit` alone
+# (it compiles in target/debug under cargo's lock and changes vm.nr_hugepages, which the
+# daemons of the namespace labs would see). Then two lanes side by side, each running its
+# stages in order:
+#   qemu lane  image, board, update       QEMU under TCG: what keeps the cores busy
+#   host lane  interop fastpath tcp adversarial gateway fuzz cross
+#              namespace labs (they mostly wait on timers), then the CPU-bound fuzz and
+#              cross builds, which by then have the second core to themselves more often
+# Labs side by side share nothing: namespaces, interfaces, UAPI sockets and status files
+# carry the lab's PID, each lab has its own out/ directory, cargo builds are done before
+# (fuzz and cross use target directories of their own), loop devices are only the qemu
+# lane's. RG_TEST_SERIAL=1 runs the same stages one after another instead.
+#
+#   ci/test.sh                    everything, as above
+#   ci/test.sh unit interop       the named stages, one after another
+#   ci/test.sh --lab ci/dhcp.sh   one lab alone (any ci/*.sh lab), timed like a stage's
+#   ci/test.sh --list             the stages and their labs
+#
+# Each stage's output goes to out/test/STAGE.log and is printed whole when the stage ends
+# (so lanes side by side never interleave), with a line per lab and per stage:
+#   === lab ci/dhcp.sh: ok (wall 61 s, cpu 12.3 s)
+#   === stage gateway: ok (wall 303 s, cpu 80.1 s)
+# At the end: a table of stages (wall and CPU seconds, checks passed), the total, and the
+# same as JSON in out/test/times.json. Ends with one line `stages: N passed, N failed`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+top=$PWD
+ALL=(unit fuzz interop fastpath tcp adversarial gateway cross image board update)
+QEMU_LANE=(image board update)
+HOST_LANE=(interop fastpath tcp adversarial gateway fuzz cross)
+OUT=$top/out/test
 
-stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(unit fuzz interop fastpath tcp adversarial gateway cross image board update)
+# ---- the labs of each stage: one command line each, run in order, every one even when
+# an earlier one failed (a stage fails if any of its labs did) ----------------------------
+labs_of() {
+    case $1 in
+        build) printf '%s\n' 'cargo build --locked --release -p riceguard' 'ci/build-static.sh x86_64 aarch64' ;;
+        unit)
+            # Tests that need root (namespaces, TUN) are #[ignore = "needs root ..."], so a run
+            # without root reports them as ignored; here (CI runs as root) they run too. A test
+            # whose kernel feature is missing says "not run" and passes elsewhere, but fails here
+            # (RG_TEST_STRICT). Tests named bench_* are measurements, not checks: left out.
+            printf '%s\n' 'cargo fmt --all -- --check' \
+                'cargo clippy --locked --workspace --all-targets -- -D warnings' \
+                'env RG_TEST_STRICT=1 cargo test --locked --workspace -- --include-ignored --skip bench_' ;;
+        fuzz) echo "ci/fuzz.sh ${FUZZ_SECONDS:-6}" ;;
+        interop) echo ci/interop.sh ;;
+        fastpath) echo ci/fastpath.sh ;;
+        tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
+        adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/ntp.sh ;;
+        cross) echo ci/test-cross.sh ;;
+        # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
+        # checked as reproducible) rather than building it a third time.
+        image) printf '%s\n' 'env RG_IMAGE_KEEP=1 ci/test-image.sh' \
+            "env RG_OUT=$top/out/test-image/qemu-x86_64-1 ci/test-console-qemu.sh" \
+            "env RG_OUT=$top/out/test-image/qemu-x86_64-1 ci/test-console2-qemu.sh" ;;
+        # U-Boot's rollback on the qemu-aarch64 image; its AAVMF half is left out here:
+        # aarch64-generic's own test rolls back under AAVMF.
+        board) printf '%s\n' 'env RG_BOARD_REBUILD=1 ci/test-generic-board.sh' \
+            'env BOARD=aarch64-generic RG_BOARD_REBUILD=1 ci/test-generic-board.sh' \
+            'env RG_UBR_AAVMF=0 ci/test-uboot-rollback.sh' ;;
+        update) printf '%s\n' ci/test-flash-stacking.sh ci/test-update.sh ;;
+        *) return 1 ;;
+    esac
+}
+# What a stage leaves behind that nothing reads again (disk images are big).
+after_stage() {
+    case $1 in
+        image) rm -f out/test-image/*.img out/test-image/*/riceguard-*.img ;;
+    esac
+}
 
-passed=0; failed=0; failed_names=()
-run_stage() {
-    local name=$1; shift
-    echo
-    echo "=================== stage: $name ==================="
-    local t0=$SECONDS
-    if "$@"; then
-        passed=$((passed + 1)); echo "=== stage $name: ok ($((SECONDS - t0)) s)"
+# CPU_NOW: children's CPU seconds (user + system) of this shell so far, from `times` (run
+# in this shell, not in a $(...) subshell, whose own children are none).
+cpu_now() {
+    local f=$OUT/.times.$BASHPID
+    times >"$f"
+    CPU_NOW=$(sed -n 2p "$f" | awk '{
+        t = 0
+        for (i = 1; i <= 2; i++) { split($i, p, /[ms]/); t += p[1] * 60 + p[2] }
+        printf "%.1f", t }')
+    rm -f "$f"
+}
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%d", b - a + 0.5 }'; }
+
+# A lab's number of checks that passed: the last "N passed, N failed" it printed, or for
+# cargo test the sum of its "test result: ok. N passed;" lines.
+checks_in() {
+    if grep -qa '^test result: ' "$1"; then
+        grep -aoE '^test result: [a-zA-Z]+\. [0-9]+ passed' "$1" | awk '{ s += $4 } END { print s + 0 }'
     else
-        failed=$((failed + 1)); failed_names+=("$name"); echo "=== stage $name: FAILED ($((SECONDS - t0)) s)"
+        grep -aoE '[0-9]+ passed, [0-9]+ failed' "$1" | tail -1 | cut -d' ' -f1
     fi
 }
 
-stage_unit() {
-    cargo fmt --all -- --check &&
-    cargo clippy --locked --workspace --all-targets -- -D warnings &&
-    # Tests that need root (namespaces, TUN) are #[ignore = "needs root ..."], so a run
-    # without root reports them as ignored; here (CI runs as root) they run too. A test
-    # whose kernel feature is missing says "not run" and passes elsewhere, but fails here
-    # (RG_TEST_STRICT). Tests named bench_* are measurements, not checks: left out.
-    RG_TEST_STRICT=1 cargo test --locked --workspace -- --include-ignored --skip bench_
+# run_lab STAGE LABLINE: run one lab in the foreground, its timing appended to the stage's
+# record. Output goes where the caller's stdout goes.
+run_lab() {
+    local stage=$1 line=$2 t0 c0 rc lablog cpu wall n
+    lablog=$OUT/$stage.lab.$(printf '%s' "$line" | tr -c 'A-Za-z0-9._-' '_' | cut -c1-80).log
+    echo "--- lab $line"
+    t0=$(now)
+    cpu_now; c0=$CPU_NOW
+    bash -c "$line" 2>&1 | tee "$lablog"
+    rc=${PIPESTATUS[0]}
+    wall=$(secs "$t0" "$(now)")
+    cpu_now; cpu=$(awk -v a="$c0" -v b="$CPU_NOW" 'BEGIN { printf "%.1f", b - a }')
+    n=$(checks_in "$lablog")
+    printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "$line" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "$wall" "$cpu" "${n:-}" >>"$OUT/$stage.labs"
+    echo "=== lab $line: $([ "$rc" = 0 ] && echo ok || echo FAILED) (wall $wall s, cpu $cpu s${n:+, $n checks passed})"
+    rm -f "$lablog"
+    return "$rc"
 }
 
-# Every attack script runs even when an earlier one failed; the stage fails if any did.
-stage_adversarial() {
-    cargo build --locked --release -p riceguard || return 1
-    local s rc=0
-    for s in ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh; do
-        echo "--- $s"
-        bash "$s" || { echo "--- $s FAILED"; rc=1; }
+# run_stage STAGE: its labs in order; the record in out/test/STAGE.{labs,time}.
+run_stage() {
+    local stage=$1 line rc=0 t0 c0 wall cpu
+    local -a lines
+    mapfile -t lines < <(labs_of "$stage")
+    : >"$OUT/$stage.labs"
+    echo "=================== stage: $stage ==================="
+    t0=$(now)
+    cpu_now; c0=$CPU_NOW
+    for line in "${lines[@]}"; do
+        run_lab "$stage" "$line" || rc=1
     done
+    after_stage "$stage"
+    wall=$(secs "$t0" "$(now)")
+    cpu_now; cpu=$(awk -v a="$c0" -v b="$CPU_NOW" 'BEGIN { printf "%.1f", b - a }')
+    printf '%s\t%s\t%s\t%s\n' "$stage" "$([ $rc = 0 ] && echo ok || echo FAILED)" "$wall" "$cpu" >"$OUT/$stage.time"
+    echo "=== stage $stage: $([ $rc = 0 ] && echo ok || echo FAILED) (wall $wall s, cpu $cpu s)"
     return $rc
 }
 
-# The gateway role's labs; each runs even when an earlier one failed.
-stage_gateway() {
-    cargo build --locked --release -p riceguard || return 1
-    local s rc=0
-    for s in ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/ntp.sh; do
-        echo "--- $s"
-        bash "$s" || { echo "--- $s FAILED"; rc=1; }
-    done
+# A stage in a lane: its output to out/test/STAGE.log, printed whole when it ends (under a
+# lock, so two lanes' stages never interleave).
+lane_stage() {
+    local stage=$1 rc
+    run_stage "$stage" >"$OUT/$stage.log" 2>&1
+    rc=$?
+    (
+        flock 8
+        echo
+        cat "$OUT/$stage.log"
+    ) 8>"$OUT/.print.lock"
     return $rc
 }
+run_lane() {
+    local s
+    for s in "$@"; do lane_stage "$s"; done
+}
 
+report() {
+    local stage st wall cpu n total_wall=$1 json sep=""
+    shift
+    echo
+    printf '%-12s %-7s %8s %8s %8s\n' stage result wall_s cpu_s checks
+    json="{\"total_wall_s\": $total_wall, \"mode\": \"$MODE\", \"stages\": ["
+    for stage in "$@"; do
+        [ -f "$OUT/$stage.time" ] || continue
+        IFS=$'\t' read -r _ st wall cpu <"$OUT/$stage.time"
+        n=$(awk -F'\t' '{ s += $6 } END { print s + 0 }' "$OUT/$stage.labs")
+        printf '%-12s %-7s %8s %8s %8s\n' "$stage" "$st" "$wall" "$cpu" "$n"
+        json+="$sep{\"stage\": \"$stage\", \"result\": \"$st\", \"wall_s\": $wall, \"cpu_s\": $cpu, \"checks_passed\": $n, \"labs\": ["
+        local lsep="" l_stage line lst lwall lcpu ln
+        while IFS=$'\t' read -r l_stage line lst lwall lcpu ln; do
+            line=${line//\\/\\\\}
+            json+="$lsep{\"lab\": \"${line//\"/\\\"}\", \"result\": \"$lst\", \"wall_s\": $lwall, \"cpu_s\": $lcpu, \"checks_passed\": ${ln:-null}}"
+            lsep=", "
+        done <"$OUT/$stage.labs"
+        json+="]}"
+        sep=", "
+    done
+    json+="]}"
+    printf '%-12s %-7s %8s\n' total "" "$total_wall"
+    printf '%s\n' "$json" >"$OUT/times.json"
+    echo "(per-stage and per-lab times: $OUT/times.json)"
+}
+
+case ${1:-} in
+    --list)
+        for s in build "${ALL[@]}"; do echo "$s:"; labs_of "$s" | sed 's/^/    /'; done
+        exit 0 ;;
+    --lab)
+        shift
+        [ $# -ge 1 ] || { echo "usage: ci/test.sh --lab 'ci/LAB.sh [ARGS]'" >&2; exit 2; }
+        mkdir -p "$OUT"
+        : >"$OUT/lab.labs"
+        run_lab lab "$*"
+        exit ;;
+esac
+
+stages=("$@")
 for s in "${stages[@]}"; do
-    case "$s" in
-        unit) run_stage unit stage_unit ;;
-        fuzz) run_stage fuzz ci/fuzz.sh "${FUZZ_SECONDS:-6}" ;;
-        interop) run_stage interop bash -c 'cargo build --locked --release -p riceguard && ci/interop.sh' ;;
-        fastpath) run_stage fastpath bash -c 'cargo build --locked --release -p riceguard && ci/fastpath.sh' ;;
-        tcp) run_stage tcp bash -c 'cargo build --locked --release -p riceguard && ci/tcp-helpers.sh && ci/tcp-fallback.sh' ;;
-        adversarial) run_stage adversarial stage_adversarial ;;
-        gateway) run_stage gateway stage_gateway ;;
-        cross) run_stage cross ci/test-cross.sh ;;
-        # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
-        # checked as reproducible) rather than building it a third time.
-        image) run_stage image bash -c 'RG_IMAGE_KEEP=1 ci/test-image.sh; r=$?; export RG_OUT=$PWD/out/test-image/qemu-x86_64-1; ci/test-console-qemu.sh; c=$?; ci/test-console2-qemu.sh; d=$?; rm -f out/test-image/*.img out/test-image/*/riceguard-*.img; [ $r = 0 ] && [ $c = 0 ] && [ $d = 0 ]' ;;
-        # U-Boot's rollback on the qemu-aarch64 image; its AAVMF half is left out here:
-        # aarch64-generic's own test rolls back under AAVMF.
-        board) run_stage board bash -c 'RG_BOARD_REBUILD=1 ci/test-generic-board.sh; r=$?; BOARD=aarch64-generic RG_BOARD_REBUILD=1 ci/test-generic-board.sh; a=$?; RG_UBR_AAVMF=0 ci/test-uboot-rollback.sh && [ $r = 0 ] && [ $a = 0 ]' ;;
-        update) run_stage update bash -c 'ci/test-flash-stacking.sh; r=$?; ci/test-update.sh && [ $r = 0 ]' ;;
-        *) echo "unknown stage $s (unit fuzz interop fastpath tcp adversarial gateway cross image board update)"; exit 2 ;;
-    esac
+    labs_of "$s" >/dev/null || { echo "unknown stage $s (${ALL[*]})"; exit 2; }
 done
-
+mkdir -p "$OUT"
+rm -f "$OUT"/*.labs "$OUT"/*.time "$OUT"/*.log
+T0=$(now)
+failed_names=()
+if [ ${#stages[@]} -gt 0 ] || [ -n "${RG_TEST_SERIAL:-}" ]; then
+    MODE=serial
+    [ ${#stages[@]} -gt 0 ] || stages=(build "${ALL[@]}")
+    for s in "${stages[@]}"; do
+        echo
+        run_stage "$s" || failed_names+=("$s")
+    done
+else
+    MODE=lanes
+    stages=(build unit "${QEMU_LANE[@]}" "${HOST_LANE[@]}")
+    echo "== build, then unit, then two lanes side by side: [${QEMU_LANE[*]}] and [${HOST_LANE[*]}]"
+    lane_stage build || failed_names+=(build)
+    if [ ${#failed_names[@]} -eq 0 ]; then
+        lane_stage unit || failed_names+=(unit)
+        run_lane "${QEMU_LANE[@]}" &
+        qlane=$!
+        run_lane "${HOST_LANE[@]}" &
+        hlane=$!
+        wait "$qlane" "$hlane"
+        for s in "${QEMU_LANE[@]}" "${HOST_LANE[@]}"; do
+            grep -q $'\tok\t' "$OUT/$s.time" 2>/dev/null || failed_names+=("$s")
+        done
+    else
+        echo "build failed: no lab can run"
+    fi
+fi
+report "$(secs "$T0" "$(now)")" "${stages[@]}"
+passed=$(( ${#stages[@]} - ${#failed_names[@]} ))
 echo
-[ $failed -eq 0 ] || echo "failed stages: ${failed_names[*]}"
-echo "stages: $passed passed, $failed failed"
-[ $failed -eq 0 ]
+[ ${#failed_names[@]} -eq 0 ] || echo "failed stages: ${failed_names[*]}"
+echo "stages: $passed passed, ${#failed_names[@]} failed"
+[ ${#failed_names[@]} -eq 0 ]
