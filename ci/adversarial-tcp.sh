@@ -64,18 +64,18 @@ v4_first() { seq -s, -f '10.98.2.%g' 10 $((9 + $1)); }   # the first N of the 20
 # --- gateway and legitimate client ------------------------------------------------------
 kg=$(wg genkey); kc=$(wg genkey)
 RG_LOG=info ip netns exec $G "$RG" -f $IG >"$WORK/g.log" 2>&1 & GPID=$!; PIDS+=($GPID)
-for i in $(seq 50); do [ -S /var/run/wireguard/$IG.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S /var/run/wireguard/$IG.sock ]'
 ip netns exec $G wg set $IG private-key <(echo "$kg") listen-port $PORT \
     peer "$(echo "$kc" | wg pubkey)" allowed-ips 10.98.9.2/32
 ip -n $G addr add 10.98.9.1/24 dev $IG; ip -n $G link set $IG up
-for i in $(seq 50); do ip netns exec $G ss -Hltn "sport = :$PORT" | grep -q . && break; sleep 0.1; done
+wait_for 5 eval 'ip netns exec $G ss -Hltn "sport = :$PORT" | grep -q .'
 
 U2T=
 start_u2t() {
     ip netns exec $C "$RG" udp2tcp --udp-listen 127.0.0.1:51900 --tcp-forward 10.98.1.1:$PORT \
         --nodelay >>"$WORK/u2t.log" 2>&1 & U2T=$!; PIDS+=($U2T)
     local i
-    for i in $(seq 100); do ip netns exec $C ss -Hlun "sport = :51900" | grep -q . && return 0; sleep 0.05; done
+    wait_for 5 eval 'ip netns exec $C ss -Hlun "sport = :51900" | grep -q .' && return 0
     return 1
 }
 # A new TCP connection from the legitimate client: the old relay goes, a new one connects.
@@ -91,7 +91,7 @@ ping_loss() {
 
 start_u2t
 ip netns exec $C env WG_PROCESS_FOREGROUND=1 wireguard-go $IC >"$WORK/c.log" 2>&1 & PIDS+=($!)
-for i in $(seq 50); do [ -S /var/run/wireguard/$IC.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S /var/run/wireguard/$IC.sock ]'
 ip netns exec $C wg set $IC private-key <(echo "$kc") \
     peer "$(echo "$kg" | wg pubkey)" allowed-ips 10.98.9.1/32 endpoint 127.0.0.1:51900 persistent-keepalive 25
 ip -n $C addr add 10.98.9.2/24 dev $IC
@@ -174,8 +174,7 @@ run_attack() {
     fi
     kill -0 $GPID 2>/dev/null || bad "$name: gateway died"
 }
-# check NAME CONDITION-TEXT: ok/bad on the exit status of the preceding test
-check() { if [ "$1" = 0 ]; then ok "$2"; else bad "$2"; fi; }
+
 out() { cat "$WORK/$1.out"; }
 d() { delta "$1" "$LAST_BEFORE" "$LAST_NOW"; }
 
@@ -185,7 +184,7 @@ run_attack a1
 o=$(out a1-one64)
 # Held = kept open until the deadline; the refused are reset right after accept.
 [ "$(d refused_per_prefix)" -ge 2900 ] && [ "$(field still_open "$o")" = 0 ] && [ "$(field closed_5_12s "$o")" -le 8 ]
-check $? "a1: one /64 (50 addresses) got $(field closed_5_12s "$o") connections held (limit 8 unauthenticated per /64), $(d refused_per_prefix) refused, none left open"
+check_rc $? "a1: one /64 (50 addresses) got $(field closed_5_12s "$o") connections held (limit 8 unauthenticated per /64), $(d refused_per_prefix) refused, none left open"
 
 # --- a2: thousands of connections from 200 addresses -----------------------------------
 ATTACKERS="a2-many silent 3000 1000 $V4_MANY 10.98.2.1:$PORT"
@@ -194,7 +193,7 @@ o=$(out a2-many)
 # Held to the deadline = what the table kept when the flood stopped (the attacker's own
 # peak_open also counts connections whose RST it has not read yet).
 [ "$(d evicted)" -gt 0 ] && [ "$(field still_open "$o")" = 0 ] && [ "$(field closed_5_12s "$o")" -le 240 ]
-check $? "a2: 200 addresses got $(field closed_5_12s "$o") connections held (240 inbound slots of 256), $(d evicted) evicted, $(d refused_per_prefix) refused per prefix, none left open"
+check_rc $? "a2: 200 addresses got $(field closed_5_12s "$o") connections held (240 inbound slots of 256), $(d evicted) evicted, $(d refused_per_prefix) refused per prefix, none left open"
 
 # --- b: silent and slow-loris clients ---------------------------------------------------
 ATTACKERS="b-silent silent 80 200 $(v4_first 10) 10.98.2.1:$PORT
@@ -206,7 +205,7 @@ est=$(( $(field established "$s") + $(field established "$l4") ))
 dl=$(( $(field closed_5_12s "$s") + $(field closed_5_12s "$l4") ))
 [ "$est" -gt 0 ] && [ "$dl" = "$est" ] && [ "$(field closed_lt1s "$l6")" -ge 30 ] &&
     [ "$(field still_open "$s")$(field still_open "$l6")$(field still_open "$l4")" = 000 ]
-check $? "b: $dl of $est silent/slow-loris connections closed at the authentication deadline (median life $(field median_life_s "$s") s / $(field median_life_s "$l4") s); from one address $(field closed_lt1s "$l6") of 40 refused at once"
+check_rc $? "b: $dl of $est silent/slow-loris connections closed at the authentication deadline (median life $(field median_life_s "$s") s / $(field median_life_s "$l4") s); from one address $(field closed_lt1s "$l6") of 40 refused at once"
 
 # --- c: garbage and maximum-length frames -----------------------------------------------
 ATTACKERS="c-random random 100 200 $(v4_first 20) 10.98.2.1:$PORT
@@ -216,11 +215,11 @@ c-maxframe maxframe 150 200 $(seq -s, -f '10.98.2.%g' 50 199) 10.98.2.1:$PORT"
 run_attack c
 r=$(out c-random) f=$(out c-framed) t=$(out c-toolong) m=$(out c-maxframe)
 [ "$(field closed_lt1s "$r")" = "$(field established "$r")" ] && [ "$(field closed_lt1s "$t")" = "$(field established "$t")" ]
-check $? "c: random bytes and 65535-byte length prefixes closed within 1 s ($(field closed_lt1s "$r")/$(field established "$r"), $(field closed_lt1s "$t")/$(field established "$t"); bad_frame +$(d bad_frame))"
+check_rc $? "c: random bytes and 65535-byte length prefixes closed within 1 s ($(field closed_lt1s "$r")/$(field established "$r"), $(field closed_lt1s "$t")/$(field established "$t"); bad_frame +$(d bad_frame))"
 [ "$(field closed_5_12s "$f")" = "$(field established "$f")" ] && [ "$(field established "$f")" -gt 0 ]
-check $? "c: well-framed garbage ($(field bytes "$f") bytes sent) did not keep connections open: $(field closed_5_12s "$f")/$(field established "$f") closed at the deadline (median life $(field median_life_s "$f") s)"
+check_rc $? "c: well-framed garbage ($(field bytes "$f") bytes sent) did not keep connections open: $(field closed_5_12s "$f")/$(field established "$f") closed at the deadline (median life $(field median_life_s "$f") s)"
 [ "$(field still_open "$m")" = 0 ] && [ "$(field established "$m")" -gt 0 ]
-check $? "c: largest accepted frames: $(field established "$m") connections, $(field bytes "$m") bytes, all closed (median life $(field median_life_s "$m") s)"
+check_rc $? "c: largest accepted frames: $(field established "$m") connections, $(field bytes "$m") bytes, all closed (median life $(field median_life_s "$m") s)"
 
 # --- after everything ---------------------------------------------------------------------
 echo

@@ -43,7 +43,7 @@ veth_pair $A va$$ 10.96.0.1/24 $B vb$$ 10.96.0.2/24
 
 RG_LOG=info ip netns exec $A "$RG" -f $IA >"$WORK/rg.log" 2>&1 & RGPID=$!; PIDS+=($RGPID)
 ip netns exec $B env WG_PROCESS_FOREGROUND=1 wireguard-go $IB >"$WORK/wg-go.log" 2>&1 & PIDS+=($!)
-for i in $(seq 50); do [ -S "$SOCK" ] && [ -S /var/run/wireguard/$IB.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S "$SOCK" ] && [ -S /var/run/wireguard/$IB.sock ]'
 ka=$(wg genkey); kb=$(wg genkey)
 PA=$(echo "$ka" | wg pubkey); PB=$(echo "$kb" | wg pubkey)
 ip netns exec $A wg set $IA private-key <(echo "$ka") listen-port $PORT \
@@ -71,7 +71,7 @@ fi
 base_threads=$(threads)
 python3 ci/lib/labtool.py uapi-clients "$SOCK" "$WORK/clients.ready" >"$WORK/clients.log" 2>&1 &
 CLIENTS=$!; PIDS+=($CLIENTS)
-for i in $(seq 50); do [ -s "$WORK/clients.ready" ] && break; sleep 0.1; done
+wait_for 5 eval '[ -s "$WORK/clients.ready" ]'
 sleep 1
 worst=0 answered=0
 for i in $(seq 8); do
@@ -111,7 +111,7 @@ lp=$(ip netns exec $A wg show $IA listen-port)
 hold() { # $1 = udp|tcp, $2 = port: hold it in namespace A until killed
     ip netns exec $A python3 ci/lib/labtool.py hold "$1" "$2" "$WORK/hold.$1.ready" &
     HOLD=$!; PIDS+=($HOLD)
-    for i in $(seq 50); do [ -s "$WORK/hold.$1.ready" ] && break; sleep 0.1; done
+    wait_for 5 eval '[ -s "$WORK/hold.$1.ready" ]'
 }
 
 failed_set() { # $1 = what is held, $2 = the busy port

@@ -40,15 +40,6 @@ tmp=$(mktemp -d /tmp/rgd-dhcp.XXXXXX)
 at_exit rm -rf "$tmp"
 at_exit rm -f "/var/run/wireguard/$TUN.sock" "/run/riceguard/$TUN.status"
 
-# wait_for SECONDS COMMAND...: poll every 0.5 s until COMMAND succeeds or time is up.
-wait_for() {
-    local end=$((SECONDS + $1)); shift
-    while [ $SECONDS -lt $end ]; do
-        "$@" && return 0
-        sleep 0.5
-    done
-    "$@"
-}
 
 count() { grep -c -- "$2" "$1" 2>/dev/null || true; }
 log_has() { grep -q -- "$2" "$1"; }

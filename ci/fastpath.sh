@@ -53,7 +53,7 @@ ka=$(wg genkey); kb=$(wg genkey)
 start_pair() {
     RG_LOG=info RG_FAULT_GSO=${RG_FAULT_GSO:-} ip netns exec $A "$RG" -f "$@" $IA >"$WORK/a.log" 2>&1 & PIDS+=($!)
     RG_LOG=info ip netns exec $B "$RG" -f "$@" $IB >"$WORK/b.log" 2>&1 & PIDS+=($!)
-    for i in $(seq 50); do [ -S /var/run/wireguard/$IA.sock ] && [ -S /var/run/wireguard/$IB.sock ] && break; sleep 0.1; done
+    wait_for 5 eval '[ -S /var/run/wireguard/$IA.sock ] && [ -S /var/run/wireguard/$IB.sock ]'
     ip netns exec $A wg set $IA private-key <(echo "$ka") listen-port 51820 \
         peer "$(echo "$kb" | wg pubkey)" allowed-ips 10.95.1.2/32 endpoint 10.95.0.2:51821
     ip netns exec $B wg set $IB private-key <(echo "$kb") listen-port 51821 \

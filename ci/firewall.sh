@@ -76,16 +76,6 @@ cleanup() {
 }
 at_exit cleanup
 
-inns() { local n=$1; shift; ip netns exec "$n" "$@"; }
-# wait_for SECONDS COMMAND...: poll (0.2 s) until COMMAND succeeds, at most SECONDS.
-wait_for() {
-    local end=$((SECONDS + $1)); shift
-    while :; do
-        "$@" >/dev/null 2>&1 && return 0
-        [ $SECONDS -ge "$end" ] && return 1
-        sleep 0.2
-    done
-}
 # replies NS DST COUNT: how many of COUNT echo requests were answered.
 replies() {
     local n

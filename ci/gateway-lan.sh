@@ -55,7 +55,6 @@ cleanup() {
 }
 at_exit cleanup
 
-G_() { ip netns exec $G "$@"; }
 
 # ---- namespaces and links -----------------------------------------------------------------
 for n in $P $R $G $L $M; do
@@ -65,7 +64,7 @@ for n in $P $R $G $L $M; do
 done
 # The gateway starts with forwarding off and strict reverse-path filtering: the daemon
 # must turn on what it needs (a new namespace inherits the host's IPv4 settings).
-G_ sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0 \
+inns $G sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0 \
     net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=1
 ip netns exec $R sysctl -qw net.ipv4.ip_forward=1
 ip -n $R link add br0 type bridge
@@ -141,7 +140,7 @@ write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64, fd77::201/125" yes ""
 # ---- the phone: stock wireguard-go, as a WireGuard app on a phone would be set up -----------
 ip netns exec $P env WG_PROCESS_FOREGROUND=1 wireguard-go $PHONE >"$WORK/phone.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 50); do [ -S /var/run/wireguard/$PHONE.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S /var/run/wireguard/$PHONE.sock ]'
 ip netns exec $P wg set $PHONE private-key <(echo "$kp") peer "$pg" endpoint 10.55.0.1:51820 \
     allowed-ips 192.168.77.0/24,192.168.88.0/24,fd77::/64,fd88::/64 persistent-keepalive 25
 ip -n $P addr add 192.168.77.202/32 dev $PHONE
@@ -170,13 +169,6 @@ done
 if [ $up = 1 ] && [ -n "$RGPID" ]; then ok "gateway up (riceguard pid $RGPID)"
 else bad "gateway did not come up"; tail -20 "$WORK/gw.log"; h_finish; fi
 
-# wait_for SECONDS COMMAND...: poll (0.2 s) until the command succeeds, bounded.
-wait_for() {
-    local n=$(($1 * 5)); shift
-    for _ in $(seq $n); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-    return 1
-}
-
 # A peer endpoint name that did not resolve at start is retried until it does.
 laptop_ep() { ip netns exec $G wg show $TUN endpoints | awk -v k="$p2" '$1 == k {print $2}'; }
 ep=$(laptop_ep)
@@ -202,7 +194,7 @@ has_proxy() { ip -n $G neigh show proxy | grep -q "^$1 dev $2\b"; }
 no_proxy() { ! ip -n $G neigh show proxy | grep -q "^$1 "; }
 route_of() { ip -n $G "${@:2}" route show proto 91 dev $TUN | grep -q "^$1\b"; }
 no_route() { ! ip -n $G "${@:2}" route show dev $TUN | grep -q "^$1\b"; }
-sysctl_is() { [ "$(G_ sysctl -n "$1")" = "$2" ]; }
+sysctl_is() { [ "$(inns $G sysctl -n "$1")" = "$2" ]; }
 reload_to() { # reload_to GENERATION: SIGHUP, wait for the status file's reload line
     kill -HUP "$RGPID"
     wait_for 10 grep -q "^reload: generation $1 ok" "$STATUS"

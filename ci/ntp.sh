@@ -26,14 +26,6 @@ SRV=rgn-srv-$$ CLI=rgn-cli-$$
 tmp=$(mktemp -d /tmp/rgn-ntp.XXXXXX)
 at_exit rm -rf "$tmp"
 
-wait_for() {
-    local end=$((SECONDS + $1)); shift
-    while [ $SECONDS -lt $end ]; do
-        "$@" && return 0
-        sleep 0.3
-    done
-    "$@"
-}
 log_has() { grep -q -- "$2" "$1"; }
 queries() { grep -c "^query $1 " "$tmp/server.log" 2>/dev/null || true; }
 

@@ -54,7 +54,7 @@ ka=$(wg genkey); kb=$(wg genkey)
 block_udp
 RG_LOG=info ip netns exec $A "$RG" -f $IA >"$WORK/a.log" 2>&1 & PIDS+=($!)
 RG_LOG=info ip netns exec $B "$RG" -f $IB >"$WORK/b.log" 2>&1 & PIDS+=($!)
-for i in $(seq 50); do [ -S /var/run/wireguard/$IA.sock ] && [ -S /var/run/wireguard/$IB.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S /var/run/wireguard/$IA.sock ] && [ -S /var/run/wireguard/$IB.sock ]'
 ip netns exec $A wg set $IA private-key <(echo "$ka") listen-port 51820 \
     peer "$(echo "$kb" | wg pubkey)" allowed-ips 10.97.1.2/32 endpoint 10.97.0.2:51821 persistent-keepalive 25
 ip netns exec $B wg set $IB private-key <(echo "$kb") listen-port 51821 \
@@ -121,7 +121,7 @@ ip -n $B addr add 10.97.2.2/32 dev $IB
 ip -n $B route add 10.97.2.3/32 dev $IB
 ip netns exec $A "$RG" udp2tcp --udp-listen 127.0.0.1:51900 --tcp-forward 10.97.0.2:51821 --nodelay >"$WORK/u2t.log" 2>&1 & PIDS+=($!)
 ip netns exec $A env WG_PROCESS_FOREGROUND=1 wireguard-go $IC >"$WORK/c.log" 2>&1 & PIDS+=($!)
-for i in $(seq 50); do [ -S /var/run/wireguard/$IC.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S /var/run/wireguard/$IC.sock ]'
 ip netns exec $A wg set $IC private-key <(echo "$kc") \
     peer "$(echo "$kb" | wg pubkey)" allowed-ips 10.97.2.2/32 endpoint 127.0.0.1:51900 persistent-keepalive 25
 ip -n $A addr add 10.97.2.3/32 dev $IC
@@ -140,7 +140,7 @@ ip netns exec $B nft add table inet rgftest5
 ip netns exec $B nft add chain inet rgftest5 input '{ type filter hook input priority 0; }'
 ip netns exec $B nft add rule inet rgftest5 input iifname vfb udp dport 51822 counter drop
 ip netns exec $B env WG_PROCESS_FOREGROUND=1 wireguard-go $IE >"$WORK/e.log" 2>&1 & PIDS+=($!)
-for i in $(seq 50); do [ -S /var/run/wireguard/$IE.sock ] && break; sleep 0.1; done
+wait_for 5 eval '[ -S /var/run/wireguard/$IE.sock ]'
 ip netns exec $B wg set $IE private-key <(echo "$ke") listen-port 51822 \
     peer "$(echo "$kd" | wg pubkey)" allowed-ips 10.97.4.1/32
 ip -n $B addr add 10.97.4.2/24 dev $IE

@@ -25,6 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 . ci/lib/qemu.sh
+. ci/lib/console.sh
 h_init console-qemu
 board=qemu-x86_64
 T=${RG_CONSOLE_TIMEOUT:-180}
@@ -55,32 +56,19 @@ transcript=$work/transcript.txt
 : >"$transcript"
 
 wpid="" log="" boot_name=""
-# Stop the running boot: QEMU (qemu.sh's child) first, by its PID, then qemu.sh itself.
+# Stop the running boot (qemu_stop: QEMU first, then qemu.sh).
 stop_qemu() {
-    local sig=${1:-TERM} q
     [ -n "$wpid" ] || return 0
     exec 9>&- 2>/dev/null
-    q=$(qemu_pid)
-    [ -n "$q" ] && kill "-$sig" "$q" 2>/dev/null
-    # qemu.sh notices QEMU gone within 0.5 s and cleans up (FIFOs, reader).
-    for _ in $(seq 40); do kill -0 "$wpid" 2>/dev/null || break; sleep 0.25; done
-    kill "$wpid" 2>/dev/null
-    wait "$wpid" 2>/dev/null
+    qemu_stop "$wpid" "${1:-TERM}"
     wpid=""
 }
-qemu_pid() { ps -o pid=,comm= --ppid "$wpid" 2>/dev/null | awk '$2 ~ /^qemu-system/ {print $1; exit}'; }
 cleanup() {
     stop_qemu KILL
     [ -n "${RG_CONSOLE_KEEP:-}" ] || rm -f "$disk"
     rm -f "$sin"
 }
 at_exit cleanup
-
-# The serial log without CRs (the tty's output processing adds them).
-clean() { tr -d '\r' <"$log"; }
-size() { stat -c %s "$log" 2>/dev/null || echo 0; }
-# wait_re REGEX SECONDS [OFFSET]: wait until the log after byte OFFSET matches REGEX.
-wait_re() { serial_wait "$log" "$wpid" "$@"; }
 
 # boot NAME: start QEMU on $disk with the serial FIFO, wait for the console prompt.
 boot() {
@@ -92,7 +80,8 @@ boot() {
         RG_QEMU_UNTIL='^RG-NEVER$' RG_QEMU_SERIAL_IN="$sin" \
         image/qemu.sh "$board" >"$work/$1.qemu" 2>&1 &
     wpid=$!
-    for _ in $(seq 100); do [ -e "$sin" ] && break; sleep 0.1; done
+    con_use "$log" "$wpid" "$transcript"
+    wait_for 10 eval '[ -e "$sin" ]'
     # Read-write: opening never blocks and QEMU never sees the writer go away.
     if ! exec 9<>"$sin"; then
         ko "$1: serial input FIFO did not appear"
@@ -100,9 +89,9 @@ boot() {
     fi
     # boot NAME failsafe: answer init's early failsafe prompt with `f`.
     if [ "${2:-}" = failsafe ]; then
-        wait_re 'press f and Enter' "$T" && printf 'f\r' >&9
+        con_wait 'press f and Enter' "$T" && printf 'f\r' >&9
     fi
-    if wait_re 'riceguard-init: (boot marked good|FATAL)' "$T" && wait_re 'riceguard(\(edit\))?# ' 30; then
+    if con_wait 'riceguard-init: (boot marked good|FATAL)' "$T" && con_wait 'riceguard(\(edit\))?# ' 30; then
         echo "     $1: console prompt after $((SECONDS - t0)) s"
         printf '==== %s (console prompt after %s s)\n' "$1" "$((SECONDS - t0))" >>"$transcript"
         return 0
@@ -110,29 +99,10 @@ boot() {
     serial_panicked "$log" && ko "$1: kernel panic/oops on the serial line"
     ko "$1: no console prompt within $T s"
     echo "---- last serial lines ($1)"
-    clean | tail -25
+    con_clean | tail -25
     return 1
 }
 
-# cmd LINE [SECONDS] [WAIT_REGEX]: type LINE and wait for the next prompt (or WAIT_REGEX);
-# the serial output since typing (echo, answer, prompt, interleaved daemon lines) is in
-# $out and goes to the transcript.
-out=""
-cmd() {
-    local line=$1 secs=${2:-20} re=${3:-'riceguard(\(edit\))?# '} off
-    off=$(size)
-    printf '%s\r' "$line" >&9
-    wait_re "$re" "$secs" "$off"
-    local rc=$?
-    out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
-    printf '%s\n' "$out" >>"$transcript"
-    return $rc
-}
-# The answer only: drop the daemon's and init's interleaved lines.
-answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init): |^\[ *[0-9]+\.[0-9]+\]'; }
-has() { answer | grep -qaE -- "$1"; }
-# A whole answer line, as typed (keys hold base64 `+`, not for a regex).
-has_line() { answer | grep -qaxF -- "$1"; }
 # The configuration as `show` prints it, without prompt and echo lines.
 show_conf() {
     cmd show || return 1
@@ -148,9 +118,9 @@ if boot boot1; then
     check "boot 1: set peer accepted, prompt shows uncommitted edits" \
         sh -c "! printf '%s' \"\$1\" | grep -q '^error:' && printf '%s' \"\$1\" | grep -q 'riceguard(edit)# '" _ "$out"
     # Kill on the commit's first answer line, before the prompt even comes back.
-    off=$(size)
+    off=$(con_size)
     printf 'commit\r' >&9
-    if wait_re 'committed and saved|error: ' 60 "$off"; then
+    if con_wait 'committed and saved|error: ' 60 "$off"; then
         stop_qemu KILL
         out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
         printf '%s\n[QEMU killed with SIGKILL here]\n' "$out" >>"$transcript"
@@ -205,8 +175,8 @@ if boot boot2; then
         cmd "update /dev/ptmx" 20
         check "commit-confirm: a stalled update runs in the background, the console answers at once" \
             has 'update started in the background'
-        t0=$SECONDS off=$(size)
-        if wait_re 'not confirmed in time' 100 "$off" && wait_re 'riceguard(\(edit\))?# ' 10 "$off"; then
+        t0=$SECONDS off=$(con_size)
+        if con_wait 'not confirmed in time' 100 "$off" && con_wait 'riceguard(\(edit\))?# ' 10 "$off"; then
             out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
             printf '%s\n' "$out" >>"$transcript"
             echo "     commit-confirm rolled back $((SECONDS - t0)) s after the last command"
@@ -222,7 +192,7 @@ if boot boot2; then
     elif [ "$failed" -ne 0 ]; then
         echo "     commit-confirm test skipped: earlier failures"
     fi
-    check "boot 2: no kernel panic/oops" sh -c '! grep -qaE "Kernel panic|Oops|BUG:|Call Trace" "$1"' _ "$log"
+    check "boot 2: no kernel panic/oops" eval '! serial_panicked "$log"'
 fi
 stop_qemu TERM
 

@@ -18,6 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
+. ci/lib/qemu.sh
 h_init console2-qemu
 board=qemu-x86_64
 work=$PWD/out/test-console2-qemu
@@ -38,13 +39,7 @@ disk=$work/disk.img
 cp --sparse=always "$img" "$disk"
 qsh=""
 cleanup() {
-    if [ -n "$qsh" ]; then
-        q=$(ps -o pid=,comm= --ppid "$qsh" 2>/dev/null | awk '$2 ~ /^qemu-system/ {print $1; exit}')
-        [ -n "$q" ] && kill "$q" 2>/dev/null
-        for _ in $(seq 40); do kill -0 "$qsh" 2>/dev/null || break; sleep 0.25; done
-        kill "$qsh" 2>/dev/null
-        wait "$qsh" 2>/dev/null
-    fi
+    qemu_stop "$qsh"
     rm -rf "$sock" "$disk"
 }
 at_exit cleanup
@@ -54,7 +49,7 @@ RG_QEMU_DISK="$disk" RG_QEMU_LOG="$work/serial.log" RG_QEMU_TIMEOUT=900 \
     RG_QEMU_EXTRA="-device virtio-serial-pci -chardev socket,id=rgtcon,path=$sock/hvc,server=on,wait=off -device virtconsole,chardev=rgtcon -qmp unix:$sock/qmp,server=on,wait=off" \
     image/qemu.sh "$board" >"$work/qemu.out" 2>&1 &
 qsh=$!
-for _ in $(seq 100); do [ -e "$sock/serial-in" ] && [ -S "$sock/qmp" ] && break; sleep 0.1; done
+wait_for 10 eval '[ -e "$sock/serial-in" ] && [ -S "$sock/qmp" ]'
 finished=""
 while IFS= read -r line; do
     case $line in
@@ -63,7 +58,7 @@ while IFS= read -r line; do
         FAIL\ *) ko "${line#FAIL }" ;;
         *) echo "$line" ;;
     esac
-done < <(python3 ci/lib/console2.py "$sock/serial-in" "$work/serial.log" "$sock/hvc" "$sock/qmp" "$work/transcript.txt" 2>&1)
+done < <(QEMU_PANIC_RE=$QEMU_PANIC_RE python3 ci/lib/console2.py "$sock/serial-in" "$work/serial.log" "$sock/hvc" "$sock/qmp" "$work/transcript.txt" 2>&1)
 [ -n "$finished" ] || ko "the two-console driver did not run to its end"
 [ "$failed" -eq 0 ] || { echo "---- last serial lines"; tr -d '\r' <"$work/serial.log" | tail -25; }
 echo "console2-qemu: transcript in $work/transcript.txt (took $((SECONDS - t_all)) s)"

@@ -73,7 +73,7 @@ mkloop() {
     push losetup -d "$L"
     P1=${L}p1 P2=${L}p2
     [ -b "$P1" ] || partx -a "$L" 2>/dev/null
-    for i in $(seq 50); do [ -b "$P1" ] && [ -b "$P2" ] && return 0; sleep 0.1; done
+    wait_for 5 eval '[ -b "$P1" ] && [ -b "$P2" ]' && return 0
     echo "     no partition nodes for $L"
     return 1
 }
@@ -239,7 +239,7 @@ if mkloop; then
     unshare -m --propagation private sh -c 'mount "$1" "$2" && : >"$3" && exec sleep 300' sh "$P1" "$m" "$work/g.ready" &
     nspid=$!
     push stop_pid "$nspid"
-    for _ in $(seq 50); do [ -e "$work/g.ready" ] && break; sleep 0.1; done
+    wait_for 5 eval '[ -e "$work/g.ready" ]'
     if [ -e "$work/g.ready" ] && ! mountpoint -q "$m"; then
         refuses "(g) refuses: a partition mounted in another mount namespace" "$L" "$m"
     else ko "(g) mounting in a private mount namespace"; fi
@@ -269,7 +269,7 @@ if [ -L /bin ] && [ -L /lib ] && [ -d /usr/bin ]; then
             && exec chroot "$2" /usr/bin/sleep 300' sh "$P1" "$m" "$work/i.ready" &
         nspid=$!
         push stop_pid "$nspid"
-        for _ in $(seq 50); do [ -e "$work/i.ready" ] && break; sleep 0.1; done
+        wait_for 5 eval '[ -e "$work/i.ready" ]'
         sleep 0.2
         if [ -e "$work/i.ready" ] && grep -q " / / " "/proc/$nspid/mountinfo" 2>/dev/null; then
             refuses "(i) refuses: a partition is / of a running process (holds the running system)" "$L" "holds the running system"
@@ -326,7 +326,7 @@ case_end
 unwind 0
 # Nothing of ours is left (the trap would catch the rest, this says so).
 # (a loop device detached while still open goes away at its last close: wait a little)
-for _ in $(seq 50); do left=$(losetup -a | grep -F "$work" || true); [ -z "$left" ] && break; sleep 0.1; done
+wait_for 5 eval 'left=$(losetup -a | grep -F "$work" || true); [ -z "$left" ]'
 [ -z "$left" ] || ko "loop devices left behind: $left"
 echo "== $((SECONDS - t_all))s"
 h_finish

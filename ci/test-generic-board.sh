@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A generic board tested as hardware: x86_64-generic (the default) or
-# aarch64-generic (U-Boot or EDK2; BOARD=aarch64-generic, below). The board's image, with
+# aarch64-generic (EDK2; BOARD=aarch64-generic, below). The board's image, with
 # the Debian generic kernel, is flashed by flash-scripts/flash onto a disk file that QEMU
 # (q35, OVMF, TCG) shows as NVMe; two emulated Intel igb ports (82576, multi-queue) sit on
 # taps in bridges of a "switch" namespace; the i6300esb watchdog; the serial console is
@@ -71,11 +71,9 @@
 # cost minutes under TCG). The update's v2 and the bad v3 are v1's outputs with another
 # root (version and build number changed; for v3 a root without /sbin/init) and the same
 # UKIs, signed by image/bundle.sh: one image build, not three.
-# FIRMWARE=uefi (default: OVMF/AAVMF pflash from board.conf) | uboot (aarch64: QEMU's
-# -bios u-boot.bin, RG_UBOOT_BIN, default Debian u-boot-qemu's; not yet wired: the U-Boot
-# boot path and its rollback are another branch's, see fw_args and the ESP checks).
-#
-# usage: [BOARD=aarch64-generic] [FIRMWARE=uefi] ci/test-generic-board.sh   (as root; x86_64
+# The firmware is the board's UEFI (OVMF/AAVMF pflash, board.conf's FIRMWARE_CODE/VARS);
+# the U-Boot boot path and its rollback are ci/test-uboot-rollback.sh's.
+# usage: [BOARD=aarch64-generic] ci/test-generic-board.sh   (as root; x86_64
 #        about 6 min under TCG, 7-8 on a busy host; aarch64 about 5)
 # env:   RG_BOARD_PHASES (space-separated, default per board as above: probe one-armed
 #        two-armed flap renewal lease-lost powercut update rollback);
@@ -93,11 +91,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 . ci/lib/qemu.sh
+. ci/lib/console.sh
 h_init generic-board
 board=${BOARD:-x86_64-generic}
-FIRMWARE=${FIRMWARE:-uefi}
 case $board in x86_64-generic | aarch64-generic) ;; *) echo "BOARD=$board: x86_64-generic or aarch64-generic" >&2; exit 2 ;; esac
-case $FIRMWARE in uefi | uboot) ;; *) echo "FIRMWARE=$FIRMWARE: uefi or uboot" >&2; exit 2 ;; esac
 # shellcheck source=/dev/null
 . "board/$board/board.conf"
 case $board in
@@ -108,7 +105,6 @@ want() { case " $phases " in *" $1 "*) return 0 ;; esac; return 1; }
 T=${RG_BOARD_TIMEOUT:-240}
 work=$PWD/out/test-generic-board
 [ "$board" = x86_64-generic ] || work=$work-$board
-[ "$FIRMWARE" = uefi ] || work=$work-$FIRMWARE
 export RG_OUT=${RG_OUT:-out/$board}
 img=$RG_OUT/riceguard-$board.img
 t_all=$SECONDS
@@ -122,13 +118,7 @@ finish() {
 
 [ "$(id -u)" = 0 ] || { ko "needs root (network namespaces)"; finish; }
 require_tools "$QEMU" wireguard-go wg wg-quick dnsmasq nft python3 mkfifo sfdisk jq
-# fw_args: the firmware's QEMU arguments (a fresh copy of the UEFI variable store per boot).
-RG_UBOOT_BIN=${RG_UBOOT_BIN:-/usr/lib/u-boot/qemu_arm64/u-boot.bin}
-case $FIRMWARE in
-    uefi) fw_file=$FIRMWARE_CODE ;;
-    uboot) fw_file=$RG_UBOOT_BIN ;;
-esac
-[ -f "$fw_file" ] || { ko "missing $fw_file (firmware $FIRMWARE; ci/deps.sh installs it)"; finish; }
+[ -f "$FIRMWARE_CODE" ] || { ko "missing $FIRMWARE_CODE (the board's UEFI firmware; ci/deps.sh installs it)"; finish; }
 
 rm -rf "$work"
 mkdir -p "$work"
@@ -165,7 +155,6 @@ at_exit cleanup
 # nspawn NS CMD...: run CMD in namespace NS in the background, owned by the harness
 # (`ip netns exec` execs CMD itself, so the PID is CMD's); its PID in $lastpid.
 nspawn() { local ns=$1; shift; spawn ip netns exec "$ns" "$@"; lastpid=$!; }
-inns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 # --- the flashed disk ----------------------------------------------------------------------
 echo "== flash: flash-scripts/flash onto a 1 GiB disk file (the NVMe drive)"
@@ -182,7 +171,7 @@ else
     ko "flash: flash-scripts/flash failed"
     finish
 fi
-perm_mb=$(sfdisk --json "$disk" | jq -r '.partitiontable as $t | $t.partitions[] | select(.name == "perm") | (.size * ($t.sectorsize // 512) / 1048576 | floor)')
+perm_mb=$(($(part_size "$disk" perm) / 1048576))
 note "flashed disk: perm is $perm_mb MiB after the flash script grew it"
 
 # --- namespaces ----------------------------------------------------------------------------
@@ -235,13 +224,11 @@ check "dnsmasq: serving DHCP in the router namespace" kill -0 "$dpid"
 # --- boot ----------------------------------------------------------------------------------
 case $ARCH in
     x86_64) machine=(-machine q35 -cpu max) mname="q35 + OVMF" ;;
-    aarch64) machine=(-machine virt -cpu cortex-a72) mname="virt (cortex-a72) + $([ "$FIRMWARE" = uefi ] && echo AAVMF || echo U-Boot)" ;;
+    aarch64) machine=(-machine virt -cpu cortex-a72) mname="virt (cortex-a72) + AAVMF" ;;
 esac
-case $FIRMWARE in
-    uefi) fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
-        -drive "if=pflash,format=raw,unit=1,file=$work/vars.fd") ;;
-    uboot) fw=(-bios "$RG_UBOOT_BIN") ;;
-esac
+# The UEFI variable store: a fresh copy per boot (start_qemu).
+fw=(-drive "if=pflash,format=raw,unit=0,readonly=on,file=$FIRMWARE_CODE"
+    -drive "if=pflash,format=raw,unit=1,file=$work/vars.fd")
 echo "== boot: $mname (TCG), NVMe disk, 2 x igb, i6300esb, serial console driven here"
 mkfifo "$sin.in" "$sin.out"
 # Read-write: opening never blocks and QEMU never sees the writer go away.
@@ -259,7 +246,7 @@ qargs=(-accel tcg "${machine[@]}" -smp "${RG_BOARD_SMP:-2}" -m 1024 -nodefaults 
     -chardev "pipe,id=ser0,path=$sin" -serial chardev:ser0)
 rpid=""
 start_qemu() {
-    [ "$FIRMWARE" != uefi ] || cp "$FIRMWARE_VARS" "$work/vars.fd"
+    cp "$FIRMWARE_VARS" "$work/vars.fd"
     rm -f "$work/monitor.sock"
     : >"$log"
     # The serial reader first (QEMU opens the .out FIFO for writing), then QEMU.
@@ -267,6 +254,7 @@ start_qemu() {
     rpid=$!
     nspawn "$SW" "$QEMU" "${qargs[@]}" >"$work/qemu.out" 2>&1 </dev/null
     qpid=$lastpid
+    con_use "$log" "$qpid" "$transcript"
     t_boot=$SECONDS
 }
 stop_qemu() {
@@ -274,11 +262,7 @@ stop_qemu() {
     stop_pid "$rpid"
 }
 
-clean() { tr -d '\r' <"$log"; }
-size() { stat -c %s "$log" 2>/dev/null || echo 0; }
-have() { clean | grep -qaE -- "$1"; }
-# wait_re REGEX SECONDS [OFFSET]: wait until the log after byte OFFSET matches REGEX.
-wait_re() { serial_wait "$log" "$qpid" "$@"; }
+have() { con_clean | grep -qaE -- "$1"; }
 # hmp LINE: a command on QEMU's human monitor (set_link: the guest sees the carrier go).
 hmp() {
     timeout 10 python3 ci/lib/labtool.py hmp "$work/monitor.sock" "$1"
@@ -286,24 +270,6 @@ hmp() {
 # The first line after byte OFFSET matching REGEX.
 line_of() { tail -c +$((${2:-0} + 1)) "$log" | tr -d '\r' | grep -aE -m1 -- "$1"; }
 
-out=""
-# cmd LINE [SECONDS] [WAIT_REGEX]: type LINE on the console, wait for the next prompt; the
-# serial output since typing goes to $out and the transcript.
-cmd() {
-    local line=$1 secs=${2:-30} re=${3:-'riceguard(\(edit\))?# '} off rc
-    off=$(size)
-    printf '%s\r' "$line" >&9
-    wait_re "$re" "$secs" "$off"
-    rc=$?
-    sleep 0.3 # the rest of the prompt line
-    out=$(tail -c +$((off + 1)) "$log" | tr -d '\r')
-    printf '%s\n' "$out" >>"$transcript"
-    return $rc
-}
-# The console's answer only: without the daemon's, init's and the kernel's lines.
-answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init|dhcp)[ :]|^\[ *[0-9]+\.[0-9]+\]'; }
-has() { answer | grep -qaE -- "$1"; }
-bad_answer() { answer | grep -aE '^error|refused' | head -3; }
 
 # A guest kernel whose second vCPU stops taking timer interrupts under TCG (seen here:
 # "rcu: INFO: rcu_preempt detected stalls", "timer wakeup didn't happen" on cpu 1, before
@@ -312,13 +278,13 @@ stalled() { grep -qaE 'rcu: INFO: .*detected stalls' "$log" && ! grep -qa 'riceg
 boot_wait() {
     local left=$((T * 4))
     while [ $left -gt 0 ]; do
-        clean | grep -qaE 'riceguard-init: (boot marked good|FATAL)' && break
+        con_clean | grep -qaE 'riceguard-init: (boot marked good|FATAL)' && break
         serial_panicked "$log" || stalled && return 1
         kill -0 "$qpid" 2>/dev/null || return 1
         sleep 0.25
         left=$((left - 1))
     done
-    [ $left -gt 0 ] && wait_re 'riceguard(\(edit\))?# ' 30
+    [ $left -gt 0 ] && con_wait 'riceguard(\(edit\))?# ' 30
 }
 # The boot probe: from lanhost, on the uplink segment, closed ports of the address the
 # gateway will lease (TCP and UDP 9: nothing listens there), from before QEMU starts.
@@ -336,14 +302,14 @@ if ! boot_wait && stalled; then
     start_qemu
     boot_wait
 fi
-if clean | grep -qaE 'riceguard-init: boot marked good' && clean | grep -qaE 'riceguard(\(edit\))?# '; then
+if con_clean | grep -qaE 'riceguard-init: boot marked good' && con_clean | grep -qaE 'riceguard(\(edit\))?# '; then
     ok "boot: console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
 else
     serial_panicked "$log" && ko "boot: kernel panic/oops on the serial line"
     stalled && ko "boot: the guest kernel stalled (RCU) before init, twice"
     kill -0 "$qpid" 2>/dev/null || ko "boot: QEMU exited"
     ko "boot: no console prompt within $T s"
-    echo "---- last serial lines"; clean | tail -30
+    echo "---- last serial lines"; con_clean | tail -30
     [ -s "$work/qemu.out" ] && sed 's/^/qemu: /' "$work/qemu.out"
     finish
 fi
@@ -354,19 +320,19 @@ check "boot: igb uplink eth0 came up" have 'uplink eth0 up'
 # What the igb driver offers, and what the gateway chose.
 if have 'uplink eth0 tx-udp-segmentation: '; then
     ok "boot: the igb driver's UDP segmentation offer on the serial line"
-    note "igb offers: $(clean | grep -aoE 'uplink eth0 tx-udp-segmentation: .*' | head -1)"
+    note "igb offers: $(con_clean | grep -aoE 'uplink eth0 tx-udp-segmentation: .*' | head -1)"
 else
     ko "boot: the igb driver's offloads are not shown on the serial line"
 fi
 if have 'uplink eth0 offers: .*tx-tcp-segmentation'; then
     ok "boot: the igb driver's offload list on the serial line"
-    note "$(clean | grep -aoE 'uplink eth0 offers: .*' | head -1)"
+    note "$(con_clean | grep -aoE 'uplink eth0 offers: .*' | head -1)"
 else
     ko "boot: no offload list for eth0 (init's 'uplink eth0 offers:')"
 fi
 if have 'gateway: .*offload: '; then
     ok "boot: the gateway's offload decision on the serial line"
-    note "gateway chose: $(clean | grep -aoE 'offload: .*' | head -1)"
+    note "gateway chose: $(con_clean | grep -aoE 'offload: .*' | head -1)"
 else
     ko "boot: no offload decision from the gateway"
 fi
@@ -374,21 +340,21 @@ fi
 # not made before the gateway knew its egress NIC (`offload: egress: NIC features unknown`,
 # what a decision taken before the DHCP lease's default route says).
 check "boot: the gateway's offload decision is about the igb uplink eth0" have 'gateway: .*offload: eth0: '
-note "igb rx queues: $(clean | grep -aoE 'rps: [0-9]+ eth0 rx queues' | head -1 | grep -oE '[0-9]+ eth0') ; $(clean | grep -aoE 'xps: [0-9]+ of [0-9]+ eth0 tx queues' | head -1)"
+note "igb rx queues: $(con_clean | grep -aoE 'rps: [0-9]+ eth0 rx queues' | head -1 | grep -oE '[0-9]+ eth0') ; $(con_clean | grep -aoE 'xps: [0-9]+ of [0-9]+ eth0 tx queues' | head -1)"
 # The data-plane setup init and the gateway do on every board (DATAPLANE_CORES, HUGEPAGES):
 # hugepages for the buffer pools, RPS and XPS on the uplink's queues, workers pinned.
-check "boot: hugepages reserved for the buffer pools ($(clean | grep -aoE -m1 'hugepages: [0-9]+ of [0-9]+ reserved'))" \
+check "boot: hugepages reserved for the buffer pools ($(con_clean | grep -aoE -m1 'hugepages: [0-9]+ of [0-9]+ reserved'))" \
     have 'riceguard-init: hugepages: [1-9][0-9]* of [0-9]+ reserved'
-check "boot: RPS: eth0's rx queues pointed at the data-plane cores ($(clean | grep -aoE -m1 'rps: [0-9]+ eth0 rx queues -> cpus [^ ]+'))" \
+check "boot: RPS: eth0's rx queues pointed at the data-plane cores ($(con_clean | grep -aoE -m1 'rps: [0-9]+ eth0 rx queues -> cpus [^ ]+'))" \
     have 'riceguard-init: rps: [1-9][0-9]* eth0 rx queues -> cpus \[[0-9]'
-check "boot: XPS: one data-plane core per eth0 tx queue ($(clean | grep -aoE -m1 'xps: [0-9]+ of [0-9]+ eth0 tx queues'))" \
+check "boot: XPS: one data-plane core per eth0 tx queue ($(con_clean | grep -aoE -m1 'xps: [0-9]+ of [0-9]+ eth0 tx queues'))" \
     have 'riceguard-init: xps: [1-9][0-9]* of [0-9]+ eth0 tx queues'
-check "boot: the gateway's workers pinned to cores ($(clean | grep -aoE -m1 '[0-9]+ worker\(s\) on cores \[[0-9, ]*\]'))" \
+check "boot: the gateway's workers pinned to cores ($(con_clean | grep -aoE -m1 '[0-9]+ worker\(s\) on cores \[[0-9, ]*\]'))" \
     have 'gateway: .* [0-9]+ worker\(s\) on cores \[[0-9]'
 
 # --- DHCP ----------------------------------------------------------------------------------
 echo "== DHCP: a lease from dnsmasq"
-if wait_re 'dhcp eth0: bound ' 90; then
+if con_wait 'dhcp eth0: bound ' 90; then
     bound=$(line_of 'dhcp eth0: bound ')
     ok "dhcp: bound ($bound)"
     t_bound=$SECONDS
@@ -419,7 +385,7 @@ if want probe; then
         sh -c '[ "$1" = 0 ] && [ "$2" = 0 ]' _ "$(pv open)" "$(pv reply)"
     # Dropped by our ruleset, not lost on the way: init installed it before the uplink came up,
     # and its uplink-in counter counted the probes.
-    first_line() { clean | grep -naE -m1 -- "$1" | cut -d: -f1; }
+    first_line() { con_clean | grep -naE -m1 -- "$1" | cut -d: -f1; }
     fw_at=$(first_line 'riceguard-init: firewall: table inet riceguard in place') up_at=$(first_line 'riceguard-init: uplink eth0 up')
     check "boot probe: init put table inet riceguard in place before the uplink came up (serial lines ${fw_at:-none} < ${up_at:-none})" \
         sh -c '[ -n "$1" ] && [ -n "$2" ] && [ "$1" -lt "$2" ]' _ "$fw_at" "$up_at"
@@ -449,7 +415,7 @@ phone_up() {
     wg-quick strip "$f" >"$work/$WGIF.stripped" || return 1
     nspawn "$P" wireguard-go -f "$WGIF" >"$work/wireguard-go.log" 2>&1
     phone_pid=$lastpid
-    for _ in $(seq 50); do [ -S "/var/run/wireguard/$WGIF.sock" ] && break; sleep 0.1; done
+    wait_for 5 eval '[ -S "/var/run/wireguard/$WGIF.sock" ]'
     inns "$P" wg setconf "$WGIF" "$work/$WGIF.stripped" || return 1
     for a in $(awk -F= 'tolower($1) ~ /^ *address *$/ {gsub(/[ \t]/, "", $2); gsub(/,/, " ", $2); print $2}' "$f"); do
         case $a in *:*) inns "$P" ip -6 address add "$a" dev "$WGIF" ;; *) inns "$P" ip -4 address add "$a" dev "$WGIF" ;; esac || return 1
@@ -648,12 +614,12 @@ reach_within() {
 if want flap; then
     echo "== link flap: eth0's carrier off and on again (QEMU set_link): the lease is re-acquired"
     if [ -n "${t_bound:-}" ]; then
-        off=$(size)
-        if hmp "set_link n0 off" && wait_re 'dhcp eth0: link down' 20 "$off"; then
+        off=$(con_size)
+        if hmp "set_link n0 off" && con_wait 'dhcp eth0: link down' 20 "$off"; then
             ok "link flap: the DHCP client saw eth0's carrier go"
             sleep 2
             hmp "set_link n0 on"
-            if wait_re 'dhcp eth0: link up' 20 "$off" && wait_re 'dhcp eth0: (bound|renewed) ' 40 "$off"; then
+            if con_wait 'dhcp eth0: link up' 20 "$off" && con_wait 'dhcp eth0: (bound|renewed) ' 40 "$off"; then
                 ok "link flap: lease re-acquired after the link came back ($(line_of 'dhcp eth0: (bound|renewed) ' "$off"))"
             else
                 ko "link flap: no lease within 40 s of the link coming back"
@@ -679,18 +645,18 @@ echo "== lease: renewed$(want lease-lost && echo ", then dnsmasq stopped; the ad
 if [ -z "${t_bound:-}" ]; then
     ko "dhcp: renewal and lost-server tests skipped: never bound"
 elif want renewal; then
-    if wait_re 'dhcp eth0: renewed ' 90; then
+    if con_wait 'dhcp eth0: renewed ' 90; then
         ok "dhcp: lease renewed ($(line_of 'dhcp eth0: renewed '))"
     else
         ko "dhcp: no 'dhcp eth0: renewed' within 90 s"
     fi
 fi
 if [ -n "${t_bound:-}" ] && want lease-lost; then
-    off=$(size)
+    off=$(con_size)
     stop_pid "$dpid"
     t_stop=$SECONDS
     echo "     dnsmasq stopped $((t_stop - t_bound)) s after the first lease"
-    if wait_re 'dhcp eth0: rebinding' 115 "$off"; then
+    if con_wait 'dhcp eth0: rebinding' 115 "$off"; then
         ok "dhcp: no server: rebinding $((SECONDS - t_stop)) s after the stop"
     else
         ko "dhcp: no 'rebinding' line within 115 s of stopping dnsmasq"
@@ -802,7 +768,7 @@ power_cut() {
     wg-quick strip "$conf" 2>/dev/null | grep -viE '^ *(endpoint|persistentkeepalive) *=' >"$work/$WGIF.stripped"
     nspawn "$P" env LOG_LEVEL=verbose wireguard-go -f "$WGIF" >"$work/wireguard-go-powercut.log" 2>&1
     pc_peer=$lastpid
-    for _ in $(seq 50); do [ -S "/var/run/wireguard/$WGIF.sock" ] && break; sleep 0.1; done
+    wait_for 5 eval '[ -S "/var/run/wireguard/$WGIF.sock" ]'
     inns "$P" wg setconf "$WGIF" "$work/$WGIF.stripped" &&
         inns "$P" sysctl -qw "net.ipv6.conf.$WGIF.disable_ipv6=1" &&
         inns "$P" ip link set "$WGIF" up
@@ -817,7 +783,7 @@ power_cut() {
     : >"$work/tcpdump-powercut.err"
     nspawn "$P" tcpdump -i wan0 -nn -U -Z root -s 200 -c 5000 -w "$pcap" udp 2>"$work/tcpdump-powercut.err"
     tpid=$lastpid
-    for _ in $(seq 50); do grep -q 'listening on' "$work/tcpdump-powercut.err" && break; sleep 0.1; done
+    wait_for 5 eval 'grep -q "listening on" "$work/tcpdump-powercut.err"'
     check "power cut: capturing UDP on the phone's wan0 (tcpdump -c 5000)" grep -q 'listening on' "$work/tcpdump-powercut.err"
     # 1. the appliance's entry for the phone: where to reach it, and a keepalive (boringtun
     # initiates when the first keepalive is due and there is no session).
@@ -840,10 +806,10 @@ power_cut() {
         ok "power cut: boot 2 (after the reboot, RTC at $PC_RTC): console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
     else
         ko "power cut: boot 2 (RTC at $PC_RTC): no console prompt within $T s"
-        echo "---- last serial lines"; clean | tail -20
+        echo "---- last serial lines"; con_clean | tail -20
         return
     fi
-    set2=$(clean | grep -aoE -m1 'riceguard-init: clock: .*')
+    set2=$(con_clean | grep -aoE -m1 'riceguard-init: clock: .*')
     check "power cut: boot 2: '${set2#riceguard-init: }' (the time saved at halt, not the RTC)" \
         matches "$set2" '^riceguard-init: clock: set to [^ ]+ \(source: saved\)$'
     if wait_answered "$boot_since" 60; then
@@ -865,10 +831,10 @@ power_cut() {
         ok "power cut: boot 3 (after the power cut, RTC at $PC_RTC): console prompt, boot marked good ($((SECONDS - t_boot)) s after QEMU start)"
     else
         ko "power cut: boot 3 (RTC at $PC_RTC): no console prompt within $T s"
-        echo "---- last serial lines"; clean | tail -20
+        echo "---- last serial lines"; con_clean | tail -20
         return
     fi
-    set3=$(clean | grep -aoE -m1 'riceguard-init: clock: .*')
+    set3=$(con_clean | grep -aoE -m1 'riceguard-init: clock: .*')
     check "power cut: boot 3: '${set3#riceguard-init: }' (the time saved ahead at boot 2, not the RTC)" \
         matches "$set3" '^riceguard-init: clock: set to [^ ]+ \(source: saved\)$'
     t2=$(printf '%s\n' "$set2" | awk '{print $5}') t3=$(printf '%s\n' "$set3" | awk '{print $5}')
@@ -925,10 +891,10 @@ board_entries() { esp_entries "$disk"; }
 install_from_lanhost() {
     local off
     cmd "update http://$LANHOST:8080/$1.bundle" 30
-    off=$(size)
+    off=$(con_size)
     has 'update started in the background' || { bad_answer; return 1; }
     local re="update: installed $2 into slot $3|update: .*(refused|failed|error)"
-    wait_re "$re" 600 "$off" && line_of "$re" "$off" | grep -qaF "update: installed $2 into slot $3"
+    con_wait "$re" 600 "$off" && line_of "$re" "$off" | grep -qaF "update: installed $2 into slot $3"
 }
 # phone_reaches LABEL: the phone's printed config (one-armed) still reaches lanhost.
 phone_reaches() {
@@ -940,7 +906,7 @@ phone_reaches() {
     fi
     phone_down
 }
-key1=$(clean | grep -aE -m1 '^riceguard: public key ')
+key1=$(con_clean | grep -aE -m1 '^riceguard: public key ')
 update_phase() {
     local t0=$SECONDS
     if derive v2 v2 $((build1 + 1)) && { ! want rollback || derive v3 v3-broken $((build1 + 2)) broken; }; then
@@ -951,32 +917,30 @@ update_phase() {
     fi
     nspawn "$H1" python3 -m http.server --bind "$LANHOST" --directory "$www" 8080 >"$work/http.log" 2>&1
     httpd=$lastpid
-    for _ in $(seq 40); do inns "$H1" ss -ltn | grep -q ":8080 " && break; sleep 0.25; done
+    wait_for 10 eval 'inns "$H1" ss -ltn | grep -q ":8080 "'
     if install_from_lanhost v2 v2 b; then
         ok "update: console \`update http://$LANHOST:8080/v2.bundle\`: $(line_of 'update: installed ')"
     else
-        ko "update: v2 was not installed into slot b ($(clean | grep -aE 'update: ' | tail -1))"
+        ko "update: v2 was not installed into slot b ($(con_clean | grep -aE 'update: ' | tail -1))"
         return 1
     fi
     check "update: \`reboot\`: the guest rebooted" console_reboot
-    [ "$FIRMWARE" = uefi ] && check "update: ESP entries: a good, b with 3 tries ($(board_entries))" test "$(board_entries)" = "riceguard-a.conf riceguard-b+3.conf"
+    check "update: ESP entries: a good, b with 3 tries ($(board_entries))" test "$(board_entries)" = "riceguard-a.conf riceguard-b+3.conf"
     if boot_again boot1; then
         ok "update: slot b boots v2 and is marked good ($((SECONDS - t_boot)) s after QEMU start)"
     else
         ko "update: slot b: no prompt or not marked good within $T s"
-        clean | tail -20
+        con_clean | tail -20
         return 1
     fi
     check "update: slot b booted from the NVMe disk (root /dev/nvme0n1p3)" have 'slot b booted .*root /dev/nvme0n1p3'
-    if [ "$FIRMWARE" = uefi ]; then
-        check "update: on trial (riceguard-b+2-1.conf: 2 tries left, 1 used)" have 'slot b on trial \(riceguard-b\+2-1\.conf: 2 tries left, 1 used\)'
-        check "update: marked good (riceguard-b+2-1.conf -> riceguard-b.conf)" have 'boot marked good \(riceguard-b\+2-1\.conf -> riceguard-b\.conf\)'
-    fi
+    check "update: on trial (riceguard-b+2-1.conf: 2 tries left, 1 used)" have 'slot b on trial \(riceguard-b\+2-1\.conf: 2 tries left, 1 used\)'
+    check "update: marked good (riceguard-b+2-1.conf -> riceguard-b.conf)" have 'boot marked good \(riceguard-b\+2-1\.conf -> riceguard-b\.conf\)'
     check "update: the key kept (${key1:-no key line at boot 1})" sh -c '[ -n "$1" ] && tr -d "\r" <"$2" | grep -qaxF -- "$1"' _ "$key1" "$log"
     cmd "show status"
     check "update: \`show status\`: firmware v2 (build $((build1 + 1))), boot slot b" \
         sh -c 'printf "%s\n" "$1" | grep -qaE "^firmware: riceguard v2 .*\(build $2\)$" && printf "%s\n" "$1" | grep -qax "boot slot: b"' _ "$(answer)" $((build1 + 1))
-    check "update: a DHCP lease again on v2" wait_re 'dhcp eth0: bound ' 90
+    check "update: a DHCP lease again on v2" con_wait 'dhcp eth0: bound ' 90
     phone_reaches update
     note "update phase (bundles, install over HTTP, reboot, checks): $((SECONDS - t0)) s"
 }
@@ -985,11 +949,11 @@ rollback_phase() {
     if install_from_lanhost v3 v3-broken a; then
         ok "rollback: v3-broken (root without /sbin/init) installed into slot a from slot b"
     else
-        ko "rollback: v3-broken was not installed into slot a ($(clean | grep -aE 'update: ' | tail -1))"
+        ko "rollback: v3-broken was not installed into slot a ($(con_clean | grep -aE 'update: ' | tail -1))"
         return 1
     fi
     check "rollback: \`reboot\`: the guest rebooted" console_reboot
-    [ "$FIRMWARE" = uefi ] && check "rollback: ESP entries: a with 3 tries, b good ($(board_entries))" test "$(board_entries)" = "riceguard-a+3.conf riceguard-b.conf"
+    check "rollback: ESP entries: a with 3 tries, b good ($(board_entries))" test "$(board_entries)" = "riceguard-a+3.conf riceguard-b.conf"
     # Slot a's tries, with nobody touching the box: each boot ends in a reboot (QEMU exits),
     # until the boot manager runs slot b again and init marks it good.
     local names=(v2 try1 try2 try3 try4)
@@ -1007,20 +971,20 @@ rollback_phase() {
     done
     check "rollback: slot a failed $((fails + stalls)) boots by itself ($fails 'has no /sbin/init' then a reboot, $stalls stalled, $other other)" \
         test "$fails" -ge 1 -a "$other" = 0 -a $((fails + stalls)) = 3
-    if have 'riceguard-init: boot marked good' && wait_re 'riceguard(\(edit\))?# ' 30; then
+    if have 'riceguard-init: boot marked good' && con_wait 'riceguard(\(edit\))?# ' 30; then
         ok "rollback: back on slot b without help, marked good"
     else
         ko "rollback: no good boot after slot a's tries"
-        clean | tail -20
+        con_clean | tail -20
         return 1
     fi
     check "rollback: slot b booted (root /dev/nvme0n1p3)" have 'slot b booted .*root /dev/nvme0n1p3'
-    [ "$FIRMWARE" = uefi ] && check "rollback: init says FALLBACK and why (slot a (riceguard-a+0-3.conf) failed 3 boots)" \
+    check "rollback: init says FALLBACK and why (slot a (riceguard-a+0-3.conf) failed 3 boots)" \
         have 'FALLBACK: slot a \(riceguard-a\+0-3\.conf\) failed 3 boots'
     cmd "show status"
     check "rollback: \`show status\`: firmware v2, boot slot b" \
         sh -c 'printf "%s\n" "$1" | grep -qaE "^firmware: riceguard v2 " && printf "%s\n" "$1" | grep -qax "boot slot: b"' _ "$(answer)"
-    check "rollback: a DHCP lease again" wait_re 'dhcp eth0: bound ' 90
+    check "rollback: a DHCP lease again" con_wait 'dhcp eth0: bound ' 90
     phone_reaches rollback
     note "rollback phase (install, 3 failed tries, fallback): $((SECONDS - t0)) s"
 }
@@ -1031,7 +995,7 @@ elif want rollback; then
     ko "rollback: needs the update phase (slot b running v2)"
 fi
 
-check "no kernel panic/oops on the serial line (every boot)" sh -c '! cat "$@" | grep -qaE "Kernel panic|Oops|BUG:|Call Trace"' _ "${boot_logs[@]}" "$log"
+check "no kernel panic/oops on the serial line (every boot)" eval '! grep -qaE "$QEMU_PANIC_RE" "${boot_logs[@]}" "$log"'
 [ ${#boot_logs[@]} -gt 0 ] && log1=${boot_logs[0]}
 grep -aE 'dhcp eth0: ' "$log1" | tr -d '\r' | sed 's/^/     serial: /'
 finish

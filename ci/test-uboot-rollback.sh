@@ -97,7 +97,7 @@ done
 disk=$work/disk.img
 cp "$work/v1/riceguard-$board.img" "$disk"
 check "ESP carries /boot.scr (a U-Boot script image of image/uboot/boot.cmd)" \
-    sh -c "esp_off=\$(sfdisk --json '$disk' | jq -r '.partitiontable.partitions[0].start * 512'); mtype -i '$disk@@'\$esp_off ::/boot.scr | head -c 4 | od -An -tx1 | grep -q '27 05 19 56'"
+    bash -c "$(declare -f esp_cat part_off); esp_cat '$disk' ::/boot.scr | head -c 4 | od -An -tx1 | grep -q '27 05 19 56'"
 check "ESP is partition 1 and LegacyBIOSBootable (distro boot's part list -bootable)" \
     sh -c "sfdisk --json '$disk' | jq -e '.partitiontable.partitions[0] | (.name == \"esp\") and (.attrs | test(\"LegacyBIOSBootable\"))'"
 check "factory entry: a+3 only" test "$(esp_entries "$disk")" = riceguard-a+3.conf

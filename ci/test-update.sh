@@ -39,6 +39,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 . ci/lib/qemu.sh
+. ci/lib/console.sh
 h_init test-update
 top=$PWD
 board=qemu-x86_64
@@ -271,8 +272,6 @@ pad() { # bundle as a disk: whole sectors (the bundle ends where its manifest sa
 # console.txt); cstop [SECONDS] waits that long for the guest to end by itself (a reboot:
 # QEMU exits, cstatus=exited), else stops QEMU by its PID (cstatus=killed).
 sin=$work/serial-in clog="" ctime=0 cstatus="" out=""
-# cwait REGEX SECONDS [OFFSET]: the serial log after byte OFFSET matches REGEX
-cwait() { serial_wait "$clog" "$cpid" "$@"; }
 cboot() {
     clog=$work/$1.log ctime=$SECONDS
     : >"$clog"
@@ -280,35 +279,17 @@ cboot() {
     RG_QEMU_DISK="$2" RG_QEMU_LOG="$clog" RG_QEMU_TIMEOUT=$((T + 300)) RG_QEMU_UNTIL='^RG-NEVER$' \
         RG_QEMU_SERIAL_IN="$sin" image/qemu.sh "$board" >"$work/$1.qemu" 2>&1 &
     cpid=$!
-    for _ in $(seq 100); do [ -e "$sin" ] && break; sleep 0.1; done
+    con_use "$clog" "$cpid" "$work/console.txt"
+    wait_for 10 eval '[ -e "$sin" ]'
     # Read-write: opening never blocks and QEMU never sees the writer go away.
     exec 9<>"$sin" || return 1
-    cwait 'riceguard-init: (boot marked good|FATAL|rebooting)' "$T" && cwait 'riceguard(\(edit\))?# ' 30
+    con_wait 'riceguard-init: (boot marked good|FATAL|rebooting)' "$T" && con_wait 'riceguard(\(edit\))?# ' 30
 }
-cmd() {
-    local off re=${3:-'riceguard(\(edit\))?# '} rc
-    off=$(stat -c %s "$clog")
-    printf '%s\r' "$1" >&9
-    cwait "$re" "${2:-20}" "$off"
-    rc=$?
-    out=$(tail -c +$((off + 1)) "$clog" | tr -d '\r')
-    printf '%s\n' "$out" >>"$work/console.txt"
-    return $rc
-}
-said() { printf '%s\n' "$out" | grep -qaE -- "$1"; }
-said_line() { printf '%s\n' "$out" | grep -qaxF -- "$1"; } # a whole line, as typed (keys hold + and /)
 cstop() {
-    local i q
-    for ((i = 0; i < ${1:-0} * 2; i++)); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.5; done
+    wait_for "${1:-0}" eval '! kill -0 "$cpid"'
     cstatus=exited
-    if kill -0 "$cpid" 2>/dev/null; then
-        cstatus=killed
-        q=$(ps -o pid=,comm= --ppid "$cpid" 2>/dev/null | awk '$2 ~ /^qemu-system/ {print $1; exit}')
-        [ -n "$q" ] && kill "$q" 2>/dev/null
-        for _ in $(seq 20); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.25; done
-        kill "$cpid" 2>/dev/null
-    fi
-    wait "$cpid" 2>/dev/null
+    kill -0 "$cpid" 2>/dev/null && cstatus=killed
+    qemu_stop "$cpid"
     exec 9>&- 2>/dev/null
     cpid=""
     tr -d '\r' <"$clog" >"$clog.txt"

@@ -39,13 +39,6 @@ WORK=$(mktemp -d /tmp/rgu-uplink-guard.XXXXXX)
 STATUS=/run/riceguard/$TUN.status
 at_exit "rm -rf '$WORK' /var/run/wireguard/$TUN.sock '$STATUS'"
 
-inns() { local n=$1; shift; ip netns exec "$n" "$@"; }
-# wait_for SECONDS COMMAND...: poll (0.2 s) until the command succeeds, bounded.
-wait_for() {
-    local n=$(($1 * 5)); shift
-    for _ in $(seq $n); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-    return 1
-}
 has_proxy() { ip -n $G neigh show proxy | grep -q "^$1 dev upl"; }
 no_proxy() { ! ip -n $G neigh show proxy | grep -q "^$1 "; }
 status_has() { inns $G "$RG" status $TUN 2>/dev/null | grep -qF -- "$1"; }

@@ -670,17 +670,6 @@ def moved_to_attacker(line):
     return f"{ATTACK_NET}." in line
 
 
-def sweep_stale_attackers():
-    cp = run(["ip", "netns", "list"], check=False)
-    for line in cp.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(wgnet.NS_PREFIX + r"(\d+)-\d+x", name)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            log(f"removing stale namespace {name} from dead run {m.group(1)}")
-            wgnet._kill_ns_pids(name)
-            run(["ip", "netns", "del", name], check=False)
-
-
 def main():
     wgnet.require_root()
     wgnet.install_signal_handlers()
@@ -700,7 +689,6 @@ def main():
     logdir = os.path.join(wgnet.REPO, "out", "adversarial", stamp)
     os.makedirs(logdir, exist_ok=True)
     wgnet.sweep_stale()
-    sweep_stale_attackers()
     log(f"adversarial: riceguard {wgnet.riceguard_bin()}; logs in {logdir}")
     res = Results()
     t0 = time.monotonic()

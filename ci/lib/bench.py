@@ -15,7 +15,6 @@ import json
 import math
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -61,24 +60,12 @@ class Netns:
 
 def extra_ns(lab, tag):
     """A namespace rgt<pid>-<lab index><tag> that the lab removes with its own (tag is not
-    a or b; sweep_stale_extra() removes those a dead run left)."""
+    a or b; wgnet.sweep_stale() removes those a dead run left)."""
     n = Netns(f"{wgnet.NS_PREFIX}{os.getpid()}-{lab.index}{tag}")
     wgnet.run(["ip", "netns", "add", n.ns])
     lab.made_ns.append(n.ns)
     n.sh(["ip", "link", "set", "lo", "up"])
     return n
-
-
-def sweep_stale_extra():
-    """wgnet.sweep_stale() for our extra namespaces (tags other than a and b)."""
-    cp = wgnet.run(["ip", "netns", "list"], check=False)
-    for line in cp.stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(wgnet.NS_PREFIX + r"(\d+)-\d+[c-z]", name)
-        if m and not os.path.exists(f"/proc/{m.group(1)}"):
-            log(f"removing stale namespace {name} from dead run {m.group(1)}")
-            wgnet._kill_ns_pids(name)
-            wgnet.run(["ip", "netns", "del", name], check=False)
 
 
 def start_daemon(lab, side, impl, argv, env=None):
@@ -818,7 +805,6 @@ def main(argv=None):
     wgnet.require_root()
     wgnet.install_signal_handlers()
     wgnet.sweep_stale()
-    sweep_stale_extra()
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     outdir = os.path.join(wgnet.REPO, "out", "bench")
     logdir = os.path.join(outdir, f"logs-{stamp}")

@@ -7,6 +7,8 @@
 #     ...
 #     spawn ip netns exec "$A" "$RG" -f wg0    # started in the background, PID kept
 #     ok "what passed"; ko "what failed"; check "name" cmd args...
+#     check "bound" wait_for 20 grep -q bound "$log"   # poll until true, with a deadline
+#     inns "$A" ip addr                                 # a command inside a namespace
 #     h_finish                   # prints "fastpath: N passed, N failed", exits 0/1
 #
 # At exit (normal end, error or signal) the harness stops the processes it started, by
@@ -25,6 +27,8 @@ ko() { failed=$((failed + 1)); fails+=("$*"); echo "FAIL $*"; }
 bad() { ko "$@"; }
 # check NAME CMD...: PASS when CMD succeeds (its output hidden), else FAIL.
 check() { local name=$1; shift; if "$@" >/dev/null 2>&1; then ok "$name"; else ko "$name"; fi; }
+# check_rc RC NAME: PASS when RC (a status already taken, e.g. $?) is 0, else FAIL.
+check_rc() { if [ "$1" = 0 ]; then ok "$2"; else ko "$2"; fi; }
 note() { notes+=("$*"); echo "     $*"; }
 skip() { echo "SKIP $*"; }
 
@@ -48,6 +52,21 @@ require_rg() {
     RG=$(realpath "${RG_BIN:-target/release/riceguard}" 2>/dev/null)
     [ -x "$RG" ] || h_abort "build riceguard first (cargo build --release -p riceguard)"
 }
+
+# wait_for SECONDS CMD...: the one way a lab waits for something to happen: CMD (its
+# output hidden) every 0.2 s until it succeeds or SECONDS have passed, then once more at
+# the deadline; true when it succeeded. Never a fixed sleep in its place.
+wait_for() {
+    local end=$((SECONDS + $1))
+    shift
+    while [ "$SECONDS" -lt "$end" ]; do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    "$@" >/dev/null 2>&1
+}
+# inns NS CMD...: CMD inside network namespace NS.
+inns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
 # spawn CMD...: run in the background and own it (PID in PIDS; $! as usual).
 spawn() { "$@" & PIDS+=($!); }

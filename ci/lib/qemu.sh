@@ -5,8 +5,9 @@
 #   - reading a disk image from the host with QEMU stopped: a partition's byte offset
 #     and size by GPT label (part_off, part_size), the ESP's boot entries (esp_entries)
 #     and one ESP file (esp_cat).
-# Starting and stopping QEMU stays with each test (image/qemu.sh, a tap lab, firmware.sh):
-# each stops only the PIDs it started.
+#   - stopping a QEMU that image/qemu.sh started (qemu_stop).
+# Starting QEMU stays with each test (image/qemu.sh, a tap lab, firmware.sh): each stops
+# only the PIDs it started.
 #
 #   serial_panicked LOG                 # LOG shows a kernel panic/oops
 #   serial_wait LOG PID REGEX SECONDS [OFFSET]
@@ -16,6 +17,11 @@
 #   part_off DISK NAME / part_size DISK NAME      # bytes, from the GPT (sfdisk, jq)
 #   esp_entries DISK                    # "riceguard-a+0-3.conf riceguard-b.conf" (mtools)
 #   esp_cat DISK PATH                   # an ESP file, e.g. ::/loader/entries/riceguard-a.conf
+#
+#   qemu_stop WRAPPER_PID [SIGNAL]      # stop image/qemu.sh (WRAPPER_PID, ours) and its
+#                                       # QEMU: QEMU first, by its PID (SIGNAL, default
+#                                       # TERM; KILL for a power cut), then the wrapper,
+#                                       # which notices within 0.5 s and cleans up
 #
 # Checks that run these in a `bash -c` take them along with "$(declare -f NAME...)".
 
@@ -47,3 +53,14 @@ esp_entries() {
     mdir -b -i "$1@@$(part_off "$1" esp)" ::/loader/entries 2>/dev/null | sed 's|.*/||' | tr 'A-Z' 'a-z' | sort | tr '\n' ' ' | sed 's/ $//'
 }
 esp_cat() { mtype -i "$1@@$(part_off "$1" esp)" "$2" 2>/dev/null; }
+
+qemu_stop() {
+    local w=$1 sig=${2:-TERM} q
+    [ -n "$w" ] || return 0
+    q=$(ps -o pid=,comm= --ppid "$w" 2>/dev/null | awk '$2 ~ /^qemu-system/ {print $1; exit}')
+    [ -n "$q" ] && kill "-$sig" "$q" 2>/dev/null
+    local end=$((SECONDS + 10))
+    while kill -0 "$w" 2>/dev/null && [ "$SECONDS" -lt "$end" ]; do sleep 0.25; done
+    kill "$w" 2>/dev/null
+    wait "$w" 2>/dev/null
+}

@@ -125,12 +125,13 @@ def impl_version(name):
 
 def sweep_stale():
     """Remove namespaces left by an earlier run of ours that died without cleaning up:
-    names rgt<pid>-... whose <pid> no longer runs. Processes inside such a namespace were
-    started by that run and are ended by PID."""
+    names rgt<pid>-<n><tag> whose <pid> no longer runs, whatever the tag (a and b are a
+    lab's two sides; the attacker's x and bench's extra hosts use other letters).
+    Processes inside such a namespace were started by that run and are ended by PID."""
     cp = run(["ip", "netns", "list"], check=False)
     for line in cp.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        m = re.fullmatch(NS_PREFIX + r"(\d+)-\d+[ab]", name)
+        m = re.fullmatch(NS_PREFIX + r"(\d+)-\d+[a-z]", name)
         if not m or os.path.exists(f"/proc/{m.group(1)}"):
             continue
         log(f"removing stale namespace {name} from dead run {m.group(1)}")
