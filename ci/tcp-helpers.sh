@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# TCP-fallback helpers, end to end: `riceguard udp2tcp` and `riceguard tcp2udp` on
-# loopback (UDP echo, garbage framing refused), then two stock wireguard-go peers in two
-# network namespaces whose only path is TCP:
+# TCP-fallback helpers, end to end: `riceguard udp2tcp` and `riceguard tcp2udp` on the
+# loopback of a namespace of their own (UDP echo, garbage framing refused), then two stock
+# wireguard-go peers in two network namespaces whose only path is TCP:
 #
-#   ns rgtA: wireguard-go rgtA0 (10.77.0.1) -> udp2tcp 127.0.0.1:51900 --TCP--+
-#                                                      (UDP dropped on the veth) |
-#   ns rgtB: wireguard-go rgtB0 (10.77.0.2) <- tcp2udp 192.168.77.2:443 <------+
+#   ns A: wireguard-go IA (10.77.0.1) -> udp2tcp 127.0.0.1:51900 --TCP--+
+#                                                (UDP dropped on the veth) |
+#   ns B: wireguard-go IB (10.77.0.2) <- tcp2udp 192.168.77.2:443 <------+
+#
+# Namespaces and interface names carry this run's PID (wireguard-go's UAPI sockets are
+# shared by all namespaces), so the lab can run beside any other.
 #
 # Checks: ping and a 5 s iperf3 through the tunnel; a tcpdump capture of the TCP path
 # shows no segment carrying a bare 2-byte payload and bulk segments at the MSS.
@@ -22,49 +25,37 @@ if [ ! -x "$RG" ]; then
 fi
 RG=$(realpath "$RG")
 WORK=$(mktemp -d /tmp/rg-tcp-helpers.XXXXXX)
-A=rgtA B=rgtB
-# Wait (up to 10 s) until something listens on port $2 (in namespace $1, or "-");
-# $3: ss protocol flag, -t (default) or -u.
-wait_listen() {
-    local i
-    for i in $(seq 100); do
-        if [ "$1" = - ]; then ss -Hln "${3:--t}" "sport = :$2" | grep -q . && return 0
-        else ip netns exec "$1" ss -Hln "${3:--t}" "sport = :$2" | grep -q . && return 0; fi
-        sleep 0.1
-    done
-    return 1
-}
+A=rgthA$$ B=rgthB$$ LO=rgthL$$
+IA=rgth$$a IB=rgth$$b
+# Until something listens on port $2 in namespace $1 (10 s); $3: ss's -t (default) or -u.
+listening() { ip netns exec "$1" ss -Hln "${3:--t}" "sport = :$2" | grep -q .; }
+wait_listen() { wait_for 10 listening "$@"; }
 
+# (the harness stops our processes and deletes the namespaces first)
 cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-    sleep 0.3
-    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-    ip netns del $A 2>/dev/null
-    ip netns del $B 2>/dev/null
-    rm -f /var/run/wireguard/rgtA0.sock /var/run/wireguard/rgtB0.sock
+    rm -f "/var/run/wireguard/$IA.sock" "/var/run/wireguard/$IB.sock"
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 at_exit cleanup
 
 # ---- 1. loopback: UDP echo through udp2tcp -> tcp2udp and back -------------------------
 if command -v python3 >/dev/null; then
-    python3 ci/lib/labtool.py udp-echo >"$WORK/echo.port" &
-    PIDS+=($!)
-    sleep 0.5
+    netns_add $LO
+    spawn ip netns exec $LO python3 ci/lib/labtool.py udp-echo >"$WORK/echo.port"
+    # The echo server prints its port once it is bound (a loaded machine takes a while).
+    wait_for 10 test -s "$WORK/echo.port" || bad "loopback: the UDP echo server did not start"
     EPORT=$(cat "$WORK/echo.port")
-    "$RG" tcp2udp --tcp-listen 127.0.0.1:47443 --udp-forward 127.0.0.1:"$EPORT" --nodelay \
-        2>"$WORK/t2u-lo.log" &
-    PIDS+=($!)
-    wait_listen - 47443
-    "$RG" udp2tcp --udp-listen 127.0.0.1:47900 --tcp-forward 127.0.0.1:47443 --nodelay \
-        2>"$WORK/u2t-lo.log" &
-    PIDS+=($!)
-    wait_listen - 47900 -u
-    if python3 ci/lib/labtool.py udp-echo-check 47900
+    spawn ip netns exec $LO "$RG" tcp2udp --tcp-listen 127.0.0.1:47443 --udp-forward 127.0.0.1:"$EPORT" --nodelay \
+        2>"$WORK/t2u-lo.log"
+    wait_listen $LO 47443
+    spawn ip netns exec $LO "$RG" udp2tcp --udp-listen 127.0.0.1:47900 --tcp-forward 127.0.0.1:47443 --nodelay \
+        2>"$WORK/u2t-lo.log"
+    wait_listen $LO 47900 -u
+    if ip netns exec $LO python3 ci/lib/labtool.py udp-echo-check 47900
     then ok "loopback: WireGuard-shaped datagrams echoed through udp2tcp -> tcp2udp"
     else bad "loopback: echo through udp2tcp -> tcp2udp"; fi
     # crates.io udp-over-tcp's u32 little-endian framing must be refused at once.
-    if python3 ci/lib/labtool.py u32le-refused 47443
+    if ip netns exec $LO python3 ci/lib/labtool.py u32le-refused 47443
     then ok "loopback: u32-LE framed input closes the connection"
     else bad "loopback: u32-LE framed input not refused"; fi
 else
@@ -102,17 +93,18 @@ PIDS+=($U2T_PID)
 KA=$(wg genkey) KB=$(wg genkey)
 PA=$(echo "$KA" | wg pubkey) PB=$(echo "$KB" | wg pubkey)
 echo "$KA" >"$WORK/ka"; echo "$KB" >"$WORK/kb"
-ip netns exec $A wireguard-go -f rgtA0 >"$WORK/wga.log" 2>&1 &
+ip netns exec $A wireguard-go -f $IA >"$WORK/wga.log" 2>&1 &
 PIDS+=($!)
-ip netns exec $B wireguard-go -f rgtB0 >"$WORK/wgb.log" 2>&1 &
+ip netns exec $B wireguard-go -f $IB >"$WORK/wgb.log" 2>&1 &
 PIDS+=($!)
-sleep 1
+wait_for 10 test -S "/var/run/wireguard/$IA.sock" -a -S "/var/run/wireguard/$IB.sock" ||
+    bad "wireguard-go's UAPI sockets did not appear"
 # MTU over TCP: 54 bytes below the UDP default (config.rs DEFAULT_TCP_MTU).
-ip netns exec $B wg set rgtB0 private-key "$WORK/kb" listen-port 51820 peer "$PA" allowed-ips 10.77.0.1/32
-ip netns exec $A wg set rgtA0 private-key "$WORK/ka" peer "$PB" allowed-ips 10.77.0.2/32 \
+ip netns exec $B wg set $IB private-key "$WORK/kb" listen-port 51820 peer "$PA" allowed-ips 10.77.0.1/32
+ip netns exec $A wg set $IA private-key "$WORK/ka" peer "$PB" allowed-ips 10.77.0.2/32 \
     endpoint 127.0.0.1:51900 persistent-keepalive 25
-ip -n $A addr add 10.77.0.1/24 dev rgtA0; ip -n $A link set rgtA0 mtu 1366 up
-ip -n $B addr add 10.77.0.2/24 dev rgtB0; ip -n $B link set rgtB0 mtu 1366 up
+ip -n $A addr add 10.77.0.1/24 dev $IA; ip -n $A link set $IA mtu 1366 up
+ip -n $B addr add 10.77.0.2/24 dev $IB; ip -n $B link set $IB mtu 1366 up
 
 if ip netns exec $A ping -c 3 -W 5 -i 0.3 10.77.0.2 >"$WORK/ping.log" 2>&1; then
     ok "ping through wireguard-go <-> udp2tcp/tcp2udp <-> wireguard-go ($(grep -o 'rtt.*' "$WORK/ping.log"))"
@@ -186,7 +178,7 @@ fi
 
 # ---- 4. reference: the same pair over plain UDP, for the TCP/UDP throughput ratio -------
 ip netns exec $A nft delete table inet rgt
-ip netns exec $A wg set rgtA0 peer "$PB" endpoint 192.168.77.2:51820
+ip netns exec $A wg set $IA peer "$PB" endpoint 192.168.77.2:51820
 ip netns exec $A ping -c 2 -W 5 -i 0.3 10.77.0.2 >/dev/null 2>&1
 ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s2.log" 2>&1 &
 PIDS+=($!)
