@@ -177,4 +177,17 @@ fi
 
 install_cross
 
+# The Debian packages every board's image is made of (kernel, systemd-boot-efi, firmware),
+# into .cache/debs/ with image/fetch.sh's private apt state: quick when they are there. The
+# image builds of `make image`, `make qemu` and the tests then start from the cache instead
+# of each board's first build running apt-get update and downloading.
+for conf in board/*/board.conf; do
+    (
+        # shellcheck source=/dev/null
+        . "$conf"
+        read -ra fwpkgs <<<"${FIRMWARE_PKGS:-}"
+        image/fetch.sh "$DEBARCH" "$KERNEL_PKG" systemd-boot-efi "${fwpkgs[@]}" >/dev/null
+    ) || { echo "deps: fetching the Debian packages of $conf failed" >&2; exit 1; }
+done
+
 echo "deps: all present (boringtun-cli $BORINGTUN_VERSION in $(cargo_bin_dir))"

@@ -66,7 +66,8 @@ start_pair() {
 
 # iperf3 A -> B for 3 s; prints Mbit/s (0 on failure).
 iperf_ab() {
-    ip netns exec $B iperf3 -s -1 -D -B 10.95.1.2 >/dev/null 2>&1; sleep 0.3
+    ip netns exec $B iperf3 -s -1 -D -B 10.95.1.2 >/dev/null 2>&1
+    wait_for 5 eval "ip netns exec $B ss -Hltn 'sport = :5201' | grep -q ."
     timeout 20 ip netns exec $A iperf3 -c 10.95.1.2 -t 3 -J 2>/dev/null |
         python3 ci/lib/labtool.py iperf-mbit
 }

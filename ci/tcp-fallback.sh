@@ -77,9 +77,10 @@ fi
 loss=$(ip netns exec $A ping -c 10 -i 0.2 -W 2 10.97.1.2 | grep -o '[0-9.]*% packet loss' | cut -d% -f1)
 [ "${loss:-100}" = 0 ] && ok "ping over TCP: 0% loss" || bad "ping over TCP: ${loss:-?}% loss"
 
-ip netns exec $B iperf3 -s -1 -D -B 10.97.1.2 >/dev/null 2>&1; sleep 0.5
-timeout 20 ip netns exec $A tcpdump -i vfa -nn -s 96 -w "$WORK/tcp.pcap" 'tcp port 51821' >/dev/null 2>&1 & TD=$!
-sleep 0.5
+ip netns exec $B iperf3 -s -1 -D -B 10.97.1.2 >/dev/null 2>&1
+wait_for 5 eval "ip netns exec $B ss -Hltn 'sport = :5201' | grep -q ."
+timeout 20 ip netns exec $A tcpdump -i vfa -nn -s 96 -w "$WORK/tcp.pcap" 'tcp port 51821' >/dev/null 2>"$WORK/tcpdump.err" & TD=$!
+wait_for 5 grep -q 'listening on' "$WORK/tcpdump.err"
 mbit=$(timeout 30 ip netns exec $A iperf3 -c 10.97.1.2 -t 5 -J 2>/dev/null |
     python3 ci/lib/labtool.py iperf-mbit)
 sleep 0.3; kill -INT $TD 2>/dev/null; wait $TD 2>/dev/null

@@ -132,7 +132,8 @@ iperf_capture() {
     PIDS+=($tp)
     ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s-$name.log" 2>&1 &
     PIDS+=($!)
-    sleep 1
+    wait_for 5 grep -q 'listening on' "$WORK/tcpdump-$name.log"
+    wait_listen $B 5201
     if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 $flags -J >"$WORK/iperf-$name.json" 2>&1; then
         mbps=$(mbps_of "$WORK/iperf-$name.json")
         eval "mbps_$name=$mbps"
@@ -182,7 +183,7 @@ ip netns exec $A wg set $IA peer "$PB" endpoint 192.168.77.2:51820
 ip netns exec $A ping -c 2 -W 5 -i 0.3 10.77.0.2 >/dev/null 2>&1
 ip netns exec $B iperf3 -s -1 -B 10.77.0.2 >"$WORK/iperf-s2.log" 2>&1 &
 PIDS+=($!)
-sleep 0.5
+wait_listen $B 5201
 if ip netns exec $A iperf3 -c 10.77.0.2 -t 5 -J >"$WORK/iperf-udp.json" 2>&1; then
     umbps=$(mbps_of "$WORK/iperf-udp.json")
     ok "reference: same wireguard-go pair over plain UDP (MTU 1366): $umbps Mbit/s (TCP path: ${mbps_upload:-?} Mbit/s)"
