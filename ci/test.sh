@@ -48,18 +48,21 @@
 #            (ci/test-update.sh)
 #
 # How a full run is scheduled (`ci/test.sh` with no stage named). First `build`: every
-# binary the labs run (the host riceguard, both static musl builds), then `unit` alone
-# (it compiles in target/debug under cargo's lock and changes vm.nr_hugepages, which the
-# daemons of the namespace labs would see). Then two lanes side by side, each running its
-# stages in order:
-#   qemu lane  image, board, update       QEMU under TCG: what keeps the cores busy
-#   host lane  interop fastpath tcp adversarial gateway fuzz cross
-#              namespace labs (they mostly wait on timers), then the CPU-bound fuzz and
-#              cross builds, which by then have the second core to themselves more often
-# Labs side by side share nothing: namespaces, interfaces, UAPI sockets and status files
-# carry the lab's PID, each lab has its own out/ directory, cargo builds are done before
-# (fuzz and cross use target directories of their own), loop devices are only the qemu
-# lane's. RG_TEST_SERIAL=1 runs the same stages one after another instead.
+# binary the labs run (the host riceguard, both static musl builds) and the update signing
+# key, then `unit` alone (it compiles in target/debug under cargo's lock and changes
+# vm.nr_hugepages, which the daemons of the namespace labs would see). Then the LANES side
+# by side, each running its stages in order:
+#   image update      QEMU under TCG (boots mostly wait on the guest: about 0.6 of a core)
+#   board             QEMU, the generic boards as hardware and U-Boot
+#   interop ... cross the namespace labs (they mostly wait on timers), then the CPU-bound
+#                     fuzz and cross builds
+# Measured, not guessed: the per-lab CPU seconds in out/test/times.json say how much of
+# the 2 cores each lane takes. Labs side by side share nothing: namespaces, interfaces,
+# UAPI sockets and status files carry the lab's PID, each lab has its own out/ directory,
+# cargo builds are done before (fuzz, cross and the update test's old firmware use target
+# directories of their own), the Debian packages are in .cache before (ci/deps.sh), loop
+# devices are allocated by losetup -f (atomic) and each lab detaches only its own.
+# RG_TEST_SERIAL=1 runs the same stages one after another instead.
 #
 #   ci/test.sh                    everything, as above
 #   ci/test.sh unit interop       the named stages, one after another
@@ -76,15 +79,17 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 top=$PWD
 ALL=(unit fuzz interop fastpath tcp adversarial gateway cross image board update)
-QEMU_LANE=(image board update)
-HOST_LANE=(interop fastpath tcp adversarial gateway fuzz cross)
+# The lanes of a full run (after build and unit), each a list of stages run in order.
+LANES=("image update" "board" "interop fastpath tcp adversarial gateway fuzz cross")
 OUT=$top/out/test
 
 # ---- the labs of each stage: one command line each, run in order, every one even when
 # an earlier one failed (a stage fails if any of its labs did) ----------------------------
 labs_of() {
     case $1 in
-        build) printf '%s\n' 'cargo build --locked --release -p riceguard' 'ci/build-static.sh x86_64 aarch64' ;;
+        # The update signing key too: image builds in two lanes must not both make one.
+        build) printf '%s\n' 'cargo build --locked --release -p riceguard' 'ci/build-static.sh x86_64 aarch64' \
+            'image/keys.sh pub' ;;
         unit)
             # Tests that need root (namespaces, TUN) are #[ignore = "needs root ..."], so a run
             # without root reports them as ignored; here (CI runs as root) they run too. A test
@@ -259,17 +264,20 @@ if [ ${#stages[@]} -gt 0 ] || [ -n "${RG_TEST_SERIAL:-}" ]; then
     done
 else
     MODE=lanes
-    stages=(build unit "${QEMU_LANE[@]}" "${HOST_LANE[@]}")
-    echo "== build, then unit, then two lanes side by side: [${QEMU_LANE[*]}] and [${HOST_LANE[*]}]"
+    # shellcheck disable=SC2206 # a lane is a space-separated list of stage names
+    stages=(build unit ${LANES[*]})
+    echo "== build, then unit, then ${#LANES[@]} lanes side by side:$(printf ' [%s]' "${LANES[@]}")"
     lane_stage build || failed_names+=(build)
     if [ ${#failed_names[@]} -eq 0 ]; then
         lane_stage unit || failed_names+=(unit)
-        run_lane "${QEMU_LANE[@]}" &
-        qlane=$!
-        run_lane "${HOST_LANE[@]}" &
-        hlane=$!
-        wait "$qlane" "$hlane"
-        for s in "${QEMU_LANE[@]}" "${HOST_LANE[@]}"; do
+        pids=()
+        for lane in "${LANES[@]}"; do
+            # shellcheck disable=SC2086
+            run_lane $lane &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        for s in "${stages[@]:2}"; do
             grep -q $'\tok\t' "$OUT/$s.time" 2>/dev/null || failed_names+=("$s")
         done
     else
