@@ -11,7 +11,10 @@
 #   - one server 30 days ahead: refused (a far step needs two servers);
 #   - two configured servers 30 days ahead agreeing: stepped;
 #   - a server 1 h behind us: refused (never backward);
-#   - the same far answer from DHCP's servers (option 42 in a lease file): refused.
+#   - the same far answer from DHCP's servers (option 42 in a lease file): refused;
+#   - a configured name whose two addresses (or two names, one address each: all come
+#     from the uplink's resolver, here /etc/netns/CLI/hosts) both say ten years ahead:
+#     refused, one source however many addresses, and `riceguard status` says why.
 # The host clock is checked unchanged. About 40 s. Needs root, iproute2, python3. Names
 # are prefixed `rgn`. Ends with "ntp: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
@@ -31,13 +34,20 @@ queries() { grep -c "^query $1 " "$tmp/server.log" 2>/dev/null || true; }
 
 netns_add $SRV $CLI
 veth_pair $SRV rgnv0 10.123.0.1/24 $CLI rgnv1 10.123.0.2/24
-for i in 11 12 13 14 15 16 17; do ip -n $SRV addr add 10.123.0.$i/24 dev rgnv0; done
+for i in 11 12 13 14 15 16 17 18 19; do ip -n $SRV addr add 10.123.0.$i/24 dev rgnv0; done
 
 spawn ip netns exec $SRV python3 ci/lib/sntp_server.py --log "$tmp/server.log" \
     10.123.0.1=offset=300 10.123.0.11=kiss=DENY 10.123.0.12=kiss=RATE 10.123.0.13=li=3 \
     10.123.0.14=offset=2592000 10.123.0.15=offset=2592000.5 10.123.0.16=offset=-3600 10.123.0.17=offset=300 \
+    10.123.0.18=offset=315360000 10.123.0.19=offset=315360000.5 \
     >"$tmp/server.out" 2>&1
 check "SNTP server ready" wait_for 10 log_has "$tmp/server.out" ready
+
+# The client's resolver: `ip netns exec` binds /etc/netns/CLI/hosts over /etc/hosts.
+mkdir -p /etc/netns/$CLI
+at_exit "rm -rf /etc/netns/$CLI"
+printf '127.0.0.1 localhost\n10.123.0.18 ntp.example\n10.123.0.19 ntp.example\n10.123.0.18 ntp-a.example\n10.123.0.19 ntp-b.example\n' \
+    >/etc/netns/$CLI/hosts
 
 host_before=$(date +%s)
 # run_case NAME SECONDS ARGS...: the client until it logs a decision (at most SECONDS).
@@ -98,6 +108,26 @@ sleep 2
 check "option 42 servers are asked" bash -c "grep -q 'servers 10.123.0.14:123 (dhcp)' '$tmp/dhcp.log'"
 check "DHCP's servers 30 days ahead, even agreeing: refused" log_has "$tmp/dhcp.log" "refused: its time is 30 d past the boot floor: servers from DHCP may not step"
 check "DHCP's far answers change nothing" bash -c "! grep -q 'stepped\|slewing' '$tmp/dhcp.log'"
+
+# Both answers of a case are in when two decisions are logged.
+two_decisions() { [ "$(grep -cE 'stepped the clock|slewing|refused:' "$1")" -ge 2 ]; }
+run_case dns1 8 --server ntp.example
+wait_for 5 two_decisions "$tmp/dns1.log"
+check "a name resolving to two addresses (ntp.example is 10.123.0.18:123, 10.123.0.19:123)" \
+    bash -c "grep -q 'ntp.example is 10.123.0.1[89]:123, 10.123.0.1[89]:123' '$tmp/dns1.log'"
+check "one name, two addresses ten years ahead agreeing: both refused, the uplink's DNS is one source" \
+    bash -c "[ \$(grep -c 'refused: its time is 3650 d past the boot floor: addresses from the uplink.s DNS are one source' '$tmp/dns1.log') = 2 ]"
+check "one name's far answers change nothing" bash -c "! grep -q 'stepped\|slewing' '$tmp/dns1.log'"
+st=$(RG_RUN_DIR="$tmp/dns1" "$RG" status 2>/dev/null | head -1)
+note "status: $st"
+behind_why() { [[ $1 == *'no sync yet from 2 NTP servers: 10.123.0.1'[89]':123 (ntp.example) refused: '*'give two `gateway ntp` servers as IP addresses'* ]]; }
+check "status: behind, and why (a far step needs two \`gateway ntp\` IP addresses)" behind_why "$st"
+
+run_case dns2 8 --server ntp-a.example --server ntp-b.example
+wait_for 5 two_decisions "$tmp/dns2.log"
+check "two names, one address each, ten years ahead agreeing: both refused" \
+    bash -c "[ \$(grep -c 'refused: its time is 3650 d past the boot floor: addresses from the uplink.s DNS are one source' '$tmp/dns2.log') = 2 ]"
+check "two names' far answers change nothing" bash -c "! grep -q 'stepped\|slewing' '$tmp/dns2.log'"
 
 host_after=$(date +%s)
 check "the host clock was not touched" [ $((host_after - host_before)) -ge 0 -a $((host_after - host_before)) -lt 300 ]

@@ -480,7 +480,11 @@ pub fn check_sntp(data: &[u8]) {
         vec![ServerId {
             name: "fuzz".into(),
             addr: at,
-            trusted: data[8] & 2 != 0,
+            origin: match data[8] >> 1 & 3 {
+                0 => Origin::Address,
+                1 => Origin::Name,
+                _ => Origin::Dhcp,
+            },
         }],
     );
     let Some((_, _q)) = p.poll_transmit(now, wall, cookie) else {
@@ -490,13 +494,23 @@ pub fn check_sntp(data: &[u8]) {
     if let Some(Event::Sample { sample, server }) =
         p.handle_reply(now + Duration::from_millis(7), at, &msg)
     {
-        match policy.decide(at, server.trusted, wall, now, &sample) {
+        match policy.decide(at, server.origin, wall, now, &sample) {
             Decision::Step { by, agreed } => {
                 assert!(by >= 0, "backward step");
                 assert!(!agreed, "one server agreed with itself");
                 assert!(by <= MAX_SINGLE_AHEAD, "far step from one server");
+                assert!(
+                    wall.add_nanos(by) <= UnixTime::from_secs(LATEST_NTP),
+                    "a step past 2200"
+                );
             }
-            Decision::Slew { by } => assert!(by >= -MAX_BACKWARD, "big backward slew"),
+            Decision::Slew { by } => {
+                assert!(by >= -MAX_BACKWARD, "big backward slew");
+                assert!(
+                    wall.add_nanos(by) <= UnixTime::from_secs(LATEST_NTP),
+                    "a slew past 2200"
+                );
+            }
             Decision::Refused(r) => {
                 let _ = r.to_string();
             }

@@ -49,11 +49,20 @@
 //!   reboots (nothing can go back again). So one server may move the clock at most
 //!   [`MAX_SINGLE_AHEAD`] (24 h) ahead of the boot floor plus the boot time elapsed since
 //!   (the "expected" time; summed over the boot, so small steps do not creep further).
-//!   Beyond that a step needs answers from at least two different server addresses that
-//!   agree within [`AGREE`] (2 s), and both must come from `[Gateway] Ntp` (configured,
-//!   so chosen by the owner): servers named by DHCP are the uplink's word and can never
-//!   make a far step alone or together. An agreed step becomes the new "expected" base.
-//!   Staying behind is harmless to WireGuard (only log dates suffer); running ahead is not.
+//!   Beyond that a step needs answers from at least two servers at different IP
+//!   addresses that agree within [`AGREE`] (2 s), and both must be IP addresses written
+//!   in `[Gateway] Ntp` ([`Origin::Address`]: chosen by the owner). Servers named by DHCP
+//!   are the uplink's word, and so is every address a configured *name* resolves to: the
+//!   resolver is the one DHCP names, so all of them, however many names, are one source
+//!   ([`Origin::Name`]). Neither can make a far step, alone or together. An agreed step
+//!   becomes the new "expected" base. This stops the DHCP and DNS tricks, not a rogue
+//!   router: SNTP is unauthenticated, and whoever routes our packets can forge every
+//!   server's answer; the 24 h bound is the limit there. Staying behind is harmless to
+//!   WireGuard (only log dates suffer); running ahead is not.
+//! - **Never past 2200.** No answer sets the clock past [`LATEST_NTP`] (a day short of
+//!   [`LATEST_PLAUSIBLE`]), however many servers agree: the next boot would not believe
+//!   a saved time or an RTC past 2200, fall back to the build time, and every peer would
+//!   refuse our handshakes (their last-seen stamps are far ahead).
 //! - **What an answer must be.** Mode 4 (server), version 3 or 4, the originate timestamp
 //!   equal to the 64-bit random cookie we sent as our transmit timestamp (an off-path
 //!   forger must guess it; it also leaks nothing of our clock), stratum 1–15, leap
@@ -203,6 +212,9 @@ pub const SAVE_AHEAD: Duration = Duration::from_secs(660);
 pub const SAVE_AT_HALT: Duration = Duration::from_secs(2);
 /// Times after this (2200-01-01) are not believed from a file or an RTC.
 pub const LATEST_PLAUSIBLE: i64 = 7_258_118_400;
+/// No NTP answer sets the clock past this (unix seconds): a day short of
+/// [`LATEST_PLAUSIBLE`], so the saved time, written ahead of the clock, stays believable.
+pub const LATEST_NTP: i64 = LATEST_PLAUSIBLE - 86_400;
 
 /// Where the clock at boot came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -770,8 +782,11 @@ pub enum Decision {
 pub enum Refusal {
     /// Our clock is ahead of the server by more than [`MAX_BACKWARD`].
     Backward { by: i64 },
-    /// A step this far ahead of the expected time needs two configured servers agreeing.
-    FarFuture { ahead: i64, trusted: bool },
+    /// A step this far ahead of the expected time needs two servers given as IP
+    /// addresses in `[Gateway] Ntp` agreeing; `origin`: where this one came from.
+    FarFuture { ahead: i64, origin: Origin },
+    /// The answer's time (`at`) is past [`LATEST_NTP`]: far-future however many agree.
+    PastLatest { at: UnixTime },
     /// The answer took too long.
     Delay { delay: i64 },
 }
@@ -802,15 +817,25 @@ impl fmt::Display for Refusal {
                 "our clock is {} ahead of it: backward corrections over 1 s are refused (handshake timestamps must never go back)",
                 fmt_offset(-by).trim_start_matches('+')
             ),
-            Refusal::FarFuture { ahead, trusted: true } => write!(
+            Refusal::FarFuture { ahead, origin: Origin::Address } => write!(
                 f,
-                "its time is {} past the boot floor: a step over 24 h needs two `gateway ntp` servers agreeing within 2 s",
+                "its time is {} past the boot floor: a step over 24 h needs two `gateway ntp` servers given as IP addresses agreeing within 2 s",
                 fmt_offset(ahead).trim_start_matches('+')
             ),
-            Refusal::FarFuture { ahead, trusted: false } => write!(
+            Refusal::FarFuture { ahead, origin: Origin::Name } => write!(
                 f,
-                "its time is {} past the boot floor: servers from DHCP may not step the clock over 24 h (set two `gateway ntp` servers)",
+                "its time is {} past the boot floor: addresses from the uplink's DNS are one source, however many names and addresses, and may not step the clock over 24 h (give two `gateway ntp` servers as IP addresses)",
                 fmt_offset(ahead).trim_start_matches('+')
+            ),
+            Refusal::FarFuture { ahead, origin: Origin::Dhcp } => write!(
+                f,
+                "its time is {} past the boot floor: servers from DHCP may not step the clock over 24 h (give two `gateway ntp` servers as IP addresses)",
+                fmt_offset(ahead).trim_start_matches('+')
+            ),
+            Refusal::PastLatest { at } => write!(
+                f,
+                "its time {at} is far-future: the clock is never set past {} (a later saved time or RTC is not believed at boot)",
+                UnixTime::from_secs(LATEST_NTP)
             ),
             Refusal::Delay { delay } => write!(
                 f,
@@ -827,7 +852,7 @@ struct Observation {
     /// What the server's time was at boot time `at`.
     time: UnixTime,
     at: Duration,
-    trusted: bool,
+    origin: Origin,
 }
 
 /// The discipline: decides per answer, remembering the expected time and the last
@@ -873,12 +898,12 @@ impl Policy {
         self.base_wall.plus(now.saturating_sub(self.base_boot))
     }
 
-    /// Decide on `s` from `addr` (`trusted`: a `[Gateway] Ntp` server), our clock being
-    /// `wall` at boot time `now`. The caller applies a `Step` or `Slew`.
+    /// Decide on `s` from `addr` (`origin`: where its address came from), our clock
+    /// being `wall` at boot time `now`. The caller applies a `Step` or `Slew`.
     pub fn decide(
         &mut self,
         addr: SocketAddr,
-        trusted: bool,
+        origin: Origin,
         wall: UnixTime,
         now: Duration,
         s: &Sample,
@@ -887,18 +912,26 @@ impl Policy {
             return Decision::Refused(Refusal::Delay { delay: s.delay });
         }
         let target = wall.add_nanos(s.offset);
+        // Every decision below moves the clock to `target` or back: refused here, the
+        // answer neither moves it nor counts for agreement.
+        if target > UnixTime::from_secs(LATEST_NTP) {
+            return Decision::Refused(Refusal::PastLatest { at: target });
+        }
         self.seen
             .retain(|o| o.addr != addr && now.saturating_sub(o.at) <= AGREE_WINDOW);
-        let agreeing = self
-            .seen
-            .iter()
-            .filter(|o| o.trusted && trusted)
-            .any(|o| o.time.plus(now.saturating_sub(o.at)).since(target).abs() <= AGREE);
+        // Two sources: configured IP addresses, and different hosts (two ports of one
+        // address are one server).
+        let agreeing = origin == Origin::Address
+            && self
+                .seen
+                .iter()
+                .filter(|o| o.origin == Origin::Address && o.addr.ip() != addr.ip())
+                .any(|o| o.time.plus(now.saturating_sub(o.at)).since(target).abs() <= AGREE);
         self.seen.push(Observation {
             addr,
             time: target,
             at: now,
-            trusted,
+            origin,
         });
         if let Some((floor, lead)) = self.back_to.take().filter(|_| !self.synced) {
             let to = target
@@ -916,7 +949,7 @@ impl Policy {
         let ahead = target.since(self.expected(now));
         if s.offset > 0 && (ahead > MAX_SINGLE_AHEAD || s.offset > MAX_SINGLE_AHEAD) {
             if !agreeing {
-                return Decision::Refused(Refusal::FarFuture { ahead, trusted });
+                return Decision::Refused(Refusal::FarFuture { ahead, origin });
             }
             self.base_wall = target;
             self.base_boot = now;
@@ -951,14 +984,28 @@ pub const RETRY_UNSENT: Duration = Duration::from_secs(5);
 /// How long a query waits for its answer.
 pub const REPLY_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// Where a server's address came from, which decides what its word may do to the clock
+/// (see the module comment, "Bounded forward").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// An IP address written in `[Gateway] Ntp`: chosen by the owner, a source of its own;
+    /// two of them agreeing may step the clock far.
+    Address,
+    /// An address of a host name in `[Gateway] Ntp`, resolved through the uplink's DNS
+    /// (the resolver DHCP names): all of them, however many names, are one source, which
+    /// never steps the clock far.
+    Name,
+    /// Named by the uplink's DHCP lease (option 42): never steps the clock far.
+    Dhcp,
+}
+
 /// One server as the client knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerId {
-    /// As configured (`host` or `host:port`) or as DHCP gave it.
+    /// As configured (`host` or `host:port`), or `dhcp`.
     pub name: String,
     pub addr: SocketAddr,
-    /// From `[Gateway] Ntp` (chosen by the owner), not DHCP.
-    pub trusted: bool,
+    pub origin: Origin,
 }
 
 #[derive(Clone, Debug)]
@@ -1191,6 +1238,9 @@ pub struct NtpState {
     pub last_sync: Option<(String, Duration)>,
     /// Per-server lines and refusals, for `show status`.
     pub notes: Vec<String>,
+    /// Why the clock stays behind its servers: the last far-future refusal
+    /// (`ADDR (NAME) refused: ...`), until an answer is used.
+    pub behind: Option<String>,
 }
 
 impl NtpState {
@@ -1201,6 +1251,9 @@ impl NtpState {
         }
         for n in &self.notes {
             s.push_str(&format!("note {}\n", n.replace('\n', " ")));
+        }
+        if let Some(b) = &self.behind {
+            s.push_str(&format!("behind {}\n", b.replace('\n', " ")));
         }
         s
     }
@@ -1219,6 +1272,7 @@ impl NtpState {
                     }
                 }
                 Some(("note", v)) => st.notes.push(v.chars().take(300).collect()),
+                Some(("behind", v)) => st.behind = Some(v.chars().take(300).collect()),
                 _ => {}
             }
         }
@@ -1247,9 +1301,12 @@ pub fn status_line(
             )
         }
         Some(n) if n.servers > 0 => format!(
-            "no sync yet from {} NTP server{}",
+            "no sync yet from {} NTP server{}{}",
             n.servers,
-            if n.servers == 1 { "" } else { "s" }
+            if n.servers == 1 { "" } else { "s" },
+            n.behind
+                .as_ref()
+                .map_or_else(String::new, |b| format!(": {b}"))
         ),
         Some(_) => "no NTP server: set gateway ntp or get one from DHCP".into(),
         None if boot.is_some() => "NTP client not running".into(),

@@ -21,6 +21,11 @@
 //! [`FREE_TRIES`] wrong passwords each one makes the next try wait [`wait_after`]: 5 s,
 //! doubling per failure, at most 5 min. A missing or damaged file means no delay: it
 //! slows guessing, it must never lock the owner out.
+//!
+//! A login is one [`FailureLog::attempt`]: the wait check, the hash and the recording of
+//! a failure (or the clearing after a good one) all under the one `flock`. Separate steps
+//! would let N consoles pass the check together and get N guesses per wait; under the
+//! lock the others block until the first has recorded its failure, then see the wait.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -278,6 +283,17 @@ impl Failures {
     }
 }
 
+/// What became of one login try ([`FailureLog::attempt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// Not checked, not counted: wrong passwords before make this one wait so long.
+    Wait(Duration),
+    /// The password is right; the count is cleared.
+    Good,
+    /// A wrong password, counted; the next try waits this long (`None`: not at all).
+    Wrong(Option<Duration>),
+}
+
 /// The failure count shared by every console process through one locked file.
 #[derive(Debug, Clone)]
 pub struct FailureLog {
@@ -349,9 +365,33 @@ impl FailureLog {
         })
     }
 
-    /// A good login: no failures.
+    /// One login try, all under the lock: the wait (as at `now()`), then `check` (the
+    /// hash), then the failure counted at `now()` after it, or the count cleared. Every
+    /// other console's try waits for the lock meanwhile, so it sees this failure's wait:
+    /// one guess per wait, however many consoles try at once.
+    pub fn attempt(&self, now: impl Fn() -> Duration, check: impl FnOnce() -> bool) -> Attempt {
+        let before = now();
+        self.with_locked(before, |f| {
+            if let Some(w) = f.wait_left(before) {
+                return (None, Attempt::Wait(w));
+            }
+            if check() {
+                return (Some(Failures::default()), Attempt::Good);
+            }
+            // The hash took a while: the wait runs from when the answer is known.
+            let at = now().max(before);
+            let n = Failures {
+                count: f.count.saturating_add(1),
+                last_ms: u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+            };
+            (Some(n), Attempt::Wrong(n.wait_left(at)))
+        })
+    }
+
+    /// A good login: no failures (cleared under the lock, not unlinked, so a console
+    /// waiting for the lock counts into the same file).
     pub fn reset(&self) {
-        let _ = std::fs::remove_file(&self.path);
+        self.with_locked(Duration::ZERO, |_| (Some(Failures::default()), ()));
     }
 }
 
@@ -547,6 +587,76 @@ mod tests {
         }
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("100 "), "{text}");
+    }
+
+    /// N consoles trying wrong passwords at once get one guess per wait: the first try
+    /// is checked and counted under the lock, the others then see its wait and are not
+    /// checked. Each check waits (up to 10 s) until every console has started its try,
+    /// so if the checks were not under the lock all N would be checked every round.
+    #[test]
+    fn concurrent_wrong_tries_get_one_guess_per_wait() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        use std::sync::Arc;
+        const N: usize = 4;
+        let d = TempDir::new("failures-guesses");
+        let path = d.0.join("console-failures");
+        let log = FailureLog::new(&path);
+        let mut now = Duration::from_secs(5000);
+        // The free tries used up: the next wrong one starts the wait.
+        for _ in 0..FREE_TRIES - 1 {
+            assert_eq!(log.record_failure(now), None);
+        }
+        for round in 0..3u32 {
+            let started = Arc::new(AtomicUsize::new(0));
+            let checked = Arc::new(AtomicUsize::new(0));
+            let threads: Vec<_> = (0..N)
+                .map(|_| {
+                    let (p, started, checked) = (path.clone(), started.clone(), checked.clone());
+                    std::thread::spawn(move || {
+                        let console = FailureLog::new(p);
+                        started.fetch_add(1, SeqCst);
+                        console.attempt(
+                            || now,
+                            || {
+                                checked.fetch_add(1, SeqCst);
+                                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                                while started.load(SeqCst) < N
+                                    && std::time::Instant::now() < deadline
+                                {
+                                    std::thread::yield_now();
+                                }
+                                false
+                            },
+                        )
+                    })
+                })
+                .collect();
+            let results: Vec<Attempt> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let wait = wait_after(FREE_TRIES + round);
+            assert_eq!(checked.load(SeqCst), 1, "round {round}: {results:?}");
+            assert_eq!(
+                results
+                    .iter()
+                    .filter(|a| **a == Attempt::Wrong(Some(wait)))
+                    .count(),
+                1,
+                "{results:?}"
+            );
+            assert_eq!(
+                results
+                    .iter()
+                    .filter(|a| **a == Attempt::Wait(wait))
+                    .count(),
+                N - 1,
+                "{results:?}"
+            );
+            // The next round comes when the wait is over.
+            now += wait;
+        }
+        // A good password, after the wait, clears the count for every console.
+        assert_eq!(log.attempt(|| now, || true), Attempt::Good);
+        assert_eq!(FailureLog::new(&path).wait_left(now), None);
+        assert_eq!(log.attempt(|| now, || false), Attempt::Wrong(None));
     }
 
     #[test]

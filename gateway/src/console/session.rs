@@ -1100,17 +1100,23 @@ impl Session {
                         return r;
                     }
                 };
-                let failures = self.store.failure_log();
-                if let Some(w) = failures.wait_left(password::boot_time()) {
-                    // Not checked, not counted: the wait is shared by every console.
-                    self.question = Some(Question::Login { tries });
-                    return Reply::err(format!("password not checked: {}", wait_note(w)));
-                }
-                if password::verify(line, &stored) {
-                    failures.reset();
-                    return Reply::ok(self.upgrade_password(line, &stored));
-                }
-                let wait = failures.record_failure(password::boot_time());
+                // The wait check, the hash and the count under one lock: N consoles
+                // get one guess per wait, not N.
+                let wait = match self
+                    .store
+                    .failure_log()
+                    .attempt(password::boot_time, || password::verify(line, &stored))
+                {
+                    password::Attempt::Wait(w) => {
+                        // Not checked, not counted: the wait is shared by every console.
+                        self.question = Some(Question::Login { tries });
+                        return Reply::err(format!("password not checked: {}", wait_note(w)));
+                    }
+                    password::Attempt::Good => {
+                        return Reply::ok(self.upgrade_password(line, &stored));
+                    }
+                    password::Attempt::Wrong(wait) => wait,
+                };
                 let why = match wait {
                     Some(w) => format!("wrong password; {}", wait_note(w)),
                     None => "wrong password".to_string(),

@@ -221,7 +221,7 @@ fn first_sync_steps_then_slews_and_steps_forward_only() {
     let wall = UnixTime::from_secs(T0);
     let mut p = Policy::new(wall, boot);
     assert_eq!(
-        p.decide(addr(1), true, wall, boot, &sample(30)),
+        p.decide(addr(1), Origin::Address, wall, boot, &sample(30)),
         Decision::Step {
             by: secs(30),
             agreed: false
@@ -233,11 +233,11 @@ fn first_sync_steps_then_slews_and_steps_forward_only() {
         delay: 0,
     };
     assert_eq!(
-        p.decide(addr(1), true, wall, boot, &small),
+        p.decide(addr(1), Origin::Address, wall, boot, &small),
         Decision::Slew { by: 20_000_000 }
     );
     assert_eq!(
-        p.decide(addr(1), true, wall, boot, &sample(5)),
+        p.decide(addr(1), Origin::Address, wall, boot, &sample(5)),
         Decision::Step {
             by: secs(5),
             agreed: false
@@ -248,7 +248,7 @@ fn first_sync_steps_then_slews_and_steps_forward_only() {
         delay: 0,
     };
     assert_eq!(
-        p.decide(addr(1), true, wall, boot, &back),
+        p.decide(addr(1), Origin::Address, wall, boot, &back),
         Decision::Slew { by: -800_000_000 }
     );
 }
@@ -332,7 +332,13 @@ fn first_answer_after_a_power_cut_may_step_back_once() {
     let mut p = Policy::new(wall, boot).back_to(back);
     // The true time: 4 min after the save (a power cut 3 min after it, 1 min down).
     let truth = T0 + 240;
-    let d = p.decide(addr(1), true, wall, boot, &sample(truth - saved.floor));
+    let d = p.decide(
+        addr(1),
+        Origin::Address,
+        wall,
+        boot,
+        &sample(truth - saved.floor),
+    );
     let want = secs(truth + 30 - saved.floor) + BACK_MARGIN;
     assert_eq!(
         d,
@@ -345,12 +351,12 @@ fn first_answer_after_a_power_cut_may_step_back_once() {
     // Later answers never step back again.
     let later = wall.add_nanos(want);
     assert_eq!(
-        p.decide(addr(1), true, later, boot, &sample(-60)),
+        p.decide(addr(1), Origin::Address, later, boot, &sample(-60)),
         Decision::Refused(Refusal::Backward { by: secs(-60) })
     );
     // Never below the floor given (the previous save's stamps).
     let mut p = Policy::new(wall, boot).back_to(back);
-    let d = p.decide(addr(1), true, wall, boot, &sample(-3600));
+    let d = p.decide(addr(1), Origin::Address, wall, boot, &sample(-3600));
     assert_eq!(
         d,
         Decision::Step {
@@ -361,7 +367,7 @@ fn first_answer_after_a_power_cut_may_step_back_once() {
     // Without an agreeing previous boot: refused, as ever.
     let mut p = Policy::new(wall, boot);
     assert!(matches!(
-        p.decide(addr(1), true, wall, boot, &sample(-600)),
+        p.decide(addr(1), Origin::Address, wall, boot, &sample(-600)),
         Decision::Refused(Refusal::Backward { .. })
     ));
 }
@@ -371,7 +377,7 @@ fn backward_over_a_second_is_refused_even_at_the_first_sync() {
     let boot = Duration::from_secs(5);
     let wall = UnixTime::from_secs(T0);
     let mut p = Policy::new(wall, boot);
-    let d = p.decide(addr(1), true, wall, boot, &sample(-600));
+    let d = p.decide(addr(1), Origin::Address, wall, boot, &sample(-600));
     assert_eq!(d, Decision::Refused(Refusal::Backward { by: secs(-600) }));
     assert!(!p.synced());
     let Decision::Refused(r) = d else {
@@ -381,7 +387,7 @@ fn backward_over_a_second_is_refused_even_at_the_first_sync() {
     // A small backward offset at the first sync is slewed, never stepped.
     let d = p.decide(
         addr(1),
-        true,
+        Origin::Address,
         wall,
         boot,
         &Sample {
@@ -397,11 +403,14 @@ fn one_far_future_server_is_refused() {
     let boot = Duration::from_secs(5);
     let wall = UnixTime::from_secs(T0);
     let mut p = Policy::new(wall, boot);
-    let d = p.decide(addr(1), true, wall, boot, &sample(30 * DAY));
+    let d = p.decide(addr(1), Origin::Address, wall, boot, &sample(30 * DAY));
     assert!(
         matches!(
             d,
-            Decision::Refused(Refusal::FarFuture { trusted: true, .. })
+            Decision::Refused(Refusal::FarFuture {
+                origin: Origin::Address,
+                ..
+            })
         ),
         "{d:?}"
     );
@@ -409,7 +418,7 @@ fn one_far_future_server_is_refused() {
     let later = boot + Duration::from_secs(64);
     let d = p.decide(
         addr(1),
-        true,
+        Origin::Address,
         wall.add_nanos(secs(64)),
         later,
         &sample(30 * DAY),
@@ -421,7 +430,7 @@ fn one_far_future_server_is_refused() {
     // A second server that disagrees (a day apart) does not help either.
     let d = p.decide(
         addr(2),
-        true,
+        Origin::Address,
         wall.add_nanos(secs(64)),
         later,
         &sample(31 * DAY),
@@ -442,7 +451,7 @@ fn two_agreeing_configured_servers_make_a_far_step() {
     let wall = UnixTime::from_secs(T0);
     let mut p = Policy::new(wall, boot);
     assert!(matches!(
-        p.decide(addr(1), true, wall, boot, &sample(30 * DAY)),
+        p.decide(addr(1), Origin::Address, wall, boot, &sample(30 * DAY)),
         Decision::Refused(_)
     ));
     // 1 s later by both clocks, the second says the same time (within 2 s).
@@ -453,7 +462,7 @@ fn two_agreeing_configured_servers_make_a_far_step() {
         delay: 0,
     };
     assert_eq!(
-        p.decide(addr(2), true, w, t, &agreeing),
+        p.decide(addr(2), Origin::Address, w, t, &agreeing),
         Decision::Step {
             by: agreeing.offset,
             agreed: true
@@ -463,7 +472,7 @@ fn two_agreeing_configured_servers_make_a_far_step() {
     let w2 = w.add_nanos(agreeing.offset + secs(64));
     let t2 = t + Duration::from_secs(64);
     assert_eq!(
-        p.decide(addr(1), true, w2, t2, &sample(3600)),
+        p.decide(addr(1), Origin::Address, w2, t2, &sample(3600)),
         Decision::Step {
             by: secs(3600),
             agreed: false
@@ -477,18 +486,119 @@ fn dhcp_servers_never_make_a_far_step() {
     let wall = UnixTime::from_secs(T0);
     let mut p = Policy::new(wall, boot);
     for a in [1, 2, 3] {
-        let d = p.decide(addr(a), false, wall, boot, &sample(30 * DAY));
+        let d = p.decide(addr(a), Origin::Dhcp, wall, boot, &sample(30 * DAY));
         assert_eq!(
             d,
             Decision::Refused(Refusal::FarFuture {
                 ahead: secs(30 * DAY),
-                trusted: false
+                origin: Origin::Dhcp
             })
         );
     }
     // Within the bound, a DHCP server is used like any other.
     assert!(matches!(
-        p.decide(addr(1), false, wall, boot, &sample(3600)),
+        p.decide(addr(1), Origin::Dhcp, wall, boot, &sample(3600)),
+        Decision::Step { .. }
+    ));
+}
+
+/// Every address a configured name resolves to comes through the uplink's resolver (the
+/// one DHCP names): all of them, however many names, are one source, which never makes a
+/// far step, neither together nor with a configured IP address.
+#[test]
+fn addresses_of_names_never_make_a_far_step() {
+    let boot = Duration::from_secs(5);
+    let wall = UnixTime::from_secs(T0);
+    let mut p = Policy::new(wall, boot);
+    let far = secs(3650 * DAY);
+    for a in [1, 2, 3] {
+        let d = p.decide(addr(a), Origin::Name, wall, boot, &sample(3650 * DAY));
+        assert_eq!(
+            d,
+            Decision::Refused(Refusal::FarFuture {
+                ahead: far,
+                origin: Origin::Name
+            })
+        );
+        let Decision::Refused(r) = d else {
+            unreachable!()
+        };
+        assert!(
+            r.to_string()
+                .contains("addresses from the uplink's DNS are one source"),
+            "{r}"
+        );
+    }
+    // A configured IP address agreeing with them is still alone among addresses.
+    assert!(matches!(
+        p.decide(addr(4), Origin::Address, wall, boot, &sample(3650 * DAY)),
+        Decision::Refused(Refusal::FarFuture {
+            origin: Origin::Address,
+            ..
+        })
+    ));
+    // Within the bound, a name's address is used like any other.
+    assert!(matches!(
+        p.decide(addr(1), Origin::Name, wall, boot, &sample(3600)),
+        Decision::Step { .. }
+    ));
+}
+
+/// Two ports of one address are one server: they do not agree with each other.
+#[test]
+fn two_ports_of_one_address_do_not_agree() {
+    let boot = Duration::from_secs(5);
+    let wall = UnixTime::from_secs(T0);
+    let mut p = Policy::new(wall, boot);
+    let other_port = SocketAddr::from((Ipv4Addr::new(192, 0, 2, 1), 1123));
+    for a in [addr(1), other_port] {
+        assert!(matches!(
+            p.decide(a, Origin::Address, wall, boot, &sample(30 * DAY)),
+            Decision::Refused(Refusal::FarFuture { .. })
+        ));
+    }
+}
+
+/// No answer sets the clock past 2200 (less a day for the saved time's lead), however
+/// many configured servers agree, nor a single one within 24 h of the floor: the next
+/// boot would not believe a saved time or RTC past 2200 and fall back to the build time.
+#[test]
+fn no_answer_sets_the_clock_past_2200() {
+    let boot = Duration::from_secs(5);
+    // The floor: 2199-12-30T23:00:00Z, an hour short of the latest an answer may set.
+    let wall = UnixTime::from_secs(LATEST_NTP - 3600);
+    assert_eq!(wall.to_string(), "2199-12-30T23:00:00Z");
+    let refused = |d: Decision| {
+        assert!(
+            matches!(d, Decision::Refused(Refusal::PastLatest { .. })),
+            "{d:?}"
+        );
+        let Decision::Refused(r) = d else {
+            unreachable!()
+        };
+        assert!(r.to_string().contains("is far-future"), "{r}");
+    };
+    // One server 2 h ahead (within its 24 h): refused, nothing used.
+    let mut p = Policy::new(wall, boot);
+    refused(p.decide(addr(1), Origin::Address, wall, boot, &sample(7200)));
+    assert!(!p.synced());
+    // 2200-01-02 from two agreeing configured servers: both refused.
+    for a in [1, 2] {
+        refused(p.decide(addr(a), Origin::Address, wall, boot, &sample(2 * DAY)));
+    }
+    // 2300 from two agreeing servers, from a 2026 floor (a far step they could make to
+    // any time before 2200).
+    let w = UnixTime::from_secs(T0);
+    let mut p = Policy::new(w, boot);
+    let to_2300 = LATEST_PLAUSIBLE + 100 * 365 * DAY - T0;
+    for a in [1, 2] {
+        refused(p.decide(addr(a), Origin::Address, w, boot, &sample(to_2300)));
+    }
+    assert!(!p.synced());
+    // Up to the latest is still a time: a step of 30 min from the 2199 floor.
+    let mut p = Policy::new(wall, boot);
+    assert!(matches!(
+        p.decide(addr(1), Origin::Address, wall, boot, &sample(1800)),
         Decision::Step { .. }
     ));
 }
@@ -503,7 +613,7 @@ fn small_steps_cannot_creep_past_the_bound() {
     let mut stepped = 0;
     // 20 h forward each poll: the first is taken, the second would pass floor + 24 h.
     for _ in 0..3 {
-        match p.decide(addr(1), true, w, t, &sample(20 * 3600)) {
+        match p.decide(addr(1), Origin::Address, w, t, &sample(20 * 3600)) {
             Decision::Step { by, .. } => {
                 w = w.add_nanos(by);
                 stepped += 1;
@@ -519,7 +629,7 @@ fn small_steps_cannot_creep_past_the_bound() {
     let t = boot + Duration::from_secs(20 * 3600);
     let w = wall.add_nanos(secs(40 * 3600));
     assert!(matches!(
-        p.decide(addr(1), true, w, t, &sample(3 * 3600)),
+        p.decide(addr(1), Origin::Address, w, t, &sample(3 * 3600)),
         Decision::Step { .. }
     ));
 }
@@ -532,7 +642,13 @@ fn slow_answers_are_refused() {
         delay: secs(6),
     };
     assert!(matches!(
-        p.decide(addr(1), true, UnixTime::from_secs(T0), Duration::ZERO, &s),
+        p.decide(
+            addr(1),
+            Origin::Address,
+            UnixTime::from_secs(T0),
+            Duration::ZERO,
+            &s
+        ),
         Decision::Refused(Refusal::Delay { .. })
     ));
 }
@@ -542,7 +658,7 @@ fn ids(n: u8) -> Vec<ServerId> {
         .map(|i| ServerId {
             name: format!("ntp{i}"),
             addr: addr(i),
-            trusted: true,
+            origin: Origin::Address,
         })
         .collect()
 }
@@ -667,6 +783,7 @@ fn status_lines() {
         servers: 2,
         last_sync: Some(("10.0.2.2:123".into(), Duration::from_secs(88))),
         notes: vec!["x".into()],
+        behind: None,
     };
     assert_eq!(
         status_line(w, now, Some(&boot), Some(&synced)),
@@ -679,6 +796,16 @@ fn status_lines() {
     };
     assert!(status_line(w, now, Some(&boot), Some(&waiting))
         .ends_with("(source: build, no sync yet from 1 NTP server)"));
+    // Behind its servers: the line says why (the refusal that keeps it there).
+    let behind = NtpState {
+        servers: 2,
+        behind: Some("192.0.2.1:123 (ntp.example) refused: its time is 3650 d past".into()),
+        ..NtpState::default()
+    };
+    assert_eq!(NtpState::from_text(&behind.to_text()), behind);
+    assert!(status_line(w, now, Some(&boot), Some(&behind)).ends_with(
+        "(source: build, no sync yet from 2 NTP servers: 192.0.2.1:123 (ntp.example) refused: its time is 3650 d past)"
+    ));
     assert!(status_line(w, now, None, None)
         .starts_with("clock: 2026-12-01T00:00:00Z (source: host clock"));
 }
@@ -751,7 +878,7 @@ fn stamps_increase_across_steps_and_reboots() {
         m.pass(secs(64));
         let d = p.decide(
             addr(1),
-            true,
+            Origin::Address,
             UnixTime::from_nanos(m.wall),
             Duration::from_nanos(m.mono as u64),
             &Sample {

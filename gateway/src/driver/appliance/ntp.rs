@@ -5,7 +5,8 @@
 //! file joins it to sockets and to the system clock.
 //!
 //! Servers: `[Gateway] Ntp` of the configuration file (re-read every 10 s: a commit
-//! changes it; host names resolved through the system resolver, again every 30 min),
+//! changes it; host names resolved through the system resolver, again every 30 min: the
+//! uplink's DNS, so their addresses are [`Origin::Name`], one source all together),
 //! else the NTP servers (DHCP option 42, an `ntp A.B.C.D ...` line) of the lease files
 //! given with `--lease`. No shipped defaults: the NTP Pool asks vendors for their own
 //! zone. One connected UDP socket per query (a fresh source port each time, and the
@@ -30,8 +31,8 @@ use std::time::Duration;
 use rand_core::RngCore;
 
 use crate::core::clock::{
-    self as policy, fmt_offset, BootRecord, Decision, Event, NtpState, Policy, Poller, ServerId,
-    SntpError, UnixTime,
+    self as policy, fmt_offset, BootRecord, Decision, Event, NtpState, Origin, Policy, Poller,
+    ServerId, SntpError, UnixTime,
 };
 use crate::sys::clock as sysclock;
 // The clock's files (their names and formats, the `clock:` and `ntp:` lines) are
@@ -196,7 +197,7 @@ impl Sources {
                 out.push(ServerId {
                     name,
                     addr: SocketAddr::new(ip, s.port),
-                    trusted: true,
+                    origin: Origin::Address,
                 });
                 continue;
             }
@@ -234,10 +235,11 @@ impl Sources {
                     v
                 }
             };
+            // Through the uplink's resolver: one source with every other name's addresses.
             out.extend(addrs.into_iter().map(|addr| ServerId {
                 name: name.clone(),
                 addr,
-                trusted: true,
+                origin: Origin::Name,
             }));
         }
         if out.is_empty() {
@@ -249,7 +251,7 @@ impl Sources {
                     out.push(ServerId {
                         name: "dhcp".into(),
                         addr: SocketAddr::new(IpAddr::V4(ip), policy::PORT),
-                        trusted: false,
+                        origin: Origin::Dhcp,
                     });
                 }
             }
@@ -328,11 +330,7 @@ fn run(a: Args) -> Result<(), String> {
                     log::info!(
                         "ntp: servers {}",
                         ids.iter()
-                            .map(|s| format!(
-                                "{} ({})",
-                                s.addr,
-                                if s.trusted { &s.name } else { "dhcp" }
-                            ))
+                            .map(|s| format!("{} ({})", s.addr, s.name))
                             .collect::<Vec<_>>()
                             .join(", ")
                     );
@@ -395,7 +393,7 @@ fn handle(
             let wall = clock.wall();
             let now = sysclock::boottime();
             let who = server.addr;
-            let decision = pol.decide(who, server.trusted, wall, now, &sample);
+            let decision = pol.decide(who, server.origin, wall, now, &sample);
             // While init holds the gateway for this first answer, no session stamps from
             // the clock before a step back: it adds no lead.
             let held = !clock.stamps.settled && clock.held_until.is_some_and(|u| now < u);
@@ -418,6 +416,7 @@ fn handle(
                         poller.clock_stepped(by);
                         poller.note(who, "stepped");
                         state.last_sync = Some((who.to_string(), now));
+                        state.behind = None;
                     }
                     Err(e) => log::warn!("ntp: {who}: stepping the clock {}: {e}", fmt_offset(by)),
                 },
@@ -432,6 +431,7 @@ fn handle(
                         }
                         poller.note(who, "slewed");
                         state.last_sync = Some((who.to_string(), now));
+                        state.behind = None;
                     }
                     Err(e) => log::warn!("ntp: {who}: slewing the clock {}: {e}", fmt_offset(by)),
                 },
@@ -442,6 +442,13 @@ fn handle(
                     }
                     log::warn!(target: "net::ntp", "ntp: {who}: refused: {r}");
                     poller.note(who, &format!("refused: {r}"));
+                    if matches!(
+                        r,
+                        policy::Refusal::FarFuture { .. } | policy::Refusal::PastLatest { .. }
+                    ) {
+                        // `show status` says why the clock stays behind its servers.
+                        state.behind = Some(format!("{who} ({}) refused: {r}", server.name));
+                    }
                 }
             }
             if !clock.stamps.settled {
