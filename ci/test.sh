@@ -163,7 +163,7 @@ run_lab() {
     wall=$(secs "$t0" "$(now)")
     cpu_now; cpu=$(awk -v a="$c0" -v b="$CPU_NOW" 'BEGIN { printf "%.1f", b - a }')
     n=$(checks_in "$lablog")
-    printf '%s\t%s\t%s\t%s\t%s\n' "$stage" "$line" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "$wall" "$cpu" "${n:-}" >>"$OUT/$stage.labs"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$stage" "$line" "$([ "$rc" = 0 ] && echo ok || echo FAILED)" "$wall" "$cpu" "${n:-}" >>"$OUT/$stage.labs"
     echo "=== lab $line: $([ "$rc" = 0 ] && echo ok || echo FAILED) (wall $wall s, cpu $cpu s${n:+, $n checks passed})"
     rm -f "$lablog"
     return "$rc"

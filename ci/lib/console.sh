@@ -18,11 +18,16 @@
 #                                    (LINE as typed: keys hold base64 `+` and `/`)
 #   said REGEX / said_line LINE      the same over all of $out, interleaved lines included
 #   bad_answer                       the answer's first error or refusal lines
+#
+# The tests run with `set -o pipefail`, and `grep -q` stops reading at its first match: a
+# writer before it with more than a pipe's worth still to write (a serial log, a long
+# answer) then dies of SIGPIPE and fails the pipeline although grep matched. So con_clean
+# ignores its SIGPIPE and the matchers below read their input to the end.
 CON_LOG="" CON_PID="" CON_TRANSCRIPT=/dev/null out=""
 CON_PROMPT='riceguard(\(edit\))?# '
 
 con_use() { CON_LOG=$1 CON_PID=$2 CON_TRANSCRIPT=${3:-/dev/null}; }
-con_clean() { tr -d '\r' <"$CON_LOG"; }
+con_clean() { tr -d '\r' <"$CON_LOG" 2>/dev/null || true; }
 con_size() { stat -c %s "$CON_LOG" 2>/dev/null || echo 0; }
 con_wait() { serial_wait "$CON_LOG" "$CON_PID" "$@"; }
 
@@ -40,8 +45,8 @@ cmd() {
     return $rc
 }
 answer() { printf '%s\n' "$out" | grep -avE '^(gateway|riceguard-init): |^dhcp [^ ]+: |^\[ *[0-9]+\.[0-9]+\]'; }
-has() { answer | grep -qaE -- "$1"; }
-has_line() { answer | grep -qaxF -- "$1"; }
-said() { printf '%s\n' "$out" | grep -qaE -- "$1"; }
-said_line() { printf '%s\n' "$out" | grep -qaxF -- "$1"; }
+has() { answer | grep -aE -- "$1" >/dev/null; }
+has_line() { answer | grep -axF -- "$1" >/dev/null; }
+said() { printf '%s\n' "$out" | grep -aE -- "$1" >/dev/null; }
+said_line() { printf '%s\n' "$out" | grep -axF -- "$1" >/dev/null; }
 bad_answer() { answer | grep -aE '^error|refused' | head -3; }

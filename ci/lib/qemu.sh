@@ -32,7 +32,9 @@ serial_panicked() { grep -qaE "$QEMU_PANIC_RE" "$1"; }
 serial_wait() { # LOG PID REGEX SECONDS [OFFSET]
     local log=$1 pid=$2 re=$3 left=$(($4 * 4)) off=${5:-0}
     while [ "$left" -gt 0 ]; do
-        tail -c +$((off + 1)) "$log" | tr -d '\r' | grep -qaE -- "$re" && return 0
+        # (grep reads to the end: with -q, tail and tr die of SIGPIPE on a log longer than a
+        # pipe's buffer, and under pipefail the match would not count.)
+        tail -c +$((off + 1)) "$log" | tr -d '\r' | grep -aE -- "$re" >/dev/null && return 0
         serial_panicked "$log" && return 1
         kill -0 "$pid" 2>/dev/null || return 1
         sleep 0.25
