@@ -13,11 +13,13 @@
 //! which the kernel may fragment) so callers never lose it.
 //!
 //! `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` are left at the kernel's default,
-//! `IP_PMTUDISC_WANT` (`net.ipv4.ip_no_pmtu_disc = 0`): datagrams leave with DF, the
-//! kernel learns the path MTU from ICMP errors (the firewall accepts those quoting our
-//! datagrams), and a datagram above the learnt path MTU is fragmented locally rather
-//! than refused: a 1420-byte inner packet (1480/1500 bytes outer) on a 1280-byte path
-//! leaves as two fragments.
+//! `IP_PMTUDISC_WANT` (`net.ipv4.ip_no_pmtu_disc = 0`): a datagram that fits the route's
+//! MTU leaves with DF, the kernel learns the path MTU from ICMP errors (the firewall
+//! accepts those quoting our datagrams), and a datagram above the learnt path MTU is
+//! fragmented locally rather than refused: a 1420-byte inner packet (1480/1500 bytes
+//! outer) on a 1280-byte path leaves as two fragments. (IPv4 sets no DF on a GSO send
+//! longer than the route's MTU, so its segments may be fragmented by routers on the
+//! way; IPv6 routers never fragment, so there PMTU discovery is the only way.)
 //!
 //! Addresses: a dual-stack socket talks IPv4 as `::ffff:a.b.c.d`; this module maps on
 //! the way out and unmaps on the way in, so callers only ever see plain `SocketAddr`s.
