@@ -26,6 +26,10 @@
 #       dropped and counted; echo from the uplink rate-limited (5/s, burst 10) with a new
 #       ICMP id per request and with one id; `riceguard status` shows the `firewall:`
 #       and `nat:` lines and the counts.
+#   (7) R sends an ICMP "fragmentation needed" (MTU 1400) and an ICMPv6 "packet too big"
+#       (MTU 1280) quoting datagrams from G's WireGuard port: accepted (not `invalid`),
+#       and `ip route get` shows the learnt MTU; an MLD query from R's link-local
+#       address is answered with a listener report.
 #   (4) a host table `inet hostfw` survives start, reloads and exit; the table is there
 #       when the tunnel is up; `Firewall = off` + SIGHUP removes it, back on restores it;
 #       after `kill -9` it stays and still drops; a clean exit leaves it.
@@ -40,6 +44,11 @@
 #       and M reach each other; M reaches U (masqueraded) and gets the replies; the
 #       WireGuard and TCP-fallback ports work from the uplink; the LAN and the tunnel
 #       reach the appliance itself (a closed port answers with a RST).
+#   (7) M sends UDP 67->68, 547->546 (from fd00:100::3) and 68->67 from a tunnel source
+#       to a client: each dropped and counted as `spoof` (DHCP is exempt only from the
+#       uplink to the appliance), the phone receives none. M's UDP from source port
+#       51820 (the WireGuard port) to U gets U's reply (masqueraded off that port, so
+#       its replies are tracked and de-NATed).
 #   (4) a reload adding a peer adds its prefix to the anti-spoof rules; `kill -9`: the
 #       table stays and U still reaches neither M nor, spoofed, anything.
 #   (6) `riceguard status` in H: the counts of spoof, uplink-forward, uplink-in.
@@ -142,22 +151,19 @@ status_count() {
 }
 # status_wait NS TUN COUNTER...: `riceguard status` into ST, until it shows each counter
 # at least at what nft counts now (the daemon rewrites its status file about once a
-# second), at most 5 s.
+# second), at most 5 s. WANT[COUNTER] keeps those counts: a check compares with them,
+# not with nft's count read later (a stray drop in between is not the status's fault).
 ST=
-# (ST_WANT[COUNTER]: nft's count when the wait began, what the status must reach; the
-# counters go on moving while a lab runs, so a later nft reading is no yardstick.)
-declare -A ST_WANT
+declare -A WANT
 status_wait() {
-    local ns=$1 tun=$2 c i all end=$((SECONDS + 5)) want=()
+    local ns=$1 tun=$2 c all end=$((SECONDS + 5))
     shift 2
-    ST_WANT=()
-    for c; do want+=("$(counter "$ns" "$c")"); ST_WANT[$c]=${want[-1]}; done
+    for c; do WANT[$c]=$(counter "$ns" "$c"); done
     while :; do
         ST=$(inns "$ns" "$RG" status "$tun" 2>&1)
-        all=1 i=0
+        all=1
         for c; do
-            [ "$(status_count "$ST" "$c")" -ge "${want[i]}" ] || all=0
-            i=$((i + 1))
+            [ "$(status_count "$ST" "$c")" -ge "${WANT[$c]}" ] || all=0
         done
         [ $all = 1 ] && return 0
         [ $SECONDS -ge "$end" ] && return 1
@@ -395,7 +401,7 @@ peers=$(sort -u "$WORK/i.peers" | tr '\n' ' ')
 
 # ---- (5) conntrack under a flood ---------------------------------------------------------------
 echo "--- (5) a flood at the WireGuard port"
-check "(5) prerouting has notrack for the WireGuard port" sh -c "ip netns exec $G nft list chain inet riceguard prerouting | grep -q 'udp dport 51820 notrack'"
+check "(5) prerouting has notrack for the WireGuard port (to the appliance's own addresses)" sh -c "ip netns exec $G nft list chain inet riceguard prerouting | grep -q 'udp dport 51820 fib daddr type local notrack'"
 c0=$(conntrack_count $G)
 fl=$(inns $L timeout 20 $FWP flood 192.168.1.2 51820 1000 20 10)
 sleep 1
@@ -468,13 +474,37 @@ echo "$ST" | grep -E '^ *(firewall|nat)' | sed 's/^/     | /'
 check "(6) status: a firewall: line saying on" grep -qE '^ *firewall: on' <<<"$ST"
 for c in spoof uplink-in invalid; do
     n=$(status_count "$ST" $c)
-    [ "$n" -gt 0 ] && [ "$n" -ge "${ST_WANT[$c]}" ] && ok "(6) status: $c drops counted ($n)" ||
-        ko "(6) status: $c count $n (nft: ${ST_WANT[$c]} before the status was read)"
+    [ "$n" -gt 0 ] && [ "$n" -ge "${WANT[$c]}" ] && ok "(6) status: $c drops counted ($n)" ||
+        ko "(6) status: $c count $n (nft counted ${WANT[$c]} before the wait)"
 done
 check "(6) status: nat: 10.100.0.0/24 translated" grep -qE '^ *nat: .*10\.100\.0\.0/24.*translated' <<<"$ST"
 check "(6) status: nat: fd00:100::/64 translated" grep -qE '^ *nat: .*fd00:100::/64.*translated' <<<"$ST"
 printf 'show status\n' | console_a >"$WORK/console-status.txt"
 check "(6) the console's \`show status\` has the drop counts too" grep -qE 'firewall drops: .*spoof [1-9]' "$WORK/console-status.txt"
+
+# ---- (7) PMTU discovery: ICMP errors about our WireGuard datagrams; MLD ------------------------
+echo "--- (7) one-armed: ICMP frag-needed / packet-too-big quoting our datagrams; an MLD query"
+# R, the router on the uplink, says a datagram G sent from its WireGuard port toward a far
+# peer did not fit. WireGuard is not tracked, so conntrack calls such an error invalid; it
+# must be accepted anyway, and the kernel must learn the path MTU from it.
+v0=$(counter $G invalid)
+inns $R $FWP icmp-error 192.168.1.2 192.168.1.2 51820 198.51.100.77 51820 1400 >/dev/null
+inns $R $FWP icmp-error 2001:db8:1::2 2001:db8:1::2 51820 2001:db8:ff::77 51820 1280 >/dev/null
+pmtu4() { ip -n $G route get 198.51.100.77 | grep -q 'mtu 1400'; }
+pmtu6() { ip -n $G -6 route get 2001:db8:ff::77 | grep -q 'mtu 1280'; }
+if wait_for 3 pmtu4; then ok "(7) IPv4: frag-needed (MTU 1400) quoting our udp/51820 datagram accepted, the kernel learnt the PMTU"
+else ko "(7) IPv4: no PMTU learnt for 198.51.100.77: $(ip -n $G route get 198.51.100.77 | tr '\n' ' ')"; fi
+if wait_for 3 pmtu6; then ok "(7) IPv6: packet-too-big (MTU 1280) quoting our udp/51820 datagram accepted, the kernel learnt the PMTU"
+else ko "(7) IPv6: no PMTU learnt for 2001:db8:ff::77: $(ip -n $G -6 route get 2001:db8:ff::77 | tr '\n' ' ')"; fi
+v1=$(counter $G invalid)
+[ "$v1" = "$v0" ] && ok "(7) neither ICMP error counted as invalid ($v0 -> $v1)" || ko "(7) the ICMP errors were counted invalid ($v0 -> $v1)"
+# A snooping switch forwards our solicited-node multicast only while we answer its MLD
+# queries: a query from a link-local source is accepted and answered with a report.
+cap_start mld $G upl 'ip6 dst ff02::16' -Q out   # G's own reports, not R's
+inns $R $FWP mld-query br0 >/dev/null
+if wait_for 3 grep -q 'multicast listener report' "$WORK/mld.cap"; then ok "(7) MLD query from R's link-local address answered with a listener report"
+else ko "(7) MLD query from R's link-local address: no report from the appliance"; fi
+cap_stop mld
 
 # ---- (4) lifecycle ------------------------------------------------------------------------------
 echo "--- (4) Firewall = off, on again, kill -9, restart, clean exit"
@@ -551,7 +581,7 @@ confb() { # with the site peer: yes|no
 [Interface]
 PrivateKey = $kb
 ListenPort = 51820
-Address = 10.100.0.1/24
+Address = 10.100.0.1/24, fd00:100::1/64
 
 [Peer]
 Name = phone
@@ -686,6 +716,26 @@ probe $S 2 tcp:10.100.0.1:22
 [ "$(result_of tcp:10.100.0.1:22)" = refused ] && ok "(3) tunnel zone reaches the appliance: client -> tcp:10.100.0.1:22 refused (RST), not dropped" ||
     ko "(3) client -> the appliance's closed port: $(result_of tcp:10.100.0.1:22) (want refused)"
 
+# ---- (7) DHCP ports are exempt from anti-spoofing only on the uplink ----------------------------
+echo "--- (7) B: UDP 67->68, 547->546, 68->67 from a tunnel source on the LAN port"
+cap_start scap $S $WS 'udp and src host 10.100.0.3'
+for spec in "10.100.0.3 10.100.0.2 udp:67:68" "fd00:100::3 fd00:100::2 udp:547:546" "10.100.0.3 10.100.0.2 udp:68:67"; do
+    set -- $spec
+    s0=$(counter $H spoof)
+    inns $M $FWP spoof "$1" "$2" "$3" 3 >/dev/null
+    sleep 0.3
+    s1=$(counter $H spoof)
+    [ "$s1" -ge $((s0 + 3)) ] && ok "(7) LAN port: $3 from the tunnel source $1 dropped as spoof ($s0 -> $s1)" ||
+        ko "(7) LAN port: $3 from the tunnel source $1 not counted as spoof ($s0 -> $s1)"
+done
+cap_stop scap
+[ "$(cap_lines scap)" = 0 ] && ok "(7) the phone received none of them" || ko "(7) the phone received: $(head -2 "$WORK/scap.cap" | tr '\n' ';')"
+# A LAN host's flow from the WireGuard port number, masqueraded: its replies come back to
+# the appliance's port 51820 and must be de-NATed, not taken for WireGuard datagrams.
+r=$(inns $M timeout 10 $FWP udp-from 51820 192.0.2.10 7777 3)
+[ "$r" = reply ] && ok "(7) M's UDP from source port 51820 to U (masqueraded) gets its reply" ||
+    ko "(7) M's UDP from source port 51820 to U: $r (its replies were not de-NATed)"
+
 # ---- (4) a reload that adds a peer changes the anti-spoof rules ------------------------------
 echo "--- (4) reload adding a site peer (10.66.0.0/24)"
 pre0=$(inns $H nft list chain inet riceguard prerouting | grep -c '10\.66\.0\.0/24' || true)
@@ -710,8 +760,8 @@ echo "$ST" | grep -E '^ *(firewall|nat)' | sed 's/^/     | /'
 check "(6) B status: firewall: on, LAN port lanp" grep -qE '^ *firewall: on.*lanp' <<<"$ST"
 for c in spoof uplink-forward uplink-in; do
     n=$(status_count "$ST" $c)
-    [ "$n" -gt 0 ] && [ "$n" -ge "${ST_WANT[$c]}" ] && ok "(6) B status: $c drops counted ($n)" ||
-        ko "(6) B status: $c count $n (nft: ${ST_WANT[$c]} before the status was read)"
+    [ "$n" -gt 0 ] && [ "$n" -ge "${WANT[$c]}" ] && ok "(6) B status: $c drops counted ($n)" ||
+        ko "(6) B status: $c count $n (nft counted ${WANT[$c]} before the wait)"
 done
 check "(6) B status: nat: the LAN port's hosts translated" grep -qE '^ *nat: .*lanp' <<<"$ST"
 

@@ -12,8 +12,20 @@ sends and listens. Every loop is bounded in count and time.
                                        line echoed back per connection, each peer's
                                        address appended to the file PEERS; UDP echoed
     fwprobe.py tcp-check HOST PORT     one line through a `serve` server: prints "ok"
-    fwprobe.py spoof SRC DST udp:PORT|icmp COUNT
-                                       COUNT raw IPv4 packets from the source SRC
+    fwprobe.py spoof SRC DST udp:PORT|udp:SPORT:DPORT|icmp COUNT
+                                       COUNT raw packets from the source SRC (IPv4, or
+                                       IPv6 for udp: with an IPv6 SRC and DST)
+    fwprobe.py udp-from SPORT HOST PORT SECONDS
+                                       one datagram from source port SPORT to a `serve`
+                                       server: prints "reply" or "silent"
+    fwprobe.py icmp-error DST QSRC QSPORT QDST QDPORT MTU
+                                       one ICMP "fragmentation needed" (IPv4) or ICMPv6
+                                       "packet too big" to DST, from this host, with MTU,
+                                       quoting a full-size UDP datagram QSRC:QSPORT ->
+                                       QDST:QDPORT (DF set)
+    fwprobe.py mld-query IFACE         one MLDv2 general query to ff02::1 from IFACE's
+                                       link-local address (hop limit 1, router alert),
+                                       maximum response delay 500 ms
     fwprobe.py tcp-flags SRC DST PORT FLAGS
                                        one raw TCP segment with FLAGS (letters of FSRPAU,
                                        e.g. SF: SYN+FIN, which conntrack calls invalid)
@@ -186,8 +198,28 @@ def ipv4(src, dst, proto, payload):
                        socket.inet_aton(src), socket.inet_aton(dst)) + payload
 
 
+def ipv6(src, dst, proto, payload):
+    return struct.pack("!IHBB16s16s", 6 << 28, len(payload), proto, 64,
+                       socket.inet_pton(socket.AF_INET6, src),
+                       socket.inet_pton(socket.AF_INET6, dst)) + payload
+
+
+def udp(src, dst, sport, dport, data):
+    """A UDP header and data with its checksum (IPv4 or IPv6 pseudo header)."""
+    n = 8 + len(data)
+    if ":" in src:
+        pseudo = (socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst)
+                  + struct.pack("!IxxxB", n, 17))
+    else:
+        pseudo = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!BBH", 0, 17, n)
+    hdr = struct.pack("!HHHH", sport, dport, n, 0)
+    c = csum(pseudo + hdr + data) or 0xFFFF
+    return hdr[:6] + struct.pack("!H", c) + data
+
+
 def raw_send(dst, packets):
-    s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_RAW, socket.IPPROTO_RAW)
     for p in packets:
         s.sendto(p, (dst, 0))
         time.sleep(0.05)
@@ -203,12 +235,65 @@ def spoof(args):
             body = body[:2] + struct.pack("!H", csum(body)) + body[4:]
             pkts.append(ipv4(src, dst, 1, body))
         else:
-            port = int(what.split(":")[1])
-            data = b"riceguard-spoof\n"
-            body = struct.pack("!HHHH", 40000 + i, port, 8 + len(data), 0) + data
-            pkts.append(ipv4(src, dst, 17, body))
+            ports = [int(x) for x in what.split(":")[1:]]
+            sport, dport = (40000 + i, ports[0]) if len(ports) == 1 else ports
+            body = udp(src, dst, sport, dport, b"riceguard-spoof\n")
+            pkts.append((ipv6 if ":" in src else ipv4)(src, dst, 17, body))
     raw_send(dst, pkts)
     print("sent %d" % count)
+
+
+def udp_from(args):
+    sport, host, port, secs = int(args[0]), args[1].strip("[]"), int(args[2]), float(args[3])
+    s = socket.socket(family(host), socket.SOCK_DGRAM)
+    s.bind(("::" if ":" in host else "0.0.0.0", sport))
+    s.settimeout(secs)
+    try:
+        s.sendto(b"riceguard-fw-from\n", (host, port))
+        print("reply" if s.recvfrom(2048)[0] else "silent")
+    except socket.timeout:
+        print("silent")
+    except OSError as e:
+        print("unreachable:" + err_name(e))
+    finally:
+        s.close()
+
+
+def icmp_error(args):
+    dst, qsrc, qsport, qdst, qdport, mtu = args[0], args[1], int(args[2]), args[3], int(args[4]), int(args[5])
+    if ":" in dst:
+        # What we quote: the first 1232 bytes of a 1500-byte datagram (RFC 4443: as
+        # much as fits in 1280).
+        q = ipv6(qsrc, qdst, 17, udp(qsrc, qdst, qsport, qdport, b"\x04" + bytes(1451)))[:1232]
+        body = struct.pack("!BBHI", 2, 0, 0, mtu) + q
+        s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+    else:
+        q = udp(qsrc, qdst, qsport, qdport, b"\x04" + bytes(1451))
+        hdr = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(q), 0, 0x4000, 64, 17, 0,
+                          socket.inet_aton(qsrc), socket.inet_aton(qdst))
+        hdr = hdr[:10] + struct.pack("!H", csum(hdr)) + hdr[12:]
+        body = struct.pack("!BBHHH", 3, 4, 0, 0, mtu) + hdr + q[:8]
+        body = body[:2] + struct.pack("!H", csum(body)) + body[4:]
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+    # The kernel fills in the ICMPv6 checksum for raw ICMPv6 sockets.
+    s.sendto(body, (dst, 0))
+    s.close()
+    print("sent 1")
+
+
+def mld_query(args):
+    ifc = args[0]
+    idx = socket.if_nametoindex(ifc)
+    s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 1)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, idx)
+    # Hop-by-hop options: router alert (MLD), then PadN to 8 bytes.
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_HOPOPTS, bytes([0, 0, 5, 2, 0, 0, 1, 0]))
+    # MLDv2 general query: max response code 500 ms, no group, QRV 2, QQIC 125, no sources.
+    body = struct.pack("!BBHHH16sBBH", 130, 0, 0, 500, 0, bytes(16), 2, 125, 0)
+    s.sendto(body, ("ff02::1", 0, 0, idx))
+    s.close()
+    print("sent 1")
 
 
 def tcp_flags(args):
@@ -281,6 +366,9 @@ TOOLS = {
     "tcp-flags": tcp_flags,
     "flood": flood,
     "echo": echo,
+    "udp-from": udp_from,
+    "icmp-error": icmp_error,
+    "mld-query": mld_query,
 }
 
 if __name__ == "__main__":

@@ -101,6 +101,19 @@ const NFTA_LIMIT_RATE: u16 = 1;
 const NFTA_LIMIT_UNIT: u16 = 2;
 const NFTA_LIMIT_BURST: u16 = 3;
 const NFTA_LIMIT_TYPE: u16 = 4;
+const NFTA_FIB_DREG: u16 = 1;
+const NFTA_FIB_RESULT: u16 = 2;
+const NFTA_FIB_FLAGS: u16 = 3;
+const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+const NFTA_FIB_F_DADDR: u32 = 2;
+const NFTA_MASQ_FLAGS: u16 = 1;
+const NFTA_MASQ_REG_PROTO_MIN: u16 = 2;
+const NFTA_MASQ_REG_PROTO_MAX: u16 = 3;
+const NFT_REG_2: u32 = 2;
+/// The port range is to be used (without it masq ignores the registers).
+const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
+const NFT_CMP_GTE: u32 = 5;
+const NFT_CMP_LTE: u32 = 3;
 const NFTA_OBJREF_IMM_TYPE: u16 = 1;
 const NFTA_OBJREF_IMM_NAME: u16 = 2;
 
@@ -531,6 +544,17 @@ fn rule_exprs(m: &mut Vec<u8>, r: &Rule) {
         }
         // masq sets the verdict itself.
         Action::Masquerade => expr_bare(m, "masq"),
+        Action::MasqueradePorts(lo, hi) => {
+            // As nft's `masquerade to :LO-HI`: the ports (big-endian) in registers 1
+            // and 2, which masq reads.
+            load(m, NFT_REG_1, &lo.to_be_bytes());
+            load(m, NFT_REG_2, &hi.to_be_bytes());
+            expr(m, "masq", |m| {
+                attr_u32(m, NFTA_MASQ_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED);
+                attr_u32(m, NFTA_MASQ_REG_PROTO_MIN, NFT_REG_1);
+                attr_u32(m, NFTA_MASQ_REG_PROTO_MAX, NFT_REG_2);
+            });
+        }
     }
 }
 
@@ -559,9 +583,46 @@ fn match_exprs(m: &mut Vec<u8>, x: &Match, fam: &mut Option<Family>) {
             payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
             cmp(m, NFT_CMP_EQ, &p.to_be_bytes());
         }
+        Match::SportIn(lo, hi) => {
+            // As nft: big-endian bytes compare in port order.
+            payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2);
+            cmp(m, NFT_CMP_GTE, &lo.to_be_bytes());
+            cmp(m, NFT_CMP_LTE, &hi.to_be_bytes());
+        }
         Match::IcmpType(t) => {
             payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1);
             cmp(m, NFT_CMP_EQ, &[*t]);
+        }
+        Match::DaddrType(t) => {
+            // `fib daddr type T`: the route type of the destination, host-endian.
+            expr(m, "fib", |m| {
+                attr_u32(m, NFTA_FIB_DREG, NFT_REG_1);
+                attr_u32(m, NFTA_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
+                attr_u32(m, NFTA_FIB_FLAGS, NFTA_FIB_F_DADDR);
+            });
+            cmp(m, NFT_CMP_EQ, &t.rtn().to_ne_bytes());
+        }
+        Match::Quotes {
+            family: f,
+            l4,
+            sport,
+        } => {
+            // The quoted header starts 8 bytes into the ICMP message. IPv4: version 4
+            // and a 20-byte header (so the offsets hold), protocol at 9, the transport
+            // header at 20; IPv6: next header at 6, the transport header at 40.
+            family(m, *f, fam);
+            let (proto_at, sport_at) = match f {
+                Family::V4 => {
+                    payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 8, 1);
+                    cmp(m, NFT_CMP_EQ, &[0x45]);
+                    (8 + 9, 8 + 20)
+                }
+                Family::V6 => (8 + 6, 8 + 40),
+            };
+            payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, proto_at, 1);
+            cmp(m, NFT_CMP_EQ, &[l4.number()]);
+            payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, sport_at, 2);
+            cmp(m, NFT_CMP_EQ, &sport.to_be_bytes());
         }
         Match::Ct(states) => {
             expr(m, "ct", |m| {
@@ -701,6 +762,14 @@ fn bitwise(m: &mut Vec<u8>, mask: &[u8]) {
         let zeros = [0u8; 16];
         let xor = &zeros[..mask.len().min(16)];
         nest(m, NFTA_BITWISE_XOR, |m| attr(m, NFTA_DATA_VALUE, xor));
+    });
+}
+
+/// `immediate`: `data` into register `reg`.
+fn load(m: &mut Vec<u8>, reg: u32, data: &[u8]) {
+    expr(m, "immediate", |m| {
+        attr_u32(m, NFTA_IMMEDIATE_DREG, reg);
+        nest(m, NFTA_IMMEDIATE_DATA, |m| attr(m, NFTA_DATA_VALUE, data));
     });
 }
 
@@ -991,7 +1060,7 @@ fn parse_counter(p: &[u8], table: &str) -> Result<Option<(String, u64, u64)>, Nf
 #[cfg(all(test, target_endian = "little"))]
 mod tests {
     use super::*;
-    use crate::core::firewall::rules::{BaseChain, ChainKind, CtStates};
+    use crate::core::firewall::rules::{AddrType, BaseChain, ChainKind, CtStates};
     use crate::core::firewall::rules::{PRIO_FILTER, PRIO_RAW, PRIO_SRCNAT};
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
@@ -1100,6 +1169,8 @@ mod tests {
                          0c000200 00000000 00000001 08000300 00000007 08000400 00000000";
     const OBJREF_SPOOF: &str = "28000180 0b000100 6f626a72 65660000 18000280 08000100 00000001 \
                                 0a000200 73706f6f 66000000";
+    const FIB_DADDR_TYPE: &str = "28000180 08000100 66696200 1c000280 08000100 00000001 \
+                                  08000200 00000003 08000300 00000002";
     const NOTRACK: &str = "10000180 0c000100 6e6f7472 61636b00";
     const MASQ: &str = "10000180 09000100 6d617371 00000000";
 
@@ -1152,6 +1223,16 @@ mod tests {
         let est = Match::Ct(CtStates::ESTABLISHED.or(CtStates::RELATED));
         check(&[est], &[CT_STATE, &bitwise4("06000000"), &cmp(1, "00000000")]);
         check(&[Match::Limit { per_second: 5, burst: 7 }], &[LIMIT]);
+        let rtn = |t: AddrType| t.rtn().to_ne_bytes().iter().map(|b| format!("{b:02x}")).collect::<String>();
+        check(&[Match::DaddrType(AddrType::Local)], &[FIB_DADDR_TYPE, &cmp(0, &rtn(AddrType::Local))]);
+        check(&[Match::DaddrType(AddrType::Broadcast)], &[FIB_DADDR_TYPE, &cmp(0, &rtn(AddrType::Broadcast))]);
+        // The quoted IPv4 header: 0x45 (no options), protocol, then the source port.
+        let q4 = Match::Quotes { family: Family::V4, l4: L4::Udp, sport: 51820 };
+        let ihl = payload(2, 8, 1) + &cmp(0, "45");
+        check(&[q4], &[&v4(), &ihl, &payload(2, 17, 1), &cmp(0, "11"), &payload(2, 28, 2), &cmp(0, "ca6c")]);
+        check(&[Match::SportIn(51820, 65535)], &[&payload(2, 0, 2), &cmp(5, "ca6c"), &cmp(3, "ffff")]);
+        let q6 = Match::Quotes { family: Family::V6, l4: L4::Tcp, sport: 443 };
+        check(&[q6], &[&v6(), &payload(2, 14, 1), &cmp(0, "06"), &payload(2, 48, 2), &cmp(0, "01bb")]);
     }
 
     #[test]
@@ -1183,6 +1264,20 @@ mod tests {
             rule_exprs(&mut m, &rule_(vec![], Some("spoof"), a));
             assert_eq!(m, hex(&(OBJREF_SPOOF.to_string() + &want)), "{a:?}");
         }
+    }
+
+    #[test]
+    fn masquerade_to_a_port_range() {
+        let mut m = Vec::new();
+        rule_exprs(&mut m, &rule_(vec![], None, MasqueradePorts(51821, 65535)));
+        let name = "2c000180 0e000100 696d6d65 64696174 65000000";
+        let lo = format!("{name} 18000280 08000100 00000001 0c000280 06000100 ca6d0000");
+        let hi = format!("{name} 18000280 08000100 00000002 0c000280 06000100 ffff0000");
+        // Flags: NF_NAT_RANGE_PROTO_SPECIFIED, as nft sets it (the kernel ignores the
+        // registers without it).
+        let masq = "2c000180 09000100 6d617371 00000000 1c000280 08000100 00000002 \
+                    08000200 00000001 08000300 00000002";
+        assert_eq!(m, hex(&(lo + &hi + masq)));
     }
 
     /// The message after the batch's begin (20 bytes).
@@ -1393,8 +1488,12 @@ mod tests {
         let counters = ["spoof", "spoof6", "fwd_drop", "never", "udp9", "ssh_limited"];
         let ssh = vec![l4(L4::Tcp), Match::Dport(22), Match::Limit { per_second: 5, burst: 5 }];
         let dhcp = vec![Match::Family(Family::V4), l4(L4::Udp), Match::Sport(67)];
-        let wg = rule_(vec![l4(L4::Udp), Match::Dport(51820)], None, Notrack);
-        let prerouting = vec![noted("wireguard", wg)];
+        let local = Match::DaddrType(AddrType::Local);
+        let wg = rule_(vec![l4(L4::Udp), Match::Dport(51820), local], None, Notrack);
+        let bcast = vec![l4(L4::Udp), Match::Dport(68), Match::DaddrType(AddrType::Broadcast)];
+        let prerouting = vec![noted("wireguard", wg), rule_(bcast, None, Return)];
+        let q4 = Match::Quotes { family: Family::V4, l4: L4::Udp, sport: 51820 };
+        let q6 = Match::Quotes { family: Family::V6, l4: L4::Tcp, sport: 443 };
         let input = vec![
             rule_(vec![est()], None, Accept),
             rule_(vec![iif("lo", true)], None, Return),
@@ -1402,6 +1501,8 @@ mod tests {
             rule_(vec![iif("rgx0", false), sa(tun6, true)], Some("spoof6"), Drop),
             rule_(vec![l4(L4::Icmp), Match::IcmpType(3)], None, Accept),
             rule_(vec![l4(L4::Icmpv6), Match::IcmpType(2)], None, Accept),
+            rule_(vec![l4(L4::Icmp), Match::IcmpType(3), q4], None, Accept),
+            rule_(vec![l4(L4::Icmpv6), Match::IcmpType(2), q6], None, Accept),
             rule_(ssh, Some("ssh_limited"), Accept),
             noted("dhcp", rule_(dhcp, None, Accept)),
             rule_(vec![da("10.96.0.0/12", false), da("fe80::/10", true)], None, Drop),
@@ -1413,7 +1514,9 @@ mod tests {
             rule_(vec![sa("0.0.0.0/0", false)], Some("never"), Accept),
             rule_(vec![l4(L4::Udp), Match::Dport(9)], Some("udp9"), Accept),
         ];
+        let high = vec![oif("uplink0", true), l4(L4::Udp), Match::SportIn(51820, 65535)];
         let postrouting = vec![
+            rule_(high, None, MasqueradePorts(51821, 65535)),
             rule_(vec![oif("uplink0", true), sa(tun4, true)], None, Masquerade),
             rule_(vec![oif("uplink0", true), sa(tun6, true)], None, Masquerade),
         ];
@@ -1434,7 +1537,8 @@ mod tests {
         "counter spoof {",
         "packets 3 bytes 300",
         "type filter hook prerouting priority raw; policy accept;",
-        "udp dport 51820 notrack accept comment \"wireguard\"",
+        "udp dport 51820 fib daddr type local notrack accept comment \"wireguard\"",
+        "udp dport 68 fib daddr type broadcast return",
         "type filter hook input priority filter; policy accept;",
         "ct state established,related accept",
         "iifname \"lo\" return",
@@ -1442,6 +1546,8 @@ mod tests {
         "iifname != \"rgx0\" ip6 saddr fd00:100::/64 counter name \"spoof6\" drop",
         "icmp type destination-unreachable accept",
         "icmpv6 type packet-too-big accept",
+        "icmp type destination-unreachable @th,64,8 0x45 @th,136,8 0x11 @th,224,16 0xca6c accept",
+        "icmpv6 type packet-too-big @th,112,8 0x6 @th,384,16 0x1bb accept",
         "tcp dport 22 limit rate 5/second counter name \"ssh_limited\" accept",
         "meta nfproto ipv4 udp sport 67 accept comment \"dhcp\"",
         "ip daddr != 10.96.0.0/12 ip6 daddr fe80::/10 drop",
@@ -1452,6 +1558,7 @@ mod tests {
         "ip saddr != 0.0.0.0/0 counter name \"never\" accept",
         "udp dport 9 counter name \"udp9\" accept",
         "type nat hook postrouting priority srcnat; policy accept;",
+        "oifname \"uplink0\" udp sport 51820-65535 masquerade to :51821-65535",
         "oifname \"uplink0\" ip saddr 10.100.0.0/24 masquerade",
         "oifname \"uplink0\" ip6 saddr fd00:100::/64 masquerade",
     ];

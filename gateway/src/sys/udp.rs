@@ -3,9 +3,23 @@
 //! and the `sendmmsg`/`recvmmsg` batch paths.
 //!
 //! Features are probed once in [`UdpSocket::bind`]. A GSO send that fails with `EIO`
-//! (no checksum offload on the route) or `EINVAL` demotes this socket to plain
-//! datagrams for good, logged once; [`UdpSocket::send_segmented`] resends the batch
-//! itself so callers never lose it.
+//! (no checksum offload on the route) demotes this socket to plain datagrams for good.
+//! One that fails with `EINVAL` does not: the usual cause is a path MTU below the
+//! segment size toward that one destination (an ICMP "fragmentation needed" or a
+//! router advertisement's MTU option lowered it, which anyone on the uplink can send),
+//! so GSO only rests ([`gso_verdict`]): datagrams one by one for a second, doubling up
+//! to a minute while the failures go on, then GSO is tried again. Logged at most once a
+//! minute. [`UdpSocket::send_segmented`] resends the failed batch itself (one by one,
+//! which the kernel may fragment) so callers never lose it.
+//!
+//! `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` are left at the kernel's default,
+//! `IP_PMTUDISC_WANT` (`net.ipv4.ip_no_pmtu_disc = 0`): a datagram that fits the route's
+//! MTU leaves with DF, the kernel learns the path MTU from ICMP errors (the firewall
+//! accepts those quoting our datagrams), and a datagram above the learnt path MTU is
+//! fragmented locally rather than refused: a 1420-byte inner packet (1480/1500 bytes
+//! outer) on a 1280-byte path leaves as two fragments. (IPv4 sets no DF on a GSO send
+//! longer than the route's MTU, so its segments may be fragmented by routers on the
+//! way; IPv6 routers never fragment, so there PMTU discovery is the only way.)
 //!
 //! Addresses: a dual-stack socket talks IPv4 as `::ffff:a.b.c.d`; this module maps on
 //! the way out and unmaps on the way in, so callers only ever see plain `SocketAddr`s.
@@ -16,7 +30,8 @@ use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::core::offload::{OffloadDecision, SocketProbe};
 use crate::sys::cmsg::{from_raw, invalid, to_raw, RawAddr, SOL_UDP, UDP_GRO, UDP_SEGMENT};
@@ -127,7 +142,52 @@ pub struct UdpSocket {
     /// The socket is AF_INET6 (IPv4 peers go as v4-mapped addresses).
     v6: bool,
     gso: AtomicBool,
+    /// While GSO rests after an `EINVAL` ([`gso_verdict`]): until when, in milliseconds
+    /// of [`clock_ms`] (0: not resting).
+    gso_rest_until: AtomicU64,
+    /// How long the next rest lasts, in milliseconds (doubles while failures go on).
+    gso_rest_ms: AtomicU64,
     gro: AtomicBool,
+}
+
+/// How long GSO rests after its first `EINVAL` in a row, and at most.
+pub const GSO_REST_MIN: Duration = Duration::from_secs(1);
+pub const GSO_REST_MAX: Duration = Duration::from_secs(64);
+
+/// What a failed `UDP_SEGMENT` send means for the socket (both backends follow it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GsoVerdict {
+    /// Not a GSO failure: GSO stays.
+    Unrelated,
+    /// `EIO`: the route has no checksum offload, which does not come back. No GSO on
+    /// this socket from now on.
+    Demote,
+    /// `EINVAL`: segments above the path MTU toward this destination (which one forged
+    /// ICMP error or router advertisement can lower), or a socket that refuses GSO.
+    /// Neither is a reason to give GSO up for good: datagram by datagram for `rest`,
+    /// then GSO again; `next` is the rest after another failure in a row.
+    Rest { rest: Duration, next: Duration },
+}
+
+/// The verdict on a GSO send that failed with `errno`, when the current rest is `rest`.
+pub fn gso_verdict(errno: i32, rest: Duration) -> GsoVerdict {
+    match errno {
+        libc::EIO => GsoVerdict::Demote,
+        libc::EINVAL => GsoVerdict::Rest {
+            rest,
+            next: rest.saturating_mul(2).min(GSO_REST_MAX),
+        },
+        _ => GsoVerdict::Unrelated,
+    }
+}
+
+/// Milliseconds since the first call, never 0 (0 means "not resting").
+fn clock_ms() -> u64 {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+    static START: OnceLock<Instant> = OnceLock::new();
+    let ms = START.get_or_init(Instant::now).elapsed().as_millis();
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
 impl UdpSocket {
@@ -207,6 +267,8 @@ impl UdpSocket {
             local,
             v6,
             gso: AtomicBool::new(gso),
+            gso_rest_until: AtomicU64::new(0),
+            gso_rest_ms: AtomicU64::new(GSO_REST_MIN.as_millis() as u64),
             gro: AtomicBool::new(gro),
         })
     }
@@ -216,9 +278,63 @@ impl UdpSocket {
         self.local
     }
 
-    /// Whether `UDP_SEGMENT` sends are in use (probed at bind, cleared on demotion).
+    /// Whether `UDP_SEGMENT` sends are in use now (probed at bind, cleared on demotion,
+    /// paused while resting after an `EINVAL`).
     pub fn gso_enabled(&self) -> bool {
-        self.gso.load(Ordering::Relaxed)
+        self.gso.load(Ordering::Relaxed) && self.gso_awake(clock_ms)
+    }
+
+    /// Whether GSO is not resting at the time `now` gives (read only while resting).
+    fn gso_awake(&self, now: impl FnOnce() -> u64) -> bool {
+        let until = self.gso_rest_until.load(Ordering::Relaxed);
+        if until == 0 {
+            return true;
+        }
+        if now() < until {
+            return false;
+        }
+        // The rest is over: try GSO again (a success resets the rest's length).
+        let _ =
+            self.gso_rest_until
+                .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        true
+    }
+
+    /// A GSO send failed with `errno`: follow [`gso_verdict`]. Returns it.
+    pub fn gso_failed(&self, errno: i32) -> GsoVerdict {
+        self.gso_failed_at(errno, clock_ms())
+    }
+
+    fn gso_failed_at(&self, errno: i32, now: u64) -> GsoVerdict {
+        let rest = Duration::from_millis(self.gso_rest_ms.load(Ordering::Relaxed));
+        let v = gso_verdict(errno, rest);
+        match v {
+            GsoVerdict::Unrelated => {}
+            GsoVerdict::Demote => self.disable_gso(),
+            GsoVerdict::Rest { rest, next } => {
+                let ms = rest.as_millis() as u64;
+                self.gso_rest_until
+                    .store(now.saturating_add(ms).max(1), Ordering::Relaxed);
+                self.gso_rest_ms
+                    .store(next.as_millis() as u64, Ordering::Relaxed);
+                if demotion_log_due() {
+                    log::warn!(
+                        "udp {}: GSO send failed (EINVAL: segments above a route's path MTU, or GSO refused): datagrams one by one for {} s, then GSO again",
+                        self.local,
+                        rest.as_secs()
+                    );
+                }
+            }
+        }
+        v
+    }
+
+    /// A GSO send went through: the next failure rests the shortest time again.
+    fn gso_worked(&self) {
+        let min = GSO_REST_MIN.as_millis() as u64;
+        if self.gso_rest_ms.load(Ordering::Relaxed) != min {
+            self.gso_rest_ms.store(min, Ordering::Relaxed);
+        }
     }
 
     /// Segments one GSO send may carry now: [`MAX_GSO_SEGMENTS`], or 1 without GSO.
@@ -264,7 +380,7 @@ impl UdpSocket {
         set_int(self.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
     }
 
-    /// Stop using GSO on this socket (also what an `EIO`/`EINVAL` does). Logged at most
+    /// Stop using GSO on this socket for good (what an `EIO` does). Logged at most
     /// once a minute per process, however many worker sockets demote.
     pub fn disable_gso(&self) {
         if self.gso.swap(false, Ordering::Relaxed) && demotion_log_due() {
@@ -347,10 +463,13 @@ impl UdpSocket {
             r = self.send_batch(&[Transmit { src: None, ..t }]);
         }
         match r {
-            Ok(_) => Ok(buf.len()),
+            Ok(_) => {
+                self.gso_worked();
+                Ok(buf.len())
+            }
             Err(e) => {
-                if is_gso_error(&e) {
-                    self.disable_gso();
+                if let Some(errno) = e.raw_os_error() {
+                    self.gso_failed(errno);
                 }
                 Err(e)
             }
@@ -387,7 +506,8 @@ impl UdpSocket {
         if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled() {
             match self.send_gso_from(src, dst, buf, segment_size) {
                 Ok(_) => return Ok(total),
-                Err(e) if is_gso_error(&e) => {} // demoted: fall through and resend
+                // Demoted or resting: fall through and resend this batch one by one.
+                Err(e) if is_gso_error(&e) => {}
                 // Segments larger than the path MTU (a tunnel MTU above what the outer
                 // path carries): GSO cannot fragment, single sends can. Not a reason to
                 // demote the socket; resend this batch one by one.
@@ -586,9 +706,8 @@ fn is_gso_error(e: &io::Error) -> bool {
     e.raw_os_error().is_some_and(gso_errno)
 }
 
-/// Whether a `UDP_SEGMENT` send failed because GSO does not work on this route (no
-/// checksum offload, segments above the route's MTU): demote the socket. Both backends
-/// use this verdict.
+/// Whether a `UDP_SEGMENT` send failed because of GSO on this route (no checksum
+/// offload, segments above the route's path MTU): [`gso_verdict`] says what follows.
 pub fn gso_errno(errno: i32) -> bool {
     matches!(errno, libc::EIO | libc::EINVAL)
 }
@@ -805,7 +924,40 @@ mod tests {
     }
 
     #[test]
-    fn gso_einval_demotes() {
+    fn gso_verdicts_rest_after_einval_and_demote_after_eio() {
+        let s = Duration::from_secs;
+        assert_eq!(gso_verdict(libc::EIO, GSO_REST_MIN), GsoVerdict::Demote);
+        assert_eq!(
+            gso_verdict(libc::EINVAL, GSO_REST_MIN),
+            GsoVerdict::Rest {
+                rest: s(1),
+                next: s(2)
+            }
+        );
+        assert_eq!(
+            gso_verdict(libc::EINVAL, s(48)),
+            GsoVerdict::Rest {
+                rest: s(48),
+                next: GSO_REST_MAX
+            }
+        );
+        assert_eq!(
+            gso_verdict(libc::EINVAL, GSO_REST_MAX),
+            GsoVerdict::Rest {
+                rest: GSO_REST_MAX,
+                next: GSO_REST_MAX
+            }
+        );
+        for e in [libc::EAGAIN, libc::EMSGSIZE, libc::ECONNREFUSED, 0] {
+            assert_eq!(gso_verdict(e, GSO_REST_MIN), GsoVerdict::Unrelated, "{e}");
+        }
+    }
+
+    /// What a route MTU below the segment size does (a forged "fragmentation needed"
+    /// can cause it): `EINVAL`, the batch goes out one by one, and GSO comes back after
+    /// its rest instead of being off for good.
+    #[test]
+    fn gso_einval_rests_then_gso_comes_back() {
         let a = loopback(false);
         let b = loopback(false);
         if !a.gso_enabled() {
@@ -818,7 +970,36 @@ mod tests {
             .send_gso(b.local_addr(), &buf, 100)
             .expect_err("too many segments");
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-        assert!(!a.gso_enabled(), "EINVAL demotes the socket");
+        assert!(a.gso.load(Ordering::Relaxed), "not demoted");
+        // Resting (the clock is passed in, so no test waits): 1 s, the next one 2 s.
+        let until = a.gso_rest_until.load(Ordering::Relaxed);
+        assert!(until > 0, "resting after the EINVAL");
+        assert!(!a.gso_awake(|| until - 1));
+        assert!(a.gso_awake(|| until), "GSO again once the rest is over");
+        assert!(a.gso_enabled());
+        assert_eq!(a.gso_rest_ms.load(Ordering::Relaxed), 2000);
+        // Another failure in a row rests longer; a success makes it short again.
+        assert!(matches!(
+            a.gso_failed_at(libc::EINVAL, 10),
+            GsoVerdict::Rest { rest, .. } if rest == Duration::from_secs(2)
+        ));
+        assert!(!a.gso_awake(|| 2009) && a.gso_awake(|| 2010));
+        let ok = vec![2u8; 1200 * 4];
+        assert_eq!(a.send_segmented(b.local_addr(), &ok, 1200).expect("gso"), 4);
+        assert_eq!(collect(&b, 4).len(), 4);
+        assert_eq!(a.gso_rest_ms.load(Ordering::Relaxed), 1000);
+        // send_segmented resends what a resting socket could not send as one.
+        a.gso_failed_at(libc::EINVAL, u64::MAX / 2);
+        assert!(!a.gso_enabled());
+        assert_eq!(
+            a.send_segmented(b.local_addr(), &ok, 1200)
+                .expect("one by one"),
+            4
+        );
+        assert_eq!(collect(&b, 4).len(), 4);
+        // EIO is for good.
+        a.gso_failed_at(libc::EIO, 0);
+        assert!(!a.gso.load(Ordering::Relaxed) && !a.gso_enabled());
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! |---|---|---|---|---|
 //! | tunnel | all | yes (clients reach each other, as on a LAN) | yes | yes, NATed where needed |
 //! | LAN port | all | yes | yes | yes, NATed |
-//! | uplink | WireGuard and `TcpListen` ports, DHCP/DHCPv6 replies, the ICMP PMTU and neighbour discovery need, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
+//! | uplink | WireGuard and `TcpListen` ports, DHCP/DHCPv6 replies, ICMP errors about our own sockets' packets (PMTU discovery), neighbour discovery, MLD from link-local sources, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
 //!
 //! Replies to allowed traffic pass everywhere (`ct state established,related`).
 //!
@@ -22,7 +22,10 @@
 //! prefixes that overlap that port's own subnets (a hub peer with `0.0.0.0/0`, or
 //! `10.0.0.0/8` over a 10.x uplink, must not make every uplink packet a "spoof"; a
 //! tunnel numbered from the LAN's subnet is answered for by proxy ARP there). DHCP
-//! replies are never judged: before the lease the uplink's subnet is unknown.
+//! replies (and our own DHCP broadcasts, looped back) are not judged by source only
+//! when they come from the uplink addressed to the appliance itself (its address or a
+//! broadcast): before the lease the uplink's subnet is unknown. On the LAN port, or
+//! forwarded anywhere, UDP 67/68 and 547/546 are judged like everything else.
 //!
 //! NAT, where the network cannot route back (`Masquerade = auto`): what arrives from the
 //! tunnel or the LAN port and leaves by the uplink is translated to the uplink's address
@@ -31,8 +34,15 @@
 //! peer with `Masquerade = off` (a site whose router routes back). `on` translates
 //! regardless of the uplink's subnets; `off` never.
 //!
-//! Conntrack: the WireGuard port is exempt (`notrack`) both ways on the uplink, so a
-//! flood of datagrams cannot fill the connection table; it is accepted by port instead.
+//! Conntrack: datagrams to the WireGuard port of the appliance's own addresses, and
+//! those it sends from it, are exempt (`notrack`), so a flood cannot fill the
+//! connection table; they are accepted by port instead. Forwarded traffic to that port
+//! is tracked, and NAT never translates a UDP flow to that source port (the replies to
+//! it would be taken for WireGuard datagrams, untracked, and never de-NATed).
+//! Untracked, an ICMP error quoting one of our datagrams is `invalid` to conntrack, so
+//! the errors about our own sockets' packets (fragmentation needed, packet too big,
+//! unreachable) are accepted by what they quote, before the invalid drop: PMTU
+//! discovery works for the tunnel's outer datagrams.
 //!
 //! Only our own traffic is judged: base chains have policy accept and drop only packets
 //! that enter or leave by the tunnel or the LAN port, or are addressed to the appliance
@@ -72,6 +82,19 @@ const ICMP_ECHO_REQUEST: u8 = 8;
 /// router advertisement, neighbour solicitation and advertisement (SLAAC, NDP).
 const ICMPV6_NEEDED: [u8; 7] = [1, 2, 3, 4, 134, 135, 136];
 const ICMPV6_ECHO_REQUEST: u8 = 128;
+/// ICMP errors accepted when they quote a packet our own sockets sent, even though
+/// conntrack calls them invalid: destination unreachable (fragmentation needed is one);
+/// ICMPv6 destination unreachable and packet too big.
+const ICMP_ABOUT_OURS: [u8; 1] = [3];
+const ICMPV6_ABOUT_OURS: [u8; 2] = [1, 2];
+/// MLD: query, v1 report, done, v2 report. A snooping switch that hears no report for
+/// our solicited-node groups stops forwarding them (neighbour discovery fails).
+const MLD: [u8; 4] = [130, 131, 132, 143];
+/// fe80::/10: MLD is only valid from a link-local source (RFC 3810 5.1.14).
+const LINK_LOCAL: Cidr = Cidr {
+    addr: std::net::IpAddr::V6(std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)),
+    prefix: 10,
+};
 
 /// What the ruleset is computed over besides the configuration: the interfaces and the
 /// subnets they have now (the uplink's come from DHCP and SLAAC and change).
@@ -273,6 +296,34 @@ fn dhcp_replies() -> [Vec<Match>; 2] {
     ]
 }
 
+/// The UDP that anti-spoofing does not judge, when it comes from the uplink addressed
+/// to the appliance itself (its own address or a broadcast; never a forwarded packet),
+/// with why.
+fn dhcp_exempt() -> [(Vec<Match>, &'static str); 4] {
+    let udp = |f, sport, dport, to| {
+        vec![
+            Match::Family(f),
+            Match::L4(L4::Udp),
+            Match::Sport(sport),
+            Match::Dport(dport),
+            Match::DaddrType(to),
+        ]
+    };
+    let reply = "DHCP replies to the appliance (the subnet is not known before the lease)";
+    [
+        (udp(Family::V4, 67, 68, AddrType::Local), reply),
+        (udp(Family::V4, 67, 68, AddrType::Broadcast), reply),
+        (udp(Family::V6, 547, 546, AddrType::Local), reply),
+        // Our own DHCPDISCOVER, looped back: a broadcast sent while the uplink has no
+        // address leaves with a source the kernel took from another interface (the
+        // tunnel's), and its local copy re-enters by the uplink.
+        (
+            udp(Family::V4, 68, 67, AddrType::Broadcast),
+            "our DHCP broadcasts, looped back",
+        ),
+    ]
+}
+
 /// The whole table for `cfg` over `p`.
 pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
     let established = Match::Ct(CtStates::ESTABLISHED.or(CtStates::RELATED));
@@ -294,8 +345,17 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
     let not_lan: Vec<Match> = p.lan.iter().map(|l| not_iif(l)).collect();
     let mut out_raw = Vec::new();
     if let Some(port) = p.listen_port {
+        // To the appliance only: a forwarded flow to that port (a LAN host's, say) is
+        // tracked like any other.
         pre.push(rule(
-            with(not_lan.clone(), [Match::L4(L4::Udp), Match::Dport(port)]),
+            with(
+                not_lan.clone(),
+                [
+                    Match::L4(L4::Udp),
+                    Match::Dport(port),
+                    Match::DaddrType(AddrType::Local),
+                ],
+            ),
             Action::Notrack,
             "WireGuard datagrams: no conntrack entry (a flood cannot fill the table)",
         ));
@@ -305,26 +365,11 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "WireGuard datagrams we send",
         ));
     }
-    for m in dhcp_replies() {
-        pre.push(rule(
-            m,
-            Action::Return,
-            "DHCP replies (the subnet is not known before the lease)",
-        ));
+    // Only from the uplink: on the LAN port the DHCP server is the appliance, and a
+    // LAN host's 67 -> 68 from a tunnel source is a spoof like any other.
+    for (m, why) in dhcp_exempt() {
+        pre.push(rule(with(not_lan.clone(), m), Action::Return, why));
     }
-    // Our own DHCPDISCOVER, looped back: a broadcast sent while the uplink has no address
-    // leaves with a source the kernel took from another interface (the tunnel's), and
-    // its local copy re-enters by the uplink. Not a spoof; nothing else sends 68 -> 67.
-    pre.push(rule(
-        vec![
-            Match::Family(Family::V4),
-            Match::L4(L4::Udp),
-            Match::Sport(68),
-            Match::Dport(67),
-        ],
-        Action::Return,
-        "our DHCP broadcasts, looped back",
-    ));
     if let Some(l) = &p.lan {
         for c in spoof_prefixes(cfg, &p.lan_nets) {
             pre.push(counted(
@@ -386,6 +431,35 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
         ));
     }
     input.push(rule(vec![established.clone()], Action::Accept, "replies"));
+    // ICMP errors about what our own sockets sent, before the invalid drop: WireGuard
+    // datagrams are not tracked, so conntrack cannot relate an error quoting one (a
+    // "fragmentation needed", a "packet too big") and calls it invalid, and PMTU
+    // discovery would never learn the path's MTU. Those about tracked traffic (TCP
+    // fallback included) are `related` above; these rules take the rest.
+    let ours: Vec<(L4, u16)> = p
+        .listen_port
+        .map(|port| (L4::Udp, port))
+        .into_iter()
+        .chain(cfg.gateway.tcp_listen.iter().map(|&port| (L4::Tcp, port)))
+        .collect();
+    for (family, icmp, types) in [
+        (Family::V4, L4::Icmp, &ICMP_ABOUT_OURS[..]),
+        (Family::V6, L4::Icmpv6, &ICMPV6_ABOUT_OURS[..]),
+    ] {
+        for &t in types {
+            for &(l4, sport) in &ours {
+                input.push(rule(
+                    vec![
+                        Match::L4(icmp),
+                        Match::IcmpType(t),
+                        Match::Quotes { family, l4, sport },
+                    ],
+                    Action::Accept,
+                    "ICMP errors about our WireGuard and TCP-fallback sockets' packets (PMTU discovery)",
+                ));
+            }
+        }
+    }
     input.push(counted(
         vec![Match::Ct(CtStates::INVALID)],
         COUNTER_INVALID,
@@ -421,6 +495,13 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             vec![Match::L4(L4::Icmpv6), Match::IcmpType(t)],
             Action::Accept,
             "ICMPv6 errors, router advertisements, neighbour discovery",
+        ));
+    }
+    for t in MLD {
+        input.push(rule(
+            vec![Match::L4(L4::Icmpv6), Match::IcmpType(t), saddr(LINK_LOCAL)],
+            Action::Accept,
+            "MLD from link-local sources (snooping switches keep forwarding our multicast)",
         ));
     }
     input.push(counted(
@@ -530,17 +611,42 @@ fn nat_rules(cfg: &Config, p: &Ports) -> Vec<Rule> {
             "a peer with Masquerade = off",
         ));
     }
-    v.push(rule(
-        with(vec![iif(&p.tunnel)], to_uplink(p)),
-        Action::Masquerade,
-        "tunnel sources leaving by the uplink",
-    ));
+    let mut from = vec![(iif(&p.tunnel), "tunnel sources leaving by the uplink")];
     if let Some(l) = &p.lan {
-        v.push(rule(
-            with(vec![iif(l)], to_uplink(p)),
-            Action::Masquerade,
-            "the LAN port's hosts leaving by the uplink",
-        ));
+        from.push((iif(l), "the LAN port's hosts leaving by the uplink"));
+    }
+    for (zone, why) in from {
+        let out = with(vec![zone], to_uplink(p));
+        if let Some(port) = p.listen_port {
+            for (sports, to) in avoiding(port) {
+                v.push(rule(
+                    with(
+                        out.clone(),
+                        [Match::L4(L4::Udp), Match::SportIn(sports.0, sports.1)],
+                    ),
+                    Action::MasqueradePorts(to.0, to.1),
+                    "UDP never translated to the WireGuard port (its replies would not be tracked)",
+                ));
+            }
+        }
+        v.push(rule(out, Action::Masquerade, why));
+    }
+    v
+}
+
+/// Source ports and what they are translated into so that no translated UDP flow gets
+/// the WireGuard port `port`: replies to that port of the appliance are not tracked
+/// (so not de-NATed) and would reach the WireGuard socket. Below it stays below, the rest
+/// goes above it (below, if it is the last port), so a free port is kept as it is.
+fn avoiding(port: u16) -> Vec<((u16, u16), (u16, u16))> {
+    let mut v = Vec::new();
+    if port >= 2 {
+        v.push(((0, port - 1), (1, port - 1)));
+    }
+    if port < u16::MAX {
+        v.push(((port, u16::MAX), (port + 1, u16::MAX)));
+    } else {
+        v.push(((port, port), (1, port - 1)));
     }
     v
 }

@@ -135,12 +135,41 @@ pub enum Match {
     Sport(u16),
     /// TCP/UDP destination port (with the `L4` match before it).
     Dport(u16),
+    /// TCP/UDP source port in `lo..=hi` (with the `L4` match before it).
+    SportIn(u16, u16),
     /// ICMP or ICMPv6 type (with the `L4` match before it).
     IcmpType(u8),
+    /// What the destination address is to the appliance (nft `fib daddr type`): a
+    /// route lookup, so only after cheaper matches.
+    DaddrType(AddrType),
+    /// An ICMP (`family` V4) or ICMPv6 error quoting a packet of protocol `l4` sent from
+    /// our port `sport` (with the ICMP `L4` and type matches before it). The quoted
+    /// header is read at fixed offsets: an IPv4 one without options (ours have none),
+    /// an IPv6 one without extension headers.
+    Quotes { family: Family, l4: L4, sport: u16 },
     /// `ct state` is one of these.
     Ct(CtStates),
     /// At most `per_second` packets a second, bursts of `burst` (beyond: no match).
     Limit { per_second: u64, burst: u32 },
+}
+
+/// Route types (`RTN_*`) of a destination, as `fib daddr type` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddrType {
+    /// One of the appliance's own addresses.
+    Local,
+    /// A broadcast address (255.255.255.255, a subnet's broadcast).
+    Broadcast,
+}
+
+impl AddrType {
+    /// The kernel's `RTN_*` number.
+    pub fn rtn(self) -> u32 {
+        match self {
+            AddrType::Local => 2,
+            AddrType::Broadcast => 3,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,4 +182,7 @@ pub enum Action {
     Notrack,
     /// Source NAT to the outgoing interface's address.
     Masquerade,
+    /// Source NAT to the outgoing interface's address and a source port in `lo..=hi`
+    /// (kept when it is already inside and free; with a TCP/UDP `L4` match).
+    MasqueradePorts(u16, u16),
 }

@@ -58,6 +58,10 @@ struct Pkt {
     dport: u16,
     icmp: u8,
     ct: u32,
+    /// What the destination is to the appliance (`None`: an address elsewhere).
+    to: Option<AddrType>,
+    /// For an ICMP error: the protocol and source port of the packet it quotes.
+    quotes: Option<(L4, u16)>,
 }
 
 fn holds(m: &Match, k: &Pkt) -> bool {
@@ -72,7 +76,12 @@ fn holds(m: &Match, k: &Pkt) -> bool {
         Match::Daddr { .. } => false,
         Match::Sport(p) => k.sport == *p,
         Match::Dport(p) => k.dport == *p,
+        Match::SportIn(lo, hi) => (*lo..=*hi).contains(&k.sport),
         Match::IcmpType(t) => k.icmp == *t,
+        Match::DaddrType(t) => k.to == Some(*t),
+        Match::Quotes { family, l4, sport } => {
+            fam(*family == Family::V4) && k.quotes == Some((*l4, *sport))
+        }
         Match::Ct(s) => k.ct & s.0 != 0,
         Match::Limit { .. } => true,
     }
@@ -240,6 +249,7 @@ fn hub_and_overlapping_prefixes_are_not_spoofs() {
         l4: Some(L4::Udp),
         sport: 67,
         dport: 68,
+        to: Some(AddrType::Local),
         ..Pkt::default()
     };
     assert_eq!(verdict(&rs, "prerouting", &dhcp_server).0, Action::Return);
@@ -261,6 +271,7 @@ fn dhcp_replies_pass_before_the_uplink_has_a_subnet() {
         l4: Some(L4::Udp),
         sport: 67,
         dport: 68,
+        to: Some(AddrType::Broadcast),
         ..Pkt::default()
     };
     assert_eq!(verdict(&rs, "prerouting", &offer).0, Action::Return);
@@ -325,10 +336,11 @@ fn uplink_input_is_wireguard_tcp_fallback_dhcp_icmp_only() {
     };
     assert_eq!(verdict(&rs, "input", &client).0, Action::Accept);
     // WireGuard is not tracked, both ways.
-    assert_eq!(
-        verdict(&rs, "prerouting", &from(L4::Udp, 51820, 0)).0,
-        Action::Notrack
-    );
+    let wg_in = Pkt {
+        to: Some(AddrType::Local),
+        ..from(L4::Udp, 51820, 0)
+    };
+    assert_eq!(verdict(&rs, "prerouting", &wg_in).0, Action::Notrack);
     let ours = Pkt {
         l4: Some(L4::Udp),
         sport: 51820,
@@ -486,7 +498,232 @@ fn our_looped_back_dhcp_broadcast_is_not_a_spoof() {
         l4: Some(L4::Udp),
         sport: 68,
         dport: 67,
+        to: Some(AddrType::Broadcast),
         ..Pkt::default()
     };
     assert_eq!(verdict(&rs, "prerouting", &discover).0, Action::Return);
+}
+
+/// UDP 67/68 and 547/546 from a tunnel source: only what comes from the uplink to the
+/// appliance itself escapes the anti-spoofing; from the LAN port, or on its way to a
+/// client, it is a spoof.
+#[test]
+fn dhcp_ports_are_exempt_only_from_the_uplink_to_the_appliance() {
+    let (mut cfg, p) = two_armed();
+    cfg.interface.addresses.push(c("fd00:100::1/64"));
+    let rs = ruleset(&cfg, &p);
+    let pairs = [
+        ("10.100.0.3", 67, 68),
+        ("fd00:100::3", 547, 546),
+        ("10.100.0.3", 68, 67),
+    ];
+    let spoof = (Action::Drop, Some(COUNTER_SPOOF.to_string()));
+    for (src, sport, dport) in pairs {
+        let k = Pkt {
+            iif: "eth1",
+            src: ip(src),
+            l4: Some(L4::Udp),
+            sport,
+            dport,
+            ..Pkt::default()
+        };
+        for to in [None, Some(AddrType::Local), Some(AddrType::Broadcast)] {
+            let lan = Pkt { to, ..k.clone() };
+            assert_eq!(
+                verdict(&rs, "prerouting", &lan),
+                spoof,
+                "LAN {sport}->{dport} {to:?}"
+            );
+        }
+        let forwarded = Pkt {
+            iif: "eth0",
+            ..k.clone()
+        };
+        assert_eq!(
+            verdict(&rs, "prerouting", &forwarded),
+            spoof,
+            "uplink {sport}->{dport}, forwarded"
+        );
+    }
+    // From the uplink to the appliance: not judged by source.
+    for (src, sport, dport, to) in [
+        ("10.100.0.3", 67, 68, AddrType::Local),
+        ("10.100.0.3", 67, 68, AddrType::Broadcast),
+        ("fd00:100::3", 547, 546, AddrType::Local),
+        ("10.100.0.1", 68, 67, AddrType::Broadcast),
+    ] {
+        let k = Pkt {
+            iif: "eth0",
+            src: ip(src),
+            l4: Some(L4::Udp),
+            sport,
+            dport,
+            to: Some(to),
+            ..Pkt::default()
+        };
+        assert_eq!(
+            verdict(&rs, "prerouting", &k).0,
+            Action::Return,
+            "{sport}->{dport} {to:?}"
+        );
+    }
+    // A looped-back DHCPDISCOVER is a broadcast; unicast 68 -> 67 from a tunnel source is
+    // a spoof.
+    let unicast = Pkt {
+        iif: "eth0",
+        src: ip("10.100.0.3"),
+        l4: Some(L4::Udp),
+        sport: 68,
+        dport: 67,
+        to: Some(AddrType::Local),
+        ..Pkt::default()
+    };
+    assert_eq!(verdict(&rs, "prerouting", &unicast), spoof);
+}
+
+/// ICMP errors quoting our WireGuard or TCP-fallback packets pass although conntrack
+/// calls them invalid (WireGuard is not tracked); others meet the invalid drop.
+#[test]
+fn icmp_errors_about_our_sockets_pass_before_the_invalid_drop() {
+    let mut cfg = factory();
+    cfg.gateway.tcp_listen = vec![443];
+    let rs = ruleset(&cfg, &ports(&["192.0.2.0/24"]));
+    const INVALID: u32 = 1;
+    for (src, l4, t) in [
+        ("192.0.2.1", L4::Icmp, 3),
+        ("2001:db8::1", L4::Icmpv6, 2),
+        ("2001:db8::1", L4::Icmpv6, 1),
+    ] {
+        for quotes in [(L4::Udp, 51820), (L4::Tcp, 443)] {
+            let k = Pkt {
+                iif: "eth0",
+                src: ip(src),
+                l4: Some(l4),
+                icmp: t,
+                ct: INVALID,
+                quotes: Some(quotes),
+                ..Pkt::default()
+            };
+            assert_eq!(
+                verdict(&rs, "input", &k).0,
+                Action::Accept,
+                "{l4:?} {t} {quotes:?}"
+            );
+        }
+        // Quoting someone else's packet (a port we do not send from): invalid.
+        let other = Pkt {
+            iif: "eth0",
+            src: ip(src),
+            l4: Some(l4),
+            icmp: t,
+            ct: INVALID,
+            quotes: Some((L4::Udp, 53)),
+            ..Pkt::default()
+        };
+        assert_eq!(
+            verdict(&rs, "input", &other),
+            (Action::Drop, Some(COUNTER_INVALID.into()))
+        );
+    }
+    // The family of the quoted header is the ICMP's: an IPv4 error never takes the
+    // IPv6 offsets' rule.
+    for r in &chain(&rs, "input").rules {
+        if let Some(Match::Quotes { family, .. }) = r.matches.last() {
+            let v6 = r.matches.contains(&Match::L4(L4::Icmpv6));
+            assert_eq!(*family == Family::V6, v6, "{r:?}");
+        }
+    }
+}
+
+#[test]
+fn mld_from_link_local_sources_is_accepted() {
+    let rs = ruleset(&factory(), &ports(&["192.0.2.0/24"]));
+    let untracked = CtStates::UNTRACKED.0;
+    let query = Pkt {
+        iif: "eth0",
+        src: ip("fe80::1"),
+        l4: Some(L4::Icmpv6),
+        icmp: 130,
+        ct: untracked,
+        ..Pkt::default()
+    };
+    assert_eq!(verdict(&rs, "input", &query).0, Action::Accept);
+    for t in [131, 132, 143] {
+        let k = Pkt {
+            icmp: t,
+            ..query.clone()
+        };
+        assert_eq!(verdict(&rs, "input", &k).0, Action::Accept, "{t}");
+    }
+    let global = Pkt {
+        src: ip("2001:db8::1"),
+        ..query
+    };
+    assert_eq!(
+        verdict(&rs, "input", &global),
+        (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+    );
+}
+
+/// Forwarded traffic to the WireGuard port (a LAN host's flow) is tracked like any
+/// other, so its replies are de-NATed; only the appliance's own datagrams are not.
+#[test]
+fn notrack_is_for_the_appliances_own_wireguard_datagrams_only() {
+    let rs = ruleset(&factory(), &ports(&["192.168.1.0/24"]));
+    let to_client = Pkt {
+        iif: "eth0",
+        src: ip("192.168.1.10"),
+        l4: Some(L4::Udp),
+        sport: 40000,
+        dport: 51820,
+        ..Pkt::default()
+    };
+    assert_eq!(verdict(&rs, "prerouting", &to_client).0, Action::Return);
+    let to_us = Pkt {
+        to: Some(AddrType::Local),
+        ..to_client
+    };
+    assert_eq!(verdict(&rs, "prerouting", &to_us).0, Action::Notrack);
+}
+
+/// A client's UDP flow leaving by the uplink is never translated to the WireGuard port:
+/// the replies to it would be taken for WireGuard datagrams (not tracked, not de-NATed).
+#[test]
+fn masquerade_never_picks_the_wireguard_port() {
+    let (cfg, p) = two_armed();
+    let rs = ruleset(&cfg, &p);
+    for (iif, src) in [("wg0", "10.100.0.2"), ("eth1", "192.168.88.10")] {
+        for (sport, lo, hi) in [
+            (51820, 51821, 65535),
+            (60000, 51821, 65535),
+            (40000, 1, 51819),
+            (123, 1, 51819),
+        ] {
+            let k = Pkt {
+                iif,
+                oif: "eth0",
+                src: ip(src),
+                l4: Some(L4::Udp),
+                sport,
+                ..Pkt::default()
+            };
+            let a = verdict(&rs, "postrouting", &k).0;
+            assert_eq!(a, Action::MasqueradePorts(lo, hi), "{iif} {sport}");
+            assert!(!(lo..=hi).contains(&51820));
+        }
+        let tcp = Pkt {
+            iif,
+            oif: "eth0",
+            src: ip(src),
+            l4: Some(L4::Tcp),
+            sport: 51820,
+            ..Pkt::default()
+        };
+        assert_eq!(verdict(&rs, "postrouting", &tcp).0, Action::Masquerade);
+    }
+    assert_eq!(avoiding(1), vec![((1, 65535), (2, 65535))]);
+    assert_eq!(
+        avoiding(65535),
+        vec![((0, 65534), (1, 65534)), ((65535, 65535), (1, 65534))]
+    );
 }

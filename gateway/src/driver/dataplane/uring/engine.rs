@@ -334,11 +334,13 @@ impl<'p> Engine for UringEngine<'p> {
                     } => {
                         pool.free(buf);
                         let Err(e) = res else { continue };
-                        // No checksum offload on the route, or segments the route cannot
-                        // carry: this socket sends one datagram per SendMsg from now on
-                        // (this batch is lost), as the poll backend's demotion does.
+                        // No checksum offload on the route (for good), or segments a
+                        // route cannot carry (for a rest: a path MTU learnt from one
+                        // ICMP error must not switch offload off): one datagram per
+                        // SendMsg meanwhile (this batch is lost), as the poll backend
+                        // does (it resends).
                         if segmented && gso_errno(e as i32) && be.sock.gso_enabled() {
-                            be.sock.disable_gso();
+                            be.sock.gso_failed(e as i32);
                         }
                         // From a sticky source that is gone (the address was removed):
                         // forget the sources, so the next sends let routing pick until
