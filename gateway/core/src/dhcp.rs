@@ -58,7 +58,8 @@ pub const DECLINE_WAIT: Duration = Duration::from_secs(10);
 /// The longest wait before asking again after declining a server's lease: a refused
 /// lease is offered again at 10 s, 20 s, 40 s, ... up to this (no decline loop).
 pub const MAX_REFUSE_WAIT: Duration = Duration::from_secs(300);
-/// Refusals remembered (server, lease) for their back-off.
+/// Refusals remembered (server, lease) for their back-off; a new one replaces only a
+/// refusal whose wait is over (see `Client::refuse`).
 const MAX_REFUSALS: usize = 8;
 /// NTP servers kept from option 42: enough to compare answers, too few to be a flood list.
 pub const MAX_NTP: usize = 4;
@@ -436,17 +437,36 @@ impl Client {
                 i
             }
             None => {
-                if self.refused.len() >= MAX_REFUSALS {
-                    self.refused.remove(0);
-                }
-                self.refused.push(Refusal {
+                let fresh = Refusal {
                     server: l.server,
                     address: l.address,
                     prefix: l.prefix,
                     count: 1,
                     until: now,
-                });
-                self.refused.len() - 1
+                };
+                if self.refused.len() < MAX_REFUSALS {
+                    self.refused.push(fresh);
+                    self.refused.len() - 1
+                } else {
+                    // Everything in an offer (server identifier, address, source) costs
+                    // a host on the uplink nothing to vary, so no key stops a flood of
+                    // identities. It may only take the place of a refusal whose wait
+                    // is over, the least repeated first: one still waiting is never
+                    // forgotten (that would reset its server's back-off). With none,
+                    // the newcomer gets the first wait without being remembered.
+                    let Some(i) = self
+                        .refused
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| r.until <= now)
+                        .min_by_key(|(_, r)| (r.count, r.until))
+                        .map(|(i, _)| i)
+                    else {
+                        return Some((DECLINE_WAIT, 1));
+                    };
+                    self.refused[i] = fresh;
+                    i
+                }
             }
         };
         let r = &mut self.refused[i];

@@ -601,6 +601,65 @@ fn conflicting_offer_backs_off_exponentially_and_prefers_other_servers() {
 }
 
 #[test]
+fn a_server_cycling_identities_cannot_reset_another_servers_back_off() {
+    let t0 = Instant::now();
+    let mut now = t0;
+    let mut c = conflicting(29, now);
+    c.start(now);
+    // The real server's lease refused three times in a row: 40 s before the next.
+    let mut d = None;
+    for (n, want) in [(1, 10), (2, 20), (3, 40)] {
+        let m = decode(&next_tx(&mut c, &mut now, t0 + secs(400)).expect("discover"));
+        c.handle_reply(now, &Reply::to(&m, MessageType::Offer).bytes())
+            .unwrap();
+        match events(&mut c).as_slice() {
+            [Event::OfferRefused {
+                server,
+                repeat,
+                retry_in,
+                ..
+            }] => assert_eq!((*server, *repeat, retry_in.as_secs()), (SRV, n, want)),
+            e => panic!("{e:?}"),
+        }
+        d = Some(m);
+    }
+    let d = d.unwrap();
+    // Within that wait, one host on the uplink offers conflicting leases under many
+    // server identities (and addresses): each is refused, memory stays bounded.
+    for i in 0..64u8 {
+        let mut r = Reply::to(&d, MessageType::Offer);
+        r.server = Some(Ipv4Addr::new(10, 9, 0, i));
+        r.yiaddr = Ipv4Addr::new(192, 168, 77, 100 + i);
+        c.handle_reply(now, &r.bytes()).unwrap();
+        assert!(c.refused.len() <= MAX_REFUSALS);
+    }
+    let _ = events(&mut c);
+    // The real server is still within its wait: not reported again, not reset.
+    assert!(matches!(
+        c.handle_reply(now, &Reply::to(&d, MessageType::Offer).bytes()),
+        Err(Ignored::Refused(_))
+    ));
+    assert!(events(&mut c).is_empty());
+    // After it, its back-off goes on from where it was: the fourth refusal, 80 s.
+    let m = decode(&tx_in(&mut c, &mut now, secs(400)).expect("discover"));
+    assert!(
+        now >= t0 + secs(70),
+        "no DISCOVER before the real server's wait"
+    );
+    c.handle_reply(now, &Reply::to(&m, MessageType::Offer).bytes())
+        .unwrap();
+    match events(&mut c).as_slice() {
+        [Event::OfferRefused {
+            server,
+            repeat,
+            retry_in,
+            ..
+        }] => assert_eq!((*server, *repeat, retry_in.as_secs()), (SRV, 4, 80)),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
 fn conflicting_ack_is_declined_with_back_off_in_every_state() {
     // REQUESTING: the check changed its mind between OFFER and ACK.
     let mut now = Instant::now();
