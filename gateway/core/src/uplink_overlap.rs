@@ -20,6 +20,11 @@
 //!   more specific routes keep winning, so nothing is diverted.
 //!
 //! `UplinkOverlap = refuse` makes every overlap a conflict, the proxy-ARP layout too.
+//!
+//! Two-armed (`Lan =`), the subnets of the LAN port's `LanAddress` count as routes too,
+//! and any overlap with one (equal, inside, containing), under either policy, is a
+//! conflict: the uplink's subnet would take the LAN's hosts (NAT, replies) off the LAN
+//! port, e.g. a 192.168.5.57/16 lease over `LanAddress = 192.168.88.1/24`.
 #![forbid(unsafe_code)]
 
 use crate::config::{Config, OverlapPolicy};
@@ -39,6 +44,8 @@ pub struct TunnelRoute {
     pub prefix: Cidr,
     /// Part of the proxy-ARP layout: may lie inside the uplink's subnet (see above).
     pub proxied: bool,
+    /// The LAN port's subnet (two-armed): no overlap with the uplink is ever kept.
+    pub lan_port: bool,
 }
 
 /// The tunnel's routes (both families) in the configuration `cfg` runs (its enabled peers).
@@ -58,6 +65,7 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
                 owner: owner.clone(),
                 prefix: c.network(),
                 proxied: proxy && c.prefix == if c.addr.is_ipv4() { 32 } else { 128 },
+                lan_port: false,
             });
         }
     }
@@ -66,7 +74,20 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
             owner: "the tunnel".into(),
             prefix: a.network(),
             proxied: proxy,
+            lan_port: false,
         });
+    }
+    // One-armed (no `Lan`), the uplink is the LAN: no port of its own to protect.
+    let lan = &cfg.gateway.lan;
+    if !lan.is_empty() {
+        for a in cfg.gateway.lan_addresses.iter().filter(|c| c.prefix > 0) {
+            out.push(TunnelRoute {
+                owner: format!("the LAN port {lan}"),
+                prefix: a.network(),
+                proxied: false,
+                lan_port: true,
+            });
+        }
     }
     out
 }
@@ -90,7 +111,11 @@ fn relation(l: Cidr, r: &TunnelRoute, policy: OverlapPolicy) -> Option<Result<()
     } else {
         SITE_PREFIX_V6
     };
-    Some(if policy == OverlapPolicy::Refuse {
+    Some(if r.lan_port {
+        Err(format!(
+            "it overlaps {owner}'s {rp} (LanAddress: the uplink and the LAN port cannot share a network)"
+        ))
+    } else if policy == OverlapPolicy::Refuse {
         Err(format!(
             "it overlaps {owner}'s {rp} (UplinkOverlap = refuse)"
         ))
@@ -324,6 +349,39 @@ mod tests {
             super::verdict(c("fd00::/64"), &tunnel_routes(&full), Refuse),
             Verdict::Clear
         );
+    }
+
+    #[test]
+    fn overlapping_the_lan_ports_subnet_is_a_conflict() {
+        let mut k = cfg(&[("phone", &["10.100.0.2/32"])], &["10.100.0.1/24"]);
+        k.gateway.lan = "eth1".into();
+        k.gateway.lan_addresses = vec![c("192.168.88.1/24"), c("fd88::1/64")];
+        let lan = "it overlaps the LAN port eth1's 192.168.88.0/24 (LanAddress: the uplink and the LAN port cannot share a network)";
+        // The lease: a /16 over the LAN's /24, under either policy, proxy ARP
+        // on or off; also an equal and a narrower one.
+        for lease in ["192.168.5.57/16", "192.168.88.20/24", "192.168.88.130/25"] {
+            for policy in [OverlapPolicy::Auto, OverlapPolicy::Refuse] {
+                for proxy in [true, false] {
+                    k.gateway.uplink_overlap = policy;
+                    k.gateway.proxy_arp = proxy;
+                    assert_eq!(verdict(&k, lease), Err(lan.into()), "{lease}");
+                }
+            }
+        }
+        k.gateway.uplink_overlap = OverlapPolicy::Auto;
+        k.gateway.proxy_arp = true;
+        // A lease beside it is fine.
+        assert_eq!(verdict(&k, "192.168.1.20/24"), Ok(vec![]));
+        assert_eq!(verdict(&k, "192.168.89.20/24"), Ok(vec![]));
+        // RA prefixes by the same rule.
+        let routes = tunnel_routes(&k);
+        assert!(matches!(
+            super::verdict(c("fd88::/48"), &routes, OverlapPolicy::Auto),
+            Verdict::Conflict { route, .. } if route.owner == "the LAN port eth1"
+        ));
+        // One-armed, a stray LanAddress names no port: nothing to protect.
+        k.gateway.lan.clear();
+        assert_eq!(verdict(&k, "192.168.5.57/16"), Ok(vec![]));
     }
 
     #[test]
