@@ -12,6 +12,7 @@ Only the Python standard library is used.
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -408,10 +409,15 @@ RTT_RE = re.compile(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms")
 
 
 def ping(side, dst, count=10, interval=0.2, wait=1):
-    """Ping `dst` from `side`; returns dict(sent, received, loss_pct, rtt_avg_ms)."""
-    timeout = count * interval + wait + 10
+    """Ping `dst` from `side`; returns dict(sent, received, loss_pct, rtt_avg_ms). A reply
+    counts as received if it comes within the deadline (-w: the sending time plus `wait`
+    plus 3 s), not only within ping's default linger after the last request (two round
+    trips): on a loaded host a daemon descheduled for a few hundred milliseconds answered
+    the last requests of a run after ping had left, and they counted as lost."""
+    deadline = math.ceil(count * interval + wait + 3)
+    timeout = deadline + 10
     cp = side.sh(["ping", "-n", "-q", "-c", str(count), "-i", str(interval), "-W", str(wait),
-                  dst], timeout=timeout, check=False)
+                  "-w", str(deadline), dst], timeout=timeout, check=False)
     res = parse_ping(cp.stdout)
     if res is None:
         raise LabError(f"ping {dst}: no summary: {(cp.stderr or cp.stdout).strip()[-200:]}")
