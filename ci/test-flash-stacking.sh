@@ -77,7 +77,13 @@ mkloop() {
     echo "     no partition nodes for $L"
     return 1
 }
-mkmnt() { local m=$work/mnt-$1; mkdir -p "$m"; echo "$m"; }
+# Mounts go under a shared bind mount of $work/mp: every `ip netns exec` of a lab running
+# beside this one copies the mount table into a new mount namespace, and a copy under the
+# private / would keep our loop devices busy after our umount, for that process's life; a
+# copy under a shared parent is its slave and goes with our umount.
+mkdir -p "$work/mp"
+mount --bind "$work/mp" "$work/mp" && mount --make-shared "$work/mp" && push umount_or_lazy "$work/mp"
+mkmnt() { local m=$work/mp/mnt-$1; mkdir -p "$m"; echo "$m"; }
 mnt() { # DEV DIR [mount options...]
     local dev=$1 dir=$2; shift 2
     mount "$@" "$dev" "$dir" || return 1

@@ -53,7 +53,8 @@ only=${RG_UPDATE_ONLY:-}
 case $only in ''|compat) ;; *) echo "RG_UPDATE_ONLY is compat or empty" >&2; exit 2 ;; esac
 loops=() mnts=() old_tree="" cpid=""
 cleanup() {
-    for m in "${mnts[@]}"; do umount "$m" 2>/dev/null; done
+    local i
+    for ((i = ${#mnts[@]} - 1; i >= 0; i--)); do umount "${mnts[i]}" 2>/dev/null; done
     for l in "${loops[@]}"; do losetup -d "$l" 2>/dev/null; done
     [ -z "$cpid" ] || cstop 0
     [ -z "$old_tree" ] || git worktree remove --force "$old_tree" 2>/dev/null
@@ -204,14 +205,21 @@ if losetup -f >/dev/null 2>&1; then
     truncate -s 400M "$work/loop.img"
     mkfs.ext4 -q -F "$work/loop.img"
     lo=$(losetup -f --show -P "$work/loop.img") && loops+=("$lo")
-    mkdir -p "$work/mnt"
-    mount "$lo" "$work/mnt" && mnts+=("$work/mnt")
+    # The mount sits under a shared bind mount of $work/mp. Every `ip netns exec` (labs side
+    # by side with this one start their daemons with it) copies the mount table into a new
+    # mount namespace; a copy under the private / would keep $lo mounted, so "in use", for
+    # that daemon's life after our umount (seen: "mount namespace of pid N"); under a shared
+    # parent the copies are its slaves and our umount takes them away too.
+    mkdir -p "$work/mp"
+    mount --bind "$work/mp" "$work/mp" && mount --make-shared "$work/mp" && mnts+=("$work/mp")
+    mkdir -p "$work/mp/mnt"
+    mount "$lo" "$work/mp/mnt" && mnts+=("$work/mp/mnt")
     $F "$v1img" "$lo" --yes >"$work/f-mounted.log" 2>&1; st=$?
     refused $st "flash refuses a mounted block device ($lo)" "$work/f-mounted.log" 'in use'
-    check "flash: mounted device still mounted and clean" sh -c "mountpoint -q '$work/mnt' && ls '$work/mnt/lost+found'"
+    check "flash: mounted device still mounted and clean" sh -c "mountpoint -q '$work/mp/mnt' && ls '$work/mp/mnt/lost+found'"
     $F "$v1img" "$work/loop.img" --yes >"$work/f-attached.log" 2>&1; st=$?
     refused $st "flash refuses a file attached to a loop device" "$work/f-attached.log" 'attached to loop'
-    umount "$work/mnt" && mnts=()
+    umount "$work/mp/mnt" && umount "$work/mp" && mnts=()
     if $F "$v1img" "$lo" --yes >"$work/f-dev.log" 2>&1; then
         ok "flash into an unmounted block device ($lo, 400 MiB)"
         grep -a 'perm ext4 grown\|is now' "$work/f-dev.log" | sed 's/^/     /'
