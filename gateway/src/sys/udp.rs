@@ -673,12 +673,8 @@ impl AsFd for UdpSocket {
 
 /// Rate limit for the demotion warning: true at most once per 60 s.
 fn demotion_log_due() -> bool {
-    use std::sync::atomic::AtomicU64;
-    use std::sync::OnceLock;
-    use std::time::Instant;
-    static START: OnceLock<Instant> = OnceLock::new();
     static LAST: AtomicU64 = AtomicU64::new(u64::MAX);
-    let now = START.get_or_init(Instant::now).elapsed().as_secs();
+    let now = clock_ms() / 1000;
     let last = LAST.load(Ordering::Relaxed);
     if last != u64::MAX && now < last + 60 {
         return false;
