@@ -44,7 +44,9 @@ cleanup() {
 }
 at_exit cleanup
 
-RG_QEMU_DISK="$disk" RG_QEMU_LOG="$work/serial.log" RG_QEMU_TIMEOUT=900 \
+# No second start after a stall (RG_QEMU_STALL_RETRY=0): the driver's virtio console and
+# QMP connections are to this QEMU.
+RG_QEMU_DISK="$disk" RG_QEMU_LOG="$work/serial.log" RG_QEMU_TIMEOUT=900 RG_QEMU_STALL_RETRY=0 \
     RG_QEMU_UNTIL='^RG-NEVER$' RG_QEMU_SERIAL_IN="$sock/serial-in" \
     RG_QEMU_EXTRA="-device virtio-serial-pci -chardev socket,id=rgtcon,path=$sock/hvc,server=on,wait=off -device virtconsole,chardev=rgtcon -qmp unix:$sock/qmp,server=on,wait=off" \
     image/qemu.sh "$board" >"$work/qemu.out" 2>&1 &

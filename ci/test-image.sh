@@ -61,7 +61,7 @@ shas() { awk 'length($1) == 64 {print $1, $3}' "$1"; }
 # boot_status (0 done, 3 panic, 4 timeout) and the log in $work/NAME.log.
 boot() {
     local name=$1 disk=$2 board=$3 until=$4; shift 4
-    local log=$work/$name.log t0=$SECONDS pid
+    local log=$work/$name.log t0=$SECONDS tl=$SECONDS restarted="" pid
     : >"$log"
     env "$@" RG_QEMU_DISK="$disk" RG_QEMU_LOG="$log" RG_QEMU_TIMEOUT="$T" RG_QEMU_UNTIL='^RG-NEVER$' \
         image/qemu.sh "$board" >"$work/$name.qemu" 2>&1 &
@@ -70,7 +70,8 @@ boot() {
     while kill -0 "$pid" 2>/dev/null; do
         if serial_panicked "$log"; then boot_status=3; break; fi
         if "$until" "$log"; then boot_status=0; break; fi
-        if [ $((SECONDS - t0)) -gt $((T + 10)) ]; then break; fi
+        if [ -z "$restarted" ] && qemu_restarted "$log"; then restarted=1 tl=$SECONDS; fi
+        if [ $((SECONDS - tl)) -gt $((T + 10)) ]; then break; fi
         sleep 0.5
         # Seconds from QEMU start to the first `gateway up`, for the report.
         if [ -z "${up_at[$name]:-}" ] && grep -qa 'riceguard-init: gateway up' "$log"; then
@@ -80,7 +81,7 @@ boot() {
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     tr -d '\r' <"$log" >"$log.txt"
-    echo "     $name: $((SECONDS - t0))s, serial log $log.txt"
+    echo "     $name: $((SECONDS - t0))s${restarted:+ (the guest kernel stalled before init; started once more)}, serial log $log.txt"
 }
 declare -A up_at nko
 

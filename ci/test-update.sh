@@ -248,7 +248,7 @@ fi
 # guest rebooted: qemu.sh uses -no-reboot), a panic, or the timeout.
 boot() {
     local name=$1 disk=$2 until=$3; shift 3
-    local log=$work/$name.log t0=$SECONDS pid
+    local log=$work/$name.log t0=$SECONDS tl=$SECONDS restarted="" pid
     : >"$log"
     local t=${BOOT_T:-$T}
     env "$@" RG_QEMU_DISK="$disk" RG_QEMU_LOG="$log" RG_QEMU_TIMEOUT="$t" RG_QEMU_UNTIL='^RG-NEVER$' \
@@ -259,13 +259,14 @@ boot() {
         if ! kill -0 "$pid" 2>/dev/null; then boot_status=0; break; fi
         if serial_panicked "$log"; then boot_status=3; break; fi
         if "$until" "$log"; then boot_status=0; break; fi
-        if [ $((SECONDS - t0)) -gt $((t + 10)) ]; then break; fi
+        if [ -z "$restarted" ] && qemu_restarted "$log"; then restarted=1 tl=$SECONDS; fi
+        if [ $((SECONDS - tl)) -gt $((t + 10)) ]; then break; fi
         sleep 0.5
     done
     kill "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     tr -d '\r' <"$log" >"$log.txt"
-    echo "     $name: $((SECONDS - t0))s, serial log $log.txt"
+    echo "     $name: $((SECONDS - t0))s${restarted:+ (the guest kernel stalled before init; started once more)}, serial log $log.txt"
 }
 never() { return 1; }
 good_boot() { have "$1" 'riceguard-init: boot marked good|FATAL|rebooting'; }

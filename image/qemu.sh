@@ -17,6 +17,8 @@
 #        RG_QEMU_UNTIL  extended regex: stop successfully once the serial log matches
 #        RG_QEMU_SERIAL_IN  non-interactive: also create the FIFO PATH; what is written
 #                       to it is typed on the guest's serial line (the console)
+#        RG_QEMU_STALL_RETRY  1 (default): a guest kernel that stalls before init is
+#                       started once more on the disk as it was (below); 0: not
 #        RG_QEMU_ACCEL  tcg (default) | kvm
 #        RG_QEMU_EXTRA  more QEMU arguments, split on spaces (e.g. -rtc base=2001-01-01T00:00:00)
 #        RG_QEMU_DISKS  extra raw disk files (space-separated), attached read-only as
@@ -90,32 +92,58 @@ if [ -z "${RG_QEMU_LOG:-}" ]; then
 fi
 
 # Non-interactive: serial to the log file, watch it.
+# A guest kernel that stalls before init (RCU: "rcu_preempt kthread timer wakeup didn't
+# happen" on the second vCPU: TCG on a loaded host, never seen on hardware) is started once
+# more, on the disk as it was before (systemd-boot had counted a try on the ESP), with a
+# line in the log saying so; its time does not count against RG_QEMU_TIMEOUT. A second
+# stall is the result (timeout).
 log=$RG_QEMU_LOG
 : >"$log"
-serial=(-serial "file:$log")
-if [ -n "${RG_QEMU_SERIAL_IN:-}" ]; then
-    # A QEMU pipe chardev: it reads PATH.in and writes PATH.out; a reader copies the
-    # output into the log, and the caller writes to PATH (a link to PATH.in).
-    sp=$run/serial
-    mkfifo "$sp.in" "$sp.out"
-    ln -sf "$sp.in" "$RG_QEMU_SERIAL_IN"
-    serial=(-chardev "pipe,id=ser0,path=$sp" -serial chardev:ser0)
-    cat "$sp.out" >>"$log" &
-fi
-"${prefix[@]}" "$QEMU" "${args[@]}" "${serial[@]}" -monitor none -display none \
-    </dev/null >"$run/qemu.out" 2>&1 &
-qpid=$!
+cp --sparse=always "$disk" "$run/disk.before"
+stall_re='rcu: INFO: .*detected stalls'
+catpid=""
+start_qemu() {
+    # append=on: a second start keeps what the first one wrote.
+    serial=(-chardev "file,id=ser0,path=$log,append=on" -serial chardev:ser0)
+    if [ -n "${RG_QEMU_SERIAL_IN:-}" ]; then
+        # A QEMU pipe chardev: it reads PATH.in and writes PATH.out; a reader copies the
+        # output into the log, and the caller writes to PATH (a link to PATH.in).
+        sp=$run/serial
+        [ -p "$sp.in" ] || mkfifo "$sp.in" "$sp.out"
+        ln -sf "$sp.in" "$RG_QEMU_SERIAL_IN"
+        serial=(-chardev "pipe,id=ser0,path=$sp" -serial chardev:ser0)
+        cat "$sp.out" >>"$log" &
+        catpid=$!
+    fi
+    "${prefix[@]}" "$QEMU" "${args[@]}" "${serial[@]}" -monitor none -display none \
+        </dev/null >>"$run/qemu.out" 2>&1 &
+    qpid=$!
+}
+start_qemu
 deadline=$(( $(date +%s) + ${RG_QEMU_TIMEOUT:-300} ))
-status=4
+started=$(date +%s)
+status=4 restarted=""
 while :; do
-    if grep -qE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then status=3; break; fi
-    if [ -n "${RG_QEMU_UNTIL:-}" ] && grep -qE "$RG_QEMU_UNTIL" "$log"; then status=0; break; fi
+    if grep -qaE 'Kernel panic|Oops|BUG:|Call Trace' "$log"; then status=3; break; fi
+    if [ -n "${RG_QEMU_UNTIL:-}" ] && grep -qaE "$RG_QEMU_UNTIL" "$log"; then status=0; break; fi
     if ! kill -0 "$qpid" 2>/dev/null; then
         wait "$qpid" || true
         qpid=""
         status=0
         [ -n "${RG_QEMU_UNTIL:-}" ] && status=4
         break
+    fi
+    if [ -z "$restarted" ] && [ "${RG_QEMU_STALL_RETRY:-1}" = 1 ] && grep -qaE "$stall_re" "$log" && ! grep -qa 'riceguard-init: ' "$log"; then
+        restarted=1
+        kill "$qpid" 2>/dev/null; wait "$qpid" 2>/dev/null || true
+        [ -n "$catpid" ] && wait "$catpid" 2>/dev/null || true
+        cp --sparse=always "$run/disk.before" "$disk"
+        cp "$FIRMWARE_VARS" "$run/vars.fd"
+        line=$(grep -aoEm1 "rcu: .*timer wakeup didn't happen[^!]*|$stall_re" "$log" || true)
+        printf '\nrg-qemu: the guest kernel stalled before init (%s); disk restored, started once more\n' "$line" >>"$log"
+        echo "qemu: the guest kernel stalled before init ($line); disk restored, started once more" >&2
+        deadline=$((deadline + $(date +%s) - started))
+        start_qemu
     fi
     [ "$(date +%s)" -ge "$deadline" ] && break
     sleep 0.5

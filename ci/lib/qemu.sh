@@ -10,6 +10,10 @@
 # only the PIDs it started.
 #
 #   serial_panicked LOG                 # LOG shows a kernel panic/oops
+#   qemu_restarted LOG                  # image/qemu.sh started the guest once more after
+#                                       # its kernel stalled before init (TCG; the disk
+#                                       # as before): a caller's own boot deadline starts
+#                                       # again from there
 #   serial_wait LOG PID REGEX SECONDS [OFFSET]
 #                                       # until LOG after byte OFFSET (CRs dropped) matches
 #                                       # REGEX: false on a panic, when PID has ended, or
@@ -28,6 +32,8 @@
 QEMU_PANIC_RE='Kernel panic|Oops|BUG:|Call Trace'
 
 serial_panicked() { grep -qaE "$QEMU_PANIC_RE" "$1"; }
+
+qemu_restarted() { grep -qa '^rg-qemu: the guest kernel stalled before init' "$1"; }
 
 serial_wait() { # LOG PID REGEX SECONDS [OFFSET]
     local log=$1 pid=$2 re=$3 left=$(($4 * 4)) off=${5:-0}
