@@ -79,6 +79,43 @@ impl Cidr {
         ip.is_ipv4() == self.addr.is_ipv4() && (first..=last).contains(&ip_bits(ip))
     }
 
+    /// Whether the two prefixes share an address (one contains the other).
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.addr.is_ipv4() == other.addr.is_ipv4() && {
+            let (a0, a1) = self.span();
+            let (b0, b1) = other.span();
+            a0 <= b1 && b0 <= a1
+        }
+    }
+
+    /// Whether `other` lies inside this prefix (equal counts).
+    pub fn covers(&self, other: &Cidr) -> bool {
+        self.addr.is_ipv4() == other.addr.is_ipv4()
+            && self.prefix <= other.prefix
+            && self.contains(other.addr)
+    }
+
+    /// The two halves of the prefix (`None` for a host prefix).
+    pub fn halves(&self) -> Option<(Cidr, Cidr)> {
+        if self.prefix >= self.max_prefix() {
+            return None;
+        }
+        let n = self.network();
+        let p = n.prefix + 1;
+        let bit = 1u128 << u32::from(self.max_prefix() - p);
+        let hi = ip_from_bits(n.addr.is_ipv4(), ip_bits(n.addr) | bit);
+        Some((
+            Cidr {
+                addr: n.addr,
+                prefix: p,
+            },
+            Cidr {
+                addr: hi,
+                prefix: p,
+            },
+        ))
+    }
+
     /// The first and last address of the prefix, as numbers ([`ip_bits`]).
     pub fn span(&self) -> (u128, u128) {
         let host_bits = u32::from(self.max_prefix() - self.prefix);
@@ -92,7 +129,28 @@ impl Cidr {
     }
 }
 
-/// An address as a number (IPv4 in the low 32 bits), for range arithmetic.
+/// `p` (network form) minus every address of `holes`, as the fewest prefixes, in address
+/// order: `10.0.0.0/8` minus `10.1.0.0/16` is eight prefixes (10.0.0.0/16, 10.2.0.0/15,
+/// ... 10.128.0.0/9). Holes of the other family change nothing.
+pub fn subtract(p: Cidr, holes: &[Cidr]) -> Vec<Cidr> {
+    let p = p.network();
+    if holes.iter().any(|h| h.covers(&p)) {
+        return Vec::new();
+    }
+    if !holes.iter().any(|h| h.overlaps(&p)) {
+        return vec![p];
+    }
+    // A hole overlaps p without covering it: it lies inside, so p is not a host prefix.
+    match p.halves() {
+        Some((a, b)) => {
+            let mut v = subtract(a, holes);
+            v.extend(subtract(b, holes));
+            v
+        }
+        None => Vec::new(),
+    }
+}
+
 /// A link-local address (169.254.0.0/16, fe80::/10): it says nothing about routes.
 pub fn is_link_local(ip: IpAddr) -> bool {
     match ip {
@@ -101,6 +159,7 @@ pub fn is_link_local(ip: IpAddr) -> bool {
     }
 }
 
+/// An address as a number (IPv4 in the low 32 bits), for range arithmetic.
 pub fn ip_bits(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(a) => u128::from(u32::from(a)),
@@ -166,5 +225,56 @@ mod tests {
             .parse::<Cidr>()
             .unwrap()
             .contains("1.2.3.4".parse().unwrap()));
+    }
+
+    fn cs(v: &[Cidr]) -> Vec<String> {
+        v.iter().map(|c| c.to_string()).collect()
+    }
+
+    #[test]
+    fn subtract_leaves_the_fewest_prefixes() {
+        let c = |s: &str| s.parse::<Cidr>().unwrap();
+        assert_eq!(
+            cs(&subtract(c("10.0.0.0/8"), &[c("10.1.0.0/16")])),
+            [
+                "10.0.0.0/16",
+                "10.2.0.0/15",
+                "10.4.0.0/14",
+                "10.8.0.0/13",
+                "10.16.0.0/12",
+                "10.32.0.0/11",
+                "10.64.0.0/10",
+                "10.128.0.0/9"
+            ]
+        );
+        // Two holes, one inside the other: the wider one counts.
+        assert_eq!(
+            cs(&subtract(
+                c("10.0.0.0/30"),
+                &[c("10.0.0.0/31"), c("10.0.0.1/32")]
+            )),
+            ["10.0.0.2/31"]
+        );
+        // Covered, disjoint, the other family, host bits.
+        assert!(subtract(c("10.1.2.0/24"), &[c("10.0.0.0/8")]).is_empty());
+        assert_eq!(
+            cs(&subtract(c("10.1.2.9/24"), &[c("10.1.3.0/24")])),
+            ["10.1.2.0/24"]
+        );
+        assert_eq!(
+            cs(&subtract(c("10.1.2.0/24"), &[c("fd00::/8")])),
+            ["10.1.2.0/24"]
+        );
+        assert_eq!(
+            cs(&subtract(c("fd00::/126"), &[c("fd00::2/128")])),
+            ["fd00::/127", "fd00::3/128"]
+        );
+        // What is left and the holes cover p exactly, without overlap.
+        let p = c("192.168.0.0/16");
+        let holes = [c("192.168.88.0/24"), c("192.168.200.7/32")];
+        let left = subtract(p, &holes);
+        let size = |c: &Cidr| 1u128 << (32 - c.prefix);
+        assert_eq!(left.iter().chain(&holes).map(size).sum::<u128>(), size(&p));
+        assert!(left.iter().all(|l| holes.iter().all(|h| !l.overlaps(h))));
     }
 }

@@ -21,6 +21,12 @@
 //!
 //! `UplinkOverlap = refuse` makes every overlap a conflict, the proxy-ARP layout too.
 //!
+//! A lease whose own address is one of the tunnel's (the appliance's `Address`, a peer's
+//! /32 or /128) is declined under either policy: the layout cannot tell a tunnel numbered
+//! from the LAN from a rogue server leasing the tunnel's subnet, but that address would
+//! become local on the uplink. The firewall does the rest: on the uplink, every peer's
+//! allowed IPs stay spoofs, whatever the lease (`firewall::spoof_prefixes`).
+//!
 //! Two-armed (`Lan =`), the subnets of the LAN port's `LanAddress` count as routes too,
 //! and any overlap with one (equal, inside, containing), under either policy, is a
 //! conflict: the uplink's subnet would take the LAN's hosts (NAT, replies) off the LAN
@@ -46,6 +52,9 @@ pub struct TunnelRoute {
     pub proxied: bool,
     /// The LAN port's subnet (two-armed): no overlap with the uplink is ever kept.
     pub lan_port: bool,
+    /// An address in it that is never the uplink's: the tunnel's own (`Address`), a
+    /// peer's (its /32 or /128).
+    pub taken: Option<std::net::IpAddr>,
 }
 
 /// The tunnel's routes (both families) in the configuration `cfg` runs (its enabled peers).
@@ -61,11 +70,13 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
             }
         };
         for c in p.allowed_ips.iter().filter(|c| c.prefix > 0) {
+            let host = c.prefix == c.max_prefix();
             out.push(TunnelRoute {
                 owner: owner.clone(),
                 prefix: c.network(),
-                proxied: proxy && c.prefix == if c.addr.is_ipv4() { 32 } else { 128 },
+                proxied: proxy && host,
                 lan_port: false,
+                taken: host.then_some(c.addr),
             });
         }
     }
@@ -75,6 +86,7 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
             prefix: a.network(),
             proxied: proxy,
             lan_port: false,
+            taken: Some(a.addr),
         });
     }
     // One-armed (no `Lan`), the uplink is the LAN: no port of its own to protect.
@@ -86,6 +98,7 @@ pub fn tunnel_routes(cfg: &Config) -> Vec<TunnelRoute> {
                 prefix: a.network(),
                 proxied: false,
                 lan_port: true,
+                taken: Some(a.addr),
             });
         }
     }
@@ -172,6 +185,20 @@ pub fn judge(
     routes: &[TunnelRoute],
     policy: OverlapPolicy,
 ) -> Result<Vec<String>, String> {
+    // The proxy-ARP layout keeps a lease from the tunnel's subnet, but never one that
+    // makes an address of the tunnel's (a client's, the appliance's own) the uplink's:
+    // it would become local here and the client unreachable.
+    if let Some(r) = routes.iter().find(|r| r.taken == Some(subnet.addr)) {
+        let whose = if r.owner == "the tunnel" {
+            "the tunnel's own address".to_string()
+        } else {
+            format!("{}'s address", r.owner)
+        };
+        return Err(format!(
+            "its address {} is {whose} (a rogue or misconfigured DHCP server)",
+            subnet.addr
+        ));
+    }
     let l = subnet.network();
     let mut shadows = Vec::new();
     for r in routes {
@@ -400,5 +427,38 @@ mod tests {
         k.peers.push(p);
         let e = verdict(&k, "10.7.3.3/24").unwrap_err();
         assert!(e.contains("peer CQkJCQkJ…'s 10.7.0.0/16"), "{e}");
+    }
+
+    /// Issue 29, 1: the factory tunnel (`10.100.0.1/24`, two clients) and a DHCP server
+    /// leasing from 10.100.0.0/24. The subnet looks like the tunnel-from-LAN layout and is
+    /// kept (the firewall keeps the clients' /32s spoofs on the uplink); a lease of a
+    /// client's address or the appliance's own is declined.
+    #[test]
+    fn a_lease_of_a_tunnel_address_is_declined() {
+        let k = cfg(
+            &[
+                ("phone", &["10.100.0.2/32", "fd00:100::2/128"]),
+                ("laptop", &["10.100.0.3/32"]),
+            ],
+            &["10.100.0.1/24", "fd00:100::1/64"],
+        );
+        assert_eq!(verdict(&k, "10.100.0.58/24"), Ok(vec![]));
+        assert_eq!(
+            verdict(&k, "10.100.0.2/24"),
+            Err("its address 10.100.0.2 is peer phone's address (a rogue or misconfigured DHCP server)".into())
+        );
+        assert_eq!(
+            verdict(&k, "10.100.0.1/24"),
+            Err("its address 10.100.0.1 is the tunnel's own address (a rogue or misconfigured DHCP server)".into())
+        );
+        // Whatever the prefix length, and under either policy.
+        let mut refuse = k.clone();
+        refuse.gateway.uplink_overlap = OverlapPolicy::Refuse;
+        assert!(verdict(&refuse, "10.100.0.3/32")
+            .unwrap_err()
+            .contains("peer laptop's address"));
+        // The tunnel numbered from the LAN (netplan.rs): the real lease is kept.
+        let lan = cfg(&[("phone", &["192.168.1.251/32"])], &["192.168.1.250/24"]);
+        assert_eq!(verdict(&lan, "192.168.1.57/24"), Ok(vec![]));
     }
 }

@@ -52,7 +52,7 @@
 pub mod rules;
 
 use crate::config::{Config, MasqueradeMode};
-use crate::net::Cidr;
+use crate::net::{subtract, Cidr};
 pub use rules::*;
 
 /// The table's name (family `inet`).
@@ -137,22 +137,13 @@ impl Ports {
     }
 }
 
-/// Whether two prefixes share an address (one contains the other).
-fn overlaps(a: &Cidr, b: &Cidr) -> bool {
-    a.addr.is_ipv4() == b.addr.is_ipv4() && {
-        let (a0, a1) = a.span();
-        let (b0, b1) = b.span();
-        a0 <= b1 && b0 <= a1
-    }
-}
-
 /// `v` in network form, without duplicates and prefixes another one covers, sorted.
 fn minimal(v: impl IntoIterator<Item = Cidr>) -> Vec<Cidr> {
     let mut all: Vec<Cidr> = v.into_iter().map(|c| c.network()).collect();
     all.sort_by_key(Cidr::sort_key);
     all.dedup();
     // A shorter prefix that overlaps a longer one contains it.
-    let covered = |c: &Cidr| all.iter().any(|o| o.prefix < c.prefix && overlaps(o, c));
+    let covered = |c: &Cidr| all.iter().any(|o| o.prefix < c.prefix && o.overlaps(c));
     all.iter().filter(|c| !covered(c)).copied().collect()
 }
 
@@ -174,22 +165,57 @@ pub fn tunnel_sources(cfg: &Config) -> Vec<Cidr> {
     )
 }
 
-/// The anti-spoof prefixes of a port whose own subnets are `nets`.
+/// The anti-spoof prefixes of a port whose own subnets are `nets`: every enabled peer's
+/// allowed IPs (`/0` aside) minus the port's subnets that lie inside them (a hub's
+/// `10.0.0.0/8` over a 10.1.0.0/16 uplink drops the rest of 10/8 there, not the uplink's
+/// own hosts); a peer's prefix inside the port's subnet (the proxy-ARP layout's /32 and
+/// /128, or what a rogue lease equal to the tunnel's subnet would cover) stays whole: a
+/// peer's address never arrives from outside the tunnel. The tunnel's own subnets
+/// (`Address`) count only where they do not overlap the port's (a tunnel numbered from
+/// the LAN's subnet shares it with the LAN's hosts).
 pub fn spoof_prefixes(cfg: &Config, nets: &[Cidr]) -> Vec<Cidr> {
-    tunnel_sources(cfg)
-        .into_iter()
-        .filter(|c| !nets.iter().any(|n| overlaps(n, c)))
+    let own = cfg
+        .interface
+        .addresses
+        .iter()
+        .filter(|c| c.prefix > 0 && !nets.iter().any(|n| n.overlaps(c)))
+        .map(Cidr::network);
+    let peers = peer_prefixes(cfg).into_iter().flat_map(|(_, c)| {
+        let inside: Vec<Cidr> = nets.iter().filter(|n| c.covers(n)).copied().collect();
+        subtract(c, &inside)
+    });
+    minimal(own.chain(peers))
+}
+
+/// Every enabled peer's allowed IPs but `/0`, each with the index of its peer.
+fn peer_prefixes(cfg: &Config) -> Vec<(usize, Cidr)> {
+    cfg.peers
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.enabled)
+        .flat_map(|(i, p)| p.allowed_ips.iter().map(move |c| (i, c.network())))
+        .filter(|(_, c)| c.prefix > 0)
         .collect()
 }
 
-/// Allowed IPs of enabled peers with `Masquerade = off` (never `/0`).
-fn unmasqueraded(cfg: &Config) -> Vec<Cidr> {
+/// The sources `[Peer] Masquerade = off` exempts from NAT: each such peer's allowed IPs
+/// minus every more specific prefix of another enabled peer. A source belongs to the
+/// peer that owns it by longest prefix (as the device's source check decides), so a
+/// `10.0.0.0/8` site with `Masquerade = off` does not exempt a client's 10.100.0.2/32
+/// of another peer. NAT applies it only to what arrived on the tunnel interface.
+pub fn masquerade_off_sources(cfg: &Config) -> Vec<Cidr> {
+    let all = peer_prefixes(cfg);
     minimal(
-        cfg.peers
-            .iter()
-            .filter(|p| p.enabled && !p.masquerade)
-            .flat_map(|p| p.allowed_ips.iter().copied())
-            .filter(|c| c.prefix > 0),
+        all.iter()
+            .filter(|(i, _)| !cfg.peers[*i].masquerade)
+            .flat_map(|(i, c)| {
+                let specific: Vec<Cidr> = all
+                    .iter()
+                    .filter(|(j, o)| j != i && o.prefix > c.prefix && c.covers(o))
+                    .map(|(_, o)| *o)
+                    .collect();
+                subtract(*c, &specific)
+            }),
     )
 }
 
@@ -594,19 +620,21 @@ fn nat_rules(cfg: &Config, p: &Ports) -> Vec<Rule> {
     if mode == MasqueradeMode::Off {
         return Vec::new();
     }
+    // Both exemptions are for tunnel sources only: the LAN port's hosts are always
+    // translated (two-armed, the appliance is their router), whatever the uplink's subnet.
     let mut v = Vec::new();
     if mode == MasqueradeMode::Auto {
         for n in &p.uplink_nets {
             v.push(rule(
-                vec![saddr(*n)],
+                vec![iif(&p.tunnel), saddr(*n)],
                 Action::Return,
-                "the uplink's own subnet (on-link or proxied there): not translated",
+                "a tunnel source in the uplink's own subnet (proxied there): not translated",
             ));
         }
     }
-    for c in unmasqueraded(cfg) {
+    for c in masquerade_off_sources(cfg) {
         v.push(rule(
-            vec![saddr(c)],
+            vec![iif(&p.tunnel), saddr(c)],
             Action::Return,
             "a peer with Masquerade = off",
         ));
@@ -670,13 +698,22 @@ pub fn nat_summary(cfg: &Config, p: &Ports) -> Vec<String> {
                 .into(),
         ),
         MasqueradeMode::Auto => {
-            let translated: Vec<Cidr> = spoof_prefixes(cfg, &p.uplink_nets)
-                .into_iter()
-                .filter(|c| !unmasqueraded(cfg).iter().any(|u| overlaps(u, c)))
+            // What the postrouting chain does to a tunnel source: returns for the
+            // uplink's subnets and the Masquerade = off sources, translates the rest.
+            let exempt: Vec<Cidr> = p
+                .uplink_nets
+                .iter()
+                .copied()
+                .chain(masquerade_off_sources(cfg))
                 .collect();
+            let translated: Vec<Cidr> = minimal(
+                tunnel_sources(cfg)
+                    .into_iter()
+                    .flat_map(|c| subtract(c, &exempt)),
+            );
             let on_link: Vec<Cidr> = tunnel_sources(cfg)
                 .into_iter()
-                .filter(|c| p.uplink_nets.iter().any(|n| overlaps(n, c)))
+                .filter(|c| p.uplink_nets.iter().any(|n| n.overlaps(c)))
                 .collect();
             if translated.is_empty() {
                 out.push("nat: no tunnel subnet needs translating".into());
@@ -702,7 +739,7 @@ pub fn nat_summary(cfg: &Config, p: &Ports) -> Vec<String> {
             }
         }
     }
-    let off = unmasqueraded(cfg);
+    let off = masquerade_off_sources(cfg);
     if !off.is_empty() && cfg.gateway.masquerade != MasqueradeMode::Off {
         out.push(format!(
             "nat: {} not translated ([Peer] Masquerade = off)",

@@ -139,7 +139,12 @@ fn a_tunnel_inside_the_uplink_subnet_is_not_translated_nor_a_spoof() {
         ..Pkt::default()
     };
     assert_eq!(verdict(&rs, "postrouting", &k).0, Action::Return);
-    assert!(spoof_prefixes(&cfg, &p.uplink_nets).is_empty());
+    // The tunnel's own subnet is the LAN's; the client's /32 inside it is still a spoof
+    // when it arrives from the uplink.
+    assert_eq!(
+        spoof_prefixes(&cfg, &p.uplink_nets),
+        vec![c("192.168.1.202/32")]
+    );
     // A LAN host (on the uplink, one-armed) reaches the client.
     let back = Pkt {
         iif: "eth0",
@@ -148,7 +153,52 @@ fn a_tunnel_inside_the_uplink_subnet_is_not_translated_nor_a_spoof() {
         ct: NEW,
         ..Pkt::default()
     };
+    assert_ne!(verdict(&rs, "prerouting", &back).0, Action::Drop);
     assert_eq!(verdict(&rs, "forward", &back).0, Action::Accept);
+    let forged = Pkt {
+        src: ip("192.168.1.202"),
+        ..back
+    };
+    assert_eq!(
+        verdict(&rs, "prerouting", &forged),
+        (Action::Drop, Some(COUNTER_SPOOF.to_string()))
+    );
+}
+
+/// Issue 29, 1: a rogue DHCP server leases from the tunnel's own subnet (10.100.0.58/24
+/// over `Address = 10.100.0.1/24`) and the overlap rule keeps it as the proxy-ARP layout.
+/// The clients' addresses stay spoofs on the uplink: a packet from 10.100.0.2 to
+/// 10.100.0.3 never enters the tunnel. (Before: no anti-spoof rule was left.)
+#[test]
+fn a_lease_of_the_tunnel_subnet_leaves_the_clients_spoofs_on_the_uplink() {
+    let mut cfg = factory();
+    cfg.interface.addresses = vec![c("10.100.0.1/24"), c("fd00:100::1/64")];
+    cfg.peers = vec![
+        peer(1, &["10.100.0.2/32", "fd00:100::2/128"]),
+        peer(2, &["10.100.0.3/32", "fd00:100::3/128"]),
+    ];
+    let p = ports(&["10.100.0.0/24", "fd00:100::/64"]);
+    assert_eq!(
+        spoof_prefixes(&cfg, &p.uplink_nets),
+        vec![
+            c("10.100.0.2/32"),
+            c("10.100.0.3/32"),
+            c("fd00:100::2/128"),
+            c("fd00:100::3/128")
+        ]
+    );
+    let rs = ruleset(&cfg, &p);
+    let spoof = (Action::Drop, Some(COUNTER_SPOOF.to_string()));
+    for src in ["10.100.0.2", "fd00:100::3"] {
+        let forged = Pkt {
+            iif: "eth0",
+            oif: "wg0",
+            src: ip(src),
+            ct: NEW,
+            ..Pkt::default()
+        };
+        assert_eq!(verdict(&rs, "prerouting", &forged), spoof, "{src}");
+    }
 }
 
 #[test]
@@ -239,10 +289,33 @@ fn hub_and_overlapping_prefixes_are_not_spoofs() {
     let mut cfg = factory();
     cfg.peers.push(peer(2, &["0.0.0.0/0", "::/0"]));
     cfg.peers.push(peer(3, &["10.0.0.0/8"]));
-    // 10/8 overlaps the 10.1.x uplink: excluded with it the tunnel's /24 inside it.
+    // 10/8 over the 10.1.x uplink: the uplink's hosts are not spoofs, the rest of 10/8
+    // (the tunnel's 10.100.0.0/24 and the phone in it) still is.
     let p = ports(&["10.1.0.0/16"]);
-    assert!(spoof_prefixes(&cfg, &p.uplink_nets).is_empty());
+    let sp = spoof_prefixes(&cfg, &p.uplink_nets);
+    assert_eq!(sp.len(), 8, "{sp:?}");
+    assert_eq!(sp.first(), Some(&c("10.0.0.0/16")));
+    assert!(!sp.iter().any(|s| s.overlaps(&c("10.1.0.0/16"))));
+    assert!(sp.iter().any(|s| s.covers(&c("10.100.0.2/32"))));
     let rs = ruleset(&cfg, &p);
+    let from = |a: &'static str| Pkt {
+        iif: "eth0",
+        src: ip(a),
+        ct: NEW,
+        ..Pkt::default()
+    };
+    assert_ne!(
+        verdict(&rs, "prerouting", &from("10.1.0.9")).0,
+        Action::Drop
+    );
+    assert_eq!(
+        verdict(&rs, "prerouting", &from("10.100.0.2")).0,
+        Action::Drop
+    );
+    assert_eq!(
+        verdict(&rs, "prerouting", &from("10.200.0.2")).0,
+        Action::Drop
+    );
     let dhcp_server = Pkt {
         iif: "eth0",
         src: ip("10.1.0.1"),
@@ -726,4 +799,83 @@ fn masquerade_never_picks_the_wireguard_port() {
         avoiding(65535),
         vec![((0, 65534), (1, 65534)), ((65535, 65535), (1, 65534))]
     );
+}
+
+/// Issue 29, 4: the uplink's subnet exempts tunnel sources from NAT (proxied there), not
+/// the LAN port's hosts: two-armed, a LAN host inside that subnet is still translated,
+/// and `show status` says so. (Before: the return matched any interface.)
+#[test]
+fn the_uplink_subnet_exempts_only_tunnel_sources_from_nat() {
+    let (cfg, mut p) = two_armed();
+    p.uplink_nets = vec![c("192.168.0.0/16")];
+    let rs = ruleset(&cfg, &p);
+    let lan_host = Pkt {
+        iif: "eth1",
+        oif: "eth0",
+        src: ip("192.168.88.20"),
+        ct: NEW,
+        ..Pkt::default()
+    };
+    assert_eq!(verdict(&rs, "postrouting", &lan_host).0, Action::Masquerade);
+    let proxied_client = Pkt {
+        iif: "wg0",
+        src: ip("192.168.7.7"),
+        ..lan_host.clone()
+    };
+    assert_eq!(
+        verdict(&rs, "postrouting", &proxied_client).0,
+        Action::Return
+    );
+    let s = nat_summary(&cfg, &p).join("\n");
+    assert!(
+        s.contains("nat: the LAN port eth1's hosts translated on the uplink"),
+        "{s}"
+    );
+}
+
+/// `[Peer] Masquerade = off` exempts the sources that peer owns by longest prefix, and
+/// only what arrived on the tunnel: a 10.0.0.0/8 site does not un-NAT the phone's
+/// 10.100.0.2/32 (another peer's), nor a LAN host in 10/8.
+#[test]
+fn masquerade_off_exempts_what_the_peer_owns_by_longest_prefix() {
+    let (mut cfg, p) = two_armed();
+    cfg.gateway.lan_addresses = vec![c("10.200.0.1/24")];
+    cfg.peers.push(PeerConfig {
+        masquerade: false,
+        ..peer(2, &["10.0.0.0/8"])
+    });
+    let off = masquerade_off_sources(&cfg);
+    // 10/8 minus the phone's /32: 24 prefixes, none holding 10.100.0.2.
+    assert_eq!(off.len(), 24, "{off:?}");
+    assert!(off
+        .iter()
+        .all(|o| !o.contains("10.100.0.2".parse().unwrap())));
+    let size = |c: &Cidr| 1u64 << (32 - c.prefix);
+    assert_eq!(off.iter().map(size).sum::<u64>(), (1 << 24) - 1);
+    let mut p2 = p.clone();
+    p2.lan_nets = vec![c("10.200.0.0/24")];
+    let rs = ruleset(&cfg, &p2);
+    let from = |iif: &'static str, a: &str| Pkt {
+        iif,
+        oif: "eth0",
+        src: ip(a),
+        ct: NEW,
+        ..Pkt::default()
+    };
+    assert_eq!(
+        verdict(&rs, "postrouting", &from("wg0", "10.7.7.7")).0,
+        Action::Return
+    );
+    assert_eq!(
+        verdict(&rs, "postrouting", &from("wg0", "10.100.0.2")).0,
+        Action::Masquerade
+    );
+    assert_eq!(
+        verdict(&rs, "postrouting", &from("eth1", "10.200.0.9")).0,
+        Action::Masquerade
+    );
+    // A peer with Masquerade = off inside another one's wider prefix keeps its own.
+    cfg.peers[0].masquerade = false;
+    cfg.peers[1].masquerade = true;
+    assert_eq!(masquerade_off_sources(&cfg), vec![c("10.100.0.2/32")]);
 }
