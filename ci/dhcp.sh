@@ -23,8 +23,16 @@
 #   - `riceguard status` shows no lease left in the run directory by something else;
 #   - against a scripted server (ci/lib/dhcp_rogue_server.py), a rogue server's ACK to a
 #     renewal is ignored and the real server's taken.
-# RGD_ONLY=untrusted runs only the untrusted-uplink checks (a quick run while working on them).
-# About 3.5 minutes. Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
+# Leases from the tunnel's own subnet (about 30 s), the appliance daemon running:
+#   - the factory tunnel (10.100.0.1/24, phone .2, laptop .3) and a rogue server leasing
+#     from 10.100.0.0/24: kept (it looks like the tunnel numbered from the LAN), but the
+#     clients' /32s stay anti-spoof rules and the phone's source from the uplink is
+#     dropped and counted; a lease of exactly the phone's address is declined;
+#   - the tunnel numbered from the LAN (Address = 192.168.77.250/24) over dnsmasq's real
+#     lease: kept, and a stock wireguard-go phone behind the server pings the LAN host
+#     192.168.77.1 through the tunnel, untranslated, answered by proxy ARP.
+# RGD_ONLY=untrusted runs only the untrusted-uplink checks and these (a quick run while working on them).
+# About 4 minutes. Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
 # target/release/riceguard). Names are prefixed `rgd`.
 # Ends with "dhcp: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
@@ -76,11 +84,11 @@ start_client() { # RUNDIR LOG
     client_pid=$!
 }
 
-if [ "$only" != untrusted ]; then
-# ---- the appliance daemon in the client namespace, its firewall in place first ---------
 has_table() { ip netns exec $CLI nft list table inet riceguard >/dev/null 2>&1; }
 sysctl_is() { [ "$(ip netns exec $CLI sysctl -n "$1" 2>/dev/null)" = "$2" ]; }
 tun_up() { [ -S "/var/run/wireguard/$TUN.sock" ] && ip -n $CLI -o link show $TUN 2>/dev/null | grep -q ',UP'; }
+if [ "$only" != untrusted ]; then
+# ---- the appliance daemon in the client namespace, its firewall in place first ---------
 has_addr6() { ip -n $CLI -6 addr show dev $VC scope global | grep -q "inet6 2001:db8:77:"; }
 has_default6() { ip -n $CLI -6 route show default | grep -q "dev $VC"; }
 printf '[Interface]\nPrivateKey = %s\nListenPort = 51820\nAddress = 10.100.0.1/24\n\n[Gateway]\nInterfaceName = %s\nHugePages = off\nUplink = %s\n' \
@@ -260,9 +268,122 @@ stop_pid "$client_pid"
 stop_pid "$rogue_pid"
 check "untrusted-uplink clients never panicked" bash -c "! cat '$log3' '$log4' '$log5' '$log6' '$log8' | grep -qi panick"
 
+# ---- leases from the tunnel's own subnet (issue 29, 1) ---------------------------------
+# The factory tunnel (Address = 10.100.0.1/24, clients phone .2 and laptop .3, ProxyArp
+# default) with the appliance daemon running, and a rogue DHCP server leasing from
+# 10.100.0.0/24: the subnet looks like the tunnel numbered from the LAN and is kept, but
+# a packet from the uplink with the phone's source never enters the tunnel (dropped,
+# counted as `spoof`); a lease of exactly the phone's address is declined. Then that very
+# layout for real (Address = 192.168.77.250/24 over dnsmasq's 192.168.77.0/24, a stock
+# wireguard-go phone behind the server): the lease is kept and the phone reaches the LAN
+# host through the tunnel, answered by proxy ARP.
+start_dnsmasq_range() { # FIRST LAST ROUTER
+    : >"$tmp/dnsmasq.leases"
+    spawn ip netns exec $SRV dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
+        --interface=$VS --bind-interfaces --dhcp-authoritative \
+        --dhcp-range="$1,$2,255.255.255.0,2m" --dhcp-option=option:router,"$3" \
+        --dhcp-leasefile="$tmp/dnsmasq.leases" --pid-file="$tmp/dnsmasq.pid" \
+        --log-dhcp >>"$tmp/dnsmasq.log" 2>&1
+    dnsmasq_pid=$!
+}
+spoofs() { inns $CLI nft list counter inet riceguard spoof 2>/dev/null | sed -n 's/.*packets \([0-9]*\).*/\1/p'; }
+spoof_rule() { inns $CLI nft list chain inet riceguard prerouting 2>/dev/null | grep -q "ip saddr $1 .*drop"; }
+k_phone=$("$RG" genkey) k_gw=$("$RG" genkey)
+pub_phone=$("$RG" pubkey <<<"$k_phone") pub_gw=$("$RG" pubkey <<<"$k_gw")
+factory_conf() { # FILE ADDRESS PHONE_IP LAPTOP_IP
+    printf '[Interface]\nPrivateKey = %s\nListenPort = 51820\nAddress = %s\n\n[Peer]\nName = phone\nPublicKey = %s\nAllowedIPs = %s/32\n\n[Peer]\nName = laptop\nPublicKey = %s\nAllowedIPs = %s/32\n\n[Gateway]\nInterfaceName = %s\nHugePages = off\nUplink = %s\n' \
+        "$k_gw" "$2" "$pub_phone" "$3" "$("$RG" genkey | "$RG" pubkey)" "$4" "$TUN" "$VC" >"$1"
+    chmod 600 "$1"
+}
+ip -n $CLI addr flush dev $VC
+ip -n $SRV addr add 10.100.0.254/24 dev $VS
+factory_conf "$tmp/factory.conf" 10.100.0.1/24 10.100.0.2 10.100.0.3
+spawn env RG_LOG=info ip netns exec $CLI "$RG" up --config "$tmp/factory.conf" --workers 1 >"$tmp/gw-rogue.log" 2>&1
+gw_pid=$!
+check "rogue lease: the appliance daemon up with the factory tunnel 10.100.0.1/24" wait_for 10 spoof_rule 10.100.0.0/24
+start_dnsmasq_range 10.100.0.50 10.100.0.60 10.100.0.254
+log9=$tmp/client9.log
+start_client_cfg "$tmp/run9" "$log9" "$tmp/factory.conf"
+check "rogue lease: 10.100.0.5x/24 from the tunnel's subnet is kept (it looks like the tunnel numbered from the LAN)" \
+    wait_for 10 log_has "$log9" "dhcp $VC: bound 10.100.0.[56][0-9]/24"
+note "$(grep -m1 'bound ' "$log9")"
+check "rogue lease: the phone's and the laptop's /32 stay anti-spoof rules on the uplink" \
+    wait_for 10 eval 'spoof_rule 10.100.0.2 && spoof_rule 10.100.0.3'
+mac_gw=$(ip -n $CLI link show $VC | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')
+ip -n $SRV addr add 10.100.0.2/32 dev $VS
+ip -n $SRV neigh replace 10.100.0.3 lladdr "$mac_gw" dev $VS
+s0=$(spoofs)
+inns $SRV ping -c 3 -i 0.2 -W 1 -I 10.100.0.2 10.100.0.3 >/dev/null 2>&1
+s1=$(spoofs)
+check "rogue lease: 3 pings from the uplink with the phone's source 10.100.0.2 to the laptop dropped as spoofs (spoof ${s0:-?} -> ${s1:-?})" \
+    test "${s1:-0}" -ge $((${s0:-0} + 3))
+ip -n $SRV addr del 10.100.0.2/32 dev $VS
+stop_pid "$client_pid"
+stop_pid "$dnsmasq_pid"
+ip -n $CLI addr flush dev $VC
+start_dnsmasq_range 10.100.0.2 10.100.0.2 10.100.0.254
+log10=$tmp/client10.log
+start_client_cfg "$tmp/run10" "$log10" "$tmp/factory.conf"
+check "a lease of the phone's own address 10.100.0.2 is declined, with the reason" \
+    wait_for 10 log_has "$log10" "dhcp $VC: declined the offer of 10.100.0.2/24 from 10.100.0.254: its address 10.100.0.2 is peer phone's address"
+check "no address 10.100.0.2 on the uplink" bash -c "! ip -n $CLI -4 addr show dev $VC | grep -q 'inet 10.100.0.2/'"
+stop_pid "$client_pid"
+stop_pid "$dnsmasq_pid"
+stop_pid "$gw_pid"
+ip -n $SRV addr del 10.100.0.254/24 dev $VS
+
+# The tunnel numbered from the LAN: the phone (wireguard-go) sits behind the server
+# (203.0.113.0/24, routed by it) and reaches the LAN host 192.168.77.1 through the tunnel.
+PH=rgd-ph-$$ WP=rgdp$$
+netns_add $PH
+veth_pair $SRV rgdv2 203.0.113.1/24 $PH rgdv3 203.0.113.20/24
+ip -n $PH route add default via 203.0.113.1
+inns $SRV sysctl -qw net.ipv4.ip_forward=1
+at_exit rm -f "/var/run/wireguard/$WP.sock"
+ip -n $CLI addr flush dev $VC
+factory_conf "$tmp/fromlan.conf" 192.168.77.250/24 192.168.77.251 192.168.77.252
+spawn env RG_LOG=info ip netns exec $CLI "$RG" up --config "$tmp/fromlan.conf" --workers 1 >"$tmp/gw-fromlan.log" 2>&1
+gw_pid=$!
+check "tunnel from the LAN: the appliance daemon up (Address = 192.168.77.250/24)" wait_for 10 tun_up
+start_dnsmasq
+log11=$tmp/client11.log
+start_client_cfg "$tmp/run11" "$log11" "$tmp/fromlan.conf"
+check "tunnel from the LAN: the real 192.168.77.0/24 lease is kept" wait_for 10 log_has "$log11" "dhcp $VC: bound 192.168.77."
+lease=$(sed -n "s/.*dhcp $VC: bound \(192\.168\.77\.[0-9]*\)\/24 .*/\1/p" "$log11" | head -1)
+check "tunnel from the LAN: the phone's /32 is an anti-spoof rule on the uplink" wait_for 10 spoof_rule 192.168.77.251
+spawn ip netns exec $PH wireguard-go -f $WP >"$tmp/$WP.log" 2>&1
+wp_pid=$!
+if wait_for 5 test -S "/var/run/wireguard/$WP.sock"; then
+    printf '%s\n' "$k_phone" >"$tmp/phone.key"
+    inns $PH wg set $WP private-key "$tmp/phone.key" peer "$pub_gw" endpoint "${lease:-192.168.77.9}:51820" allowed-ips 192.168.77.0/24
+    ip -n $PH addr add 192.168.77.251/32 dev $WP
+    ip -n $PH link set mtu 1420 up dev $WP
+    ip -n $PH route add 192.168.77.0/24 dev $WP
+    ip -n $PH route add "${lease:-192.168.77.9}/32" via 203.0.113.1
+    check "tunnel from the LAN: the phone (wireguard-go) reaches the LAN host 192.168.77.1 through the tunnel (ping)" \
+        wait_for 10 inns $PH ping -c 1 -W 1 192.168.77.1
+    ping_out=$(inns $PH ping -c 3 -i 0.2 -W 2 192.168.77.1 2>&1)
+    check "tunnel from the LAN: 3/3 replies ($(grep -o '[0-9]* received' <<<"$ping_out"))" grep -q ' 3 received' <<<"$ping_out"
+    check "tunnel from the LAN: untranslated, answered by proxy ARP (the LAN host resolved 192.168.77.251 to the appliance's $mac_gw)" \
+        bash -c "ip -n $SRV neigh show 192.168.77.251 dev $VS | grep -q 'lladdr $mac_gw'"
+    if ! grep -q ' 3 received' <<<"$ping_out"; then
+        echo "---- appliance routes, the server's neighbours, the phone's wg"
+        ip -n $CLI route; ip -n $CLI -4 addr; ip -n $SRV neigh; ip -n $SRV route; inns $PH wg show $WP
+        inns $CLI nft list ruleset | grep -E 'counter|policy' | head -40
+        inns $CLI sysctl net.ipv4.conf.all.proxy_arp net.ipv4.conf.$VC.proxy_arp net.ipv4.ip_forward
+    fi
+else
+    ko "tunnel from the LAN: wireguard-go did not start ($(tail -3 "$tmp/$WP.log"))"
+fi
+stop_pid "$wp_pid"
+stop_pid "$client_pid"
+stop_pid "$dnsmasq_pid"
+stop_pid "$gw_pid"
+check "the appliance daemons never panicked" bash -c "! cat '$tmp/gw-rogue.log' '$tmp/gw-fromlan.log' '$log9' '$log10' '$log11' | grep -qi panick"
+
 if [ "$failed" -gt 0 ]; then
     for f in "$tmp"/client*.log "$tmp/rogue.log"; do [ -e "$f" ] && { echo "---- $f"; tail -n 15 "$f"; }; done
     echo "---- dnsmasq log"; tail -n 20 "$tmp/dnsmasq.log" 2>/dev/null
-    echo "---- appliance daemon log"; tail -n 20 "$tmp/gw.log" 2>/dev/null
+    for f in "$tmp"/gw*.log; do echo "---- appliance daemon log $f"; tail -n 20 "$f"; done
 fi
 h_finish

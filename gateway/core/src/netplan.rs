@@ -64,6 +64,15 @@ pub fn address_diff(old: &[Cidr], new: &[Cidr], present: &[Cidr]) -> Diff<Cidr> 
     d
 }
 
+/// The metric of the prefix routes of the tunnel's own addresses (`Address`): above the
+/// kernel's for an uplink or LAN address (IPv4 0, IPv6 256), so where the tunnel is
+/// numbered from the uplink's subnet (`Address = 192.168.1.250/24` over a 192.168.1.0/24
+/// lease) the uplink's connected route carries the subnet whichever address came first.
+/// A DHCP lease arrives after the tunnel is up: with equal metrics the tunnel's older
+/// route won, and the appliance sent its clients' traffic for LAN hosts back into the
+/// tunnel. The proxied clients keep their host routes ([`proxy_host_routes`]).
+pub const TUNNEL_SUBNET_METRIC: u32 = 1024;
+
 /// The tunnel routes a configuration asks for, as wg-quick adds them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TunnelRoutes {
@@ -245,7 +254,7 @@ pub fn proxy_set(cfg: &Config, ports: &[(Role, Port)]) -> BTreeSet<ProxyEntry> {
 /// Host routes through the tunnel for proxied peer addresses its connected route does
 /// not carry: where a port's subnet holding the address is as long as the tunnel subnet
 /// holding it or longer (`Address = 192.168.1.250/24` on a 192.168.1.0/24 LAN: two
-/// equal connected routes, and the port's, made first, wins — the proxy entry would
+/// equal connected routes, and the port's wins ([`TUNNEL_SUBNET_METRIC`]) — the proxy entry would
 /// answer for a client its own routing sends back to the LAN). A tunnel subnet carved
 /// out of the port's (a /29 in a /24) is more specific and needs none; a peer address
 /// outside the tunnel's subnets is routed by [`tunnel_routes`] already.

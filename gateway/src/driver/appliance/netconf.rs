@@ -259,7 +259,14 @@ impl NetConf {
             nl.set_mtu(name, u32::from(mtu(new)))?;
         }
         let old_addrs = old.map_or(&[][..], |o| &o.interface.addresses[..]);
-        sync_addresses(nl, name, idx, old_addrs, &new.interface.addresses)?;
+        sync_addresses(
+            nl,
+            name,
+            idx,
+            old_addrs,
+            &new.interface.addresses,
+            Some(netplan::TUNNEL_SUBNET_METRIC),
+        )?;
         nl.set_link_up(name, true)?;
 
         let want = netplan::tunnel_routes(new);
@@ -843,7 +850,7 @@ fn lan(nl: &mut Netlink, old: Option<&Config>, new: &Config) -> Result<(), Netli
     });
     if !old_lan.is_empty() && old_lan != new.gateway.lan {
         if let Ok(i) = Netlink::ifindex(old_lan) {
-            if let Err(e) = sync_addresses(nl, old_lan, i, old_addrs, &[]) {
+            if let Err(e) = sync_addresses(nl, old_lan, i, old_addrs, &[], None) {
                 log::warn!("former LAN port {old_lan}: {e}");
             }
         }
@@ -855,16 +862,18 @@ fn lan(nl: &mut Netlink, old: Option<&Config>, new: &Config) -> Result<(), Netli
     let idx = Netlink::ifindex(name)?;
     nl.set_link_up(name, true)?;
     let before = if old_lan == name { old_addrs } else { &[] };
-    sync_addresses(nl, name, idx, before, &new.gateway.lan_addresses)
+    sync_addresses(nl, name, idx, before, &new.gateway.lan_addresses, None)
 }
 
-/// Take the link's addresses from `old` to `new` (see [`netplan::address_diff`]).
+/// Take the link's addresses from `old` to `new` (see [`netplan::address_diff`]), the
+/// prefix routes of those it adds with `metric` (`None`: the kernel's).
 fn sync_addresses(
     nl: &mut Netlink,
     name: &str,
     idx: u32,
     old: &[Cidr],
     new: &[Cidr],
+    metric: Option<u32>,
 ) -> Result<(), NetlinkError> {
     let present = nl.link_addresses(idx)?;
     let d = netplan::address_diff(old, new, &present);
@@ -884,7 +893,7 @@ fn sync_addresses(
         nl.link_addresses(idx)?
     };
     for a in netplan::address_diff(&[], new, &present).add {
-        nl.add_address(name, a)?;
+        nl.add_address_metric(name, a, metric)?;
         log::info!("{name}: address {a} added");
     }
     Ok(())

@@ -14,6 +14,7 @@ const IFA_LOCAL: u16 = 2;
 const IFA_BROADCAST: u16 = 4;
 const IFA_CACHEINFO: u16 = 6;
 const IFA_FLAGS: u16 = 8;
+const IFA_RT_PRIORITY: u16 = 9;
 const IFA_PROTO: u16 = 11;
 const IFA_F_PERMANENT: u32 = 0x80;
 const IFAPROT_KERNEL_RA: u8 = 2;
@@ -51,16 +52,20 @@ impl AddrDetail {
 impl Netlink {
     /// Add (or refresh) an address with its prefix, as `ip addr replace` does.
     pub fn add_address(&mut self, name: &str, addr: Cidr) -> Result<(), NetlinkError> {
+        self.add_address_metric(name, addr, None)
+    }
+
+    /// [`Netlink::add_address`] with the metric of the prefix route the kernel makes for
+    /// it (`IFA_RT_PRIORITY`, as `ip addr add ... metric N`); `None`: the kernel's default.
+    pub fn add_address_metric(
+        &mut self,
+        name: &str,
+        addr: Cidr,
+        metric: Option<u32>,
+    ) -> Result<(), NetlinkError> {
         let idx = Self::ifindex(name)?;
-        let mut m = Vec::with_capacity(64);
-        addr_msg(
-            &mut m,
-            RTM_NEWADDR,
-            NLM_F_CREATE | NLM_F_REPLACE,
-            self.next_seq(),
-            idx,
-            addr,
-        );
+        let mut m = Vec::with_capacity(72);
+        addr_add_msg(&mut m, self.next_seq(), idx, addr, metric);
         self.request(
             &m,
             &format!("add address {}/{} to {name}", addr.addr, addr.prefix),
@@ -159,6 +164,22 @@ fn addr_msg(m: &mut Vec<u8>, kind: u16, extra: u16, seq: u32, ifindex: u32, a: C
     }
     put_attr(m, IFA_ADDRESS, &b);
     finish(m);
+}
+
+/// RTM_NEWADDR (create or replace) with the prefix route's metric when given.
+fn addr_add_msg(m: &mut Vec<u8>, seq: u32, ifindex: u32, a: Cidr, metric: Option<u32>) {
+    addr_msg(
+        m,
+        RTM_NEWADDR,
+        NLM_F_CREATE | NLM_F_REPLACE,
+        seq,
+        ifindex,
+        a,
+    );
+    if let Some(metric) = metric {
+        put_attr(m, IFA_RT_PRIORITY, &metric.to_ne_bytes());
+        finish(m);
+    }
 }
 
 fn addr_lifetime_msg(m: &mut Vec<u8>, seq: u32, ifindex: u32, a: Cidr, life: Lifetime) {
@@ -269,6 +290,30 @@ mod tests {
         assert_eq!(&m[48..52], &[20, 0, IFA_CACHEINFO as u8, 0]);
         assert_eq!(u32::from_ne_bytes(m[52..56].try_into().unwrap()), 120); // preferred
         assert_eq!(u32::from_ne_bytes(m[56..60].try_into().unwrap()), 120); // valid
+    }
+
+    #[test]
+    fn an_address_carries_its_prefix_route_metric() {
+        let mut m = Vec::new();
+        addr_add_msg(
+            &mut m,
+            1,
+            4,
+            "192.168.1.250/24".parse().unwrap(),
+            Some(1024),
+        );
+        // header 16, ifaddrmsg 8, IFA_LOCAL 8, IFA_ADDRESS 8, IFA_RT_PRIORITY 8
+        assert_eq!(m.len(), 48);
+        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()), 48);
+        assert_eq!(u16::from_ne_bytes(m[40..42].try_into().unwrap()), 8);
+        assert_eq!(
+            u16::from_ne_bytes(m[42..44].try_into().unwrap()),
+            IFA_RT_PRIORITY
+        );
+        assert_eq!(u32::from_ne_bytes(m[44..48].try_into().unwrap()), 1024);
+        let mut plain = Vec::new();
+        addr_add_msg(&mut plain, 1, 4, "192.168.1.250/24".parse().unwrap(), None);
+        assert_eq!(plain.len(), 40);
     }
 
     #[test]
