@@ -24,8 +24,13 @@
 #     on-link route of fd00:251::/64 are removed and said; fd00:99::/64 is kept; the
 #     tunnel route fd00:251::/64 is the one in use.
 #
+# (5) the factory tunnel (10.100.0.1/24, fd00:100::1/64, clients .2/::2 and .3/::3) and a
+#     rogue RA for fd00:100::/64: the prefix is kept (it looks like the tunnel numbered
+#     from the LAN) but the clients' /128s stay anti-spoof rules, and L's ping from
+#     fd00:100::2 to fd00:100::3 is dropped and counted as `spoof`.
+#
 # Needs root, iproute2, nftables, dnsmasq, python3. riceguard is $RG_BIN (default
-# target/release/riceguard). About 40 s. Prints "uplink-guard: N passed, N failed".
+# target/release/riceguard). About 55 s. Prints "uplink-guard: N passed, N failed".
 set -u
 cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
@@ -177,6 +182,7 @@ spawn ip netns exec $R dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user
     --interface=br0 --bind-interfaces --enable-ra \
     --dhcp-range=fd00:251::,ra-only,64 --dhcp-range=fd00:99::,ra-only,64 --ra-param=br0,3 \
     --pid-file="$WORK/dnsmasq.pid" >"$WORK/dnsmasq.log" 2>&1
+RA_PID=$!
 has6() { ip -n $G -6 -o addr show dev upl | grep -q "inet6 $1"; }
 check "(4) fd00:99::/64 (no conflict): a SLAAC address" wait_for 15 has6 fd00:99:
 check "(4) status: fd00:251::/64 not used, it is site-b's" \
@@ -191,5 +197,55 @@ check "(4) fd00:99::/64 kept" has6 fd00:99:
 echo "--- stop"
 stop_pid "$GWPID"
 check "no proxy entry left after stop" sh -c "[ -z \"\$(ip -n $G neigh show proxy)\" ]"
-if [ $failed -gt 0 ]; then echo "--- gateway log (tail)"; tail -30 "$WORK/gw.log"; fi
+
+# ---- (5) a rogue RA for the tunnel's own prefix ------------------------------------------------
+echo "--- (5) the factory tunnel (10.100.0.1/24, fd00:100::1/64) and a rogue RA for fd00:100::/64"
+stop_pid "$RA_PID"
+cat >"$PERM/factory.conf" <<EOF
+[Interface]
+PrivateKey = $kg
+ListenPort = 51820
+Address = 10.100.0.1/24, fd00:100::1/64
+
+[Peer]
+Name = phone
+PublicKey = $(key)
+AllowedIPs = 10.100.0.2/32, fd00:100::2/128
+
+[Peer]
+Name = laptop
+PublicKey = $(key)
+AllowedIPs = 10.100.0.3/32, fd00:100::3/128
+
+[Gateway]
+InterfaceName = $TUN
+Uplink = upl
+HugePages = off
+TcpFallback = off
+EOF
+chmod 600 "$PERM/factory.conf"
+ip -n $R addr add fd00:100::fe/64 dev br0 nodad
+spawn env RG_LOG=info ip netns exec $G "$RG" up --config "$PERM/factory.conf" --workers 1 >"$WORK/gw5.log" 2>&1
+GWPID=$!
+check "(5) the appliance is up with the factory tunnel" wait_for 10 sh -c "[ -S /var/run/wireguard/$TUN.sock ] && ip -n $G -o link show $TUN | grep -q ',UP'"
+spawn ip netns exec $R dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
+    --interface=br0 --bind-interfaces --enable-ra --dhcp-range=fd00:100::,ra-only,64 --ra-param=br0,3 \
+    --pid-file="$WORK/dnsmasq5.pid" >"$WORK/dnsmasq5.log" 2>&1
+RA_PID=$!
+check "(5) the rogue RA's fd00:100::/64 gives the uplink a SLAAC address (it looks like the tunnel numbered from the LAN)" wait_for 15 has6 fd00:100:
+spoof_rule() { inns $G nft list chain inet riceguard prerouting 2>/dev/null | grep -q "ip6 saddr $1 .*drop"; }
+check "(5) the phone's and the laptop's /128 stay anti-spoof rules on the uplink" \
+    wait_for 10 eval 'spoof_rule fd00:100::2 && spoof_rule fd00:100::3'
+spoofs() { inns $G nft list counter inet riceguard spoof 2>/dev/null | sed -n 's/.*packets \([0-9]*\).*/\1/p'; }
+ip -n $L addr add fd00:100::2/128 dev eth0 nodad
+ip -n $L -6 neigh replace fd00:100::3 lladdr "$GMAC" dev eth0
+ip -n $L -6 route add fd00:100::3/128 dev eth0
+s0=$(spoofs)
+inns $L ping -6 -c 3 -i 0.2 -W 1 -I fd00:100::2 fd00:100::3 >/dev/null 2>&1
+s1=$(spoofs)
+check "(5) 3 pings from the uplink with the phone's source fd00:100::2 to the laptop dropped as spoofs (spoof ${s0:-?} -> ${s1:-?})" \
+    test "${s1:-0}" -ge $((${s0:-0} + 3))
+stop_pid "$RA_PID"
+stop_pid "$GWPID"
+if [ $failed -gt 0 ]; then for f in "$WORK"/gw*.log; do echo "--- gateway log $f (tail)"; tail -30 "$f"; done; fi
 h_finish
