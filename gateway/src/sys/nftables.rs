@@ -465,10 +465,19 @@ fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) 
     table(&mut b, NFT_MSG_NEWTABLE, NLM_F_CREATE, t);
     table(&mut b, NFT_MSG_DELTABLE, 0, t);
     let tag = forwarding::tag(rs);
-    b.add(NFT_MSG_NEWTABLE, NLM_F_CREATE, format!("add table inet {t}"), |m| {
-        attr_str(m, NFTA_TABLE_NAME, t);
-        attr(m, NFTA_TABLE_USERDATA, &comment_udata(NFTNL_UDATA_TABLE_COMMENT, &tag));
-    });
+    b.add(
+        NFT_MSG_NEWTABLE,
+        NLM_F_CREATE,
+        format!("add table inet {t}"),
+        |m| {
+            attr_str(m, NFTA_TABLE_NAME, t);
+            attr(
+                m,
+                NFTA_TABLE_USERDATA,
+                &comment_udata(NFTNL_UDATA_TABLE_COMMENT, &tag),
+            );
+        },
+    );
     for c in &rs.counters {
         counter(&mut b, t, c, initial.get(c).copied().unwrap_or((0, 0)));
     }
@@ -544,7 +553,11 @@ fn rule(b: &mut Batch, table: &str, chain: &str, index: usize, r: &Rule) {
         attr_str(m, NFTA_RULE_CHAIN, chain);
         nest(m, NFTA_RULE_EXPRESSIONS, |m| rule_exprs(m, r));
         if !r.comment.is_empty() {
-            attr(m, NFTA_RULE_USERDATA, &comment_udata(NFTNL_UDATA_RULE_COMMENT, r.comment));
+            attr(
+                m,
+                NFTA_RULE_USERDATA,
+                &comment_udata(NFTNL_UDATA_RULE_COMMENT, r.comment),
+            );
         }
     });
 }
@@ -1450,7 +1463,10 @@ mod tests {
         let tag = forwarding::tag(&rs);
         // Only the table that stays (the second create) carries it.
         assert_eq!(parse_table_comment(msgs[1].payload).unwrap(), None);
-        assert_eq!(parse_table_comment(msgs[3].payload).unwrap(), Some(tag.clone()));
+        assert_eq!(
+            parse_table_comment(msgs[3].payload).unwrap(),
+            Some(tag.clone())
+        );
         // libnftnl's layout: name, then userdata = TLV 0 (comment), NUL-terminated.
         let mut want = hex("07000100 72670000");
         let len = 4 + 2 + tag.len() + 1;
@@ -1742,10 +1758,7 @@ mod tests {
             assert!(ok, "{text}");
             assert!(text.contains(&format!("comment \"{tag}\"")), "{text}");
             // A table made by hand has no tag.
-            assert_eq!(
-                installed("other"),
-                Installed::Present { comment: None }
-            );
+            assert_eq!(installed("other"), Installed::Present { comment: None });
             for want in LISTED {
                 assert!(
                     text.lines().any(|l| l.trim() == *want),

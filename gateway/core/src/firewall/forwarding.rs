@@ -163,7 +163,10 @@ mod tests {
     #[test]
     fn the_tag_is_stable_and_follows_what_the_table_judges() {
         let a = tag(&ruleset(&cfg(), &ports("wga", None)));
-        assert!(a.starts_with(TAG_PREFIX) && a.len() == TAG_PREFIX.len() + 16, "{a}");
+        assert!(
+            a.starts_with(TAG_PREFIX) && a.len() == TAG_PREFIX.len() + 16,
+            "{a}"
+        );
         // The same configuration and ports: the same tag, on every computation.
         assert_eq!(a, tag(&ruleset(&cfg(), &ports("wga", None))));
         // Another tunnel name, a LAN port, another uplink subnet, another peer: another tag.
@@ -224,7 +227,10 @@ mod tests {
             unreachable!()
         };
         let said = why.to_string();
-        assert!(said.contains("not the one for this configuration"), "{said}");
+        assert!(
+            said.contains("not the one for this configuration"),
+            "{said}"
+        );
         assert!(said.contains(&a), "{said}");
         // A table without our tag (an older version's, or made by hand): off.
         assert_eq!(
