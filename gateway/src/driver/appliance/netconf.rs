@@ -1071,6 +1071,27 @@ mod tests {
             nc.apply(&b, 51820).unwrap();
             assert!(crate::sys::nftables::exists(table).unwrap());
 
+            // Removed, or replaced by another configuration's table, behind our back: the
+            // next watch round installs ours again and forwarding stays allowed.
+            use crate::core::firewall::forwarding::{tag, Installed};
+            let ours_now = crate::sys::nftables::installed(table);
+            assert!(crate::sys::nftables::remove(table).unwrap());
+            nc.tick();
+            assert_eq!(crate::sys::nftables::installed(table), ours_now);
+            let mut other = crate::core::firewall::Ports::from_config(&b);
+            other.tunnel = "rgnt9".into();
+            let stale = crate::core::firewall::ruleset(&b, &other);
+            crate::sys::nftables::replace(&stale, &Default::default()).unwrap();
+            let stale_tag = Installed::Present {
+                comment: Some(tag(&stale)),
+            };
+            assert_eq!(crate::sys::nftables::installed(table), stale_tag);
+            nc.tick();
+            assert_eq!(crate::sys::nftables::installed(table), ours_now);
+            let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
+            assert_eq!(fwd.trim(), "1");
+            assert!(nc.firewall_summary()[0].starts_with("firewall: on"));
+
             // The uplink moves to another subnet: the watch drops the entry, and adds it
             // back when the address returns.
             nl.delete_address("lo", c("192.168.77.2/24")).unwrap();
