@@ -52,6 +52,16 @@
 #   (4) a reload adding a peer adds its prefix to the anti-spoof rules; `kill -9`: the
 #       table stays and U still reaches neither M nor, spoofed, anything.
 #   (6) `riceguard status` in H: the counts of spoof, uplink-forward, uplink-in.
+# C. a stale table is not ours (issue 29): the appliance in ns X (uplink `upl`
+#   198.18.0.2/24 to ns Y) runs with `InterfaceName = rgfc<pid>` (table in place,
+#   forwarding on), exits cleanly (its table stays, forwarding stays on). Another
+#   firewall on the host then fills the forward hook (1024 base chains of table
+#   `inet rgfill`: the kernel's limit per hook), so the next install is refused (E2BIG:
+#   the new table's chains register before the old one's go). Restarted with
+#   `InterfaceName = rgfd<pid>`: the old table (old interface name) is still there, and
+#   IPv4 and IPv6 forwarding must be off, the log and `riceguard status` saying why;
+#   once `rgfill` is gone the watch installs the table for rgfd<pid> and forwarding is
+#   on again.
 #
 # Client set-up: no wg-quick (it needs resolvconf for the DNS line and a kernel
 # WireGuard link type first): `wg-quick strip`, `wg setconf`, then Address, MTU and one
@@ -71,7 +81,8 @@ require_tools wireguard-go wg wg-quick ip nft tcpdump python3 ping ss
 ID=$$
 R=rgfR$ID G=rgfG$ID L=rgfL$ID I=rgfI$ID P=rgfP$ID Q=rgfQ$ID
 U=rgfU$ID H=rgfH$ID S=rgfS$ID M=rgfM$ID
-TA=rgfa$ID TB=rgfb$ID                         # the appliances' tunnels
+X=rgfX$ID Y=rgfY$ID
+TA=rgfa$ID TB=rgfb$ID TC=rgfc$ID TD=rgfd$ID   # the appliances' tunnels
 WP=rgfp$ID WL=rgfl$ID WS=rgfs$ID WT=rgft$ID   # clients: phone, laptop (A); phone, TCP phone (B)
 WORK=$(mktemp -d /tmp/rgf-firewall.XXXXXX)
 FWP="python3 ci/lib/fwprobe.py"
@@ -79,8 +90,8 @@ T0=$SECONDS
 
 cleanup() {
     local i
-    for i in $TA $TB $WP $WL $WS $WT; do rm -f "/var/run/wireguard/$i.sock"; done
-    rm -f "/run/riceguard/$TA.status" "/run/riceguard/$TB.status"
+    for i in $TA $TB $TC $TD $WP $WL $WS $WT; do rm -f "/var/run/wireguard/$i.sock"; done
+    for i in $TA $TB $TC $TD; do rm -f "/run/riceguard/$i.status"; done
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 at_exit cleanup
@@ -781,10 +792,86 @@ cap_stop mcap2
 [ "$(cap_lines mcap2)" = 0 ] && ok "(4) B kill -9: M received nothing from the uplink" || ko "(4) B kill -9: M received $(head -2 "$WORK/mcap2.cap" | tr '\n' ';')"
 [ "$(counter $H uplink-forward)" -gt "$f0" ] && [ "$(counter $H spoof)" -ge $((s0 + 2)) ] &&
     ok "(4) B kill -9: drops still counted (uplink-forward, spoof)" || ko "(4) B kill -9: counters did not move"
-note "B took $((SECONDS - TB0)) s; the lab $((SECONDS - T0)) s"
+note "B took $((SECONDS - TB0)) s"
+
+# =========================================================================================
+# C. a stale table after a restart with another interface name (issue 29)
+# =========================================================================================
+echo "--- C: restart with another InterfaceName, the install refused, the old table left"
+TC0=$SECONDS
+netns_add $X $Y
+inns $X sysctl -qw net.ipv4.ip_forward=0 net.ipv6.conf.all.forwarding=0
+veth_pair $Y eth0 198.18.0.1/24 $X upl 198.18.0.2/24
+ip -n $X route add default via 198.18.0.1
+kc=$("$RG" genkey)
+confc() { # TUNNEL
+    cat <<EOF
+[Interface]
+PrivateKey = $kc
+ListenPort = 51820
+Address = 10.100.0.1/24
+
+[Peer]
+Name = phone
+PublicKey = $ps
+AllowedIPs = 10.100.0.2/32
+
+[Gateway]
+InterfaceName = $1
+HugePages = off
+EOF
+}
+fwd_is() { sysctl_is $X net.ipv4.ip_forward "$1" && sysctl_is $X net.ipv6.conf.all.forwarding "$1"; }
+# table_names TUN: our table judges TUN (its chains match on that interface name).
+table_names() { inns $X nft list table inet riceguard 2>/dev/null | grep -q "iifname \"$1\""; }
+confc $TC >"$WORK/c.conf" && chmod 600 "$WORK/c.conf"
+if gw_start $X "$WORK/c.conf" $TC "$WORK/c.log"; then ok "C: up as $TC"
+else tail -20 "$WORK/c.log"; h_abort "C: the appliance did not come up"; fi
+check "C: $TC: the table judges $TC" table_names $TC
+check "C: $TC: IPv4 and IPv6 forwarding on" wait_for 5 fwd_is 1
+stop_pid $GWPID
+check "C: clean exit: the table for $TC stays" table_names $TC
+check "C: clean exit: forwarding still on (nothing turns it off at exit)" fwd_is 1
+# Another firewall fills the forward hook: add base chains in batches (an `nft -f` is
+# one transaction, refused whole) until not even one more fits.
+fill() { # FROM TO
+    local i
+    echo "table inet rgfill {"
+    for i in $(seq "$1" "$2"); do echo "chain c$i { type filter hook forward priority 0; }"; done
+    echo "}"
+}
+n=0
+for step in 256 64 16 4 1; do
+    while fill $((n + 1)) $((n + step)) | inns $X nft -f - 2>/dev/null; do n=$((n + step)); done
+done
+note "C: table inet rgfill holds $n forward base chains"
+if inns $X nft add chain inet rgfill probe '{ type filter hook forward priority 0; }' 2>"$WORK/c-full.err"; then
+    ko "C: the forward hook did not fill up (the install would not be refused)"
+else
+    ok "C: the forward hook is full ($(grep -m1 Error "$WORK/c-full.err"))"
+fi
+confc $TD >"$WORK/c.conf.new" && chmod 600 "$WORK/c.conf.new" && mv "$WORK/c.conf.new" "$WORK/c.conf"
+if gw_start $X "$WORK/c.conf" $TD "$WORK/c.log"; then ok "C: restarted as $TD"
+else tail -20 "$WORK/c.log"; ko "C: no restart as $TD"; fi
+GWC=$GWPID
+check "C: $TD: the install was refused (E2BIG, said in the log)" wait_for 5 grep -q "the kernel said E2BIG" "$WORK/c.log"
+check "C: $TD: the stale table (judging $TC) is still there" table_names $TC
+check "C: $TD with the stale table: IPv4 and IPv6 forwarding off" wait_for 5 fwd_is 0
+check "C: $TD: the log says the table in place is not the one for this configuration" \
+    grep -q "NOT forwarding: table inet riceguard in place is not the one for this configuration" "$WORK/c.log"
+check "C: $TD: riceguard status says NOT forwarding and why" wait_for 3 sh -c \
+    "ip netns exec $X '$RG' status $TD 2>&1 | grep -q 'firewall: NOT forwarding: table inet riceguard in place is not the one'"
+inns $X nft delete table inet rgfill
+check "C: $TD: rgfill gone: the watch installs the table for $TD" wait_for 10 table_names $TD
+check "C: $TD: the table judges $TC no more" sh -c "! ip netns exec $X nft list table inet riceguard | grep -q 'iifname \"$TC\"'"
+check "C: $TD: IPv4 and IPv6 forwarding back on" wait_for 5 fwd_is 1
+check "C: $TD: the log says forwarding is allowed again" wait_for 3 grep -q "for this configuration in place; forwarding allowed" "$WORK/c.log"
+stop_pid $GWC
+note "C took $((SECONDS - TC0)) s; the lab $((SECONDS - T0)) s"
 
 if [ "$failed" -gt 0 ]; then
     echo "--- appliance A log (tail)"; tail -15 "$WORK/a.log"
     echo "--- appliance B log (tail)"; tail -15 "$WORK/b.log"
+    echo "--- appliance C log (tail)"; tail -15 "$WORK/c.log"
 fi
 h_finish

@@ -23,6 +23,7 @@ use nix::sys::socket::{
 use nix::sys::time::TimeVal;
 
 use super::netlink::{attrs, put_attr as attr};
+use crate::core::firewall::forwarding::{self, Installed};
 use crate::core::firewall::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, L4};
 use crate::core::net::Cidr;
 
@@ -56,6 +57,7 @@ const NFT_MSG_NEWOBJ: u8 = 18;
 const NFT_MSG_GETOBJ: u8 = 19;
 
 const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_USERDATA: u16 = 6;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
@@ -134,8 +136,9 @@ const NFT_LIMIT_PKTS: u32 = 0;
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
 const NFT_RETURN: i32 = -5;
-/// libnftnl's rule userdata TLV holding `comment "..."`.
+/// libnftnl's rule and table userdata TLVs holding `comment "..."`.
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
+const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
 const IFNAMSIZ: usize = 16;
 const NFT_NAME_MAXLEN: usize = 256;
 /// Every wait for the kernel is bounded by this (it answers a batch before `send` returns).
@@ -205,7 +208,9 @@ impl NftError {
 /// Replace table `rs.table` (family inet) whole in ONE netlink batch transaction:
 /// create-if-absent the table, delete it, create it again with its counters (initial
 /// `(packets, bytes)` from `initial`, by name; absent = 0), chains and rules. Either all
-/// of it applies or nothing changes.
+/// of it applies or nothing changes. The new table's comment is `rs`'s
+/// [`forwarding::tag`], which [`installed`] reads back: whoever finds the table can tell
+/// which ruleset it is.
 pub fn replace(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>) -> Result<(), NftError> {
     validate(rs)?;
     Socket::open()?.transact(&replace_batch(rs, initial, 1))
@@ -233,6 +238,36 @@ pub fn exists(name: &str) -> Result<bool, NftError> {
     match Socket::open()?.query(&m, "get table", |_| Ok(())) {
         Ok(_) => Ok(true),
         Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(false),
+        Err(e) => Err(unavailable(e)),
+    }
+}
+
+/// Table `name` (family inet) as the kernel has it: absent, or there with its comment
+/// (the [`forwarding::tag`] of the ruleset [`replace`] installed), or unreadable.
+pub fn installed(name: &str) -> Installed {
+    match table_comment(name) {
+        Ok(None) => Installed::Absent,
+        Ok(Some(comment)) => Installed::Present { comment },
+        Err(e) => Installed::Unreadable(e.to_string()),
+    }
+}
+
+/// `None`: no table `name`; `Some(comment)` otherwise.
+fn table_comment(name: &str) -> Result<Option<Option<String>>, NftError> {
+    check_name("table", name, NFT_NAME_MAXLEN)?;
+    let m = request(NFT_MSG_GETTABLE, NLM_F_ACK, |m| {
+        attr_str(m, NFTA_TABLE_NAME, name)
+    });
+    let mut comment = None;
+    let r = Socket::open()?.query(&m, "get table", |msg| {
+        if msg.kind == nft_type(NFT_MSG_NEWTABLE) {
+            comment = parse_table_comment(msg.payload)?;
+        }
+        Ok(())
+    });
+    match r {
+        Ok(_) => Ok(Some(comment)),
+        Err(e) if e.errno() == Some(Errno::ENOENT) => Ok(None),
         Err(e) => Err(unavailable(e)),
     }
 }
@@ -429,7 +464,20 @@ fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) 
     // Created first so the delete cannot fail with ENOENT; the second create starts empty.
     table(&mut b, NFT_MSG_NEWTABLE, NLM_F_CREATE, t);
     table(&mut b, NFT_MSG_DELTABLE, 0, t);
-    table(&mut b, NFT_MSG_NEWTABLE, NLM_F_CREATE, t);
+    let tag = forwarding::tag(rs);
+    b.add(
+        NFT_MSG_NEWTABLE,
+        NLM_F_CREATE,
+        format!("add table inet {t}"),
+        |m| {
+            attr_str(m, NFTA_TABLE_NAME, t);
+            attr(
+                m,
+                NFTA_TABLE_USERDATA,
+                &comment_udata(NFTNL_UDATA_TABLE_COMMENT, &tag),
+            );
+        },
+    );
     for c in &rs.counters {
         counter(&mut b, t, c, initial.get(c).copied().unwrap_or((0, 0)));
     }
@@ -505,18 +553,23 @@ fn rule(b: &mut Batch, table: &str, chain: &str, index: usize, r: &Rule) {
         attr_str(m, NFTA_RULE_CHAIN, chain);
         nest(m, NFTA_RULE_EXPRESSIONS, |m| rule_exprs(m, r));
         if !r.comment.is_empty() {
-            attr(m, NFTA_RULE_USERDATA, &comment_udata(r.comment));
+            attr(
+                m,
+                NFTA_RULE_USERDATA,
+                &comment_udata(NFTNL_UDATA_RULE_COMMENT, r.comment),
+            );
         }
     });
 }
 
-/// nft's `comment "..."`: one userdata TLV, NUL-terminated, at most 255 bytes with it.
-fn comment_udata(c: &str) -> Vec<u8> {
+/// nft's `comment "..."`: one userdata TLV of type `kind`, NUL-terminated, at most 255
+/// bytes with it.
+fn comment_udata(kind: u8, c: &str) -> Vec<u8> {
     let mut end = c.len().min(254);
     while !c.is_char_boundary(end) {
         end -= 1;
     }
-    let mut u = vec![NFTNL_UDATA_RULE_COMMENT, (end + 1) as u8];
+    let mut u = vec![kind, (end + 1) as u8];
     u.extend_from_slice(&c.as_bytes()[..end]);
     u.push(0);
     u
@@ -1056,6 +1109,26 @@ fn parse_counter(p: &[u8], table: &str) -> Result<Option<(String, u64, u64)>, Nf
     }
 }
 
+/// An `NFT_MSG_NEWTABLE` payload: the table's comment (libnftnl's userdata TLVs), `None`
+/// when it has none.
+fn parse_table_comment(p: &[u8]) -> Result<Option<String>, NftError> {
+    let body = p.get(4..).ok_or(NftError::Malformed)?; // after nfgenmsg
+    for (k, mut u) in attrs(body) {
+        if k != NFTA_TABLE_USERDATA {
+            continue;
+        }
+        // TLVs: type (u8), length (u8), value.
+        while let [kind, len, rest @ ..] = u {
+            let v = rest.get(..usize::from(*len)).ok_or(NftError::Malformed)?;
+            if *kind == NFTNL_UDATA_TABLE_COMMENT {
+                return Ok(Some(String::from_utf8_lossy(cstr(v)).into_owned()));
+            }
+            u = &rest[v.len()..];
+        }
+    }
+    Ok(None)
+}
+
 // Byte layouts are written little-endian (both our targets).
 #[cfg(all(test, target_endian = "little"))]
 mod tests {
@@ -1335,7 +1408,7 @@ mod tests {
         );
         assert_eq!(m, hex(&want));
         // A long comment is cut at a character boundary, within one TLV.
-        let u = comment_udata(&"é".repeat(200));
+        let u = comment_udata(NFTNL_UDATA_RULE_COMMENT, &"é".repeat(200));
         assert_eq!((u[1], u.len(), u[256]), (255, 257, 0));
     }
 
@@ -1380,6 +1453,39 @@ mod tests {
         assert_eq!(b.buf[b.buf.len() - 20..], end);
         assert_eq!(b.what[1], "delete table inet rg");
         assert_eq!(b.what[5], "add rule 1 of chain input (d)");
+    }
+
+    #[test]
+    fn the_new_table_carries_the_rulesets_tag_and_it_reads_back() {
+        let rs = tiny();
+        let b = replace_batch(&rs, &HashMap::new(), 1);
+        let msgs: Vec<_> = messages(&b.buf).map(Result::unwrap).collect();
+        let tag = forwarding::tag(&rs);
+        // Only the table that stays (the second create) carries it.
+        assert_eq!(parse_table_comment(msgs[1].payload).unwrap(), None);
+        assert_eq!(
+            parse_table_comment(msgs[3].payload).unwrap(),
+            Some(tag.clone())
+        );
+        // libnftnl's layout: name, then userdata = TLV 0 (comment), NUL-terminated.
+        let mut want = hex("07000100 72670000");
+        let len = 4 + 2 + tag.len() + 1;
+        want.extend((len as u16).to_ne_bytes());
+        want.extend(NFTA_TABLE_USERDATA.to_ne_bytes());
+        want.extend([0, tag.len() as u8 + 1]);
+        want.extend(tag.as_bytes());
+        want.push(0);
+        want.resize(want.len().next_multiple_of(4), 0);
+        assert_eq!(msgs[3].payload[4..], want[..]);
+        // Another TLV before the comment is skipped; a TLV running past its attribute,
+        // or a payload shorter than nfgenmsg, is malformed.
+        let mut p = hex("02000000 07000100 72670000");
+        attr(&mut p, NFTA_TABLE_USERDATA, &[7, 1, 9, 0, 3, b'a', b'b', 0]);
+        assert_eq!(parse_table_comment(&p).unwrap(), Some("ab".into()));
+        let mut p = hex("02000000");
+        attr(&mut p, NFTA_TABLE_USERDATA, &[0, 9, b'a']);
+        assert!(malformed(parse_table_comment(&p)));
+        assert!(malformed(parse_table_comment(&[2, 0])));
     }
 
     /// An `NLMSG_ERROR` answer: header, errno, the request's header (zeros).
@@ -1637,11 +1743,22 @@ mod tests {
             assert!(counters("rgtest").unwrap().is_empty());
             assert!(!remove("rgtest").unwrap());
 
+            assert_eq!(installed("rgtest"), Installed::Absent);
             let rs = realistic("rgtest");
             replace(&rs, &HashMap::from([("spoof".to_string(), (3, 300))])).unwrap();
             assert!(exists("rgtest").unwrap());
+            let tag = forwarding::tag(&rs);
+            assert_eq!(
+                installed("rgtest"),
+                Installed::Present {
+                    comment: Some(tag.clone())
+                }
+            );
             let (ok, text) = list();
             assert!(ok, "{text}");
+            assert!(text.contains(&format!("comment \"{tag}\"")), "{text}");
+            // A table made by hand has no tag.
+            assert_eq!(installed("other"), Installed::Present { comment: None });
             for want in LISTED {
                 assert!(
                     text.lines().any(|l| l.trim() == *want),

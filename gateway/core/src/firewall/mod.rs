@@ -49,6 +49,7 @@
 //! from the uplink; another table's rules (Docker's, a distribution's) still see
 //! everything and may drop more.
 
+pub mod forwarding;
 pub mod rules;
 
 use crate::config::{Config, MasqueradeMode};

@@ -6,7 +6,7 @@
 use crate::net::Cidr;
 
 /// A whole table, replaced as one transaction.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Ruleset {
     /// Table name (family `inet`).
     pub table: String,
@@ -17,14 +17,14 @@ pub struct Ruleset {
 }
 
 /// A chain; base chains hook into the stack, regular chains are jumped to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Chain {
     pub name: String,
     pub base: Option<BaseChain>,
     pub rules: Vec<Rule>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BaseChain {
     pub kind: ChainKind,
     pub hook: Hook,
@@ -35,7 +35,7 @@ pub struct BaseChain {
     pub policy_drop: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ChainKind {
     Filter,
     Nat,
@@ -50,7 +50,7 @@ impl ChainKind {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Hook {
     Prerouting,
     Input,
@@ -65,7 +65,7 @@ pub const PRIO_FILTER: i32 = 0;
 pub const PRIO_SRCNAT: i32 = 100;
 
 /// One rule: every match must hold, then the counter (if any) counts and the action runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Rule {
     pub matches: Vec<Match>,
     /// A named counter of [`Ruleset::counters`].
@@ -75,13 +75,13 @@ pub struct Rule {
     pub comment: &'static str,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
     V4,
     V6,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum L4 {
     Tcp,
     Udp,
@@ -102,7 +102,7 @@ impl L4 {
 }
 
 /// Connection-tracking states (nf_conntrack's bits as nft's `ct state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CtStates(pub u32);
 
 impl CtStates {
@@ -117,7 +117,7 @@ impl CtStates {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Match {
     /// `meta iifname NAME` (`eq`) or `!= NAME`.
     Iif { name: String, eq: bool },
@@ -154,7 +154,7 @@ pub enum Match {
 }
 
 /// Route types (`RTN_*`) of a destination, as `fib daddr type` names them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AddrType {
     /// One of the appliance's own addresses.
     Local,
@@ -172,7 +172,7 @@ impl AddrType {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     Accept,
     Drop,

@@ -7,12 +7,16 @@
 //! `sys::nftables` only when it changed, and carries the drop counters across a
 //! replacement. The table stays when the daemon exits or crashes (fail closed: the
 //! uplink still reaches neither the LAN nor the tunnel's routes); `Firewall = off`
-//! removes it.
+//! removes it. Whether the gateway may forward is [`Firewall::forwarding`]: only while
+//! the kernel's table carries the tag of the ruleset asked for now
+//! ([`crate::core::firewall::forwarding`]), so a table left by a run with other
+//! interface names or peers never stands in for ours.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::core::config::Config;
+use crate::core::firewall::forwarding::{self as fwd, Forwarding, Installed};
 use crate::core::firewall::{self, Ports, Ruleset, TABLE};
 use crate::core::net::Cidr;
 use crate::sys::netlink::Netlink;
@@ -22,6 +26,11 @@ use crate::sys::nftables::{self, NftError};
 #[derive(Default)]
 pub struct Firewall {
     installed: Mutex<Option<Ruleset>>,
+    /// The tag of the ruleset the last [`Firewall::apply`] asked for (`None`: off by
+    /// choice, or not applied yet).
+    want: Mutex<Option<String>>,
+    /// Why the gateway does not forward (or the last error), first in the status.
+    problem: Mutex<Option<String>>,
     /// What `riceguard status` shows (the `firewall:` and `nat:` lines).
     summary: Mutex<Vec<String>>,
 }
@@ -42,7 +51,9 @@ impl Firewall {
     /// table as it was (one transaction) — and the gateway must then not forward.
     pub fn apply(&self, cfg: &Config, ports: &Ports) -> Result<Outcome, NftError> {
         let mut inst = self.installed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut want = self.want.lock().unwrap_or_else(|p| p.into_inner());
         if !cfg.gateway.firewall {
+            *want = None;
             self.set_summary(vec![
                 "firewall: off (Firewall = off): nothing filtered or translated".into(),
             ]);
@@ -53,6 +64,8 @@ impl Firewall {
             return Ok(Outcome::Off);
         }
         let rs = firewall::ruleset(cfg, ports);
+        let tag = fwd::tag(&rs);
+        *want = Some(tag.clone());
         let mut summary = vec![format!(
             "firewall: on (table inet {TABLE}; uplink {}, LAN port {}, tunnel {})",
             uplink_text(ports),
@@ -61,8 +74,13 @@ impl Firewall {
         )];
         summary.extend(firewall::nat_summary(cfg, ports));
         if inst.as_ref() == Some(&rs) {
-            self.set_summary(summary);
-            return Ok(Outcome::Unchanged);
+            let kernel = nftables::installed(TABLE);
+            if fwd::forwarding(Some(&tag), &kernel) == Forwarding::On {
+                self.set_summary(summary);
+                return Ok(Outcome::Unchanged);
+            }
+            // Removed or replaced behind our back (`nft flush ruleset`, another tool).
+            log::warn!("firewall: table inet {TABLE} is not as installed ({kernel:?}): installing it again");
         }
         // Counts survive the replacement: the new counters start where the old ones are.
         let initial: HashMap<String, (u64, u64)> = nftables::counters(TABLE)
@@ -70,7 +88,11 @@ impl Firewall {
             .into_iter()
             .map(|(n, p, b)| (n, (p, b)))
             .collect();
-        nftables::replace(&rs, &initial)?;
+        if let Err(e) = nftables::replace(&rs, &initial) {
+            // What is asked for is not in place: the status says what is (the problem line).
+            self.set_summary(Vec::new());
+            return Err(e);
+        }
         let first = inst.is_none();
         *inst = Some(rs);
         self.set_summary(summary);
@@ -82,16 +104,46 @@ impl Firewall {
         Ok(Outcome::Installed)
     }
 
+    /// Whether the gateway may forward now: the kernel's table (read now) against the
+    /// ruleset the last [`Firewall::apply`] asked for, whether or not it got installed.
+    /// Before any `apply`: off.
+    pub fn forwarding(&self, cfg: &Config) -> Forwarding {
+        let want = self.want.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if cfg.gateway.firewall && want.is_none() {
+            return Forwarding::Off(fwd::NotForwarding::NoTable);
+        }
+        let kernel = match &want {
+            Some(_) => nftables::installed(TABLE),
+            None => Installed::Absent, // off by choice: not looked at
+        };
+        fwd::forwarding(want.as_deref(), &kernel)
+    }
+
+    /// What the status shows first while the firewall has a problem (`None`: none).
+    pub fn set_problem(&self, p: Option<String>) {
+        *self.problem.lock().unwrap_or_else(|p| p.into_inner()) = p;
+    }
+
     fn set_summary(&self, lines: Vec<String>) {
         *self.summary.lock().unwrap_or_else(|p| p.into_inner()) = lines;
     }
 
-    /// The `firewall:` and `nat:` lines for the status file.
+    /// The `firewall:` and `nat:` lines for the status file; a problem comes first.
     pub fn summary(&self) -> Vec<String> {
-        self.summary
+        let mut v = self
+            .summary
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(p) = self
+            .problem
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+        {
+            v.insert(0, p);
+        }
+        v
     }
 }
 

@@ -44,6 +44,8 @@ use std::time::{Duration, Instant};
 
 use super::firewall::{self, Firewall};
 use crate::core::config::{Config, DEFAULT_MTU};
+use crate::core::firewall::forwarding::Forwarding;
+use crate::core::firewall::TABLE;
 use crate::core::net::Cidr;
 use crate::core::netplan::{
     self, KernelRoute, Port, ProbeBook, ProbeResult, ProxyEntry, Role, MAIN_TABLE,
@@ -117,9 +119,12 @@ struct State {
     last_problem: Option<String>,
     /// `shutdown` ran: the watch does nothing more.
     stopped: bool,
-    /// The firewall's last error (logged once while it persists). `None` once it is what
-    /// the configuration asks for (installed, or off by choice): forwarding may be on.
+    /// The firewall's last problem (logged once while it persists): an install that
+    /// failed, or a table that is not the one for the running configuration.
     firewall_problem: Option<String>,
+    /// Forwarding may be on: the kernel's table is the one for the running
+    /// configuration and ports, or the firewall is off by choice.
+    may_forward: bool,
     /// Which wanted proxy entries were probed free, in use or not probed yet.
     book: ProbeBook,
     /// Probes out (results picked up by [`NetConf::probe_round`]).
@@ -181,27 +186,36 @@ impl NetConf {
     }
 
     /// Bring the firewall to `cfg` over the ports as they are now; say a change of state.
+    /// Fail closed: forwarding is turned off unless the kernel's table is the one for
+    /// `cfg` over these ports (a table left by an earlier run, with other interface
+    /// names or peers, does not count), or the firewall is off by choice.
     fn firewall(&self, nl: &mut Netlink, st: &mut State, cfg: &Config) {
         let ports = firewall::ports_now(nl, &self.tunnel, cfg, self.port.load(Ordering::Relaxed));
-        match self.firewall.apply(cfg, &ports) {
-            Ok(_) => {
-                if st.firewall_problem.take().is_some() {
-                    log::info!("firewall: in place again");
-                }
+        let applied = self.firewall.apply(cfg, &ports);
+        let verdict = self.firewall.forwarding(cfg);
+        let problem = match (&applied, &verdict) {
+            (Ok(_), Forwarding::On) => None,
+            (Err(e), Forwarding::On) => Some(format!(
+                "firewall: {e}; still forwarding: the table in place is the one for this configuration"
+            )),
+            (Ok(_), Forwarding::Off(why)) => Some(format!("firewall: NOT forwarding: {why}")),
+            (Err(e), Forwarding::Off(why)) => {
+                Some(format!("firewall: NOT forwarding: {why}; installing ours failed: {e}"))
             }
-            Err(e) => {
-                let msg = format!("firewall: {e}");
-                if st.firewall_problem.as_deref() != Some(&msg) {
-                    log::error!("{msg}; not forwarding while no table of ours is in place");
-                }
-                st.firewall_problem = Some(msg);
-                // Fail closed: with no table of ours there, nothing is forwarded.
-                if !crate::sys::nftables::exists(crate::core::firewall::TABLE).unwrap_or(false) {
-                    set_sysctl("net/ipv4/ip_forward", "0");
-                    if std::path::Path::new("/proc/sys/net/ipv6").exists() {
-                        set_sysctl("net/ipv6/conf/all/forwarding", "0");
-                    }
-                }
+        };
+        if problem != st.firewall_problem {
+            match &problem {
+                Some(m) => log::error!("{m}"),
+                None => log::info!("firewall: table inet {TABLE} for this configuration in place; forwarding allowed"),
+            }
+        }
+        st.firewall_problem = problem.clone();
+        self.firewall.set_problem(problem);
+        st.may_forward = verdict == Forwarding::On;
+        if !st.may_forward {
+            set_sysctl("net/ipv4/ip_forward", "0");
+            if std::path::Path::new("/proc/sys/net/ipv6").exists() {
+                set_sysctl("net/ipv6/conf/all/forwarding", "0");
             }
         }
     }
@@ -500,7 +514,7 @@ impl NetConf {
             }
             want = netplan::proxy_set(&cfg, &with_addrs);
         }
-        if st.firewall_problem.is_none() {
+        if st.may_forward {
             let uplink = if cfg.gateway.uplink.is_empty() {
                 ports
                     .first()
@@ -1065,6 +1079,27 @@ mod tests {
             assert_eq!(fwd.trim(), "1");
             nc.apply(&b, 51820).unwrap();
             assert!(crate::sys::nftables::exists(table).unwrap());
+
+            // Removed, or replaced by another configuration's table, behind our back: the
+            // next watch round installs ours again and forwarding stays allowed.
+            use crate::core::firewall::forwarding::{tag, Installed};
+            let ours_now = crate::sys::nftables::installed(table);
+            assert!(crate::sys::nftables::remove(table).unwrap());
+            nc.tick();
+            assert_eq!(crate::sys::nftables::installed(table), ours_now);
+            let mut other = crate::core::firewall::Ports::from_config(&b);
+            other.tunnel = "rgnt9".into();
+            let stale = crate::core::firewall::ruleset(&b, &other);
+            crate::sys::nftables::replace(&stale, &Default::default()).unwrap();
+            let stale_tag = Installed::Present {
+                comment: Some(tag(&stale)),
+            };
+            assert_eq!(crate::sys::nftables::installed(table), stale_tag);
+            nc.tick();
+            assert_eq!(crate::sys::nftables::installed(table), ours_now);
+            let fwd = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap();
+            assert_eq!(fwd.trim(), "1");
+            assert!(nc.firewall_summary()[0].starts_with("firewall: on"));
 
             // The uplink moves to another subnet: the watch drops the entry, and adds it
             // back when the address returns.
