@@ -16,6 +16,7 @@
 # The untrusted uplink (about 45 s more), `riceguard dhcp --config FILE` against dnsmasq:
 #   - a lease equal to a peer's AllowedIPs is not requested, said with its reason, and not
 #     asked for in a loop (DISCOVERs counted on the server's side in a 15 s window);
+#   - two-armed, a lease over the LAN port's subnet (`LanAddress`) is declined;
 #   - `UplinkOverlap = refuse` declines an overlap with a wide summary route; `auto` keeps
 #     it and `riceguard status` says which part of which peer the uplink shadows;
 #   - restarted with a lease file whose address is gone: a DHCP packet within 3 s and the
@@ -219,6 +220,14 @@ check "UplinkOverlap = refuse declines an overlap with a wide summary route" \
     wait_for 10 log_has "$log4" "declined the offer of 192.168.77.[0-9]*/24 from 192.168.77.1: it overlaps peer hub's 192.0.0.0/8 (UplinkOverlap = refuse)"
 stop_pid "$client_pid"
 
+# Two-armed, a lease over the LAN port's subnet (issue 29, 4): declined, whatever the policy.
+printf '[Interface]\nPrivateKey = %s\nAddress = 10.100.0.1/24\n\n[Gateway]\nLan = rgdlan\nLanAddress = 192.168.77.129/25\n' "$("$RG" genkey)" >"$tmp/lanport.conf"
+log12=$tmp/client12.log
+start_client_cfg "$tmp/run12" "$log12" "$tmp/lanport.conf"
+check "two-armed: a lease over the LAN port's subnet (192.168.77.x/24 over LanAddress 192.168.77.129/25) is declined, with the reason" \
+    wait_for 10 log_has "$log12" "declined the offer of 192.168.77.[0-9]*/24 from 192.168.77.1: it overlaps the LAN port rgdlan's 192.168.77.128/25 (LanAddress: the uplink and the LAN port cannot share a network)"
+stop_pid "$client_pid"
+
 gwconf "$tmp/hub.conf" 192.0.0.0/8 "" hub
 run5=$tmp/run5 log5=$tmp/client5.log
 start_client_cfg "$run5" "$log5" "$tmp/hub.conf"
@@ -266,7 +275,7 @@ check "rogue case: the default route still goes via the real router" has_default
 check "rogue case: no rebinding to the rogue" bash -c "! grep -q 'router 192.168.78.66' '$log8'"
 stop_pid "$client_pid"
 stop_pid "$rogue_pid"
-check "untrusted-uplink clients never panicked" bash -c "! cat '$log3' '$log4' '$log5' '$log6' '$log8' | grep -qi panick"
+check "untrusted-uplink clients never panicked" bash -c "! cat '$log3' '$log4' '$log5' '$log6' '$log8' '$log12' | grep -qi panick"
 
 # ---- leases from the tunnel's own subnet (issue 29, 1) ---------------------------------
 # The factory tunnel (Address = 10.100.0.1/24, clients phone .2 and laptop .3, ProxyArp
