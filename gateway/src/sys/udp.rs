@@ -9,8 +9,11 @@
 //! router advertisement's MTU option lowered it, which anyone on the uplink can send),
 //! so GSO only rests ([`gso_verdict`]): datagrams one by one for a second, doubling up
 //! to a minute while the failures go on, then GSO is tried again. Logged at most once a
-//! minute. [`UdpSocket::send_segmented`] resends the failed batch itself (one by one,
-//! which the kernel may fragment) so callers never lose it.
+//! minute. Linux 6.14 and later answer that case with `EMSGSIZE` instead, which leaves
+//! GSO on (it is about one destination; others keep their super-datagrams).
+//! [`UdpSocket::send_segmented`] resends the refused batch itself (one by one, which the
+//! kernel may fragment) so callers never lose it; the io_uring engine does the same with
+//! [`UdpSocket::send_each_from`] ([`gso_refused`]).
 //!
 //! `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` are left at the kernel's default,
 //! `IP_PMTUDISC_WANT` (`net.ipv4.ip_no_pmtu_disc = 0`): a datagram that fits the route's
@@ -493,7 +496,7 @@ impl UdpSocket {
     /// stale one is dropped and the send retried.
     pub fn send_segmented_from(
         &self,
-        mut src: Option<PktInfo>,
+        src: Option<PktInfo>,
         dst: SocketAddr,
         buf: &[u8],
         segment_size: u16,
@@ -506,14 +509,31 @@ impl UdpSocket {
         if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled() {
             match self.send_gso_from(src, dst, buf, segment_size) {
                 Ok(_) => return Ok(total),
-                // Demoted or resting: fall through and resend this batch one by one.
-                Err(e) if is_gso_error(&e) => {}
-                // Segments larger than the path MTU (a tunnel MTU above what the outer
-                // path carries): GSO cannot fragment, single sends can. Not a reason to
-                // demote the socket; resend this batch one by one.
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {}
+                // Demoted or resting (EIO, EINVAL), or segments larger than the path
+                // MTU (EMSGSIZE: a tunnel MTU above what the outer path carries; GSO
+                // cannot fragment, single sends can, and GSO stays): resend this batch
+                // one by one.
+                Err(e) if e.raw_os_error().is_some_and(gso_refused) => {}
                 Err(e) => return Err(e),
             }
+        }
+        self.send_each_from(src, dst, buf, segment_size)
+    }
+
+    /// Send `buf` as `segment_size`-byte datagrams (last may be shorter) to `dst`, never
+    /// with GSO: `sendmmsg` batches (what [`Self::send_segmented_from`] falls back to, and
+    /// the io_uring backend after the kernel refused a GSO send: [`gso_refused`]). Returns
+    /// the number of datagrams the kernel took, as `send_segmented_from`.
+    pub fn send_each_from(
+        &self,
+        mut src: Option<PktInfo>,
+        dst: SocketAddr,
+        buf: &[u8],
+        segment_size: u16,
+    ) -> io::Result<usize> {
+        let seg = usize::from(segment_size);
+        if seg == 0 {
+            return Err(io::ErrorKind::InvalidInput.into());
         }
         let mut sent = 0;
         let mut chunks = buf.chunks(seg);
@@ -698,8 +718,12 @@ pub fn stale_source_errno(errno: i32) -> bool {
     )
 }
 
-fn is_gso_error(e: &io::Error) -> bool {
-    e.raw_os_error().is_some_and(gso_errno)
+/// Whether the kernel refused a `UDP_SEGMENT` send as a whole in a way the same datagrams
+/// sent one by one get past: [`gso_errno`], or `EMSGSIZE`, what Linux 6.14 and later
+/// answer (instead of `EINVAL`) when the segment size is above the path MTU toward that
+/// destination. `EMSGSIZE` says nothing about other destinations: GSO stays.
+pub fn gso_refused(errno: i32) -> bool {
+    gso_errno(errno) || errno == libc::EMSGSIZE
 }
 
 /// Whether a `UDP_SEGMENT` send failed because of GSO on this route (no checksum
