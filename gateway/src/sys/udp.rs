@@ -172,6 +172,44 @@ pub enum GsoVerdict {
     Rest { rest: Duration, next: Duration },
 }
 
+/// Whether a socket sends with GSO now ([`UdpSocket::gso_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GsoState {
+    /// `UDP_SEGMENT` sends in use.
+    On,
+    /// Resting after an `EINVAL` ([`gso_verdict`]), for `left` more.
+    Resting { left: Duration },
+    /// Not probed, not wanted by the offload decision, or demoted by an `EIO`.
+    Off,
+}
+
+/// The status file's `udp gso:` line for the workers' sockets: `on` or `off` when they
+/// all agree, else how many are on, rest (and the longest rest left) and are off (a path MTU
+/// below the segment size toward one peer rests GSO for all peers on that socket).
+pub fn gso_status_line(states: &[GsoState]) -> String {
+    let n = states.len();
+    let on = states.iter().filter(|s| **s == GsoState::On).count();
+    let off = states.iter().filter(|s| **s == GsoState::Off).count();
+    if on == n {
+        return "udp gso: on".into();
+    }
+    if off == n {
+        return "udp gso: off".into();
+    }
+    let left = states
+        .iter()
+        .filter_map(|s| match s {
+            GsoState::Resting { left } => Some(left.as_millis().div_ceil(1000)),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    format!(
+        "udp gso: on {on} of {n} sockets, resting {} after EINVAL (at most {left} s more), off {off}",
+        n - on - off
+    )
+}
+
 /// The verdict on a GSO send that failed with `errno`, when the current rest is `rest`.
 pub fn gso_verdict(errno: i32, rest: Duration) -> GsoVerdict {
     match errno {
@@ -285,6 +323,25 @@ impl UdpSocket {
     /// paused while resting after an `EINVAL`).
     pub fn gso_enabled(&self) -> bool {
         self.gso.load(Ordering::Relaxed) && self.gso_awake(clock_ms)
+    }
+
+    /// GSO on this socket now, for the status file (reads only; never ends a rest).
+    pub fn gso_state(&self) -> GsoState {
+        self.gso_state_at(clock_ms())
+    }
+
+    fn gso_state_at(&self, now: u64) -> GsoState {
+        if !self.gso.load(Ordering::Relaxed) {
+            return GsoState::Off;
+        }
+        let until = self.gso_rest_until.load(Ordering::Relaxed);
+        if until > now {
+            GsoState::Resting {
+                left: Duration::from_millis(until - now),
+            }
+        } else {
+            GsoState::On
+        }
     }
 
     /// Whether GSO is not resting at the time `now` gives (read only while resting).
@@ -971,6 +1028,48 @@ mod tests {
         for e in [libc::EAGAIN, libc::EMSGSIZE, libc::ECONNREFUSED, 0] {
             assert_eq!(gso_verdict(e, GSO_REST_MIN), GsoVerdict::Unrelated, "{e}");
         }
+    }
+
+    #[test]
+    fn gso_state_and_status_line() {
+        let a = loopback(false);
+        if !a.gso.load(Ordering::Relaxed) {
+            crate::testutil::not_run("kernel without UDP_SEGMENT");
+            return;
+        }
+        assert_eq!(a.gso_state_at(5), GsoState::On);
+        a.gso_failed_at(libc::EINVAL, 1000);
+        assert_eq!(
+            a.gso_state_at(1500),
+            GsoState::Resting {
+                left: Duration::from_millis(500)
+            }
+        );
+        assert_eq!(a.gso_state_at(2000), GsoState::On, "the rest is over");
+        assert_eq!(
+            a.gso_rest_until.load(Ordering::Relaxed),
+            2000,
+            "a read ends no rest"
+        );
+        a.gso_failed_at(libc::EIO, 2000);
+        assert_eq!(a.gso_state_at(2000), GsoState::Off);
+
+        let rest = |ms| GsoState::Resting {
+            left: Duration::from_millis(ms),
+        };
+        assert_eq!(
+            gso_status_line(&[GsoState::On, GsoState::On]),
+            "udp gso: on"
+        );
+        assert_eq!(gso_status_line(&[GsoState::Off]), "udp gso: off");
+        assert_eq!(
+            gso_status_line(&[GsoState::On, rest(1200), rest(300)]),
+            "udp gso: on 1 of 3 sockets, resting 2 after EINVAL (at most 2 s more), off 0"
+        );
+        assert_eq!(
+            gso_status_line(&[GsoState::Off, GsoState::On]),
+            "udp gso: on 1 of 2 sockets, resting 0 after EINVAL (at most 0 s more), off 1"
+        );
     }
 
     /// What a route MTU below the segment size does (a forged "fragmentation needed"
