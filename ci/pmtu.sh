@@ -37,7 +37,7 @@
 # riceguard is $RG_BIN (default target/release/riceguard). About 15 s.
 # Prints "pmtu: N passed, N failed"; exit status 1 when anything failed.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 . ci/lib/harness.sh
 h_init pmtu
 require_rg
@@ -106,7 +106,7 @@ gso_on() { gso_line | grep -qx "udp gso: on"; }
 # ---- the namespaces ---------------------------------------------------------------------
 netns_add $G $R $S $F
 for n in $G $R $S $F; do
-    inns $n sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
+    inns "$n" sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
 done
 inns $R sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
 veth_pair $G upl 192.0.2.2/24 $R rg 192.0.2.1/24
@@ -127,9 +127,9 @@ ip -n $G route add default via 192.0.2.1
 ip -n $G -6 route add default via 2001:db8:2::1
 for n in $S $F; do
     gw4=198.51.100.1 gw6=2001:db8:5::1
-    [ $n = "$F" ] && gw4=203.0.113.1 gw6=2001:db8:6::1
-    ip -n $n route add default via $gw4
-    ip -n $n -6 route add default via $gw6
+    [ "$n" = "$F" ] && gw4=203.0.113.1 gw6=2001:db8:6::1
+    ip -n "$n" route add default via "$gw4"
+    ip -n "$n" -6 route add default via "$gw6"
 done
 check "outer IPv4: G reaches S through R" ping_ok $G 198.51.100.2
 check "outer IPv6: G reaches S through R" ping_ok $G 2001:db8:5::2
@@ -225,7 +225,7 @@ small() { # FAMILY NS-IF PEER-TUNNEL-ADDR G-OUTER-DST MTU ICMP-FILTER
     # A 1420-byte inner packet with DF (the tunnel's MTU): delivered, and how it crossed
     # the far link (S's side of it).
     cap_start "big$fam" $G upl "dst host $dst"
-    if inns $G ping -n -c3 -i 0.3 -W2 -s 1392 -M do "$addr" >"$WORK/big$fam.ping" 2>&1; then
+    if inns $G ping -n -c3 -i 0.3 -W2 -s 1392 -M "do" "$addr" >"$WORK/big$fam.ping" 2>&1; then
         ok "(1) $fam: 1420-byte inner packets (ping -s 1392 -M do) G -> $wif answered"
     else ko "(1) $fam: 1420-byte inner packets G -> $wif: $(tail -2 "$WORK/big$fam.ping" | tr '\n' ' ')"; fi
     cap_stop "big$fam"
