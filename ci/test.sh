@@ -25,6 +25,9 @@
 #            README's first client from the factory configuration, full-tunnel clients
 #            (NAT, NAT66), the uplink shut out two-armed, anti-spoofing, notrack under a
 #            flood, the table across reloads, Firewall = off and a crash (ci/firewall.sh);
+#            path MTU discovery through the firewall: bulk TCP both ways to a stock peer
+#            behind a 1400/1280-byte hop, outer IPv4 and IPv6, and a peer on a full-MTU
+#            path still sent GSO super-datagrams afterwards (ci/pmtu.sh);
 #            the SNTP client against scripted servers in a dry run: a good answer steps,
 #            kisses, LI=3, one far-future server, backward answers and DHCP's servers
 #            change nothing, two agreeing configured servers step (ci/ntp.sh)
@@ -106,7 +109,7 @@ labs_of() {
         fastpath) echo ci/fastpath.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
-        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/ntp.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ;;
         cross) echo ci/test-cross.sh ;;
         # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
         # checked as reproducible) rather than building it a third time.

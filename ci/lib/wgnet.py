@@ -127,7 +127,8 @@ def impl_version(name):
 def sweep_stale():
     """Remove namespaces left by an earlier run of ours that died without cleaning up:
     names rgt<pid>-<n><tag> whose <pid> no longer runs, whatever the tag (a and b are a
-    lab's two sides; the attacker's x and bench's extra hosts use other letters).
+    lab's two sides; the attacker's x and bench's extra hosts use other letters; the Bash
+    lab ci/pmtu.sh names its namespaces rgt<pid>-29<g|r|s|f> so that they are swept too).
     Processes inside such a namespace were started by that run and are ended by PID."""
     cp = run(["ip", "netns", "list"], check=False)
     for line in cp.stdout.splitlines():

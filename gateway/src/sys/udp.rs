@@ -9,8 +9,11 @@
 //! router advertisement's MTU option lowered it, which anyone on the uplink can send),
 //! so GSO only rests ([`gso_verdict`]): datagrams one by one for a second, doubling up
 //! to a minute while the failures go on, then GSO is tried again. Logged at most once a
-//! minute. [`UdpSocket::send_segmented`] resends the failed batch itself (one by one,
-//! which the kernel may fragment) so callers never lose it.
+//! minute. Linux 6.14 and later answer that case with `EMSGSIZE` instead, which leaves
+//! GSO on (it is about one destination; others keep their super-datagrams).
+//! [`UdpSocket::send_segmented`] resends the refused batch itself (one by one, which the
+//! kernel may fragment) so callers never lose it; the io_uring engine does the same with
+//! [`UdpSocket::send_each_from`] ([`gso_refused`]).
 //!
 //! `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` are left at the kernel's default,
 //! `IP_PMTUDISC_WANT` (`net.ipv4.ip_no_pmtu_disc = 0`): a datagram that fits the route's
@@ -169,6 +172,44 @@ pub enum GsoVerdict {
     Rest { rest: Duration, next: Duration },
 }
 
+/// Whether a socket sends with GSO now ([`UdpSocket::gso_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GsoState {
+    /// `UDP_SEGMENT` sends in use.
+    On,
+    /// Resting after an `EINVAL` ([`gso_verdict`]), for `left` more.
+    Resting { left: Duration },
+    /// Not probed, not wanted by the offload decision, or demoted by an `EIO`.
+    Off,
+}
+
+/// The status file's `udp gso:` line for the workers' sockets: `on` or `off` when they
+/// all agree, else how many are on, rest (and the longest rest left) and are off (a path MTU
+/// below the segment size toward one peer rests GSO for all peers on that socket).
+pub fn gso_status_line(states: &[GsoState]) -> String {
+    let n = states.len();
+    let on = states.iter().filter(|s| **s == GsoState::On).count();
+    let off = states.iter().filter(|s| **s == GsoState::Off).count();
+    if on == n {
+        return "udp gso: on".into();
+    }
+    if off == n {
+        return "udp gso: off".into();
+    }
+    let left = states
+        .iter()
+        .filter_map(|s| match s {
+            GsoState::Resting { left } => Some(left.as_millis().div_ceil(1000)),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    format!(
+        "udp gso: on {on} of {n} sockets, resting {} after EINVAL (at most {left} s more), off {off}",
+        n - on - off
+    )
+}
+
 /// The verdict on a GSO send that failed with `errno`, when the current rest is `rest`.
 pub fn gso_verdict(errno: i32, rest: Duration) -> GsoVerdict {
     match errno {
@@ -282,6 +323,25 @@ impl UdpSocket {
     /// paused while resting after an `EINVAL`).
     pub fn gso_enabled(&self) -> bool {
         self.gso.load(Ordering::Relaxed) && self.gso_awake(clock_ms)
+    }
+
+    /// GSO on this socket now, for the status file (reads only; never ends a rest).
+    pub fn gso_state(&self) -> GsoState {
+        self.gso_state_at(clock_ms())
+    }
+
+    fn gso_state_at(&self, now: u64) -> GsoState {
+        if !self.gso.load(Ordering::Relaxed) {
+            return GsoState::Off;
+        }
+        let until = self.gso_rest_until.load(Ordering::Relaxed);
+        if until > now {
+            GsoState::Resting {
+                left: Duration::from_millis(until - now),
+            }
+        } else {
+            GsoState::On
+        }
     }
 
     /// Whether GSO is not resting at the time `now` gives (read only while resting).
@@ -493,7 +553,7 @@ impl UdpSocket {
     /// stale one is dropped and the send retried.
     pub fn send_segmented_from(
         &self,
-        mut src: Option<PktInfo>,
+        src: Option<PktInfo>,
         dst: SocketAddr,
         buf: &[u8],
         segment_size: u16,
@@ -506,14 +566,31 @@ impl UdpSocket {
         if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled() {
             match self.send_gso_from(src, dst, buf, segment_size) {
                 Ok(_) => return Ok(total),
-                // Demoted or resting: fall through and resend this batch one by one.
-                Err(e) if is_gso_error(&e) => {}
-                // Segments larger than the path MTU (a tunnel MTU above what the outer
-                // path carries): GSO cannot fragment, single sends can. Not a reason to
-                // demote the socket; resend this batch one by one.
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => {}
+                // Demoted or resting (EIO, EINVAL), or segments larger than the path
+                // MTU (EMSGSIZE: a tunnel MTU above what the outer path carries; GSO
+                // cannot fragment, single sends can, and GSO stays): resend this batch
+                // one by one.
+                Err(e) if e.raw_os_error().is_some_and(gso_refused) => {}
                 Err(e) => return Err(e),
             }
+        }
+        self.send_each_from(src, dst, buf, segment_size)
+    }
+
+    /// Send `buf` as `segment_size`-byte datagrams (last may be shorter) to `dst`, never
+    /// with GSO: `sendmmsg` batches (what [`Self::send_segmented_from`] falls back to, and
+    /// the io_uring backend after the kernel refused a GSO send: [`gso_refused`]). Returns
+    /// the number of datagrams the kernel took, as `send_segmented_from`.
+    pub fn send_each_from(
+        &self,
+        mut src: Option<PktInfo>,
+        dst: SocketAddr,
+        buf: &[u8],
+        segment_size: u16,
+    ) -> io::Result<usize> {
+        let seg = usize::from(segment_size);
+        if seg == 0 {
+            return Err(io::ErrorKind::InvalidInput.into());
         }
         let mut sent = 0;
         let mut chunks = buf.chunks(seg);
@@ -698,8 +775,12 @@ pub fn stale_source_errno(errno: i32) -> bool {
     )
 }
 
-fn is_gso_error(e: &io::Error) -> bool {
-    e.raw_os_error().is_some_and(gso_errno)
+/// Whether the kernel refused a `UDP_SEGMENT` send as a whole in a way the same datagrams
+/// sent one by one get past: [`gso_errno`], or `EMSGSIZE`, what Linux 6.14 and later
+/// answer (instead of `EINVAL`) when the segment size is above the path MTU toward that
+/// destination. `EMSGSIZE` says nothing about other destinations: GSO stays.
+pub fn gso_refused(errno: i32) -> bool {
+    gso_errno(errno) || errno == libc::EMSGSIZE
 }
 
 /// Whether a `UDP_SEGMENT` send failed because of GSO on this route (no checksum
@@ -947,6 +1028,48 @@ mod tests {
         for e in [libc::EAGAIN, libc::EMSGSIZE, libc::ECONNREFUSED, 0] {
             assert_eq!(gso_verdict(e, GSO_REST_MIN), GsoVerdict::Unrelated, "{e}");
         }
+    }
+
+    #[test]
+    fn gso_state_and_status_line() {
+        let a = loopback(false);
+        if !a.gso.load(Ordering::Relaxed) {
+            crate::testutil::not_run("kernel without UDP_SEGMENT");
+            return;
+        }
+        assert_eq!(a.gso_state_at(5), GsoState::On);
+        a.gso_failed_at(libc::EINVAL, 1000);
+        assert_eq!(
+            a.gso_state_at(1500),
+            GsoState::Resting {
+                left: Duration::from_millis(500)
+            }
+        );
+        assert_eq!(a.gso_state_at(2000), GsoState::On, "the rest is over");
+        assert_eq!(
+            a.gso_rest_until.load(Ordering::Relaxed),
+            2000,
+            "a read ends no rest"
+        );
+        a.gso_failed_at(libc::EIO, 2000);
+        assert_eq!(a.gso_state_at(2000), GsoState::Off);
+
+        let rest = |ms| GsoState::Resting {
+            left: Duration::from_millis(ms),
+        };
+        assert_eq!(
+            gso_status_line(&[GsoState::On, GsoState::On]),
+            "udp gso: on"
+        );
+        assert_eq!(gso_status_line(&[GsoState::Off]), "udp gso: off");
+        assert_eq!(
+            gso_status_line(&[GsoState::On, rest(1200), rest(300)]),
+            "udp gso: on 1 of 3 sockets, resting 2 after EINVAL (at most 2 s more), off 0"
+        );
+        assert_eq!(
+            gso_status_line(&[GsoState::Off, GsoState::On]),
+            "udp gso: on 1 of 2 sockets, resting 0 after EINVAL (at most 0 s more), off 1"
+        );
     }
 
     /// What a route MTU below the segment size does (a forged "fragmentation needed"

@@ -409,8 +409,19 @@ struct SendState {
     cmsg: CmsgBuf,
     /// The send named its source address (a pktinfo cmsg).
     with_src: bool,
-    /// The send carried a `UDP_SEGMENT` size.
-    segmented: bool,
+}
+
+/// A `UDP_SEGMENT` send as it was asked for, handed back with its completion so that a
+/// batch the kernel refused as a whole (a path MTU below the segment size: `EMSGSIZE`
+/// since Linux 6.14, `EINVAL` before) can be sent again one datagram at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segmented {
+    /// As given to [`Ring::send_udp`] (v4-mapped on a dual-stack socket).
+    pub to: SocketAddr,
+    /// Bytes of the buffer sent.
+    pub len: usize,
+    pub segment: u16,
+    pub src: Option<PktInfo>,
 }
 
 /// What a slot's operation is.
@@ -426,6 +437,8 @@ struct Slot {
     kind: OpKind,
     buf: Option<BufId>,
     send: SendState,
+    /// For a `UdpSend` with `UDP_SEGMENT`: what it was (outside `send`, which starts zeroed).
+    segmented: Option<Segmented>,
 }
 
 /// A finished operation, handing its buffer (if any) back to the caller.
@@ -442,14 +455,15 @@ pub enum Completion<'p> {
         buf: BufId,
         res: Result<usize, Errno>,
     },
-    /// A UDP send finished; the buffer is free again. `with_src`: it named its source
-    /// address (an error may then mean that address is gone); `segmented`: it was a GSO
-    /// send (`EINVAL`/`EIO` may then mean GSO does not work on this route).
+    /// A UDP send finished; the buffer is free again (and still holds what was sent).
+    /// `with_src`: it named its source address (an error may then mean that address is
+    /// gone); `segmented`: it was a GSO send (`EINVAL`/`EIO`/`EMSGSIZE` may then mean GSO
+    /// does not work on this route, or not toward this destination: resend it unsegmented).
     UdpSend {
         buf: BufId,
         res: Result<usize, Errno>,
         with_src: bool,
-        segmented: bool,
+        segmented: Option<Segmented>,
     },
     /// The multishot receive produced a datagram (`Ok`) or an error. When `rearm` is
     /// true the receive has ended and must be armed again ([`Ring::arm_recv`]).
@@ -807,6 +821,7 @@ impl<'p> Ring<'p> {
                 buf: None,
                 // SAFETY: plain old data; all-zero is valid and is overwritten before use.
                 send: unsafe { std::mem::zeroed() },
+                segmented: None,
             })
             .collect();
         Ok(Ring {
@@ -945,7 +960,8 @@ impl<'p> Ring<'p> {
         let len = len.min(self.pool.buf_size());
         let base = self.pool.ptr(&buf);
         let i = self.take_slot(OpKind::UdpSend, buf)?;
-        let st = &mut self.slots[i as usize].send;
+        let slot = &mut self.slots[i as usize];
+        let st = &mut slot.send;
         let (addr, namelen) = to_raw(to, to.is_ipv6());
         st.addr = addr;
         st.iov = libc::iovec {
@@ -960,11 +976,16 @@ impl<'p> Ring<'p> {
         st.hdr.msg_iovlen = 1;
         let clen = write_send_cmsgs(&mut st.cmsg.0, segment, src);
         st.with_src = src.is_some() && clen > 0;
-        st.segmented = segment.is_some() && clen > 0;
         if clen > 0 {
             st.hdr.msg_control = st.cmsg.0.as_mut_ptr().cast();
             st.hdr.msg_controllen = clen as _;
         }
+        slot.segmented = segment.filter(|_| clen > 0).map(|segment| Segmented {
+            to,
+            len,
+            segment,
+            src,
+        });
         let sqe = opcode::SendMsg::new(Fixed(FILE_UDP), &st.hdr)
             .build()
             .user_data(u64::from(i));
@@ -1174,7 +1195,7 @@ impl<'p> Ring<'p> {
             return Completion::Internal;
         };
         let kind = slot.kind;
-        let (with_src, segmented) = (slot.send.with_src, slot.send.segmented);
+        let (with_src, segmented) = (slot.send.with_src, slot.segmented.take());
         self.free_slots.push(ud as u32);
         self.in_flight = self.in_flight.saturating_sub(1);
         let res = result();

@@ -232,10 +232,24 @@ fn run(opts: Opts) -> Result<(), String> {
         status_paths.push(crate::run::STATUS_FILE.into());
     }
     let board = Arc::new(status::StatusBoard::new(status_paths, report, workers));
-    if let Some(nc) = &netconf {
-        let nc = nc.clone();
-        board.extra(Box::new(move || nc.status_lines()));
-    }
+    // Run-time lines: whether the UDP sockets send with GSO now (an EINVAL rests it, an
+    // EIO ends it), then the appliance's (firewall, routes, proxy entries).
+    let sockets = rt.shared.clone();
+    let nc = netconf.clone();
+    board.extra(Box::new(move || {
+        let states: Vec<_> = sockets
+            .sockets
+            .get()
+            .1
+            .iter()
+            .map(|s| s.gso_state())
+            .collect();
+        let mut v = vec![crate::sys::udp::gso_status_line(&states)];
+        if let Some(nc) = &nc {
+            v.extend(nc.status_lines());
+        }
+        v
+    }));
 
     let mut handles = Vec::new();
     let ucfg = uring::engine::UringWorkerConfig::from_gateway(&gw);

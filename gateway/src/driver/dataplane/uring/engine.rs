@@ -35,8 +35,8 @@ use crate::driver::dataplane::uring::backend::UringBackend;
 use crate::driver::dataplane::worker::{run_loop, Drained, Engine, Waited};
 use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
 use crate::sys::tun::{TunOffload, TunQueue};
-use crate::sys::udp::{gso_errno, stale_source_errno, UdpSocket};
-use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, UringError};
+use crate::sys::udp::{gso_errno, gso_refused, stale_source_errno, UdpSocket};
+use crate::sys::uring::{self, Completion, Rejected, Ring, RingConfig, Segmented, UringError};
 
 /// `SqPoll = on`: how long the kernel's submission-polling thread spins idle before it
 /// sleeps (and the next submit wakes it with one `io_uring_enter`).
@@ -332,16 +332,12 @@ impl<'p> Engine for UringEngine<'p> {
                         with_src,
                         segmented,
                     } => {
+                        let Err(e) = res else {
+                            pool.free(buf);
+                            continue;
+                        };
+                        resend_refused(be.sock, e, segmented, pool.buf(&buf));
                         pool.free(buf);
-                        let Err(e) = res else { continue };
-                        // No checksum offload on the route (for good), or segments a
-                        // route cannot carry (for a rest: a path MTU learnt from one
-                        // ICMP error must not switch offload off): one datagram per
-                        // SendMsg meanwhile (this batch is lost), as the poll backend
-                        // does (it resends).
-                        if segmented && gso_errno(e as i32) && be.sock.gso_enabled() {
-                            be.sock.gso_failed(e as i32);
-                        }
                         // From a sticky source that is gone (the address was removed):
                         // forget the sources, so the next sends let routing pick until
                         // authenticated datagrams teach them again.
@@ -374,6 +370,30 @@ impl<'p> Engine for UringEngine<'p> {
     fn take_dropped(&mut self) -> u64 {
         std::mem::take(&mut self.dropped)
     }
+}
+
+/// After a UDP send failed with `e`: a GSO batch the kernel refused whole (`segmented`
+/// says what it was, `data` is its buffer) goes again one datagram at a time, which the
+/// kernel fragments to the path MTU, as the poll backend's `send_segmented` does. The
+/// refusal is no checksum offload on the route (`EIO`: GSO off for good) or segments
+/// above the path MTU toward this peer (`EMSGSIZE` since Linux 6.14, `EINVAL` before: a
+/// path MTU learnt from one ICMP error must not switch offload off, so `EINVAL` only
+/// rests it and `EMSGSIZE` leaves it on for other peers). Dropping the batch instead lost
+/// every one toward a peer behind a smaller MTU: its bulk TCP stalled. Returns the
+/// datagrams the kernel took.
+fn resend_refused(sock: &UdpSocket, e: Errno, segmented: Option<Segmented>, data: &[u8]) -> usize {
+    let Some(s) = segmented.filter(|_| gso_refused(e as i32)) else {
+        return 0;
+    };
+    if gso_errno(e as i32) && sock.gso_enabled() {
+        sock.gso_failed(e as i32);
+    }
+    let data = &data[..s.len.min(data.len())];
+    sock.send_each_from(s.src, s.to, data, s.segment)
+        .unwrap_or_else(|e| {
+            log::trace!("resend one by one: {e}");
+            0
+        })
 }
 
 /// Run one worker on io_uring until `shared.stop` is set (`Ok`), or give the TUN queue
@@ -471,6 +491,117 @@ mod tests {
     use std::net::SocketAddr;
     use std::sync::atomic::AtomicBool;
     use std::sync::atomic::Ordering;
+
+    /// A GSO batch above the route's MTU (`mtu lock 1280` on the namespace's loopback
+    /// route) is refused whole by the kernel (EMSGSIZE, or EINVAL before 6.14); the
+    /// completion's `segmented` lets `resend_refused` send its datagrams one by one, which
+    /// the kernel fragments and the receiver gets whole.
+    #[test]
+    #[ignore = "needs root (network namespaces): ci/test.sh unit runs it with --include-ignored"]
+    fn gso_batch_above_the_path_mtu_is_resent_one_by_one() {
+        if let Err(e) = uring::check() {
+            crate::testutil::not_run(&format!("{e}"));
+            return;
+        }
+        in_new_netns(|| {
+            ip(&["link", "set", "lo", "up"]);
+            ip(&[
+                "route",
+                "change",
+                "local",
+                "127.0.0.0/8",
+                "dev",
+                "lo",
+                "table",
+                "local",
+                "proto",
+                "kernel",
+                "scope",
+                "host",
+                "src",
+                "127.0.0.1",
+                "mtu",
+                "lock",
+                "1280",
+            ]);
+            let opts = crate::sys::udp::UdpOptions {
+                reuse_port: false,
+                gro: false,
+                ..Default::default()
+            };
+            let sock = UdpSocket::bind("127.0.0.1:0".parse().expect("addr"), &opts).expect("bind");
+            if !sock.gso_enabled() {
+                crate::testutil::not_run("kernel without UDP_SEGMENT");
+                return;
+            }
+            // 127.0.0.1 has a route of its own; 127.0.0.2 takes the 1280-byte one.
+            let rx = std::net::UdpSocket::bind("127.0.0.2:0").expect("bind rx");
+            rx.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .expect("timeout");
+            let pool = BufPool::new(&PoolConfig {
+                count: 4,
+                buf_size: 65536 + 512,
+                hugepages: false,
+            })
+            .expect("pool");
+            let mut ring = Ring::new(
+                &RingConfig {
+                    recv_buffers: 1,
+                    max_in_flight: 4,
+                    ..RingConfig::default()
+                },
+                &pool,
+                sock.as_raw_fd(),
+                -1,
+            )
+            .expect("ring");
+            let mut b = pool.alloc().expect("buf");
+            for (i, x) in pool.buf_mut(&mut b)[..4200].iter_mut().enumerate() {
+                *x = (i / 1400) as u8;
+            }
+            let to = uring::to_socket_family(rx.local_addr().expect("addr"), false);
+            ring.send_udp(b, 4200, to, Some(1400), None)
+                .map_err(|r| r.1)
+                .expect("send");
+            let mut cq: heapless::Vec<cqueue::Entry, 32> = heapless::Vec::new();
+            let mut resent = None;
+            for _ in 0..500 {
+                ring.submit_and_wait(std::time::Duration::from_millis(10))
+                    .expect("wait");
+                ring.reap(&mut cq);
+                for c in cq.clone() {
+                    if let Completion::UdpSend {
+                        buf,
+                        res,
+                        segmented,
+                        ..
+                    } = ring.complete(&c)
+                    {
+                        let e = res.expect_err("a GSO send above the route's MTU is refused");
+                        assert!(matches!(e, Errno::EMSGSIZE | Errno::EINVAL), "{e}");
+                        let s = segmented.expect("the completion says what the batch was");
+                        assert_eq!((s.to, s.len, s.segment, s.src), (to, 4200, 1400, None));
+                        resent = Some(resend_refused(&sock, e, segmented, pool.buf(&buf)));
+                        assert_eq!(
+                            resend_refused(&sock, Errno::ECONNREFUSED, segmented, &[]),
+                            0
+                        );
+                        pool.free(buf);
+                    }
+                }
+                if resent.is_some() {
+                    break;
+                }
+            }
+            assert_eq!(resent, Some(3), "the batch went again as three datagrams");
+            for seg in 0..3u8 {
+                let mut rb = [0u8; 4096];
+                let n = rx.recv(&mut rb).expect("a resent datagram");
+                assert_eq!(n, 1400, "fragmented on the way, whole at the receiver");
+                assert!(rb[..n].iter().all(|&x| x == seg));
+            }
+        });
+    }
 
     #[test]
     fn config_from_gateway() {
