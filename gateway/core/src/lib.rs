@@ -14,6 +14,7 @@ pub mod fallback;
 pub mod firewall;
 pub mod framing;
 pub mod gso;
+pub mod gso_rest;
 pub mod ini;
 pub mod key;
 pub mod net;
