@@ -16,11 +16,11 @@
 //!    `vnet_hdr` (else MTU-sized, and no splitter: the read is the packet).
 //! 2. `Splitter::new(&rbuf[..n])` (an error: count and drop); `next_into(&mut seg)` for
 //!    each segment -> plain IP packet; route it to a peer and encrypt.
-//! 3. Per peer endpoint a `GsoBatch::new(dst, sock.max_gso_segments())`: `can_push(len)`
+//! 3. Per peer endpoint a `GsoBatch::new(dst, sock.max_gso_segments_to(dst))`: `can_push(len)`
 //!    else flush; encrypt into `gso_buf[b.size()..]`, `push(len)`; flush on the last
 //!    packet of the read: `t = b.finish()` then
 //!    `sock.send_segmented(t.destination, &gso_buf[..t.size], t.segment_size as u16)`
-//!    (GSO when on, `sendmmsg` otherwise, demotion handled inside).
+//!    (GSO when on toward it, `sendmmsg` otherwise, demotion and rests handled inside).
 //!
 //! UDP -> TUN:
 //! 1. `sock.recv_batch(&mut bufs, &mut metas)` (64 KiB buffers when `gro_enabled()`); each

@@ -7,10 +7,13 @@
 //! One that fails with `EINVAL` does not: the usual cause is a path MTU below the
 //! segment size toward that one destination (an ICMP "fragmentation needed" or a
 //! router advertisement's MTU option lowered it, which anyone on the uplink can send),
-//! so GSO only rests ([`gso_verdict`]): datagrams one by one for a second, doubling up
-//! to a minute while the failures go on, then GSO is tried again. Logged at most once a
-//! minute. Linux 6.14 and later answer that case with `EMSGSIZE` instead, which leaves
-//! GSO on (it is about one destination; others keep their super-datagrams).
+//! so GSO only rests toward that destination ([`gso_verdict`], `core::gso_rest`):
+//! datagrams to it one by one for a second, doubling up to a minute while the failures
+//! go on, then GSO is tried again; every other destination keeps its super-datagrams.
+//! Logged at most once a minute. Linux 6.14 and later answer that case with `EMSGSIZE`
+//! instead, which needs no rest at all (the kernel only refuses that one send).
+//! The rests sit behind a mutex with a count beside it: while nothing rests (the usual
+//! case) a send reads the count and takes no lock.
 //! [`UdpSocket::send_segmented`] resends the refused batch itself (one by one, which the
 //! kernel may fragment) so callers never lose it; the io_uring engine does the same with
 //! [`UdpSocket::send_each_from`] ([`gso_refused`]).
@@ -33,9 +36,11 @@ use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::core::gso_rest::GsoRests;
 use crate::core::offload::{OffloadDecision, SocketProbe};
 use crate::sys::cmsg::{from_raw, invalid, to_raw, RawAddr, SOL_UDP, UDP_GRO, UDP_SEGMENT};
 // The message formats live in `sys::cmsg` (shared with io_uring); re-exported here, where
@@ -119,7 +124,7 @@ pub struct Transmit<'a> {
     pub dst: SocketAddr,
     pub contents: &'a [u8],
     /// `Some(n)`: GSO, split into `n`-byte datagrams by the kernel (only when
-    /// [`UdpSocket::gso_enabled`]). `None`: one datagram.
+    /// [`UdpSocket::gso_enabled_to`] `dst`). `None`: one datagram.
     pub segment_size: Option<u16>,
     /// Leave from this local address (from [`RecvMeta::dst`]); `None`: routing picks.
     pub src: Option<PktInfo>,
@@ -145,17 +150,14 @@ pub struct UdpSocket {
     /// The socket is AF_INET6 (IPv4 peers go as v4-mapped addresses).
     v6: bool,
     gso: AtomicBool,
-    /// While GSO rests after an `EINVAL` ([`gso_verdict`]): until when, in milliseconds
-    /// of [`clock_ms`] (0: not resting).
-    gso_rest_until: AtomicU64,
-    /// How long the next rest lasts, in milliseconds (doubles while failures go on).
-    gso_rest_ms: AtomicU64,
+    /// The destinations GSO rests toward after an `EINVAL` ([`gso_verdict`]), by
+    /// [`canonical`] address, in milliseconds of [`clock_ms`].
+    gso_rests: Mutex<GsoRests>,
+    /// `gso_rests.len()`, stored under its lock: 0 lets a send skip the lock. A stale
+    /// read costs one lock taken for nothing or one GSO send more, never a wrong send.
+    gso_resting: AtomicUsize,
     gro: AtomicBool,
 }
-
-/// How long GSO rests after its first `EINVAL` in a row, and at most.
-pub const GSO_REST_MIN: Duration = Duration::from_secs(1);
-pub const GSO_REST_MAX: Duration = Duration::from_secs(64);
 
 /// What a failed `UDP_SEGMENT` send means for the socket (both backends follow it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,68 +169,86 @@ pub enum GsoVerdict {
     Demote,
     /// `EINVAL`: segments above the path MTU toward this destination (which one forged
     /// ICMP error or router advertisement can lower), or a socket that refuses GSO.
-    /// Neither is a reason to give GSO up for good: datagram by datagram for `rest`,
-    /// then GSO again; `next` is the rest after another failure in a row.
-    Rest { rest: Duration, next: Duration },
+    /// Neither is a reason to give GSO up for good, nor to take it from other
+    /// destinations: datagram by datagram toward this one for a while
+    /// (`core::gso_rest`: 1 s, doubling up to 64 s while it keeps failing), then GSO
+    /// again.
+    Rest,
 }
 
-/// Whether a socket sends with GSO now ([`UdpSocket::gso_state`]).
+/// Whether a socket sends with GSO ([`UdpSocket::gso_state`]); the destinations it
+/// rests toward are apart ([`UdpSocket::gso_rests`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GsoState {
-    /// `UDP_SEGMENT` sends in use.
+    /// `UDP_SEGMENT` sends in use (save toward resting destinations).
     On,
-    /// Resting after an `EINVAL` ([`gso_verdict`]), for `left` more.
-    Resting { left: Duration },
     /// Not probed, not wanted by the offload decision, or demoted by an `EIO`.
     Off,
 }
 
-/// The status file's `udp gso:` line for the workers' sockets: `on` or `off` when they
-/// all agree, else how many are on, rest (and the longest rest left) and are off (a path MTU
-/// below the segment size toward one peer rests GSO for all peers on that socket).
-pub fn gso_status_line(states: &[GsoState]) -> String {
-    let n = states.len();
-    let on = states.iter().filter(|s| **s == GsoState::On).count();
-    let off = states.iter().filter(|s| **s == GsoState::Off).count();
-    if on == n {
-        return "udp gso: on".into();
-    }
-    if off == n {
-        return "udp gso: off".into();
-    }
-    let left = states
-        .iter()
-        .filter_map(|s| match s {
-            GsoState::Resting { left } => Some(left.as_millis().div_ceil(1000)),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0);
-    format!(
-        "udp gso: on {on} of {n} sockets, resting {} after EINVAL (at most {left} s more), off {off}",
-        n - on - off
-    )
+/// One destination GSO rests toward ([`UdpSocket::gso_rests`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GsoRest {
+    pub dst: SocketAddr,
+    /// How long the rest has left.
+    pub left: Duration,
 }
 
-/// The verdict on a GSO send that failed with `errno`, when the current rest is `rest`.
-pub fn gso_verdict(errno: i32, rest: Duration) -> GsoVerdict {
+/// Most `udp gso rest:` lines in the status; more destinations are counted on one more.
+pub const REST_LINES: usize = 4;
+
+/// The status file's GSO lines for the workers' sockets. First `udp gso:`, `on` or
+/// `off` when they all agree, else how many are on and off (an `EIO` turns one off).
+/// Then one `udp gso rest:` line per destination GSO rests toward after an `EINVAL`
+/// (merged across sockets, the longest rest first, at most [`REST_LINES`] and a count
+/// of the rest): the others still get super-datagrams.
+pub fn gso_status_lines(states: &[GsoState], rests: &[GsoRest]) -> Vec<String> {
+    let n = states.len();
+    let on = states.iter().filter(|s| **s == GsoState::On).count();
+    let mut lines = vec![if on == n {
+        "udp gso: on".to_string()
+    } else if on == 0 {
+        "udp gso: off".to_string()
+    } else {
+        format!("udp gso: on {on} of {n} sockets, off {}", n - on)
+    }];
+    // Several workers' sockets may rest toward the same peer: its longest rest counts.
+    let mut merged: Vec<GsoRest> = Vec::new();
+    for r in rests {
+        match merged.iter_mut().find(|m| m.dst == r.dst) {
+            Some(m) => m.left = m.left.max(r.left),
+            None => merged.push(*r),
+        }
+    }
+    merged.sort_by(|a, b| b.left.cmp(&a.left).then(a.dst.cmp(&b.dst)));
+    for r in merged.iter().take(REST_LINES) {
+        lines.push(format!(
+            "udp gso rest: {} one by one for {} s more (EINVAL: segments above its path MTU)",
+            r.dst,
+            r.left.as_millis().div_ceil(1000)
+        ));
+    }
+    if merged.len() > REST_LINES {
+        lines.push(format!(
+            "udp gso rest: {} more destinations one by one",
+            merged.len() - REST_LINES
+        ));
+    }
+    lines
+}
+
+/// The verdict on a GSO send that failed with `errno`.
+pub fn gso_verdict(errno: i32) -> GsoVerdict {
     match errno {
         libc::EIO => GsoVerdict::Demote,
-        libc::EINVAL => GsoVerdict::Rest {
-            rest,
-            next: rest.saturating_mul(2).min(GSO_REST_MAX),
-        },
+        libc::EINVAL => GsoVerdict::Rest,
         _ => GsoVerdict::Unrelated,
     }
 }
 
-/// Milliseconds since the first call, never 0 (0 means "not resting").
+/// Milliseconds of `CLOCK_BOOTTIME` (never stepped), the time rests are kept in.
 fn clock_ms() -> u64 {
-    use std::sync::OnceLock;
-    use std::time::Instant;
-    static START: OnceLock<Instant> = OnceLock::new();
-    let ms = START.get_or_init(Instant::now).elapsed().as_millis();
-    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+    u64::try_from(crate::sys::clock::boottime().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl UdpSocket {
@@ -308,8 +328,8 @@ impl UdpSocket {
             local,
             v6,
             gso: AtomicBool::new(gso),
-            gso_rest_until: AtomicU64::new(0),
-            gso_rest_ms: AtomicU64::new(GSO_REST_MIN.as_millis() as u64),
+            gso_rests: Mutex::new(GsoRests::new()),
+            gso_resting: AtomicUsize::new(0),
             gro: AtomicBool::new(gro),
         })
     }
@@ -319,69 +339,94 @@ impl UdpSocket {
         self.local
     }
 
-    /// Whether `UDP_SEGMENT` sends are in use now (probed at bind, cleared on demotion,
-    /// paused while resting after an `EINVAL`).
+    /// Whether `UDP_SEGMENT` sends are in use on this socket (probed at bind, cleared
+    /// for good by an `EIO`); a destination may still rest ([`Self::gso_enabled_to`]).
     pub fn gso_enabled(&self) -> bool {
-        self.gso.load(Ordering::Relaxed) && self.gso_awake(clock_ms)
+        self.gso.load(Ordering::Relaxed)
     }
 
-    /// GSO on this socket now, for the status file (reads only; never ends a rest).
-    pub fn gso_state(&self) -> GsoState {
-        self.gso_state_at(clock_ms())
+    /// Whether a GSO send to `dst` may be tried now: GSO on, and not resting toward
+    /// `dst` after an `EINVAL`. Takes no lock while no destination rests.
+    pub fn gso_enabled_to(&self, dst: SocketAddr) -> bool {
+        self.gso_enabled() && !self.gso_resting_to(dst, clock_ms)
     }
 
-    fn gso_state_at(&self, now: u64) -> GsoState {
-        if !self.gso.load(Ordering::Relaxed) {
-            return GsoState::Off;
-        }
-        let until = self.gso_rest_until.load(Ordering::Relaxed);
-        if until > now {
-            GsoState::Resting {
-                left: Duration::from_millis(until - now),
-            }
+    /// Segments one GSO send to `dst` may carry now: [`MAX_GSO_SEGMENTS`], or 1 without
+    /// GSO toward it.
+    pub fn max_gso_segments_to(&self, dst: SocketAddr) -> usize {
+        if self.gso_enabled_to(dst) {
+            MAX_GSO_SEGMENTS
         } else {
-            GsoState::On
+            1
         }
     }
 
-    /// Whether GSO is not resting at the time `now` gives (read only while resting).
-    fn gso_awake(&self, now: impl FnOnce() -> u64) -> bool {
-        let until = self.gso_rest_until.load(Ordering::Relaxed);
-        if until == 0 {
-            return true;
-        }
-        if now() < until {
+    /// Whether GSO rests toward `dst` at the time `now` gives (read only while any
+    /// destination rests).
+    fn gso_resting_to(&self, dst: SocketAddr, now: impl FnOnce() -> u64) -> bool {
+        if self.gso_resting.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        // The rest is over: try GSO again (a success resets the rest's length).
-        let _ =
-            self.gso_rest_until
-                .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
-        true
+        self.with_rests(|r| r.resting(canonical(dst), now()))
     }
 
-    /// A GSO send failed with `errno`: follow [`gso_verdict`]. Returns it.
-    pub fn gso_failed(&self, errno: i32) -> GsoVerdict {
-        self.gso_failed_at(errno, clock_ms())
+    /// The rest table under its lock; the count beside it follows what `f` did. A
+    /// panic under the lock cannot leave the table half-changed in a way that matters
+    /// (at worst a destination tries GSO once more), so poisoning is ignored.
+    fn with_rests<T>(&self, f: impl FnOnce(&mut GsoRests) -> T) -> T {
+        let mut r = self
+            .gso_rests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let v = f(&mut r);
+        self.gso_resting.store(r.len(), Ordering::Relaxed);
+        v
     }
 
-    fn gso_failed_at(&self, errno: i32, now: u64) -> GsoVerdict {
-        let rest = Duration::from_millis(self.gso_rest_ms.load(Ordering::Relaxed));
-        let v = gso_verdict(errno, rest);
+    /// GSO on this socket, for the status file.
+    pub fn gso_state(&self) -> GsoState {
+        if self.gso_enabled() {
+            GsoState::On
+        } else {
+            GsoState::Off
+        }
+    }
+
+    /// The destinations GSO rests toward now, for the status file (none once the
+    /// socket is off: then no destination gets GSO anyway).
+    pub fn gso_rests(&self) -> Vec<GsoRest> {
+        self.gso_rests_at(clock_ms())
+    }
+
+    fn gso_rests_at(&self, now: u64) -> Vec<GsoRest> {
+        if !self.gso_enabled() || self.gso_resting.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        self.with_rests(|r| {
+            r.resting_at(now)
+                .map(|(dst, left)| GsoRest { dst, left })
+                .collect()
+        })
+    }
+
+    /// A GSO send to `dst` failed with `errno`: follow [`gso_verdict`]. Returns it.
+    pub fn gso_failed(&self, errno: i32, dst: SocketAddr) -> GsoVerdict {
+        self.gso_failed_at(errno, dst, clock_ms())
+    }
+
+    fn gso_failed_at(&self, errno: i32, dst: SocketAddr, now: u64) -> GsoVerdict {
+        let v = gso_verdict(errno);
         match v {
             GsoVerdict::Unrelated => {}
             GsoVerdict::Demote => self.disable_gso(),
-            GsoVerdict::Rest { rest, next } => {
-                let ms = rest.as_millis() as u64;
-                self.gso_rest_until
-                    .store(now.saturating_add(ms).max(1), Ordering::Relaxed);
-                self.gso_rest_ms
-                    .store(next.as_millis() as u64, Ordering::Relaxed);
+            GsoVerdict::Rest => {
+                let dst = canonical(dst);
+                let rest = self.with_rests(|r| r.failed(dst, now));
                 if demotion_log_due() {
                     log::warn!(
-                        "udp {}: GSO send failed (EINVAL: segments above a route's path MTU, or GSO refused): datagrams one by one for {} s, then GSO again",
+                        "udp {}: GSO send failed toward {dst} (EINVAL: segments above its path MTU, or GSO refused): datagrams to it one by one for {} s, then GSO again; other destinations keep GSO",
                         self.local,
-                        rest.as_secs()
+                        rest.as_millis().div_ceil(1000)
                     );
                 }
             }
@@ -389,20 +434,11 @@ impl UdpSocket {
         v
     }
 
-    /// A GSO send went through: the next failure rests the shortest time again.
-    fn gso_worked(&self) {
-        let min = GSO_REST_MIN.as_millis() as u64;
-        if self.gso_rest_ms.load(Ordering::Relaxed) != min {
-            self.gso_rest_ms.store(min, Ordering::Relaxed);
-        }
-    }
-
-    /// Segments one GSO send may carry now: [`MAX_GSO_SEGMENTS`], or 1 without GSO.
-    pub fn max_gso_segments(&self) -> usize {
-        if self.gso_enabled() {
-            MAX_GSO_SEGMENTS
-        } else {
-            1
+    /// A GSO send to `dst` went through: forget its rests, so its next failure rests
+    /// the shortest time again.
+    fn gso_worked(&self, dst: SocketAddr) {
+        if self.gso_resting.load(Ordering::Relaxed) != 0 {
+            self.with_rests(|r| r.worked(canonical(dst)));
         }
     }
 
@@ -493,9 +529,10 @@ impl UdpSocket {
     }
 
     /// One GSO send: `buf` leaves as `ceil(len / segment_size)` datagrams to `dst`.
-    /// On `EIO`/`EINVAL` the socket is demoted ([`Self::gso_enabled`] turns false) and the
+    /// On `EIO` the socket is demoted ([`Self::gso_enabled`] turns false), on `EINVAL`
+    /// GSO rests toward `dst` ([`Self::gso_enabled_to`] turns false for it), and the
     /// error is returned: resend as separate datagrams (or use [`Self::send_segmented`],
-    /// which does that). Errors with `Unsupported` when GSO is off.
+    /// which does that). Errors with `Unsupported` when GSO is off or rests toward `dst`.
     pub fn send_gso(&self, dst: SocketAddr, buf: &[u8], segment_size: u16) -> io::Result<usize> {
         self.send_gso_from(None, dst, buf, segment_size)
     }
@@ -509,7 +546,7 @@ impl UdpSocket {
         buf: &[u8],
         segment_size: u16,
     ) -> io::Result<usize> {
-        if !self.gso_enabled() {
+        if !self.gso_enabled_to(dst) {
             return Err(io::ErrorKind::Unsupported.into());
         }
         let t = Transmit {
@@ -524,12 +561,12 @@ impl UdpSocket {
         }
         match r {
             Ok(_) => {
-                self.gso_worked();
+                self.gso_worked(dst);
                 Ok(buf.len())
             }
             Err(e) => {
                 if let Some(errno) = e.raw_os_error() {
-                    self.gso_failed(errno);
+                    self.gso_failed(errno, dst);
                 }
                 Err(e)
             }
@@ -537,8 +574,8 @@ impl UdpSocket {
     }
 
     /// Send `buf` as `segment_size`-byte datagrams (last may be shorter) to `dst`: one GSO
-    /// send when possible, else `sendmmsg` batches; a GSO failure demotes the socket and
-    /// the same call resends. Returns the number of datagrams the kernel took; fewer than
+    /// send when possible, else `sendmmsg` batches; a GSO failure demotes the socket or
+    /// rests GSO toward `dst`, and the same call resends. Returns the number of datagrams the kernel took; fewer than
     /// all only when the send buffer filled up (`WouldBlock` on the first is an error).
     pub fn send_segmented(
         &self,
@@ -563,10 +600,10 @@ impl UdpSocket {
             return Err(io::ErrorKind::InvalidInput.into());
         }
         let total = buf.len().div_ceil(seg);
-        if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled() {
+        if total > 1 && total <= MAX_GSO_SEGMENTS && self.gso_enabled_to(dst) {
             match self.send_gso_from(src, dst, buf, segment_size) {
                 Ok(_) => return Ok(total),
-                // Demoted or resting (EIO, EINVAL), or segments larger than the path
+                // Demoted or resting toward dst (EIO, EINVAL), or segments larger than the path
                 // MTU (EMSGSIZE: a tunnel MTU above what the outer path carries; GSO
                 // cannot fragment, single sends can, and GSO stays): resend this batch
                 // one by one.
@@ -784,7 +821,8 @@ pub fn gso_refused(errno: i32) -> bool {
 }
 
 /// Whether a `UDP_SEGMENT` send failed because of GSO on this route (no checksum
-/// offload, segments above the route's path MTU): [`gso_verdict`] says what follows.
+/// offload, segments above the route's path MTU): [`gso_verdict`] says what follows
+/// ([`UdpSocket::gso_failed`] does it).
 pub fn gso_errno(errno: i32) -> bool {
     matches!(errno, libc::EIO | libc::EINVAL)
 }
@@ -989,7 +1027,7 @@ mod tests {
         let buf = vec![7u8; 1200 * 3 + 500];
         // Force the fallback path: same datagrams, without the kernel splitting.
         a.disable_gso();
-        assert!(!a.gso_enabled() && a.max_gso_segments() == 1);
+        assert!(!a.gso_enabled() && a.max_gso_segments_to(b.local_addr()) == 1);
         assert_eq!(
             a.send_segmented(b.local_addr(), &buf, 1200).expect("mmsg"),
             4
@@ -1002,123 +1040,137 @@ mod tests {
 
     #[test]
     fn gso_verdicts_rest_after_einval_and_demote_after_eio() {
-        let s = Duration::from_secs;
-        assert_eq!(gso_verdict(libc::EIO, GSO_REST_MIN), GsoVerdict::Demote);
-        assert_eq!(
-            gso_verdict(libc::EINVAL, GSO_REST_MIN),
-            GsoVerdict::Rest {
-                rest: s(1),
-                next: s(2)
-            }
-        );
-        assert_eq!(
-            gso_verdict(libc::EINVAL, s(48)),
-            GsoVerdict::Rest {
-                rest: s(48),
-                next: GSO_REST_MAX
-            }
-        );
-        assert_eq!(
-            gso_verdict(libc::EINVAL, GSO_REST_MAX),
-            GsoVerdict::Rest {
-                rest: GSO_REST_MAX,
-                next: GSO_REST_MAX
-            }
-        );
+        assert_eq!(gso_verdict(libc::EIO), GsoVerdict::Demote);
+        assert_eq!(gso_verdict(libc::EINVAL), GsoVerdict::Rest);
         for e in [libc::EAGAIN, libc::EMSGSIZE, libc::ECONNREFUSED, 0] {
-            assert_eq!(gso_verdict(e, GSO_REST_MIN), GsoVerdict::Unrelated, "{e}");
+            assert_eq!(gso_verdict(e), GsoVerdict::Unrelated, "{e}");
         }
     }
 
     #[test]
     fn gso_state_and_status_line() {
         let a = loopback(false);
-        if !a.gso.load(Ordering::Relaxed) {
-            crate::testutil::not_run("kernel without UDP_SEGMENT");
-            return;
-        }
-        assert_eq!(a.gso_state_at(5), GsoState::On);
-        a.gso_failed_at(libc::EINVAL, 1000);
-        assert_eq!(
-            a.gso_state_at(1500),
-            GsoState::Resting {
-                left: Duration::from_millis(500)
-            }
-        );
-        assert_eq!(a.gso_state_at(2000), GsoState::On, "the rest is over");
-        assert_eq!(
-            a.gso_rest_until.load(Ordering::Relaxed),
-            2000,
-            "a read ends no rest"
-        );
-        a.gso_failed_at(libc::EIO, 2000);
-        assert_eq!(a.gso_state_at(2000), GsoState::Off);
-
-        let rest = |ms| GsoState::Resting {
-            left: Duration::from_millis(ms),
-        };
-        assert_eq!(
-            gso_status_line(&[GsoState::On, GsoState::On]),
-            "udp gso: on"
-        );
-        assert_eq!(gso_status_line(&[GsoState::Off]), "udp gso: off");
-        assert_eq!(
-            gso_status_line(&[GsoState::On, rest(1200), rest(300)]),
-            "udp gso: on 1 of 3 sockets, resting 2 after EINVAL (at most 2 s more), off 0"
-        );
-        assert_eq!(
-            gso_status_line(&[GsoState::Off, GsoState::On]),
-            "udp gso: on 1 of 2 sockets, resting 0 after EINVAL (at most 0 s more), off 1"
-        );
-    }
-
-    /// What a route MTU below the segment size does (a forged "fragmentation needed"
-    /// can cause it): `EINVAL`, the batch goes out one by one, and GSO comes back after
-    /// its rest instead of being off for good.
-    #[test]
-    fn gso_einval_rests_then_gso_comes_back() {
-        let a = loopback(false);
-        let b = loopback(false);
         if !a.gso_enabled() {
             crate::testutil::not_run("kernel without UDP_SEGMENT");
             return;
         }
+        let peer: SocketAddr = "203.0.113.5:51820".parse().expect("addr");
+        let mapped: SocketAddr = "[::ffff:203.0.113.5]:51820".parse().expect("addr");
+        assert_eq!(a.gso_state(), GsoState::On);
+        assert!(a.gso_rests_at(5).is_empty());
+        // As the io_uring engine reports it on a dual-stack socket: v4-mapped.
+        a.gso_failed_at(libc::EINVAL, mapped, 1000);
+        assert_eq!(
+            a.gso_state(),
+            GsoState::On,
+            "an EINVAL rests one destination"
+        );
+        assert_eq!(
+            a.gso_rests_at(1500),
+            [GsoRest {
+                dst: peer,
+                left: Duration::from_millis(500)
+            }]
+        );
+        assert!(a.gso_rests_at(2000).is_empty(), "the rest is over");
+        a.gso_failed_at(libc::EIO, peer, 2000);
+        assert_eq!(a.gso_state(), GsoState::Off);
+        assert!(a.gso_rests_at(1500).is_empty(), "no rests shown once off");
+
+        let rest = |port, ms| GsoRest {
+            dst: SocketAddr::from(([203, 0, 113, 5], port)),
+            left: Duration::from_millis(ms),
+        };
+        assert_eq!(
+            gso_status_lines(&[GsoState::On, GsoState::On], &[]),
+            ["udp gso: on"]
+        );
+        assert_eq!(gso_status_lines(&[GsoState::Off], &[]), ["udp gso: off"]);
+        // Merged across sockets (the longest rest), the longest first.
+        assert_eq!(
+            gso_status_lines(
+                &[GsoState::On, GsoState::On],
+                &[rest(51820, 300), rest(51821, 11_200), rest(51820, 1200)]
+            ),
+            [
+                "udp gso: on",
+                "udp gso rest: 203.0.113.5:51821 one by one for 12 s more (EINVAL: segments above its path MTU)",
+                "udp gso rest: 203.0.113.5:51820 one by one for 2 s more (EINVAL: segments above its path MTU)",
+            ]
+        );
+        assert_eq!(
+            gso_status_lines(&[GsoState::Off, GsoState::On], &[]),
+            ["udp gso: on 1 of 2 sockets, off 1"]
+        );
+        let many: Vec<_> = (0..7).map(|i| rest(51820 + i, 1000)).collect();
+        let lines = gso_status_lines(&[GsoState::On], &many);
+        assert_eq!(lines.len(), 1 + REST_LINES + 1);
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some("udp gso rest: 3 more destinations one by one")
+        );
+    }
+
+    /// What a route MTU below the segment size toward one peer does (a forged
+    /// "fragmentation needed" can cause it): `EINVAL`, the batch goes out one by one,
+    /// GSO rests toward that peer only (another destination keeps it), and comes back
+    /// after the rest instead of being off for good.
+    #[test]
+    fn gso_einval_rests_then_gso_comes_back() {
+        let a = loopback(false);
+        let b = loopback(false);
+        let c = loopback(false);
+        if !a.gso_enabled() {
+            crate::testutil::not_run("kernel without UDP_SEGMENT");
+            return;
+        }
+        let (to_b, to_c) = (b.local_addr(), c.local_addr());
+        assert_eq!(a.gso_resting.load(Ordering::Relaxed), 0, "no lock to send");
         // More segments than any kernel's UDP_MAX_SEGMENTS (64, 128 since 6.x): EINVAL.
         let buf = vec![1u8; 100 * 200];
-        let e = a
-            .send_gso(b.local_addr(), &buf, 100)
-            .expect_err("too many segments");
+        let e = a.send_gso(to_b, &buf, 100).expect_err("too many segments");
         assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
-        assert!(a.gso.load(Ordering::Relaxed), "not demoted");
-        // Resting (the clock is passed in, so no test waits): 1 s, the next one 2 s.
-        let until = a.gso_rest_until.load(Ordering::Relaxed);
-        assert!(until > 0, "resting after the EINVAL");
-        assert!(!a.gso_awake(|| until - 1));
-        assert!(a.gso_awake(|| until), "GSO again once the rest is over");
-        assert!(a.gso_enabled());
-        assert_eq!(a.gso_rest_ms.load(Ordering::Relaxed), 2000);
-        // Another failure in a row rests longer; a success makes it short again.
-        assert!(matches!(
-            a.gso_failed_at(libc::EINVAL, 10),
-            GsoVerdict::Rest { rest, .. } if rest == Duration::from_secs(2)
-        ));
-        assert!(!a.gso_awake(|| 2009) && a.gso_awake(|| 2010));
+        assert!(a.gso_enabled(), "not demoted");
+        assert!(!a.gso_enabled_to(to_b) && a.max_gso_segments_to(to_b) == 1);
+        // Toward another destination GSO goes on (send_gso refuses when it rests).
+        assert!(a.gso_enabled_to(to_c) && a.max_gso_segments_to(to_c) == MAX_GSO_SEGMENTS);
         let ok = vec![2u8; 1200 * 4];
-        assert_eq!(a.send_segmented(b.local_addr(), &ok, 1200).expect("gso"), 4);
+        assert_eq!(a.send_gso(to_c, &ok, 1200).expect("gso to c"), ok.len());
+        assert_eq!(collect(&c, 4).len(), 4);
+        // Toward b: one by one, nothing lost.
+        let e = a.send_gso(to_b, &ok, 1200).expect_err("resting");
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported);
+        assert_eq!(a.send_segmented(to_b, &ok, 1200).expect("one by one"), 4);
         assert_eq!(collect(&b, 4).len(), 4);
-        assert_eq!(a.gso_rest_ms.load(Ordering::Relaxed), 1000);
-        // send_segmented resends what a resting socket could not send as one.
-        a.gso_failed_at(libc::EINVAL, u64::MAX / 2);
-        assert!(!a.gso_enabled());
-        assert_eq!(
-            a.send_segmented(b.local_addr(), &ok, 1200)
-                .expect("one by one"),
-            4
+        // The rest (the clock is passed in, so no test waits): 1 s, then GSO again; a
+        // failure after it rests 2 s.
+        let now = clock_ms();
+        let left = a.gso_rests_at(now)[0].left;
+        assert!(left > Duration::ZERO && left <= Duration::from_secs(1));
+        let until = now + left.as_millis() as u64;
+        assert!(a.gso_resting_to(to_b, || until - 1));
+        assert!(
+            !a.gso_resting_to(to_b, || until),
+            "GSO again once the rest is over"
         );
+        assert_eq!(a.gso_failed_at(libc::EINVAL, to_b, until), GsoVerdict::Rest);
+        assert_eq!(a.gso_rests_at(until)[0].left, Duration::from_secs(2));
+        // A success forgets b: a rest that ended before the real clock, then GSO works.
+        let past = now.checked_sub(3000);
+        let Some(past) = past else {
+            crate::testutil::not_run("less than 3 s since boot");
+            return;
+        };
+        let fresh = loopback(false);
+        fresh.gso_failed_at(libc::EINVAL, to_b, past);
+        assert_eq!(fresh.gso_resting.load(Ordering::Relaxed), 1);
+        assert!(fresh.gso_enabled_to(to_b), "rest over");
+        assert_eq!(fresh.send_segmented(to_b, &ok, 1200).expect("gso"), 4);
         assert_eq!(collect(&b, 4).len(), 4);
-        // EIO is for good.
-        a.gso_failed_at(libc::EIO, 0);
-        assert!(!a.gso.load(Ordering::Relaxed) && !a.gso_enabled());
+        assert_eq!(fresh.gso_resting.load(Ordering::Relaxed), 0, "forgotten");
+        // EIO is for good, toward every destination.
+        a.gso_failed_at(libc::EIO, to_b, 0);
+        assert!(!a.gso_enabled() && !a.gso_enabled_to(to_c));
     }
 
     #[test]

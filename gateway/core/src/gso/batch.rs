@@ -37,7 +37,7 @@ pub fn max_udp_payload(destination: &SocketAddr) -> usize {
 /// the last may be shorter, at most `max_segments` and [`max_udp_payload`] bytes.
 ///
 /// ```text
-/// let mut b = GsoBatch::new(dst, sock.max_gso_segments());
+/// let mut b = GsoBatch::new(dst, sock.max_gso_segments_to(dst));
 /// for each packet to dst {
 ///     let len = sealed length;
 ///     if !b.can_push(len) { send(b.finish()); }          // then this packet starts anew

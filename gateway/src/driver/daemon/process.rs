@@ -232,19 +232,16 @@ fn run(opts: Opts) -> Result<(), String> {
         status_paths.push(crate::run::STATUS_FILE.into());
     }
     let board = Arc::new(status::StatusBoard::new(status_paths, report, workers));
-    // Run-time lines: whether the UDP sockets send with GSO now (an EINVAL rests it, an
-    // EIO ends it), then the appliance's (firewall, routes, proxy entries).
+    // Run-time lines: whether the UDP sockets send with GSO now (an EIO ends it on a
+    // socket) and the peers it rests toward after an EINVAL, then the appliance's
+    // (firewall, routes, proxy entries).
     let sockets = rt.shared.clone();
     let nc = netconf.clone();
     board.extra(Box::new(move || {
-        let states: Vec<_> = sockets
-            .sockets
-            .get()
-            .1
-            .iter()
-            .map(|s| s.gso_state())
-            .collect();
-        let mut v = vec![crate::sys::udp::gso_status_line(&states)];
+        let socks = sockets.sockets.get().1;
+        let states: Vec<_> = socks.iter().map(|s| s.gso_state()).collect();
+        let rests: Vec<_> = socks.iter().flat_map(|s| s.gso_rests()).collect();
+        let mut v = crate::sys::udp::gso_status_lines(&states, &rests);
         if let Some(nc) = &nc {
             v.extend(nc.status_lines());
         }

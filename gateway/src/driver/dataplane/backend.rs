@@ -37,8 +37,9 @@ pub trait TunSink {
 /// Buffers come from the backend so the batch is built where the kernel will read it
 /// (a registered pool buffer under io_uring).
 pub trait Backend: TunSink {
-    /// Datagrams one batch may carry (GSO segments, or datagrams of one `sendmmsg`).
-    fn max_segments(&self) -> usize;
+    /// Datagrams one batch to `to` may carry (GSO segments, or datagrams of one
+    /// `sendmmsg`): GSO may rest toward one destination and not another.
+    fn max_segments(&self, to: SocketAddr) -> usize;
     /// Send the first `len` bytes of `b` to `dst` as datagrams of `seg` bytes (the last
     /// may be shorter), from the local address `src` when given (else routing picks).
     /// Takes the buffer back.

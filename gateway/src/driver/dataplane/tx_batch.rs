@@ -43,7 +43,7 @@ impl<B> TxBatch<B> {
         }
         if !self.joins(to, d.len()) {
             self.flush(be);
-            let b = GsoBatch::new(to.addr, be.max_segments());
+            let b = GsoBatch::new(to.addr, be.max_segments(to.addr));
             if !b.can_push(d.len()) {
                 // Too big for any batch (a 65507+ byte datagram): let the kernel judge it.
                 if let Some(mut buf) = be.alloc() {
@@ -82,7 +82,11 @@ impl<B> TxBatch<B> {
         if !(room && self.joins(to, expected)) {
             self.flush(be);
             let buf = be.alloc()?;
-            self.cur = Some((buf, GsoBatch::new(to.addr, be.max_segments()), to.src));
+            self.cur = Some((
+                buf,
+                GsoBatch::new(to.addr, be.max_segments(to.addr)),
+                to.src,
+            ));
         }
         let (buf, b, _) = self.cur.as_mut()?;
         let at = b.size();

@@ -179,6 +179,7 @@ mod tests {
     use crate::driver::dataplane::sockets::SocketSet;
     use crate::sys::tun::TunOffload;
     use std::collections::VecDeque;
+    use std::net::SocketAddr;
     use std::sync::atomic::AtomicBool;
 
     /// A backend that lends vectors and records what it was asked to do.
@@ -201,7 +202,7 @@ mod tests {
     }
 
     impl Backend for &mut FakeExec {
-        fn max_segments(&self) -> usize {
+        fn max_segments(&self, _: SocketAddr) -> usize {
             64
         }
         fn send(&mut self, _: Vec<u8>, _: usize, _: Dst, _: usize) {

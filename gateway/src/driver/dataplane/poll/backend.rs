@@ -3,6 +3,7 @@
 //! waiting a bounded time for room when the socket is full.
 
 use std::io;
+use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
@@ -119,8 +120,9 @@ impl TunSink for SyscallBackend<'_> {
 }
 
 impl Backend for SyscallBackend<'_> {
-    fn max_segments(&self) -> usize {
-        // Without GSO the batch goes out as one sendmmsg (sys::udp splits it).
+    fn max_segments(&self, _to: SocketAddr) -> usize {
+        // Without GSO (or while it rests toward `_to`) the batch goes out as one
+        // sendmmsg: sys::udp splits it.
         MAX_GSO_SEGMENTS
     }
 

@@ -2,6 +2,8 @@
 //! pool buffers and handed to the kernel as SQEs (`SendMsg` with `UDP_SEGMENT` and the
 //! sticky source, `WriteFixed`); nothing here makes a syscall except `relieve`.
 
+use std::net::SocketAddr;
+
 use crate::driver::dataplane::backend::{Backend, Dst, TunSink};
 use crate::sys::hugepage::{BufId, BufPool};
 use crate::sys::udp::UdpSocket;
@@ -59,10 +61,10 @@ impl TunSink for UringBackend<'_, '_> {
 }
 
 impl Backend for UringBackend<'_, '_> {
-    fn max_segments(&self) -> usize {
-        // One SendMsg per batch: without GSO a batch is one datagram (the ring still
-        // submits many SendMsg per io_uring_enter).
-        self.sock.max_gso_segments()
+    fn max_segments(&self, to: SocketAddr) -> usize {
+        // One SendMsg per batch: without GSO toward `to` a batch is one datagram (the
+        // ring still submits many SendMsg per io_uring_enter).
+        self.sock.max_gso_segments_to(to)
     }
 
     fn send(&mut self, b: BufId, len: usize, to: Dst, seg: usize) {

@@ -375,18 +375,20 @@ impl<'p> Engine for UringEngine<'p> {
 /// After a UDP send failed with `e`: a GSO batch the kernel refused whole (`segmented`
 /// says what it was, `data` is its buffer) goes again one datagram at a time, which the
 /// kernel fragments to the path MTU, as the poll backend's `send_segmented` does. The
-/// refusal is no checksum offload on the route (`EIO`: GSO off for good) or segments
-/// above the path MTU toward this peer (`EMSGSIZE` since Linux 6.14, `EINVAL` before: a
-/// path MTU learnt from one ICMP error must not switch offload off, so `EINVAL` only
-/// rests it and `EMSGSIZE` leaves it on for other peers). Dropping the batch instead lost
-/// every one toward a peer behind a smaller MTU: its bulk TCP stalled. Returns the
-/// datagrams the kernel took.
+/// refusal is no checksum offload on the route (`EIO`: GSO off for good on this socket)
+/// or segments above the path MTU toward this peer (`EMSGSIZE` since Linux 6.14,
+/// `EINVAL` before: a path MTU learnt from one ICMP error must not switch offload off,
+/// so `EINVAL` only rests GSO toward `s.to`, and `EMSGSIZE` needs no rest; other peers
+/// keep their super-datagrams either way). Dropping the batch instead lost every one
+/// toward a peer behind a smaller MTU: its bulk TCP stalled. Returns the datagrams the
+/// kernel took.
 fn resend_refused(sock: &UdpSocket, e: Errno, segmented: Option<Segmented>, data: &[u8]) -> usize {
     let Some(s) = segmented.filter(|_| gso_refused(e as i32)) else {
         return 0;
     };
     if gso_errno(e as i32) && sock.gso_enabled() {
-        sock.gso_failed(e as i32);
+        // s.to is v4-mapped on a dual-stack socket; the rests key on the plain address.
+        sock.gso_failed(e as i32, s.to);
     }
     let data = &data[..s.len.min(data.len())];
     sock.send_each_from(s.src, s.to, data, s.segment)
@@ -600,6 +602,28 @@ mod tests {
                 assert_eq!(n, 1400, "fragmented on the way, whole at the receiver");
                 assert!(rb[..n].iter().all(|&x| x == seg));
             }
+            // Whatever the kernel said, GSO stays on the socket and toward others; an
+            // EINVAL (before 6.14; forced here) rests it toward that peer only, found
+            // by its plain address when the ring had it v4-mapped (dual-stack).
+            let plain = rx.local_addr().expect("addr");
+            let other: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+            assert!(sock.gso_enabled() && sock.gso_enabled_to(other));
+            let mapped = SocketAddr::from((
+                match plain.ip() {
+                    std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    std::net::IpAddr::V6(v6) => v6,
+                },
+                plain.port(),
+            ));
+            let s = Segmented {
+                to: mapped,
+                len: 0,
+                segment: 1400,
+                src: None,
+            };
+            resend_refused(&sock, Errno::EINVAL, Some(s), &[]);
+            assert!(sock.gso_enabled() && !sock.gso_enabled_to(plain));
+            assert!(sock.gso_enabled_to(other), "other peers keep GSO");
         });
     }
 
