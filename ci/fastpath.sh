@@ -3,8 +3,10 @@
 #   1. every forced data-plane level carries traffic against riceguard and wireguard-go
 #      (ci/interop.sh with RG_ARGS per level);
 #   2. workers are pinned: each rg-worker-N thread's Cpus_allowed_list is the configured core;
-#   3. GSO demotion: with tx checksumming off on the veth a GSO send fails (EIO); traffic
-#      goes on and the demotion is logged once;
+#   3. GSO failures: with tx checksumming off on the veth a GSO send fails (EIO: GSO off
+#      on that socket), or the fault hook makes every one fail with EINVAL (GSO rests
+#      toward that peer only, and the log line names it); traffic goes on and the
+#      failure is logged once;
 #   4. GRO on and off on the receiving veth: traffic is correct both ways.
 # Needs root, wireguard-tools, wireguard-go, iperf3, ethtool. Prints "N passed, N failed".
 set -u
@@ -102,33 +104,37 @@ kill $pin; wait $pin 2>/dev/null
 [ $pinned = 2 ] && ok "pinning: rg-worker-0 on core ${want[0]}, rg-worker-1 on core ${want[1]} (Cpus_allowed_list)" ||
     bad "pinning: $pinned of 2 workers on their configured cores"
 
-# --- 3. GSO demotion --------------------------------------------------------------------
-# First the issue's recipe: tx checksumming off on the egress veth. Kernels that segment
-# in software anyway (6.18 does) never fail the send; then the daemon's fault hook
-# (RG_FAULT_GSO=einval: SO_NO_CHECK, which the kernel answers with EINVAL on every GSO
-# send) makes the failure real, and the same run-time demotion is checked.
+# --- 3. GSO failures ---------------------------------------------------------------------
+# First the issue's recipe: tx checksumming off on the egress veth (EIO: the socket is
+# demoted). Kernels that segment in software anyway (6.18 does) never fail the send; then
+# the daemon's fault hook (RG_FAULT_GSO=einval: SO_NO_CHECK, which the kernel answers
+# with EINVAL on every GSO send, as kernels before 6.14 answer segments above a peer's
+# path MTU) makes the failure real: GSO rests toward B's endpoint only, which the one
+# log line names, and each refused batch goes again one datagram at a time.
 ip netns exec $A ethtool -K vpa tx off >/dev/null 2>&1
 demoted=""
 for fault in "" einval; do
     if RG_FAULT_GSO=$fault start_pair; then
         m=$(iperf_ab)
         n=$(grep -c "GSO send failed" "$WORK/a.log")
+        if [ -n "$fault" ]; then what="GSO rest toward the peer ($fault)"; named="toward 10.95.0.2:51821"
+        else what="GSO demotion (tx csum off)"; named=""; fi
         if [ "$n" -ge 1 ]; then
             demoted=1
-            [ "${m:-0}" -gt 0 ] && [ "$n" = 1 ] &&
-                ok "GSO demotion (${fault:-tx csum off}): logged once, traffic went on, iperf3 ${m} Mbit/s" ||
-                bad "GSO demotion (${fault:-tx csum off}): iperf3 ${m:-0} Mbit/s, demotion lines: $n"
+            [ "${m:-0}" -gt 0 ] && [ "$n" = 1 ] && grep -q "GSO send failed $named" "$WORK/a.log" &&
+                ok "$what: logged once, traffic went on, iperf3 ${m} Mbit/s" ||
+                bad "$what: iperf3 ${m:-0} Mbit/s, failure lines: $n: $(grep -m1 'GSO send failed' "$WORK/a.log")"
         else
             echo "  (${fault:-tx csum off}): no GSO send failed on this kernel; iperf3 ${m:-0} Mbit/s"
         fi
     else
-        bad "GSO demotion (${fault:-tx csum off}): tunnel did not come up"; tail -n 5 "$WORK/a.log" "$WORK/b.log"
+        bad "GSO failure (${fault:-tx csum off}): tunnel did not come up"; tail -n 5 "$WORK/a.log" "$WORK/b.log"
     fi
     stop_daemons
     ip -n $A addr flush dev $IA 2>/dev/null; ip -n $B addr flush dev $IB 2>/dev/null
     [ -n "$demoted" ] && break
 done
-[ -n "$demoted" ] || bad "GSO demotion: no path made a GSO send fail"
+[ -n "$demoted" ] || bad "GSO failures: no path made a GSO send fail"
 ip netns exec $A ethtool -K vpa tx on >/dev/null 2>&1
 
 # --- 4. GRO on and off on the receiving side ------------------------------------------------

@@ -173,7 +173,7 @@ else
     h_abort "the appliance did not come up"
 fi
 check "the firewall is on (table inet riceguard)" inns $G nft list table inet riceguard
-note "$(grep -E '^(offload|io|udp gso):' "$STATUS" | tr '\n' ';')"
+note "$(grep -E '^(offload|io|udp gso|udp gso rest):' "$STATUS" | tr '\n' ';')"
 
 # peer_up NS IF KEY ADDR ENDPOINT [TABLE]: a stock wireguard-go peer, tunnel MTU 1420;
 # with TABLE its route to G is there, for sources ADDR (S has two tunnels to G).

@@ -4,7 +4,7 @@
 #            simulation, parsers, policy; riceguard: sys, driver, init, console)
 #   fuzz     each fuzz target for a bounded time
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
-#   fastpath the matrix on every forced data-plane path, pinning, GSO demotion, GRO on/off
+#   fastpath the matrix on every forced data-plane path, pinning, GSO demotion and rest, GRO on/off
 #   tcp      TCP-fallback helpers in namespaces
 #   adversarial  the data plane under attack in namespaces: forged responses/cookies,
 #            initiation floods, replays (ci/adversarial.sh), TCP listener floods and
