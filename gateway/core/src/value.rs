@@ -23,6 +23,19 @@ pub const MAX_CORE: usize = 4095;
 /// Most buffers a pool may have (`Buffers`).
 pub const MAX_BUFFERS: u32 = 1 << 20;
 
+/// The numeric values' ranges, lowest and highest accepted: the parsers below check
+/// them and the console's `help` prints them, so the two cannot disagree.
+pub const PORT_RANGE: (u16, u16) = (1, u16::MAX);
+pub const MTU_RANGE: (u16, u16) = (MIN_MTU, u16::MAX);
+pub const KEEPALIVE_RANGE: (u16, u16) = (0, u16::MAX);
+pub const BUFFERS_RANGE: (u32, u32) = (1, MAX_BUFFERS);
+pub const BBR_RTT_MS_RANGE: (u32, u32) = (0, u32::MAX);
+
+/// A range as `help` and the error messages write it: `576-65535`.
+pub fn range_text<T: fmt::Display>(r: (T, T)) -> String {
+    format!("{}-{}", r.0, r.1)
+}
+
 /// A value that does not read: what was given (cut for echoing) and what is expected.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadValue {
@@ -104,7 +117,13 @@ pub fn preshared_key(v: &str) -> R<Option<Key>> {
 
 /// A UDP or TCP port, 1-65535.
 pub fn port(v: &str) -> R<u16> {
-    number(v, 1, u16::MAX, "a port number 1-65535")
+    let (lo, hi) = PORT_RANGE;
+    number(
+        v,
+        lo,
+        hi,
+        &format!("a port number {}", range_text(PORT_RANGE)),
+    )
 }
 
 /// `FwMark`: decimal or `0x` hex; `off` or 0 is none.
@@ -127,7 +146,8 @@ pub fn fwmark(v: &str) -> R<Option<u32>> {
 
 /// `MTU`: 576-65535.
 pub fn mtu(v: &str) -> R<u16> {
-    number(v, MIN_MTU, u16::MAX, &format!("a number {MIN_MTU}-65535"))
+    let (lo, hi) = MTU_RANGE;
+    number(v, lo, hi, &format!("a number {}", range_text(MTU_RANGE)))
 }
 
 /// A list of addresses with prefixes (`10.0.0.1/24, fd00::1/64`).
@@ -164,7 +184,13 @@ pub fn keepalive(v: &str) -> R<Option<u16>> {
     if v.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    let n = number(v, 0, u16::MAX, "seconds 0-65535 or off")?;
+    let (lo, hi) = KEEPALIVE_RANGE;
+    let n = number(
+        v,
+        lo,
+        hi,
+        &format!("seconds {} or off", range_text(KEEPALIVE_RANGE)),
+    )?;
     Ok((n != 0).then_some(n))
 }
 
@@ -243,12 +269,24 @@ pub fn tcp_listen(v: &str) -> R<Vec<u16>> {
 
 /// `Buffers`: 1-1048576.
 pub fn buffers(v: &str) -> R<u32> {
-    number(v, 1, MAX_BUFFERS, "a number of buffers 1-1048576")
+    let (lo, hi) = BUFFERS_RANGE;
+    number(
+        v,
+        lo,
+        hi,
+        &format!("a number of buffers {}", range_text(BUFFERS_RANGE)),
+    )
 }
 
 /// `BbrRttMs`: milliseconds, 0 (the built-in estimate) to 4294967295.
 pub fn bbr_rtt_ms(v: &str) -> R<u32> {
-    number(v, 0, u32::MAX, "milliseconds 0-4294967295")
+    let (lo, hi) = BBR_RTT_MS_RANGE;
+    number(
+        v,
+        lo,
+        hi,
+        &format!("milliseconds {}", range_text(BBR_RTT_MS_RANGE)),
+    )
 }
 
 /// One IP address.

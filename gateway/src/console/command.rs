@@ -194,14 +194,14 @@ pub const INTERFACE_FIELDS: &[(&str, &str, &str)] = &[
     (
         "listen-port",
         "PORT",
-        "UDP port peers connect to, 1-65535 (unset: any free port)",
+        "UDP port peers connect to (unset: any free port)",
     ),
     (
         "address",
         "CIDR",
         "address of the tunnel interface, e.g. 10.0.0.1/24; `set` again adds another",
     ),
-    ("mtu", "N", "tunnel MTU, 576-9600 (unset: 1420)"),
+    ("mtu", "N", "tunnel MTU"),
     (
         "fwmark",
         "N",
@@ -224,7 +224,7 @@ pub const PEER_FIELDS: &[(&str, &str, &str)] = &[
     (
         "persistent-keepalive",
         "SECONDS",
-        "send a keepalive this often, 1-65535 (25 suits NAT)",
+        "send a keepalive this often (25 suits NAT)",
     ),
     (
         "preshared-key",
@@ -284,7 +284,7 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
     (
         "buffers",
         "N",
-        "packet buffers per worker, 64-1048576 (default 4096)",
+        "packet buffers per worker",
     ),
     (
         "tcp-listen",
@@ -299,7 +299,7 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
     (
         "bbr-rtt-ms",
         "N",
-        "RTT in ms above which TCP connections use bbr (default 40)",
+        "RTT in ms above which TCP connections use bbr",
     ),
     (
         "uplink",
@@ -572,8 +572,38 @@ fn field_list(t: &[(&str, &str, &str)]) -> String {
         .max()
         .unwrap_or(0);
     t.iter()
-        .map(|(n, a, d)| format!("    {:<w$}  {d}\n", format!("{n} {a}").trim_end()))
+        .map(|(n, a, d)| {
+            let g = grammar(n).map(|g| format!(", {g}")).unwrap_or_default();
+            format!("    {:<w$}  {d}{g}\n", format!("{n} {a}").trim_end())
+        })
         .collect()
+}
+
+/// What `help` says of a numeric field's values: the range its parser
+/// (`core::value`) accepts and the default the configuration has, read from them.
+fn grammar(field: &str) -> Option<String> {
+    use crate::core::config::DEFAULT_MTU;
+    use crate::core::value::{self, range_text};
+    let g = GatewayConfig::default();
+    Some(match field {
+        "listen-port" | "tcp-port" => range_text(value::PORT_RANGE),
+        "mtu" => format!("{} (unset: {DEFAULT_MTU})", range_text(value::MTU_RANGE)),
+        "persistent-keepalive" => format!(
+            "{} seconds, 0 or off: none",
+            range_text(value::KEEPALIVE_RANGE)
+        ),
+        "buffers" => format!(
+            "{} (default {})",
+            range_text(value::BUFFERS_RANGE),
+            g.buffers
+        ),
+        "bbr-rtt-ms" => format!(
+            "{} (default {})",
+            range_text(value::BBR_RTT_MS_RANGE),
+            g.bbr_rtt_ms
+        ),
+        _ => return None,
+    })
 }
 
 /// The text of `help` (no words) or `help WORD...`.
@@ -1527,5 +1557,64 @@ mod tests {
                 ),
             }
         }
+    }
+}
+
+/// `help set` says what the parsers accept (issue 30: it said MTU 576-9600 and buffers
+/// 64-1048576, default 4096, while the grammar took 576-65535 and 1-1048576, default
+/// 1024): for each numeric field, the range in the help is the one whose ends `set`
+/// takes and past whose ends `set` refuses, naming that same range.
+#[cfg(test)]
+mod help_from_grammar {
+    use super::*;
+    use crate::core::config::PeerConfig;
+
+    fn s(words: &str) -> Vec<String> {
+        words.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn help_ranges_are_the_parsers() {
+        let key = Key([7; 32]).to_base64();
+        let mut base = Config::default();
+        base.peers
+            .push(PeerConfig::new(Key::from_base64(&key).unwrap()));
+        let cases: [(&str, &str, u64, u64); 6] = [
+            ("interface", "listen-port", 1, 65535),
+            ("interface", "mtu", 576, 65535),
+            ("peer", "persistent-keepalive", 0, 65535),
+            ("peer", "tcp-port", 1, 65535),
+            ("gateway", "buffers", 1, 1048576),
+            ("gateway", "bbr-rtt-ms", 0, 4294967295),
+        ];
+        for (section, field, lo, hi) in cases {
+            let help_text = help(&s(&format!("set {section}"))).unwrap();
+            let line = help_text
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{field} ")))
+                .unwrap_or_else(|| panic!("no help line for {field}"));
+            let range = format!("{lo}-{hi}");
+            assert!(line.contains(&range), "{line}");
+            let set = |v: u64| {
+                let target = if section == "peer" {
+                    format!("peer {key}")
+                } else {
+                    section.to_string()
+                };
+                let mut c = base.clone();
+                apply_set(&mut c, &s(&format!("{target} {field} {v}")))
+            };
+            assert!(set(lo).is_ok() && set(hi).is_ok(), "{field} {lo} {hi}");
+            let e = set(hi + 1).unwrap_err();
+            assert!(e.contains(&range), "{field}: {e}");
+            if lo > 0 {
+                assert!(set(lo - 1).unwrap_err().contains(&range), "{field}");
+            }
+        }
+        let g = help(&s("set gateway")).unwrap();
+        assert!(g.contains("1-1048576 (default 1024)"), "{g}");
+        assert!(help(&s("set interface"))
+            .unwrap()
+            .contains("576-65535 (unset: 1420)"));
     }
 }
