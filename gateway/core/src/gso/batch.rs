@@ -1,7 +1,7 @@
 //! GSO batch planning (UDP send side): which encrypted datagrams to one destination go
 //! out as one `UDP_SEGMENT` send.
 
-use super::*;
+use std::net::SocketAddr;
 
 /// One planned send: `size` bytes of the caller's buffer to `destination`, cut by the
 /// kernel into `segment_size`-byte datagrams (the last may be shorter). A batch of one

@@ -1,7 +1,8 @@
 //! Internet checksums (RFC 1071) and the IPv4 header / TCP-UDP checksum fixes the
 //! splitter and coalescer need.
 
-use super::*;
+use super::{checksum, PROTO_TCP, PROTO_UDP, TCP_CSUM_OFFSET, UDP_CSUM_OFFSET};
+use std::ops::Range;
 
 /// Add `data` (big-endian 16-bit words, odd byte padded) to `sum`, unfolded.
 ///

@@ -12,8 +12,6 @@
 //! protocol constants and [`GsoError`] they share are here.
 
 use std::fmt;
-use std::net::SocketAddr;
-use std::ops::Range;
 
 /// Bytes of the legacy `struct virtio_net_hdr` (without `num_buffers`).
 pub const VIRTIO_NET_HDR_LEN: usize = 10;

@@ -1,3 +1,5 @@
+use std::net::SocketAddr;
+
 use super::*;
 
 /// Independent checksum: 16-bit words one by one, folded at every step.

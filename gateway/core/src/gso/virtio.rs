@@ -1,7 +1,8 @@
 //! The `virtio_net_hdr` a TUN with `IFF_VNET_HDR` puts in front of each packet: its
 //! wire layout, a checked view and the parsed representation.
 
-use super::*;
+use super::{GsoError, VIRTIO_NET_HDR_LEN};
+use std::ops::Range;
 
 pub(super) mod field {
     use std::ops::Range;

@@ -1,9 +1,11 @@
 //! The reading side of a UAPI client: the `get` and `set` answers (unknown keys skipped,
 //! a nonzero errno returned as an error), read by `show peers` and `riceguard status`.
 
+use super::{
+    hex_key, invalid, parse_prefix, parse_uint, read_line, DeviceStatus, PeerStatus, UapiError,
+    MAX_REQUEST_BYTES,
+};
 use std::io::BufRead;
-
-use super::*;
 
 /// Parse the answer to `get=1` (up to and including `errno=`). Unknown keys are skipped
 /// so newer daemons' extra fields do not break the console; a nonzero errno is

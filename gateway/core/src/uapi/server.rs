@@ -1,6 +1,10 @@
 //! The daemon's side of the UAPI: read one request (bounded lines and bytes), apply a
 //! `set` to a configuration whole or not at all, and write `get` answers and errnos.
 
+use super::{
+    hex_key, invalid, parse_endpoint, parse_prefix, parse_uint, read_line, DeviceStatus, PeerSet,
+    Request, SetRequest, UapiError, MAX_PEERS, MAX_REQUEST_BYTES,
+};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::BufRead;
@@ -8,8 +12,6 @@ use std::io::BufRead;
 use crate::config::{Config, Endpoint, PeerConfig};
 use crate::key::Key;
 use crate::net::Cidr;
-
-use super::*;
 
 /// Parse one `key=value` line of a set request into `req`. `ignoring` is true after a
 /// `remove=true` in the current peer block: later lines are checked but have no effect.

@@ -4,15 +4,13 @@
 //! test equipment, built for this crate's tests and with the `testutil` feature: the
 //! server's and the fuzz target's round trips.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use std::collections::HashMap;
-
+use super::{PeerSet, SetRequest};
 use crate::config::{Config, Endpoint, PeerConfig};
 use crate::key::Key;
 use crate::net::Cidr;
-
-use super::*;
 
 /// Write a set request as `wg` would send it (with `set=1` and the closing blank line).
 pub fn emit_set(req: &SetRequest) -> String {
