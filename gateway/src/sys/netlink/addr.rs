@@ -3,8 +3,12 @@
 //! who made them (a kernel SLAAC address against a configured one).
 
 use super::route::RT_SCOPE_UNIVERSE;
-use super::*;
+use super::{
+    attrs, family, finish, ip_bytes, ip_from, put_attr, put_hdr, u32_from, Netlink, NetlinkError,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST,
+};
 use crate::core::net::Cidr;
+use std::net::IpAddr;
 
 const RTM_NEWADDR: u16 = 20;
 const RTM_DELADDR: u16 = 21;
@@ -247,6 +251,7 @@ fn parse_addr_detail(p: &[u8]) -> Option<AddrDetail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::netlink::{Route, AF_INET};
 
     fn cidr(s: &str) -> Cidr {
         s.parse().unwrap()

@@ -1,6 +1,6 @@
 //! `RTM_NEWLINK`: a link's administrative state and its MTU.
 
-use super::*;
+use super::{finish, put_attr, put_hdr, Netlink, NetlinkError, NLM_F_ACK, NLM_F_REQUEST};
 
 const RTM_NEWLINK: u16 = 16;
 const IFLA_MTU: u16 = 4;

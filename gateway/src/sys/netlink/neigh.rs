@@ -3,7 +3,11 @@
 //! (which addresses a host on a port has).
 
 use super::route::RTPROT_RICEGUARD;
-use super::*;
+use super::{
+    attrs, family, finish, ip_bytes, ip_from, put_attr, put_hdr, Netlink, NetlinkError, NLM_F_ACK,
+    NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
+};
+use std::net::IpAddr;
 
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_DELNEIGH: u16 = 29;
@@ -181,6 +185,7 @@ fn parse_neigh(p: &[u8]) -> Option<Neighbour> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::netlink::{AF_INET, AF_INET6};
 
     fn neigh(family: u8, state: u16, flags: u8, dst: &[u8], ll: Option<&[u8]>) -> Vec<u8> {
         let mut m = vec![family, 0, 0, 0];

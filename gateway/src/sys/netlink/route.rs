@@ -3,9 +3,12 @@
 //! protocol number, never replacing anyone's), the kernel's on-link prefix routes the
 //! uplink guard removes, and the dump of every route.
 
+use super::{
+    attrs, family, finish, ip_bytes, ip_from, put_attr, put_hdr, u32_from, Netlink, NetlinkError,
+    AF_INET, AF_INET6, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+};
 use std::net::IpAddr;
 
-use super::*;
 use crate::core::net::Cidr;
 use crate::core::netplan::KernelRoute;
 
