@@ -1,10 +1,10 @@
 //! Coalescing (TUN write side, GRO): the [`Coalescer`] plans which decrypted TCP/UDP
 //! segments of one flow merge back into one `virtio_net_hdr` super-packet.
 
+use super::checksum::{addr_ranges, be16, be32, fix_ipv4_checksum, l4_checksum_ok, put16};
 use super::{
-    addr_ranges, be16, be32, checksum, fix_ipv4_checksum, l4_checksum_ok, put16, GsoError, GsoType,
-    VirtioNetHdrRepr, FLAG_NEEDS_CSUM, MAX_BATCH, MAX_IP_PACKET, PROTO_TCP, PROTO_UDP, TCP_ACK,
-    TCP_CSUM_OFFSET, TCP_PSH, UDP_CSUM_OFFSET, VIRTIO_NET_HDR_LEN,
+    checksum, GsoError, GsoType, VirtioNetHdrRepr, FLAG_NEEDS_CSUM, MAX_BATCH, MAX_IP_PACKET,
+    PROTO_TCP, PROTO_UDP, TCP_ACK, TCP_CSUM_OFFSET, TCP_PSH, UDP_CSUM_OFFSET, VIRTIO_NET_HDR_LEN,
 };
 
 /// Which protocols the TUN accepts as super-packets (from `TUNSETOFFLOAD`).

@@ -89,9 +89,6 @@ mod tests;
 mod virtio;
 
 pub use batch::*;
-use checksum::{
-    addr_ranges, be16, be32, fill_l4_checksum, fix_ipv4_checksum, l4_checksum_ok, put16,
-};
 pub use coalesce::*;
 pub use split::*;
 pub use virtio::*;

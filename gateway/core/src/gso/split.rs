@@ -1,10 +1,10 @@
 //! Splitting (TUN read side): the [`Splitter`] cuts the kernel's TSO/USO super-packets
 //! into wire-sized segments with correct headers and checksums.
 
+use super::checksum::{be16, be32, fill_l4_checksum, fix_ipv4_checksum, put16};
 use super::{
-    be16, be32, checksum, fill_l4_checksum, fix_ipv4_checksum, put16, GsoError, GsoType,
-    VirtioNetHdr, VirtioNetHdrRepr, MAX_IP_PACKET, PROTO_TCP, PROTO_UDP, TCP_CSUM_OFFSET, TCP_CWR,
-    TCP_FIN, TCP_PSH, UDP_CSUM_OFFSET, VIRTIO_NET_HDR_LEN,
+    checksum, GsoError, GsoType, VirtioNetHdr, VirtioNetHdrRepr, MAX_IP_PACKET, PROTO_TCP,
+    PROTO_UDP, TCP_CSUM_OFFSET, TCP_CWR, TCP_FIN, TCP_PSH, UDP_CSUM_OFFSET, VIRTIO_NET_HDR_LEN,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,5 +1,6 @@
 use std::net::SocketAddr;
 
+use super::checksum::{addr_ranges, be16, be32, fill_l4_checksum, fix_ipv4_checksum, put16};
 use super::*;
 
 /// Independent checksum: 16-bit words one by one, folded at every step.
