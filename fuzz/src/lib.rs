@@ -561,11 +561,12 @@ pub fn check_uboot_entries(data: &[u8]) {
     }
 }
 
-/// The files the appliance's processes share (`riceguard::run`), read as text: the
-/// status file's `heartbeat:` and `reload:` lines, a lease file, the commit-confirm
-/// records. Nothing panics; what a parser accepts, its writer writes back the same.
+/// The files the appliance's processes share (`riceguard::run`, and the commit-confirm
+/// records of `riceguard::perm`), read as text: the status file's `heartbeat:` and
+/// `reload:` lines, a lease file, the commit-confirm records. Nothing panics; what a parser accepts, its writer writes back the same.
 pub fn check_run_files(data: &[u8]) {
-    use riceguard::run::{confirm, lease::LeaseFile, status};
+    use riceguard::perm::confirm;
+    use riceguard::run::{lease::LeaseFile, status};
     let text = String::from_utf8_lossy(data);
     if let Some(b) = status::parse_heartbeats(&text) {
         assert_eq!(status::parse_heartbeats(&status::heartbeat_line(&b)), Some(b));
