@@ -527,7 +527,7 @@ pub fn check_sntp(data: &[u8]) {
 /// can see, never a used-up one over a usable other slot, and none only when neither
 /// slot has an entry; a counted name stays findable.
 pub fn check_uboot_entries(data: &[u8]) {
-    use riceguard::slots::*;
+    use riceguard_core::slots::*;
     let _ = parse_boot_var(data);
     let _ = sort_key_digit(data);
     let entries: Vec<(String, Vec<u8>)> = data
