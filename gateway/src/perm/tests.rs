@@ -200,10 +200,10 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// Lines of the Rust files under `roots` (but `except`) holding a string literal that
-/// begins with the perm directory, as `file:line`.
-fn perm_literals(roots: &[PathBuf], except: &Path) -> Vec<String> {
+/// begins with `dir`, as `file:line`.
+fn literals(dir: &str, roots: &[PathBuf], except: &Path) -> Vec<String> {
     // Built, so this file does not hold what it looks for.
-    let needle = format!("{}{}", '"', DIR);
+    let needle = format!("{}{}", '"', dir);
     let mut files = Vec::new();
     for r in roots {
         rust_files(r, &mut files);
@@ -224,11 +224,27 @@ fn perm_literals(roots: &[PathBuf], except: &Path) -> Vec<String> {
 fn perm_paths_are_named_only_in_perm_mod() {
     let m = Path::new(env!("CARGO_MANIFEST_DIR"));
     let roots = [m.join("src"), m.join("core/src")];
-    let found = perm_literals(&roots, &m.join("src/perm/mod.rs"));
+    let found = literals(DIR, &roots, &m.join("src/perm/mod.rs"));
     assert!(
         found.is_empty(),
         "a /perm path outside perm/mod.rs (name it there, once): {found:?}"
     );
     // The check sees one: perm/mod.rs itself has them.
-    assert!(!perm_literals(&[m.join("src/perm")], Path::new("")).is_empty());
+    assert!(!literals(DIR, &[m.join("src/perm")], Path::new("")).is_empty());
+}
+
+/// The image's read-only files are named once too, in `image_paths.rs`.
+#[test]
+fn image_paths_are_named_only_in_image_paths() {
+    let m = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let roots = [m.join("src"), m.join("core/src")];
+    // The folder of the image's files, from the one place that names it.
+    let etc = Path::new(crate::image_paths::BOARD_CONF).parent().unwrap();
+    let etc = etc.to_str().unwrap();
+    let found = literals(etc, &roots, &m.join("src/image_paths.rs"));
+    assert!(
+        found.is_empty(),
+        "an /etc/riceguard path outside image_paths.rs (name it there, once): {found:?}"
+    );
+    assert!(!literals(etc, &[m.join("src")], Path::new("")).is_empty());
 }
