@@ -378,16 +378,16 @@ pub(super) fn quiet_printk(old: &str) -> String {
     v.join(" ")
 }
 
-/// The file the gateway starts from: `/perm/riceguard.conf` when it loads and validates;
+/// The file the gateway starts from: the saved configuration when it loads and validates;
 /// otherwise the newest saved version that does (said on the console); in failsafe mode
 /// a copy without peers. Copies go to a tmpfs, so `/perm` is never rewritten here.
 pub(super) fn gateway_config(failsafe: bool) -> String {
-    let text = perm_config::read_text(Path::new(PERM));
-    let saved_ok = crate::core::ini::parse(CONFIG, &text).is_ok_and(|c| c.validate().is_ok());
+    // The one loader the consoles use too: no warning means the saved file itself.
+    let (mut cfg, warning) = perm_config::load_with_fallback(Path::new(PERM));
+    let saved_ok = warning.is_none();
     if saved_ok && !failsafe {
         return CONFIG.into();
     }
-    let (mut cfg, warning) = perm_config::load_with_fallback(Path::new(PERM));
     if let Some(w) = warning {
         say!("config: {w}");
     }
@@ -400,7 +400,8 @@ pub(super) fn gateway_config(failsafe: bool) -> String {
     }
     if cfg.interface.private_key.is_none() {
         cfg.interface.private_key = Some(
-            private_key_line(&text).unwrap_or_else(|| Key::generate_private(&mut rand_core::OsRng)),
+            private_key_line(&perm_config::read_text(Path::new(PERM)))
+                .unwrap_or_else(|| Key::generate_private(&mut rand_core::OsRng)),
         );
     }
     let out = crate::core::ini::emit(&cfg);
