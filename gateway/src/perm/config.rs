@@ -321,3 +321,37 @@ pub fn erase_history(dir: &Path) -> Result<(), StoreError> {
         _ => durable::sync_dir(dir).map_err(io_err(dir)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn first_boot_file_written_once_0600() {
+        let d = TempDir::new("perm-first");
+        let k = Key::generate_private(&mut rand_core::OsRng);
+        let t = "[Interface]\nPrivateKey = @PRIVATE_KEY@\n";
+        assert!(write_first(&d.0, t, &k).unwrap());
+        let text = read_text(&d.0);
+        assert_eq!(
+            text,
+            format!("[Interface]\nPrivateKey = {}\n", k.to_base64())
+        );
+        let mode = std::fs::metadata(conf_path(&d.0))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let other = Key::generate_private(&mut rand_core::OsRng);
+        assert!(
+            !write_first(&d.0, t, &other).unwrap(),
+            "never over a saved file"
+        );
+        assert_eq!(read_text(&d.0), text);
+        let l = load(&d.0, &Ini);
+        assert_eq!(l.warning, None);
+        assert_eq!(l.config.interface.private_key, Some(k));
+    }
+}
