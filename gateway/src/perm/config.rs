@@ -323,10 +323,254 @@ pub fn erase_history(dir: &Path) -> Result<(), StoreError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::core::config::Config;
+    use crate::perm::StoreError;
     use crate::testutil::TempDir;
     use std::os::unix::fs::PermissionsExt;
+    use std::sync::Mutex;
+
+    /// The functions of this file over one directory and format, as the console's
+    /// store holds them.
+    struct Store<F> {
+        dir: PathBuf,
+        format: F,
+    }
+
+    impl<F: Format> Store<F> {
+        fn new(dir: &Path, format: F) -> Self {
+            Store {
+                dir: dir.to_path_buf(),
+                format,
+            }
+        }
+        fn conf_path(&self) -> PathBuf {
+            conf_path(&self.dir)
+        }
+        fn history_path(&self, n: usize) -> PathBuf {
+            history_path(&self.dir, n)
+        }
+        fn load(&self) -> Loaded {
+            load(&self.dir, &self.format)
+        }
+        fn history(&self, n: usize) -> Result<Config, StoreError> {
+            history(&self.dir, &self.format, n)
+        }
+        fn history_list(&self) -> Vec<(usize, Option<SystemTime>)> {
+            history_list(&self.dir)
+        }
+        fn save_text(&self, text: &str) -> Result<(), StoreError> {
+            save_text(&self.dir, text)
+        }
+    }
+
+    /// A stand-in for the INI format so the store's logic is tested on its own: the file
+    /// text is an index into a process-wide table of configurations; anything else fails
+    /// to parse.
+    #[derive(Debug, Clone, Copy, Default)]
+    pub(crate) struct TableFormat;
+
+    static TABLE: Mutex<Vec<Config>> = Mutex::new(Vec::new());
+
+    impl Format for TableFormat {
+        fn emit(&self, cfg: &Config) -> String {
+            let mut t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+            t.push(cfg.clone());
+            format!("config#{}\n", t.len() - 1)
+        }
+        fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
+            let t = TABLE.lock().unwrap_or_else(|e| e.into_inner());
+            text.trim()
+                .strip_prefix("config#")
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| t.get(n).cloned())
+                .ok_or_else(|| format!("{file}: line 1: not a configuration"))
+        }
+    }
+
+    pub(crate) fn cfg_with_port(port: u16) -> Config {
+        let mut c = Config::default();
+        c.interface.private_key = Some(Key::generate_private(&mut rand_core::OsRng));
+        c.interface.listen_port = Some(port);
+        c
+    }
+
+    fn save(s: &Store<TableFormat>, c: &Config) {
+        s.save_text(&s.format.emit(c)).unwrap();
+    }
+
+    #[test]
+    fn save_keeps_ten_previous_versions() {
+        let d = TempDir::new("store");
+        let s = Store::new(&d.0, TableFormat);
+        for port in 1..=13 {
+            save(&s, &cfg_with_port(port));
+        }
+        assert_eq!(s.load().config.interface.listen_port, Some(13));
+        assert!(s.load().warning.is_none());
+        for n in 1..=KEEP {
+            assert_eq!(
+                s.history(n).unwrap().interface.listen_port,
+                Some(13 - n as u16)
+            );
+        }
+        assert!(matches!(s.history(11), Err(StoreError::NoVersion(11))));
+        assert_eq!(s.history_list().len(), KEEP);
+    }
+
+    #[test]
+    fn fallback_to_newest_usable_history() {
+        let d = TempDir::new("fallback");
+        let s = Store::new(&d.0, TableFormat);
+        save(&s, &cfg_with_port(1));
+        save(&s, &cfg_with_port(2));
+        save(&s, &cfg_with_port(3));
+        // Corrupt the saved file and the newest history version.
+        std::fs::write(s.conf_path(), "garbage").unwrap();
+        std::fs::write(s.history_path(1), "garbage").unwrap();
+        let l = s.load();
+        assert_eq!(l.config.interface.listen_port, Some(1));
+        let w = l.warning.unwrap();
+        assert!(w.contains("not usable") && w.contains("version 2"), "{w}");
+    }
+
+    #[test]
+    fn missing_or_hopeless_gives_defaults_with_warning() {
+        let d = TempDir::new("empty");
+        let s = Store::new(&d.0, TableFormat);
+        let l = s.load();
+        assert_eq!(l.config, Config::default());
+        assert!(l.fresh);
+        assert!(l.warning.unwrap().contains("no saved configuration"));
+        std::fs::write(s.conf_path(), "garbage").unwrap();
+        assert!(!s.load().fresh);
+        assert!(s.load().warning.unwrap().contains("defaults"));
+        // A config without a private key does not validate: fall back past it.
+        save(&s, &Config::default());
+        assert_eq!(s.load().config, Config::default());
+    }
+
+    /// Firmware of configuration schema 1 (before Firewall, Masquerade, Enabled) as a
+    /// format: `#+` lines are comments, the new keys unknown (errors), as its `ini.rs` has it.
+    #[derive(Debug, Clone, Copy, Default)]
+    struct Schema1Ini;
+
+    impl Format for Schema1Ini {
+        fn emit(&self, cfg: &Config) -> String {
+            crate::core::ini::emit(cfg)
+        }
+        fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
+            crate::core::ini::parse_as_schema1(file, text).map_err(|e| e.to_string())
+        }
+    }
+
+    /// A rollback to schema-1 firmware after this one saved schema-2 settings: its loader
+    /// (and init, which reads the `[Gateway]` settings from the same file) still reads the
+    /// saved file itself, not an old version: the same gateway, uplink and interface name,
+    /// without the firewall settings and without the disabled client.
+    #[test]
+    fn schema1_firmware_reads_what_this_one_saves() {
+        use crate::core::config::{MasqueradeMode, PeerConfig};
+        let d = TempDir::new("schema1");
+        let s = Store::new(&d.0, Ini);
+        let mut c = cfg_with_port(51820);
+        c.interface.addresses = vec!["10.100.0.1/24".parse().unwrap()];
+        c.gateway.interface_name = "wg7".into();
+        c.gateway.uplink = "eth1".into();
+        c.gateway.uplink_addresses = vec!["192.0.2.2/24".parse().unwrap()];
+        let mut phone = PeerConfig::new(Key::generate_private(&mut rand_core::OsRng).public());
+        phone.name = Some("phone".into());
+        phone.allowed_ips = vec!["10.100.0.2/32".parse().unwrap()];
+        let mut laptop = PeerConfig::new(Key::generate_private(&mut rand_core::OsRng).public());
+        laptop.name = Some("laptop".into());
+        laptop.allowed_ips = vec!["10.100.0.3/32".parse().unwrap()];
+        c.peers = vec![phone.clone(), laptop.clone()];
+        // Version 1: nothing of schema 2 yet (as the file an update starts from).
+        s.save_text(&s.format.emit_saved(&c)).unwrap();
+        // Version 2 uses schema 2: the laptop disabled, no NAT, the phone's sources kept.
+        let mut c2 = c.clone();
+        c2.peers[1].enabled = false;
+        c2.peers[0].masquerade = false;
+        c2.gateway.masquerade = MasqueradeMode::Off;
+        c2.gateway.firewall = false;
+        s.save_text(&s.format.emit_saved(&c2)).unwrap();
+        assert_eq!(s.load().config, c2);
+
+        let old = Store::new(&d.0, Schema1Ini).load();
+        assert_eq!(old.warning, None, "the saved file itself loads");
+        let want = crate::core::ini::schema1_view(&c2);
+        assert_eq!(old.config, want);
+        assert_eq!(old.config.peers, vec![phone.clone()]);
+        assert_eq!(old.config.gateway.interface_name, "wg7");
+        assert_eq!(
+            old.config.gateway.uplink_addresses,
+            c.gateway.uplink_addresses
+        );
+        assert!(old.config.validate().is_ok());
+        // What schema-1 init does with the file: parse it whole for its [Gateway] settings,
+        // and start the gateway from it when it validates (init/perm.rs).
+        let text = std::fs::read_to_string(s.conf_path()).unwrap();
+        let booted = crate::core::ini::parse_as_schema1("riceguard.conf", &text).unwrap();
+        assert!(booted.validate().is_ok());
+        assert_eq!(booted.gateway, want.gateway);
+        // The history versions read too (`rollback N` there).
+        assert_eq!(Store::new(&d.0, Schema1Ini).history(1).unwrap(), c);
+
+        // Why the `#+` form: the plain form would make schema 1 refuse the file, fall back
+        // to the version before (losing every change since) and, in init, lose the uplink
+        // settings (it reads them from the refused file only).
+        let plain = crate::core::ini::emit(&c2);
+        assert!(crate::core::ini::parse_as_schema1("p", &plain).is_err());
+        s.save_text(&plain).unwrap();
+        let old = Store::new(&d.0, Schema1Ini).load();
+        assert!(old.warning.unwrap().contains("using saved version 1"));
+    }
+
+    #[test]
+    fn notes_on_lines_not_honoured() {
+        let d = TempDir::new("notes");
+        let s = Store::new(&d.0, Ini);
+        let k = Key::generate_private(&mut rand_core::OsRng).to_base64();
+        std::fs::create_dir_all(&d.0).unwrap();
+        std::fs::write(
+            s.conf_path(),
+            format!("[Interface]\nPrivateKey = {k}\nPostUp = iptables -A x\nDNS = 1.1.1.1\n"),
+        )
+        .unwrap();
+        let l = s.load();
+        assert!(l.warning.is_none());
+        assert_eq!(l.notes.len(), 2, "{:?}", l.notes);
+        assert!(
+            l.notes[0].starts_with("line 3: PostUp: ignored"),
+            "{:?}",
+            l.notes
+        );
+        assert!(
+            l.notes[1].starts_with("line 4: DNS: ignored"),
+            "{:?}",
+            l.notes
+        );
+        s.save_text(&s.format.emit_saved(&l.config)).unwrap();
+        assert!(s.load().notes.is_empty());
+        // A schema-2 key written plainly by hand: noted, so `commit` saves it on `#+`.
+        std::fs::write(
+            s.conf_path(),
+            format!("[Interface]\nPrivateKey = {k}\n[Gateway]\nFirewall = off\n"),
+        )
+        .unwrap();
+        let l = s.load();
+        assert!(!l.config.gateway.firewall);
+        assert_eq!(l.notes.len(), 1, "{:?}", l.notes);
+        assert!(
+            l.notes[0].starts_with("line 4: Firewall: firmware before configuration schema 2"),
+            "{:?}",
+            l.notes
+        );
+        s.save_text(&s.format.emit_saved(&l.config)).unwrap();
+        let l = s.load();
+        assert!(l.notes.is_empty() && !l.config.gateway.firewall);
+    }
 
     #[test]
     fn first_boot_file_written_once_0600() {
