@@ -527,7 +527,7 @@ pub fn check_sntp(data: &[u8]) {
 /// can see, never a used-up one over a usable other slot, and none only when neither
 /// slot has an entry; a counted name stays findable.
 pub fn check_uboot_entries(data: &[u8]) {
-    use riceguard::slots::*;
+    use riceguard_core::slots::*;
     let _ = parse_boot_var(data);
     let _ = sort_key_digit(data);
     let entries: Vec<(String, Vec<u8>)> = data
@@ -561,11 +561,12 @@ pub fn check_uboot_entries(data: &[u8]) {
     }
 }
 
-/// The files the appliance's processes share (`riceguard::run`), read as text: the
-/// status file's `heartbeat:` and `reload:` lines, a lease file, the commit-confirm
-/// records. Nothing panics; what a parser accepts, its writer writes back the same.
+/// The files the appliance's processes share (`riceguard::run`, and the commit-confirm
+/// records of `riceguard::perm`), read as text: the status file's `heartbeat:` and
+/// `reload:` lines, a lease file, the commit-confirm records. Nothing panics; what a parser accepts, its writer writes back the same.
 pub fn check_run_files(data: &[u8]) {
-    use riceguard::run::{confirm, lease::LeaseFile, status};
+    use riceguard::perm::confirm;
+    use riceguard::run::{lease::LeaseFile, status};
     let text = String::from_utf8_lossy(data);
     if let Some(b) = status::parse_heartbeats(&text) {
         assert_eq!(status::parse_heartbeats(&status::heartbeat_line(&b)), Some(b));

@@ -88,7 +88,7 @@ fn scripted_commit_and_show() {
     // The saved file is what `riceguard up --config` reads.
     let cfg = riceguard::core::ini::parse("riceguard.conf", &saved).expect("parses");
     assert_eq!(cfg.interface.listen_port, Some(51820));
-    let (cfg2, warning) = riceguard::console::load_with_fallback(&d.0);
+    let (cfg2, warning) = riceguard::perm::config::load_with_fallback(&d.0);
     assert_eq!((cfg2, warning), (cfg, None));
 
     // A second session sees it; a second commit keeps the first as history version 1.
@@ -317,7 +317,7 @@ fn full_tunnel_disable_and_the_file_older_firmware_reads() {
     assert_eq!(old.peers[0].name.as_deref(), Some("laptop"));
     assert_eq!(old.gateway.uplink, "lo");
     assert!(old.validate().is_ok());
-    let (cfg, warning) = riceguard::console::load_with_fallback(&root);
+    let (cfg, warning) = riceguard::perm::config::load_with_fallback(&root);
     assert_eq!((cfg, warning), (now, None));
 }
 

@@ -20,6 +20,7 @@ pub mod key;
 pub mod net;
 pub mod netplan;
 pub mod offload;
+pub mod slots;
 pub mod tcp_admission;
 pub mod uapi;
 pub mod uplink_overlap;

@@ -202,3 +202,47 @@ pub mod bundle {
         b
     }
 }
+
+/// 16 GPT-order bytes of a GUID text (the inverse of `slots::guid_text`).
+pub fn guid_bytes(t: &str) -> [u8; 16] {
+    let h: Vec<u8> = t
+        .replace('-', "")
+        .as_bytes()
+        .chunks(2)
+        .map(|c| u8::from_str_radix(std::str::from_utf8(c).unwrap(), 16).unwrap())
+        .collect();
+    let mut b: [u8; 16] = h.try_into().unwrap();
+    b[..4].reverse();
+    b[4..6].reverse();
+    b[6..8].reverse();
+    b
+}
+
+/// A disk's first bytes with a GPT: partition `n` has unique GUID `g`.
+pub fn gpt_disk(sector: usize, parts: &[(u32, &str)]) -> Vec<u8> {
+    let mut d = vec![0u8; sector * 2 + 128 * 128];
+    d[sector..sector + 8].copy_from_slice(b"EFI PART");
+    d[sector + 72..sector + 80].copy_from_slice(&2u64.to_le_bytes());
+    d[sector + 80..sector + 84].copy_from_slice(&128u32.to_le_bytes());
+    d[sector + 84..sector + 88].copy_from_slice(&128u32.to_le_bytes());
+    for (n, g) in parts {
+        let o = sector * 2 + (*n as usize - 1) * 128;
+        d[o..o + 16].copy_from_slice(&[0xAA; 16]);
+        d[o + 16..o + 32].copy_from_slice(&guid_bytes(g));
+    }
+    d
+}
+
+/// An efivarfs file holding `g` as systemd writes it (attributes, UTF-16LE, NUL).
+pub fn efivar_bytes(g: &str) -> Vec<u8> {
+    let mut v = vec![6, 0, 0, 0];
+    for u in g.encode_utf16().chain([0]) {
+        v.extend(u.to_le_bytes());
+    }
+    v
+}
+
+/// A partition GUID for disk `tag`, partition `n`.
+pub fn part_guid(tag: u8, n: u32) -> String {
+    format!("{tag:02X}{n:06X}-1111-4222-8333-444455556666")
+}

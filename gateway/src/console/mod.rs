@@ -8,8 +8,8 @@
 //! - [`command`]: the command language, `help`, and `set`/`delete` as edits of a `Config`
 //! - [`validate`]: field parsers and the whole-config gate [`validate::validate_candidate`]
 //! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own
-//! - [`store`]: files in DIR (saved config, history, password, confirm deadline), and
-//!   [`store::load_with_fallback`] for boot
+//! - [`store`]: the console's handle on DIR (saved config, history, password, confirm
+//!   deadline, client keys), whose files are [`crate::perm`]'s
 //! - saving goes through [`crate::store`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash (Argon2id) and
@@ -67,8 +67,6 @@ use line::{Event, LineEditor, MAX_LINE};
 use session::{Reply, Session};
 use store::{Format, Ini, Store};
 use system::{Clock, RawMode, SystemClock, SystemHooks};
-
-pub use store::load_with_fallback;
 
 const USAGE: &str = "usage: riceguard console --root DIR [--name NAME] [--socket PATH] [--pidfile PATH] [--status-file PATH] [--perm-unmounted]
   DIR          the appliance's perm partition (riceguard.conf, history/, console.argon2id)

@@ -102,21 +102,6 @@ enum Save {
     },
 }
 
-impl<T: Format + ?Sized> Format for Box<T> {
-    fn emit(&self, cfg: &Config) -> String {
-        (**self).emit(cfg)
-    }
-    fn emit_saved(&self, cfg: &Config) -> String {
-        (**self).emit_saved(cfg)
-    }
-    fn parse(&self, file: &str, text: &str) -> Result<Config, String> {
-        (**self).parse(file, text)
-    }
-    fn parse_noting(&self, file: &str, text: &str) -> Result<(Config, Vec<String>), String> {
-        (**self).parse_noting(file, text)
-    }
-}
-
 pub struct Session {
     store: Store<Box<dyn Format>>,
     hooks: Box<dyn Hooks>,

@@ -484,9 +484,9 @@ impl Hooks for SystemHooks {
         let mut out = vec![crate::run::clock::clock_line()];
         out.extend(crate::run::clock::note_lines());
         out.push(format!("version: riceguard {}", env!("CARGO_PKG_VERSION")));
-        if let Ok(v) = std::fs::read_to_string("/etc/riceguard/version") {
+        if let Ok(v) = std::fs::read_to_string(crate::image_paths::VERSION) {
             let build =
-                crate::update::parse_build_file(std::fs::read_to_string(crate::update::BUILD_FILE));
+                crate::update::parse_build_file(std::fs::read_to_string(crate::image_paths::BUILD));
             out.push(format!(
                 "firmware: {} (build {})",
                 v.trim().chars().take(100).collect::<String>(),

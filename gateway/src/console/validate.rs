@@ -8,7 +8,7 @@
 use std::net::IpAddr;
 
 use crate::core::config::{
-    Config, Endpoint, MasqueradeMode, NtpServer, OffloadMode, OverlapPolicy, ValidationError,
+    Config, Endpoint, MasqueradeMode, NtpServer, OffloadMode, OverlapPolicy,
 };
 use crate::core::key::Key;
 use crate::core::net::Cidr;
@@ -200,27 +200,8 @@ pub fn check_consistency(cfg: &Config) -> Vec<String> {
     cfg.problems().iter().map(ToString::to_string).collect()
 }
 
-/// The gate before a configuration is committed or used at boot: the same rules as
-/// `riceguard up` applies to a file (`Config::all_problems`), so the console never
-/// commits something the daemon would refuse. A missing key says what to run here.
-pub fn validate_candidate(cfg: &Config) -> Result<(), Vec<String>> {
-    let errs: Vec<String> = cfg
-        .all_problems()
-        .iter()
-        .map(|e| match e {
-            ValidationError::MissingPrivateKey => {
-                "the interface has no private key: run `genkey` (or `set interface private-key KEY`)"
-                    .to_string()
-            }
-            e => e.to_string(),
-        })
-        .collect();
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(errs)
-    }
-}
+/// The whole-configuration gate: `perm::config`'s, which boot-time loading goes through too.
+pub use crate::perm::config::validate_candidate;
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,8 @@ use crate::run::clock as files;
 use crate::sys::clock as sysclock;
 
 /// Written by the image builder: the image's `SOURCE_DATE_EPOCH`.
-pub(super) const BUILD_TIME_FILE: &str = "/etc/riceguard/build-time";
+use crate::image_paths::BUILD_TIME as BUILD_TIME_FILE;
+use crate::perm::clock::{read_saved, save_time, saved_path};
 
 /// The image's build time: [`BUILD_TIME_FILE`], else the binary's own modification time
 /// (the image builder sets every file's to `SOURCE_DATE_EPOCH`; a host build has its
@@ -40,7 +41,7 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
         }
     };
     let saved = if perm_ok {
-        files::read_saved(Path::new(files::SAVED))
+        read_saved(&saved_path())
     } else {
         None
     };
@@ -88,8 +89,8 @@ pub(super) fn first_answer_settled() -> bool {
 
 fn save(ahead: Duration) {
     let stamps = files::stamps_in(Path::new(files::RUN_DIR));
-    if let Err(e) = files::save_time(Path::new(files::SAVED), ahead, stamps) {
-        say!("clock: saving the time to {}: {e}", files::SAVED);
+    if let Err(e) = save_time(&saved_path(), ahead, stamps) {
+        say!("clock: saving the time to {}: {e}", saved_path().display());
     }
 }
 
@@ -119,7 +120,8 @@ impl Saver {
 /// At reboot/poweroff, after the services stopped (the gateway sends no more
 /// handshakes): the time plus a little.
 pub(super) fn save_at_halt() {
-    if Path::new(files::SAVED).parent().is_some_and(Path::exists) {
+    // Perm mounted (or its tmpfs stand-in): its directory is there.
+    if Path::new(crate::perm::DIR).exists() {
         save(policy::SAVE_AT_HALT);
     }
 }

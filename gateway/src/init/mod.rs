@@ -57,10 +57,8 @@ use self::cmdline::Cmdline;
 use self::supervise::{Spec, Supervisor};
 
 const NEWROOT: &str = "/newroot";
-const BOARD_FILE: &str = "/etc/riceguard/board.conf";
-const PERM: &str = "/perm";
-const CONFIG: &str = "/perm/riceguard.conf";
-const DEFAULT_CONFIG: &str = "/etc/riceguard/default.conf";
+use crate::image_paths::{BOARD_CONF as BOARD_FILE, DEFAULT_CONFIG};
+use crate::perm::{CONFIG, DIR as PERM};
 const ESP_MNT: &str = "/run/esp";
 const BIN: &str = "/usr/bin/riceguard";
 /// Console services are named `console-TTY` (one per terminal of the board).

@@ -4,6 +4,8 @@
 //! the console's arguments.
 
 use super::*;
+use crate::perm::config as perm_config;
+use crate::perm::confirm;
 
 pub(super) fn mount_perm() -> bool {
     mkdir(PERM);
@@ -18,14 +20,7 @@ pub(super) fn mount_perm() -> bool {
     let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME;
     match os::mount(&dev, PERM, "ext4", flags, None) {
         Ok(()) => {
-            mkdir("/perm/log");
-            let boots = std::fs::read_to_string("/perm/log/boots").unwrap_or_default();
-            let n = boots.trim().parse::<u64>().unwrap_or(0) + 1;
-            let _ = store::write(
-                Path::new("/perm/log/boots"),
-                format!("{n}\n").as_bytes(),
-                store::PUBLIC,
-            );
+            let (n, _) = crate::perm::boot_log::count_boot(Path::new(PERM));
             say!("perm mounted ({dev}, boot {n})");
             true
         }
@@ -54,23 +49,18 @@ pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
             Some("mode=0700"),
         );
     }
-    let path = Path::new(CONFIG);
-    if !path.exists() {
+    let dir = Path::new(PERM);
+    if !perm_config::conf_path(dir).exists() {
         let key = Key::generate_private(&mut rand_core::OsRng);
         let template = std::fs::read_to_string(DEFAULT_CONFIG).unwrap_or_else(|_| {
             "[Interface]\nPrivateKey = @PRIVATE_KEY@\nListenPort = 51820\n".into()
         });
-        let text = template.replace("@PRIVATE_KEY@", &key.to_base64());
-        // 0600 from creation: the file holds the private key.
-        match store::write(path, text.as_bytes(), store::SECRET) {
-            Ok(()) => say!("first boot: generated a private key into {CONFIG}"),
+        match perm_config::write_first(dir, &template, &key) {
+            Ok(_) => say!("first boot: generated a private key into {CONFIG}"),
             Err(e) => say!("first boot: writing {CONFIG}: {e}"),
         }
     }
-    let mut text = String::new();
-    if let Ok(f) = File::open(path) {
-        let _ = f.take(1 << 20).read_to_string(&mut text);
-    }
+    let text = perm_config::read_text(dir);
     if let Some(k) = private_key_line(&text) {
         eprintln!("riceguard: public key {}", k.public().to_base64());
     }
@@ -113,9 +103,9 @@ pub(super) fn confirm_overdue_at(
     boot_id: Option<&str>,
     now_boot: u64,
 ) -> Option<(u64, u64)> {
-    let d = crate::run::confirm::parse_marker(marker)?;
-    let rec = boot.and_then(crate::run::confirm::ConfirmBoot::parse);
-    let left = crate::run::confirm::confirm_left(d, rec.as_ref(), now, boot_id, now_boot);
+    let d = confirm::parse_marker(marker)?;
+    let rec = boot.and_then(confirm::ConfirmBoot::parse);
+    let left = confirm::confirm_left(d, rec.as_ref(), now, boot_id, now_boot);
     let late = left.checked_neg()?.max(0).unsigned_abs();
     (late > CONFIRM_GRACE_SECS).then_some((d, late))
 }
@@ -149,7 +139,7 @@ impl ConfirmGuard {
         if running.is_empty() {
             return;
         }
-        let path = Path::new(PERM).join(crate::run::confirm::CONFIRM);
+        let path = Path::new(PERM).join(confirm::CONFIRM);
         let Ok(text) = std::fs::read_to_string(&path) else {
             return;
         };
@@ -157,8 +147,7 @@ impl ConfirmGuard {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        let boot =
-            std::fs::read_to_string(Path::new(PERM).join(crate::run::confirm::CONFIRM_BOOT)).ok();
+        let boot = std::fs::read_to_string(Path::new(PERM).join(confirm::CONFIRM_BOOT)).ok();
         let Some((deadline, late)) = confirm_overdue_at(
             &text,
             boot.as_deref(),
@@ -389,19 +378,16 @@ pub(super) fn quiet_printk(old: &str) -> String {
     v.join(" ")
 }
 
-/// The file the gateway starts from: `/perm/riceguard.conf` when it loads and validates;
+/// The file the gateway starts from: the saved configuration when it loads and validates;
 /// otherwise the newest saved version that does (said on the console); in failsafe mode
 /// a copy without peers. Copies go to a tmpfs, so `/perm` is never rewritten here.
 pub(super) fn gateway_config(failsafe: bool) -> String {
-    let mut text = String::new();
-    if let Ok(f) = File::open(CONFIG) {
-        let _ = f.take(1 << 20).read_to_string(&mut text);
-    }
-    let saved_ok = crate::core::ini::parse(CONFIG, &text).is_ok_and(|c| c.validate().is_ok());
+    // The one loader the consoles use too: no warning means the saved file itself.
+    let (mut cfg, warning) = perm_config::load_with_fallback(Path::new(PERM));
+    let saved_ok = warning.is_none();
     if saved_ok && !failsafe {
         return CONFIG.into();
     }
-    let (mut cfg, warning) = crate::console::load_with_fallback(Path::new(PERM));
     if let Some(w) = warning {
         say!("config: {w}");
     }
@@ -414,7 +400,8 @@ pub(super) fn gateway_config(failsafe: bool) -> String {
     }
     if cfg.interface.private_key.is_none() {
         cfg.interface.private_key = Some(
-            private_key_line(&text).unwrap_or_else(|| Key::generate_private(&mut rand_core::OsRng)),
+            private_key_line(&perm_config::read_text(Path::new(PERM)))
+                .unwrap_or_else(|| Key::generate_private(&mut rand_core::OsRng)),
         );
     }
     let out = crate::core::ini::emit(&cfg);

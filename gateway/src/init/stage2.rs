@@ -18,7 +18,7 @@ pub(super) fn stage2() -> ! {
     let _ = os::mount("tmpfs", "/dev/shm", "tmpfs", nodev, None);
     let _ = os::mount("tmpfs", "/tmp", "tmpfs", nodev, Some("mode=1777"));
     mkdir(crate::run::RUN_DIR);
-    mkdir("/run/wireguard");
+    mkdir(crate::run::UAPI_DIR);
     let cmd = read_cmdline();
     let board = read_board();
     let slot = cmd.slot.unwrap_or('a');
@@ -248,7 +248,10 @@ pub(super) fn stage2() -> ! {
             match watch.observe(now, &probe) {
                 health::HealthChange::Up => {
                     sup.health("gateway", true, now);
-                    say!("gateway up (UAPI /var/run/wireguard/{ifname}.sock answers, worker heartbeats move)");
+                    say!(
+                        "gateway up (UAPI {} answers, worker heartbeats move)",
+                        crate::run::uapi_socket(&ifname).display()
+                    );
                     if !marked {
                         marked = true;
                         mark_boot_good(slot);

@@ -1,14 +1,12 @@
-//! The clock's files: init's boot-floor record ([`BOOT_RECORD`]), the NTP client's state
-//! ([`STATE`]) and this boot's stamps ([`STAMPS`]) in the run directory, and the saved
-//! time on perm ([`SAVED`]), written by init and `riceguard ntp` and read by both, the
-//! console and `riceguard status`. The formats themselves are `core::clock`'s
+//! The clock's files in the run directory: init's boot-floor record ([`BOOT_RECORD`]),
+//! the NTP client's state ([`STATE`]) and this boot's stamps ([`STAMPS`]), written by init
+//! and `riceguard ntp` and read by both, the console and `riceguard status` (the saved
+//! time on perm is `perm::clock`'s). The formats themselves are `core::clock`'s
 //! (`BootRecord`, `NtpState`, `Stamps`, `SavedTime`, each with its text form and reader);
 //! this file names the files, reads and writes them, and makes the `clock:` and `ntp:`
 //! lines shown from them.
 
-use std::io;
 use std::path::Path;
-use std::time::Duration;
 
 use crate::core::clock::{self as policy, BootRecord, NtpState};
 use crate::sys::clock as sysclock;
@@ -21,33 +19,9 @@ pub use crate::run::RUN_DIR;
 pub const STATE: &str = "clock";
 /// Init's boot-floor record, in [`RUN_DIR`].
 pub const BOOT_RECORD: &str = "clock.boot";
-/// The saved time on perm.
-pub const SAVED: &str = "/perm/clock";
 /// This boot's stamps against its clock ([`policy::Stamps`]), in [`RUN_DIR`]: written by
 /// the client, read by every save.
 pub const STAMPS: &str = "clock.stamps";
-
-/// The saved time in `path`, if it reads.
-pub fn read_saved(path: &Path) -> Option<policy::SavedTime> {
-    policy::SavedTime::from_text(&std::fs::read_to_string(path).ok()?)
-}
-
-/// Save the clock plus this boot's stamp lead plus `ahead` to `path`, atomically
-/// (`store::write`) and under a lock beside it: init's saver and this client both write
-/// it. With `stamps.agrees` the clock and the lead are recorded too.
-pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Result<i64> {
-    use nix::fcntl::{Flock, FlockArg};
-    let lock = path.with_file_name(".clock.lock");
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock)?;
-    let _held = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
-    let rec = policy::SavedTime::at(sysclock::realtime(), stamps, ahead);
-    crate::store::write(path, rec.to_text().as_bytes(), crate::store::PUBLIC)?;
-    Ok(rec.floor)
-}
 
 /// [`STAMPS`] in `dir` (nothing known when it is missing or unreadable).
 pub fn stamps_in(dir: &Path) -> policy::Stamps {
@@ -109,6 +83,7 @@ pub fn write_state(dir: &Path, state: &NtpState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perm::clock::{read_saved, save_time};
 
     #[test]
     fn saved_time_round_trip_and_clock_line() {

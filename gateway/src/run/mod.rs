@@ -9,8 +9,9 @@
 //!   `reload:` generation polled until it moves or a deadline passes);
 //! - [`lease`]: the DHCP client's lease files and the lines shown from them;
 //! - [`clock`]: the clock's files (init's boot record, the NTP client's state and
-//!   stamps, the saved time on perm) and the `clock:` / `ntp:` lines shown from them;
-//! - [`confirm`]: the pending commit-confirm record on perm (consoles and init).
+//!   stamps) and the `clock:` / `ntp:` lines shown from them.
+//!
+//! What the boots share on the perm partition is [`crate::perm`]'s, the same way.
 //!
 //! `RG_RUN_DIR` moves [`run_dir`] for tests on a host (the daemon-side files then land in
 //! a test's own directory, never in the host's `/run`).
@@ -18,7 +19,6 @@
 use std::path::{Path, PathBuf};
 
 pub mod clock;
-pub mod confirm;
 pub mod lease;
 pub mod reload;
 pub mod status;

@@ -51,12 +51,10 @@ const KEY_DEFAULT: &str = "riceguard-0";
 const KEY_OTHER: &str = "riceguard-1";
 /// A UKI bigger than this is refused (arm64 UKIs with an uncompressed Image are ~40 MiB).
 pub const MAX_UKI: u64 = 256 << 20;
-pub const PUBLIC_KEY: &str = "/etc/riceguard/update.pub";
 /// The running root's build number (`image/build.sh` writes it; see `core::bundle`).
-pub const BUILD_FILE: &str = "/etc/riceguard/build";
+use crate::image_paths::BUILD as BUILD_FILE;
+use crate::image_paths::UPDATE_PUB as PUBLIC_KEY;
 use crate::run::ESP_UPDATE_MNT as ESP_MNT;
-/// A file on perm naming a bundle to install once after a good boot (tests, USB drop-in).
-pub const BOOT_REQUEST: &str = "/perm/update-on-boot";
 
 #[derive(Debug)]
 #[non_exhaustive]
@@ -582,9 +580,9 @@ impl Drop for DevicePlatform {
     }
 }
 
-/// `BOARD=` of /etc/riceguard/board.conf.
+/// `BOARD=` of the image's board file (`image_paths::BOARD_CONF`).
 fn board_name() -> Option<String> {
-    let t = std::fs::read_to_string("/etc/riceguard/board.conf").ok()?;
+    let t = std::fs::read_to_string(crate::image_paths::BOARD_CONF).ok()?;
     t.lines()
         .find_map(|l| l.trim().strip_prefix("BOARD="))
         .map(|s| s.trim().trim_matches('"').to_string())
@@ -603,9 +601,10 @@ impl Platform for DevicePlatform {
     fn device_info(&self) -> Result<DeviceInfo, UpdateError> {
         Ok(DeviceInfo {
             board: board_name().ok_or_else(|| {
-                UpdateError::Setup(
-                    "no BOARD= in /etc/riceguard/board.conf: not a RiceGuard image".into(),
-                )
+                UpdateError::Setup(format!(
+                    "no BOARD= in {}: not a RiceGuard image",
+                    crate::image_paths::BOARD_CONF
+                ))
             })?,
             arch: std::env::consts::ARCH.to_string(),
             compat: bundle::COMPAT,
@@ -774,26 +773,17 @@ pub fn rollback_main(args: &[String]) -> ExitCode {
     }
 }
 
-/// After a good boot: install the first bundle (one source a line) named in
-/// /perm/update-on-boot that verifies, once (the file
-/// is renamed to `.done` first, so a bundle that fails can never loop). Runs the update
-/// as a child process so its output goes to the console and init keeps supervising.
+/// After a good boot: install the first bundle named in the update-on-boot request
+/// (`perm::update`) that verifies, once (the request is renamed to `.done` first, so a
+/// bundle that fails can never loop). Runs the update as a child process so its output
+/// goes to the console and init keeps supervising.
 pub fn boot_request(bin: &str, say: &mut dyn FnMut(&str)) {
-    let Ok(text) = std::fs::read_to_string(BOOT_REQUEST) else {
+    let Some(srcs) = crate::perm::update::take(Path::new(crate::perm::DIR)) else {
         return;
     };
-    let done = format!("{BOOT_REQUEST}.done");
-    if store::rename(Path::new(BOOT_REQUEST), Path::new(&done)).is_err() {
-        return;
-    }
-    let srcs: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .take(8)
-        .collect();
     say(&format!(
-        "update requested in {BOOT_REQUEST}: {}",
+        "update requested in {}: {}",
+        crate::perm::update::request_path().display(),
         srcs.join(" ")
     ));
     match std::process::Command::new(bin)

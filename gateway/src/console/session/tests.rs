@@ -7,8 +7,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::console::store::tests::TableFormat;
 use crate::console::system::{Clock, Hooks, JobReport, Uplink};
+use crate::perm::config::tests::TableFormat;
 use crate::testutil::TempDir;
 
 #[derive(Clone)]

@@ -37,7 +37,8 @@ use crate::core::clock::{
 use crate::sys::clock as sysclock;
 // The clock's files (their names and formats, the `clock:` and `ntp:` lines) are
 // `run::clock`'s: init and the console read them too.
-use crate::run::clock::{save_time, stamps_in, write_stamps, write_state, BOOT_RECORD, SAVED};
+use crate::perm::clock::{save_time, saved_path};
+use crate::run::clock::{stamps_in, write_stamps, write_state, BOOT_RECORD};
 
 const REFRESH: Duration = Duration::from_secs(10);
 const RESOLVE_OK: Duration = Duration::from_secs(1800);
@@ -133,8 +134,8 @@ impl Clock {
             agrees: false,
             ..self.stamps
         };
-        if let Err(e) = save_time(Path::new(SAVED), ahead, st) {
-            log::warn!("ntp: saving the time to {SAVED}: {e}");
+        if let Err(e) = save_time(&saved_path(), ahead, st) {
+            log::warn!("ntp: saving the time to {}: {e}", saved_path().display());
         }
         sysclock::step(by)
     }
@@ -151,8 +152,8 @@ impl Clock {
         if self.dry_run {
             return;
         }
-        if let Err(e) = save_time(Path::new(SAVED), policy::SAVE_AHEAD, self.stamps) {
-            log::warn!("ntp: saving the time to {SAVED}: {e}");
+        if let Err(e) = save_time(&saved_path(), policy::SAVE_AHEAD, self.stamps) {
+            log::warn!("ntp: saving the time to {}: {e}", saved_path().display());
         }
     }
     fn synced(&self) {
