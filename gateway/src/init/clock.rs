@@ -3,14 +3,17 @@
 //! `/perm/clock` and the image's build time; then the time is saved ahead of the clock
 //! every `SAVE_EVERY` from the supervision loop, and at reboot/poweroff.
 
-use super::*;
-use crate::core::clock::{self as policy, BootRecord, UnixTime};
-use crate::run::clock as files;
-use crate::sys::clock as sysclock;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
+use crate::core::clock::{self as policy, BootRecord, UnixTime};
 /// Written by the image builder: the image's `SOURCE_DATE_EPOCH`.
 use crate::image_paths::BUILD_TIME as BUILD_TIME_FILE;
 use crate::perm::clock::{read_saved, save_time, saved_path};
+use crate::run::clock as files;
+use crate::store;
+use crate::sys::clock as sysclock;
 
 /// The image's build time: [`BUILD_TIME_FILE`], else the binary's own modification time
 /// (the image builder sets every file's to `SOURCE_DATE_EPOCH`; a host build has its

@@ -1,7 +1,9 @@
 //! Hugepages for the packet buffer pools: what the configured workers need (`Cores` x
 //! `Buffers`), within the board's budget, reserved before the gateway starts.
 
-use super::*;
+use crate::core::config::GatewayConfig;
+
+use super::board::Board;
 
 /// Hugepages the gateway's buffer pools take: one pool per worker (`Cores`, else every
 /// online core), `Buffers` buffers each; none when io_uring or hugepages are off. Without

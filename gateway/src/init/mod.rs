@@ -16,7 +16,8 @@
 //!
 //! Every step prints one `riceguard-init:` line on the console; tests grep for them.
 //!
-//! One file per concern, as gokrazy splits its init: `stage1.rs` (mounts, switch root),
+//! One file per concern, as gokrazy splits its init: `common.rs` (the paths, delays and
+//! helpers both stages use), `stage1.rs` (mounts, switch root),
 //! `modules.rs`, `stage2.rs` (boot sequence and the supervision loop), `perm.rs` (perm,
 //! the configuration and its fallbacks, failsafe prompt, commit-confirm guard),
 //! `hugepages.rs`, `network.rs` (lo, uplink by static address or DHCP, USO report,
@@ -30,46 +31,7 @@ pub mod health;
 pub mod supervise;
 pub mod sysctl;
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
-use std::time::{Duration, Instant};
-
-use nix::mount::MsFlags;
-use nix::sys::signal::{SigSet, Signal};
-use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
-
-use crate::core::config::GatewayConfig;
-use crate::core::key::Key;
-use crate::core::net::Cidr;
-use crate::slots;
-use crate::store;
-use crate::sys::netlink::{Netlink, Route};
-use crate::sys::os;
-
-use self::board::Board;
-use self::cmdline::Cmdline;
-use self::supervise::{Spec, Supervisor};
-
-const NEWROOT: &str = "/newroot";
-use crate::image_paths::{BOARD_CONF as BOARD_FILE, DEFAULT_CONFIG};
-use crate::perm::{CONFIG, DIR as PERM};
-const ESP_MNT: &str = "/run/esp";
-const BIN: &str = "/usr/bin/riceguard";
-/// Console services are named `console-TTY` (one per terminal of the board).
-const CONSOLE_SERVICE: &str = "console";
-/// First delay before a service that exited is started again (gokrazy: 1 s); it doubles
-/// up to 60 s while the service keeps failing, so a gateway that fails at once does not
-/// flood the serial line (`supervise::Backoff`).
-const RESTART_DELAY: Duration = Duration::from_secs(1);
-/// How long the gateway has to answer on its UAPI socket before this boot is left
-/// unmarked (systemd-boot then counts it down and eventually falls back).
-const HEALTH_DEADLINE: Duration = Duration::from_secs(180);
+use std::process::ExitCode;
 
 macro_rules! say {
     ($($t:tt)*) => { eprintln!("riceguard-init: {}", format_args!($($t)*)) };
@@ -77,6 +39,7 @@ macro_rules! say {
 
 // One file per concern (declared after `say!`, which they use).
 mod clock;
+mod common;
 mod hugepages;
 mod modules;
 mod network;
@@ -85,13 +48,9 @@ mod stage1;
 mod stage2;
 mod watch;
 
-use self::hugepages::*;
-use self::modules::*;
-use self::network::*;
-use self::perm::*;
-use self::stage1::*;
-use self::stage2::*;
-use self::watch::*;
+use self::common::emergency;
+use self::stage1::stage1;
+use self::stage2::stage2;
 
 pub fn main(args: &[String]) -> ExitCode {
     if std::process::id() != 1 {
@@ -105,38 +64,4 @@ pub fn main(args: &[String]) -> ExitCode {
         say!("FATAL: {e}");
         emergency();
     }
-}
-
-/// Nothing more can be done: leave the message readable, then reboot so the boot counter
-/// goes down and systemd-boot can fall back to the other slot.
-fn emergency() -> ! {
-    say!("rebooting in 10s");
-    std::thread::sleep(Duration::from_secs(10));
-    os::sync();
-    let e = os::halt(os::Halt::Reboot);
-    say!("reboot failed: {e}");
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
-}
-
-fn mkdir(p: &str) {
-    let _ = std::fs::create_dir_all(p);
-}
-
-fn read_board() -> Board {
-    let text = std::fs::read_to_string(BOARD_FILE).unwrap_or_default();
-    let (b, errs) = board::parse(&text);
-    for e in errs {
-        say!("{e}");
-    }
-    b
-}
-
-fn read_cmdline() -> Cmdline {
-    let c = cmdline::parse(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
-    for e in &c.errors {
-        say!("kernel command line: {e}");
-    }
-    c
 }

@@ -1,7 +1,9 @@
 //! Kernel modules: the board's list in order, each after its dependencies from
 //! `modules.dep` (built-ins skipped), loaded with `finit_module`.
 
-use super::*;
+use std::path::PathBuf;
+
+use crate::sys::os;
 
 /// Load each module with its dependencies first, as `modules.dep` lists them.
 pub(super) fn load_modules(names: &[String]) {

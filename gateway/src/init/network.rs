@@ -1,7 +1,16 @@
 //! Network bring-up: lo, the uplink (a static address, or the supervised DHCP client
 //! with SLAAC), what its NIC offers (USO), and RPS/XPS steering to the data-plane cores.
 
-use super::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::core::config::GatewayConfig;
+use crate::core::net::Cidr;
+use crate::sys::netlink::{Netlink, Route};
+
+use super::board;
+use super::board::Board;
+use super::cmdline::Cmdline;
 
 /// Bring up `lo` and the uplink with its static address (`riceguard.uplink=` on the
 /// kernel command line, else `UplinkAddress`). Without one the uplink is left to DHCP

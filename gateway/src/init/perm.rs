@@ -3,9 +3,25 @@
 //! commit-confirm guard, the early failsafe prompt (the gateway without peers), and
 //! the console's arguments.
 
-use super::*;
-use crate::perm::config as perm_config;
-use crate::perm::confirm;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::mount::MsFlags;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+
+use crate::core::config::GatewayConfig;
+use crate::core::key::Key;
+use crate::image_paths::DEFAULT_CONFIG;
+use crate::perm::{config as perm_config, confirm, CONFIG, DIR as PERM};
+use crate::sys::os;
+use crate::{slots, store};
+
+use super::common::{mkdir, BIN, CONSOLE_SERVICE};
+use super::supervise;
+use super::supervise::Supervisor;
 
 pub(super) fn mount_perm() -> bool {
     mkdir(PERM);

@@ -2,7 +2,20 @@
 //! find `root-<slot>` by GPT label, mount its squashfs, empty the initramfs and switch
 //! into the root (then exec its own `/sbin/init --stage2`).
 
-use super::*;
+use std::fs::OpenOptions;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::mount::MsFlags;
+
+use crate::slots;
+use crate::sys::os;
+
+use super::common::{mkdir, read_board, read_cmdline, NEWROOT};
+use super::modules::load_modules;
 
 pub(super) fn mount_basics() {
     mkdir("/dev");

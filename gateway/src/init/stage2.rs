@@ -2,7 +2,30 @@
 //! hugepages, uplink, RPS/XPS, watchdog) and then the supervision loop: services started
 //! and restarted, the gateway's health watched, signals, reboot and poweroff.
 
-use super::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::mount::MsFlags;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+
+use crate::perm::DIR as PERM;
+use crate::sys::os;
+
+use super::common::{
+    emergency, mkdir, read_board, read_cmdline, BIN, CONSOLE_SERVICE, ESP_MNT, HEALTH_DEADLINE,
+    RESTART_DELAY,
+};
+use super::hugepages::{hugepages_needed, reserve_hugepages};
+use super::network::{steer_rps, uplink};
+use super::perm::{
+    console_argv, failsafe_prompt, gateway_config, load_config, mount_perm, quiet_kernel_console,
+    resolve_consoles, ConfirmGuard, FAILSAFE_WAIT,
+};
+use super::supervise::{Spec, Supervisor};
+use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, Watchdog};
+use super::{clock, health, supervise, sysctl};
 
 pub(super) fn stage2() -> ! {
     let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;

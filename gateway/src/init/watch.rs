@@ -1,7 +1,19 @@
 //! The gateway's health as init sees it (the UAPI answers, worker heartbeats move; the
 //! policy is `health.rs`), the hardware watchdog, and marking the boot good.
 
-use super::*;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::mount::MsFlags;
+
+use crate::slots;
+use crate::sys::os;
+
+use super::board::Board;
+use super::common::{mkdir, ESP_MNT};
+use super::health;
 
 /// One look at the gateway for the health watch: its UAPI answer and the worker
 /// heartbeats of its status file.
