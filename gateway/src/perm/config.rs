@@ -25,8 +25,7 @@ use crate::store::{self as durable, SECRET};
 
 pub const CONF: &str = "riceguard.conf";
 pub const HISTORY: &str = "history";
-/// How many previous versions are kept.
-pub const KEEP: usize = 10;
+pub use super::KEEP;
 /// flock()ed while a commit checks and replaces the files.
 pub const LOCK: &str = ".lock";
 /// The most of the saved file init reads.

@@ -55,6 +55,10 @@ pub fn path(name: &str) -> PathBuf {
     PathBuf::from(DIR).join(name)
 }
 
+/// How many previous versions of the saved configuration are kept (`config.rs`'s
+/// `history/`; here because [`StoreError`] says it too).
+pub const KEEP: usize = 10;
+
 /// Why a file on perm could not be read or written as asked. Nothing was changed unless
 /// said.
 #[derive(Debug)]
@@ -76,7 +80,7 @@ impl fmt::Display for StoreError {
                 write!(
                     f,
                     "no saved version {n} (versions 1 to {} are kept; see `show history`)",
-                    config::KEEP
+                    KEEP
                 )
             }
             StoreError::Unusable { path, msg } => {
