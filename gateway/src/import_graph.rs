@@ -1,9 +1,13 @@
-//! The check that `driver/`'s imports have no circle: between files, and between its
-//! folders (`dataplane`, `tcp`, `daemon`, `appliance`). It reads the sources, resolves
-//! every `crate::driver::…`, `super::…` and `self::…` path (and each name of a `{…}`
+//! The check that the sources' imports have no circle: between the files of each crate
+//! (this one and the core), between their top-level folders, and, finer, between
+//! `driver/`'s folders (`dataplane`, `tcp`, `daemon`, `appliance`); and that no file but a
+//! test module imports its parent wholesale (`use super::*`). It reads the sources,
+//! resolves every `crate::…`, `super::…` and `self::…` path (and each name of a `{…}`
 //! group) to the file that defines the module, and looks for strongly connected
-//! components. A path into an inline `mod tests { … }` that starts with `super::`
-//! first leaves the inline module, as the compiler does.
+//! components. A path into an inline `mod tests { … }` that starts with `super::` first
+//! leaves the inline module, as the compiler does. Test code (inline `mod tests`, a
+//! `tests.rs`) and a parent publishing its child's items (`pub use child::…`) are not
+//! imports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,7 +16,7 @@ type Module = Vec<String>;
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("driver/ is readable")
+        .expect("the source folder is readable")
         .map(|e| e.expect("a directory entry").path())
         .collect();
     entries.sort();
@@ -26,7 +30,7 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn module_of(root: &Path, file: &Path) -> Module {
-    let rel = file.strip_prefix(root).expect("under driver/");
+    let rel = file.strip_prefix(root).expect("under the root");
     let mut m: Module = rel
         .with_extension("")
         .iter()
@@ -65,10 +69,10 @@ fn is_ident(c: u8) -> bool {
 }
 
 /// The paths at `src`: each as its segments, with where it starts.
-fn paths(src: &str) -> Vec<(usize, Vec<String>)> {
+fn paths(src: &str, prefix: &str) -> Vec<(usize, Vec<String>)> {
     let b = src.as_bytes();
     let mut out = Vec::new();
-    for start in ["crate::driver::", "super::", "self::"]
+    for start in [prefix, "super::", "self::"]
         .iter()
         .flat_map(|p| src.match_indices(p).map(|(i, _)| i))
     {
@@ -92,7 +96,8 @@ fn paths(src: &str) -> Vec<(usize, Vec<String>)> {
                 break;
             }
         }
-        if src[i..].starts_with('{') {
+        let group = src[i..].starts_with('{');
+        if group {
             // A group: each name, one level deep.
             let end = block_end(b, i + 1);
             let inner = &src[i + 1..end.saturating_sub(1)];
@@ -121,12 +126,19 @@ fn paths(src: &str) -> Vec<(usize, Vec<String>)> {
                 item.push(c);
             }
         }
-        out.push((start, segs));
+        // A group names its items: `use super::{clock, mkdir}` imports the sibling
+        // `clock` and the parent's `mkdir`, each counted above, not the parent as such.
+        if !group {
+            out.push((start, segs));
+        }
     }
     out
 }
 
-fn graph(root: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+/// The import graph of the files under `root`, whose modules `prefix` (`crate::driver::`,
+/// `crate::`) names.
+fn graph(root: &Path, prefix: &str) -> BTreeMap<Module, BTreeSet<Module>> {
+    let skip = prefix.matches("::").count();
     let mut list = Vec::new();
     files(root, &mut list);
     let mods: BTreeSet<Module> = list.iter().map(|f| module_of(root, f)).collect();
@@ -140,6 +152,11 @@ fn graph(root: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
     let mut edges = BTreeMap::new();
     for f in &list {
         let me = module_of(root, f);
+        // A test module's file (`tests.rs`) may use anything, as an inline one may.
+        if me.last().is_some_and(|m| m == "tests") {
+            edges.insert(me, BTreeSet::new());
+            continue;
+        }
         let src = strip_comments(&std::fs::read_to_string(f).expect("a source file"));
         let b = src.as_bytes();
         let inline: Vec<(usize, usize)> =
@@ -155,6 +172,20 @@ fn graph(root: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
                         })
                 })
                 .collect();
+        // Test code (an inline `mod tests { … }`) may use anything: its paths are not
+        // the file's imports.
+        let tests: Vec<(usize, usize)> = inline
+            .iter()
+            .filter(|(a, _)| src[*a..].starts_with("mod tests"))
+            .copied()
+            .collect();
+        let in_tests = |i: usize| tests.iter().any(|(a, b)| *a <= i && i < *b);
+        // A parent publishing its child's items (`pub use client::{…}` in a mod.rs) is
+        // the module's shape, not an import of the child.
+        let reexport = |i: usize| {
+            let line = src[..i].rsplit('\n').next().unwrap_or("").trim_start();
+            line.starts_with("pub use ") || line.starts_with("pub(crate) use ")
+        };
         let mut out = BTreeSet::new();
         // Bare paths to a child module (`worker::run` in a mod.rs).
         for child in mods
@@ -162,16 +193,20 @@ fn graph(root: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
             .filter(|c| c.len() == me.len() + 1 && c.starts_with(&me))
         {
             let name = format!("{}::", child[me.len()]);
-            if src
-                .match_indices(&name)
-                .any(|(i, _)| i == 0 || !(is_ident(b[i - 1]) || b[i - 1] == b':'))
-            {
+            if src.match_indices(&name).any(|(i, _)| {
+                (i == 0 || !(is_ident(b[i - 1]) || b[i - 1] == b':'))
+                    && !in_tests(i)
+                    && !reexport(i)
+            }) {
                 out.insert(child.clone());
             }
         }
-        for (at, segs) in paths(&src) {
+        for (at, segs) in paths(&src, prefix) {
+            if in_tests(at) {
+                continue;
+            }
             let target = if segs.first().is_some_and(|s| s == "crate") {
-                resolve(&segs[2..])
+                resolve(&segs[skip..])
             } else {
                 let mut inline_depth = inline.iter().filter(|(a, b)| *a <= at && at < *b).count();
                 let mut base = me.clone();
@@ -264,7 +299,7 @@ fn root() -> PathBuf {
 
 #[test]
 fn no_circle_between_driver_files() {
-    let g = graph(&root());
+    let g = graph(&root(), "crate::driver::");
     assert!(g.len() > 20, "the sources were found: {:?}", g.keys());
     let c = circles(&g);
     assert!(c.is_empty(), "circles of imports between files: {c:?}");
@@ -273,7 +308,7 @@ fn no_circle_between_driver_files() {
 #[test]
 fn no_circle_between_driver_folders() {
     let mut folders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for (from, to) in graph(&root()) {
+    for (from, to) in graph(&root(), "crate::driver::") {
         let Some(a) = from.first() else { continue };
         for b in to.iter().filter_map(|t| t.first()) {
             if a != b {
@@ -303,7 +338,7 @@ fn the_check_sees_a_circle() {
     )
     .unwrap();
     std::fs::write(dir.0.join("a/y.rs"), "use super::{x::X, z};\n").unwrap();
-    let g = graph(&dir.0);
+    let g = graph(&dir.0, "crate::driver::");
     let x = vec!["a".to_string(), "x".to_string()];
     let y = vec!["a".to_string(), "y".to_string()];
     assert_eq!(
@@ -313,4 +348,72 @@ fn the_check_sees_a_circle() {
     );
     assert!(g[&y].contains(&x));
     assert_eq!(circles(&g).len(), 1);
+}
+
+fn crate_root(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// The top-level folders (and files) of `g` and their imports of each other.
+fn top_level(g: &BTreeMap<Module, BTreeSet<Module>>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut folders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in g {
+        let Some(a) = from.first() else { continue };
+        for b in to.iter().filter_map(|t| t.first()) {
+            if a != b {
+                folders.entry(a.clone()).or_default().insert(b.clone());
+            }
+        }
+    }
+    folders
+}
+
+#[test]
+fn no_circle_in_either_crate() {
+    for rel in ["src", "core/src"] {
+        let g = graph(&crate_root(rel), "crate::");
+        assert!(
+            g.len() > 30,
+            "{rel}: the sources were found: {:?}",
+            g.keys()
+        );
+        let c = circles(&g);
+        assert!(
+            c.is_empty(),
+            "{rel}: circles of imports between files: {c:?}"
+        );
+        let c = circles(&top_level(&g));
+        assert!(
+            c.is_empty(),
+            "{rel}: circles of imports between folders: {c:?}"
+        );
+    }
+    // The whole-crate graph sees across folders.
+    let g = top_level(&graph(&crate_root("src"), "crate::"));
+    assert!(g.get("init").is_some_and(|d| d.contains("perm")), "{g:?}");
+    assert!(
+        !g.get("init").is_some_and(|d| d.contains("console")),
+        "init imports console: {g:?}"
+    );
+}
+
+#[test]
+fn no_file_imports_its_parent_wholesale() {
+    let mut bad = Vec::new();
+    for rel in ["src", "core/src"] {
+        let root = crate_root(rel);
+        let mut list = Vec::new();
+        files(&root, &mut list);
+        for f in list.iter().filter(|f| !f.ends_with("tests.rs")) {
+            let src = std::fs::read_to_string(f).expect("a source file");
+            // At the file's top level (a test module's `use super::*` is indented).
+            if src.lines().any(|l| l.trim_end() == "use super::*;") {
+                bad.push(f.strip_prefix(&root).unwrap_or(f).display().to_string());
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files with a top-level `use super::*;`: {bad:?}"
+    );
 }

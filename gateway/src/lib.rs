@@ -10,6 +10,8 @@ pub mod console;
 pub use riceguard_core as core;
 pub mod driver;
 pub mod image_paths;
+#[cfg(test)]
+mod import_graph;
 pub mod init;
 pub mod logger;
 pub mod perm;

@@ -10,6 +10,3 @@ pub mod appliance;
 pub mod daemon;
 pub mod dataplane;
 pub mod tcp;
-
-#[cfg(test)]
-mod import_graph;
