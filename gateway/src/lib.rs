@@ -1,9 +1,10 @@
 //! RiceGuard: the WireGuard gateway appliance in one static binary.
 //!
 //! Layers (see ARCHITECTURE.md): `core` is the sans-IO protocol and format code,
-//! `sys` is the only place `unsafe` lives (kernel interfaces), `driver` runs the
-//! loops that join the two. `init`, `console` and `cli` are the binary's other faces.
-#![deny(unsafe_code)]
+//! `sys` (the crate `riceguard-sys`) is the only place `unsafe` lives (kernel
+//! interfaces), `driver` runs the loops that join the two. `init`, `console` and `cli` are
+//! the binary's other faces. This crate has no `unsafe`: `forbid`, which no module can lift.
+#![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod console;
@@ -18,7 +19,7 @@ pub mod perm;
 pub mod run;
 pub mod slots;
 pub mod store;
-pub mod sys;
+pub use riceguard_sys as sys;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod update;

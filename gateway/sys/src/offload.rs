@@ -32,10 +32,10 @@
 //!    Without `vnet_hdr`, write the plain packets directly.
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use crate::core::config::OffloadMode;
-use crate::core::offload::{decide, OffloadDecision};
-use crate::sys::ethtool::{self, NicFeatures};
-use crate::sys::udp::UdpSocket;
+use crate::ethtool::{self, NicFeatures};
+use crate::udp::UdpSocket;
+use riceguard_core::config::OffloadMode;
+use riceguard_core::offload::{decide, OffloadDecision};
 
 /// The interface the kernel would route `toward` through, found without sending
 /// anything: connect a UDP socket (no packet leaves), read its source address and find
@@ -95,8 +95,8 @@ pub fn decide_and_apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::udp::UdpOptions;
     use crate::testutil::{in_new_netns, ip};
+    use crate::udp::UdpOptions;
 
     #[test]
     #[ignore = "needs root (network namespaces, /dev/net/tun): ci/test.sh unit runs it with --include-ignored"]
@@ -119,7 +119,7 @@ mod tests {
             let d = decide_and_apply(Some("rgoa"), OffloadMode::Auto, &[&s]);
             assert_eq!(
                 d.udp_tx,
-                crate::core::offload::UdpTx::HardwareUso,
+                riceguard_core::offload::UdpTx::HardwareUso,
                 "{}",
                 d.reason
             );
@@ -129,7 +129,7 @@ mod tests {
             assert!(s.gso_enabled() && s.gro_enabled());
 
             let d = decide_and_apply(Some("rgoa"), OffloadMode::Mmsg, &[&s]);
-            assert_eq!(d.udp_tx, crate::core::offload::UdpTx::Mmsg);
+            assert_eq!(d.udp_tx, riceguard_core::offload::UdpTx::Mmsg);
             assert!(!s.gso_enabled() && !s.gro_enabled());
         });
     }

@@ -11,7 +11,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::core::offload::{FeatureState, NicOffloads};
+use riceguard_core::offload::{FeatureState, NicOffloads};
 
 const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const ETHTOOL_GSTRINGS: u32 = 0x1b;

@@ -1,6 +1,6 @@
 //! Small OS operations init needs that `std` lacks: mounting, module loading, the root
 //! switch, sessions for supervised children, reboot. Thin wrappers, one per kernel call;
-//! the policy (what to mount where, in which order) lives in `crate::init`.
+//! the policy (what to mount where, in which order) lives in the gateway's `init/`.
 
 use std::ffi::CString;
 use std::fs::File;

@@ -23,9 +23,9 @@ use nix::sys::socket::{
 use nix::sys::time::TimeVal;
 
 use super::netlink::{attrs, put_attr as attr};
-use crate::core::firewall::forwarding::{self, Installed};
-use crate::core::firewall::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, L4};
-use crate::core::net::Cidr;
+use riceguard_core::firewall::forwarding::{self, Installed};
+use riceguard_core::firewall::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, L4};
+use riceguard_core::net::Cidr;
 
 // <linux/netlink.h>, <linux/netfilter/nfnetlink.h>, <linux/netfilter/nf_tables.h>: spelled
 // out so the encoding is testable without a kernel.
@@ -1133,8 +1133,8 @@ fn parse_table_comment(p: &[u8]) -> Result<Option<String>, NftError> {
 #[cfg(all(test, target_endian = "little"))]
 mod tests {
     use super::*;
-    use crate::core::firewall::rules::{AddrType, BaseChain, ChainKind, CtStates};
-    use crate::core::firewall::rules::{PRIO_FILTER, PRIO_RAW, PRIO_SRCNAT};
+    use riceguard_core::firewall::rules::{AddrType, BaseChain, ChainKind, CtStates};
+    use riceguard_core::firewall::rules::{PRIO_FILTER, PRIO_RAW, PRIO_SRCNAT};
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     use Action::*;
@@ -1768,7 +1768,7 @@ mod tests {
             other_intact();
 
             // Counters count; the rule that never holds does not.
-            crate::sys::netlink::Netlink::open()
+            crate::netlink::Netlink::open()
                 .unwrap()
                 .set_link_up("lo", true)
                 .unwrap();

@@ -37,11 +37,11 @@ use io_uring::types::{BufRingEntry, CancelBuilder, Fd, Fixed, RecvMsgOut, Submit
 use io_uring::{cqueue, opcode, squeue, EnterFlags, IoUring, Probe};
 use nix::errno::Errno;
 
-pub use crate::sys::cmsg::{canonical, to_socket_family};
-use crate::sys::cmsg::{
+pub use crate::cmsg::{canonical, to_socket_family};
+use crate::cmsg::{
     parse_sockaddr, recv_meta, to_raw, write_send_cmsgs, CmsgBuf, PktInfo, RawAddr, RecvMeta,
 };
-use crate::sys::hugepage::{BufId, BufPool};
+use crate::hugepage::{BufId, BufPool};
 
 /// Registered file index of the UDP socket.
 pub const FILE_UDP: u32 = 0;
@@ -1281,7 +1281,7 @@ impl Drop for Ring<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::hugepage::PoolConfig;
+    use crate::hugepage::PoolConfig;
     use std::net::UdpSocket;
     use std::os::fd::AsRawFd;
 
@@ -1338,7 +1338,7 @@ mod tests {
     /// it), the GRO size (range-checked), and truncation.
     #[test]
     fn recv_buffer_meta_has_pktinfo_and_checked_gro() {
-        use crate::sys::cmsg::{sockaddr_bytes, write_send_cmsgs, SOL_UDP, UDP_GRO};
+        use crate::cmsg::{sockaddr_bytes, write_send_cmsgs, SOL_UDP, UDP_GRO};
         use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
         let from: SocketAddr = "192.0.2.9:51820".parse().expect("addr");
         // As a dual-stack socket reports an IPv4 sender: v4-mapped.
@@ -1465,7 +1465,7 @@ mod tests {
     #[ignore = "needs root (sets vm.nr_hugepages): ci/test.sh unit runs it with --include-ignored"]
     fn udp_echo_from_registered_hugepage_buffers() {
         require_uring!();
-        use crate::sys::hugepage::{tests as hp, Backing};
+        use crate::hugepage::{tests as hp, Backing};
         let _g = hp::HUGE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         let Some(old) = hp::nr_hugepages() else {
             crate::testutil::not_run("no hugetlb");
@@ -1654,7 +1654,7 @@ mod tests {
         require_uring!();
         crate::testutil::in_new_netns(|| {
             use crate::testutil::ip;
-            let tun = crate::sys::tun::Tun::create("rgur0", 1, false).expect("tun");
+            let tun = crate::tun::Tun::create("rgur0", 1, false).expect("tun");
             ip(&["link", "set", "lo", "up"]);
             ip(&["addr", "add", "10.78.0.1/24", "dev", "rgur0"]);
             ip(&["link", "set", "rgur0", "up"]);
@@ -1749,7 +1749,7 @@ mod tests {
         }
         crate::testutil::in_new_netns(|| {
             use crate::testutil::ip;
-            let tun = crate::sys::tun::Tun::create("rgur1", 1, false).expect("tun");
+            let tun = crate::tun::Tun::create("rgur1", 1, false).expect("tun");
             ip(&["link", "set", "lo", "up"]);
             ip(&["addr", "add", "10.79.0.1/24", "dev", "rgur1"]);
             ip(&["link", "set", "rgur1", "up"]);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nix::time::{clock_gettime, clock_settime, ClockId};
 
-use crate::core::clock::{Civil, UnixTime};
+use riceguard_core::clock::{Civil, UnixTime};
 
 pub const RTC: &str = "/dev/rtc0";
 

@@ -9,8 +9,8 @@ use super::{
 };
 use std::net::IpAddr;
 
-use crate::core::net::Cidr;
-use crate::core::netplan::KernelRoute;
+use riceguard_core::net::Cidr;
+use riceguard_core::netplan::KernelRoute;
 
 const RTM_NEWROUTE: u16 = 24;
 const RTM_DELROUTE: u16 = 25;

@@ -48,7 +48,7 @@ pub struct RecvMeta {
     /// With GRO: every `segment_size` bytes of the buffer is one datagram of the sender's
     /// (the last may be shorter). Equal to `len` for a single datagram.
     pub segment_size: usize,
-    /// Where it was sent to (with `pktinfo`): reply with this as [`crate::sys::udp::Transmit::src`].
+    /// Where it was sent to (with `pktinfo`): reply with this as [`crate::udp::Transmit::src`].
     pub dst: Option<PktInfo>,
 }
 

@@ -7,7 +7,7 @@ use super::{
     attrs, family, finish, ip_bytes, ip_from, put_attr, put_hdr, u32_from, Netlink, NetlinkError,
     NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST,
 };
-use crate::core::net::Cidr;
+use riceguard_core::net::Cidr;
 use std::net::IpAddr;
 
 const RTM_NEWADDR: u16 = 20;
@@ -48,7 +48,7 @@ impl AddrDetail {
     /// permanent, or tagged so.
     pub fn slaac(&self) -> bool {
         self.cidr.addr.is_ipv6()
-            && !crate::core::net::is_link_local(self.cidr.addr)
+            && !riceguard_core::net::is_link_local(self.cidr.addr)
             && (self.kernel_ra || !self.permanent)
     }
 }
@@ -251,7 +251,7 @@ fn parse_addr_detail(p: &[u8]) -> Option<AddrDetail> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::netlink::{Route, AF_INET};
+    use crate::netlink::{Route, AF_INET};
 
     fn cidr(s: &str) -> Cidr {
         s.parse().unwrap()

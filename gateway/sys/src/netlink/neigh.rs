@@ -185,7 +185,7 @@ fn parse_neigh(p: &[u8]) -> Option<Neighbour> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::netlink::{AF_INET, AF_INET6};
+    use crate::netlink::{AF_INET, AF_INET6};
 
     fn neigh(family: u8, state: u16, flags: u8, dst: &[u8], ll: Option<&[u8]>) -> Vec<u8> {
         let mut m = vec![family, 0, 0, 0];

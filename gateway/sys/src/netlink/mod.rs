@@ -315,7 +315,7 @@ pub(super) fn u32_from(data: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::net::Cidr;
+    use riceguard_core::net::Cidr;
 
     fn cidr(s: &str) -> Cidr {
         s.parse().unwrap()

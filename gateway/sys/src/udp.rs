@@ -40,12 +40,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::core::gso_rest::GsoRests;
-use crate::core::offload::{OffloadDecision, SocketProbe};
-use crate::sys::cmsg::{from_raw, invalid, to_raw, RawAddr, SOL_UDP, UDP_GRO, UDP_SEGMENT};
+use crate::cmsg::{from_raw, invalid, to_raw, RawAddr, SOL_UDP, UDP_GRO, UDP_SEGMENT};
+use riceguard_core::gso_rest::GsoRests;
+use riceguard_core::offload::{OffloadDecision, SocketProbe};
 // The message formats live in `sys::cmsg` (shared with io_uring); re-exported here, where
 // callers of the socket look for them.
-pub use crate::sys::cmsg::{
+pub use crate::cmsg::{
     canonical, gro_segment_size, parse_control, parse_sockaddr, recv_meta, write_gso_cmsg,
     write_send_cmsgs, CmsgBuf, PktInfo, RecvControl, RecvMeta,
 };
@@ -248,7 +248,7 @@ pub fn gso_verdict(errno: i32) -> GsoVerdict {
 
 /// Milliseconds of `CLOCK_BOOTTIME` (never stepped), the time rests are kept in.
 fn clock_ms() -> u64 {
-    u64::try_from(crate::sys::clock::boottime().as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(crate::clock::boottime().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl UdpSocket {
@@ -892,7 +892,7 @@ fn get_int(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::cmsg::tests::gro_cmsg;
+    use crate::cmsg::tests::gro_cmsg;
     use std::net::{IpAddr, Ipv6Addr};
 
     /// Test sockets on port 0 without `SO_REUSEPORT`: with it, the kernel may hand two

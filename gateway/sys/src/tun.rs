@@ -462,7 +462,7 @@ mod tests {
     }
 
     fn forward_through_two_tuns(v6: bool) {
-        use crate::core::gso::{CoalesceOptions, Coalescer, Splitter, VIRTIO_NET_HDR_LEN};
+        use riceguard_core::gso::{CoalesceOptions, Coalescer, Splitter, VIRTIO_NET_HDR_LEN};
         use std::io::{Read, Write};
         use std::sync::mpsc;
         use std::time::{Duration, Instant};
@@ -506,9 +506,9 @@ mod tests {
                 "rgfwb0",
             ]);
             let l = std::net::TcpListener::bind(addr_b(5001)).expect("listen");
-            let u = crate::sys::udp::UdpSocket::bind(
+            let u = crate::udp::UdpSocket::bind(
                 addr_b(5002),
-                &crate::sys::udp::UdpOptions {
+                &crate::udp::UdpOptions {
                     gro: false,
                     ..Default::default()
                 },
@@ -569,8 +569,7 @@ mod tests {
                 "dev",
                 "rgfwa0",
             ]);
-            let u =
-                crate::sys::udp::UdpSocket::bind(addr_a(0), &Default::default()).expect("udp a");
+            let u = crate::udp::UdpSocket::bind(addr_a(0), &Default::default()).expect("udp a");
             tx_a.send(tun).expect("send tun");
             let dst = addr_b(5001);
             let mut s = std::net::TcpStream::connect_timeout(&dst, Duration::from_secs(10))
