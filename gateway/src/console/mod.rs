@@ -246,7 +246,7 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => break,
         }
-        let n = match nix::unistd::read(libc::STDIN_FILENO, &mut buf) {
+        let n = match nix::unistd::read(stdin.as_fd(), &mut buf) {
             Ok(0) => break, // end of input, or the serial line hung up
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => continue,

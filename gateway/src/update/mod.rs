@@ -30,7 +30,6 @@ pub mod http;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -303,7 +302,7 @@ fn dev_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> UpdateError {
 /// Drop cached pages so the read-back comes from the medium.
 fn drop_cache(f: &File) {
     use nix::fcntl::{posix_fadvise, PosixFadviseAdvice};
-    let _ = posix_fadvise(f.as_raw_fd(), 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
+    let _ = posix_fadvise(f, 0, 0, PosixFadviseAdvice::POSIX_FADV_DONTNEED);
 }
 
 fn hash_file_range(f: &mut File, offset: u64, size: u64) -> io::Result<[u8; 32]> {

@@ -1,9 +1,9 @@
 //! Process-level OS calls: detaching into the background like wireguard-go does.
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 
-use nix::unistd::{dup2, fork, setsid, ForkResult};
+use nix::unistd::{dup2_stderr, dup2_stdin, dup2_stdout, fork, setsid, ForkResult};
 
 /// Fork into the background. The parent exits with status 0 at once (everything the
 /// caller needs to be ready — TUN, UAPI socket — must exist before this call); the
@@ -22,9 +22,8 @@ pub fn daemonize(log_file: Option<&str>) -> io::Result<()> {
         .read(true)
         .write(true)
         .open("/dev/null")?;
-    let n = null.as_raw_fd();
-    dup2(n, 0).map_err(io::Error::from)?;
-    dup2(n, 1).map_err(io::Error::from)?;
+    dup2_stdin(&null).map_err(io::Error::from)?;
+    dup2_stdout(&null).map_err(io::Error::from)?;
     let log = log_file.and_then(|p| {
         std::fs::OpenOptions::new()
             .create(true)
@@ -32,7 +31,7 @@ pub fn daemonize(log_file: Option<&str>) -> io::Result<()> {
             .open(p)
             .ok()
     });
-    dup2(log.as_ref().map_or(n, |f| f.as_raw_fd()), 2).map_err(io::Error::from)?;
+    dup2_stderr(log.as_ref().map_or(null.as_fd(), |f| f.as_fd())).map_err(io::Error::from)?;
     Ok(())
 }
 

@@ -163,7 +163,7 @@ impl TunQueue {
     /// `WouldBlock` when none is waiting. The buffer should hold 65535 + header bytes
     /// when TSO/USO is on, else MTU + header.
     pub fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        nix::unistd::read(self.fd.as_raw_fd(), buf).map_err(io::Error::from)
+        nix::unistd::read(&self.fd, buf).map_err(io::Error::from)
     }
 
     /// Write one packet (with the virtio header in front if the device has one).
