@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, `make test`, .ci/run). Stages and their labs:
-#   unit     cargo fmt check, clippy -D warnings, cargo test of both crates (riceguard-core:
-#            simulation, parsers, policy; riceguard: sys, driver, init, console)
+#   unit     cargo fmt check, clippy -D warnings, cargo test of the three crates (riceguard-core:
+#            simulation, parsers, policy; riceguard-sys: kernel interfaces; riceguard: driver,
+#            init, console)
 #   fuzz     each fuzz target for a bounded time
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
 #   fastpath the matrix on every forced data-plane path, pinning, GSO demotion and rest, GRO on/off
