@@ -18,6 +18,7 @@ pub mod gso_rest;
 pub mod ini;
 pub mod key;
 pub mod net;
+pub mod netlink;
 pub mod netplan;
 pub mod offload;
 pub mod slots;

@@ -22,7 +22,7 @@ use nix::sys::socket::{
 };
 use nix::sys::time::TimeVal;
 
-use super::netlink::{attrs, put_attr as attr};
+use riceguard_core::netlink::{attrs, put_attr as attr};
 use riceguard_core::firewall::forwarding::{self, Installed};
 use riceguard_core::firewall::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, L4};
 use riceguard_core::net::Cidr;

@@ -26,6 +26,9 @@ pub use addr::{AddrDetail, Lifetime};
 pub use neigh::{Neighbour, ProxyNeighbour};
 pub use route::{Route, RTPROT_RICEGUARD, TUNNEL_METRIC6};
 
+// The attribute encoding is the core's (`core::netlink`), shared with nf_tables' messages.
+use riceguard_core::netlink::{attrs, put_attr};
+
 // Message types, flags and families from <linux/netlink.h> and <linux/rtnetlink.h> that
 // every kind uses, spelled out so the encoding is testable without a kernel; each kind's
 // own constants are in its file.
@@ -193,17 +196,6 @@ fn finish(m: &mut [u8]) {
     m[0..4].copy_from_slice(&len.to_ne_bytes());
 }
 
-/// One attribute (length, type, data), padded to 4 bytes; nf_tables' messages too.
-pub(super) fn put_attr(m: &mut Vec<u8>, kind: u16, data: &[u8]) {
-    let len = 4 + data.len();
-    m.extend_from_slice(&(len as u16).to_ne_bytes());
-    m.extend_from_slice(&kind.to_ne_bytes());
-    m.extend_from_slice(data);
-    while m.len() % 4 != 0 {
-        m.push(0);
-    }
-}
-
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     match ip {
         IpAddr::V4(a) => a.octets().to_vec(),
@@ -271,29 +263,6 @@ fn parse_error(p: &[u8]) -> Result<i32, NetlinkError> {
         return Err(NetlinkError::Malformed);
     }
     Ok(i32::from_ne_bytes([p[0], p[1], p[2], p[3]]))
-}
-
-/// The attributes after a family header: (type, data); stops at the first bad length.
-pub(super) fn attrs(mut rest: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if rest.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
-        let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff; // without NLA_F_ flags
-        if len < 4 || len > rest.len() {
-            rest = &[];
-            return None;
-        }
-        let data = &rest[4..len];
-        let aligned = (len + 3) & !3;
-        rest = if aligned >= rest.len() {
-            &[]
-        } else {
-            &rest[aligned..]
-        };
-        Some((kind, data))
-    })
 }
 
 pub(super) fn ip_from(family: u8, data: &[u8]) -> Option<IpAddr> {
