@@ -1,6 +1,7 @@
 //! The appliance's firewall and NAT policy, computed as plain data ([`Ruleset`]) from the
-//! configuration and the subnets its ports have now; `sys::nftables` installs it as one
-//! table, `inet riceguard`, replaced whole in one transaction.
+//! configuration and the subnets its ports have now; `nft` encodes it as nf_tables
+//! messages and `sys::nftables` installs it as one table, `inet riceguard`, replaced whole
+//! in one transaction.
 //!
 //! Zones, after OpenWrt's fw4 (a default per zone pair, safe without a user's touch):
 //! - **tunnel**: the WireGuard interface. The device already checks each decrypted
@@ -50,6 +51,7 @@
 //! everything and may drop more.
 
 pub mod forwarding;
+pub mod nft;
 pub mod rules;
 
 use crate::config::{Config, MasqueradeMode};
