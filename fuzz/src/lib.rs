@@ -543,7 +543,10 @@ pub fn check_uboot_entries(data: &[u8]) {
     let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
     let (va, vb) = (uboot_entry_name(&names, 'a'), uboot_entry_name(&names, 'b'));
     let Some(p) = uboot_plan(&entries) else {
-        assert!(va.is_none() && vb.is_none(), "no plan with an entry: {names:?}");
+        assert!(
+            va.is_none() && vb.is_none(),
+            "no plan with an entry: {names:?}"
+        );
         return;
     };
     let (mine, other) = if p.slot == 'a' { (va, vb) } else { (vb, va) };
@@ -569,7 +572,10 @@ pub fn check_run_files(data: &[u8]) {
     use riceguard::run::{lease::LeaseFile, status};
     let text = String::from_utf8_lossy(data);
     if let Some(b) = status::parse_heartbeats(&text) {
-        assert_eq!(status::parse_heartbeats(&status::heartbeat_line(&b)), Some(b));
+        assert_eq!(
+            status::parse_heartbeats(&status::heartbeat_line(&b)),
+            Some(b)
+        );
     }
     if let Some(r) = status::parse_reload(&text) {
         let back = status::parse_reload(&r.line()).expect("reload line reads back");
@@ -755,6 +761,30 @@ mod tests {
     }
 
     #[test]
+    fn nft_reply_seeded() {
+        run("nft_reply", check_nft_reply, 20_000);
+        // The seeds read back as what they are.
+        use riceguard::core::firewall::nft::{parse_counter, parse_table_comment};
+        use riceguard::core::netlink::messages;
+        let seeds = seeds("nft_reply");
+        let got: Vec<_> = seeds
+            .iter()
+            .flat_map(|s| {
+                messages(s)
+                    .filter_map(Result::ok)
+                    .map(|m| m.payload.to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(got
+            .iter()
+            .any(|p| parse_counter(p, "riceguard") == Ok(Some(("spoof".into(), 7, 1234)))));
+        assert!(got.iter().any(
+            |p| parse_table_comment(p) == Ok(Some("riceguard ruleset 0123456789abcdef".into()))
+        ));
+    }
+
+    #[test]
     fn dhcp_seeded() {
         run("dhcp", check_dhcp, 20_000);
     }
@@ -763,4 +793,22 @@ mod tests {
     fn allowed_ips_seeded() {
         run("allowed_ips", check_allowed_ips, 5_000);
     }
+}
+
+/// What the kernel sends back for nf_tables queries (`core::firewall::nft`'s readers) and
+/// netlink's datagram splitter: a datagram split into messages, each read as a counter
+/// reply and as a table reply. Nothing panics; a counter read names the table asked for.
+pub fn check_nft_reply(data: &[u8]) {
+    use riceguard::core::firewall::nft::{parse_counter, parse_table_comment};
+    use riceguard::core::netlink::messages;
+    for m in messages(data).take(64) {
+        let Ok(m) = m else { break };
+        if let Ok(Some((name, _packets, _bytes))) = parse_counter(m.payload, "riceguard") {
+            assert!(name.len() <= data.len(), "a name longer than the datagram");
+        }
+        let _ = parse_table_comment(m.payload);
+    }
+    // The payload alone, as if the header had been taken off already.
+    let _ = parse_counter(data, "riceguard");
+    let _ = parse_table_comment(data);
 }
