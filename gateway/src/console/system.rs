@@ -351,7 +351,7 @@ pub fn hand_over(saved: &Path, runs: &Path, boot_config: &Path) -> Result<Option
         return Ok(None);
     }
     let text = std::fs::read(saved).map_err(|e| format!("cannot read {}: {e}", saved.display()))?;
-    crate::store::write(runs, &text, crate::store::SECRET).map_err(|e| {
+    crate::durable::write(runs, &text, crate::durable::SECRET).map_err(|e| {
         format!(
             "this boot's gateway runs from {} (failsafe or fallback boot) and it could not be replaced: {e}; \
              the committed file applies at the next boot",

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::core::clock::{self as policy, BootRecord, UnixTime};
+use crate::durable;
 /// Written by the image builder: the image's `SOURCE_DATE_EPOCH`.
 use crate::image_paths::BUILD_TIME as BUILD_TIME_FILE;
 use crate::perm::clock::{read_saved, save_time, saved_path};
 use crate::run::clock as files;
-use crate::store;
 use crate::sys::clock as sysclock;
 
 /// The image's build time: [`BUILD_TIME_FILE`], else the binary's own modification time
@@ -76,7 +76,7 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
         say!("clock: the last boot agreed with NTP: its first answer may set the clock back to {b} at the earliest");
     }
     let path = Path::new(files::RUN_DIR).join(files::BOOT_RECORD);
-    if let Err(e) = store::write(&path, rec.to_text().as_bytes(), store::PUBLIC) {
+    if let Err(e) = durable::write(&path, rec.to_text().as_bytes(), durable::PUBLIC) {
         say!("clock: {}: {e}", path.display());
     }
     if perm_ok {

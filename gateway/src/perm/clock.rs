@@ -25,7 +25,7 @@ pub fn read_saved(path: &Path) -> Option<policy::SavedTime> {
 }
 
 /// Save the clock plus this boot's stamp lead plus `ahead` to `path`, atomically
-/// (`store::write`) and under [`LOCK`] beside it. With `stamps.agrees` the clock and the
+/// (`durable::write`) and under [`LOCK`] beside it. With `stamps.agrees` the clock and the
 /// lead are recorded too.
 pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Result<i64> {
     use nix::fcntl::{Flock, FlockArg};
@@ -43,5 +43,5 @@ pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Re
 
 /// Write `rec` to `path` (mode 0644): [`save_time`]'s last step.
 pub fn write(path: &Path, rec: &policy::SavedTime) -> io::Result<()> {
-    crate::store::write(path, rec.to_text().as_bytes(), crate::store::PUBLIC)
+    crate::durable::write(path, rec.to_text().as_bytes(), crate::durable::PUBLIC)
 }

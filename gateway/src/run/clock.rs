@@ -33,7 +33,7 @@ pub fn stamps_in(dir: &Path) -> policy::Stamps {
 /// Write [`STAMPS`] in `dir` (the NTP client; a failure is logged).
 pub fn write_stamps(dir: &Path, st: policy::Stamps) {
     let p = dir.join(STAMPS);
-    if let Err(e) = crate::store::write(&p, st.to_text().as_bytes(), crate::store::PUBLIC) {
+    if let Err(e) = crate::durable::write(&p, st.to_text().as_bytes(), crate::durable::PUBLIC) {
         log::warn!("ntp: {}: {e}", p.display());
     }
 }
@@ -75,7 +75,7 @@ pub fn note_lines() -> Vec<String> {
 /// Write the NTP client's [`STATE`] in `dir` (a failure is logged).
 pub fn write_state(dir: &Path, state: &NtpState) {
     let p = dir.join(STATE);
-    if let Err(e) = crate::store::write(&p, state.to_text().as_bytes(), crate::store::PUBLIC) {
+    if let Err(e) = crate::durable::write(&p, state.to_text().as_bytes(), crate::durable::PUBLIC) {
         log::warn!("ntp: {}: {e}", p.display());
     }
 }
