@@ -49,8 +49,8 @@ impl Clock for SystemClock {
     }
     fn boot(&self) -> Option<(String, u64)> {
         Some((
-            crate::sys::clock::boot_id()?,
-            crate::sys::clock::boottime().as_secs(),
+            crate::sys::kernel_clocks::boot_id()?,
+            crate::sys::kernel_clocks::boottime().as_secs(),
         ))
     }
 }

@@ -13,7 +13,7 @@ use crate::durable;
 use crate::image_paths::BUILD_TIME as BUILD_TIME_FILE;
 use crate::perm::clock::{read_saved, save_time, saved_path};
 use crate::run::clock as files;
-use crate::sys::clock as sysclock;
+use crate::sys::kernel_clocks;
 
 /// The image's build time: [`BUILD_TIME_FILE`], else the binary's own modification time
 /// (the image builder sets every file's to `SOURCE_DATE_EPOCH`; a host build has its
@@ -36,10 +36,10 @@ pub(super) fn build_time() -> Option<i64> {
 /// may be the RTC, ahead of what perm held). True when the first NTP answer may set the
 /// clock back (after a power cut of a box that agreed with NTP: `core::clock`).
 pub(super) fn set_at_boot(perm_ok: bool) -> bool {
-    let rtc = match sysclock::rtc_read(sysclock::RTC) {
+    let rtc = match kernel_clocks::rtc_read(kernel_clocks::RTC) {
         Ok(t) => t,
         Err(e) => {
-            say!("clock: no RTC ({}: {e})", sysclock::RTC);
+            say!("clock: no RTC ({}: {e})", kernel_clocks::RTC);
             None
         }
     };
@@ -48,11 +48,11 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
     } else {
         None
     };
-    let now = sysclock::realtime();
+    let now = kernel_clocks::realtime();
     let build = build_time();
     let d = policy::boot_decision(now.secs(), rtc, saved.map(|s| s.floor), build);
     match d.set_to {
-        Some(t) => match sysclock::set_realtime(UnixTime::from_secs(t)) {
+        Some(t) => match kernel_clocks::set_realtime(UnixTime::from_secs(t)) {
             Ok(()) => say!(
                 "clock: set to {} (source: {})",
                 UnixTime::from_secs(t),
@@ -64,12 +64,12 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
                 d.source.name()
             ),
         },
-        None => say!("clock: {} from the RTC", sysclock::realtime()),
+        None => say!("clock: {} from the RTC", kernel_clocks::realtime()),
     }
     let rec = BootRecord {
         source: d.source,
-        wall: sysclock::realtime(),
-        boot: sysclock::boottime(),
+        wall: kernel_clocks::realtime(),
+        boot: kernel_clocks::boottime(),
         back_to: policy::back_floor(d.source, saved, build),
     };
     if let Some((b, _)) = rec.back_to {

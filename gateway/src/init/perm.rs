@@ -168,8 +168,8 @@ impl ConfirmGuard {
             &text,
             boot.as_deref(),
             unix,
-            crate::sys::clock::boot_id().as_deref(),
-            crate::sys::clock::boottime().as_secs(),
+            crate::sys::kernel_clocks::boot_id().as_deref(),
+            crate::sys::kernel_clocks::boottime().as_secs(),
         ) else {
             return;
         };

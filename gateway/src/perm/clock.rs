@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::core::clock as policy;
-use crate::sys::clock as sysclock;
+use crate::sys::kernel_clocks;
 
 /// The saved time, mode 0644.
 pub const SAVED: &str = "clock";
@@ -36,7 +36,7 @@ pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Re
         .write(true)
         .open(&lock)?;
     let _held = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
-    let rec = policy::SavedTime::at(sysclock::realtime(), stamps, ahead);
+    let rec = policy::SavedTime::at(kernel_clocks::realtime(), stamps, ahead);
     write(path, &rec)?;
     Ok(rec.floor)
 }
