@@ -3,7 +3,7 @@
 //! (step, slew or refuse), the per-server poll schedule and the status line. No I/O and
 //! no clock reads: wall time ([`UnixTime`]) and boot time (a `Duration` of
 //! `CLOCK_BOOTTIME`) come in as arguments. `sys::kernel_clocks` sets the clock,
-//! `driver::appliance::ntp` runs the client, `init::clock` sets the floor at boot and
+//! `driver::appliance::ntp` runs the client, `init::clock_floor` sets the floor at boot and
 //! saves the time.
 //!
 //! # Why the rules are what they are

@@ -1,7 +1,9 @@
-//! The clock at boot and the saved time (rules and figures: `core::clock`): before the
-//! firewall, the uplink and the gateway start, the clock is set to the latest of the RTC,
-//! `/perm/clock` and the image's build time; then the time is saved ahead of the clock
-//! every `SAVE_EVERY` from the supervision loop, and at reboot/poweroff.
+//! The clock's floor, init's part of timekeeping (rules and figures: `core::clock`; the
+//! syscalls: `sys::kernel_clocks`): before the firewall, the uplink and the gateway
+//! start, the clock is set to the latest of the RTC, `/perm/clock` and the image's build
+//! time; then the time is saved ahead of the clock every `SAVE_EVERY` from the
+//! supervision loop, and at reboot/poweroff, so the next boot's floor is past every
+//! timestamp this one sent.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
