@@ -30,8 +30,10 @@ pub struct OffloadIo<'a, K: Backend> {
     /// The round's TCP-carried messages (sent when it ends: the transport's send may
     /// write to the socket).
     pub tcp_queue: &'a mut Outbox,
+    /// The round's sends to peers over UDP.
     pub tx: &'a mut TxBatch<K::Buf>,
-    pub rx: &'a mut TunBatch,
+    /// The round's writes to the TUN, coalesced (what the device decrypted).
+    pub tun_writes: &'a mut TunBatch,
     pub sticky: &'a Sticky,
     /// While the device handles one received datagram: its sender and the local address
     /// it came to. Answers to that sender (a handshake response, a cookie reply) leave
@@ -43,7 +45,7 @@ impl<K: Backend> OffloadIo<'_, K> {
     /// Send and write everything queued (end of a round, outside any peer lock).
     pub fn flush(&mut self) {
         self.tx.flush(self.be);
-        self.rx.flush(self.be);
+        self.tun_writes.flush(self.be);
         self.be.submit();
         if !self.tcp_queue.is_empty() {
             self.tcp_queue.flush(&mut Outlets {
@@ -78,7 +80,7 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 
     fn tun_write(&mut self, p: &[u8]) {
-        self.rx.push(self.be, p);
+        self.tun_writes.push(self.be, p);
     }
 
     fn send_slot(&mut self, to: PeerAddr, expected: usize, max: usize) -> Option<&mut [u8]> {
@@ -99,11 +101,11 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 
     fn tun_slot(&mut self, max: usize) -> Option<&mut [u8]> {
-        self.rx.slot(self.be, max)
+        self.tun_writes.slot(self.be, max)
     }
 
     fn tun_commit(&mut self, len: usize) {
-        self.rx.commit(len);
+        self.tun_writes.commit(len);
     }
 }
 
@@ -120,8 +122,10 @@ pub struct Cx<'a> {
 /// ([`Self::datagrams`]) and each TUN read ([`Self::tun_read`]) with its executor, and
 /// the loop calls [`Self::flush`] when the round ends.
 pub struct Pipeline<B> {
+    /// Sends to peers over UDP.
     pub tx: TxBatch<B>,
-    pub rx: TunBatch,
+    /// Writes to the TUN, coalesced (not what was received: that comes in as arguments).
+    pub tun_writes: TunBatch,
     tcp_queue: Outbox,
     pub sticky: Sticky,
     vnet_hdr: bool,
@@ -139,7 +143,7 @@ impl<B> Pipeline<B> {
         let co = coalesce_options(offload, vnet_hdr);
         Pipeline {
             tx: TxBatch::new(),
-            rx: TunBatch::new(co, vnet_hdr),
+            tun_writes: TunBatch::new(co, vnet_hdr),
             tcp_queue: Outbox::default(),
             sticky: Sticky::new(sticky),
             vnet_hdr,
@@ -165,7 +169,7 @@ impl<B> Pipeline<B> {
     ) -> usize {
         let Pipeline {
             tx,
-            rx,
+            tun_writes,
             tcp_queue,
             sticky,
             scratch,
@@ -179,7 +183,7 @@ impl<B> Pipeline<B> {
                 tcp: cx.tcp,
                 tcp_queue,
                 tx,
-                rx,
+                tun_writes,
                 sticky,
                 reply: m.dst.map(|d| (m.src, d)),
             };
@@ -205,7 +209,7 @@ impl<B> Pipeline<B> {
     ) -> usize {
         let Pipeline {
             tx,
-            rx,
+            tun_writes,
             tcp_queue,
             sticky,
             vnet_hdr,
@@ -218,7 +222,7 @@ impl<B> Pipeline<B> {
             tcp: cx.tcp,
             tcp_queue,
             tx,
-            rx,
+            tun_writes,
             sticky,
             reply: None,
         };
@@ -244,7 +248,7 @@ impl<B> Pipeline<B> {
             tcp: cx.tcp,
             tcp_queue: &mut self.tcp_queue,
             tx: &mut self.tx,
-            rx: &mut self.rx,
+            tun_writes: &mut self.tun_writes,
             sticky: &self.sticky,
             reply: None,
         }
