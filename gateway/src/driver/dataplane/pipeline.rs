@@ -27,9 +27,10 @@ use crate::sys::tun::TunOffload;
 pub struct OffloadIo<'a, K: Backend> {
     pub be: &'a mut K,
     pub tcp: Option<&'a dyn TcpOut>,
-    /// The round's TCP-carried messages (sent when it ends: the transport's send may
-    /// write to the socket).
-    pub tcp_queue: &'a mut Outbox,
+    /// The round's TCP-carried messages, recorded in the [`Outbox`] the other threads
+    /// use too and carried out when the round ends (the transport's send may write to the
+    /// socket).
+    pub outbox: &'a mut Outbox,
     /// The round's sends to peers over UDP.
     pub tx: &'a mut TxBatch<K::Buf>,
     /// The round's writes to the TUN, coalesced (what the device decrypted).
@@ -47,8 +48,8 @@ impl<K: Backend> OffloadIo<'_, K> {
         self.tx.flush(self.be);
         self.tun_writes.flush(self.be);
         self.be.submit();
-        if !self.tcp_queue.is_empty() {
-            self.tcp_queue.flush(&mut Outlets {
+        if !self.outbox.is_empty() {
+            self.outbox.flush(&mut Outlets {
                 tcp: self.tcp,
                 ..Outlets::default()
             });
@@ -73,7 +74,7 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
             }
             PeerAddr::Tcp { .. } => {
                 if self.tcp.is_some() {
-                    self.tcp_queue.send(to, d);
+                    self.outbox.send(to, d);
                 }
             }
         }
@@ -126,7 +127,7 @@ pub struct Pipeline<B> {
     pub tx: TxBatch<B>,
     /// Writes to the TUN, coalesced (not what was received: that comes in as arguments).
     pub tun_writes: TunBatch,
-    tcp_queue: Outbox,
+    outbox: Outbox,
     pub sticky: Sticky,
     vnet_hdr: bool,
     /// The TSO/USO splitter's output (one segment at a time, before encryption).
@@ -144,7 +145,7 @@ impl<B> Pipeline<B> {
         Pipeline {
             tx: TxBatch::new(),
             tun_writes: TunBatch::new(co, vnet_hdr),
-            tcp_queue: Outbox::default(),
+            outbox: Outbox::default(),
             sticky: Sticky::new(sticky),
             vnet_hdr,
             seg: vec![0; 65535],
@@ -170,7 +171,7 @@ impl<B> Pipeline<B> {
         let Pipeline {
             tx,
             tun_writes,
-            tcp_queue,
+            outbox,
             sticky,
             scratch,
             ..
@@ -181,7 +182,7 @@ impl<B> Pipeline<B> {
             let mut io = OffloadIo {
                 be,
                 tcp: cx.tcp,
-                tcp_queue,
+                outbox,
                 tx,
                 tun_writes,
                 sticky,
@@ -210,7 +211,7 @@ impl<B> Pipeline<B> {
         let Pipeline {
             tx,
             tun_writes,
-            tcp_queue,
+            outbox,
             sticky,
             vnet_hdr,
             seg,
@@ -220,7 +221,7 @@ impl<B> Pipeline<B> {
         let mut io = OffloadIo {
             be,
             tcp: cx.tcp,
-            tcp_queue,
+            outbox,
             tx,
             tun_writes,
             sticky,
@@ -246,7 +247,7 @@ impl<B> Pipeline<B> {
         OffloadIo {
             be,
             tcp: cx.tcp,
-            tcp_queue: &mut self.tcp_queue,
+            outbox: &mut self.outbox,
             tx: &mut self.tx,
             tun_writes: &mut self.tun_writes,
             sticky: &self.sticky,

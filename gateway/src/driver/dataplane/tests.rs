@@ -192,7 +192,7 @@ fn sticky_sources_learn_answer_and_forget() {
         pending: &mut pending,
         stats: &mut stats,
     };
-    let (mut tq, mut tx, mut tun_writes) = (
+    let (mut outbox, mut tx, mut tun_writes) = (
         Outbox::default(),
         TxBatch::new(),
         TunBatch::new(CoalesceOptions::default(), false),
@@ -200,7 +200,7 @@ fn sticky_sources_learn_answer_and_forget() {
     let io = OffloadIo {
         be: &mut be,
         tcp: None,
-        tcp_queue: &mut tq,
+        outbox: &mut outbox,
         tx: &mut tx,
         tun_writes: &mut tun_writes,
         sticky: &st,
