@@ -174,7 +174,7 @@ sed -i "s/@VERSION@/$version/g" "$rfs/etc/os-release"
 printf 'riceguard %s %s\n' "$version" "$board" >"$rfs/etc/riceguard/version"
 # The running slot's build number: the updater refuses bundles that are not newer.
 printf '%s\n' "$build" >"$rfs/etc/riceguard/build"
-# The clock's floor at boot (init/clock.rs): never earlier than the image.
+# The clock's floor at boot (init/clock_floor.rs): never earlier than the image.
 printf '%s\n' "$E" >"$rfs/etc/riceguard/build-time"
 install -m 0755 "$bin" "$rfs/usr/bin/riceguard"
 ln -s ../usr/bin/riceguard "$rfs/sbin/init"

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod console;
 pub use riceguard_core as core;
 pub mod driver;
+pub mod durable;
 pub mod image_paths;
 #[cfg(test)]
 mod import_graph;
@@ -18,7 +19,6 @@ pub mod logger;
 pub mod perm;
 pub mod run;
 pub mod slots;
-pub mod store;
 pub use riceguard_sys as sys;
 #[cfg(test)]
 pub(crate) mod testutil;

@@ -30,7 +30,7 @@
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-use crate::store;
+use crate::durable;
 
 // The policy half (no I/O) is the core's; what it decides is used through this module.
 pub use crate::core::slots::{
@@ -226,7 +226,7 @@ pub fn mark_good(esp: &Path, slot: char) -> std::io::Result<Marked> {
     let Some((from, to)) = counted_entry(names.iter().map(String::as_str), slot) else {
         return Ok(Marked::AlreadyGood);
     };
-    store::rename(&dir.join(from), &dir.join(&to))?;
+    durable::rename(&dir.join(from), &dir.join(&to))?;
     crate::sys::os::sync();
     Ok(Marked::Renamed {
         from: from.to_string(),
@@ -250,7 +250,7 @@ pub fn slot_entries(esp: &Path, slot: char) -> io::Result<Vec<String>> {
 /// other lines.
 pub fn set_sort_key(path: &Path, key: &str) -> io::Result<()> {
     let text = std::fs::read_to_string(path)?;
-    store::write(path, with_sort_key(&text, key).as_bytes(), store::PUBLIC)
+    durable::write(path, with_sort_key(&text, key).as_bytes(), durable::PUBLIC)
 }
 
 /// Whether `slot` booted from a boot-counted entry (not yet marked good).

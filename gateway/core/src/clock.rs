@@ -2,8 +2,9 @@
 //! v4 packet (RFC 4330 / RFC 5905 §7.3), the offset of one answer, the discipline policy
 //! (step, slew or refuse), the per-server poll schedule and the status line. No I/O and
 //! no clock reads: wall time ([`UnixTime`]) and boot time (a `Duration` of
-//! `CLOCK_BOOTTIME`) come in as arguments. `sys::clock` sets the clock, `driver::ntp` runs
-//! the client, `init::clock` sets the floor at boot and saves the time.
+//! `CLOCK_BOOTTIME`) come in as arguments. `sys::kernel_clocks` sets the clock,
+//! `driver::appliance::ntp` runs the client, `init::clock_floor` sets the floor at boot and
+//! saves the time.
 //!
 //! # Why the rules are what they are
 //!

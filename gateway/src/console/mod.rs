@@ -10,7 +10,7 @@
 //! - [`session`]: candidate/running/commit-confirm/questions; no I/O of its own
 //! - [`store`]: the console's handle on DIR (saved config, history, password, confirm
 //!   deadline, client keys), whose files are [`crate::perm`]'s
-//! - saving goes through [`crate::store`] (crash-safe replacement and removal)
+//! - saving goes through [`crate::durable`] (crash-safe replacement and removal)
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash (Argon2id) and
 //!   the wrong-password wait every console shares

@@ -49,8 +49,8 @@ impl Clock for SystemClock {
     }
     fn boot(&self) -> Option<(String, u64)> {
         Some((
-            crate::sys::clock::boot_id()?,
-            crate::sys::clock::boottime().as_secs(),
+            crate::sys::kernel_clocks::boot_id()?,
+            crate::sys::kernel_clocks::boottime().as_secs(),
         ))
     }
 }
@@ -351,7 +351,7 @@ pub fn hand_over(saved: &Path, runs: &Path, boot_config: &Path) -> Result<Option
         return Ok(None);
     }
     let text = std::fs::read(saved).map_err(|e| format!("cannot read {}: {e}", saved.display()))?;
-    crate::store::write(runs, &text, crate::store::SECRET).map_err(|e| {
+    crate::durable::write(runs, &text, crate::durable::SECRET).map_err(|e| {
         format!(
             "this boot's gateway runs from {} (failsafe or fallback boot) and it could not be replaced: {e}; \
              the committed file applies at the next boot",

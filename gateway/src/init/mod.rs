@@ -38,7 +38,7 @@ macro_rules! say {
 }
 
 // One file per concern (declared after `say!`, which they use).
-mod clock;
+mod clock_floor;
 mod common;
 mod hugepages;
 mod modules;

@@ -17,7 +17,7 @@ use crate::core::key::Key;
 use crate::image_paths::DEFAULT_CONFIG;
 use crate::perm::{config as perm_config, confirm, CONFIG, DIR as PERM};
 use crate::sys::os;
-use crate::{slots, store};
+use crate::{durable, slots};
 
 use super::common::{mkdir, BIN, CONSOLE_SERVICE};
 use super::supervise;
@@ -168,8 +168,8 @@ impl ConfirmGuard {
             &text,
             boot.as_deref(),
             unix,
-            crate::sys::clock::boot_id().as_deref(),
-            crate::sys::clock::boottime().as_secs(),
+            crate::sys::kernel_clocks::boot_id().as_deref(),
+            crate::sys::kernel_clocks::boottime().as_secs(),
         ) else {
             return;
         };
@@ -421,7 +421,7 @@ pub(super) fn gateway_config(failsafe: bool) -> String {
         );
     }
     let out = crate::core::ini::emit(&cfg);
-    match store::write(Path::new(RUN_CONFIG), out.as_bytes(), store::SECRET) {
+    match durable::write(Path::new(RUN_CONFIG), out.as_bytes(), durable::SECRET) {
         Ok(()) => RUN_CONFIG.into(),
         Err(e) => {
             say!("config: cannot write {RUN_CONFIG}: {e}; starting from {CONFIG}");

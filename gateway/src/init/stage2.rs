@@ -25,7 +25,7 @@ use super::perm::{
 };
 use super::supervise::{Spec, Supervisor};
 use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, Watchdog};
-use super::{clock, health, supervise, sysctl};
+use super::{clock_floor, health, supervise, sysctl};
 
 pub(super) fn stage2() -> ! {
     let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
@@ -88,8 +88,8 @@ pub(super) fn stage2() -> ! {
     }
     let perm_ok = mount_perm();
     // Before anything makes a handshake or stamps a log: the clock at its floor.
-    let may_step_back = clock::set_at_boot(perm_ok);
-    let mut time_saver = clock::Saver::new(perm_ok);
+    let may_step_back = clock_floor::set_at_boot(perm_ok);
+    let mut time_saver = clock_floor::Saver::new(perm_ok);
     let gw = load_config(perm_ok);
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     // The board's consoles whose terminal exists (a screen-less box has no tty1, a box
@@ -230,7 +230,7 @@ pub(super) fn stage2() -> ! {
     loop {
         let now = Instant::now();
         if let Some((_, until)) = &held_gateway {
-            let settled = clock::first_answer_settled();
+            let settled = clock_floor::first_answer_settled();
             if settled || now >= *until {
                 if !settled {
                     say!("clock: no NTP answer yet: starting the gateway");
@@ -416,7 +416,7 @@ pub(super) fn shutdown(
     std::thread::sleep(Duration::from_millis(100));
     reap(sup);
     // The gateway is stopped: no handshake is stamped after this.
-    clock::save_at_halt();
+    clock_floor::save_at_halt();
     os::sync();
     for m in [ESP_MNT, PERM] {
         if os::umount(m).is_err() {

@@ -24,6 +24,6 @@ pub fn count_boot(dir: &Path) -> (u64, io::Result<()>) {
         let _ = std::fs::create_dir_all(parent);
     }
     let n = parse(&std::fs::read_to_string(&p).unwrap_or_default()) + 1;
-    let r = crate::store::write(&p, text(n).as_bytes(), crate::store::PUBLIC);
+    let r = crate::durable::write(&p, text(n).as_bytes(), crate::durable::PUBLIC);
     (n, r)
 }

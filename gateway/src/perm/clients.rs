@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::{io_err, StoreError};
 use crate::core::config::valid_peer_name;
 use crate::core::key::Key;
-use crate::store::{self as durable, SECRET};
+use crate::durable::{self, SECRET};
 
 /// The directory of kept client keys.
 pub const CLIENTS: &str = "clients";

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::core::clock as policy;
-use crate::sys::clock as sysclock;
+use crate::sys::kernel_clocks;
 
 /// The saved time, mode 0644.
 pub const SAVED: &str = "clock";
@@ -25,7 +25,7 @@ pub fn read_saved(path: &Path) -> Option<policy::SavedTime> {
 }
 
 /// Save the clock plus this boot's stamp lead plus `ahead` to `path`, atomically
-/// (`store::write`) and under [`LOCK`] beside it. With `stamps.agrees` the clock and the
+/// (`durable::write`) and under [`LOCK`] beside it. With `stamps.agrees` the clock and the
 /// lead are recorded too.
 pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Result<i64> {
     use nix::fcntl::{Flock, FlockArg};
@@ -36,12 +36,12 @@ pub fn save_time(path: &Path, ahead: Duration, stamps: policy::Stamps) -> io::Re
         .write(true)
         .open(&lock)?;
     let _held = Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| io::Error::from(e))?;
-    let rec = policy::SavedTime::at(sysclock::realtime(), stamps, ahead);
+    let rec = policy::SavedTime::at(kernel_clocks::realtime(), stamps, ahead);
     write(path, &rec)?;
     Ok(rec.floor)
 }
 
 /// Write `rec` to `path` (mode 0644): [`save_time`]'s last step.
 pub fn write(path: &Path, rec: &policy::SavedTime) -> io::Result<()> {
-    crate::store::write(path, rec.to_text().as_bytes(), crate::store::PUBLIC)
+    crate::durable::write(path, rec.to_text().as_bytes(), crate::durable::PUBLIC)
 }

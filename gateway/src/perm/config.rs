@@ -6,7 +6,7 @@
 //! validates, else defaults, with a warning saying which), the one writer ([`save_text`],
 //! rotating the history), for init at boot and the consoles.
 //!
-//! Every file is replaced through [`crate::store::write()`] (mode 0600 from creation: it
+//! Every file is replaced through [`crate::durable::write()`] (mode 0600 from creation: it
 //! holds the private key). The text format is behind [`Format`], so the history and
 //! fallback logic is tested without the INI code.
 
@@ -21,7 +21,7 @@ use nix::fcntl::{Flock, FlockArg};
 use super::{io_err, StoreError};
 use crate::core::config::{Config, ValidationError};
 use crate::core::key::Key;
-use crate::store::{self as durable, SECRET};
+use crate::durable::{self, SECRET};
 
 pub const CONF: &str = "riceguard.conf";
 pub const HISTORY: &str = "history";

@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use super::{io_err, StoreError};
-use crate::store::{self as durable, SECRET};
+use crate::durable::{self, SECRET};
 
 /// The pending commit-confirm's unix deadline, in the configuration directory.
 pub const CONFIRM: &str = "commit-confirm";

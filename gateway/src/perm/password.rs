@@ -9,7 +9,7 @@ use std::io;
 use std::path::Path;
 
 use super::{io_err, StoreError};
-use crate::store::{self as durable, SECRET};
+use crate::durable::{self, SECRET};
 
 /// The console password of the firmware before Argon2id (still read, never written).
 pub const PASSWD: &str = "console.passwd";

@@ -32,6 +32,6 @@ pub fn parse(text: &str) -> Vec<String> {
 pub fn take(dir: &Path) -> Option<Vec<String>> {
     let p = dir.join(REQUEST);
     let text = std::fs::read_to_string(&p).ok()?;
-    crate::store::rename(&p, &dir.join(DONE)).ok()?;
+    crate::durable::rename(&p, &dir.join(DONE)).ok()?;
     Some(parse(&text))
 }

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::core::clock::{self as policy, BootRecord, NtpState};
-use crate::sys::clock as sysclock;
+use crate::sys::kernel_clocks;
 
 use super::run_dir;
 
@@ -33,7 +33,7 @@ pub fn stamps_in(dir: &Path) -> policy::Stamps {
 /// Write [`STAMPS`] in `dir` (the NTP client; a failure is logged).
 pub fn write_stamps(dir: &Path, st: policy::Stamps) {
     let p = dir.join(STAMPS);
-    if let Err(e) = crate::store::write(&p, st.to_text().as_bytes(), crate::store::PUBLIC) {
+    if let Err(e) = crate::durable::write(&p, st.to_text().as_bytes(), crate::durable::PUBLIC) {
         log::warn!("ntp: {}: {e}", p.display());
     }
 }
@@ -52,8 +52,8 @@ pub fn clock_line_in(dir: &Path) -> String {
         .ok()
         .map(|t| NtpState::from_text(&t));
     policy::status_line(
-        sysclock::realtime(),
-        sysclock::boottime(),
+        kernel_clocks::realtime(),
+        kernel_clocks::boottime(),
         boot.as_ref(),
         ntp.as_ref(),
     )
@@ -75,7 +75,7 @@ pub fn note_lines() -> Vec<String> {
 /// Write the NTP client's [`STATE`] in `dir` (a failure is logged).
 pub fn write_state(dir: &Path, state: &NtpState) {
     let p = dir.join(STATE);
-    if let Err(e) = crate::store::write(&p, state.to_text().as_bytes(), crate::store::PUBLIC) {
+    if let Err(e) = crate::durable::write(&p, state.to_text().as_bytes(), crate::durable::PUBLIC) {
         log::warn!("ntp: {}: {e}", p.display());
     }
 }
@@ -110,13 +110,13 @@ mod tests {
         assert_eq!(a, 5_000_000_000);
         assert!(t >= w + 5 + policy::SAVE_AHEAD.as_secs() as i64 - 1);
         assert_eq!(stamps_in(&d.0), policy::Stamps::default());
-        assert!(t > sysclock::realtime().secs());
+        assert!(t > kernel_clocks::realtime().secs());
         // No boot record, no client: a host's clock.
         assert!(clock_line_in(&d.0).contains("(source: host clock"));
         let rec = BootRecord {
             source: policy::BootSource::Saved,
-            wall: sysclock::realtime(),
-            boot: sysclock::boottime(),
+            wall: kernel_clocks::realtime(),
+            boot: kernel_clocks::boottime(),
             back_to: None,
         };
         std::fs::write(d.0.join(BOOT_RECORD), rec.to_text()).unwrap();

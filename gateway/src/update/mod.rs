@@ -15,7 +15,7 @@
 //!    while it is the only bootable one: a power cut between the two leaves two bootable
 //!    entries (either boots; the new one is on trial), never none.
 //!
-//! Files on the ESP are changed through [`crate::store`] (temp, fsync, rename, fsync dir).
+//! Files on the ESP are changed through [`crate::durable`] (temp, fsync, rename, fsync dir).
 //!
 //! systemd-boot (no `default` line in loader.conf) boots the first entry in sort order;
 //! on U-Boot boards the ESP's `/boot.scr` makes the same choice and counts the same
@@ -37,8 +37,8 @@ use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
 use crate::core::bundle::{self, BundleError, DeviceInfo, Manifest, HEADER_LEN};
+use crate::durable;
 use crate::slots::{entry_text, entry_tries, set_sort_key, slot_entries, slot_on_trial};
-use crate::store;
 
 /// Tries a freshly installed slot gets before systemd-boot gives up on it.
 pub const TRIES: u32 = 3;
@@ -385,7 +385,7 @@ pub fn install(
     let esp = p.esp_dir()?;
     let entries = esp.join("loader/entries");
     for n in slot_entries(&esp, target).map_err(dev_err("listing ESP entries"))? {
-        store::remove(&entries.join(&n)).map_err(dev_err(format!("removing entry {n}")))?;
+        durable::remove(&entries.join(&n)).map_err(dev_err(format!("removing entry {n}")))?;
         log(&format!("removed old entry {n}"));
     }
     crate::sys::os::sync();
@@ -448,13 +448,13 @@ pub fn install(
     log("read back: root and UKI match their sha256");
     // 4. Enable: UKI into place, the new entry first in sort order with tries; only then
     // (the new entry is durable) the running slot's entry gets the second sort key.
-    store::rename(&uki_new, &uki_dir.join(format!("slot-{target}.efi")))
+    durable::rename(&uki_new, &uki_dir.join(format!("slot-{target}.efi")))
         .map_err(dev_err("renaming the UKI"))?;
     let entry = format!("riceguard-{target}+{TRIES}.conf");
-    store::write(
+    durable::write(
         &entries.join(&entry),
         entry_text(&man.version, target, KEY_DEFAULT).as_bytes(),
-        store::PUBLIC,
+        durable::PUBLIC,
     )
     .map_err(dev_err(format!("writing entry {entry}")))?;
     for n in slot_entries(&esp, running).map_err(dev_err("listing ESP entries"))? {
@@ -488,7 +488,7 @@ pub fn rollback(p: &mut dyn Platform, log: &mut dyn FnMut(&str)) -> Result<char,
     // A slot whose tries are used up would sort last anyway: give it one more try.
     if entry_tries(&name).map(|(left, _)| left) == Some(0) {
         let fresh = format!("riceguard-{target}+1.conf");
-        store::rename(&entries.join(&name), &entries.join(&fresh))
+        durable::rename(&entries.join(&name), &entries.join(&fresh))
             .map_err(dev_err("renaming entry"))?;
         log(&format!("{name} had no tries left: renamed to {fresh}"));
         name = fresh;

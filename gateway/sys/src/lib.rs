@@ -4,10 +4,10 @@
 //! `# Safety` section. The gateway crate above says `#![forbid(unsafe_code)]`; this crate
 //! depends on `riceguard-core` for the types it fills in and never on the gateway.
 
-pub mod clock;
 pub mod cmsg;
 pub mod ethtool;
 pub mod hugepage;
+pub mod kernel_clocks;
 pub mod netlink;
 pub mod nftables;
 pub mod nic;

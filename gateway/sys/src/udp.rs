@@ -248,7 +248,7 @@ pub fn gso_verdict(errno: i32) -> GsoVerdict {
 
 /// Milliseconds of `CLOCK_BOOTTIME` (never stepped), the time rests are kept in.
 fn clock_ms() -> u64 {
-    u64::try_from(crate::clock::boottime().as_millis()).unwrap_or(u64::MAX)
+    u64::try_from(crate::kernel_clocks::boottime().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl UdpSocket {

@@ -542,7 +542,7 @@ impl Runner<'_> {
             boot,
             shadows,
         };
-        if let Err(e) = crate::store::write(&path, file.to_text().as_bytes(), 0o644) {
+        if let Err(e) = crate::durable::write(&path, file.to_text().as_bytes(), 0o644) {
             log::warn!("dhcp {iface}: {}: {e}", path.display());
         }
         let mut resolv = format!("# from the DHCP lease of {iface} (riceguard dhcp)\n");
@@ -550,7 +550,7 @@ impl Runner<'_> {
             resolv.push_str(&format!("nameserver {d}\n"));
         }
         let rp = self.dir.join("resolv.conf");
-        if let Err(e) = crate::store::write(&rp, resolv.as_bytes(), 0o644) {
+        if let Err(e) = crate::durable::write(&rp, resolv.as_bytes(), 0o644) {
             log::warn!("dhcp {iface}: {}: {e}", rp.display());
         }
         lease
@@ -577,8 +577,8 @@ impl Runner<'_> {
 
     /// No lease any more: the lease file and resolv.conf go.
     fn forget(&mut self) {
-        let _ = crate::store::remove(&lease_path(self.dir, self.iface));
-        let _ = crate::store::remove(&self.dir.join("resolv.conf"));
+        let _ = crate::durable::remove(&lease_path(self.dir, self.iface));
+        let _ = crate::durable::remove(&self.dir.join("resolv.conf"));
     }
 }
 

@@ -34,7 +34,7 @@ use crate::core::clock::{
     self as policy, fmt_offset, BootRecord, Decision, Event, NtpState, Origin, Policy, Poller,
     ServerId, SntpError, UnixTime,
 };
-use crate::sys::clock as sysclock;
+use crate::sys::kernel_clocks;
 // The clock's files (their names and formats, the `clock:` and `ntp:` lines) are
 // `run::clock`'s: init and the console read them too.
 use crate::perm::clock::{save_time, saved_path};
@@ -120,7 +120,7 @@ struct Clock {
 
 impl Clock {
     fn wall(&self) -> UnixTime {
-        sysclock::realtime().add_nanos(self.virtual_offset)
+        kernel_clocks::realtime().add_nanos(self.virtual_offset)
     }
     fn step(&mut self, by: i64) -> io::Result<()> {
         if self.dry_run {
@@ -137,14 +137,14 @@ impl Clock {
         if let Err(e) = save_time(&saved_path(), ahead, st) {
             log::warn!("ntp: saving the time to {}: {e}", saved_path().display());
         }
-        sysclock::step(by)
+        kernel_clocks::step(by)
     }
     fn slew(&mut self, by: i64) -> io::Result<()> {
         if self.dry_run {
             self.virtual_offset = self.virtual_offset.saturating_add(by);
             return Ok(());
         }
-        sysclock::slew(by)
+        kernel_clocks::slew(by)
     }
     /// Save now that the clock agrees (so a power cut soon after leaves a floor the next
     /// boot may step back from).
@@ -160,8 +160,10 @@ impl Clock {
         if self.dry_run {
             return;
         }
-        if let Err(e) = sysclock::rtc_write(sysclock::RTC, sysclock::realtime().secs()) {
-            log::warn!("ntp: writing the RTC ({}): {e}", sysclock::RTC);
+        if let Err(e) =
+            kernel_clocks::rtc_write(kernel_clocks::RTC, kernel_clocks::realtime().secs())
+        {
+            log::warn!("ntp: writing the RTC ({}): {e}", kernel_clocks::RTC);
         }
     }
 }
@@ -296,7 +298,7 @@ fn run(a: Args) -> Result<(), String> {
         .and_then(|t| BootRecord::from_text(&t));
     let mut pol = match boot {
         Some(b) => Policy::new(b.wall, b.boot).back_to(b.back_to),
-        None => Policy::new(clock.wall(), sysclock::boottime()),
+        None => Policy::new(clock.wall(), kernel_clocks::boottime()),
     };
     clock.held_until = boot
         .filter(|b| b.back_to.is_some())
@@ -312,7 +314,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut said_none = false;
     let mut buf = [0u8; 512];
     loop {
-        let now = sysclock::boottime();
+        let now = kernel_clocks::boottime();
         if now >= next_refresh {
             next_refresh = now + REFRESH;
             let ids = sources.gather(&a, now);
@@ -352,21 +354,21 @@ fn run(a: Args) -> Result<(), String> {
             .poll_timeout()
             .unwrap_or(next_refresh)
             .min(next_refresh);
-        let wait = due.saturating_sub(sysclock::boottime()).min(REFRESH);
+        let wait = due.saturating_sub(kernel_clocks::boottime()).min(REFRESH);
         wait_readable(&queries, wait);
         let mut done = Vec::new();
         for (addr, s) in &queries {
             while let Ok(n) = s.recv(&mut buf) {
                 // Each answer is acted on before the next is read: a step it makes
                 // shifts the other open queries (`Poller::clock_stepped`).
-                if let Some(e) = poller.handle_reply(sysclock::boottime(), *addr, &buf[..n]) {
+                if let Some(e) = poller.handle_reply(kernel_clocks::boottime(), *addr, &buf[..n]) {
                     handle(e, &mut pol, &mut poller, &mut clock, &mut state, dry);
                     done.push(*addr);
                     break;
                 }
             }
         }
-        let tevents = poller.handle_timeout(sysclock::boottime());
+        let tevents = poller.handle_timeout(kernel_clocks::boottime());
         let changed = !done.is_empty() || !tevents.is_empty();
         for e in tevents {
             if let Event::Timeout { server } = &e {
@@ -392,7 +394,7 @@ fn handle(
     match e {
         Event::Sample { server, sample } => {
             let wall = clock.wall();
-            let now = sysclock::boottime();
+            let now = kernel_clocks::boottime();
             let who = server.addr;
             let decision = pol.decide(who, server.origin, wall, now, &sample);
             // While init holds the gateway for this first answer, no session stamps from

@@ -27,11 +27,14 @@ use crate::sys::tun::TunOffload;
 pub struct OffloadIo<'a, K: Backend> {
     pub be: &'a mut K,
     pub tcp: Option<&'a dyn TcpOut>,
-    /// The round's TCP-carried messages (sent when it ends: the transport's send may
-    /// write to the socket).
-    pub tcp_queue: &'a mut Outbox,
+    /// The round's TCP-carried messages, recorded in the [`Outbox`] the other threads
+    /// use too and carried out when the round ends (the transport's send may write to the
+    /// socket).
+    pub outbox: &'a mut Outbox,
+    /// The round's sends to peers over UDP.
     pub tx: &'a mut TxBatch<K::Buf>,
-    pub rx: &'a mut TunBatch,
+    /// The round's writes to the TUN, coalesced (what the device decrypted).
+    pub tun_writes: &'a mut TunBatch,
     pub sticky: &'a Sticky,
     /// While the device handles one received datagram: its sender and the local address
     /// it came to. Answers to that sender (a handshake response, a cookie reply) leave
@@ -43,10 +46,10 @@ impl<K: Backend> OffloadIo<'_, K> {
     /// Send and write everything queued (end of a round, outside any peer lock).
     pub fn flush(&mut self) {
         self.tx.flush(self.be);
-        self.rx.flush(self.be);
+        self.tun_writes.flush(self.be);
         self.be.submit();
-        if !self.tcp_queue.is_empty() {
-            self.tcp_queue.flush(&mut Outlets {
+        if !self.outbox.is_empty() {
+            self.outbox.flush(&mut Outlets {
                 tcp: self.tcp,
                 ..Outlets::default()
             });
@@ -71,14 +74,14 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
             }
             PeerAddr::Tcp { .. } => {
                 if self.tcp.is_some() {
-                    self.tcp_queue.send(to, d);
+                    self.outbox.send(to, d);
                 }
             }
         }
     }
 
     fn tun_write(&mut self, p: &[u8]) {
-        self.rx.push(self.be, p);
+        self.tun_writes.push(self.be, p);
     }
 
     fn send_slot(&mut self, to: PeerAddr, expected: usize, max: usize) -> Option<&mut [u8]> {
@@ -99,11 +102,11 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 
     fn tun_slot(&mut self, max: usize) -> Option<&mut [u8]> {
-        self.rx.slot(self.be, max)
+        self.tun_writes.slot(self.be, max)
     }
 
     fn tun_commit(&mut self, len: usize) {
-        self.rx.commit(len);
+        self.tun_writes.commit(len);
     }
 }
 
@@ -120,9 +123,11 @@ pub struct Cx<'a> {
 /// ([`Self::datagrams`]) and each TUN read ([`Self::tun_read`]) with its executor, and
 /// the loop calls [`Self::flush`] when the round ends.
 pub struct Pipeline<B> {
+    /// Sends to peers over UDP.
     pub tx: TxBatch<B>,
-    pub rx: TunBatch,
-    tcp_queue: Outbox,
+    /// Writes to the TUN, coalesced (not what was received: that comes in as arguments).
+    pub tun_writes: TunBatch,
+    outbox: Outbox,
     pub sticky: Sticky,
     vnet_hdr: bool,
     /// The TSO/USO splitter's output (one segment at a time, before encryption).
@@ -139,8 +144,8 @@ impl<B> Pipeline<B> {
         let co = coalesce_options(offload, vnet_hdr);
         Pipeline {
             tx: TxBatch::new(),
-            rx: TunBatch::new(co, vnet_hdr),
-            tcp_queue: Outbox::default(),
+            tun_writes: TunBatch::new(co, vnet_hdr),
+            outbox: Outbox::default(),
             sticky: Sticky::new(sticky),
             vnet_hdr,
             seg: vec![0; 65535],
@@ -165,8 +170,8 @@ impl<B> Pipeline<B> {
     ) -> usize {
         let Pipeline {
             tx,
-            rx,
-            tcp_queue,
+            tun_writes,
+            outbox,
             sticky,
             scratch,
             ..
@@ -177,9 +182,9 @@ impl<B> Pipeline<B> {
             let mut io = OffloadIo {
                 be,
                 tcp: cx.tcp,
-                tcp_queue,
+                outbox,
                 tx,
-                rx,
+                tun_writes,
                 sticky,
                 reply: m.dst.map(|d| (m.src, d)),
             };
@@ -205,8 +210,8 @@ impl<B> Pipeline<B> {
     ) -> usize {
         let Pipeline {
             tx,
-            rx,
-            tcp_queue,
+            tun_writes,
+            outbox,
             sticky,
             vnet_hdr,
             seg,
@@ -216,9 +221,9 @@ impl<B> Pipeline<B> {
         let mut io = OffloadIo {
             be,
             tcp: cx.tcp,
-            tcp_queue,
+            outbox,
             tx,
-            rx,
+            tun_writes,
             sticky,
             reply: None,
         };
@@ -242,9 +247,9 @@ impl<B> Pipeline<B> {
         OffloadIo {
             be,
             tcp: cx.tcp,
-            tcp_queue: &mut self.tcp_queue,
+            outbox: &mut self.outbox,
             tx: &mut self.tx,
-            rx: &mut self.rx,
+            tun_writes: &mut self.tun_writes,
             sticky: &self.sticky,
             reply: None,
         }

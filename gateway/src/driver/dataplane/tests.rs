@@ -11,8 +11,8 @@ use crate::core::gso::{CoalesceOptions, VIRTIO_NET_HDR_LEN};
 use crate::driver::dataplane::backend::{Backend, Dst};
 use crate::driver::dataplane::outbox::{Outbox, Outlets, TunOut, TunOutlet};
 use crate::driver::dataplane::pipeline::{datagrams, split_tun_read, Cx, OffloadIo, Pipeline};
-use crate::driver::dataplane::poll::backend::{SendStats, SyscallBackend};
 use crate::driver::dataplane::poll::engine::PollEngine;
+use crate::driver::dataplane::poll::syscall_backend::{SendStats, SyscallBackend};
 use crate::driver::dataplane::sticky::{Sticky, StickyTable};
 use crate::driver::dataplane::tun_batch::coalesce_options;
 use crate::driver::dataplane::tun_batch::TunBatch;
@@ -192,7 +192,7 @@ fn sticky_sources_learn_answer_and_forget() {
         pending: &mut pending,
         stats: &mut stats,
     };
-    let (mut tq, mut tx, mut rx) = (
+    let (mut outbox, mut tx, mut tun_writes) = (
         Outbox::default(),
         TxBatch::new(),
         TunBatch::new(CoalesceOptions::default(), false),
@@ -200,9 +200,9 @@ fn sticky_sources_learn_answer_and_forget() {
     let io = OffloadIo {
         be: &mut be,
         tcp: None,
-        tcp_queue: &mut tq,
+        outbox: &mut outbox,
         tx: &mut tx,
-        rx: &mut rx,
+        tun_writes: &mut tun_writes,
         sticky: &st,
         reply: Some((peer, local)),
     };
@@ -515,14 +515,20 @@ fn tunnel(offload: bool, bytes: usize) -> std::time::Duration {
     assert!(ok, "TCP bytes intact");
     assert_eq!(burst, vec![1200; 10], "UDP burst as 10 datagrams");
     assert_eq!(pa.malformed_reads + pb.malformed_reads, 0);
-    assert_eq!(ea.stats.dropped + eb.stats.dropped + pb.rx.write_errors, 0);
+    assert_eq!(
+        ea.stats.dropped + eb.stats.dropped + pb.tun_writes.write_errors,
+        0
+    );
     if offload && tun_a.offload().tso() && sock_a.gso_enabled() {
         assert!(pa.tx.batched_sends > 0, "A sent GSO batches");
-        assert!(pb.rx.coalesced > 0, "B wrote coalesced super-packets");
+        assert!(
+            pb.tun_writes.coalesced > 0,
+            "B wrote coalesced super-packets"
+        );
     }
     eprintln!(
         "A: {} GSO sends; B: {} coalesced TUN writes; B acks: {} GSO sends",
-        pa.tx.batched_sends, pb.rx.coalesced, pb.tx.batched_sends
+        pa.tx.batched_sends, pb.tun_writes.coalesced, pb.tx.batched_sends
     );
     took
 }

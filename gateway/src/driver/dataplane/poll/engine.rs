@@ -12,7 +12,9 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use crate::core::config::PollMode;
 use crate::driver::dataplane::backend::GSO_BUF;
 use crate::driver::dataplane::pipeline::{Cx, Pipeline};
-use crate::driver::dataplane::poll::backend::{Pending, SendStats, SyscallBackend, MAX_PENDING};
+use crate::driver::dataplane::poll::syscall_backend::{
+    Pending, SendStats, SyscallBackend, MAX_PENDING,
+};
 use crate::driver::dataplane::shared::{socket_of, Shared};
 use crate::driver::dataplane::worker::{run_loop, Drained, Engine, Waited};
 use crate::sys::cmsg::RecvMeta;

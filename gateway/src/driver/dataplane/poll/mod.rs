@@ -1,5 +1,5 @@
 //! The portable engine (`engine`: `poll(2)`, `recvmmsg`, `read`) and its executor
-//! (`backend`: `sendmsg`/`sendmmsg`/`write` at the end of a round).
+//! (`syscall_backend`: `sendmsg`/`sendmmsg`/`write` at the end of a round).
 
-pub mod backend;
 pub mod engine;
+pub mod syscall_backend;

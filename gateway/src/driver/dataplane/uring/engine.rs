@@ -31,7 +31,7 @@ use nix::errno::Errno;
 use crate::core::config::GatewayConfig;
 use crate::driver::dataplane::pipeline::{Cx, Pipeline};
 use crate::driver::dataplane::shared::{socket_of, Shared};
-use crate::driver::dataplane::uring::backend::UringBackend;
+use crate::driver::dataplane::uring::sqe_backend::UringBackend;
 use crate::driver::dataplane::worker::{run_loop, Drained, Engine, Waited};
 use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
 use crate::sys::tun::{TunOffload, TunQueue};

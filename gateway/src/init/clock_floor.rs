@@ -1,19 +1,21 @@
-//! The clock at boot and the saved time (rules and figures: `core::clock`): before the
-//! firewall, the uplink and the gateway start, the clock is set to the latest of the RTC,
-//! `/perm/clock` and the image's build time; then the time is saved ahead of the clock
-//! every `SAVE_EVERY` from the supervision loop, and at reboot/poweroff.
+//! The clock's floor, init's part of timekeeping (rules and figures: `core::clock`; the
+//! syscalls: `sys::kernel_clocks`): before the firewall, the uplink and the gateway
+//! start, the clock is set to the latest of the RTC, `/perm/clock` and the image's build
+//! time; then the time is saved ahead of the clock every `SAVE_EVERY` from the
+//! supervision loop, and at reboot/poweroff, so the next boot's floor is past every
+//! timestamp this one sent.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::core::clock::{self as policy, BootRecord, UnixTime};
+use crate::durable;
 /// Written by the image builder: the image's `SOURCE_DATE_EPOCH`.
 use crate::image_paths::BUILD_TIME as BUILD_TIME_FILE;
 use crate::perm::clock::{read_saved, save_time, saved_path};
 use crate::run::clock as files;
-use crate::store;
-use crate::sys::clock as sysclock;
+use crate::sys::kernel_clocks;
 
 /// The image's build time: [`BUILD_TIME_FILE`], else the binary's own modification time
 /// (the image builder sets every file's to `SOURCE_DATE_EPOCH`; a host build has its
@@ -36,10 +38,10 @@ pub(super) fn build_time() -> Option<i64> {
 /// may be the RTC, ahead of what perm held). True when the first NTP answer may set the
 /// clock back (after a power cut of a box that agreed with NTP: `core::clock`).
 pub(super) fn set_at_boot(perm_ok: bool) -> bool {
-    let rtc = match sysclock::rtc_read(sysclock::RTC) {
+    let rtc = match kernel_clocks::rtc_read(kernel_clocks::RTC) {
         Ok(t) => t,
         Err(e) => {
-            say!("clock: no RTC ({}: {e})", sysclock::RTC);
+            say!("clock: no RTC ({}: {e})", kernel_clocks::RTC);
             None
         }
     };
@@ -48,11 +50,11 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
     } else {
         None
     };
-    let now = sysclock::realtime();
+    let now = kernel_clocks::realtime();
     let build = build_time();
     let d = policy::boot_decision(now.secs(), rtc, saved.map(|s| s.floor), build);
     match d.set_to {
-        Some(t) => match sysclock::set_realtime(UnixTime::from_secs(t)) {
+        Some(t) => match kernel_clocks::set_realtime(UnixTime::from_secs(t)) {
             Ok(()) => say!(
                 "clock: set to {} (source: {})",
                 UnixTime::from_secs(t),
@@ -64,19 +66,19 @@ pub(super) fn set_at_boot(perm_ok: bool) -> bool {
                 d.source.name()
             ),
         },
-        None => say!("clock: {} from the RTC", sysclock::realtime()),
+        None => say!("clock: {} from the RTC", kernel_clocks::realtime()),
     }
     let rec = BootRecord {
         source: d.source,
-        wall: sysclock::realtime(),
-        boot: sysclock::boottime(),
+        wall: kernel_clocks::realtime(),
+        boot: kernel_clocks::boottime(),
         back_to: policy::back_floor(d.source, saved, build),
     };
     if let Some((b, _)) = rec.back_to {
         say!("clock: the last boot agreed with NTP: its first answer may set the clock back to {b} at the earliest");
     }
     let path = Path::new(files::RUN_DIR).join(files::BOOT_RECORD);
-    if let Err(e) = store::write(&path, rec.to_text().as_bytes(), store::PUBLIC) {
+    if let Err(e) = durable::write(&path, rec.to_text().as_bytes(), durable::PUBLIC) {
         say!("clock: {}: {e}", path.display());
     }
     if perm_ok {

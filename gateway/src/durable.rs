@@ -182,7 +182,7 @@ mod tests {
 
     #[test]
     fn writes_and_replaces_with_the_mode() {
-        let d = TempDir::new("store");
+        let d = TempDir::new("durable");
         let p = d.0.join("riceguard.conf");
         write(&p, b"one", SECRET).unwrap();
         write(&p, b"two", SECRET).unwrap();
