@@ -69,11 +69,17 @@ ping_ok() { # NS DST: a reply within 8 one-second tries (the first may wait for 
 # it arrived within 25 s. The bytes received go into $WORK/last.
 xfer() {
     : >"$WORK/last"
-    inns "$1" timeout 25 iperf3 -c "$2" -p "$3" -R -n "$4" --connect-timeout 3000 -J >"$WORK/iperf.json" 2>&1
+    inns "$1" timeout 25 iperf3 -c "$2" -p "$3" -R -n "$4" --connect-timeout 3000 -J >"$WORK/iperf.json" 2>&1 || return 1
+    received >"$WORK/last"
+    # At least what was asked: the sender may overshoot -n by part of a write (seen:
+    # 8389944 for 8388608 under load).
+    [ "$(cat "$WORK/last")" -ge "$4" ] 2>/dev/null
+}
+# received: the bytes iperf3's receiving side counted in $WORK/iperf.json.
+received() {
     python3 -c 'import json, sys
 j = json.load(open(sys.argv[1]))
-print(int(j["end"]["sum_received"]["bytes"]))' "$WORK/iperf.json" >"$WORK/last" 2>/dev/null
-    [ "$(cat "$WORK/last")" = "$4" ]
+print(int(j["end"]["sum_received"]["bytes"]))' "$WORK/iperf.json" 2>/dev/null
 }
 # pmtu_is NS DST MTU: the kernel's route to DST carries the learnt MTU.
 pmtu_is() { ip -n "$1" route get "$2" 2>/dev/null | grep -q "mtu $3"; }
@@ -206,7 +212,7 @@ small() { # FAMILY NS-IF PEER-TUNNEL-ADDR G-OUTER-DST MTU ICMP-FILTER
     cap_start "icmp$fam" $R rg "$icmpf"
     # S's source address picks the tunnel: -B for iperf3 in S (G answers to it).
     if inns $S timeout 25 iperf3 -c 10.100.0.1 -p 5201 -B "$addr" -R -n $XFER --connect-timeout 3000 -J >"$WORK/iperf.json" 2>&1 &&
-        [ "$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["end"]["sum_received"]["bytes"])' "$WORK/iperf.json")" = $XFER ]; then
+        [ "$(received)" -ge "$XFER" ] 2>/dev/null; then
         ok "(1) $fam: $XFER bytes G -> $wif over the $mtu-byte hop (iperf3 -R -n) all arrived"
     else
         ko "(1) $fam: $XFER bytes G -> $wif over the $mtu-byte hop did not all arrive in 25 s: $(tail -c 200 "$WORK/iperf.json" | tr '\n' ' ')"
