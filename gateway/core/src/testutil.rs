@@ -246,3 +246,76 @@ pub fn efivar_bytes(g: &str) -> Vec<u8> {
 pub fn part_guid(tag: u8, n: u32) -> String {
     format!("{tag:02X}{n:06X}-1111-4222-8333-444455556666")
 }
+
+/// Builders of firewall rulesets and byte strings, for the nf_tables tests here
+/// (`firewall::nft`) and in riceguard-sys (installing them in the kernel).
+pub mod nft {
+    use crate::firewall::rules::{
+        Action, BaseChain, Chain, ChainKind, Hook, Match, Rule, Ruleset, L4, PRIO_FILTER,
+    };
+    use crate::net::Cidr;
+
+    pub fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+    pub fn iif(n: &str, eq: bool) -> Match {
+        Match::Iif { name: n.into(), eq }
+    }
+    pub fn oif(n: &str, eq: bool) -> Match {
+        Match::Oif { name: n.into(), eq }
+    }
+    pub fn sa(net: &str, eq: bool) -> Match {
+        Match::Saddr { net: cidr(net), eq }
+    }
+    pub fn da(net: &str, eq: bool) -> Match {
+        Match::Daddr { net: cidr(net), eq }
+    }
+    pub fn l4(p: L4) -> Match {
+        Match::L4(p)
+    }
+    pub fn rule_(matches: Vec<Match>, counter: Option<&str>, action: Action) -> Rule {
+        let counter = counter.map(String::from);
+        Rule {
+            matches,
+            counter,
+            action,
+            comment: "",
+        }
+    }
+    pub fn noted(comment: &'static str, r: Rule) -> Rule {
+        Rule { comment, ..r }
+    }
+    pub fn base(name: &str, kind: ChainKind, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
+        let base = Some(BaseChain {
+            kind,
+            hook,
+            priority,
+            policy_drop: false,
+        });
+        Chain {
+            name: name.into(),
+            base,
+            rules,
+        }
+    }
+    pub fn filter(name: &str, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
+        base(name, ChainKind::Filter, hook, priority, rules)
+    }
+
+    /// Bytes from hex with spaces.
+    pub fn hex(s: &str) -> Vec<u8> {
+        let h: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
+        let byte = |p: &[u8]| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap();
+        h.chunks(2).map(byte).collect()
+    }
+
+    pub fn tiny() -> Ruleset {
+        let r = noted("d", rule_(vec![], Some("c"), Action::Drop));
+        let chains = vec![filter("input", Hook::Input, PRIO_FILTER, vec![r])];
+        Ruleset {
+            table: "rg".into(),
+            counters: vec!["c".into()],
+            chains,
+        }
+    }
+}

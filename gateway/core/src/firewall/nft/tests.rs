@@ -4,64 +4,11 @@
 //! reads them back with Debian's `nft`.
 
 use super::*;
-use crate::firewall::rules::{AddrType, BaseChain, ChainKind, CtStates};
-use crate::firewall::rules::{PRIO_FILTER, PRIO_RAW, PRIO_SRCNAT};
+use crate::firewall::rules::{AddrType, ChainKind, CtStates};
+use crate::firewall::rules::{PRIO_RAW, PRIO_SRCNAT};
 use crate::netlink::messages;
+use crate::testutil::nft::*;
 use Action::*;
-
-fn cidr(s: &str) -> Cidr {
-    s.parse().unwrap()
-}
-fn iif(n: &str, eq: bool) -> Match {
-    Match::Iif { name: n.into(), eq }
-}
-fn oif(n: &str, eq: bool) -> Match {
-    Match::Oif { name: n.into(), eq }
-}
-fn sa(net: &str, eq: bool) -> Match {
-    Match::Saddr { net: cidr(net), eq }
-}
-fn da(net: &str, eq: bool) -> Match {
-    Match::Daddr { net: cidr(net), eq }
-}
-fn l4(p: L4) -> Match {
-    Match::L4(p)
-}
-fn rule_(matches: Vec<Match>, counter: Option<&str>, action: Action) -> Rule {
-    let counter = counter.map(String::from);
-    Rule {
-        matches,
-        counter,
-        action,
-        comment: "",
-    }
-}
-fn noted(comment: &'static str, r: Rule) -> Rule {
-    Rule { comment, ..r }
-}
-fn base(name: &str, kind: ChainKind, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
-    let base = Some(BaseChain {
-        kind,
-        hook,
-        priority,
-        policy_drop: false,
-    });
-    Chain {
-        name: name.into(),
-        base,
-        rules,
-    }
-}
-fn filter(name: &str, hook: Hook, priority: i32, rules: Vec<Rule>) -> Chain {
-    base(name, ChainKind::Filter, hook, priority, rules)
-}
-
-/// Bytes from hex with spaces.
-fn hex(s: &str) -> Vec<u8> {
-    let h: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    let byte = |p: &[u8]| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap();
-    h.chunks(2).map(byte).collect()
-}
 
 // One expression each, lengths spelled out: LIST_ELEM { NAME, DATA { ... } }.
 fn meta(key: &str) -> String {
@@ -278,16 +225,6 @@ fn rule_message_with_counter_and_comment() {
     // A long comment is cut at a character boundary, within one TLV.
     let u = comment_udata(NFTNL_UDATA_RULE_COMMENT, &"é".repeat(200));
     assert_eq!((u[1], u.len(), u[256]), (255, 257, 0));
-}
-
-fn tiny() -> Ruleset {
-    let r = noted("d", rule_(vec![], Some("c"), Drop));
-    let chains = vec![filter("input", Hook::Input, PRIO_FILTER, vec![r])];
-    Ruleset {
-        table: "rg".into(),
-        counters: vec!["c".into()],
-        chains,
-    }
 }
 
 #[test]
