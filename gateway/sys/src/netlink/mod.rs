@@ -196,6 +196,19 @@ fn finish(m: &mut [u8]) {
     m[0..4].copy_from_slice(&len.to_ne_bytes());
 }
 
+/// What a delete request's answer means: `Ok(true)` deleted, `Ok(false)` there was
+/// nothing to delete (`ENOENT`, `ESRCH`: the kernel's "no such route/neighbour").
+fn deleted(r: Result<(), NetlinkError>) -> Result<bool, NetlinkError> {
+    match r {
+        Ok(()) => Ok(true),
+        Err(NetlinkError::Kernel {
+            errno: nix::Error::ENOENT | nix::Error::ESRCH,
+            ..
+        }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
     match ip {
         IpAddr::V4(a) => a.octets().to_vec(),

@@ -4,8 +4,8 @@
 
 use super::route::RTPROT_RICEGUARD;
 use super::{
-    attrs, family, finish, ip_bytes, ip_from, put_attr, put_hdr, Netlink, NetlinkError, NLM_F_ACK,
-    NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
+    attrs, deleted, family, finish, ip_bytes, ip_from, put_attr, put_hdr, Netlink, NetlinkError,
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
 };
 use std::net::IpAddr;
 
@@ -99,17 +99,10 @@ impl Netlink {
     ) -> Result<bool, NetlinkError> {
         let mut m = Vec::with_capacity(48);
         neigh_msg(&mut m, RTM_DELNEIGH, 0, self.next_seq(), ifindex, addr);
-        match self.request(
+        deleted(self.request(
             &m,
             &format!("delete proxy neighbour {addr} on interface {ifindex}"),
-        ) {
-            Ok(()) => Ok(true),
-            Err(NetlinkError::Kernel {
-                errno: nix::Error::ENOENT | nix::Error::ESRCH,
-                ..
-            }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        ))
     }
 
     /// Every neighbour table entry of both families (`ip neigh show`).

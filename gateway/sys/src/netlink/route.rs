@@ -4,8 +4,9 @@
 //! uplink guard removes, and the dump of every route.
 
 use super::{
-    attrs, family, finish, ip_bytes, ip_from, put_attr, put_hdr, u32_from, Netlink, NetlinkError,
-    AF_INET, AF_INET6, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST,
+    attrs, deleted, family, finish, ip_bytes, ip_from, put_attr, put_hdr, u32_from, Netlink,
+    NetlinkError, AF_INET, AF_INET6, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE,
+    NLM_F_REQUEST,
 };
 use std::net::IpAddr;
 
@@ -70,16 +71,11 @@ impl Netlink {
         m[4..6].copy_from_slice(&RTM_DELROUTE.to_ne_bytes());
         m[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
         let via = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-        match self.request(
+        deleted(self.request(
             &m,
             &format!("delete route {}/{}{via}", r.dst.addr, r.dst.prefix),
-        ) {
-            Err(NetlinkError::Kernel {
-                errno: nix::Error::ESRCH,
-                ..
-            }) => Ok(()),
-            r => r,
-        }
+        ))
+        .map(|_| ())
     }
 
     /// Every route of both families, all tables (cloned cache entries left out).
@@ -116,14 +112,7 @@ impl Netlink {
     pub fn delete_owned_route(&mut self, dst: Cidr, ifindex: u32) -> Result<bool, NetlinkError> {
         let mut m = Vec::with_capacity(80);
         owned_route_msg(&mut m, RTM_DELROUTE, 0, self.next_seq(), dst, ifindex);
-        match self.request(&m, &format!("delete route {}", dst.network())) {
-            Ok(()) => Ok(true),
-            Err(NetlinkError::Kernel {
-                errno: nix::Error::ESRCH | nix::Error::ENOENT,
-                ..
-            }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        deleted(self.request(&m, &format!("delete route {}", dst.network())))
     }
 
     /// Delete the kernel's on-link prefix route (`proto kernel`: made for an address
@@ -132,14 +121,7 @@ impl Netlink {
     pub fn delete_kernel_route(&mut self, dst: Cidr, ifindex: u32) -> Result<bool, NetlinkError> {
         let mut m = Vec::with_capacity(80);
         kernel_route_del_msg(&mut m, self.next_seq(), dst, ifindex);
-        match self.request(&m, &format!("delete route {}", dst.network())) {
-            Ok(()) => Ok(true),
-            Err(NetlinkError::Kernel {
-                errno: nix::Error::ESRCH | nix::Error::ENOENT,
-                ..
-            }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        deleted(self.request(&m, &format!("delete route {}", dst.network())))
     }
 }
 
