@@ -693,6 +693,8 @@ pub fn nat_summary(cfg: &Config, p: &Ports) -> Vec<String> {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let off = masquerade_off_sources(cfg);
+    let sources = tunnel_sources(cfg);
     let mut out = Vec::new();
     match cfg.gateway.masquerade {
         MasqueradeMode::Off => out.push("nat: off (Masquerade = off)".into()),
@@ -707,16 +709,13 @@ pub fn nat_summary(cfg: &Config, p: &Ports) -> Vec<String> {
                 .uplink_nets
                 .iter()
                 .copied()
-                .chain(masquerade_off_sources(cfg))
+                .chain(off.iter().copied())
                 .collect();
-            let translated: Vec<Cidr> = minimal(
-                tunnel_sources(cfg)
-                    .into_iter()
-                    .flat_map(|c| subtract(c, &exempt)),
-            );
-            let on_link: Vec<Cidr> = tunnel_sources(cfg)
-                .into_iter()
+            let translated = minimal(sources.iter().flat_map(|c| subtract(*c, &exempt)));
+            let on_link: Vec<Cidr> = sources
+                .iter()
                 .filter(|c| p.uplink_nets.iter().any(|n| n.overlaps(c)))
+                .copied()
                 .collect();
             if translated.is_empty() {
                 out.push("nat: no tunnel subnet needs translating".into());
@@ -742,7 +741,6 @@ pub fn nat_summary(cfg: &Config, p: &Ports) -> Vec<String> {
             }
         }
     }
-    let off = masquerade_off_sources(cfg);
     if !off.is_empty() && cfg.gateway.masquerade != MasqueradeMode::Off {
         out.push(format!(
             "nat: {} not translated ([Peer] Masquerade = off)",
