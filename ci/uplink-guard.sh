@@ -201,6 +201,9 @@ check "no proxy entry left after stop" sh -c "[ -z \"\$(ip -n $G neigh show prox
 # ---- (5) a rogue RA for the tunnel's own prefix ------------------------------------------------
 echo "--- (5) the factory tunnel (10.100.0.1/24, fd00:100::1/64) and a rogue RA for fd00:100::/64"
 stop_pid "$RA_PID"
+# The kernel unregisters the first daemon's TUN after its last file closes, a moment after
+# the process is gone; a new daemon with the same name before that gets EBUSY.
+check "(5) the first daemon's $TUN is gone" wait_for 10 eval "! ip -n $G link show $TUN >/dev/null 2>&1"
 cat >"$PERM/factory.conf" <<EOF
 [Interface]
 PrivateKey = $kg
