@@ -88,6 +88,9 @@ start_client() { # RUNDIR LOG
 has_table() { ip netns exec $CLI nft list table inet riceguard >/dev/null 2>&1; }
 sysctl_is() { [ "$(ip netns exec $CLI sysctl -n "$1" 2>/dev/null)" = "$2" ]; }
 tun_up() { [ -S "/var/run/wireguard/$TUN.sock" ] && ip -n $CLI -o link show $TUN 2>/dev/null | grep -q ',UP'; }
+# The kernel unregisters a stopped daemon's TUN a moment after the process is gone; the
+# next daemon with that name waits for it (else: EBUSY).
+tun_gone() { ! ip -n $CLI link show $TUN >/dev/null 2>&1; }
 if [ "$only" != untrusted ]; then
 # ---- the appliance daemon in the client namespace, its firewall in place first ---------
 has_addr6() { ip -n $CLI -6 addr show dev $VC scope global | grep -q "inet6 2001:db8:77:"; }
@@ -307,6 +310,7 @@ factory_conf() { # FILE ADDRESS PHONE_IP LAPTOP_IP
 ip -n $CLI addr flush dev $VC
 ip -n $SRV addr add 10.100.0.254/24 dev $VS
 factory_conf "$tmp/factory.conf" 10.100.0.1/24 10.100.0.2 10.100.0.3
+wait_for 10 tun_gone
 spawn env RG_LOG=info ip netns exec $CLI "$RG" up --config "$tmp/factory.conf" --workers 1 >"$tmp/gw-rogue.log" 2>&1
 gw_pid=$!
 check "rogue lease: the appliance daemon up with the factory tunnel 10.100.0.1/24" wait_for 10 spoof_rule 10.100.0.0/24
@@ -351,6 +355,7 @@ inns $SRV sysctl -qw net.ipv4.ip_forward=1
 at_exit rm -f "/var/run/wireguard/$WP.sock"
 ip -n $CLI addr flush dev $VC
 factory_conf "$tmp/fromlan.conf" 192.168.77.250/24 192.168.77.251 192.168.77.252
+wait_for 10 tun_gone
 spawn env RG_LOG=info ip netns exec $CLI "$RG" up --config "$tmp/fromlan.conf" --workers 1 >"$tmp/gw-fromlan.log" 2>&1
 gw_pid=$!
 check "tunnel from the LAN: the appliance daemon up (Address = 192.168.77.250/24)" wait_for 10 tun_up
