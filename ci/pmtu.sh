@@ -222,12 +222,6 @@ small() { # FAMILY NS-IF PEER-TUNNEL-ADDR G-OUTER-DST MTU ICMP-FILTER
     else
         ko "(1) $fam: $XFER bytes $wif -> G over the $mtu-byte hop: $(cat "$WORK/last") arrived in 25 s: $(tail -c 200 "$WORK/iperf.json" | tr '\n' ' ')"
     fi
-    cap_stop "icmp$fam"
-    n=$(grep -cE 'need to frag|packet too big' "$WORK/icmp$fam.cap")
-    if [ "$n" -ge 1 ]; then ok "(1) $fam: R sent G $n ICMP error(s) about its datagrams ($(grep -m1 -oE 'mtu [0-9]+' "$WORK/icmp$fam.cap"))"
-    else ko "(1) $fam: R sent G no ICMP error"; fi
-    if pmtu_is $G "$dst" "$mtu"; then ok "(1) $fam: G learnt the path MTU: $(ip -n $G route get "$dst" | grep -oE 'mtu [0-9]+' | head -1)"
-    else ko "(1) $fam: G did not learn MTU $mtu: $(ip -n $G route get "$dst" | head -1)"; fi
     # A 1420-byte inner packet with DF (the tunnel's MTU): delivered, and how it crossed
     # the far link (S's side of it).
     cap_start "big$fam" $G upl "dst host $dst"
@@ -236,6 +230,16 @@ small() { # FAMILY NS-IF PEER-TUNNEL-ADDR G-OUTER-DST MTU ICMP-FILTER
     else ko "(1) $fam: 1420-byte inner packets G -> $wif: $(tail -2 "$WORK/big$fam.ping" | tr '\n' ' ')"; fi
     cap_stop "big$fam"
     note "(1) $fam: 3 pings of 1420 bytes inner left G as: $(frags "$WORK/big$fam.cap")"
+    # The ICMP error and the learnt MTU are checked after the DF pings: during the bulk
+    # transfers an IPv4 GSO send longer than the route's MTU leaves without DF (the kernel
+    # sets DF only on what fits) and R may fragment it instead of answering, so whether
+    # the transfers alone draw an error depends on how the sends were batched.
+    cap_stop "icmp$fam"
+    n=$(grep -cE 'need to frag|packet too big' "$WORK/icmp$fam.cap")
+    if [ "$n" -ge 1 ]; then ok "(1) $fam: R sent G $n ICMP error(s) about its datagrams ($(grep -m1 -oE 'mtu [0-9]+' "$WORK/icmp$fam.cap"))"
+    else ko "(1) $fam: R sent G no ICMP error"; fi
+    if pmtu_is $G "$dst" "$mtu"; then ok "(1) $fam: G learnt the path MTU: $(ip -n $G route get "$dst" | grep -oE 'mtu [0-9]+' | head -1)"
+    else ko "(1) $fam: G did not learn MTU $mtu: $(ip -n $G route get "$dst" | head -1)"; fi
 }
 small IPv4 $WS4 10.100.0.2 198.51.100.2 1400 "icmp and icmp[0] == 3 and icmp[1] == 4"
 small IPv6 $WS6 10.100.0.4 2001:db8:5::2 1280 "icmp6 and ip6[40] == 2"
