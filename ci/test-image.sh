@@ -366,7 +366,8 @@ EOF
         boot "$b-reboot" "$disk" "$b" reboot_typed RG_QEMU_SERIAL_IN="$sin" RG_QEMU_NET=tap \
             RG_QEMU_NS_HOOK="$peer $res" RG_QEMU_EXTRA="-rtc base=2001-01-01T00:00:00"
         log=$work/$b-reboot.log.txt
-        grep -aE '^clock: ' "$log" | head -1 | sed "s/^/     $b show status: /"
+        # The reply as the serial line has it (what the next checks read, shown whole).
+        grep -aA3 'show status' "$log" | head -4 | cat -v | sed "s/^/     $b show status: /"
         # Boot 2 held its gateway until its step back, so it left no stamps ahead of its
         # clock: boot 3's first answer steps back to the server's time, and the other
         # server then agrees (no "ahead" refusal: the clock is not carried ahead).

@@ -21,6 +21,23 @@ use std::sync::{Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// One line to the console in a single `write`: init, its services' relayed output and
+/// the console itself share one terminal, and the kernel's tty layer keeps a single write
+/// whole, while `eprintln!` writes the text and its newline separately: a console reply
+/// written between the two lands mid-line (a CI run once found no line starting with
+/// `clock: ` after `show status` while the restarted gateway's lines were relayed).
+pub fn console_line(text: &str) {
+    let _ = write_line(&mut std::io::stderr().lock(), text);
+}
+
+/// `text` and its newline as one buffer, handed to `w` in one `write_all`.
+pub fn write_line(w: &mut impl std::io::Write, text: &str) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(text.len() + 1);
+    buf.extend_from_slice(text.as_bytes());
+    buf.push(b'\n');
+    w.write_all(&buf)
+}
+
 /// Lines the queue holds: at 115200 baud a console writes about 100 lines a second, so
 /// this is ten seconds of backlog; a burst beyond that is dropped and counted.
 pub const QUEUE_LINES: usize = 1024;
@@ -489,6 +506,69 @@ mod tests {
 
     fn s(n: u64) -> Duration {
         Duration::from_secs(n)
+    }
+
+    /// Records every `write` call it gets, as a terminal sees them.
+    #[derive(Default)]
+    struct Writes(Vec<Vec<u8>>);
+
+    impl std::io::Write for Writes {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.push(b.to_vec());
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A console line reaches the terminal as one write, newline included (`eprintln!`
+    /// makes two, and another writer's line can land between them).
+    #[test]
+    fn console_line_is_one_write() {
+        let mut w = Writes::default();
+        write_line(&mut w, "riceguard-init: gateway started (pid 7)").unwrap();
+        write_line(
+            &mut w,
+            "clock: 2026-12-03T22:11:13Z\nversion: riceguard 0.1.0",
+        )
+        .unwrap();
+        assert_eq!(
+            w.0,
+            [
+                b"riceguard-init: gateway started (pid 7)\n".to_vec(),
+                b"clock: 2026-12-03T22:11:13Z\nversion: riceguard 0.1.0\n".to_vec()
+            ]
+        );
+        // What it replaces: the text and the newline as separate writes.
+        let mut e = Writes::default();
+        std::io::Write::write_fmt(&mut e, format_args!("{}\n", String::from("x"))).unwrap();
+        assert!(e.0.len() > 1, "{:?}", e.0);
+    }
+
+    /// init writes to the shared terminal only through `console_line` (its `say!` and the
+    /// relay), never with `eprintln!`/`println!`.
+    #[test]
+    fn init_writes_whole_lines() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/init");
+        let mut found = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let text = std::fs::read_to_string(&p).unwrap();
+            found += 1;
+            for (n, l) in text.lines().enumerate() {
+                let code = l.split("//").next().unwrap_or("");
+                assert!(
+                    !code.contains("eprintln!")
+                        && !code.contains("println!")
+                        && !code.contains("eprint!"),
+                    "{}:{}: writes to the console in pieces: {l}",
+                    p.display(),
+                    n + 1
+                );
+            }
+        }
+        assert!(found > 5, "read {found} files of {}", dir.display());
     }
 
     #[test]

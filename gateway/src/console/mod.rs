@@ -135,7 +135,9 @@ impl Out {
     fn reply(&self, r: &Reply) {
         let mut o = std::io::stdout().lock();
         if !r.text.is_empty() {
-            let _ = writeln!(o, "{}", r.text);
+            // Text and newline in one write: init's lines share this terminal, and a
+            // line of theirs written between the two would glue onto our last line.
+            let _ = crate::logger::write_line(&mut o, &r.text);
         }
         let _ = o.flush();
     }

@@ -34,7 +34,7 @@ pub mod sysctl;
 use std::process::ExitCode;
 
 macro_rules! say {
-    ($($t:tt)*) => { eprintln!("riceguard-init: {}", format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::logger::console_line(&format!("riceguard-init: {}", format_args!($($t)*))) };
 }
 
 // One file per concern (declared after `say!`, which they use).
@@ -54,7 +54,7 @@ use self::stage2::stage2;
 
 pub fn main(args: &[String]) -> ExitCode {
     if std::process::id() != 1 {
-        eprintln!("riceguard init: must run as PID 1 (the image's /init); for a shell, see `riceguard --help`");
+        crate::logger::console_line("riceguard init: must run as PID 1 (the image's /init); for a shell, see `riceguard --help`");
         return ExitCode::from(1);
     }
     if args.iter().any(|a| a == "--stage2") {

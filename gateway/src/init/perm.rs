@@ -78,7 +78,7 @@ pub(super) fn load_config(perm_ok: bool) -> Option<GatewayConfig> {
     }
     let text = perm_config::read_text(dir);
     if let Some(k) = private_key_line(&text) {
-        eprintln!("riceguard: public key {}", k.public().to_base64());
+        crate::logger::console_line(&format!("riceguard: public key {}", k.public().to_base64()));
     }
     match crate::core::ini::parse(CONFIG, &text) {
         Ok(c) => {

@@ -272,7 +272,10 @@ impl Supervisor {
                     s.state = match spawn(&s.spec, &s.ring) {
                         Ok(pid) => {
                             s.starts += 1;
-                            eprintln!("riceguard-init: {} started (pid {pid})", s.spec.name);
+                            crate::logger::console_line(&format!(
+                                "riceguard-init: {} started (pid {pid})",
+                                s.spec.name
+                            ));
                             if !s.spec.health_checked {
                                 s.backoff.healthy(now);
                             }
@@ -280,11 +283,11 @@ impl Supervisor {
                         }
                         Err(e) => {
                             let d = s.backoff.delay(now);
-                            eprintln!(
+                            crate::logger::console_line(&format!(
                                 "riceguard-init: {} could not start: {e}; retrying in {}s",
                                 s.spec.name,
                                 d.as_secs()
-                            );
+                            ));
                             State::Waiting(now + d)
                         }
                     };
@@ -317,15 +320,15 @@ impl Supervisor {
             after_exit(&status, delay, now)
         };
         match s.state {
-            State::Waiting(_) => eprintln!(
+            State::Waiting(_) => crate::logger::console_line(&format!(
                 "riceguard-init: {} exited ({why}); restarting in {}s",
                 s.spec.name,
                 delay.as_secs()
-            ),
-            _ => eprintln!(
+            )),
+            _ => crate::logger::console_line(&format!(
                 "riceguard-init: {} exited ({why}); not restarting",
                 s.spec.name
-            ),
+            )),
         }
         s.last_status = Some(why);
         if let Ok(r) = s.ring.lock() {
@@ -399,7 +402,7 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<LogRing>>) -> std::io::Result<Pid> {
         let name = spec.name.clone();
         std::thread::spawn(move || {
             relay(std::fs::File::from(r), &name, &ring, &mut |l| {
-                eprintln!("{l}")
+                crate::logger::console_line(l)
             });
         });
     }
