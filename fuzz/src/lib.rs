@@ -435,6 +435,23 @@ pub fn check_dhcp(data: &[u8]) {
     }
 }
 
+/// An `authorized_keys` line through the SSH key parser (`core::ssh_key`) and the
+/// `SshKey` value parser: nothing panics, and an accepted key prints back to a line that
+/// parses to the same key, with a `SHA256:` fingerprint of 43 base64 characters.
+pub fn check_ssh_key(data: &[u8]) {
+    use riceguard::core::ssh_key::PublicKey;
+    let text = String::from_utf8_lossy(data);
+    if let Ok(k) = PublicKey::parse(&text) {
+        let line = k.to_string();
+        assert_eq!(PublicKey::parse(&line).as_ref(), Ok(&k), "{line}");
+        let fp = k.fingerprint();
+        assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 43, "{fp}");
+    }
+    if let Ok(sk) = riceguard::core::value::ssh_key(&text) {
+        assert!(riceguard::core::config::valid_ssh_key_name(&sk.name));
+    }
+}
+
 /// SNTP answers: the first 8 bytes are our clock (unix ns, the era pivot), bit 0 of the
 /// ninth picks whether the cookie is patched into the originate so the fuzzer gets past
 /// it; the rest is the datagram. It goes through `Reply::parse`, the poller (as the answer
@@ -743,6 +760,11 @@ mod tests {
     #[test]
     fn uring_recv_seeded() {
         run("uring_recv", check_uring_recv, 20_000);
+    }
+
+    #[test]
+    fn ssh_key_seeded() {
+        run("ssh_key", check_ssh_key, 20_000);
     }
 
     #[test]

@@ -323,6 +323,30 @@ pub struct GatewayConfig {
     /// `UplinkOverlap = auto | refuse`: what the uplink's lease and RAs may overlap of
     /// the tunnel's routes.
     pub uplink_overlap: OverlapPolicy,
+    /// `SshKey = NAME TYPE BASE64 [COMMENT]`: the keys that may log in to the console
+    /// over SSH (`riceguard ssh`). Empty: nothing listens.
+    pub ssh_keys: Vec<SshKey>,
+    /// `SshPort`: the TCP port `riceguard ssh` listens on (default 22).
+    pub ssh_port: u16,
+}
+
+/// The SSH server's port when `SshPort` is not set.
+pub const DEFAULT_SSH_PORT: u16 = 22;
+
+/// One key that may log in over SSH, with the name its sessions go by (`ssh-17:alice`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshKey {
+    pub name: String,
+    pub key: crate::ssh_key::PublicKey,
+}
+
+/// An SSH key's name: 1-16 of `A-Z a-z 0-9 . _ -`, not starting with `-` or `.` (so a
+/// session name `ssh-N:NAME` stays within the console's 32 characters).
+pub fn valid_ssh_key_name(s: &str) -> bool {
+    (1..=16).contains(&s.len())
+        && !s.starts_with(['-', '.'])
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 impl Default for GatewayConfig {
@@ -352,6 +376,8 @@ impl Default for GatewayConfig {
             masquerade: MasqueradeMode::Auto,
             ntp: Vec::new(),
             uplink_overlap: OverlapPolicy::Auto,
+            ssh_keys: Vec::new(),
+            ssh_port: DEFAULT_SSH_PORT,
         }
     }
 }
@@ -488,6 +514,8 @@ pub enum ValidationError {
     ZeroPrivateKey,
     /// `Buffers = 0`.
     NoBuffers,
+    /// `SshPort` is a port another setting uses (`by` names it).
+    SshPortTaken { port: u16, by: &'static str },
 }
 
 impl fmt::Display for ValidationError {
@@ -536,6 +564,10 @@ impl fmt::Display for ValidationError {
             ValidationError::DuplicateValue { what, value } => {
                 write!(f, "{what} lists {value} twice")
             }
+            ValidationError::SshPortTaken { port, by } => write!(
+                f,
+                "SshPort {port} is the {by} port: give SSH a port of its own (set gateway ssh-port N)"
+            ),
             ValidationError::DuplicatePeerName { name } => write!(
                 f,
                 "two peers are named {}: peer names must differ",
@@ -673,6 +705,21 @@ impl Config {
         }
         if g.buffers == 0 {
             errs.push(ValidationError::NoBuffers);
+        }
+        // Only once SSH listens (a key is set): a file with `ListenPort = 22` and no key
+        // loads as before.
+        let ssh_on = !g.ssh_keys.is_empty();
+        if ssh_on && self.interface.listen_port == Some(g.ssh_port) {
+            errs.push(ValidationError::SshPortTaken {
+                port: g.ssh_port,
+                by: "ListenPort",
+            });
+        }
+        if ssh_on && g.tcp_listen.contains(&g.ssh_port) {
+            errs.push(ValidationError::SshPortTaken {
+                port: g.ssh_port,
+                by: "TcpListen",
+            });
         }
         errs
     }
@@ -908,5 +955,31 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// SSH's port is its own: not the WireGuard port, not a TCP-fallback port (once a key
+    /// is set; without one nothing listens and a `ListenPort = 22` stays valid).
+    #[test]
+    fn ssh_port_collisions() {
+        let mut c = base();
+        c.interface.listen_port = Some(22);
+        c.validate().unwrap();
+        let ed = "alice ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC";
+        c.gateway.ssh_keys = vec![crate::value::ssh_key(ed).unwrap()];
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::SshPortTaken {
+                port: 22,
+                by: "ListenPort"
+            })
+        );
+        c.gateway.ssh_port = 2222;
+        c.validate().unwrap();
+        c.gateway.tcp_listen = vec![443, 2222];
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "SshPort 2222 is the TcpListen port: give SSH a port of its own (set gateway ssh-port N)"
+        );
     }
 }

@@ -120,7 +120,7 @@ fn wg_quick_only(lk: &str, v: &str) -> Option<Result<String, String>> {
 }
 
 /// The configuration schema this firmware reads and writes (`core::bundle::COMPAT`).
-pub const SCHEMA: u8 = 3;
+pub const SCHEMA: u8 = 4;
 
 /// The schema that added a key (lowercase), by section: 1 for the original keys. Older
 /// firmware refuses a newer key, so [`emit_compat`] writes it on a line that firmware
@@ -130,6 +130,7 @@ fn key_schema(section: Section, lk: &str) -> u8 {
         (Section::Gateway, "firewall" | "masquerade")
         | (Section::Peer, "masquerade" | "enabled") => 2,
         (Section::Gateway, "ntp" | "uplinkoverlap") => 3,
+        (Section::Gateway, "sshkey" | "sshport") => 4,
         _ => 1,
     }
 }
@@ -189,7 +190,7 @@ struct PeerDraft {
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored with a warning)";
 const PEER_KEYS: &str =
     "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap, SshKey, SshPort";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -563,6 +564,20 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                         extend_once(&mut g.ntp, servers, "").map_err(e)?
                     }
                     "uplinkoverlap" => g.uplink_overlap = value::uplink_overlap(v).map_err(bad)?,
+                    "sshkey" => {
+                        let k = value::ssh_key(v).map_err(bad)?;
+                        if g.ssh_keys.iter().any(|o| o.name == k.name) {
+                            return Err(e(format!("SSH key {} is given twice", k.name)));
+                        }
+                        if let Some(o) = g.ssh_keys.iter().find(|o| o.key.blob() == k.key.blob()) {
+                            return Err(e(format!(
+                                "SSH key {} is the same key as {} (one key, one name: sessions are told apart by it)",
+                                k.name, o.name
+                            )));
+                        }
+                        g.ssh_keys.push(k)
+                    }
+                    "sshport" => g.ssh_port = value::port(v).map_err(bad)?,
                     _ => {
                         return Err(e(format!(
                             "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
@@ -629,8 +644,8 @@ pub fn emit(cfg: &Config) -> String {
 
 /// The first lines of a file [`emit_compat`] writes with `#+` lines in it.
 pub const COMPAT_NOTE: &str = "# Lines starting with #+ hold settings of configuration schema 2 (Firewall, Masquerade, Enabled),\n\
-# lines starting with #3+ those of schema 3 (Ntp, UplinkOverlap): older firmware reads them as\n\
-# comments, so after a rollback it runs this file without them.\n";
+# lines starting with #3+ those of schema 3 (Ntp, UplinkOverlap), #4+ those of schema 4 (SshKey,\n\
+# SshPort): older firmware reads them as comments, so after a rollback it runs this file without them.\n";
 
 /// The file the console saves: [`emit`], with every setting schema-1 firmware does not
 /// know on a `#+` line and a disabled peer's whole section on `#+` lines (see the module
@@ -658,10 +673,20 @@ pub fn schema1_view(cfg: &Config) -> Config {
 /// schema-3 settings at their defaults (that firmware sets no clock and checks no lease
 /// against the tunnel's routes).
 pub fn schema2_view(cfg: &Config) -> Config {
-    let mut c = cfg.clone();
+    let mut c = schema3_view(cfg);
     let d = GatewayConfig::default();
     c.gateway.ntp = d.ntp;
     c.gateway.uplink_overlap = d.uplink_overlap;
+    c
+}
+
+/// What schema-3 firmware runs from the file [`emit_compat`] writes for `cfg`: no SSH
+/// keys and the default port (that firmware has no SSH server: nothing listens).
+pub fn schema3_view(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    let d = GatewayConfig::default();
+    c.gateway.ssh_keys = d.ssh_keys;
+    c.gateway.ssh_port = d.ssh_port;
     c
 }
 
@@ -686,6 +711,12 @@ pub fn schema2_settings(cfg: &Config) -> Vec<String> {
             "UplinkOverlap = {}",
             cfg.gateway.uplink_overlap.as_str()
         ));
+    }
+    for k in &cfg.gateway.ssh_keys {
+        out.push(format!("SshKey {} (no SSH server there)", k.name));
+    }
+    if cfg.gateway.ssh_port != d.ssh_port {
+        out.push(format!("SshPort = {}", cfg.gateway.ssh_port));
     }
     for p in &cfg.peers {
         let who = match &p.name {
@@ -844,6 +875,23 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
         let _ = writeln!(gs, "{new3}{l}");
         guarded |= guard;
     }
+    // Schema 4.
+    let new4 = if guard {
+        guard_prefix(4)
+    } else {
+        String::new()
+    };
+    let mut s4 = String::new();
+    for k in &g.ssh_keys {
+        let _ = writeln!(s4, "SshKey = {} {}", k.name, k.key);
+    }
+    if g.ssh_port != d.ssh_port {
+        let _ = writeln!(s4, "SshPort = {}", g.ssh_port);
+    }
+    for l in s4.lines() {
+        let _ = writeln!(gs, "{new4}{l}");
+        guarded |= guard;
+    }
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
@@ -973,6 +1021,25 @@ pub(crate) mod tests {
         }
         if rng.chance(4) {
             g.uplink_overlap = crate::config::OverlapPolicy::Refuse;
+        }
+        for i in 0..rng.below(3) {
+            // An ed25519 blob of this test's bytes (the parser checks structure only).
+            let mut raw = [0u8; 32];
+            raw[0] = i as u8;
+            raw[1..9].copy_from_slice(&rng.next().to_le_bytes());
+            let b64 = base64::Engine::encode(
+                &base64::engine::general_purpose::STANDARD,
+                crate::ssh_key::ed25519_blob(&raw),
+            );
+            let key = crate::ssh_key::PublicKey::parse(&format!("ssh-ed25519 {b64} user{i}@host"))
+                .expect("a well-formed key");
+            g.ssh_keys.push(crate::config::SshKey {
+                name: format!("key-{i}"),
+                key,
+            });
+        }
+        if rng.chance(4) {
+            g.ssh_port = rng.port();
         }
         if rng.chance(3) {
             g.buffers = 1 + rng.below(1 << 20) as u32;
@@ -1254,6 +1321,56 @@ pub(crate) mod tests {
         assert!(parse_as_schema1("s1", "[Interface]\nTable = off\nPostUp = x\n").is_ok());
     }
 
+    /// Schema 4: `SshKey` and `SshPort` on `#4+` lines, which schema-3 firmware (it reads
+    /// `#+` and `#3+` lines) skips: after a rollback it runs the file without SSH, as a
+    /// firmware that has no SSH server.
+    #[test]
+    fn schema4_keys_on_their_own_guarded_lines() {
+        const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC alice@laptop";
+        let mut c = Config::default();
+        c.gateway.ssh_keys = vec![crate::value::ssh_key(&format!("alice {ED}")).unwrap()];
+        c.gateway.ssh_port = 2222;
+        c.gateway.ntp = vec![crate::config::NtpServer::parse("192.0.2.1").unwrap()];
+        let text = emit_compat(&c);
+        assert!(
+            text.contains(&format!("\n#4+ SshKey = alice {ED}\n")),
+            "{text}"
+        );
+        assert!(text.contains("\n#4+ SshPort = 2222\n"), "{text}");
+        assert!(text.starts_with(COMPAT_NOTE));
+        assert_eq!(parse("f", &text).unwrap(), c);
+        let three = parse_as_schema(3, "f", &text).unwrap();
+        assert_eq!(three, schema3_view(&c));
+        assert!(three.gateway.ssh_keys.is_empty());
+        assert_eq!(
+            three.gateway.ntp, c.gateway.ntp,
+            "schema 3 keeps its own settings"
+        );
+        assert_eq!(parse_as_schema(2, "f", &text).unwrap(), schema2_view(&c));
+        assert_eq!(parse_as_schema1("f", &text).unwrap(), schema1_view(&c));
+        // Plain, by hand: schema 3 refuses it as a later schema's key.
+        let plain = format!("[Gateway]\nSshKey = alice {ED}\n");
+        let e = parse_as_schema(3, "f", &plain).unwrap_err();
+        assert!(e.to_string().contains("schema 3"), "{e}");
+        assert_eq!(earlier_refusal("f", &plain).unwrap().0, 4);
+        assert!(schema2_settings(&c)
+            .iter()
+            .any(|s| s.starts_with("SshKey alice")));
+        for bad in [
+            format!("SshKey = {ED}"),
+            format!("SshKey = -alice {ED}"),
+            format!("SshKey = a-name-longer-than-16 {ED}"),
+            "SshKey = alice ssh-rsa AAAA".to_string(),
+            "SshKey = alice".to_string(),
+            format!("SshKey = alice {ED}\nSshKey = alice {ED}"),
+            format!("SshKey = alice {ED}\nSshKey = bob {ED}"),
+            "SshPort = 0".to_string(),
+            "SshPort = 65536".to_string(),
+        ] {
+            assert!(parse("f", &format!("[Gateway]\n{bad}\n")).is_err(), "{bad}");
+        }
+    }
+
     /// Schema 3: `Ntp` and `UplinkOverlap` on `#3+` lines, which schema-2 firmware (it reads
     /// `#+` lines as settings) and schema-1 firmware both skip.
     #[test]
@@ -1287,9 +1404,9 @@ pub(crate) mod tests {
         let (n, _) = earlier_refusal("f", "[Gateway]\nFirewall = off\n").unwrap();
         assert_eq!(n, 2);
         assert!(earlier_refusal("f", &text).is_none());
-        // A `#4+` line is a comment to this firmware (a later schema's setting).
+        // A `#5+` line is a comment to this firmware (a later schema's setting).
         assert_eq!(
-            parse("f", "[Gateway]\n#4+ Future = x\n").unwrap(),
+            parse("f", "[Gateway]\n#5+ Future = x\n").unwrap(),
             Config::default()
         );
         for bad in [

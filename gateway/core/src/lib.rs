@@ -22,6 +22,7 @@ pub mod netlink;
 pub mod netplan;
 pub mod offload;
 pub mod slots;
+pub mod ssh_key;
 pub mod tcp_admission;
 pub mod uapi;
 pub mod uplink_overlap;

@@ -360,6 +360,24 @@ pub fn uplink_overlap(v: &str) -> R<OverlapPolicy> {
     OverlapPolicy::parse(v).ok_or_else(|| BadValue::new(v, "auto or refuse"))
 }
 
+/// `SshKey`: `NAME TYPE BASE64 [COMMENT]`.
+pub fn ssh_key(v: &str) -> R<crate::config::SshKey> {
+    let v = v.trim();
+    let (name, rest) = v.split_once([' ', '\t']).unwrap_or((v, ""));
+    if !crate::config::valid_ssh_key_name(name) {
+        return Err(BadValue::new(
+            name,
+            "a key name (1-16 of A-Z a-z 0-9 . _ -, not starting with - or .) and then the key: NAME ssh-ed25519 AAAA... [COMMENT]",
+        ));
+    }
+    let key = crate::ssh_key::PublicKey::parse(rest)
+        .map_err(|e| BadValue::new(rest, format!("an SSH public key ({e})")))?;
+    Ok(crate::config::SshKey {
+        name: name.to_string(),
+        key,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

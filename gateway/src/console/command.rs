@@ -357,14 +357,90 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
         "auto|refuse",
         "refuse: decline any uplink lease or RA prefix overlapping a tunnel route (auto: only equal ones and those inside a /16-or-longer route)",
     ),
+    (
+        "ssh-port",
+        "PORT",
+        "TCP port of the console over SSH (default 22; SSH listens only once a key is set)",
+    ),
 ];
 
-/// `set system` / `delete system` fields (not part of riceguard.conf).
-pub const SYSTEM_FIELDS: &[(&str, &str, &str)] = &[(
-    "console-password",
-    "",
-    "ask for a password on the console (prompts for the new one)",
-)];
+/// `set system` / `delete system` fields: the console password (applies at once, not in
+/// riceguard.conf) and the SSH keys (saved in riceguard.conf: through `commit`).
+pub const SYSTEM_FIELDS: &[(&str, &str, &str)] = &[
+    (
+        "console-password",
+        "",
+        "ask for a password on the console (prompts for the new one)",
+    ),
+    (
+        "ssh-key",
+        "NAME TYPE BASE64 [COMMENT]",
+        "a public key that may log in over SSH as admin (a .pub file's line); delete system ssh-key NAME; both through commit",
+    ),
+];
+
+/// `set system ssh-key NAME TYPE BASE64 [COMMENT]`: add a key, or replace the key of
+/// that name. On error `cfg` is unchanged.
+pub fn set_ssh_key(cfg: &mut Config, args: &[String]) -> EditResult {
+    let line = args.join(" ");
+    let k = crate::core::value::ssh_key(&line).map_err(|e| format!("set system ssh-key: {e}"))?;
+    let keys = &mut cfg.gateway.ssh_keys;
+    if let Some(o) = keys
+        .iter()
+        .find(|o| o.key.blob() == k.key.blob() && o.name != k.name)
+    {
+        return Err(format!(
+            "that key is already set as {}: one key, one name (sessions are told apart by it)",
+            o.name
+        ));
+    }
+    let fp = k.key.fingerprint();
+    let algo = k.key.algo().describe();
+    let first = keys.is_empty();
+    let said = match keys.iter_mut().find(|o| o.name == k.name) {
+        Some(o) => {
+            *o = k;
+            "replaced"
+        }
+        None => {
+            keys.push(k);
+            "added"
+        }
+    };
+    let mut msg = format!(
+        "SSH key {} {said}: {fp} ({algo}); `commit` to apply",
+        args[0]
+    );
+    if first {
+        msg.push_str(
+            "\nthe first key: once committed, SSH listens (tunnel and LAN side); `show status` gives the host key's fingerprint to check on the first login",
+        );
+    }
+    Ok(msg)
+}
+
+/// `delete system ssh-key NAME`.
+pub fn delete_ssh_key(cfg: &mut Config, name: &str) -> EditResult {
+    let keys = &mut cfg.gateway.ssh_keys;
+    let Some(i) = keys.iter().position(|k| k.name == name) else {
+        let have: Vec<&str> = keys.iter().map(|k| k.name.as_str()).collect();
+        return Err(if have.is_empty() {
+            format!("no SSH key named {}: none is set", v::short(name))
+        } else {
+            format!(
+                "no SSH key named {}: set are {}",
+                v::short(name),
+                have.join(", ")
+            )
+        });
+    };
+    keys.remove(i);
+    Ok(if keys.is_empty() {
+        format!("SSH key {name} deleted: it was the last, SSH stops listening once committed")
+    } else {
+        format!("SSH key {name} deleted")
+    })
+}
 
 const SECTIONS: &[&str] = &["interface", "peer", "gateway", "system"];
 /// `delete` also takes `client NAME`.
@@ -587,6 +663,7 @@ fn grammar(field: &str) -> Option<String> {
     let g = GatewayConfig::default();
     Some(match field {
         "listen-port" | "tcp-port" => range_text(value::PORT_RANGE),
+        "ssh-port" => format!("{} (default {})", range_text(value::PORT_RANGE), g.ssh_port),
         "mtu" => format!("{} (unset: {DEFAULT_MTU})", range_text(value::MTU_RANGE)),
         "persistent-keepalive" => format!(
             "{} seconds, 0 or off: none",
@@ -858,6 +935,7 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 }
                 "ntp" => g.ntp = v::ntp_servers(val()?)?,
                 "uplink-overlap" => g.uplink_overlap = v::uplink_overlap(val()?)?,
+                "ssh-port" => g.ssh_port = v::port(val()?, "SSH port")?,
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
             Ok(String::new())
@@ -995,6 +1073,7 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 "masquerade" => g.masquerade = d.masquerade,
                 "ntp" => g.ntp = d.ntp,
                 "uplink-overlap" => g.uplink_overlap = d.uplink_overlap,
+                "ssh-port" => g.ssh_port = d.ssh_port,
                 w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
             }
             Ok("back to the default".into())
@@ -1499,6 +1578,9 @@ mod tests {
             ("gateway", "ntp", "Ntp", "192.0.2.1,192.0.2.1", false),
             ("gateway", "uplink-overlap", "UplinkOverlap", "refuse", true),
             ("gateway", "uplink-overlap", "UplinkOverlap", "never", false),
+            ("gateway", "ssh-port", "SshPort", "2222", true),
+            ("gateway", "ssh-port", "SshPort", "0", false),
+            ("gateway", "ssh-port", "SshPort", "ssh", false),
         ];
         // Every field the console can set is in the table.
         for (section, fields) in [

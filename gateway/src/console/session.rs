@@ -1063,11 +1063,24 @@ impl Session {
             (_, Some("console-password"), _) => Reply::err(
                 "`console-password` takes no value on the command line (you are asked for it)",
             ),
+            (true, Some("ssh-key"), n) if n >= 3 => {
+                self.edit(|c| command::set_ssh_key(c, &args[1..]))
+            }
+            (false, Some("ssh-key"), 2) => {
+                let name = args[1].clone();
+                self.edit(|c| command::delete_ssh_key(c, &name))
+            }
+            (true, Some("ssh-key"), _) => Reply::err(
+                "`set system ssh-key` needs a name and the key: set system ssh-key NAME ssh-ed25519 AAAA... [COMMENT] (the line of a .pub file)",
+            ),
+            (false, Some("ssh-key"), _) => {
+                Reply::err("`delete system ssh-key` takes the key's name: delete system ssh-key NAME")
+            }
             (_, Some(w), _) => Reply::err(format!(
-                "unknown word `{}` after `system`: expected console-password",
+                "unknown word `{}` after `system`: expected console-password or ssh-key",
                 super::validate::short(w)
             )),
-            (_, None, _) => Reply::err("`system` needs more: expected console-password"),
+            (_, None, _) => Reply::err("`system` needs more: expected console-password or ssh-key"),
         }
     }
 

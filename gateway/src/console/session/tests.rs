@@ -1527,3 +1527,78 @@ fn schema2_settings_are_saved_for_older_firmware_too() {
     assert!(!hello.text.contains("warning"), "{}", hello.text);
     assert_eq!(s2.running(), s.running());
 }
+
+/// SSH keys are configuration: `set system ssh-key` edits the candidate, `commit` saves
+/// them on `#4+` lines (the previous firmware, schema 3, reads the file without them), and
+/// `delete system ssh-key` takes one out again; bad keys and names are refused, nothing
+/// changed.
+#[test]
+fn ssh_keys_go_through_commit() {
+    const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC alice@laptop";
+    let dir = TempDir::new("session-ssh-keys");
+    let (mut s, _) = ini_session(&dir);
+    assert!(s.handle_line("set interface listen-port 51820").ok);
+    assert!(s.handle_line("commit").ok);
+    let r = s.handle_line(&format!("set system ssh-key alice {ED}"));
+    assert!(r.ok, "{}", r.text);
+    assert!(
+        r.text.contains("SSH key alice added: SHA256:PE4HyEn8ydoD8aTPUT2oLz0Bb9xqXZkJGkFKW+UiJps (ED25519 (256 bits))")
+            && r.text.contains("the first key"),
+        "{}",
+        r.text
+    );
+    // Not yet saved: it is an edit of the candidate.
+    let before = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
+    assert!(!before.contains("SshKey ="), "{before}");
+    assert!(s
+        .handle_line("compare")
+        .text
+        .contains(&format!("+ SshKey = alice {ED}")));
+    // The same key under a second name, a bad key, a bad name, a port taken.
+    for (line, want) in [
+        (
+            format!("set system ssh-key bob {ED}"),
+            "already set as alice",
+        ),
+        (
+            "set system ssh-key bob ssh-rsa AAAA".to_string(),
+            "SSH public key",
+        ),
+        (format!("set system ssh-key -x {ED}"), "a key name"),
+        (
+            "set system ssh-key bob".to_string(),
+            "needs a name and the key",
+        ),
+        (
+            "set gateway ssh-port 51820".to_string(),
+            "SshPort 51820 is the ListenPort port",
+        ),
+        (
+            "delete system ssh-key carol".to_string(),
+            "no SSH key named carol: set are alice",
+        ),
+    ] {
+        let r = s.handle_line(&line);
+        assert!(!r.ok && r.text.contains(want), "{line}: {}", r.text);
+    }
+    assert!(s.handle_line("set gateway ssh-port 2222").ok);
+    let r = s.handle_line("commit");
+    assert!(r.ok, "{}", r.text);
+    let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
+    assert!(
+        saved.contains(&format!("\n#4+ SshKey = alice {ED}\n")),
+        "{saved}"
+    );
+    assert!(saved.contains("\n#4+ SshPort = 2222\n"), "{saved}");
+    let three = crate::core::ini::parse_as_schema(3, "riceguard.conf", &saved).unwrap();
+    assert!(three.gateway.ssh_keys.is_empty() && three.validate().is_ok());
+    assert_eq!(s.running().gateway.ssh_keys.len(), 1);
+    // A new console reads it back whole; then the key goes again.
+    let (mut s2, _) = ini_session(&dir);
+    assert_eq!(s2.running(), s.running());
+    let r = s2.handle_line("delete system ssh-key alice");
+    assert!(r.ok && r.text.contains("it was the last"), "{}", r.text);
+    assert!(s2.handle_line("commit").ok);
+    let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
+    assert!(!saved.contains("SshKey ="), "{saved}");
+}
