@@ -1,0 +1,245 @@
+//! A session's console: `riceguard console --root DIR --name ssh-N:KEY --authenticated
+//! ssh` as a child process, on a pseudo-terminal (interactive) or on pipes (a command or
+//! a script). Its output goes to the SSH channel, the channel's data to its input; when it
+//! exits, its status is the channel's exit status. Dropping a [`Console`] kills the
+//! child's process group and reaps it (the channel closed, the connection ended).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use russh::server::Handle;
+use russh::ChannelId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How the console runs.
+pub enum Mode {
+    /// On a pseudo-terminal of this size (columns, rows), `TERM` set to the client's.
+    Pty { cols: u16, rows: u16, term: String },
+    /// On pipes; `Some(cmd)`: the command (an `exec` request) is its whole input.
+    Pipes { command: Option<Vec<u8>> },
+}
+
+pub struct Console {
+    pid: Pid,
+    /// `None` once reaped.
+    child: Arc<Mutex<Option<Child>>>,
+    input: Option<mpsc::Sender<Vec<u8>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+fn set_nonblocking_cloexec(fd: &OwnedFd) -> io::Result<()> {
+    let fl = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(fl | OFlag::O_NONBLOCK))?;
+    fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    Ok(())
+}
+
+impl Console {
+    /// Start the console named `name` over `root` and connect it to `channel`.
+    pub fn start(
+        bin: &Path,
+        root: &Path,
+        name: &str,
+        mode: Mode,
+        handle: Handle,
+        channel: ChannelId,
+    ) -> io::Result<Console> {
+        let mut cmd = Command::new(bin);
+        cmd.arg("console")
+            .arg("--root")
+            .arg(root)
+            .arg("--name")
+            .arg(name)
+            .arg("--authenticated")
+            .arg("ssh");
+        let (out, pty_input, exec) = match mode {
+            Mode::Pty { cols, rows, term } => {
+                let ws = nix::pty::Winsize {
+                    ws_row: rows.max(1),
+                    ws_col: cols.max(1),
+                    ws_xpixel: 0,
+                    ws_ypixel: 0,
+                };
+                let pty = nix::pty::openpty(Some(&ws), None).map_err(io::Error::from)?;
+                // Neither end leaks into other sessions' consoles (the child gets the
+                // slave as 0, 1, 2: dup2 clears the flag on those).
+                set_nonblocking_cloexec(&pty.master)?;
+                fcntl(&pty.slave, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+                let slave = File::from(pty.slave);
+                cmd.stdin(Stdio::from(slave.try_clone()?))
+                    .stdout(Stdio::from(slave.try_clone()?))
+                    .stderr(Stdio::from(slave))
+                    .env(
+                        "TERM",
+                        if term.is_empty() {
+                            "vt100".into()
+                        } else {
+                            term
+                        },
+                    );
+                crate::sys::os::new_session(&mut cmd, true);
+                // Read and written through two descriptors of the one master.
+                let writer = pty.master.try_clone()?;
+                (
+                    pipe::Receiver::from_owned_fd_unchecked(pty.master)?,
+                    Some(pipe::Sender::from_owned_fd_unchecked(writer)?),
+                    None,
+                )
+            }
+            Mode::Pipes { command } => {
+                // stdout and stderr on one pipe: the client sees them in the order written.
+                let (r, w) = std::io::pipe()?;
+                cmd.stdin(Stdio::piped())
+                    .stdout(Stdio::from(w.try_clone()?))
+                    .stderr(Stdio::from(w));
+                crate::sys::os::new_session(&mut cmd, false);
+                let r = OwnedFd::from(r);
+                set_nonblocking_cloexec(&r)?;
+                (pipe::Receiver::from_owned_fd_unchecked(r)?, None, command)
+            }
+        };
+        let mut child = cmd.spawn()?;
+        drop(cmd); // our copies of the child's ends: EOF reaches us when it exits
+        let inp = match (pty_input, child.stdin.take()) {
+            (Some(master), _) => master,
+            (None, Some(stdin)) => {
+                let fd = OwnedFd::from(stdin);
+                set_nonblocking_cloexec(&fd)?;
+                pipe::Sender::from_owned_fd_unchecked(fd)?
+            }
+            (None, None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other("the console has no input pipe"));
+            }
+        };
+        let pid = Pid::from_raw(child.id() as i32);
+        let child = Arc::new(Mutex::new(Some(child)));
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(16);
+        let mut tasks = vec![tokio::spawn(write_input(inp, rx))];
+        tasks.push(tokio::spawn(pump_output(
+            out,
+            Arc::clone(&child),
+            handle,
+            channel,
+        )));
+        let mut c = Console {
+            pid,
+            child,
+            input: Some(tx),
+            tasks,
+        };
+        if let Some(mut line) = exec {
+            line.push(b'\n');
+            if let Some(tx) = c.input.take() {
+                // The queue is new, so it has room: the command, then end of input.
+                let _ = tx.try_send(line);
+            }
+        }
+        Ok(c)
+    }
+
+    /// Data from the channel, for the console's input (waits while 16 chunks are queued).
+    pub async fn input(&self, data: &[u8]) {
+        if let Some(tx) = &self.input {
+            let _ = tx.send(data.to_vec()).await;
+        }
+    }
+
+    /// The channel's end of input: the console's stdin is closed (on pipes; a terminal's
+    /// end is the channel's close).
+    pub fn end_input(&mut self, pty: bool) {
+        if !pty {
+            self.input = None;
+        }
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let mut g = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut c) = g.take() {
+            if matches!(c.try_wait(), Ok(None)) {
+                // Still running: the whole group (the console is its leader, after setsid).
+                let _ = killpg(self.pid, Signal::SIGKILL);
+                let _ = c.wait();
+                log::info!(
+                    "ssh: session console (pid {}) ended with its channel",
+                    self.pid
+                );
+            }
+        }
+    }
+}
+
+async fn write_input(mut to: pipe::Sender, mut rx: mpsc::Receiver<Vec<u8>>) {
+    while let Some(buf) = rx.recv().await {
+        if to.write_all(&buf).await.is_err() {
+            return; // the console is gone
+        }
+    }
+    // End of input: dropping `to` closes the pipe's write end (the console reads EOF).
+}
+
+async fn pump_output(
+    mut from: pipe::Receiver,
+    child: Arc<Mutex<Option<Child>>>,
+    handle: Handle,
+    channel: ChannelId,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => {
+                if handle.data(channel, buf[..n].to_vec()).await.is_err() {
+                    return; // the connection is gone; Drop kills the console
+                }
+            }
+            // EIO: a terminal's last slave end closed (the console exited).
+            Err(_) => break,
+        }
+    }
+    drop(from);
+    // The output ended: the console exited (or is about to). Its status for the channel.
+    let code = loop {
+        let st = {
+            let mut g = child.lock().unwrap_or_else(|e| e.into_inner());
+            match g.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(st))) => {
+                    g.take();
+                    Some(st)
+                }
+                Some(Ok(None)) => None,
+                _ => return,
+            }
+        };
+        match st {
+            Some(st) => {
+                use std::os::unix::process::ExitStatusExt;
+                break st
+                    .code()
+                    .or_else(|| st.signal().map(|s| 128 + s))
+                    .unwrap_or(255);
+            }
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let _ = handle.exit_status_request(channel, code as u32).await;
+    let _ = handle.eof(channel).await;
+    let _ = handle.close(channel).await;
+}
