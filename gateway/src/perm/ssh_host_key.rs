@@ -19,6 +19,15 @@ pub fn path(dir: &Path) -> PathBuf {
     dir.join(HOST_KEY)
 }
 
+/// The host key's fingerprint as `ssh-keygen -lf` prints it (`SHA256:...`), from its
+/// seed: what `riceguard ssh` says at start, for a client's first connection.
+pub fn fingerprint(seed: &[u8; 32]) -> String {
+    let public = ed25519_dalek::SigningKey::from_bytes(seed)
+        .verifying_key()
+        .to_bytes();
+    crate::core::ssh_key::fingerprint(&crate::core::ssh_key::ed25519_blob(&public))
+}
+
 /// The stored seed; `Ok(None)` when there is no file.
 pub fn read(dir: &Path) -> Result<Option<[u8; 32]>, StoreError> {
     let p = path(dir);

@@ -9,6 +9,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,11 +31,19 @@ pub enum Mode {
     Pipes { command: Option<Vec<u8>> },
 }
 
+/// The most of the channel's data queued for a console that does not read it: beyond
+/// that its input is cut (a script that large is not typed by anyone). The queue must not
+/// make the connection wait: the console may be blocked writing output that the same
+/// connection carries.
+pub const MAX_QUEUED: usize = 1 << 20;
+
 pub struct Console {
     pid: Pid,
     /// `None` once reaped.
     child: Arc<Mutex<Option<Child>>>,
-    input: Option<mpsc::Sender<Vec<u8>>>,
+    input: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    /// Bytes in `input` not yet written to the console.
+    queued: Arc<AtomicUsize>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -50,6 +59,7 @@ impl Console {
     pub fn start(
         bin: &Path,
         root: &Path,
+        extra: &[String],
         name: &str,
         mode: Mode,
         handle: Handle,
@@ -62,7 +72,8 @@ impl Console {
             .arg("--name")
             .arg(name)
             .arg("--authenticated")
-            .arg("ssh");
+            .arg("ssh")
+            .args(extra);
         let (out, pty_input, exec) = match mode {
             Mode::Pty { cols, rows, term } => {
                 let ws = nix::pty::Winsize {
@@ -126,8 +137,9 @@ impl Console {
         };
         let pid = Pid::from_raw(child.id() as i32);
         let child = Arc::new(Mutex::new(Some(child)));
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(16);
-        let mut tasks = vec![tokio::spawn(write_input(inp, rx))];
+        let (tx, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let mut tasks = vec![tokio::spawn(write_input(inp, rx, Arc::clone(&queued)))];
         tasks.push(tokio::spawn(pump_output(
             out,
             Arc::clone(&child),
@@ -138,23 +150,33 @@ impl Console {
             pid,
             child,
             input: Some(tx),
+            queued,
             tasks,
         };
         if let Some(mut line) = exec {
             line.push(b'\n');
             if let Some(tx) = c.input.take() {
-                // The queue is new, so it has room: the command, then end of input.
-                let _ = tx.try_send(line);
+                // The command, then end of input (dropping `tx`).
+                c.queued.fetch_add(line.len(), Ordering::Relaxed);
+                let _ = tx.send(line);
             }
         }
         Ok(c)
     }
 
-    /// Data from the channel, for the console's input (waits while 16 chunks are queued).
-    pub async fn input(&self, data: &[u8]) {
-        if let Some(tx) = &self.input {
-            let _ = tx.send(data.to_vec()).await;
+    /// Data from the channel, for the console's input. `false`: more than [`MAX_QUEUED`]
+    /// would wait, so the input was cut here (the console sees its end).
+    pub fn input(&mut self, data: &[u8]) -> bool {
+        let Some(tx) = &self.input else {
+            return true;
+        };
+        if self.queued.load(Ordering::Relaxed) + data.len() > MAX_QUEUED {
+            self.input = None;
+            return false;
         }
+        self.queued.fetch_add(data.len(), Ordering::Relaxed);
+        let _ = tx.send(data.to_vec());
+        true
     }
 
     /// The channel's end of input: the console's stdin is closed (on pipes; a terminal's
@@ -186,11 +208,16 @@ impl Drop for Console {
     }
 }
 
-async fn write_input(mut to: pipe::Sender, mut rx: mpsc::Receiver<Vec<u8>>) {
+async fn write_input(
+    mut to: pipe::Sender,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    queued: Arc<AtomicUsize>,
+) {
     while let Some(buf) = rx.recv().await {
         if to.write_all(&buf).await.is_err() {
             return; // the console is gone
         }
+        queued.fetch_sub(buf.len(), Ordering::Relaxed);
     }
     // End of input: dropping `to` closes the pipe's write end (the console reads EOF).
 }

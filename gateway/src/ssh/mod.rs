@@ -37,21 +37,26 @@ pub const RECHECK: Duration = Duration::from_secs(2);
 /// The scheduling niceness the server runs at: the data plane comes first.
 pub const NICE: i32 = 10;
 
-const USAGE: &str = "usage: riceguard ssh --root DIR [--listen ADDR] [--deny-source CIDR]...
+const USAGE: &str = "usage: riceguard ssh --root DIR [--listen ADDR] [--deny-source CIDR]... [--pidfile P] [--status-file S] [--socket U]
   DIR           the perm partition: the saved configuration (SshKey, SshPort), the host key
   --listen      the address to listen on (default :: , both IPv6 and IPv4); the port is SshPort
-  --deny-source refuse connections from CIDR at accept (repeatable; for tests)";
+  --deny-source refuse connections from CIDR at accept (repeatable; for tests)
+  --pidfile, --status-file, --socket  passed to each session's console (tests on a host:
+                its commits then signal no daemon of the host's)";
 
 struct Args {
     root: PathBuf,
     listen: IpAddr,
     deny: Vec<Cidr>,
+    /// Passed to each console as they are.
+    console_args: Vec<String>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut root = None;
     let mut listen = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
     let mut deny = Vec::new();
+    let mut console_args = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |n: &str| it.next().cloned().ok_or(format!("{n} needs a value"));
@@ -70,6 +75,10 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                         .map_err(|e| format!("--deny-source `{v}`: {e}"))?,
                 );
             }
+            "--pidfile" | "--status-file" | "--socket" => {
+                let v = val(a)?;
+                console_args.extend([a.clone(), v]);
+            }
             "-h" | "--help" => return Err(String::new()),
             o => return Err(format!("unknown argument `{o}`")),
         }
@@ -78,6 +87,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         root: root.ok_or("--root DIR is required")?,
         listen,
         deny,
+        console_args,
     })
 }
 
@@ -86,14 +96,6 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
 // The one place the appliance's "who may reach a service" rule goes.
 pub fn source_allowed(deny: &[Cidr], ip: IpAddr) -> bool {
     !deny.iter().any(|c| c.contains(ip))
-}
-
-/// The host key's fingerprint as `ssh-keygen -lf` prints it, from its seed.
-pub fn host_fingerprint(seed: &[u8; 32]) -> String {
-    let public = ed25519_dalek::SigningKey::from_bytes(seed)
-        .verifying_key()
-        .to_bytes();
-    crate::core::ssh_key::fingerprint(&crate::core::ssh_key::ed25519_blob(&public))
 }
 
 pub fn main(args: &[String]) -> ExitCode {
@@ -133,7 +135,7 @@ fn run(a: Args) -> Result<(), String> {
         s
     })
     .map_err(|e| format!("host key: {e}"))?;
-    let fp = host_fingerprint(&seed);
+    let fp = ssh_host_key::fingerprint(&seed);
     crate::logger::console_line(&format!(
         "ssh: host key {fp} (ED25519){}",
         if made { ", made now" } else { "" }
@@ -147,6 +149,7 @@ fn run(a: Args) -> Result<(), String> {
     let shared = Arc::new(server::Shared::new(
         a.root.clone(),
         bin,
+        a.console_args.clone(),
         Arc::new(move |ip| source_allowed(&deny, ip)),
         Box::new(move || wanted(&root).0),
         Arc::new(server::russh_config(host_key)),
@@ -168,18 +171,17 @@ async fn watch(root: PathBuf, ip: IpAddr, shared: Arc<server::Shared>) {
     loop {
         let (keys, port) = wanted(&root);
         let want = (!keys.is_empty()).then(|| SocketAddr::new(ip, port));
+        if want.is_none() && !said_idle {
+            log::info!("ssh: no SSH key in the saved configuration: not listening");
+            said_idle = true;
+        }
         if current.as_ref().map(|c| c.0) != want {
             if let Some((addr, task)) = current.take() {
                 task.abort();
                 log::info!("ssh: no longer listening on {addr}");
             }
             match want {
-                None => {
-                    if !said_idle {
-                        log::info!("ssh: no SSH key in the saved configuration: not listening");
-                        said_idle = true;
-                    }
-                }
+                None => {}
                 Some(addr) => match bind(addr) {
                     Ok(l) => {
                         said_idle = false;
@@ -315,7 +317,7 @@ mod tests {
             0xf7, 0x07, 0x51, 0x1a,
         ];
         let want = crate::core::ssh_key::fingerprint(&crate::core::ssh_key::ed25519_blob(&public));
-        assert_eq!(host_fingerprint(&seed), want);
+        assert_eq!(ssh_host_key::fingerprint(&seed), want);
         // And russh's key from the same seed offers the same blob.
         let k = russh::keys::PrivateKey::from(
             russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&seed),

@@ -30,6 +30,8 @@ pub struct Shared {
     pub root: PathBuf,
     /// This binary, run as `console` for each session.
     pub bin: PathBuf,
+    /// More arguments for each console (`--pidfile` etc. in tests).
+    pub console_args: Vec<String>,
     pub source_allowed: SourceCheck,
     /// The keys, read from the saved configuration at each login.
     pub keys: Box<dyn Fn() -> Vec<SshKey> + Send + Sync>,
@@ -45,6 +47,7 @@ impl Shared {
     pub fn new(
         root: PathBuf,
         bin: PathBuf,
+        console_args: Vec<String>,
         source_allowed: SourceCheck,
         keys: Box<dyn Fn() -> Vec<SshKey> + Send + Sync>,
         config: Arc<russh::server::Config>,
@@ -52,6 +55,7 @@ impl Shared {
         Shared {
             root,
             bin,
+            console_args,
             source_allowed,
             keys,
             config,
@@ -276,6 +280,7 @@ impl Conn {
         match Console::start(
             &self.shared.bin,
             &self.shared.root,
+            &self.shared.console_args,
             &name,
             mode,
             session.handle(),
@@ -445,8 +450,18 @@ impl russh::server::Handler for Conn {
         data: &[u8],
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
-        if let Some(c) = self.channels.get(&channel).and_then(|c| c.console.as_ref()) {
-            c.input(data).await;
+        if let Some(c) = self
+            .channels
+            .get_mut(&channel)
+            .and_then(|c| c.console.as_mut())
+        {
+            if !c.input(data) {
+                log::warn!(
+                    "ssh: {}: more than {} KiB of input the console has not read: its input is cut",
+                    self.peer.ip(),
+                    super::child::MAX_QUEUED / 1024
+                );
+            }
         }
         Ok(())
     }
