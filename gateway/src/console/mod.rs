@@ -451,7 +451,7 @@ pub fn fuzz_check_input(data: &[u8]) {
                                     .peers
                                     .iter()
                                     .find(|q| q.public_key == p.public_key)
-                                    .map_or(true, |q| q.enabled);
+                                    .is_none_or(|q| q.enabled);
                             }
                             assert_eq!(back, before, "`{l}` changed more than Enabled");
                         }
