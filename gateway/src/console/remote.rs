@@ -125,7 +125,8 @@ mod tests {
             risks(&run, &c, &r).is_empty(),
             "unrelated settings commit plainly"
         );
-        let cases: Vec<(Box<dyn Fn(&mut Config)>, &str)> = vec![
+        type Edit = Box<dyn Fn(&mut Config)>;
+        let cases: Vec<(Edit, &str)> = vec![
             (
                 Box::new(|c| c.gateway.ssh_port = 2222),
                 "the SSH keys or port",

@@ -1624,14 +1624,16 @@ fn no_remote_lock_out() {
         key_name: "alice".into(),
         source: "10.100.0.2".parse().unwrap(),
     });
-    let mut say = |s: &mut Session, l: &str| s.handle_line(l);
+    let say = |s: &mut Session, l: &str| s.handle_line(l);
     assert!(say(&mut s, "set gateway client-dns 192.168.1.1").ok);
     let c = say(&mut s, "commit");
     assert!(c.ok, "an unrelated change commits plainly: {}", c.text);
     assert!(say(&mut s, "disable client laptop").ok);
     let c = say(&mut s, "commit");
     assert!(
-        !c.ok && c.text.contains("disables this session's peer laptop") && c.text.contains("use `commit-confirm N`"),
+        !c.ok
+            && c.text.contains("disables this session's peer laptop")
+            && c.text.contains("use `commit-confirm N`"),
         "{}",
         c.text
     );
@@ -1649,7 +1651,11 @@ fn no_remote_lock_out() {
     assert!(rb.ok, "{}", rb.text);
     for cmd in ["commit", "commit-confirm 1"] {
         let c = say(&mut s, cmd);
-        assert!(!c.ok && c.text.contains("last SSH key"), "{cmd}: {}", c.text);
+        assert!(
+            !c.ok && c.text.contains("last SSH key"),
+            "{cmd}: {}",
+            c.text
+        );
     }
     // The serial console may.
     r.ok("delete system ssh-key alice");
