@@ -625,6 +625,9 @@ pub fn check_run_files(data: &[u8]) {
             assert_eq!(confirm::ConfirmBoot::parse(&b.to_text()), Some(b));
         }
     }
+    // /proc/net/tcp as init reads it for the SSH server's listening socket.
+    let ports = riceguard::core::net::tcp_listen_ports(&text);
+    assert!(ports.windows(2).all(|w| w[0] < w[1]));
 }
 
 #[cfg(test)]
