@@ -435,6 +435,17 @@ pub fn check_dhcp(data: &[u8]) {
     }
 }
 
+/// An export text (`core::identity`, the plaintext of `export configuration`): nothing
+/// panics, and an accepted one writes back to a text that reads the same.
+pub fn check_identity(data: &[u8]) {
+    use riceguard::core::identity::Identity;
+    let text = String::from_utf8_lossy(data);
+    if let Ok(i) = Identity::parse(&text, riceguard::core::ini::SCHEMA) {
+        let again = i.to_text();
+        assert_eq!(Identity::parse(&again, riceguard::core::ini::SCHEMA).as_ref(), Ok(&i));
+    }
+}
+
 /// An `authorized_keys` line through the SSH key parser (`core::ssh_key`) and the
 /// `SshKey` value parser: nothing panics, and an accepted key prints back to a line that
 /// parses to the same key, with a `SHA256:` fingerprint of 43 base64 characters.
@@ -614,6 +625,9 @@ pub fn check_run_files(data: &[u8]) {
             assert_eq!(confirm::ConfirmBoot::parse(&b.to_text()), Some(b));
         }
     }
+    // /proc/net/tcp as init reads it for the SSH server's listening socket.
+    let ports = riceguard::core::net::tcp_listen_ports(&text);
+    assert!(ports.windows(2).all(|w| w[0] < w[1]));
 }
 
 #[cfg(test)]
@@ -760,6 +774,11 @@ mod tests {
     #[test]
     fn uring_recv_seeded() {
         run("uring_recv", check_uring_recv, 20_000);
+    }
+
+    #[test]
+    fn identity_seeded() {
+        run("identity", check_identity, 20_000);
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod firewall;
 pub mod framing;
 pub mod gso;
 pub mod gso_rest;
+pub mod identity;
 pub mod ini;
 pub mod key;
 pub mod net;

@@ -206,6 +206,33 @@ impl fmt::Display for Cidr {
     }
 }
 
+/// The local ports of the TCP sockets in LISTEN state in a `/proc/net/tcp` or
+/// `/proc/net/tcp6` text (init asks whether `riceguard ssh` listens before it marks a boot
+/// good). Lines that do not read are skipped.
+pub fn tcp_listen_ports(proc_net_tcp: &str) -> Vec<u16> {
+    const LISTEN: &str = "0A";
+    let mut v: Vec<u16> = proc_net_tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let local = f.nth(1)?;
+            let state = f.nth(1)?;
+            if state != LISTEN {
+                return None;
+            }
+            let (_, port) = local.rsplit_once(':')?;
+            if port.len() != 4 {
+                return None;
+            }
+            u16::from_str_radix(port, 16).ok()
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,5 +303,18 @@ mod tests {
         let size = |c: &Cidr| 1u128 << (32 - c.prefix);
         assert_eq!(left.iter().chain(&holes).map(size).sum::<u128>(), size(&p));
         assert!(left.iter().all(|l| holes.iter().all(|h| !l.overlaps(h))));
+    }
+
+    #[test]
+    fn listen_ports_from_proc_net_tcp() {
+        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1569 1 0 100 0 0 10 0\n\
+   1: 0100007F:1F90 0100007F:D2C4 01 00000000:00000000 00:00000000 00000000     0        0 1570 1 0 100 0 0 10 0\n\
+   2: garbage\n";
+        assert_eq!(tcp_listen_ports(v4), vec![22]);
+        let v6 = "  sl  local_address                         remote_address                        st tx_queue\n\
+   0: 00000000000000000000000000000000:08AE 00000000000000000000000000000000:0000 0A 00000000:00000000\n";
+        assert_eq!(tcp_listen_ports(v6), vec![2222]);
+        assert!(tcp_listen_ports("").is_empty());
     }
 }

@@ -14,6 +14,7 @@
 //! - [`system`]: reload signal, UAPI peers, status, reboot, clock, terminal mode
 //! - [`peers`], [`password`]: `show peers` formatting, the password hash (Argon2id) and
 //!   the wrong-password wait every console shares
+//! - [`remote`]: what an SSH session depends on (no remote lock-out)
 //! - [`vpn_client`], [`qr`]: `add client` (address allocation, keys, the client's wg-quick
 //!   configuration) and its QR code in Unicode half blocks
 //!
@@ -49,6 +50,7 @@ pub mod line;
 pub mod password;
 pub mod peers;
 pub mod qr;
+pub mod remote;
 pub mod session;
 pub mod store;
 pub mod system;

@@ -123,6 +123,9 @@ pub struct Session {
     name: String,
     /// When a failed backup rollback of another console's commit-confirm is tried again.
     backup_retry: Option<Instant>,
+    /// The SSH session this console serves (`None`: a terminal of the box): what a plain
+    /// commit may not cut ([`super::remote`]).
+    remote: Option<super::remote::Remote>,
 }
 
 const MIN_PASSWORD: usize = 8;
@@ -276,6 +279,7 @@ impl Session {
             file_notes: loaded.notes,
             name: name.to_string(),
             backup_retry: None,
+            remote: None,
         };
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
@@ -629,6 +633,9 @@ impl Session {
                         None => Reply::ok("no changes to commit"),
                     };
                 }
+                if let Some(why) = self.remote_refusal(true) {
+                    return Reply::err(why);
+                }
                 let r = self.save_and_apply(self.candidate.clone());
                 if r.is_ok() && self.pending.take().is_some() {
                     let _ = self.store.set_pending_confirm(None);
@@ -712,6 +719,9 @@ impl Session {
                     (None, None) => Reply::err("no private key yet: run `genkey`, then `commit`"),
                 }
             }
+            Command::FactoryReset { .. } if self.remote.is_some() => Reply::err(
+                "factory-reset removes the SSH keys, which would lock every remote operator out: run it on the serial console",
+            ),
             Command::FactoryReset { erase_history } => {
                 self.question = Some(Question::FactoryReset { erase_history });
                 Reply::ok(format!(
@@ -1091,6 +1101,13 @@ impl Session {
             (true, Some("ssh-key"), n) if n >= 3 => {
                 self.edit(|c| command::set_ssh_key(c, &args[1..]))
             }
+            (false, Some("ssh-key"), 2)
+                if self.remote.is_some()
+                    && self.candidate.gateway.ssh_keys.len() == 1
+                    && self.candidate.gateway.ssh_keys[0].name == args[1] =>
+            {
+                Reply::err("that is the last SSH key: deleting it over SSH would lock every remote operator out; delete it on the serial console")
+            }
             (false, Some("ssh-key"), 2) => {
                 let name = args[1].clone();
                 self.edit(|c| command::delete_ssh_key(c, &name))
@@ -1236,7 +1253,31 @@ impl Session {
         ))
     }
 
+    /// This console serves an SSH session: commits that could cut it need `commit-confirm`.
+    pub fn set_remote(&mut self, r: super::remote::Remote) {
+        self.remote = Some(r);
+    }
+
+    /// Over SSH: why committing the candidate is refused. `plain`: a `commit` (no
+    /// deadline to roll back by), which may not change what the session depends on.
+    fn remote_refusal(&self, plain: bool) -> Option<String> {
+        let r = self.remote.as_ref()?;
+        if let Some(why) = super::remote::locks_out(&self.running, &self.candidate) {
+            return Some(format!("not committed: {why}"));
+        }
+        let risks = super::remote::risks(&self.running, &self.candidate, r);
+        (plain && !risks.is_empty()).then(|| {
+            format!(
+                "not committed: over SSH this changes what this session depends on ({}): use `commit-confirm N`, which rolls back by itself after N minutes unless confirmed, so a cut session cannot strand the box",
+                risks.join("; ")
+            )
+        })
+    }
+
     fn commit_confirm(&mut self, minutes: u32) -> Reply {
+        if let Some(why) = self.remote_refusal(false) {
+            return Reply::err(why);
+        }
         let revert_to = match &self.pending {
             Some(p) => p.revert_to.clone(),
             None if self.candidate == self.running => {
@@ -1335,6 +1376,9 @@ impl Session {
         }
         let schema2 = crate::core::ini::schema2_settings(&cfg);
         let schema2_changed = schema2 != crate::core::ini::schema2_settings(&self.running);
+        // Settings of schema 2 itself (firewall, NAT, disabled peers), not only later ones.
+        let has_schema2 =
+            crate::core::ini::schema1_view(&cfg) != crate::core::ini::schema2_view(&cfg);
         self.running = cfg;
         let mut notes = String::new();
         if !self.file_notes.is_empty() {
@@ -1348,8 +1392,13 @@ impl Session {
             let _ = write!(
                 notes,
                 "\nnote: firmware of an earlier configuration schema (the previous slot after an update) \
-                 reads this file without: {} (firmware before schema 2 has no firewall)",
-                schema2.join("; ")
+                 reads this file without: {}{}",
+                schema2.join("; "),
+                if has_schema2 {
+                    " (firmware before schema 2 has no firewall)"
+                } else {
+                    ""
+                }
             );
         }
         let applied = match self.hooks.reload(&self.store.conf_path()) {

@@ -149,6 +149,7 @@ mod tests {
             tunnel: tunnel.into(),
             lan: lan.map(String::from),
             uplink_nets: vec!["192.168.1.0/24".parse().unwrap()],
+            uplink_addrs: Vec::new(),
             lan_nets: Vec::new(),
             listen_port: Some(51820),
         }

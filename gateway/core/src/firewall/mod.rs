@@ -14,7 +14,7 @@
 //! |---|---|---|---|---|
 //! | tunnel | all | yes (clients reach each other, as on a LAN) | yes | yes, NATed where needed |
 //! | LAN port | all | yes | yes | yes, NATed |
-//! | uplink | WireGuard and `TcpListen` ports, DHCP/DHCPv6 replies, ICMP errors about our own sockets' packets (PMTU discovery), neighbour discovery, MLD from link-local sources, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
+//! | uplink | WireGuard and `TcpListen` ports, one-armed the services (SSH) from the uplink's own subnets (`services`), DHCP/DHCPv6 replies, ICMP errors about our own sockets' packets (PMTU discovery), neighbour discovery, MLD from link-local sources, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
 //!
 //! Replies to allowed traffic pass everywhere (`ct state established,related`).
 //!
@@ -53,6 +53,7 @@
 pub mod forwarding;
 pub mod nft;
 pub mod rules;
+pub mod services;
 
 use crate::config::{Config, MasqueradeMode};
 use crate::net::{subtract, Cidr};
@@ -109,6 +110,9 @@ pub struct Ports {
     pub lan: Option<String>,
     /// The subnets (network form) of the uplink zone's interfaces.
     pub uplink_nets: Vec<Cidr>,
+    /// The uplink zone's own addresses, with their prefixes (the services' one-armed
+    /// source range is cut around them: [`services::uplink_service_nets`]).
+    pub uplink_addrs: Vec<Cidr>,
     /// The LAN port's subnets.
     pub lan_nets: Vec<Cidr>,
     /// The UDP port WireGuard listens on (`None`: not known yet, nothing let in for it).
@@ -129,6 +133,7 @@ impl Ports {
                 .iter()
                 .map(Cidr::network)
                 .collect(),
+            uplink_addrs: cfg.gateway.uplink_addresses.clone(),
             lan_nets: cfg
                 .gateway
                 .lan_addresses
@@ -508,6 +513,18 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             Action::Accept,
             "TCP fallback",
         ));
+    }
+    // The appliance's services (SSH): from the tunnel and the LAN port (accepted above),
+    // and one-armed from the uplink's own subnets; two-armed, the uplink's tries fall to
+    // the counted drop below.
+    for svc in services::services(cfg) {
+        for net in services::uplink_service_nets(p) {
+            input.push(rule(
+                vec![Match::L4(L4::Tcp), Match::Dport(svc.port), saddr(net)],
+                Action::Accept,
+                "one-armed: LAN hosts on the uplink's subnet reach the appliance's services",
+            ));
+        }
     }
     for m in dhcp_replies() {
         input.push(rule(m, Action::Accept, "DHCP replies"));

@@ -27,6 +27,7 @@ fn ports(uplink: &[&str]) -> Ports {
         tunnel: "wg0".into(),
         lan: None,
         uplink_nets: uplink.iter().map(|s| c(s)).collect(),
+        uplink_addrs: Vec::new(),
         lan_nets: Vec::new(),
         listen_port: Some(51820),
     }
@@ -878,4 +879,61 @@ fn masquerade_off_exempts_what_the_peer_owns_by_longest_prefix() {
     cfg.peers[0].masquerade = false;
     cfg.peers[1].masquerade = true;
     assert_eq!(masquerade_off_sources(&cfg), vec![c("10.100.0.2/32")]);
+}
+
+/// The services' input rule: SSH (a key set) from the tunnel and the LAN port; one-armed
+/// from the uplink's own subnet, cut to /16 around our address; two-armed never from the
+/// uplink (dropped and counted). No key: nothing let in for the port from the uplink.
+#[test]
+fn ssh_from_the_tunnel_and_lan_side_only() {
+    let ssh = |cfg: &mut Config| {
+        cfg.gateway.ssh_keys = vec![crate::value::ssh_key(
+            "alice ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC",
+        )
+        .unwrap()];
+    };
+    let syn = |iif: &'static str, src: &str| Pkt {
+        iif,
+        src: ip(src),
+        l4: Some(L4::Tcp),
+        dport: 22,
+        ct: NEW,
+        to: Some(AddrType::Local),
+        ..Pkt::default()
+    };
+    // One-armed, a /8 lease.
+    let mut cfg = factory();
+    ssh(&mut cfg);
+    let mut p = ports(&["10.0.0.0/8"]);
+    p.uplink_addrs = vec![c("10.7.3.4/8")];
+    let rs = ruleset(&cfg, &p);
+    assert_eq!(
+        verdict(&rs, "input", &syn("wg0", "10.100.0.2")).0,
+        Action::Accept
+    );
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth0", "10.7.9.9")).0,
+        Action::Accept
+    );
+    let far = verdict(&rs, "input", &syn("eth0", "10.9.0.1"));
+    assert_eq!(far, (Action::Drop, Some(COUNTER_UPLINK_IN.into())));
+    // Without a key the port is closed from the uplink (the tunnel's accept-all aside).
+    let plain = ruleset(&factory(), &p);
+    assert_eq!(
+        verdict(&plain, "input", &syn("eth0", "10.7.9.9")).0,
+        Action::Drop
+    );
+    // Two-armed: the LAN port yes, the uplink never (even from its own subnet).
+    let (mut cfg, mut p) = two_armed();
+    ssh(&mut cfg);
+    p.uplink_addrs = vec![c("192.0.2.2/24")];
+    let rs = ruleset(&cfg, &p);
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth1", "192.168.88.7")).0,
+        Action::Accept
+    );
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth0", "192.0.2.7")),
+        (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+    );
 }

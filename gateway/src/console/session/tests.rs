@@ -1602,3 +1602,62 @@ fn ssh_keys_go_through_commit() {
     let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
     assert!(!saved.contains("SshKey ="), "{saved}");
 }
+
+/// Over SSH a plain commit that changes what the session depends on is refused with
+/// "use commit-confirm N"; commit-confirm goes through; the last key and factory-reset
+/// are the serial console's.
+#[test]
+fn no_remote_lock_out() {
+    const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC alice@laptop";
+    let mut r = Rig::new();
+    let pk = peer_key();
+    r.ok("set interface listen-port 51820");
+    r.ok("set interface address 10.100.0.1/24");
+    r.ok(&format!("set peer {pk} allowed-ips 10.100.0.2/32"));
+    r.ok(&format!("set peer {pk} name laptop"));
+    r.ok("commit");
+    r.ok(&format!("set system ssh-key alice {ED}"));
+    r.ok("commit");
+    // The same directory, as a console serving alice's session from the laptop.
+    let mut s = r.open_named("ssh-7:alice");
+    s.set_remote(crate::console::remote::Remote {
+        key_name: "alice".into(),
+        source: "10.100.0.2".parse().unwrap(),
+    });
+    let say = |s: &mut Session, l: &str| s.handle_line(l);
+    assert!(say(&mut s, "set gateway client-dns 192.168.1.1").ok);
+    let c = say(&mut s, "commit");
+    assert!(c.ok, "an unrelated change commits plainly: {}", c.text);
+    assert!(say(&mut s, "disable client laptop").ok);
+    let c = say(&mut s, "commit");
+    assert!(
+        !c.ok
+            && c.text.contains("disables this session's peer laptop")
+            && c.text.contains("use `commit-confirm N`"),
+        "{}",
+        c.text
+    );
+    assert!(r.saved().peers.iter().all(|p| p.enabled), "nothing saved");
+    let c = say(&mut s, "commit-confirm 2");
+    assert!(c.ok, "{}", c.text);
+    assert!(!r.saved().peers[0].enabled);
+    assert!(say(&mut s, "confirm").ok);
+    let d = say(&mut s, "delete system ssh-key alice");
+    assert!(!d.ok && d.text.contains("the last SSH key"), "{}", d.text);
+    let f = say(&mut s, "factory-reset");
+    assert!(!f.ok && f.text.contains("serial console"), "{}", f.text);
+    // `rollback N` to the version before the key: refused at commit, commit-confirm too.
+    let rb = say(&mut s, "rollback 3");
+    assert!(rb.ok, "{}", rb.text);
+    for cmd in ["commit", "commit-confirm 1"] {
+        let c = say(&mut s, cmd);
+        assert!(
+            !c.ok && c.text.contains("last SSH key"),
+            "{cmd}: {}",
+            c.text
+        );
+    }
+    // The serial console may.
+    r.ok("delete system ssh-key alice");
+    r.ok("discard");
+}

@@ -162,6 +162,7 @@ fn uplink_text(p: &Ports) -> String {
 pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16) -> Ports {
     let lan = (!cfg.gateway.lan.is_empty()).then(|| cfg.gateway.lan.clone());
     let mut uplink_nets = Vec::new();
+    let mut uplink_addrs = Vec::new();
     let mut lan_nets: Vec<Cidr> = cfg
         .gateway
         .lan_addresses
@@ -195,6 +196,7 @@ pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16)
             lan_nets.extend(nets);
         } else {
             uplink_nets.extend(nets);
+            uplink_addrs.extend(addrs.iter().copied());
         }
     }
     let dedup = |v: &mut Vec<Cidr>| {
@@ -207,6 +209,7 @@ pub fn ports_now(nl: &mut Netlink, tunnel: &str, cfg: &Config, listen_port: u16)
         tunnel: tunnel.to_string(),
         lan,
         uplink_nets,
+        uplink_addrs,
         lan_nets,
         listen_port: (listen_port != 0).then_some(listen_port),
     }
