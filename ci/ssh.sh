@@ -7,7 +7,8 @@
 #   - an unknown key is refused and the server logs its fingerprint and source; password
 #     authentication is refused (publickey is all that is offered); a login name other
 #     than admin is refused and logged;
-#   - `add client x` over SSH prints a wg-quick configuration;
+#   - `add client x` over SSH prints a wg-quick configuration; a plain `commit` of the
+#     SSH port over SSH is refused (the console knows it serves an SSH session);
 #   - a `--deny-source` address is closed at once, and counted in the log;
 #   - the host key the server prints is ssh-keygen's fingerprint of what ssh-keyscan
 #     sees, and stays the same after a restart (StrictHostKeyChecking=yes passes);
@@ -121,6 +122,15 @@ sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S 'add client x' >"$tmp
 grep -q '^\[Interface\]' "$tmp/client.out" && grep -q '^PrivateKey = ' "$tmp/client.out" &&
     grep -q '^\[Peer\]' "$tmp/client.out" &&
     ok "'add client x' over SSH prints a wg-quick configuration" || ko "add client over SSH: $(head -c 600 "$tmp/client.out")"
+
+# No remote lock-out: over SSH a plain commit of the SSH port is refused (the console
+# knows it serves an SSH session, and from where).
+printf 'set gateway ssh-port 2224\ncommit\n' |
+    sshc -T -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S >"$tmp/lockout.out" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "commit-confirm" "$tmp/lockout.out" && grep -q "^#4+ SshPort = $PORT" "$root/riceguard.conf" &&
+    ok "over SSH a plain commit of the SSH port is refused (use commit-confirm)" ||
+    ko "remote lock-out: rc $rc: $(head -c 600 "$tmp/lockout.out")"
 
 sshc -o StrictHostKeyChecking=yes -i "$tmp/mallory" admin@$S 'show status' >"$tmp/mallory.out" 2>&1
 [ $? = 255 ] && grep -q "Permission denied (publickey)" "$tmp/mallory.out" &&

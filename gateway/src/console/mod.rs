@@ -80,6 +80,8 @@ const USAGE: &str = "usage: riceguard console --root DIR [--name NAME] [--socket
                sessions): the console password is not asked. Refused unless --name is an
                SSH session's (`ssh-N:KEY`) and stdin is a pipe or a pseudo-terminal
                (/dev/pts/N): a console on a serial line or screen always asks
+  --source ADDR  with --authenticated ssh: the session's peer address (what a plain commit
+               must not cut: the session's own peer, see `commit-confirm`)
   --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)
   --pidfile    the daemon's pid file, signalled with SIGHUP after a commit (default /run/riceguard.pid)
   --status-file  data-plane status written by the daemon (default /run/riceguard.status)";
@@ -90,6 +92,8 @@ struct Args {
     hooks: SystemHooks,
     perm_unmounted: bool,
     login: session::Login,
+    /// `--source`: the SSH session's peer address.
+    source: Option<std::net::IpAddr>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -98,6 +102,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut perm_unmounted = false;
     let mut name = None;
     let mut login = session::Login::Password;
+    let mut source = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| {
@@ -111,6 +116,13 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--pidfile" => hooks.pidfile = PathBuf::from(val("--pidfile")?),
             "--status-file" => hooks.status_file = PathBuf::from(val("--status-file")?),
             "--perm-unmounted" => perm_unmounted = true,
+            "--source" => {
+                let v = val("--source")?;
+                source =
+                    Some(v.parse().map_err(|_| {
+                        format!("--source `{}`: not an address", validate::short(&v))
+                    })?);
+            }
             "--authenticated" => match val("--authenticated")?.as_str() {
                 "ssh" => login = session::Login::Key,
                 v => {
@@ -136,6 +148,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     let root = root.ok_or("--root DIR is required")?;
     if login == session::Login::Key {
         key_login_allowed(name.as_deref(), stdin_tty_path().as_deref())?;
+    } else if source.is_some() {
+        return Err("--source goes with --authenticated ssh".into());
     }
     Ok(Args {
         root,
@@ -143,6 +157,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         hooks,
         perm_unmounted,
         login,
+        source,
     })
 }
 
@@ -242,13 +257,18 @@ pub fn main(args: &[String]) -> ExitCode {
         store = store.perm_unmounted();
     }
     let name = args.name.unwrap_or_else(|| stdin_name(tty));
-    let (session, hello) = Session::open_with(
+    let (mut session, hello) = Session::open_with(
         store,
         Box::new(args.hooks),
         Box::new(SystemClock),
         &name,
         args.login,
     );
+    if let (session::Login::Key, Some(source)) = (args.login, args.source) {
+        // `ssh-N:KEY`: key_login_allowed checked the prefix; the key's name follows `:`.
+        let key_name = name.split_once(':').map_or("", |(_, k)| k).to_string();
+        session.set_remote(remote::Remote { key_name, source });
+    }
     run(session, hello, tty)
 }
 

@@ -61,6 +61,7 @@ impl Console {
         root: &Path,
         extra: &[String],
         name: &str,
+        source: std::net::IpAddr,
         mode: Mode,
         handle: Handle,
         channel: ChannelId,
@@ -73,6 +74,8 @@ impl Console {
             .arg(name)
             .arg("--authenticated")
             .arg("ssh")
+            .arg("--source")
+            .arg(source.to_string())
             .args(extra);
         let (out, pty_input, exec) = match mode {
             Mode::Pty { cols, rows, term } => {

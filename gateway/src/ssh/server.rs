@@ -282,6 +282,7 @@ impl Conn {
             &self.shared.root,
             &self.shared.console_args,
             &name,
+            self.peer.ip(),
             mode,
             session.handle(),
             channel,
