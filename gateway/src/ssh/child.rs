@@ -54,18 +54,34 @@ fn set_nonblocking_cloexec(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Which console to run: `bin console --root ROOT --name NAME --authenticated ssh
+/// --source SOURCE EXTRA...`.
+pub struct Launch<'a> {
+    pub bin: &'a Path,
+    pub root: &'a Path,
+    /// The session's name, `ssh-N:KEY`.
+    pub name: &'a str,
+    /// The session's peer address.
+    pub source: std::net::IpAddr,
+    /// More arguments (`--pidfile` etc. in tests).
+    pub extra: &'a [String],
+}
+
 impl Console {
-    /// Start the console named `name` over `root` and connect it to `channel`.
+    /// Start the console `l` says and connect it to `channel`.
     pub fn start(
-        bin: &Path,
-        root: &Path,
-        extra: &[String],
-        name: &str,
-        source: std::net::IpAddr,
+        l: &Launch<'_>,
         mode: Mode,
         handle: Handle,
         channel: ChannelId,
     ) -> io::Result<Console> {
+        let Launch {
+            bin,
+            root,
+            name,
+            source,
+            extra,
+        } = *l;
         let mut cmd = Command::new(bin);
         cmd.arg("console")
             .arg("--root")

@@ -13,7 +13,7 @@ use russh::server::{Auth, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
 use russh::{Channel, ChannelId, MethodKind, MethodSet, Pty};
 
 use super::admission::{Admission, Refusal};
-use super::child::{Console, Mode};
+use super::child::{Console, Launch, Mode};
 use crate::core::config::SshKey;
 
 /// The login name every key logs in as.
@@ -277,16 +277,14 @@ impl Conn {
             Mode::Pipes { command: Some(_) } => "command",
             Mode::Pipes { command: None } => "script",
         };
-        match Console::start(
-            &self.shared.bin,
-            &self.shared.root,
-            &self.shared.console_args,
-            &name,
-            self.peer.ip(),
-            mode,
-            session.handle(),
-            channel,
-        ) {
+        let launch = Launch {
+            bin: &self.shared.bin,
+            root: &self.shared.root,
+            name: &name,
+            source: self.peer.ip(),
+            extra: &self.shared.console_args,
+        };
+        match Console::start(&launch, mode, session.handle(), channel) {
             Ok(c) => {
                 log::info!("ssh: console {name} ({how}) for {}", self.peer.ip());
                 chan.console = Some(c);
