@@ -2,7 +2,8 @@
 # The console over SSH (`riceguard ssh --root DIR`) with Debian's OpenSSH client: the
 # server in one namespace over a saved configuration written by `riceguard console` in a
 # temporary DIR, the client in another over a veth pair (sources 10.124.0.2, .3, .4):
-#   - a key login runs `show status` as a command and exits 0; a script on stdin with a
+#   - with a console password set, a key login is not asked for it: it runs `show status`
+#     as a command and exits 0; a script on stdin with a
 #     failing command (`frobnicate`) exits non-zero with the good commands' output there;
 #   - an unknown key is refused and the server logs its fingerprint and source; password
 #     authentication is refused (publickey is all that is offered); a login name other
@@ -53,6 +54,13 @@ printf '%s\n' "set interface address 10.100.0.1/24" "set interface listen-port 5
     console "$root" >"$tmp/setup.out" 2>&1
 check "the saved configuration has the key (written by the console)" \
     grep -q "^#4+ SshKey = alice ssh-ed25519" "$root/riceguard.conf"
+# A console password: the consoles on the box ask for it, a key login does not.
+printf '%s\n' "set system console-password" "lab-console-pass-1" "lab-console-pass-1" |
+    console "$root" >>"$tmp/setup.out" 2>&1
+echo "show history" | console "$root" >"$tmp/local.out" 2>&1
+[ $? != 0 ] && grep -q "wrong password" "$tmp/local.out" &&
+    ok "the console password is set (a local script without it is refused)" ||
+    ko "console password: $(cat "$tmp/setup.out" "$tmp/local.out")"
 
 # server DIR LOG [ARGS]: `riceguard ssh` in the server namespace (its PID in $!).
 server() {
