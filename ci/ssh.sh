@@ -8,6 +8,7 @@
 #   - an unknown key is refused and the server logs its fingerprint and source; password
 #     authentication is refused (publickey is all that is offered); a login name other
 #     than admin is refused and logged;
+#   - a session's console is killed when its client's connection goes;
 #   - `add client x` over SSH prints a wg-quick configuration; a plain `commit` of the
 #     SSH port over SSH is refused (the console knows it serves an SSH session);
 #   - a `--deny-source` address is closed at once, and counted in the log;
@@ -130,6 +131,24 @@ sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S 'add client x' >"$tmp
 grep -q '^\[Interface\]' "$tmp/client.out" && grep -q '^PrivateKey = ' "$tmp/client.out" &&
     grep -q '^\[Peer\]' "$tmp/client.out" &&
     ok "'add client x' over SSH prints a wg-quick configuration" || ko "add client over SSH: $(head -c 600 "$tmp/client.out")"
+
+# A session's console ends with its connection: a terminal session whose client is killed.
+terminals() { grep -c "(terminal) for" "$tmp/server1.log"; }
+more_terminals() { [ "$(terminals)" -gt "$n0" ]; }
+no_console() { ! pgrep -f -- "--name $1 " >/dev/null; }
+n0=$(terminals)
+spawn ip netns exec $CLI ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile="$KH" \
+    -o StrictHostKeyChecking=yes -p $PORT -tt -i "$tmp/alice" admin@$S >"$tmp/killed.out" 2>&1
+client=$!
+if wait_for 10 more_terminals; then
+    name=$(grep "(terminal) for" "$tmp/server1.log" | tail -1 | sed -n 's/.*console \(ssh-[^ ]*\) .*/\1/p')
+    check "its console runs ($name)" wait_for 5 pgrep -f -- "--name $name "
+    stop_pid $client
+    check "the console is gone once the client's connection is" wait_for 5 no_console "$name"
+else
+    ko "no terminal session started: $(cat "$tmp/killed.out")"
+    stop_pid $client
+fi
 
 # No remote lock-out: over SSH a plain commit of the SSH port is refused (the console
 # knows it serves an SSH session, and from where).
