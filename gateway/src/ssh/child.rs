@@ -39,6 +39,8 @@ pub const MAX_QUEUED: usize = 1 << 20;
 
 pub struct Console {
     pid: Pid,
+    /// The pseudo-terminal's master, for window changes (`None` on pipes).
+    pty: Option<OwnedFd>,
     /// `None` once reaped.
     child: Arc<Mutex<Option<Child>>>,
     input: Option<mpsc::UnboundedSender<Vec<u8>>>,
@@ -119,11 +121,12 @@ impl Console {
                         },
                     );
                 crate::sys::os::new_session(&mut cmd, true);
-                // Read and written through two descriptors of the one master.
+                // Read, written and resized through three descriptors of the one master.
                 let writer = pty.master.try_clone()?;
+                let sizer = pty.master.try_clone()?;
                 (
                     pipe::Receiver::from_owned_fd_unchecked(pty.master)?,
-                    Some(pipe::Sender::from_owned_fd_unchecked(writer)?),
+                    Some((pipe::Sender::from_owned_fd_unchecked(writer)?, sizer)),
                     None,
                 )
             }
@@ -141,12 +144,12 @@ impl Console {
         };
         let mut child = cmd.spawn()?;
         drop(cmd); // our copies of the child's ends: EOF reaches us when it exits
-        let inp = match (pty_input, child.stdin.take()) {
-            (Some(master), _) => master,
+        let (inp, sizer) = match (pty_input, child.stdin.take()) {
+            (Some((master, sizer)), _) => (master, Some(sizer)),
             (None, Some(stdin)) => {
                 let fd = OwnedFd::from(stdin);
                 set_nonblocking_cloexec(&fd)?;
-                pipe::Sender::from_owned_fd_unchecked(fd)?
+                (pipe::Sender::from_owned_fd_unchecked(fd)?, None)
             }
             (None, None) => {
                 let _ = child.kill();
@@ -167,6 +170,7 @@ impl Console {
         )));
         let mut c = Console {
             pid,
+            pty: sizer,
             child,
             input: Some(tx),
             queued,
@@ -196,6 +200,14 @@ impl Console {
         self.queued.fetch_add(data.len(), Ordering::Relaxed);
         let _ = tx.send(data.to_vec());
         true
+    }
+
+    /// The client's window changed: the terminal follows (the console gets SIGWINCH).
+    pub fn resize(&self, cols: u16, rows: u16) {
+        if let Some(fd) = &self.pty {
+            use std::os::fd::AsFd;
+            let _ = crate::sys::os::set_window_size(fd.as_fd(), cols.max(1), rows.max(1));
+        }
     }
 
     /// The channel's end of input: the console's stdin is closed (on pipes; a terminal's
@@ -288,4 +300,24 @@ async fn pump_output(
     let _ = handle.exit_status_request(channel, code as u32).await;
     let _ = handle.eof(channel).await;
     let _ = handle.close(channel).await;
+}
+
+#[cfg(test)]
+mod tests {
+    /// The size set on a pseudo-terminal's master is what `stty size` reads on its slave.
+    #[test]
+    fn window_size_reaches_the_slave() {
+        use std::os::fd::AsFd;
+        let pty = nix::pty::openpty(None, None).unwrap();
+        crate::sys::os::set_window_size(pty.master.as_fd(), 132, 43).unwrap();
+        let out = match std::process::Command::new("stty")
+            .arg("size")
+            .stdin(std::fs::File::from(pty.slave))
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => return crate::testutil::not_run(&format!("stty: {e}")),
+        };
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "43 132");
+    }
 }

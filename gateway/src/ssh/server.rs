@@ -405,6 +405,28 @@ impl russh::server::Handler for Conn {
         Ok(())
     }
 
+    async fn window_change_request(
+        &mut self,
+        channel: ChannelId,
+        col_width: u32,
+        row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let cols = u16::try_from(col_width).unwrap_or(u16::MAX);
+        let rows = u16::try_from(row_height).unwrap_or(u16::MAX);
+        if let Some(c) = self.channels.get_mut(&channel) {
+            if let Some((w, h, _)) = c.pty.as_mut() {
+                (*w, *h) = (cols, rows);
+            }
+            if let Some(con) = &c.console {
+                con.resize(cols, rows);
+            }
+        }
+        Ok(())
+    }
+
     async fn shell_request(
         &mut self,
         channel: ChannelId,

@@ -133,3 +133,22 @@ pub fn soft_ctrl_alt_del() {
 pub fn sync() {
     nix::unistd::sync();
 }
+
+/// Set a terminal's window size (`TIOCSWINSZ`; the kernel then signals SIGWINCH to its
+/// foreground group): an SSH session's pseudo-terminal follows the client's window. nix
+/// has no safe wrapper.
+pub fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, cols: u16, rows: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` through the pointer, which points at `ws`,
+    // alive for the whole call; `fd` is an open descriptor (borrowed for the call).
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
