@@ -917,6 +917,25 @@ mod tests {
         );
     }
 
+    /// A measurement, not a check (ci/test.sh skips `bench_*`): the time of one decrypt at
+    /// the work factor `RG_AGE_LOG_N` (16: one we write; 18: the stock fixture). For the
+    /// peak memory run it alone under `/usr/bin/time -v`:
+    /// RG_AGE_LOG_N=18 /usr/bin/time -v cargo test --release -p riceguard-core --lib
+    ///   bench_age_decrypt -- --ignored
+    #[test]
+    #[ignore = "a measurement: run by hand"]
+    fn bench_age_decrypt() {
+        let log_n: u8 = std::env::var("RG_AGE_LOG_N").map_or(16, |v| v.parse().unwrap());
+        let text = if log_n == 18 {
+            STOCK_FIXTURE.to_string()
+        } else {
+            encrypt(b"x", STOCK_PASS, log_n, &mut Rng(15)).unwrap()
+        };
+        let t = std::time::Instant::now();
+        decrypt(&text, STOCK_PASS, log_n).unwrap();
+        eprintln!("age decrypt at 2^{log_n}: {:?}", t.elapsed());
+    }
+
     /// Debian's `age -d` opens what we write, and refuses it with another passphrase; and
     /// we open what `age -p -a` writes now. age reads a passphrase only from a terminal:
     /// tests/fixtures/age/age_tty.py types it on a pseudo-terminal.
