@@ -17,6 +17,7 @@ use hkdf::Hkdf;
 use hmac::{Hmac, Mac};
 use rand_core::{CryptoRng, RngCore};
 use sha2::Sha256;
+use zeroize::Zeroizing;
 
 /// The work factor `export configuration` writes: 2^16, 64 MiB of scrypt memory.
 pub const WRITE_LOG_N: u8 = 16;
@@ -59,9 +60,11 @@ pub enum AgeError {
     WrongPassphrase,
     /// The passphrase opened the file key, but the header's MAC does not match.
     HeaderAltered,
-    /// The payload's nonce or its first chunk is missing.
+    /// The payload ends early: no nonce, no chunk, or `chunks` whole chunks that open but
+    /// no final one.
     PayloadTruncated { chunks: u64 },
-    /// Payload chunk `chunk` (from 0) does not open, or breaks the chunking rules.
+    /// Payload chunk `chunk` (from 0) does not open, or breaks the chunking rules (an
+    /// empty final chunk after others, a chunk shorter than its tag).
     PayloadAltered { chunk: u64 },
     /// Data after the end of the file (after a final chunk, or after the armour).
     TrailingData,
@@ -99,7 +102,7 @@ impl std::fmt::Display for AgeError {
                  without a final one)"
             ),
             Self::PayloadAltered { chunk } => {
-                write!(f, "the encrypted payload was altered or cut (chunk {chunk} does not open)")
+                write!(f, "the encrypted payload was altered or cut (at chunk {chunk})")
             }
             Self::TrailingData => write!(f, "data after the end of the age file"),
         }
@@ -117,14 +120,15 @@ pub fn encrypt(
     log_n: u8,
     rng: &mut (impl RngCore + CryptoRng),
 ) -> Result<String, AgeError> {
-    let bin = encrypt_binary(plaintext, passphrase, log_n, rng)?;
-    let text = armour(&bin);
-    if text.len() > MAX_ARMOURED {
+    let len = armoured_len(binary_len(plaintext.len(), log_n));
+    if len > MAX_ARMOURED {
         return Err(AgeError::TooLarge {
-            len: text.len(),
+            len,
             max: MAX_ARMOURED,
         });
     }
+    let text = armour(&encrypt_binary(plaintext, passphrase, log_n, rng)?);
+    debug_assert_eq!(text.len(), len);
     Ok(text)
 }
 
@@ -141,25 +145,26 @@ pub fn encrypt_binary(
             max: WRITE_LOG_N,
         });
     }
-    if plaintext.len() > MAX_ARMOURED {
+    let len = binary_len(plaintext.len(), log_n);
+    if len > MAX_ARMOURED {
         return Err(AgeError::TooLarge {
-            len: plaintext.len(),
+            len,
             max: MAX_ARMOURED,
         });
     }
-    let mut file_key = [0u8; 16];
+    let mut file_key = Zeroizing::new([0u8; 16]);
     let mut salt = [0u8; 16];
     let mut nonce = [0u8; 16];
-    rng.fill_bytes(&mut file_key);
+    rng.fill_bytes(&mut file_key[..]);
     rng.fill_bytes(&mut salt);
     rng.fill_bytes(&mut nonce);
 
     let wrap = wrap_key(passphrase, &salt, log_n);
-    let body = ChaCha20Poly1305::new(&wrap.into())
+    let body = ChaCha20Poly1305::new((&*wrap).into())
         .encrypt(&[0u8; 12].into(), &file_key[..])
         .expect("ChaCha20-Poly1305 seals 16 bytes");
 
-    let mut out = Vec::with_capacity(200 + plaintext.len() + plaintext.len() / CHUNK * TAG + TAG);
+    let mut out = Vec::with_capacity(len);
     out.extend_from_slice(VERSION_LINE);
     out.extend_from_slice(b"-> scrypt ");
     out.extend_from_slice(STANZA_B64.encode(salt).as_bytes());
@@ -193,7 +198,23 @@ pub fn encrypt_binary(
         out.extend_from_slice(&seal_chunk(&aead, i, chunks.peek().is_none(), c));
         i += 1;
     }
+    debug_assert_eq!(out.len(), len);
     Ok(out)
+}
+
+/// The length of the binary file [`encrypt_binary`] writes for `plain` bytes.
+fn binary_len(plain: usize, log_n: u8) -> usize {
+    let digits = log_n.to_string().len();
+    let header = VERSION_LINE.len() + "-> scrypt ".len() + 22 + 1 + digits + 1 + 43 + 1;
+    let mac_line = "--- ".len() + 43 + 1;
+    let chunks = plain.div_ceil(CHUNK).max(1);
+    header + mac_line + 16 + plain + chunks * TAG
+}
+
+/// The length of [`armour`]'s text for `bin` bytes.
+fn armoured_len(bin: usize) -> usize {
+    let b64 = bin.div_ceil(3) * 4;
+    BEGIN.len() + 1 + b64 + b64.div_ceil(ARMOUR_COLUMNS) + END.len() + 1
 }
 
 /// Open an ASCII-armoured age file with `passphrase`, running scrypt only when the file's
@@ -238,11 +259,12 @@ pub fn decrypt_binary(file: &[u8], passphrase: &str, max_log_n: u8) -> Result<Ve
         });
     }
     let wrap = wrap_key(passphrase, &salt, log_n);
-    let file_key: [u8; 16] = ChaCha20Poly1305::new(&wrap.into())
-        .decrypt(&[0u8; 12].into(), &body[..])
-        .map_err(|_| AgeError::WrongPassphrase)?
-        .try_into()
-        .expect("a 32-byte body opens to 16 bytes");
+    let opened = Zeroizing::new(
+        ChaCha20Poly1305::new((&*wrap).into())
+            .decrypt(&[0u8; 12].into(), &body[..])
+            .map_err(|_| AgeError::WrongPassphrase)?,
+    );
+    let file_key = Zeroizing::new(<[u8; 16]>::try_from(&opened[..]).expect("32 bytes open to 16"));
 
     let mac = header_mac(&file_key, &file[..h.mac_input_len]);
     mac.verify_slice(&h.mac)
@@ -310,30 +332,30 @@ fn open_chunk(aead: &ChaCha20Poly1305, counter: u64, last: bool, sealed: &[u8]) 
 }
 
 fn payload_aead(file_key: &[u8; 16], nonce: &[u8; 16]) -> ChaCha20Poly1305 {
-    let mut key = [0u8; 32];
+    let mut key = Zeroizing::new([0u8; 32]);
     Hkdf::<Sha256>::new(Some(nonce), file_key)
-        .expand(b"payload", &mut key)
+        .expand(b"payload", &mut key[..])
         .expect("32 bytes of HKDF-SHA256");
-    ChaCha20Poly1305::new(&key.into())
+    ChaCha20Poly1305::new((&*key).into())
 }
 
 fn header_mac(file_key: &[u8; 16], header: &[u8]) -> Hmac<Sha256> {
-    let mut key = [0u8; 32];
+    let mut key = Zeroizing::new([0u8; 32]);
     Hkdf::<Sha256>::new(Some(&[]), file_key)
-        .expand(b"header", &mut key)
+        .expand(b"header", &mut key[..])
         .expect("32 bytes of HKDF-SHA256");
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("HMAC takes any key");
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key[..]).expect("HMAC takes any key");
     mac.update(header);
     mac
 }
 
-fn wrap_key(passphrase: &str, salt: &[u8; 16], log_n: u8) -> [u8; 32] {
+fn wrap_key(passphrase: &str, salt: &[u8; 16], log_n: u8) -> Zeroizing<[u8; 32]> {
     let mut s = [0u8; SCRYPT_LABEL.len() + 16];
     s[..SCRYPT_LABEL.len()].copy_from_slice(SCRYPT_LABEL);
     s[SCRYPT_LABEL.len()..].copy_from_slice(salt);
     let params = scrypt::Params::new(log_n, 8, 1, 32).expect("log_n checked by the caller");
-    let mut key = [0u8; 32];
-    scrypt::scrypt(passphrase.as_bytes(), &s, &params, &mut key).expect("32-byte output");
+    let mut key = Zeroizing::new([0u8; 32]);
+    scrypt::scrypt(passphrase.as_bytes(), &s, &params, &mut key[..]).expect("32-byte output");
     key
 }
 
@@ -532,6 +554,7 @@ mod tests {
         for len in [0, 1, 65535, 65536, 65537, 2 * 65536, 200_000] {
             let p = plain(len);
             let text = encrypt(&p, PASS, LOG_N, &mut rng).unwrap();
+            assert_eq!(text.len(), armoured_len(binary_len(len, LOG_N)), "{len}");
             assert_eq!(decrypt(&text, PASS, LOG_N).unwrap(), p, "{len} bytes");
             let bin = encrypt_binary(&p, PASS, LOG_N, &mut rng).unwrap();
             let chunks = len.div_ceil(CHUNK).max(1);
@@ -738,7 +761,7 @@ mod tests {
         let header_len = bin.len() - 16 - CHUNK - TAG;
         let h = parse_header(&bin).unwrap();
         let (salt, log_n, body) = scrypt_stanza(&h.stanzas[0]).unwrap();
-        let fk: [u8; 16] = ChaCha20Poly1305::new(&wrap_key(PASS, &salt, log_n as u8).into())
+        let fk: [u8; 16] = ChaCha20Poly1305::new((&*wrap_key(PASS, &salt, log_n as u8)).into())
             .decrypt(&[0u8; 12].into(), &body[..])
             .unwrap()
             .try_into()
@@ -868,11 +891,19 @@ mod tests {
             encrypt(&vec![0; MAX_ARMOURED], PASS, 1, &mut Rng(1)),
             Err(AgeError::TooLarge { .. })
         ));
-        // The largest plaintext whose armour fits is written and read back.
-        let fits = MAX_ARMOURED / 4 * 3 - 64 * 1024;
+        // The largest plaintext whose armour fits is written and read back; one more byte
+        // is refused before scrypt runs.
+        let mut fits = MAX_ARMOURED / 4 * 3 - 64 * 1024;
+        while armoured_len(binary_len(fits + 1, 1)) <= MAX_ARMOURED {
+            fits += 1;
+        }
         let t = encrypt(&plain(fits), PASS, 1, &mut Rng(1)).unwrap();
         assert!(t.len() <= MAX_ARMOURED);
         assert_eq!(decrypt(&t, PASS, 1).unwrap().len(), fits);
+        assert!(matches!(
+            encrypt(&plain(fits + 1), PASS, 1, &mut Rng(1)),
+            Err(AgeError::TooLarge { .. })
+        ));
     }
 
     #[test]
