@@ -21,6 +21,8 @@ APT_PKGS=(
     # peers and tools for ci/interop.sh and ci/bench.sh
     wireguard-go wireguard-tools iperf3 iputils-ping iproute2 nftables ethtool tcpdump
     procps psmisc python3
+    # the SSH client of ci/ssh.sh (ssh, ssh-keygen, ssh-keyscan)
+    openssh-client
     # DHCP server for the uplink-by-DHCP test (ci/dhcp.sh)
     dnsmasq-base
     # static builds (ci/build-static.sh): gcc's musl wrapper for x86_64 ring, clang/llvm-ar

@@ -31,7 +31,12 @@
 #            path still sent GSO super-datagrams afterwards (ci/pmtu.sh);
 #            the SNTP client against scripted servers in a dry run: a good answer steps,
 #            kisses, LI=3, one far-future server, backward answers and DHCP's servers
-#            change nothing, two agreeing configured servers step (ci/ntp.sh)
+#            change nothing, two agreeing configured servers step (ci/ntp.sh);
+#            the console over SSH with Debian's OpenSSH client: key logins for a command
+#            and a script (exit status), unknown keys, passwords and other login names
+#            refused and logged, `add client` over SSH, a refused source, the host key
+#            across a restart, 200 half-open connections, the 20 s login grace, nothing
+#            listening without a key (ci/ssh.sh)
 #   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
 #            from Debian packages, for both musl targets: static, right ELF machine,
 #            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
@@ -110,7 +115,7 @@ labs_of() {
         fastpath) echo ci/fastpath.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
-        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ;;
         cross) echo ci/test-cross.sh ;;
         # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
         # checked as reproducible) rather than building it a third time.

@@ -13,6 +13,7 @@ const USAGE: &str = "usage:
   riceguard ntp [--config FILE] [--lease FILE] [--server HOST] [--dry-run]
                                         SNTP client (init runs it)
   riceguard console --root DIR          the configuration console
+  riceguard ssh --root DIR              the console over SSH, public keys only (init runs it)
   riceguard init                        PID 1 of the appliance image
   riceguard update SOURCE [--reboot]    install a signed update bundle into the other slot
   riceguard rollback-slot [--reboot]    make the other slot the default boot entry again
@@ -50,6 +51,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
         Some("dhcp") => crate::driver::appliance::dhcp::main(&rest[1..]),
         Some("ntp") => crate::driver::appliance::ntp::main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
+        Some("ssh") => crate::ssh::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
         Some("update") => crate::update::update_main(&rest[1..]),
         Some("rollback-slot") => crate::update::rollback_main(&rest[1..]),

@@ -120,7 +120,7 @@ fn serial_noise_and_long_lines_are_survived() {
     let d = Tmp::new("noise");
     let mut input = Vec::new();
     input.extend_from_slice(b"\xff\xfe\x00garbage\r\n");
-    input.extend(std::iter::repeat(b'x').take(5000));
+    input.extend(std::iter::repeat_n(b'x', 5000));
     input.extend_from_slice(b"\r\nshoq\x7fw candidate\r\nhelp\n");
     let (ok, out) = console(&d.0, &[], &input);
     assert!(!ok, "the dropped lines count as failures");

@@ -270,7 +270,7 @@ pub fn boot_decision(
         (build, BootSource::Build),
     ] {
         if let Some(t) = t.filter(|&t| (0..=LATEST_PLAUSIBLE).contains(&t)) {
-            if best.map_or(true, |(b, _)| t > b) {
+            if best.is_none_or(|(b, _)| t > b) {
                 best = Some((t, s));
             }
         }

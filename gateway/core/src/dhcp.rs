@@ -490,7 +490,7 @@ impl Client {
             return;
         };
         let h = Held { lease, at };
-        if h.expiry().map_or(true, |e| e > now) {
+        if h.expiry().is_none_or(|e| e > now) {
             self.held = Some(h);
         }
     }
@@ -648,7 +648,7 @@ impl Client {
 
     /// The next message to send, if one is due.
     pub fn poll_transmit(&mut self, now: Instant) -> Option<Outgoing> {
-        if self.next_send.map_or(true, |t| now < t) {
+        if self.next_send.is_none_or(|t| now < t) {
             return None;
         }
         self.sent = self.sent.saturating_add(1);
@@ -1071,7 +1071,7 @@ fn keep_used_options(b: &[u8]) -> Result<Vec<u8>, Ignored> {
                 })?;
                 // A broken NTP list (not whole addresses) costs the list, not the lease:
                 // the uplink matters more than the clock's third source.
-                let broken_optional = code == 42 && (len == 0 || len % 4 != 0);
+                let broken_optional = code == 42 && (len == 0 || !len.is_multiple_of(4));
                 if USED_OPTIONS.contains(&code) && !broken_optional {
                     out.push(code);
                     out.push(len as u8);

@@ -543,7 +543,7 @@ impl CoalescePolicy {
     /// `queued_before`: bytes already waiting; `since_write`: time since the last
     /// write (`None`: never written).
     pub fn is_interactive(&self, queued_before: usize, since_write: Option<Duration>) -> bool {
-        queued_before == 0 && since_write.map_or(true, |d| d >= self.interactive_gap)
+        queued_before == 0 && since_write.is_none_or(|d| d >= self.interactive_gap)
     }
 }
 

@@ -35,7 +35,7 @@ pub fn put_attr(m: &mut Vec<u8>, kind: u16, data: &[u8]) {
     m.extend_from_slice(&(len as u16).to_ne_bytes());
     m.extend_from_slice(&kind.to_ne_bytes());
     m.extend_from_slice(data);
-    while m.len() % 4 != 0 {
+    while !m.len().is_multiple_of(4) {
         m.push(0);
     }
 }

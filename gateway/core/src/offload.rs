@@ -103,7 +103,7 @@ pub fn decide(
     sock: SocketProbe,
     mut enable: impl FnMut(&str) -> Result<FeatureState, String>,
 ) -> OffloadDecision {
-    let gro_nic_ok = nic.and_then(|n| n.gro).map_or(true, |g| g.active);
+    let gro_nic_ok = nic.and_then(|n| n.gro).is_none_or(|g| g.active);
     let rx_gro = sock.udp_gro && gro_nic_ok;
     let gro_note = match (sock.udp_gro, gro_nic_ok) {
         (true, true) => "UDP GRO on",

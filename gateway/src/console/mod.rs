@@ -76,6 +76,12 @@ const USAGE: &str = "usage: riceguard console --root DIR [--name NAME] [--socket
                terminal: ttyS0, tty1; default: the terminal on stdin, else `script`)
   --perm-unmounted  DIR is not the perm partition (init could not mount it): the console
                stays locked, since its password cannot be checked
+  --authenticated ssh  the user logged in with an SSH key (`riceguard ssh` passes it for its
+               sessions): the console password is not asked. Refused unless --name is an
+               SSH session's (`ssh-N:KEY`) and stdin is a pipe or a pseudo-terminal
+               (/dev/pts/N): a console on a serial line or screen always asks
+  --source ADDR  with --authenticated ssh: the session's peer address (what a plain commit
+               must not cut: the session's own peer, see `commit-confirm`)
   --socket     the daemon's UAPI socket (default /var/run/wireguard/IFNAME.sock)
   --pidfile    the daemon's pid file, signalled with SIGHUP after a commit (default /run/riceguard.pid)
   --status-file  data-plane status written by the daemon (default /run/riceguard.status)";
@@ -85,6 +91,9 @@ struct Args {
     name: Option<String>,
     hooks: SystemHooks,
     perm_unmounted: bool,
+    login: session::Login,
+    /// `--source`: the SSH session's peer address.
+    source: Option<std::net::IpAddr>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -92,6 +101,8 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut hooks = SystemHooks::default();
     let mut perm_unmounted = false;
     let mut name = None;
+    let mut login = session::Login::Password;
+    let mut source = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = |name: &str| {
@@ -105,6 +116,22 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
             "--pidfile" => hooks.pidfile = PathBuf::from(val("--pidfile")?),
             "--status-file" => hooks.status_file = PathBuf::from(val("--status-file")?),
             "--perm-unmounted" => perm_unmounted = true,
+            "--source" => {
+                let v = val("--source")?;
+                source =
+                    Some(v.parse().map_err(|_| {
+                        format!("--source `{}`: not an address", validate::short(&v))
+                    })?);
+            }
+            "--authenticated" => match val("--authenticated")?.as_str() {
+                "ssh" => login = session::Login::Key,
+                v => {
+                    return Err(format!(
+                        "--authenticated `{}`: only `ssh` (a key login)",
+                        validate::short(v)
+                    ))
+                }
+            },
             "--name" => {
                 let v = val("--name")?;
                 name = Some(store::console_name(&v).ok_or_else(|| {
@@ -119,12 +146,49 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         }
     }
     let root = root.ok_or("--root DIR is required")?;
+    if login == session::Login::Key {
+        key_login_allowed(name.as_deref(), stdin_tty_path().as_deref())?;
+    } else if source.is_some() {
+        return Err("--source goes with --authenticated ssh".into());
+    }
     Ok(Args {
         root,
         name,
         hooks,
         perm_unmounted,
+        login,
+        source,
     })
+}
+
+/// `--authenticated ssh` only where `riceguard ssh` starts a console: named as an SSH
+/// session and on a pipe or a pseudo-terminal. Init's consoles are on serial lines and
+/// screens (`/dev/ttyS0`, `/dev/tty1`, `/dev/hvc0`) named after them, so a console there
+/// can never skip its password, whatever its command line says.
+fn key_login_allowed(name: Option<&str>, tty: Option<&str>) -> Result<(), String> {
+    if !name.is_some_and(|n| n.starts_with("ssh-")) {
+        return Err("--authenticated ssh needs --name ssh-N:KEY (an SSH session's name)".into());
+    }
+    match tty {
+        Some(t) if !t.starts_with("/dev/pts/") => Err(format!(
+            "--authenticated ssh on the terminal {t}: only on a pipe or a pseudo-terminal"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The terminal on stdin (`/dev/ttyS0`, `/dev/pts/3`), `None` when stdin is no terminal.
+fn stdin_tty_path() -> Option<String> {
+    if !std::io::stdin().is_terminal() {
+        return None;
+    }
+    Some(
+        std::fs::read_link("/proc/self/fd/0")
+            .ok()
+            .and_then(|p| p.to_str().map(String::from))
+            // A terminal we cannot name is not known to be a pseudo-terminal.
+            .unwrap_or_else(|| "(unknown)".into()),
+    )
 }
 
 /// Where replies go, with the terminal's needs (CRLF is done by the tty's output
@@ -193,8 +257,18 @@ pub fn main(args: &[String]) -> ExitCode {
         store = store.perm_unmounted();
     }
     let name = args.name.unwrap_or_else(|| stdin_name(tty));
-    let (session, hello) =
-        Session::open_as(store, Box::new(args.hooks), Box::new(SystemClock), &name);
+    let (mut session, hello) = Session::open_with(
+        store,
+        Box::new(args.hooks),
+        Box::new(SystemClock),
+        &name,
+        args.login,
+    );
+    if let (session::Login::Key, Some(source)) = (args.login, args.source) {
+        // `ssh-N:KEY`: key_login_allowed checked the prefix; the key's name follows `:`.
+        let key_name = name.split_once(':').map_or("", |(_, k)| k).to_string();
+        session.set_remote(remote::Remote { key_name, source });
+    }
     run(session, hello, tty)
 }
 
@@ -399,7 +473,7 @@ pub fn fuzz_check_input(data: &[u8]) {
                                     .peers
                                     .iter()
                                     .find(|q| q.public_key == p.public_key)
-                                    .map_or(true, |q| q.enabled);
+                                    .is_none_or(|q| q.enabled);
                             }
                             assert_eq!(back, before, "`{l}` changed more than Enabled");
                         }
@@ -455,6 +529,27 @@ pub fn fuzz_check_input(data: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn key_login_only_for_ssh_sessions_off_real_terminals() {
+        use super::key_login_allowed as ok;
+        assert!(ok(Some("ssh-17:alice"), None).is_ok());
+        assert!(ok(Some("ssh-17:alice"), Some("/dev/pts/3")).is_ok());
+        assert!(ok(Some("ttyS0"), None).is_err());
+        assert!(ok(None, None).is_err());
+        assert!(ok(Some("ssh-1:a"), Some("/dev/ttyS0")).is_err());
+        assert!(ok(Some("ssh-1:a"), Some("/dev/tty1")).is_err());
+        assert!(ok(Some("ssh-1:a"), Some("(unknown)")).is_err());
+        assert!(super::parse_args(&[
+            "--root".into(),
+            "/x".into(),
+            "--name".into(),
+            "ttyS0".into(),
+            "--authenticated".into(),
+            "ssh".into()
+        ])
+        .is_err());
+    }
+
     /// Stand-in for the fuzz target where `fuzz/` is not built: seeded random bytes and
     /// byte-level mutations of real command lines.
     #[test]

@@ -213,7 +213,7 @@ mod tests {
         for row in &m {
             let line: String = row
                 .iter()
-                .flat_map(|light| std::iter::repeat(if *light { "0 " } else { "1 " }).take(S))
+                .flat_map(|light| std::iter::repeat_n(if *light { "0 " } else { "1 " }, S))
                 .collect();
             for _ in 0..S {
                 pbm.push_str(&line);

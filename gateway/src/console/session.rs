@@ -209,6 +209,15 @@ pub fn diff(old: &str, new: &str) -> String {
     out
 }
 
+/// How the user of a session was authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Login {
+    /// On a console of the box: the console password, when one is set.
+    Password,
+    /// By an SSH key `riceguard ssh` checked (`riceguard console --authenticated ssh`).
+    Key,
+}
+
 impl Session {
     /// Start a session on `store`: load the saved configuration (with fallback), resume a
     /// pending `commit-confirm`, and ask for the password if one is set. Call
@@ -231,6 +240,18 @@ impl Session {
         hooks: Box<dyn Hooks>,
         clock: Box<dyn Clock>,
         name: &str,
+    ) -> (Session, Reply) {
+        Session::open_with(store, hooks, clock, name, Login::Password)
+    }
+
+    /// [`Session::open_as`], saying how the user was authenticated: [`Login::Key`] (an SSH
+    /// key login, checked by `riceguard ssh`) skips the console password.
+    pub fn open_with(
+        store: Store<Box<dyn Format>>,
+        hooks: Box<dyn Hooks>,
+        clock: Box<dyn Clock>,
+        name: &str,
+        login: Login,
     ) -> (Session, Reply) {
         let loaded = store.load();
         let mut text = String::new();
@@ -314,15 +335,19 @@ impl Session {
                 }
             }
         }
-        match s.store.password() {
-            Password::Off => {}
-            Password::Set(_) => {
+        match (login, s.store.password()) {
+            // The key login was the authentication; the password is for the consoles on
+            // the box. (A damaged password file does not lock a key login out either:
+            // the lock is there because that password cannot be checked.)
+            (Login::Key, _) => {}
+            (Login::Password, Password::Off) => {}
+            (Login::Password, Password::Set(_)) => {
                 s.question = Some(Question::Login { tries: 0 });
                 if let Some(w) = s.store.failure_log().wait_left(password::boot_time()) {
                     let _ = writeln!(text, "{}", wait_note(w));
                 }
             }
-            Password::Locked(why) => {
+            (Login::Password, Password::Locked(why)) => {
                 let _ = writeln!(text, "console locked: {why}");
                 s.locked = Some(why);
             }

@@ -191,6 +191,21 @@ pub(super) fn stage2() -> ! {
         },
         now,
     );
+    // The console over SSH. It listens only while the saved configuration has an SSH key
+    // (it re-reads the file itself), lowers its own priority and leaves the data plane's
+    // cores; without perm there are no keys and no host key, so it does not run.
+    if perm_ok {
+        sup.add(
+            Spec {
+                name: "ssh".into(),
+                argv: vec![BIN.into(), "ssh".into(), "--root".into(), PERM.into()],
+                tty: None,
+                restart_delay: RESTART_DELAY,
+                health_checked: false,
+            },
+            now,
+        );
+    }
     if !consoles.is_empty() {
         if !perm_ok {
             say!("perm not mounted: the console stays locked (its password cannot be checked); failsafe mode still works");

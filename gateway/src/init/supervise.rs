@@ -441,9 +441,9 @@ mod tests {
     #[test]
     fn relay_caps_huge_lines() {
         let mut input = b"first\n".to_vec();
-        input.extend(std::iter::repeat(b'x').take(10 << 20));
+        input.extend(std::iter::repeat_n(b'x', 10 << 20));
         input.extend_from_slice(b"\nafter\n");
-        input.extend(std::iter::repeat(b'y').take(3 * MAX_RELAY_LINE));
+        input.extend(std::iter::repeat_n(b'y', 3 * MAX_RELAY_LINE));
         let ring = Mutex::new(LogRing::default());
         let mut out = String::new();
         relay(io::Cursor::new(input), "svc", &ring, &mut |l| {

@@ -24,6 +24,7 @@
 //! .clock.lock                 flock()ed while the saved time is written          clock.rs
 //! update-on-boot(.done)       bundles to install once after a good boot          update.rs
 //! log/boots                   the boot counter, 0644                             boot_log.rs
+//! ssh_host_ed25519_key        `riceguard ssh`'s host key (ed25519 seed), 0600    ssh_host_key.rs
 //! ```
 //!
 //! Paths are [`DIR`] joined with a file's name: a console with `--root DIR` and tests use
@@ -40,6 +41,7 @@ pub mod clock;
 pub mod config;
 pub mod confirm;
 pub mod password;
+pub mod ssh_host_key;
 pub mod update;
 
 #[cfg(test)]

@@ -536,7 +536,7 @@ pub(crate) mod tests {
         // Buffers are page-aligned and do not overlap.
         assert!(iov
             .iter()
-            .all(|v| v.iov_base as usize % 4096 == 0 && v.iov_len == 3000));
+            .all(|v| (v.iov_base as usize).is_multiple_of(4096) && v.iov_len == 3000));
         let (c, d) = (pool.alloc().expect("c"), pool.alloc().expect("d"));
         assert!(pool.alloc().is_none(), "only 4 buffers");
         for id in [a, b, c, d] {

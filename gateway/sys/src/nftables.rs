@@ -239,7 +239,7 @@ impl Acks {
                 self.answered[at - 1] = true;
                 self.pending -= 1;
             }
-            if code != 0 && self.failed.map_or(true, |(j, _)| at < j) {
+            if code != 0 && self.failed.is_none_or(|(j, _)| at < j) {
                 self.failed = Some((at, Errno::from_raw(code.wrapping_neg())));
             }
         }

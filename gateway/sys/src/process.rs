@@ -50,3 +50,15 @@ pub fn umask(mask: u32) -> u32 {
     use nix::sys::stat::Mode;
     nix::sys::stat::umask(Mode::from_bits_truncate(mask as libc::mode_t)).bits() as u32
 }
+
+/// Set this process's scheduling niceness (`setpriority(PRIO_PROCESS, 0, nice)`): a
+/// management process (`riceguard ssh`) runs behind the data plane. nix has no wrapper.
+pub fn set_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: setpriority takes plain integers and touches no memory of ours; `0` names
+    // the calling process.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS as _, 0, nice) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

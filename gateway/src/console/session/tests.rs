@@ -137,6 +137,22 @@ impl Rig {
         Session::open_as(store, Box::new(hooks), Box::new(clock), name).0
     }
 
+    /// A session of an SSH key login (`--authenticated ssh`) over the same directory.
+    fn open_key_login(&self, name: &str) -> Session {
+        let store = Store::new(&self.dir.0, Box::new(TableFormat) as Box<dyn Format>);
+        let clock = FakeClock {
+            base: Instant::now(),
+            secs: self.secs.clone(),
+        };
+        let hooks = Recorder {
+            log: self.log.clone(),
+            daemon: true,
+            job: FakeJob::default(),
+            uplink: self.uplink.clone(),
+        };
+        Session::open_with(store, Box::new(hooks), Box::new(clock), name, Login::Key).0
+    }
+
     fn open_with(
         dir: &TempDir,
         secs: &Rc<Cell<u64>>,
@@ -416,6 +432,30 @@ fn password_set_login_and_remove() {
     r.err("x");
     r.err("y");
     assert!(r.s.handle_line("z").exit);
+}
+
+/// A key login (`riceguard ssh`) is the authentication: the console password is not
+/// asked, and a password file that cannot be checked does not lock it either; the
+/// consoles on the box still ask or stay locked.
+#[test]
+fn key_login_skips_the_console_password() {
+    let mut r = Rig::new();
+    r.ok("commit");
+    r.ok("set system console-password");
+    r.ok("correct horse battery");
+    r.ok("correct horse battery");
+    r.restart();
+    assert_eq!(r.s.prompt(), "Password: ");
+    let mut k = r.open_key_login("ssh-1:alice");
+    assert_eq!(k.prompt(), "riceguard# ");
+    assert!(k.handle_line("show").ok);
+    let pw = r.dir.0.join(crate::console::store::PASSWD_ARGON2ID);
+    std::fs::write(&pw, b"damaged\n").unwrap();
+    r.restart();
+    assert_eq!(r.s.prompt(), "locked> ");
+    let mut k = r.open_key_login("ssh-2:alice");
+    assert_eq!(k.prompt(), "riceguard# ");
+    assert!(k.handle_line("show").ok);
 }
 
 /// A password the previous firmware set (iterated BLAKE2s) still logs in, and the good

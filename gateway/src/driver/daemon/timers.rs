@@ -30,7 +30,7 @@ pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
-        if ticks % 4 == 0 {
+        if ticks.is_multiple_of(4) {
             // Once a second: the workers' heartbeats for init's health
             // watch (a stuck timer thread stops them moving too).
             // Not once stopping: the file is removed on the way out.

@@ -958,7 +958,7 @@ impl EventLoop {
             || self
                 .summarized
                 .1
-                .map_or(true, |at| now.duration_since(at) >= SUMMARY_EVERY);
+                .is_none_or(|at| now.duration_since(at) >= SUMMARY_EVERY);
         if trouble != self.summarized.0 && due {
             self.summarized = (trouble, Some(now));
             // Not a `net::` target: this line is already paced here, and the logger's

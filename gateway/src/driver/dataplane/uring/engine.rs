@@ -196,7 +196,7 @@ impl<'p> Engine for UringEngine<'p> {
         } else {
             self.top_up_reads();
         }
-        if !self.ring.recv_armed() && self.recv_paused_until.map_or(true, |t| Instant::now() >= t) {
+        if !self.ring.recv_armed() && self.recv_paused_until.is_none_or(|t| Instant::now() >= t) {
             self.recv_paused_until = None;
             if let Err(e) = self.ring.arm_recv() {
                 log::warn!("cannot arm UDP receive: {e}");

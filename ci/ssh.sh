@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# The console over SSH (`riceguard ssh --root DIR`) with Debian's OpenSSH client: the
+# server in one namespace over a saved configuration written by `riceguard console` in a
+# temporary DIR, the client in another over a veth pair (sources 10.124.0.2, .3, .4):
+#   - with a console password set, a key login is not asked for it: it runs `show status`
+#     as a command and exits 0; a script on stdin with a
+#     failing command (`frobnicate`) exits non-zero with the good commands' output there;
+#   - an unknown key is refused and the server logs its fingerprint and source; password
+#     authentication is refused (publickey is all that is offered); a login name other
+#     than admin is refused and logged;
+#   - a session's console is killed when its client's connection goes;
+#   - `add client x` over SSH prints a wg-quick configuration; a plain `commit` of the
+#     SSH port over SSH is refused (the console knows it serves an SSH session);
+#   - a `--deny-source` address is closed at once, and counted in the log;
+#   - the host key the server prints is ssh-keygen's fingerprint of what ssh-keyscan
+#     sees, and stays the same after a restart (StrictHostKeyChecking=yes passes);
+#   - 200 half-open connections from one source: 4 are held, the rest closed at accept,
+#     and a key login from another source works meanwhile; a connection that never logs
+#     in is closed after the 20 s grace;
+#   - no key in the saved configuration: nothing listens; a committed key starts it, a
+#     deleted one stops it (the file is re-read every 2 s).
+# About 35 s. Needs root, iproute2, python3, openssh-client. Names are prefixed `rgs`.
+# Ends with "ssh: N passed, N failed"; exit 1 on failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. ci/lib/harness.sh
+h_init ssh
+
+require_rg
+require_tools ip python3 ssh ssh-keygen ssh-keyscan ss
+
+SRV=rgs-srv-$$ CLI=rgs-cli-$$
+S=10.124.0.1 PORT=2222
+tmp=$(mktemp -d /tmp/rgs-ssh.XXXXXX)
+at_exit rm -rf "$tmp"
+
+netns_add $SRV $CLI
+veth_pair $SRV rgsv0 $S/24 $CLI rgsv1 10.124.0.2/24
+ip -n $CLI addr add 10.124.0.3/24 dev rgsv1
+ip -n $CLI addr add 10.124.0.4/24 dev rgsv1
+
+ssh-keygen -q -t ed25519 -N '' -C alice@lab -f "$tmp/alice"
+ssh-keygen -q -t ed25519 -N '' -C mallory@lab -f "$tmp/mallory"
+fp_of() { ssh-keygen -lf "$1" | awk '{print $2}'; }
+
+# console DIR < commands: the configuration console over DIR; commits signal no daemon.
+console() {
+    "$RG" console --root "$1" --pidfile "$tmp/none.pid" --status-file "$tmp/none.status" \
+        --socket "$tmp/none.sock"
+}
+root=$tmp/root
+mkdir -p "$root"
+printf '%s\n' "set interface address 10.100.0.1/24" "set interface listen-port 51820" \
+    "set gateway public-endpoint $S:51820" "set system ssh-key alice $(cat "$tmp/alice.pub")" "set gateway ssh-port $PORT" commit |
+    console "$root" >"$tmp/setup.out" 2>&1
+check "the saved configuration has the key (written by the console)" \
+    grep -q "^#4+ SshKey = alice ssh-ed25519" "$root/riceguard.conf"
+# A console password: the consoles on the box ask for it, a key login does not.
+printf '%s\n' "set system console-password" "lab-console-pass-1" "lab-console-pass-1" |
+    console "$root" >>"$tmp/setup.out" 2>&1
+echo "show history" | console "$root" >"$tmp/local.out" 2>&1
+[ $? != 0 ] && grep -q "wrong password" "$tmp/local.out" &&
+    ok "the console password is set (a local script without it is refused)" ||
+    ko "console password: $(cat "$tmp/setup.out" "$tmp/local.out")"
+
+# server DIR LOG [ARGS]: `riceguard ssh` in the server namespace (its PID in $!).
+server() {
+    local dir=$1 log=$2; shift 2
+    spawn ip netns exec $SRV "$RG" ssh --root "$dir" --pidfile "$tmp/none.pid" \
+        --status-file "$tmp/none.status" --socket "$tmp/none.sock" "$@" >"$log" 2>&1
+}
+listening() { inns $SRV ss -Hltn "sport = :$1" | grep -q LISTEN; }
+server "$root" "$tmp/server1.log" --deny-source 10.124.0.4/32
+srv=$!
+check "the server listens on [::]:$PORT" wait_for 10 listening $PORT
+
+# The 20 s login grace, measured beside the other checks: one connection that reads the
+# banner and sends nothing.
+cat >"$tmp/grace.py" <<'EOF'
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+s.settimeout(40)
+t0 = time.monotonic()
+banner = s.recv(256)
+try:
+    while s.recv(256):
+        pass
+except OSError:
+    pass
+print("banner=%r closed_after=%.1f" % (banner[:20], time.monotonic() - t0))
+EOF
+spawn ip netns exec $CLI python3 "$tmp/grace.py" "$S" "$PORT" >"$tmp/grace.out" 2>&1
+grace=$!
+
+KH=$tmp/known_hosts
+# sshc ARGS...: the OpenSSH client in the client namespace, non-interactive, 10 s at most.
+sshc() {
+    timeout 15 ip netns exec $CLI ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+        -o UserKnownHostsFile="$KH" -o ConnectTimeout=5 -p $PORT "$@"
+}
+fp=$(sed -n 's/^ssh: host key \(SHA256:[^ ]*\) (ED25519).*/\1/p' "$tmp/server1.log")
+[ -n "$fp" ] && ok "the server said its host key ($fp)" || ko "no host key line in the server log"
+inns $CLI ssh-keyscan -T 5 -p $PORT -t ed25519 $S 2>/dev/null >"$tmp/keyscan"
+[ -n "$fp" ] && [ "$(fp_of "$tmp/keyscan")" = "$fp" ] &&
+    ok "ssh-keygen -lf of the scanned host key is the fingerprint the server said" ||
+    ko "host key: server said '$fp', ssh-keyscan gives '$(fp_of "$tmp/keyscan")'"
+
+sshc -o StrictHostKeyChecking=accept-new -i "$tmp/alice" admin@$S 'show status' >"$tmp/status.out" 2>&1
+rc=$?
+check_rc $rc "a key login runs 'show status' and exits 0"
+grep -q "^console: ssh-[0-9]*:alice" "$tmp/status.out" &&
+    ok "the session is a console named ssh-N:alice" || ko "no 'console: ssh-N:alice' in: $(head -c 600 "$tmp/status.out")"
+
+printf 'show candidate\nfrobnicate\nshow history\n' |
+    sshc -T -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S >"$tmp/script.out" 2>&1
+rc=$?
+[ $rc != 0 ] && ok "a script with a failing command exits non-zero ($rc)" || ko "a script with 'frobnicate' exited 0"
+grep -q "^Address = 10.100.0.1/24" "$tmp/script.out" && grep -q "no saved versions yet" "$tmp/script.out" &&
+    grep -q "unknown command .frobnicate." "$tmp/script.out" &&
+    ok "the script's good commands answered around the failing one" || ko "script output: $(head -c 600 "$tmp/script.out")"
+
+# Interactive: a terminal (ssh -tt), the console's prompt and line editing; `exit` ends it.
+(printf 'show history\r'; sleep 1; printf 'exit\r') |
+    sshc -tt -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S >"$tmp/tty.out" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "no saved versions yet" "$tmp/tty.out" && grep -q "riceguard console: .help. lists the commands" "$tmp/tty.out" &&
+    ok "on a terminal: the console's greeting, a command, exit ends the session (0)" ||
+    ko "terminal session: rc $rc: $(head -c 600 "$tmp/tty.out")"
+
+sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S 'add client x' >"$tmp/client.out" 2>&1
+grep -q '^\[Interface\]' "$tmp/client.out" && grep -q '^PrivateKey = ' "$tmp/client.out" &&
+    grep -q '^\[Peer\]' "$tmp/client.out" &&
+    ok "'add client x' over SSH prints a wg-quick configuration" || ko "add client over SSH: $(head -c 600 "$tmp/client.out")"
+
+# A session's console ends with its connection: a terminal session whose client is killed.
+terminals() { grep -c "(terminal) for" "$tmp/server1.log"; }
+more_terminals() { [ "$(terminals)" -gt "$n0" ]; }
+no_console() { ! pgrep -f -- "--name $1 " >/dev/null; }
+n0=$(terminals)
+spawn ip netns exec $CLI ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile="$KH" \
+    -o StrictHostKeyChecking=yes -p $PORT -tt -i "$tmp/alice" admin@$S >"$tmp/killed.out" 2>&1
+client=$!
+if wait_for 10 more_terminals; then
+    name=$(grep "(terminal) for" "$tmp/server1.log" | tail -1 | sed -n 's/.*console \(ssh-[^ ]*\) .*/\1/p')
+    check "its console runs ($name)" wait_for 5 pgrep -f -- "--name $name "
+    stop_pid $client
+    check "the console is gone once the client's connection is" wait_for 5 no_console "$name"
+else
+    ko "no terminal session started: $(cat "$tmp/killed.out")"
+    stop_pid $client
+fi
+
+# No remote lock-out: over SSH a plain commit of the SSH port is refused (the console
+# knows it serves an SSH session, and from where).
+printf 'set gateway ssh-port 2224\ncommit\n' |
+    sshc -T -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S >"$tmp/lockout.out" 2>&1
+rc=$?
+[ $rc != 0 ] && grep -q "commit-confirm" "$tmp/lockout.out" && grep -q "^#4+ SshPort = $PORT" "$root/riceguard.conf" &&
+    ok "over SSH a plain commit of the SSH port is refused (use commit-confirm)" ||
+    ko "remote lock-out: rc $rc: $(head -c 600 "$tmp/lockout.out")"
+
+sshc -o StrictHostKeyChecking=yes -i "$tmp/mallory" admin@$S 'show status' >"$tmp/mallory.out" 2>&1
+[ $? = 255 ] && grep -q "Permission denied (publickey)" "$tmp/mallory.out" &&
+    ok "an unknown key is refused" || ko "unknown key: $(cat "$tmp/mallory.out")"
+mfp=$(fp_of "$tmp/mallory.pub")
+check "the server logged the refused key's fingerprint and source" \
+    wait_for 5 grep -q "key $mfp (ssh-ed25519) from 10.124.0.2 refused" "$tmp/server1.log"
+
+sshc -o StrictHostKeyChecking=yes -o PreferredAuthentications=password -o PubkeyAuthentication=no \
+    admin@$S 'show status' >"$tmp/password.out" 2>&1
+[ $? = 255 ] && grep -q "Permission denied (publickey)" "$tmp/password.out" &&
+    ok "password authentication is refused (publickey is the only method)" || ko "password: $(cat "$tmp/password.out")"
+
+sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" root@$S 'show status' >"$tmp/root.out" 2>&1
+[ $? = 255 ] && ok "a login name other than admin is refused" || ko "root login: $(cat "$tmp/root.out")"
+check "the server logged the refused login name" grep -q "login as .root. from 10.124.0.2 refused" "$tmp/server1.log"
+
+t0=$SECONDS
+sshc -o StrictHostKeyChecking=yes -b 10.124.0.4 -i "$tmp/alice" admin@$S 'show status' >"$tmp/deny.out" 2>&1
+rc=$?
+[ $rc = 255 ] && [ $((SECONDS - t0)) -le 3 ] && ok "a --deny-source address is closed at once" ||
+    ko "deny-source: rc $rc after $((SECONDS - t0)) s: $(cat "$tmp/deny.out")"
+check "the refused source is counted in the log" \
+    wait_for 5 grep -q "connection from 10.124.0.4 refused: .*(1 refused so far)" "$tmp/server1.log"
+
+# 200 half-open connections from .2 (connect, send nothing), held while .3 logs in.
+cat >"$tmp/flood.py" <<'EOF'
+import socket, sys, time, select
+host, port, ready = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+socks = []
+deadline = time.monotonic() + 10
+for _ in range(200):
+    s = socket.socket()
+    s.bind(("10.124.0.2", 0))
+    s.settimeout(5)
+    try:
+        s.connect((host, port))
+        socks.append(s)
+    except OSError:
+        s.close()
+# Which ones the server closed (EOF before any banner) and which got a banner.
+time.sleep(1)
+closed = banner = 0
+for s in socks:
+    s.setblocking(False)
+    try:
+        d = s.recv(64)
+        if d.startswith(b"SSH-"):
+            banner += 1
+        elif d == b"":
+            closed += 1
+    except BlockingIOError:
+        pass
+    except OSError:
+        closed += 1
+print("connected=%d banner=%d closed=%d" % (len(socks), banner, closed), flush=True)
+open(ready, "w").close()
+time.sleep(max(0, deadline - time.monotonic()))
+EOF
+spawn ip netns exec $CLI python3 "$tmp/flood.py" "$S" "$PORT" "$tmp/flood.ready" >"$tmp/flood.out" 2>&1
+flood=$!
+if wait_for 15 test -e "$tmp/flood.ready"; then
+    read -r _ b c < <(tr '=' ' ' <"$tmp/flood.out" | awk '{print $2, $4, $6}')
+    [ "${b:-0}" -le 4 ] && [ "${c:-0}" -ge 190 ] &&
+        ok "200 half-open connections from one source: $b held, $c closed at accept" ||
+        ko "flood: $(cat "$tmp/flood.out")"
+    sshc -o StrictHostKeyChecking=yes -b 10.124.0.3 -i "$tmp/alice" admin@$S 'show history' >"$tmp/other.out" 2>&1
+    check_rc $? "meanwhile a key login from another source works"
+else
+    ko "the flood did not finish: $(cat "$tmp/flood.out")"
+fi
+stop_pid $flood
+
+# The grace connection, started first, was closed by the server at about 20 s.
+if wait_for 25 grep -q closed_after "$tmp/grace.out"; then
+    after=$(sed -n 's/.*closed_after=\([0-9]*\).*/\1/p' "$tmp/grace.out")
+    grep -q "banner=b'SSH-2.0-riceguard" "$tmp/grace.out" && [ "$after" -ge 17 ] && [ "$after" -le 25 ] &&
+        ok "a connection that does not log in is closed after the 20 s grace (${after} s)" ||
+        ko "grace: $(cat "$tmp/grace.out")"
+else
+    ko "the idle connection was not closed within 25 s more: $(cat "$tmp/grace.out")"
+fi
+forget_pid $grace
+
+# The host key across a restart: the known_hosts entry from the first run still matches.
+stop_pid $srv
+server "$root" "$tmp/server2.log"
+srv=$!
+check "the restarted server listens" wait_for 10 listening $PORT
+grep -q "ssh: host key $fp (ED25519)" "$tmp/server2.log" && ! grep -q "made now" "$tmp/server2.log" &&
+    ok "the restarted server has the same host key" || ko "server2: $(head -3 "$tmp/server2.log")"
+sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S 'show status' >/dev/null 2>&1
+check_rc $? "StrictHostKeyChecking=yes passes after the restart"
+stop_pid $srv
+
+# No key: nothing listens; a committed key starts the listener, deleting it stops it.
+root2=$tmp/root2
+mkdir -p "$root2"
+printf '%s\n' "set interface listen-port 51820" "set gateway ssh-port 2223" commit |
+    console "$root2" >"$tmp/setup2.out" 2>&1
+server "$root2" "$tmp/server3.log"
+srv=$!
+if wait_for 5 grep -q "no SSH key in the saved configuration: not listening" "$tmp/server3.log"; then
+    ! listening 2223 && ok "no key in the configuration: nothing listens" || ko "port 2223 listens without a key"
+else
+    ko "server3 did not start: $(cat "$tmp/server3.log")"
+fi
+echo "set system ssh-key alice $(cat "$tmp/alice.pub")
+commit" | console "$root2" >>"$tmp/setup2.out" 2>&1
+check "a committed key starts the listener (within the 2 s re-read)" wait_for 6 listening 2223
+echo "delete system ssh-key alice
+commit" | console "$root2" >>"$tmp/setup2.out" 2>&1
+check "deleting the last key stops it" wait_for 6 bash -c "! ip netns exec $SRV ss -Hltn 'sport = :2223' | grep -q LISTEN"
+stop_pid $srv
+
+
+h_finish

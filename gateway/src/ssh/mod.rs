@@ -1,0 +1,330 @@
+//! `riceguard ssh --root DIR`: the console over SSH. Owns the SSH server process: its
+//! host key (through [`crate::perm::ssh_host_key`]), when and where it listens, who may
+//! connect and log in, and the console child each session runs.
+//!
+//! - Listens on `[::]:SshPort` (both families) only while the saved configuration in DIR
+//!   has an `SshKey`; the file is read again every [`RECHECK`], and the listener started,
+//!   stopped or moved when keys or port change. Open sessions are not cut by that.
+//! - Public keys only (no password, no keyboard-interactive), login name `admin`; the keys
+//!   are read from the saved configuration at each login, so a committed change counts
+//!   from the next login on.
+//! - Each session channel runs `riceguard console --root DIR --name ssh-N:KEY
+//!   --authenticated ssh` ([`child`]): on a pseudo-terminal for an interactive shell, on
+//!   pipes for a command or a script, whose exit status the client gets.
+//! - Limits ([`admission`], [`server::LOGIN_GRACE`]): 20 s to log in, 4 connections
+//!   logging in per source and 16 in all, 8 sessions; a source [`source_allowed`] refuses
+//!   is closed at accept.
+//!
+//! tokio runs only in this process (one thread), for russh.
+
+pub mod admission;
+pub mod child;
+pub mod server;
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::config::SshKey;
+use crate::core::net::Cidr;
+use crate::perm::config::{load, Ini};
+use crate::perm::ssh_host_key;
+
+/// How often the saved configuration is read for keys and port.
+pub const RECHECK: Duration = Duration::from_secs(2);
+/// The scheduling niceness the server runs at: the data plane comes first.
+pub const NICE: i32 = 10;
+
+const USAGE: &str = "usage: riceguard ssh --root DIR [--listen ADDR] [--deny-source CIDR]... [--pidfile P] [--status-file S] [--socket U]
+  DIR           the perm partition: the saved configuration (SshKey, SshPort), the host key
+  --listen      the address to listen on (default :: , both IPv6 and IPv4); the port is SshPort
+  --deny-source refuse connections from CIDR at accept (repeatable; for tests)
+  --pidfile, --status-file, --socket  passed to each session's console (tests on a host:
+                its commits then signal no daemon of the host's)";
+
+struct Args {
+    root: PathBuf,
+    listen: IpAddr,
+    deny: Vec<Cidr>,
+    /// Passed to each console as they are.
+    console_args: Vec<String>,
+}
+
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let mut root = None;
+    let mut listen = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let mut deny = Vec::new();
+    let mut console_args = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = |n: &str| it.next().cloned().ok_or(format!("{n} needs a value"));
+        match a.as_str() {
+            "--root" => root = Some(PathBuf::from(val("--root")?)),
+            "--listen" => {
+                let v = val("--listen")?;
+                listen = v
+                    .parse()
+                    .map_err(|_| format!("--listen `{v}`: not an address"))?;
+            }
+            "--deny-source" => {
+                let v = val("--deny-source")?;
+                deny.push(
+                    v.parse::<Cidr>()
+                        .map_err(|e| format!("--deny-source `{v}`: {e}"))?,
+                );
+            }
+            "--pidfile" | "--status-file" | "--socket" => {
+                let v = val(a)?;
+                console_args.extend([a.clone(), v]);
+            }
+            "-h" | "--help" => return Err(String::new()),
+            o => return Err(format!("unknown argument `{o}`")),
+        }
+    }
+    Ok(Args {
+        root: root.ok_or("--root DIR is required")?,
+        listen,
+        deny,
+        console_args,
+    })
+}
+
+/// Whether `ip` may connect to the SSH server at all: checked right after accept,
+/// whatever the firewall does. For now everything but the `--deny-source` ranges.
+// The one place the appliance's "who may reach a service" rule goes.
+pub fn source_allowed(deny: &[Cidr], ip: IpAddr) -> bool {
+    !deny.iter().any(|c| c.contains(ip))
+}
+
+pub fn main(args: &[String]) -> ExitCode {
+    crate::logger::init();
+    let a = match parse_args(args) {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("riceguard ssh: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let rc = match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("ssh: {e}");
+            ExitCode::from(1)
+        }
+    };
+    crate::logger::flush();
+    rc
+}
+
+/// The keys and port the saved configuration in `root` has now.
+fn wanted(root: &Path) -> (Vec<SshKey>, u16) {
+    let g = load(root, &Ini).config.gateway;
+    (g.ssh_keys, g.ssh_port)
+}
+
+fn run(a: Args) -> Result<(), String> {
+    stay_out_of_the_way(&a.root);
+    let (seed, made) = ssh_host_key::get_or_create(&a.root, || {
+        let mut s = [0u8; 32];
+        rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut s);
+        s
+    })
+    .map_err(|e| format!("host key: {e}"))?;
+    let fp = ssh_host_key::fingerprint(&seed);
+    crate::logger::console_line(&format!(
+        "ssh: host key {fp} (ED25519){}",
+        if made { ", made now" } else { "" }
+    ));
+    let host_key = russh::keys::PrivateKey::from(
+        russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&seed),
+    );
+    let bin = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let deny = a.deny.clone();
+    let root = a.root.clone();
+    let shared = Arc::new(server::Shared::new(
+        a.root.clone(),
+        bin,
+        a.console_args.clone(),
+        Arc::new(move |ip| source_allowed(&deny, ip)),
+        Box::new(move || wanted(&root).0),
+        Arc::new(server::russh_config(host_key)),
+    ));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("runtime: {e}"))?;
+    rt.block_on(watch(a.root, a.listen, shared));
+    Ok(())
+}
+
+/// Listen while the saved configuration has keys, on its port; re-read every [`RECHECK`].
+async fn watch(root: PathBuf, ip: IpAddr, shared: Arc<server::Shared>) {
+    let mut current: Option<(SocketAddr, tokio::task::JoinHandle<()>)> = None;
+    let mut failed: Option<(SocketAddr, String)> = None;
+    let mut said_idle = false;
+    loop {
+        let (keys, port) = wanted(&root);
+        let want = (!keys.is_empty()).then(|| SocketAddr::new(ip, port));
+        if want.is_none() && !said_idle {
+            log::info!("ssh: no SSH key in the saved configuration: not listening");
+            said_idle = true;
+        }
+        if current.as_ref().map(|c| c.0) != want {
+            if let Some((addr, task)) = current.take() {
+                task.abort();
+                log::info!("ssh: no longer listening on {addr}");
+            }
+            match want {
+                None => {}
+                Some(addr) => match bind(addr) {
+                    Ok(l) => {
+                        said_idle = false;
+                        failed = None;
+                        log::info!(
+                            "ssh: listening on {addr} ({} key{})",
+                            keys.len(),
+                            if keys.len() == 1 { "" } else { "s" }
+                        );
+                        current = Some((
+                            addr,
+                            tokio::spawn(server::accept_loop(l, Arc::clone(&shared))),
+                        ));
+                    }
+                    Err(e) => {
+                        let msg = e.to_string();
+                        if failed.as_ref() != Some(&(addr, msg.clone())) {
+                            log::error!(
+                                "ssh: cannot listen on {addr}: {msg} (trying again every {} s)",
+                                RECHECK.as_secs()
+                            );
+                            failed = Some((addr, msg));
+                        }
+                    }
+                },
+            }
+        }
+        tokio::time::sleep(RECHECK).await;
+    }
+}
+
+/// A listening socket on `addr`; on `::` it takes IPv4 too (v6only off, whatever the
+/// sysctl says).
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    use nix::sys::socket::{
+        bind, listen, setsockopt, socket, sockopt, AddressFamily, Backlog, SockFlag, SockType,
+        SockaddrStorage,
+    };
+    let fam = if addr.is_ipv6() {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let fd = socket(
+        fam,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    if addr.is_ipv6() {
+        setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
+    }
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrStorage::from(addr),
+    )?;
+    listen(&fd, Backlog::new(64).unwrap_or(Backlog::MAXCONN))?;
+    tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd))
+}
+
+/// Run niced and off the data plane's cores (the configuration's `Cores`) when other
+/// cores are online: a connection flood must not take CPU from the tunnel.
+fn stay_out_of_the_way(root: &Path) {
+    if let Err(e) = crate::sys::process::set_nice(NICE) {
+        log::warn!("ssh: cannot lower its priority: {e}");
+    }
+    let cores = load(root, &Ini).config.gateway.cores;
+    if cores.is_empty() {
+        return;
+    }
+    let Ok(mut set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return;
+    };
+    let mut left = 0;
+    for cpu in 0..nix::sched::CpuSet::count() {
+        if set.is_set(cpu).unwrap_or(false) {
+            if cores.contains(&cpu) {
+                let _ = set.unset(cpu);
+            } else {
+                left += 1;
+            }
+        }
+    }
+    if left > 0 {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deny_source_refuses_only_its_ranges() {
+        let deny: Vec<Cidr> = vec![
+            "10.9.0.0/16".parse().unwrap(),
+            "fd00:9::/32".parse().unwrap(),
+        ];
+        assert!(!source_allowed(&deny, "10.9.1.2".parse().unwrap()));
+        assert!(source_allowed(&deny, "10.8.1.2".parse().unwrap()));
+        assert!(!source_allowed(&deny, "fd00:9::5".parse().unwrap()));
+        assert!(source_allowed(&[], "192.0.2.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn args() {
+        let a = parse_args(&[
+            "--root".into(),
+            "/p".into(),
+            "--deny-source".into(),
+            "10.0.0.0/8".into(),
+        ])
+        .unwrap();
+        assert_eq!(a.root, PathBuf::from("/p"));
+        assert_eq!(a.deny.len(), 1);
+        assert!(parse_args(&["--deny-source".into(), "x".into()]).is_err());
+        assert!(parse_args(&[]).is_err());
+    }
+
+    /// The fingerprint said at start is ssh-keygen's for the same key (RFC 8032's first
+    /// test key: its public half is known, so the blob is checked independently).
+    #[test]
+    fn host_fingerprint_is_of_the_seeds_public_key() {
+        let seed: [u8; 32] = [
+            0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec,
+            0x2c, 0xc4, 0x44, 0x49, 0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03,
+            0x1c, 0xae, 0x7f, 0x60,
+        ];
+        let public: [u8; 32] = [
+            0xd7, 0x5a, 0x98, 0x01, 0x82, 0xb1, 0x0a, 0xb7, 0xd5, 0x4b, 0xfe, 0xd3, 0xc9, 0x64,
+            0x07, 0x3a, 0x0e, 0xe1, 0x72, 0xf3, 0xda, 0xa6, 0x23, 0x25, 0xaf, 0x02, 0x1a, 0x68,
+            0xf7, 0x07, 0x51, 0x1a,
+        ];
+        let want = crate::core::ssh_key::fingerprint(&crate::core::ssh_key::ed25519_blob(&public));
+        assert_eq!(ssh_host_key::fingerprint(&seed), want);
+        // And russh's key from the same seed offers the same blob.
+        let k = russh::keys::PrivateKey::from(
+            russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&seed),
+        );
+        assert_eq!(
+            k.public_key().to_bytes().unwrap(),
+            crate::core::ssh_key::ed25519_blob(&public)
+        );
+    }
+}
