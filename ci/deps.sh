@@ -36,6 +36,9 @@ APT_PKGS=(
     lvm2 btrfs-progs
     # the console's QR code read back by a real decoder (console/qr.rs test)
     zbar-tools
+    # the export format checked against the stock tool both ways (core/src/age.rs test,
+    # which fails under RG_TEST_STRICT or CI when age is missing)
+    age
     # U-Boot boards: mkimage makes the ESP's boot.scr (image/uboot/); Debian's U-Boot for
     # QEMU virt is the test firmware of ci/test-uboot-rollback.sh (ci/lib/firmware.sh)
     u-boot-tools u-boot-qemu

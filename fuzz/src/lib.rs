@@ -463,6 +463,40 @@ pub fn check_ssh_key(data: &[u8]) {
     }
 }
 
+/// The age passphrase the `age_armor` seeds were written with.
+pub const AGE_FUZZ_PASSPHRASE: &str = "fuzz passphrase";
+/// The work factor cap of the `age_armor` check: scrypt at 2^4 keeps it fast.
+pub const AGE_FUZZ_MAX_LOG_N: u8 = 4;
+
+/// An age file (`core::age`, the export/import format) as armoured text and as the binary
+/// form, opened with the seeds' passphrase: nothing panics, and whatever opens encrypts
+/// again and opens back to the same bytes (armoured and binary).
+pub fn check_age(data: &[u8]) {
+    use riceguard_core::age;
+    let mut opened = Vec::new();
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(p) = age::decrypt(text, AGE_FUZZ_PASSPHRASE, AGE_FUZZ_MAX_LOG_N) {
+            opened.push(p);
+        }
+    }
+    if let Ok(p) = age::decrypt_binary(data, AGE_FUZZ_PASSPHRASE, AGE_FUZZ_MAX_LOG_N) {
+        opened.push(p);
+    }
+    for p in opened {
+        let mut rng = riceguard_core::testutil::Rng(data.len() as u64 | 1);
+        let text = age::encrypt(&p, "another passphrase", 1, &mut rng).expect("re-encrypt");
+        assert_eq!(
+            age::decrypt(&text, "another passphrase", 1).as_ref(),
+            Ok(&p)
+        );
+        let bin = age::encrypt_binary(&p, "another passphrase", 1, &mut rng).expect("binary");
+        assert_eq!(
+            age::decrypt_binary(&bin, "another passphrase", 1).as_ref(),
+            Ok(&p)
+        );
+    }
+}
+
 /// SNTP answers: the first 8 bytes are our clock (unix ns, the era pivot), bit 0 of the
 /// ninth picks whether the cookie is patched into the originate so the fuzzer gets past
 /// it; the rest is the datagram. It goes through `Reply::parse`, the poller (as the answer
@@ -784,6 +818,52 @@ mod tests {
     #[test]
     fn ssh_key_seeded() {
         run("ssh_key", check_ssh_key, 20_000);
+    }
+
+    #[test]
+    fn age_armor_seeded() {
+        run("age_armor", check_age, 5_000);
+        // The seeds reach the payload: eight of them open with the fuzz passphrase.
+        use riceguard_core::age;
+        let opened = seeds("age_armor")
+            .iter()
+            .filter(|s| {
+                std::str::from_utf8(s)
+                    .is_ok_and(|t| age::decrypt(t, AGE_FUZZ_PASSPHRASE, AGE_FUZZ_MAX_LOG_N).is_ok())
+                    || age::decrypt_binary(s, AGE_FUZZ_PASSPHRASE, AGE_FUZZ_MAX_LOG_N).is_ok()
+            })
+            .count();
+        assert_eq!(opened, 8);
+    }
+
+    /// Writes the `age_armor` seeds (armoured and binary files of a few sizes at work
+    /// factors 2^1..2^4, a two-stanza header, a wrong work factor). Run it by hand when
+    /// the format changes: cargo test --lib write_age_seeds -- --ignored
+    #[test]
+    #[ignore = "writes seeds/age_armor/: run by hand"]
+    fn write_age_seeds() {
+        use riceguard_core::age;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/age_armor");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut rng = riceguard_core::testutil::Rng(0xa9e);
+        let pass = AGE_FUZZ_PASSPHRASE;
+        for (log_n, len) in [(1u8, 0usize), (2, 1), (3, 100), (4, 70_000)] {
+            let p: Vec<u8> = (0..len)
+                .map(|i| b"[Interface]\nkey = v\n"[i % 20])
+                .collect();
+            let text = age::encrypt(&p, pass, log_n, &mut rng).unwrap();
+            std::fs::write(dir.join(format!("armoured-{len}-n{log_n}")), &text).unwrap();
+            let bin = age::encrypt_binary(&p, pass, log_n, &mut rng).unwrap();
+            std::fs::write(dir.join(format!("binary-{len}-n{log_n}")), &bin).unwrap();
+        }
+        let bin = age::encrypt_binary(b"two stanzas", pass, 1, &mut rng).unwrap();
+        let text = String::from_utf8_lossy(&bin).into_owned();
+        let mut lines: Vec<&str> = text.split('\n').collect();
+        let (a, b) = (lines[1], lines[2]);
+        lines.splice(3..3, [a, b]);
+        std::fs::write(dir.join("two-stanzas"), lines.join("\n").into_bytes()).unwrap();
+        let wrong = age::encrypt(b"other passphrase", "not the fuzz one", 1, &mut rng).unwrap();
+        std::fs::write(dir.join("other-passphrase"), wrong).unwrap();
     }
 
     #[test]

@@ -64,6 +64,10 @@ pub enum Command {
     },
     /// Make the other slot the default boot entry again.
     RollbackSlot,
+    /// `export configuration`: the box's identity as a passphrase-encrypted age text.
+    Export,
+    /// `import configuration`: an export pasted back, as the candidate.
+    Import,
     Exit {
         discard: bool,
     },
@@ -160,6 +164,16 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
         "pubkey",
         "",
         "print this gateway's public key (give it to the peers)",
+    ),
+    (
+        "export",
+        "configuration",
+        "print the configuration, kept client keys, console password and SSH host key as one passphrase-encrypted age text (a backup)",
+    ),
+    (
+        "import",
+        "configuration",
+        "paste an export back (asks its passphrase): it becomes the candidate; `compare`, then `commit` applies it",
     ),
     (
         "factory-reset",
@@ -553,6 +567,12 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "save" => no_args(Command::Save),
         "genkey" => no_args(Command::Genkey),
         "pubkey" => no_args(Command::Pubkey),
+        "export" | "import" => match rest {
+            ["configuration"] if first.eq_ignore_ascii_case("export") => Ok(Command::Export),
+            ["configuration"] => Ok(Command::Import),
+            [] => Err(format!("`{first}` needs what: {first} configuration")),
+            [w, ..] => Err(unknown(w, first, "configuration")),
+        },
         "factory-reset" => match rest {
             [] => Ok(Command::FactoryReset {
                 erase_history: false,

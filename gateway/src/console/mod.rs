@@ -46,6 +46,7 @@
 //!   if the owner has not, 10 s after the deadline.
 
 pub mod command;
+pub mod export;
 pub mod line;
 pub mod password;
 pub mod peers;

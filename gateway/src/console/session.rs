@@ -62,11 +62,21 @@ impl From<Result<String, String>> for Reply {
 
 #[derive(Debug, Clone)]
 enum Question {
-    Login { tries: u32 },
-    FactoryReset { erase_history: bool },
+    Login {
+        tries: u32,
+    },
+    FactoryReset {
+        erase_history: bool,
+    },
     Reboot,
     NewPassword,
     RepeatPassword(String),
+    /// `export configuration`: the passphrase, then again.
+    ExportPassphrase,
+    ExportRepeat(String),
+    /// `import configuration`: the armoured lines so far, then the passphrase.
+    ImportText(String),
+    ImportPassphrase(String),
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +136,8 @@ pub struct Session {
     /// The SSH session this console serves (`None`: a terminal of the box): what a plain
     /// commit may not cut ([`super::remote`]).
     remote: Option<super::remote::Remote>,
+    /// An import's console password and host key, installed by the next commit.
+    import_pending: Option<super::export::Extras>,
 }
 
 const MIN_PASSWORD: usize = 8;
@@ -280,6 +292,7 @@ impl Session {
             name: name.to_string(),
             backup_retry: None,
             remote: None,
+            import_pending: None,
         };
         if loaded.fresh {
             // A new appliance starts as after factory-reset: with its own key, so the
@@ -374,6 +387,10 @@ impl Session {
             Some(Question::FactoryReset { .. } | Question::Reboot) => "Type yes to continue: ",
             Some(Question::NewPassword) => "New console password: ",
             Some(Question::RepeatPassword(_)) => "Repeat the new password: ",
+            Some(Question::ExportPassphrase) => "Export passphrase: ",
+            Some(Question::ExportRepeat(_)) => "Repeat the passphrase: ",
+            Some(Question::ImportText(_)) => "",
+            Some(Question::ImportPassphrase(_)) => "Passphrase of the export: ",
             None if self.candidate != self.running => "riceguard(edit)# ",
             None => "riceguard# ",
         }
@@ -383,7 +400,14 @@ impl Session {
     pub fn secret_input(&self) -> bool {
         matches!(
             self.question,
-            Some(Question::Login { .. } | Question::NewPassword | Question::RepeatPassword(_))
+            Some(
+                Question::Login { .. }
+                    | Question::NewPassword
+                    | Question::RepeatPassword(_)
+                    | Question::ExportPassphrase
+                    | Question::ExportRepeat(_)
+                    | Question::ImportPassphrase(_)
+            )
         )
     }
 
@@ -637,6 +661,10 @@ impl Session {
                     return Reply::err(why);
                 }
                 let r = self.save_and_apply(self.candidate.clone());
+                if r.is_ok() {
+                    // Nothing to roll back to: an import's undo is not needed any more.
+                    super::export::settled(self.store.dir());
+                }
                 if r.is_ok() && self.pending.take().is_some() {
                     let _ = self.store.set_pending_confirm(None);
                 }
@@ -646,6 +674,7 @@ impl Session {
             Command::Confirm => match self.pending.take() {
                 Some(_) => {
                     let _ = self.store.set_pending_confirm(None);
+                    super::export::settled(self.store.dir());
                     self.store
                         .set_confirm_settled("confirmed", &self.name, self.clock.unix());
                     Reply::ok("confirmed: the configuration stays")
@@ -665,15 +694,18 @@ impl Session {
                 }
                 self.candidate = self.running.clone();
                 self.kept_pending.clear();
+                self.import_pending = None;
                 Reply::ok(text)
             }
             Command::Rollback(0) => {
                 self.candidate = self.running.clone();
+                self.import_pending = None;
                 Reply::ok("loaded the running configuration into the candidate")
             }
             Command::Rollback(n) => match self.store.history(n) {
                 Ok(c) => {
                     self.candidate = c;
+                    self.import_pending = None;
                     Reply::ok(format!("loaded saved version {n} into the candidate: `compare` to review, `commit` to apply"))
                 }
                 Err(e) => Reply::err(e.to_string()),
@@ -752,6 +784,17 @@ impl Session {
                 Err(e) => Reply::err(e),
             },
             Command::RollbackSlot => self.hooks.rollback_slot().into(),
+            Command::Export => {
+                self.question = Some(Question::ExportPassphrase);
+                Reply::ok(format!(
+                    "the export holds every private key of this box: choose a passphrase of {} characters or more (asked twice); an empty line cancels",
+                    super::export::MIN_PASSPHRASE
+                ))
+            }
+            Command::Import => {
+                self.question = Some(Question::ImportText(String::new()));
+                Reply::ok("paste the export, from its -----BEGIN AGE ENCRYPTED FILE----- line to its -----END AGE ENCRYPTED FILE----- line (a line `cancel` cancels):")
+            }
             Command::Reboot => {
                 self.question = Some(Question::Reboot);
                 let mut warn = if self.candidate != self.running {
@@ -1174,6 +1217,43 @@ impl Session {
             Question::FactoryReset { erase_history } if yes => self.factory_reset(erase_history),
             Question::Reboot if yes => Reply::ok(self.hooks.reboot()),
             Question::FactoryReset { .. } | Question::Reboot => Reply::ok("cancelled"),
+            Question::ExportPassphrase if line.is_empty() => {
+                Reply::ok("cancelled; nothing exported")
+            }
+            Question::ExportPassphrase if line.chars().count() < super::export::MIN_PASSPHRASE => {
+                Reply::err(format!(
+                    "the passphrase is shorter than {} characters; nothing exported",
+                    super::export::MIN_PASSPHRASE
+                ))
+            }
+            Question::ExportPassphrase => {
+                self.question = Some(Question::ExportRepeat(line.to_string()));
+                Reply::ok("")
+            }
+            Question::ExportRepeat(first) if first != line => {
+                Reply::err("the two entries differ; nothing exported")
+            }
+            Question::ExportRepeat(pass) => self.export(&pass),
+            Question::ImportText(_) if line.trim().eq_ignore_ascii_case("cancel") => {
+                Reply::ok("cancelled; nothing imported")
+            }
+            Question::ImportText(mut text) => {
+                text.push_str(line.trim_end());
+                text.push('\n');
+                if text.len() > crate::core::age::MAX_ARMOURED {
+                    return Reply::err("that is longer than any export; nothing imported");
+                }
+                if line.trim() == super::export::END_LINE {
+                    self.question = Some(Question::ImportPassphrase(text));
+                } else if text.trim().is_empty() {
+                    // Blank lines before the text are not part of it.
+                    self.question = Some(Question::ImportText(String::new()));
+                } else {
+                    self.question = Some(Question::ImportText(text));
+                }
+                Reply::ok("")
+            }
+            Question::ImportPassphrase(text) => self.import(&text, line),
             Question::NewPassword if line.is_empty() => {
                 Reply::ok("cancelled; the password is unchanged")
             }
@@ -1220,9 +1300,79 @@ impl Session {
         }
     }
 
+    /// `export configuration`, the passphrase given twice: the armoured text.
+    fn export(&mut self, passphrase: &str) -> Reply {
+        let dir = self.store.dir().to_path_buf();
+        let saved = crate::perm::config::read_text(&dir);
+        if saved.trim().is_empty() {
+            return Reply::err(
+                "nothing is saved yet: `commit` a configuration first; nothing exported",
+            );
+        }
+        let clients: Vec<(String, Key)> = self
+            .store
+            .client_key_names()
+            .into_iter()
+            .filter_map(|n| self.store.client_key(&n).map(|k| (n, k)))
+            .collect();
+        let n_clients = clients.len();
+        let id = match super::export::gather(&dir, &saved, clients) {
+            Ok(i) => i,
+            Err(e) => return Reply::err(format!("not exported: {e}")),
+        };
+        match super::export::seal(&id, passphrase) {
+            Ok(text) => Reply::ok(format!(
+                "{}\nexported: the saved configuration, {n_clients} kept client key(s){}{}; keep this text and its passphrase apart (`import configuration` on any box of this firmware or later restores it; Debian's `age -d` opens it)",
+                text.trim_end(),
+                if id.password.is_some() { ", the console password" } else { "" },
+                if id.host_key.is_some() { ", the SSH host key" } else { "" },
+            )),
+            Err(e) => Reply::err(format!("not exported: {e}")),
+        }
+    }
+
+    /// `import configuration`: the pasted text and its passphrase. The configuration
+    /// becomes the candidate; the rest waits for the commit.
+    fn import(&mut self, text: &str, passphrase: &str) -> Reply {
+        let id = match super::export::open(text, passphrase) {
+            Ok(i) => i,
+            Err(e) => return Reply::err(format!("not imported: {e}; nothing changed")),
+        };
+        let cfg = match self
+            .store
+            .format
+            .parse_noting("the export's configuration", &id.config)
+        {
+            Ok((c, _)) => c,
+            Err(e) => return Reply::err(format!("not imported: {e}; nothing changed")),
+        };
+        if let Err(errs) = validate_candidate(&cfg) {
+            return Reply::err(format!(
+                "not imported: the export's configuration does not pass this firmware's checks:\n  {}\nnothing changed",
+                errs.join("\n  ")
+            ));
+        }
+        let peers = cfg.peers.len();
+        self.candidate = cfg;
+        self.kept_pending = id.clients.iter().cloned().collect();
+        self.import_pending = Some(super::export::Extras {
+            password: id.password.clone(),
+            host_key: id.host_key,
+        });
+        Reply::ok(format!(
+            "imported an export of {} (board {}): the candidate is its configuration ({peers} peer(s)); `compare` shows what changes, `commit` (over SSH: `commit-confirm N`) applies it with {} kept client key(s){}{}; `discard` drops it",
+            id.firmware,
+            id.board,
+            id.clients.len(),
+            if id.password.is_some() { ", the console password" } else { "" },
+            if id.host_key.is_some() { ", the SSH host key" } else { "" },
+        ))
+    }
+
     fn factory_reset(&mut self, erase_history: bool) -> Reply {
         let mut fresh = Config::default();
         self.kept_pending.clear();
+        self.import_pending = None;
         let k = Key::generate_private(&mut rand_core::OsRng);
         fresh.interface.private_key = Some(k);
         let msg = match self.save_and_apply(fresh) {
@@ -1405,7 +1555,18 @@ impl Session {
             Ok(m) => m,
             Err(e) => format!("{e}; the saved configuration applies when the gateway next starts"),
         };
-        let mut keys = self.sync_client_keys().join("\n");
+        let mut extras = match why {
+            Save::Commit => match self.import_pending.take() {
+                Some(x) => super::export::install(self.store.dir(), &x)
+                    .unwrap_or_else(|e| vec![format!("warning: the import's console password and host key were not installed: {e}")]),
+                None => Vec::new(),
+            },
+            // A commit-confirm rolled back: an import's password and host key too.
+            Save::ConfirmRollback { .. } => super::export::undo(self.store.dir())
+                .unwrap_or_else(|e| vec![format!("warning: the console password and host key from before the import were not put back: {e}")]),
+        };
+        extras.extend(self.sync_client_keys());
+        let mut keys = extras.join("\n");
         if !keys.is_empty() {
             keys.insert(0, '\n');
         }

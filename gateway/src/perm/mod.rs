@@ -25,6 +25,8 @@
 //! update-on-boot(.done)       bundles to install once after a good boot          update.rs
 //! log/boots                   the boot counter, 0644                             boot_log.rs
 //! ssh_host_ed25519_key        `riceguard ssh`'s host key (ed25519 seed), 0600    ssh_host_key.rs
+//! import.undo                 what an import's commit replaced (password, host   import_undo.rs
+//!                             key) until it is confirmed or rolled back, 0600
 //! ```
 //!
 //! Paths are [`DIR`] joined with a file's name: a console with `--root DIR` and tests use
@@ -40,6 +42,7 @@ pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod confirm;
+pub mod import_undo;
 pub mod password;
 pub mod ssh_host_key;
 pub mod update;

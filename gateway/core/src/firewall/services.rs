@@ -15,7 +15,7 @@
 
 use std::net::IpAddr;
 
-use super::Ports;
+use super::ports::Ports;
 use crate::config::Config;
 use crate::net::Cidr;
 

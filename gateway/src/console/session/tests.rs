@@ -1701,3 +1701,119 @@ fn no_remote_lock_out() {
     r.ok("delete system ssh-key alice");
     r.ok("discard");
 }
+
+/// A session on the real INI format whose clock the test moves.
+fn ini_session_at(dir: &TempDir, secs: &Rc<Cell<u64>>) -> Session {
+    let store = Store::new(
+        &dir.0,
+        Box::new(crate::console::store::Ini) as Box<dyn Format>,
+    );
+    let clock = FakeClock {
+        base: Instant::now(),
+        secs: secs.clone(),
+    };
+    let hooks = Recorder {
+        daemon: true,
+        ..Recorder::default()
+    };
+    Session::open(store, Box::new(hooks), Box::new(clock)).0
+}
+
+/// Export on one box, import on a freshly set-up one: `commit` makes it the same box
+/// (the configuration byte for byte, the private key, kept client keys, the console
+/// password, the SSH host key); a wrong passphrase or an altered text changes nothing;
+/// a commit-confirm of an import that rolls back puts the old password and host key back.
+#[test]
+fn export_then_import_restores_the_box() {
+    use crate::perm::ssh_host_key;
+    let a = TempDir::new("export-a");
+    let (mut s, _) = ini_session(&a);
+    for l in [
+        "set interface listen-port 51820",
+        "set interface address 10.100.0.1/24",
+        "set gateway public-endpoint vpn.example.net:51820",
+        "add client phone keep-key",
+        "commit",
+        "set system console-password",
+        "a console password",
+        "a console password",
+    ] {
+        let r = s.handle_line(l);
+        assert!(r.ok, "{l}: {}", r.text);
+    }
+    ssh_host_key::write(&a.0, &[4; 32]).unwrap();
+    assert!(s.handle_line("export configuration").ok);
+    assert!(!s.handle_line("too short").ok, "12 characters at least");
+    assert!(s.handle_line("export configuration").ok);
+    assert!(s.secret_input());
+    assert!(s.handle_line("twelve chars or more").ok);
+    let r = s.handle_line("twelve chars or more");
+    assert!(r.ok, "{}", r.text);
+    let armour: Vec<&str> = r
+        .text
+        .lines()
+        .take_while(|l| !l.starts_with("exported:"))
+        .collect();
+    assert_eq!(armour[0], "-----BEGIN AGE ENCRYPTED FILE-----");
+    assert_eq!(*armour.last().unwrap(), "-----END AGE ENCRYPTED FILE-----");
+    assert!(r.text.contains("1 kept client key(s), the console password, the SSH host key"), "{}", r.text);
+    let saved_a = std::fs::read_to_string(a.0.join("riceguard.conf")).unwrap();
+
+    let b = TempDir::new("export-b");
+    let secs = Rc::new(Cell::new(0));
+    let mut t = ini_session_at(&b, &secs);
+    assert!(t.handle_line("commit").ok, "a fresh box's first commit");
+    ssh_host_key::write(&b.0, &[5; 32]).unwrap();
+    let feed = |t: &mut Session, pass: &str| {
+        assert!(t.handle_line("import configuration").ok);
+        for l in &armour {
+            assert!(t.handle_line(l).ok, "{l}");
+        }
+        assert!(t.secret_input());
+        t.handle_line(pass)
+    };
+    let before = t.candidate.clone();
+    let r = feed(&mut t, "not the passphrase");
+    assert!(!r.ok && r.text.contains("nothing changed"), "{}", r.text);
+    assert_eq!(t.candidate, before);
+    // An altered line: refused too.
+    assert!(t.handle_line("import configuration").ok);
+    for (i, l) in armour.iter().enumerate() {
+        let l = if i == 2 { l.replacen('A', "B", 1).replacen('a', "b", 1) } else { l.to_string() };
+        t.handle_line(&l);
+    }
+    let r = t.handle_line("twelve chars or more");
+    assert!(!r.ok, "{}", r.text);
+    assert_eq!(t.candidate, before);
+
+    // Under commit-confirm, then rolled back: the old password (none) and host key.
+    let r = feed(&mut t, "twelve chars or more");
+    assert!(r.ok && r.text.contains("the candidate is its configuration"), "{}", r.text);
+    assert!(t.handle_line("compare").text.contains("ListenPort = 51820"));
+    let r = t.handle_line("commit-confirm 1");
+    assert!(r.ok, "{}", r.text);
+    assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([4; 32]));
+    assert!(b.0.join("console.argon2id").exists());
+    secs.set(61);
+    let rb = t.poll().expect("rolled back at the deadline");
+    assert!(rb.text.contains("back as they were before the import"), "{}", rb.text);
+    assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([5; 32]));
+    assert!(!b.0.join("console.argon2id").exists());
+
+    // Plainly committed: the same box.
+    let r = feed(&mut t, "twelve chars or more");
+    assert!(r.ok, "{}", r.text);
+    let r = t.handle_line("commit");
+    assert!(r.ok, "{}", r.text);
+    assert_eq!(std::fs::read_to_string(b.0.join("riceguard.conf")).unwrap(), saved_a);
+    assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([4; 32]));
+    assert_eq!(
+        std::fs::read_to_string(b.0.join("console.argon2id")).unwrap(),
+        std::fs::read_to_string(a.0.join("console.argon2id")).unwrap()
+    );
+    assert_eq!(
+        std::fs::read_to_string(b.0.join("clients/phone.key")).unwrap(),
+        std::fs::read_to_string(a.0.join("clients/phone.key")).unwrap()
+    );
+    assert!(!crate::perm::import_undo::path(&b.0).exists(), "settled");
+}
