@@ -1756,7 +1756,12 @@ fn export_then_import_restores_the_box() {
         .collect();
     assert_eq!(armour[0], "-----BEGIN AGE ENCRYPTED FILE-----");
     assert_eq!(*armour.last().unwrap(), "-----END AGE ENCRYPTED FILE-----");
-    assert!(r.text.contains("1 kept client key(s), the console password, the SSH host key"), "{}", r.text);
+    assert!(
+        r.text
+            .contains("1 kept client key(s), the console password, the SSH host key"),
+        "{}",
+        r.text
+    );
     let saved_a = std::fs::read_to_string(a.0.join("riceguard.conf")).unwrap();
 
     let b = TempDir::new("export-b");
@@ -1779,7 +1784,11 @@ fn export_then_import_restores_the_box() {
     // An altered line: refused too.
     assert!(t.handle_line("import configuration").ok);
     for (i, l) in armour.iter().enumerate() {
-        let l = if i == 2 { l.replacen('A', "B", 1).replacen('a', "b", 1) } else { l.to_string() };
+        let l = if i == 2 {
+            l.replacen('A', "B", 1).replacen('a', "b", 1)
+        } else {
+            l.to_string()
+        };
         t.handle_line(&l);
     }
     let r = t.handle_line("twelve chars or more");
@@ -1788,7 +1797,11 @@ fn export_then_import_restores_the_box() {
 
     // Under commit-confirm, then rolled back: the old password (none) and host key.
     let r = feed(&mut t, "twelve chars or more");
-    assert!(r.ok && r.text.contains("the candidate is its configuration"), "{}", r.text);
+    assert!(
+        r.ok && r.text.contains("the candidate is its configuration"),
+        "{}",
+        r.text
+    );
     assert!(t.handle_line("compare").text.contains("ListenPort = 51820"));
     let r = t.handle_line("commit-confirm 1");
     assert!(r.ok, "{}", r.text);
@@ -1796,7 +1809,11 @@ fn export_then_import_restores_the_box() {
     assert!(b.0.join("console.argon2id").exists());
     secs.set(61);
     let rb = t.poll().expect("rolled back at the deadline");
-    assert!(rb.text.contains("back as they were before the import"), "{}", rb.text);
+    assert!(
+        rb.text.contains("back as they were before the import"),
+        "{}",
+        rb.text
+    );
     assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([5; 32]));
     assert!(!b.0.join("console.argon2id").exists());
 
@@ -1805,7 +1822,10 @@ fn export_then_import_restores_the_box() {
     assert!(r.ok, "{}", r.text);
     let r = t.handle_line("commit");
     assert!(r.ok, "{}", r.text);
-    assert_eq!(std::fs::read_to_string(b.0.join("riceguard.conf")).unwrap(), saved_a);
+    assert_eq!(
+        std::fs::read_to_string(b.0.join("riceguard.conf")).unwrap(),
+        saved_a
+    );
     assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([4; 32]));
     assert_eq!(
         std::fs::read_to_string(b.0.join("console.argon2id")).unwrap(),
