@@ -1633,12 +1633,21 @@ fn ssh_keys_go_through_commit() {
     let three = crate::core::ini::parse_as_schema(3, "riceguard.conf", &saved).unwrap();
     assert!(three.gateway.ssh_keys.is_empty() && three.validate().is_ok());
     assert_eq!(s.running().gateway.ssh_keys.len(), 1);
+    let st = s.handle_line("show status").text;
+    assert!(
+        st.contains("\nssh: port 2222 (") && st.contains("keys alice; host key not made yet"),
+        "{st}"
+    );
+    crate::perm::ssh_host_key::write(&dir.0, &[3; 32]).unwrap();
+    let fp = crate::perm::ssh_host_key::fingerprint(&[3; 32]);
+    assert!(s.handle_line("show status").text.contains(&format!("host key {fp} (ED25519)")));
     // A new console reads it back whole; then the key goes again.
     let (mut s2, _) = ini_session(&dir);
     assert_eq!(s2.running(), s.running());
     let r = s2.handle_line("delete system ssh-key alice");
     assert!(r.ok && r.text.contains("it was the last"), "{}", r.text);
     assert!(s2.handle_line("commit").ok);
+    assert!(s2.handle_line("show status").text.contains("\nssh: off (no SSH key set"));
     let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
     assert!(!saved.contains("SshKey ="), "{saved}");
 }
