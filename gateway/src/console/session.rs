@@ -1437,6 +1437,11 @@ impl Session {
         ))
     }
 
+    /// The SSH session this console serves, if it serves one.
+    pub fn remote(&self) -> Option<&super::remote::Remote> {
+        self.remote.as_ref()
+    }
+
     /// This console serves an SSH session: commits that could cut it need `commit-confirm`.
     pub fn set_remote(&mut self, r: super::remote::Remote) {
         self.remote = Some(r);

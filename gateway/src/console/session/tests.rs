@@ -1640,14 +1640,20 @@ fn ssh_keys_go_through_commit() {
     );
     crate::perm::ssh_host_key::write(&dir.0, &[3; 32]).unwrap();
     let fp = crate::perm::ssh_host_key::fingerprint(&[3; 32]);
-    assert!(s.handle_line("show status").text.contains(&format!("host key {fp} (ED25519)")));
+    assert!(s
+        .handle_line("show status")
+        .text
+        .contains(&format!("host key {fp} (ED25519)")));
     // A new console reads it back whole; then the key goes again.
     let (mut s2, _) = ini_session(&dir);
     assert_eq!(s2.running(), s.running());
     let r = s2.handle_line("delete system ssh-key alice");
     assert!(r.ok && r.text.contains("it was the last"), "{}", r.text);
     assert!(s2.handle_line("commit").ok);
-    assert!(s2.handle_line("show status").text.contains("\nssh: off (no SSH key set"));
+    assert!(s2
+        .handle_line("show status")
+        .text
+        .contains("\nssh: off (no SSH key set"));
     let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
     assert!(!saved.contains("SshKey ="), "{saved}");
 }
