@@ -404,17 +404,28 @@ fn run(mut session: Session, hello: Reply, tty: bool) -> ExitCode {
             exit: false,
         });
     }
+    // An SSH session does not hold its client for the deadline: the rollback is carried
+    // out without it (riceguard ssh, or a console of the box, 10 s after the deadline).
+    let wait_confirm = session.remote().is_none();
     if let Some(deadline) = session.confirm_deadline() {
         let left = deadline.saturating_duration_since(clock.now()).as_secs();
-        out.reply(&Reply {
-            text: format!(
+        let text = if wait_confirm {
+            format!(
                 "input ended with a commit-confirm pending: waiting {left} s, then rolling back"
-            ),
+            )
+        } else {
+            format!(
+                "commit-confirm pending: it rolls back in {left} s unless confirmed (`ssh admin@THIS-BOX confirm`, or `confirm` on any console)"
+            )
+        };
+        out.reply(&Reply {
+            text,
             ok: true,
             exit: false,
         });
     }
-    while session.confirm_deadline().is_some() || session.job_running().is_some() {
+    while (wait_confirm && session.confirm_deadline().is_some()) || session.job_running().is_some()
+    {
         let d = session
             .confirm_deadline()
             .map(|d| d.saturating_duration_since(clock.now()));

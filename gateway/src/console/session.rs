@@ -889,6 +889,7 @@ impl Session {
             Show::Status => {
                 let mut lines = self.hooks.status();
                 lines.push(format!("console: {}", self.name));
+                lines.push(self.ssh_status());
                 if let Some(p) = &self.pending {
                     let left = p
                         .deadline
@@ -1300,6 +1301,39 @@ impl Session {
         }
     }
 
+    /// `show status`'s SSH line: off, or the port, whether something listens on it, the
+    /// keys by name and the host key's fingerprint (to check on a first login).
+    fn ssh_status(&self) -> String {
+        let g = &self.running.gateway;
+        if g.ssh_keys.is_empty() {
+            return "ssh: off (no SSH key set: `set system ssh-key NAME ssh-ed25519 AAAA...`)"
+                .into();
+        }
+        let listening = ["/proc/net/tcp6", "/proc/net/tcp"].iter().any(|f| {
+            std::fs::read_to_string(f)
+                .is_ok_and(|t| crate::core::net::tcp_listen_ports(&t).contains(&g.ssh_port))
+        });
+        let names: Vec<&str> = g.ssh_keys.iter().map(|k| k.name.as_str()).collect();
+        let host = match crate::perm::ssh_host_key::read(self.store.dir()) {
+            Ok(Some(k)) => format!(
+                "host key {} (ED25519)",
+                crate::perm::ssh_host_key::fingerprint(&k)
+            ),
+            Ok(None) => "host key not made yet (riceguard ssh makes it when it starts)".into(),
+            Err(e) => format!("host key unreadable: {e}"),
+        };
+        format!(
+            "ssh: port {} ({}), keys {}; {host}",
+            g.ssh_port,
+            if listening {
+                "listening"
+            } else {
+                "not listening"
+            },
+            names.join(", ")
+        )
+    }
+
     /// `export configuration`, the passphrase given twice: the armoured text.
     fn export(&mut self, passphrase: &str) -> Reply {
         let dir = self.store.dir().to_path_buf();
@@ -1401,6 +1435,11 @@ impl Session {
             if notes.is_empty() { "" } else { "\n" },
             notes.join("\n")
         ))
+    }
+
+    /// The SSH session this console serves, if it serves one.
+    pub fn remote(&self) -> Option<&super::remote::Remote> {
+        self.remote.as_ref()
     }
 
     /// This console serves an SSH session: commits that could cut it need `commit-confirm`.

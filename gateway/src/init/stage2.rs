@@ -24,7 +24,7 @@ use super::perm::{
     resolve_consoles, ConfirmGuard, FAILSAFE_WAIT,
 };
 use super::supervise::{Spec, Supervisor};
-use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, Watchdog};
+use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, ssh_listens, Watchdog};
 use super::{clock_floor, health, supervise, sysctl};
 
 pub(super) fn stage2() -> ! {
@@ -237,6 +237,14 @@ pub(super) fn stage2() -> ! {
     let mut starving = false; // the watchdog is not being fed (said once)
     let mut warned_unhealthy = false;
     let mut marked = false; // boot marked good (once per boot, whichever start got there)
+                            // With SSH keys set, a boot is good only once `riceguard ssh` listens too: a firmware
+                            // whose SSH is broken must roll back by itself rather than strand a remote box.
+    let ssh_needed: Option<u16> = gw
+        .as_ref()
+        .filter(|g| perm_ok && !g.ssh_keys.is_empty())
+        .map(|g| g.ssh_port);
+    let mut gateway_was_up = false;
+    let mut said_ssh_wait = false;
     let mut selftest_done = false;
     let mut hang_done = false;
     let mut next_health = Instant::now();
@@ -290,11 +298,7 @@ pub(super) fn stage2() -> ! {
                         "gateway up (UAPI {} answers, worker heartbeats move)",
                         crate::run::uapi_socket(&ifname).display()
                     );
-                    if !marked {
-                        marked = true;
-                        mark_boot_good(slot);
-                        crate::update::boot_request(BIN, &mut |l| say!("{l}"));
-                    }
+                    gateway_was_up = true;
                     // With both selftests: the kill first, the hang on the next start.
                     if cmd.selftest_restart && !selftest_done {
                         selftest_done = true;
@@ -317,8 +321,25 @@ pub(super) fn stage2() -> ! {
                 }
                 health::HealthChange::Same => {}
             }
+            let ssh_ok = ssh_needed.is_none_or(ssh_listens);
+            if gateway_was_up && !marked {
+                if ssh_ok {
+                    marked = true;
+                    if let Some(port) = ssh_needed {
+                        say!("ssh listens on port {port}");
+                    }
+                    mark_boot_good(slot);
+                    crate::update::boot_request(BIN, &mut |l| say!("{l}"));
+                } else if !said_ssh_wait {
+                    said_ssh_wait = true;
+                    say!(
+                        "boot not marked good until riceguard ssh listens on port {} (SSH keys are set)",
+                        ssh_needed.unwrap_or_default()
+                    );
+                }
+            }
             if !marked
-                && !watch.is_healthy()
+                && (!watch.is_healthy() || !ssh_ok)
                 && !warned_unhealthy
                 && now.duration_since(started) > health_deadline
             {
@@ -327,13 +348,23 @@ pub(super) fn stage2() -> ! {
                     // A new slot that cannot run the gateway: reboot so its tries count
                     // down and systemd-boot falls back to the previous slot.
                     say!(
-                        "gateway not healthy after {}s on slot {slot} (on trial): rebooting to count down its tries",
+                        "{} after {}s on slot {slot} (on trial): rebooting to count down its tries",
+                        if ssh_ok {
+                            "gateway not healthy"
+                        } else {
+                            "riceguard ssh not listening"
+                        },
                         health_deadline.as_secs()
                     );
                     halt = Some(os::Halt::Reboot);
                 } else {
                     say!(
-                        "gateway not healthy after {}s; boot left unmarked (it counts down)",
+                        "{} after {}s; boot left unmarked (it counts down)",
+                        if ssh_ok {
+                            "gateway not healthy"
+                        } else {
+                            "riceguard ssh not listening"
+                        },
                         health_deadline.as_secs()
                     );
                 }

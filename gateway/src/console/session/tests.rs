@@ -1633,12 +1633,27 @@ fn ssh_keys_go_through_commit() {
     let three = crate::core::ini::parse_as_schema(3, "riceguard.conf", &saved).unwrap();
     assert!(three.gateway.ssh_keys.is_empty() && three.validate().is_ok());
     assert_eq!(s.running().gateway.ssh_keys.len(), 1);
+    let st = s.handle_line("show status").text;
+    assert!(
+        st.contains("\nssh: port 2222 (") && st.contains("keys alice; host key not made yet"),
+        "{st}"
+    );
+    crate::perm::ssh_host_key::write(&dir.0, &[3; 32]).unwrap();
+    let fp = crate::perm::ssh_host_key::fingerprint(&[3; 32]);
+    assert!(s
+        .handle_line("show status")
+        .text
+        .contains(&format!("host key {fp} (ED25519)")));
     // A new console reads it back whole; then the key goes again.
     let (mut s2, _) = ini_session(&dir);
     assert_eq!(s2.running(), s.running());
     let r = s2.handle_line("delete system ssh-key alice");
     assert!(r.ok && r.text.contains("it was the last"), "{}", r.text);
     assert!(s2.handle_line("commit").ok);
+    assert!(s2
+        .handle_line("show status")
+        .text
+        .contains("\nssh: off (no SSH key set"));
     let saved = std::fs::read_to_string(dir.0.join("riceguard.conf")).unwrap();
     assert!(!saved.contains("SshKey ="), "{saved}");
 }
@@ -1756,7 +1771,12 @@ fn export_then_import_restores_the_box() {
         .collect();
     assert_eq!(armour[0], "-----BEGIN AGE ENCRYPTED FILE-----");
     assert_eq!(*armour.last().unwrap(), "-----END AGE ENCRYPTED FILE-----");
-    assert!(r.text.contains("1 kept client key(s), the console password, the SSH host key"), "{}", r.text);
+    assert!(
+        r.text
+            .contains("1 kept client key(s), the console password, the SSH host key"),
+        "{}",
+        r.text
+    );
     let saved_a = std::fs::read_to_string(a.0.join("riceguard.conf")).unwrap();
 
     let b = TempDir::new("export-b");
@@ -1779,7 +1799,11 @@ fn export_then_import_restores_the_box() {
     // An altered line: refused too.
     assert!(t.handle_line("import configuration").ok);
     for (i, l) in armour.iter().enumerate() {
-        let l = if i == 2 { l.replacen('A', "B", 1).replacen('a', "b", 1) } else { l.to_string() };
+        let l = if i == 2 {
+            l.replacen('A', "B", 1).replacen('a', "b", 1)
+        } else {
+            l.to_string()
+        };
         t.handle_line(&l);
     }
     let r = t.handle_line("twelve chars or more");
@@ -1788,7 +1812,11 @@ fn export_then_import_restores_the_box() {
 
     // Under commit-confirm, then rolled back: the old password (none) and host key.
     let r = feed(&mut t, "twelve chars or more");
-    assert!(r.ok && r.text.contains("the candidate is its configuration"), "{}", r.text);
+    assert!(
+        r.ok && r.text.contains("the candidate is its configuration"),
+        "{}",
+        r.text
+    );
     assert!(t.handle_line("compare").text.contains("ListenPort = 51820"));
     let r = t.handle_line("commit-confirm 1");
     assert!(r.ok, "{}", r.text);
@@ -1796,7 +1824,11 @@ fn export_then_import_restores_the_box() {
     assert!(b.0.join("console.argon2id").exists());
     secs.set(61);
     let rb = t.poll().expect("rolled back at the deadline");
-    assert!(rb.text.contains("back as they were before the import"), "{}", rb.text);
+    assert!(
+        rb.text.contains("back as they were before the import"),
+        "{}",
+        rb.text
+    );
     assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([5; 32]));
     assert!(!b.0.join("console.argon2id").exists());
 
@@ -1805,7 +1837,10 @@ fn export_then_import_restores_the_box() {
     assert!(r.ok, "{}", r.text);
     let r = t.handle_line("commit");
     assert!(r.ok, "{}", r.text);
-    assert_eq!(std::fs::read_to_string(b.0.join("riceguard.conf")).unwrap(), saved_a);
+    assert_eq!(
+        std::fs::read_to_string(b.0.join("riceguard.conf")).unwrap(),
+        saved_a
+    );
     assert_eq!(ssh_host_key::read(&b.0).unwrap(), Some([4; 32]));
     assert_eq!(
         std::fs::read_to_string(b.0.join("console.argon2id")).unwrap(),
