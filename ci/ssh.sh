@@ -11,6 +11,11 @@
 #   - a session's console is killed when its client's connection goes;
 #   - `add client x` over SSH prints a wg-quick configuration; a plain `commit` of the
 #     SSH port over SSH is refused (the console knows it serves an SSH session);
+#   - a script ending with `commit-confirm 5` exits at once (0) saying when it rolls back,
+#     and `ssh box confirm` confirms it;
+#   - `export configuration` over SSH prints an age text that Debian's `age -d` opens;
+#   - a source neither in the tunnel nor in the server's own subnet is refused at accept
+#     (the server's own check, core::firewall::services; no firewall in this lab);
 #   - a `--deny-source` address is closed at once, and counted in the log;
 #   - the host key the server prints is ssh-keygen's fingerprint of what ssh-keyscan
 #     sees, and stays the same after a restart (StrictHostKeyChecking=yes passes);
@@ -19,7 +24,7 @@
 #     in is closed after the 20 s grace;
 #   - no key in the saved configuration: nothing listens; a committed key starts it, a
 #     deleted one stops it (the file is re-read every 2 s).
-# About 35 s. Needs root, iproute2, python3, openssh-client. Names are prefixed `rgs`.
+# About 35 s. Needs root, iproute2, python3, openssh-client, age. Names are prefixed `rgs`.
 # Ends with "ssh: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +32,7 @@ cd "$(dirname "$0")/.."
 h_init ssh
 
 require_rg
-require_tools ip python3 ssh ssh-keygen ssh-keyscan ss
+require_tools ip python3 ssh ssh-keygen ssh-keyscan ss age
 
 SRV=rgs-srv-$$ CLI=rgs-cli-$$
 S=10.124.0.1 PORT=2222
@@ -159,6 +164,47 @@ rc=$?
     ok "over SSH a plain commit of the SSH port is refused (use commit-confirm)" ||
     ko "remote lock-out: rc $rc: $(head -c 600 "$tmp/lockout.out")"
 
+# A commit-confirm from a script: the session does not wait for the deadline, says it,
+# and a later `ssh box confirm` confirms it.
+t0=$SECONDS
+printf 'set gateway client-dns 192.0.2.53\ncommit-confirm 5\n' |
+    sshc -T -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S >"$tmp/cc.out" 2>&1
+rc=$?
+[ $rc = 0 ] && [ $((SECONDS - t0)) -le 10 ] && grep -q "commit-confirm pending: it rolls back in" "$tmp/cc.out" &&
+    ok "a script ending with a commit-confirm pending exits at once (0) and says when it rolls back" ||
+    ko "commit-confirm over SSH: rc $rc after $((SECONDS - t0)) s: $(head -c 600 "$tmp/cc.out")"
+sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S confirm >"$tmp/confirm.out" 2>&1
+rc=$?
+[ $rc = 0 ] && grep -q "confirmed" "$tmp/confirm.out" && grep -q "^ClientDns = 192.0.2.53" "$root/riceguard.conf" &&
+    ok "'ssh box confirm' confirms it from another session" || ko "confirm over SSH: rc $rc: $(head -c 600 "$tmp/confirm.out")"
+
+# A backup over SSH that Debian's age opens (the passphrase typed on a pty by age_tty.py).
+EXPORT_PASS='lab export passphrase'
+printf 'export configuration\n%s\n%s\n' "$EXPORT_PASS" "$EXPORT_PASS" |
+    sshc -T -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S >"$tmp/export.out" 2>&1
+rc=$?
+sed -n '/^-----BEGIN AGE ENCRYPTED FILE-----$/,/^-----END AGE ENCRYPTED FILE-----$/p' "$tmp/export.out" >"$tmp/backup.age"
+if [ $rc = 0 ] && [ -s "$tmp/backup.age" ]; then
+    ok "'export configuration' over SSH prints an age text ($(wc -l <"$tmp/backup.age") lines)"
+    AGE_TTY_PASSPHRASE=$EXPORT_PASS timeout 30 python3 gateway/core/tests/fixtures/age/age_tty.py \
+        age -d -o "$tmp/backup.txt" "$tmp/backup.age" >"$tmp/age.out" 2>&1
+    grep -q "^riceguard-export 1$" "$tmp/backup.txt" 2>/dev/null &&
+        grep -q "^#4+ SshKey = alice ssh-ed25519" "$tmp/backup.txt" && grep -q "^host-key ed25519 " "$tmp/backup.txt" &&
+        ok "Debian's age -d opens it: the saved configuration and the host key are in it" ||
+        ko "age -d: $(cat "$tmp/age.out") $(head -c 300 "$tmp/backup.txt" 2>/dev/null)"
+else
+    ko "export over SSH: rc $rc: $(head -c 600 "$tmp/export.out")"
+fi
+
+# The server's own source check: an address of neither the tunnel nor the server's
+# subnet (routed to it, no firewall here) is refused at accept.
+ip -n $CLI addr add 10.125.0.9/32 dev rgsv1
+ip -n $SRV route add 10.125.0.9/32 dev rgsv0
+sshc -o StrictHostKeyChecking=yes -b 10.125.0.9 -i "$tmp/alice" admin@$S 'show status' >"$tmp/outside.out" 2>&1
+[ $? = 255 ] && ok "a source outside the tunnel and the uplink's own subnet is refused" ||
+    ko "outside source: $(cat "$tmp/outside.out")"
+check "the server says why" wait_for 5 grep -q "connection from 10.125.0.9 refused: .*not from the tunnel or the uplink's own subnet" "$tmp/server1.log"
+
 sshc -o StrictHostKeyChecking=yes -i "$tmp/mallory" admin@$S 'show status' >"$tmp/mallory.out" 2>&1
 [ $? = 255 ] && grep -q "Permission denied (publickey)" "$tmp/mallory.out" &&
     ok "an unknown key is refused" || ko "unknown key: $(cat "$tmp/mallory.out")"
@@ -181,7 +227,7 @@ rc=$?
 [ $rc = 255 ] && [ $((SECONDS - t0)) -le 3 ] && ok "a --deny-source address is closed at once" ||
     ko "deny-source: rc $rc after $((SECONDS - t0)) s: $(cat "$tmp/deny.out")"
 check "the refused source is counted in the log" \
-    wait_for 5 grep -q "connection from 10.124.0.4 refused: .*(1 refused so far)" "$tmp/server1.log"
+    wait_for 5 grep -q "connection from 10.124.0.4 refused: .*a --deny-source range ([0-9]* refused so far)" "$tmp/server1.log"
 
 # 200 half-open connections from .2 (connect, send nothing), held while .3 logs in.
 cat >"$tmp/flood.py" <<'EOF'

@@ -229,6 +229,27 @@ impl Out {
     }
 }
 
+/// A commit-confirm whose deadline passed with no console left to roll it back (an SSH
+/// session that ended, a terminal that went away): `riceguard ssh` calls this every few
+/// seconds while one is pending. A session named `name` over `root` rolls it back when its
+/// owner has not, [`session::BACKUP_GRACE_SECS`] after the deadline, as any console would.
+/// What it said, when it did something.
+pub fn settle_overdue_confirm(
+    root: &std::path::Path,
+    name: &str,
+    hooks: SystemHooks,
+) -> Option<String> {
+    let store = Store::new(root.to_path_buf(), Box::new(Ini) as Box<dyn Format>);
+    let (mut session, _) = Session::open_with(
+        store,
+        Box::new(hooks),
+        Box::new(SystemClock),
+        name,
+        session::Login::Key,
+    );
+    session.poll().map(|r| r.text)
+}
+
 pub fn main(args: &[String]) -> ExitCode {
     let args = match parse_args(args) {
         Ok(a) => a,

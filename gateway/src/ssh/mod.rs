@@ -92,10 +92,41 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
 }
 
 /// Whether `ip` may connect to the SSH server at all: checked right after accept,
-/// whatever the firewall does. For now everything but the `--deny-source` ranges.
-// The one place the appliance's "who may reach a service" rule goes.
-pub fn source_allowed(deny: &[Cidr], ip: IpAddr) -> bool {
-    !deny.iter().any(|c| c.contains(ip))
+/// whatever the firewall does (`Firewall = off`, or a table someone removed, does not
+/// open it). The appliance's rule for its services, `core::firewall::services`: from the
+/// tunnel (its subnets, the enabled peers' allowed IPs) and the LAN port; one-armed from
+/// the uplink's own subnets (cut to /16, /48 around the box's address); from the box itself.
+/// Judged on the saved configuration and the interfaces' addresses as they are now. Never
+/// from a `--deny-source` range. Fails closed when the addresses cannot be read.
+pub fn source_allowed(root: &Path, deny: &[Cidr], ip: IpAddr) -> Result<(), String> {
+    if deny.iter().any(|c| c.contains(ip)) {
+        return Err("a --deny-source range".into());
+    }
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    if ip.is_loopback() {
+        return Ok(());
+    }
+    let cfg = load(root, &Ini).config;
+    let mut nl = crate::sys::netlink::Netlink::open()
+        .map_err(|e| format!("the interfaces' addresses cannot be read ({e}): refused"))?;
+    let ports = crate::driver::appliance::firewall::ports_now(
+        &mut nl,
+        &cfg.gateway.interface_name,
+        &cfg,
+        0,
+    );
+    use crate::core::firewall::services::{source, Source};
+    match source(&cfg, &ports, ip) {
+        Source::Outside => Err(if ports.lan.is_some() {
+            "not from the tunnel or the LAN port (two-armed: the uplink never reaches the box's services)".into()
+        } else {
+            "not from the tunnel or the uplink's own subnet".into()
+        }),
+        _ => Ok(()),
+    }
 }
 
 pub fn main(args: &[String]) -> ExitCode {
@@ -146,14 +177,16 @@ fn run(a: Args) -> Result<(), String> {
     let bin = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let deny = a.deny.clone();
     let root = a.root.clone();
+    let root_src = a.root.clone();
     let shared = Arc::new(server::Shared::new(
         a.root.clone(),
         bin,
         a.console_args.clone(),
-        Arc::new(move |ip| source_allowed(&deny, ip)),
+        Arc::new(move |ip| source_allowed(&root_src, &deny, ip)),
         Box::new(move || wanted(&root).0),
         Arc::new(server::russh_config(host_key)),
     ));
+    confirm_watch(a.root.clone(), &a.console_args);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -161,6 +194,53 @@ fn run(a: Args) -> Result<(), String> {
         .map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(watch(a.root, a.listen, shared));
     Ok(())
+}
+
+/// A commit-confirm made over SSH does not depend on its session's console to roll back:
+/// a thread looks every [`RECHECK`] and, once one is overdue by the consoles' grace,
+/// rolls it back as a console of the box would (the serial console does the same on the
+/// appliance; whichever comes first, once, under the configuration lock).
+fn confirm_watch(root: PathBuf, console_args: &[String]) {
+    let mut hooks = crate::console::system::SystemHooks::default();
+    for pair in console_args.chunks(2) {
+        if let [k, v] = pair {
+            match k.as_str() {
+                "--pidfile" => hooks.pidfile = PathBuf::from(v),
+                "--status-file" => hooks.status_file = PathBuf::from(v),
+                "--socket" => hooks.socket = Some(PathBuf::from(v)),
+                _ => {}
+            }
+        }
+    }
+    let spawned = std::thread::Builder::new()
+        .name("confirm-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(RECHECK);
+            let Some(deadline) = crate::perm::confirm::pending(&root) else {
+                continue;
+            };
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let grace = crate::console::session::BACKUP_GRACE_SECS.unsigned_abs();
+            if now < deadline.saturating_add(grace) {
+                continue;
+            }
+            let h = crate::console::system::SystemHooks {
+                pidfile: hooks.pidfile.clone(),
+                socket: hooks.socket.clone(),
+                status_file: hooks.status_file.clone(),
+                job: None,
+            };
+            if let Some(said) = crate::console::settle_overdue_confirm(&root, "ssh-server", h) {
+                for l in said.lines() {
+                    log::info!("ssh: {l}");
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        log::warn!("ssh: cannot watch commit-confirm deadlines: {e}");
+    }
 }
 
 /// Listen while the saved configuration has keys, on its port; re-read every [`RECHECK`].
@@ -275,16 +355,25 @@ fn stay_out_of_the_way(root: &Path) {
 mod tests {
     use super::*;
 
+    /// The `--deny-source` ranges are refused before anything is read; the box itself
+    /// (loopback, also as an IPv4-mapped address) is let in without reading either. The
+    /// zones are `core::firewall::services`' tests and ci/ssh.sh's.
     #[test]
-    fn deny_source_refuses_only_its_ranges() {
+    fn deny_source_and_loopback() {
+        let nowhere = Path::new("/nonexistent-riceguard-root");
         let deny: Vec<Cidr> = vec![
             "10.9.0.0/16".parse().unwrap(),
             "fd00:9::/32".parse().unwrap(),
         ];
-        assert!(!source_allowed(&deny, "10.9.1.2".parse().unwrap()));
-        assert!(source_allowed(&deny, "10.8.1.2".parse().unwrap()));
-        assert!(!source_allowed(&deny, "fd00:9::5".parse().unwrap()));
-        assert!(source_allowed(&[], "192.0.2.1".parse().unwrap()));
+        assert!(source_allowed(nowhere, &deny, "10.9.1.2".parse().unwrap()).is_err());
+        assert!(source_allowed(nowhere, &deny, "fd00:9::5".parse().unwrap()).is_err());
+        for lo in ["127.0.0.1", "::1", "::ffff:127.0.0.1"] {
+            assert_eq!(
+                source_allowed(nowhere, &deny, lo.parse().unwrap()),
+                Ok(()),
+                "{lo}"
+            );
+        }
     }
 
     #[test]

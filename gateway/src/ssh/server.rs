@@ -22,7 +22,7 @@ pub const LOGIN_NAME: &str = "admin";
 pub const LOGIN_GRACE: Duration = Duration::from_secs(20);
 
 /// Whether a peer address may connect at all (asked right after accept).
-pub type SourceCheck = Arc<dyn Fn(IpAddr) -> bool + Send + Sync>;
+pub type SourceCheck = Arc<dyn Fn(IpAddr) -> Result<(), String> + Send + Sync>;
 
 /// What every connection of one server shares.
 pub struct Shared {
@@ -102,10 +102,10 @@ pub async fn accept_loop(listener: tokio::net::TcpListener, shared: Arc<Shared>)
             }
         };
         let ip = peer.ip().to_canonical();
-        if !(shared.source_allowed)(ip) {
+        if let Err(why) = (shared.source_allowed)(ip) {
             let n = shared.refused_sources.fetch_add(1, Ordering::Relaxed) + 1;
             drop(sock);
-            log::warn!(target: "net::ssh-source", "ssh: connection from {ip} refused: not a source SSH is open to ({n} refused so far)");
+            log::warn!(target: "net::ssh-source", "ssh: connection from {ip} refused: not a source SSH is open to: {why} ({n} refused so far)");
             continue;
         }
         if let Err(why) = shared.admission().admit(ip) {

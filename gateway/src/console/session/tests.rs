@@ -1852,3 +1852,36 @@ fn export_then_import_restores_the_box() {
     );
     assert!(!crate::perm::import_undo::path(&b.0).exists(), "settled");
 }
+
+/// A commit-confirm made over SSH whose session is gone: `riceguard ssh`'s watcher
+/// (`settle_overdue_confirm`, a session of its own on the real clock) rolls it back once
+/// the consoles' grace after its deadline has passed. The fake clock here runs in 2023, so
+/// the recorded deadline is long past for the real one.
+#[test]
+fn an_overdue_commit_confirm_is_rolled_back_without_its_console() {
+    let d = TempDir::new("confirm-watch");
+    let secs = Rc::new(Cell::new(0));
+    let mut s = ini_session_at(&d, &secs);
+    for l in ["set interface listen-port 51820", "commit", "set interface listen-port 51821"] {
+        assert!(s.handle_line(l).ok, "{l}");
+    }
+    let r = s.handle_line("commit-confirm 1");
+    assert!(r.ok, "{}", r.text);
+    drop(s); // the SSH session ended
+    let saved = || std::fs::read_to_string(d.0.join("riceguard.conf")).unwrap();
+    assert!(saved().contains("ListenPort = 51821"));
+    let hooks = crate::console::system::SystemHooks {
+        pidfile: d.0.join("no-daemon.pid"),
+        socket: Some(d.0.join("no-daemon.sock")),
+        status_file: d.0.join("no-daemon.status"),
+        job: None,
+    };
+    let said = crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks)
+        .expect("it rolls back");
+    assert!(said.contains("rolled back") || said.contains("roll"), "{said}");
+    assert!(saved().contains("ListenPort = 51820"), "{}", saved());
+    assert_eq!(crate::perm::confirm::pending(&d.0), None);
+    // Nothing pending any more: nothing to do.
+    let hooks = crate::console::system::SystemHooks::default();
+    assert_eq!(crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks), None);
+}
