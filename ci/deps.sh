@@ -39,6 +39,8 @@ APT_PKGS=(
     # the export format checked against the stock tool both ways (core/src/age.rs test,
     # which fails under RG_TEST_STRICT or CI when age is missing)
     age
+    # the SSH console's README playbook run as written (ci/ssh.sh: the raw module)
+    ansible-core
     # U-Boot boards: mkimage makes the ESP's boot.scr (image/uboot/); Debian's U-Boot for
     # QEMU virt is the test firmware of ci/test-uboot-rollback.sh (ci/lib/firmware.sh)
     u-boot-tools u-boot-qemu

@@ -14,6 +14,7 @@
 #   - a script ending with `commit-confirm 5` exits at once (0) saying when it rolls back,
 #     and `ssh box confirm` confirms it;
 #   - `export configuration` over SSH prints an age text that Debian's `age -d` opens;
+#   - the README's Ansible playbook (raw module) runs as written and commits;
 #   - a source neither in the tunnel nor in the server's own subnet is refused at accept
 #     (the server's own check, core::firewall::services; no firewall in this lab);
 #   - a `--deny-source` address is closed at once, and counted in the log;
@@ -32,7 +33,7 @@ cd "$(dirname "$0")/.."
 h_init ssh
 
 require_rg
-require_tools ip python3 ssh ssh-keygen ssh-keyscan ss age
+require_tools ip python3 ssh ssh-keygen ssh-keyscan ss age ansible-playbook
 
 SRV=rgs-srv-$$ CLI=rgs-cli-$$
 S=10.124.0.1 PORT=2222
@@ -194,6 +195,25 @@ if [ $rc = 0 ] && [ -s "$tmp/backup.age" ]; then
         ko "age -d: $(cat "$tmp/age.out") $(head -c 300 "$tmp/backup.txt" 2>/dev/null)"
 else
     ko "export over SSH: rc $rc: $(head -c 600 "$tmp/export.out")"
+fi
+
+# Ansible's raw module, with the README's playbook as written (the inventory names this
+# lab's server and port): the change is committed.
+if command -v ansible-playbook >/dev/null; then
+    mkdir -p "$tmp/ansible"
+    printf '[gateways]\n%s ansible_user=admin ansible_port=%s\n' "$S" "$PORT" >"$tmp/ansible/inventory"
+    sed -n '/^    - hosts: gateways$/,/^            commit$/p' README.md | sed 's/^    //' >"$tmp/ansible/play.yml"
+    grep -q "ansible.builtin.raw" "$tmp/ansible/play.yml" || ko "the README's playbook was not found"
+    HOME=$tmp/ansible ANSIBLE_HOST_KEY_CHECKING=False timeout 60 ip netns exec $CLI ansible-playbook \
+        -i "$tmp/ansible/inventory" --private-key "$tmp/alice" \
+        --ssh-common-args "-F /dev/null -o IdentitiesOnly=yes -o UserKnownHostsFile=$KH" \
+        "$tmp/ansible/play.yml" >"$tmp/ansible.out" 2>&1
+    rc=$?
+    [ $rc = 0 ] && grep -q "^ClientDns = 192.168.88.1" "$root/riceguard.conf" &&
+        ok "the README's Ansible playbook (raw module) runs as written and commits" ||
+        ko "ansible: rc $rc: $(tail -c 800 "$tmp/ansible.out")"
+else
+    ko "ansible-playbook is not installed (ci/deps.sh installs ansible-core)"
 fi
 
 # The server's own source check: an address of neither the tunnel nor the server's
