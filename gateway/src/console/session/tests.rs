@@ -1862,7 +1862,11 @@ fn an_overdue_commit_confirm_is_rolled_back_without_its_console() {
     let d = TempDir::new("confirm-watch");
     let secs = Rc::new(Cell::new(0));
     let mut s = ini_session_at(&d, &secs);
-    for l in ["set interface listen-port 51820", "commit", "set interface listen-port 51821"] {
+    for l in [
+        "set interface listen-port 51820",
+        "commit",
+        "set interface listen-port 51821",
+    ] {
         assert!(s.handle_line(l).ok, "{l}");
     }
     let r = s.handle_line("commit-confirm 1");
@@ -1876,12 +1880,18 @@ fn an_overdue_commit_confirm_is_rolled_back_without_its_console() {
         status_file: d.0.join("no-daemon.status"),
         job: None,
     };
-    let said = crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks)
-        .expect("it rolls back");
-    assert!(said.contains("rolled back") || said.contains("roll"), "{said}");
+    let said =
+        crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks).expect("it rolls back");
+    assert!(
+        said.contains("rolled back") || said.contains("roll"),
+        "{said}"
+    );
     assert!(saved().contains("ListenPort = 51820"), "{}", saved());
     assert_eq!(crate::perm::confirm::pending(&d.0), None);
     // Nothing pending any more: nothing to do.
     let hooks = crate::console::system::SystemHooks::default();
-    assert_eq!(crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks), None);
+    assert_eq!(
+        crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks),
+        None
+    );
 }
