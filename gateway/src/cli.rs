@@ -51,6 +51,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
         Some("dhcp") => crate::driver::appliance::dhcp::main(&rest[1..]),
         Some("ntp") => crate::driver::appliance::ntp::main(&rest[1..]),
         Some("console") => crate::console::main(&rest[1..]),
+        #[cfg(feature = "ssh")]
         Some("ssh") => crate::ssh::main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
         Some("update") => crate::update::update_main(&rest[1..]),

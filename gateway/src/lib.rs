@@ -19,6 +19,7 @@ pub mod logger;
 pub mod perm;
 pub mod run;
 pub mod slots;
+#[cfg(feature = "ssh")]
 pub mod ssh;
 pub use riceguard_sys as sys;
 #[cfg(test)]
