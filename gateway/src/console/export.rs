@@ -40,16 +40,14 @@ fn firmware_and_board() -> (String, String) {
         Some(v) => format!("riceguard {} ({v})", env!("CARGO_PKG_VERSION")),
         None => format!("riceguard {} (not an image)", env!("CARGO_PKG_VERSION")),
     };
-    let board = version
+    // The version file is `riceguard COMMIT BOARD`.
+    let board = match version
         .as_deref()
-        .and_then(|v| v.split_whitespace().last().map(str::to_string))
-        .filter(|b| {
-            version
-                .as_deref()
-                .is_some_and(|v| v.split_whitespace().count() >= 3)
-                && !b.is_empty()
-        })
-        .unwrap_or_else(|| "unknown".into());
+        .map(|v| v.split_whitespace().collect::<Vec<_>>())
+    {
+        Some(w) if w.len() >= 3 => w[w.len() - 1].to_string(),
+        _ => "unknown".into(),
+    };
     (firmware, board)
 }
 

@@ -19,10 +19,7 @@ impl Remote {
     /// The enabled peer of `cfg` whose allowed IPs hold this session's source: the
     /// session comes through the tunnel from it. A `/0` says nothing about who it is.
     pub fn peer<'a>(&self, cfg: &'a Config) -> Option<&'a PeerConfig> {
-        let src = match self.source {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(self.source, IpAddr::V4),
-            v4 => v4,
-        };
+        let src = self.source.to_canonical();
         cfg.peers.iter().filter(|p| p.enabled).find(|p| {
             p.allowed_ips
                 .iter()

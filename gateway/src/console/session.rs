@@ -1309,10 +1309,7 @@ impl Session {
             return "ssh: off (no SSH key set: `set system ssh-key NAME ssh-ed25519 AAAA...`)"
                 .into();
         }
-        let listening = ["/proc/net/tcp6", "/proc/net/tcp"].iter().any(|f| {
-            std::fs::read_to_string(f)
-                .is_ok_and(|t| crate::core::net::tcp_listen_ports(&t).contains(&g.ssh_port))
-        });
+        let listening = crate::sys::os::tcp_listening(g.ssh_port);
         let names: Vec<&str> = g.ssh_keys.iter().map(|k| k.name.as_str()).collect();
         let host = match crate::perm::ssh_host_key::read(self.store.dir()) {
             Ok(Some(k)) => format!(

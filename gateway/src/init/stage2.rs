@@ -24,7 +24,7 @@ use super::perm::{
     resolve_consoles, ConfirmGuard, FAILSAFE_WAIT,
 };
 use super::supervise::{Spec, Supervisor};
-use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, ssh_listens, Watchdog};
+use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, Watchdog};
 use super::{clock_floor, health, supervise, sysctl};
 
 pub(super) fn stage2() -> ! {
@@ -321,7 +321,7 @@ pub(super) fn stage2() -> ! {
                 }
                 health::HealthChange::Same => {}
             }
-            let ssh_ok = ssh_needed.is_none_or(ssh_listens);
+            let ssh_ok = ssh_needed.is_none_or(crate::sys::os::tcp_listening);
             if gateway_was_up && !marked {
                 if ssh_ok {
                     marked = true;

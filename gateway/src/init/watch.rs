@@ -30,15 +30,6 @@ pub(super) fn probe_gateway(ifname: &str) -> health::Probe {
     }
 }
 
-/// Is a TCP socket listening on `port` (IPv6 or IPv4)? `riceguard ssh`'s, before a boot
-/// with SSH keys is marked good.
-pub(super) fn ssh_listens(port: u16) -> bool {
-    ["/proc/net/tcp6", "/proc/net/tcp"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .is_ok_and(|t| crate::core::net::tcp_listen_ports(&t).contains(&port))
-    })
-}
-
 /// Does the gateway answer `get=1` on its UAPI socket with `errno=0`? Bounded: 1 s.
 pub(super) fn uapi_answers(ifname: &str) -> Result<(), String> {
     use std::os::unix::net::UnixStream;

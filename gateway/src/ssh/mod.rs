@@ -102,10 +102,7 @@ pub fn source_allowed(root: &Path, deny: &[Cidr], ip: IpAddr) -> Result<(), Stri
     if deny.iter().any(|c| c.contains(ip)) {
         return Err("a --deny-source range".into());
     }
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    };
+    let ip = ip.to_canonical();
     if ip.is_loopback() {
         return Ok(());
     }

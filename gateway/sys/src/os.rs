@@ -152,3 +152,13 @@ pub fn set_window_size(fd: std::os::fd::BorrowedFd<'_>, cols: u16, rows: u16) ->
     }
     Ok(())
 }
+
+/// Is a TCP socket listening on `port` here (IPv6 or IPv4, this network namespace)? Read
+/// from `/proc/net/tcp6` and `/proc/net/tcp`: whether `riceguard ssh` listens, for init
+/// before it marks a boot good and for `show status`.
+pub fn tcp_listening(port: u16) -> bool {
+    ["/proc/net/tcp6", "/proc/net/tcp"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .is_ok_and(|t| riceguard_core::net::tcp_listen_ports(&t).contains(&port))
+    })
+}

@@ -88,10 +88,7 @@ impl Source {
 /// Judge a peer address of an accepted connection (IPv4-mapped IPv6 addresses, as a
 /// dual-stack socket reports IPv4 peers, are read as IPv4).
 pub fn source(cfg: &Config, p: &Ports, src: IpAddr) -> Source {
-    let src = match src {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(src, IpAddr::V4),
-        v4 => v4,
-    };
+    let src = src.to_canonical();
     let mut tunnel = cfg.interface.addresses.iter().chain(
         cfg.peers
             .iter()
