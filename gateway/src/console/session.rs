@@ -143,6 +143,20 @@ pub struct Session {
 const MIN_PASSWORD: usize = 8;
 
 /// How long until the next password is checked, as the console says it.
+/// What the passphrase's key derivation cost, for an operator of a small board: scrypt's
+/// work factor and memory, and this console process's peak resident memory so far (it
+/// includes the scrypt buffer: checked on aarch64-generic in the board test).
+fn scrypt_cost(log_n: u8) -> String {
+    let mib = (128u64 * 8) << log_n >> 20;
+    match crate::sys::process::peak_rss_kib() {
+        Some(k) => format!(
+            "key derivation: scrypt 2^{log_n} ({mib} MiB); this console's peak memory: {} MiB",
+            k.div_ceil(1024)
+        ),
+        None => format!("key derivation: scrypt 2^{log_n} ({mib} MiB)"),
+    }
+}
+
 fn wait_note(left: Duration) -> String {
     let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
     format!("too many wrong passwords: the next one is checked in {secs} s")
@@ -1353,10 +1367,11 @@ impl Session {
         };
         match super::export::seal(&id, passphrase) {
             Ok(text) => Reply::ok(format!(
-                "{}\nexported: the saved configuration, {n_clients} kept client key(s){}{}; keep this text and its passphrase apart (`import configuration` on any box of this firmware or later restores it; Debian's `age -d` opens it)",
+                "{}\nexported: the saved configuration, {n_clients} kept client key(s){}{}; keep this text and its passphrase apart (`import configuration` on any box of this firmware or later restores it; Debian's `age -d` opens it)\n{}",
                 text.trim_end(),
                 if id.password.is_some() { ", the console password" } else { "" },
                 if id.host_key.is_some() { ", the SSH host key" } else { "" },
+                scrypt_cost(crate::core::age::WRITE_LOG_N),
             )),
             Err(e) => Reply::err(format!("not exported: {e}")),
         }

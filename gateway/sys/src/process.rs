@@ -62,3 +62,24 @@ pub fn set_nice(nice: i32) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// This process's peak resident memory so far (`VmHWM` of `/proc/self/status`), in KiB:
+/// what an export's scrypt costs on a small board, reported beside it.
+pub fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[cfg(test)]
+mod peak_tests {
+    #[test]
+    fn peak_rss_grows_with_what_was_touched() {
+        let before = super::peak_rss_kib().expect("VmHWM");
+        let v = vec![1u8; 32 << 20];
+        std::hint::black_box(&v);
+        let after = super::peak_rss_kib().expect("VmHWM");
+        assert!(after >= before + 16 * 1024, "{before} -> {after} KiB");
+    }
+}

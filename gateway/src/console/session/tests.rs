@@ -1770,6 +1770,15 @@ fn export_then_import_restores_the_box() {
         "{}",
         r.text
     );
+    // What the key derivation cost, with this process's peak memory (at least scrypt's).
+    let peak: u64 = r
+        .text
+        .split("key derivation: scrypt 2^16 (64 MiB); this console's peak memory: ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{}", r.text));
+    assert!(peak >= 64, "{peak} MiB");
     let saved_a = std::fs::read_to_string(a.0.join("riceguard.conf")).unwrap();
 
     let b = TempDir::new("export-b");
