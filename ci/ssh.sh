@@ -24,7 +24,9 @@
 #     and a key login from another source works meanwhile; a connection that never logs
 #     in is closed after the 20 s grace;
 #   - no key in the saved configuration: nothing listens; a committed key starts it, a
-#     deleted one stops it (the file is re-read every 2 s).
+#     deleted one stops it (the file is re-read every 2 s); a logged-in session whose key
+#     is deleted ends; the export imported on another box's console and committed gives
+#     that box's running server the first one's host key (known_hosts passes), no restart.
 # About 35 s. Needs root, iproute2, python3, openssh-client, age. Names are prefixed `rgs`.
 # Ends with "ssh: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
@@ -334,9 +336,52 @@ fi
 echo "set system ssh-key alice $(cat "$tmp/alice.pub")
 commit" | console "$root2" >>"$tmp/setup2.out" 2>&1
 check "a committed key starts the listener (within the 2 s re-read)" wait_for 6 listening 2223
+
+# A deleted key ends the sessions logged in with it (not only the next login): bob holds a
+# terminal session open; his key is deleted on another console; his connection ends.
+ssh-keygen -q -t ed25519 -N '' -C bob@lab -f "$tmp/bob"
+echo "set system ssh-key bob $(cat "$tmp/bob.pub")
+commit" | console "$root2" >>"$tmp/setup2.out" 2>&1
+logged_in_bob() { grep -q "logged in from 10.124.0.2 with key bob" "$tmp/server3.log"; }
+spawn ip netns exec $CLI timeout 30 ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+    -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -p 2223 -tt -i "$tmp/bob" admin@$S \
+    < <(sleep 28) >"$tmp/bob.out" 2>&1
+bob=$!
+if wait_for 10 logged_in_bob; then
+    echo "delete system ssh-key bob
+commit" | console "$root2" >>"$tmp/setup2.out" 2>&1
+    check "bob's session ends once his key is deleted (within the 2 s re-read)" wait_for 8 bash -c "! kill -0 $bob 2>/dev/null"
+    check "the server says whose session it ended and why" \
+        grep -q "the session of key bob from 10.124.0.2 ended: the key is no longer in the saved configuration" "$tmp/server3.log"
+    timeout 15 ip netns exec $CLI ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o ConnectTimeout=5 \
+        -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -p 2223 -i "$tmp/alice" admin@$S 'show history' \
+        >"$tmp/alice2.out" 2>&1
+    check_rc $? "alice, whose key stays, still logs in" || cat "$tmp/alice2.out"
+else
+    ko "bob did not log in: $(cat "$tmp/bob.out")"
+fi
+stop_pid $bob
+
 echo "delete system ssh-key alice
 commit" | console "$root2" >>"$tmp/setup2.out" 2>&1
 check "deleting the last key stops it" wait_for 6 bash -c "! ip netns exec $SRV ss -Hltn 'sport = :2223' | grep -q LISTEN"
+
+# An import's host key reaches the running server: the first box's export (above) imported
+# into root2 and committed on a local console; without a restart, new connections get the
+# first box's host key (the first known_hosts passes) on the imported port, with its key.
+if [ -s "$tmp/backup.age" ]; then
+    { echo "import configuration"; cat "$tmp/backup.age"; echo "$EXPORT_PASS"; echo commit; } |
+        console "$root2" >"$tmp/import2.out" 2>&1
+    grep -q "^#4+ SshPort = $PORT" "$root2/riceguard.conf" &&
+        ok "the export imported and committed on another box's console" || ko "import: $(tail -c 600 "$tmp/import2.out")"
+    check "the running server takes the imported host key (and says so)" \
+        wait_for 8 grep -q "ssh: host key $fp (ED25519), replacing SHA256:" "$tmp/server3.log"
+    check "it listens on the imported port" wait_for 6 listening $PORT
+    sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S 'show status' >"$tmp/imported.out" 2>&1
+    check_rc $? "StrictHostKeyChecking=yes with the first box's known_hosts passes"
+else
+    skip "import's host key: no export to import"
+fi
 stop_pid $srv
 
 

@@ -118,7 +118,7 @@ fn put(dir: &Path, x: &Extras, said: &mut Vec<String>) -> Result<(), String> {
     if let Some(k) = &x.host_key {
         ssh_host_key::write(dir, k).map_err(|e| e.to_string())?;
         said.push(format!(
-            "SSH host key: the imported one, {} (riceguard ssh uses it from its next start)",
+            "SSH host key: the imported one, {} (riceguard ssh gives it to new connections within 2 s)",
             ssh_host_key::fingerprint(k)
         ));
     }

@@ -4,10 +4,13 @@
 //!
 //! - Listens on `[::]:SshPort` (both families) only while the saved configuration in DIR
 //!   has an `SshKey`; the file is read again every [`RECHECK`], and the listener started,
-//!   stopped or moved when keys or port change. Open sessions are not cut by that.
+//!   stopped or moved when keys or port change; open sessions stay when only the port
+//!   moves.
 //! - Public keys only (no password, no keyboard-interactive), login name `admin`; the keys
-//!   are read from the saved configuration at each login, so a committed change counts
-//!   from the next login on.
+//!   are read from the saved configuration at each login, and a logged-in session whose
+//!   key is deleted (or its name given another key) is ended at the next re-read.
+//! - The host key is read again at each re-read too: an import's commit (or its rollback)
+//!   that writes another one is what new connections get, without a restart.
 //! - Each session channel runs `riceguard console --root DIR --name ssh-N:KEY
 //!   --authenticated ssh` ([`child`]): on a pseudo-terminal for an interactive shell, on
 //!   pipes for a command or a script, whose exit status the client gets.
@@ -168,9 +171,6 @@ fn run(a: Args) -> Result<(), String> {
         "ssh: host key {fp} (ED25519){}",
         if made { ", made now" } else { "" }
     ));
-    let host_key = russh::keys::PrivateKey::from(
-        russh::keys::ssh_key::private::Ed25519Keypair::from_seed(&seed),
-    );
     let bin = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let deny = a.deny.clone();
     let root = a.root.clone();
@@ -181,7 +181,7 @@ fn run(a: Args) -> Result<(), String> {
         a.console_args.clone(),
         Arc::new(move |ip| source_allowed(&root_src, &deny, ip)),
         Box::new(move || wanted(&root).0),
-        Arc::new(server::russh_config(host_key)),
+        Arc::new(server::russh_config(host_key(&seed))),
     ));
     confirm_watch(a.root.clone(), &a.console_args);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -189,8 +189,38 @@ fn run(a: Args) -> Result<(), String> {
         .enable_time()
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
-    rt.block_on(watch(a.root, a.listen, shared));
+    rt.block_on(watch(a.root, a.listen, shared, seed));
     Ok(())
+}
+
+fn host_key(seed: &[u8; 32]) -> russh::keys::PrivateKey {
+    russh::keys::PrivateKey::from(russh::keys::ssh_key::private::Ed25519Keypair::from_seed(
+        seed,
+    ))
+}
+
+/// The host key on perm changed under a running server (an import's commit, or the
+/// rollback of one): new connections get it from now on. Says so on the console, where
+/// the boot's fingerprint line was. A key that cannot be read keeps the one in use.
+fn host_key_changed(root: &Path, current: &mut [u8; 32], shared: &server::Shared) {
+    let now = match ssh_host_key::read(root) {
+        Ok(Some(k)) => k,
+        Ok(None) => return,
+        Err(e) => {
+            log::warn!("ssh: the host key on perm cannot be read ({e}): keeping the one in use");
+            return;
+        }
+    };
+    if now == *current {
+        return;
+    }
+    shared.set_config(Arc::new(server::russh_config(host_key(&now))));
+    crate::logger::console_line(&format!(
+        "ssh: host key {} (ED25519), replacing {} (written by an import or its rollback); new connections get it",
+        ssh_host_key::fingerprint(&now),
+        ssh_host_key::fingerprint(current)
+    ));
+    *current = now;
 }
 
 /// A commit-confirm made over SSH does not depend on its session's console to roll back:
@@ -241,12 +271,16 @@ fn confirm_watch(root: PathBuf, console_args: &[String]) {
 }
 
 /// Listen while the saved configuration has keys, on its port; re-read every [`RECHECK`].
-async fn watch(root: PathBuf, ip: IpAddr, shared: Arc<server::Shared>) {
+async fn watch(root: PathBuf, ip: IpAddr, shared: Arc<server::Shared>, mut seed: [u8; 32]) {
     let mut current: Option<(SocketAddr, tokio::task::JoinHandle<()>)> = None;
     let mut failed: Option<(SocketAddr, String)> = None;
     let mut said_idle = false;
     loop {
         let (keys, port) = wanted(&root);
+        for l in shared.end_revoked(&keys) {
+            log::warn!("{l}");
+        }
+        host_key_changed(&root, &mut seed, &shared);
         let want = (!keys.is_empty()).then(|| SocketAddr::new(ip, port));
         if want.is_none() && !said_idle {
             log::info!("ssh: no SSH key in the saved configuration: not listening");

@@ -35,8 +35,12 @@ pub struct Shared {
     pub source_allowed: SourceCheck,
     /// The keys, read from the saved configuration at each login.
     pub keys: Box<dyn Fn() -> Vec<SshKey> + Send + Sync>,
-    pub config: Arc<russh::server::Config>,
+    /// The server's settings with the host key: swapped when the key on perm changes.
+    config: Mutex<Arc<russh::server::Config>>,
     admission: Mutex<Admission>,
+    /// The logged-in connections, by connection number: ended when their key goes.
+    live: Mutex<HashMap<u64, Live>>,
+    next_conn: AtomicU64,
     /// Session numbers: unique per run, and from the pid up, across restarts.
     next_session: AtomicU64,
     refused_sources: AtomicU64,
@@ -58,8 +62,10 @@ impl Shared {
             console_args,
             source_allowed,
             keys,
-            config,
+            config: Mutex::new(config),
             admission: Mutex::new(Admission::default()),
+            live: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(0),
             next_session: AtomicU64::new(u64::from(std::process::id()) * 10_000),
             refused_sources: AtomicU64::new(0),
             refused_busy: AtomicU64::new(0),
@@ -69,6 +75,56 @@ impl Shared {
     fn admission(&self) -> std::sync::MutexGuard<'_, Admission> {
         self.admission.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The settings new connections get.
+    pub fn config(&self) -> Arc<russh::server::Config> {
+        Arc::clone(&self.config.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// New connections present `config`'s host key; logged-in ones keep theirs.
+    pub fn set_config(&self, config: Arc<russh::server::Config>) {
+        *self.config.lock().unwrap_or_else(|e| e.into_inner()) = config;
+    }
+
+    /// End every logged-in connection whose key is no longer one of `keys` (deleted, or
+    /// its name given another key): a removed key locks its holder out now, not at their
+    /// next login. Their consoles end with them (uncommitted edits dropped, as at `exit`).
+    /// Says who was ended, a line each.
+    pub fn end_revoked(&self, keys: &[SshKey]) -> Vec<String> {
+        let mut said = Vec::new();
+        self.live().retain(|_, l| {
+            let kept = keys
+                .iter()
+                .any(|k| k.name == l.key_name && k.key.blob() == l.blob.as_slice());
+            if !kept {
+                // Both ways: russh's reader sees the end at once, whatever it waits for.
+                let _ = l.sock.shutdown(Shutdown::Both);
+                said.push(format!(
+                    "ssh: the session of key {} from {} ended: the key is no longer in the saved configuration",
+                    l.key_name, l.ip
+                ));
+            }
+            kept
+        });
+        said
+    }
+
+    /// How many connections are logged in.
+    pub fn logged_in(&self) -> usize {
+        self.live().len()
+    }
+}
+
+/// A logged-in connection: which key it logged in with, and a handle on its socket.
+struct Live {
+    key_name: String,
+    blob: Vec<u8>,
+    ip: IpAddr,
+    sock: std::net::TcpStream,
 }
 
 /// The server's settings: publickey only, rejections slowed, no idle limit for a
@@ -168,12 +224,14 @@ async fn serve(sock: tokio::net::TcpStream, peer: SocketAddr, slot: Slot) {
     let handler = Conn {
         shared: Arc::clone(&shared),
         peer: SocketAddr::new(slot.ip, peer.port()),
+        id: shared.next_conn.fetch_add(1, Ordering::Relaxed),
+        sock: killer.as_ref().ok().and_then(|k| k.try_clone().ok()),
         slot,
         logged_in: Arc::clone(&logged_in),
         key_name: None,
         channels: HashMap::new(),
     };
-    let config = Arc::clone(&shared.config);
+    let config = shared.config();
     let session = async move {
         match russh::server::run_stream(config, sock, handler).await {
             Ok(s) => {
@@ -200,6 +258,10 @@ async fn serve(sock: tokio::net::TcpStream, peer: SocketAddr, slot: Slot) {
 struct Conn {
     shared: Arc<Shared>,
     peer: SocketAddr,
+    /// This connection's number in [`Shared::live`].
+    id: u64,
+    /// A handle on the socket, kept in [`Shared::live`] once logged in.
+    sock: Option<std::net::TcpStream>,
     slot: Slot,
     logged_in: Arc<AtomicBool>,
     /// The key's name once logged in.
@@ -298,6 +360,12 @@ impl Conn {
     }
 }
 
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.shared.live().remove(&self.id);
+    }
+}
+
 impl russh::server::Handler for Conn {
     type Error = russh::Error;
 
@@ -349,6 +417,17 @@ impl russh::server::Handler for Conn {
             k.name,
             k.key.fingerprint()
         );
+        if let Some(sock) = self.sock.take() {
+            self.shared.live().insert(
+                self.id,
+                Live {
+                    key_name: k.name.clone(),
+                    blob: k.key.blob().to_vec(),
+                    ip: self.peer.ip(),
+                    sock,
+                },
+            );
+        }
         self.key_name = Some(k.name);
         self.logged_in.store(true, Ordering::Relaxed);
         Ok(Auth::Accept)
