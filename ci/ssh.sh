@@ -23,6 +23,7 @@
 #   - 200 half-open connections from one source: 4 are held, the rest closed at accept,
 #     and a key login from another source works meanwhile; a connection that never logs
 #     in is closed after the 20 s grace;
+#   - the server runs niced (10) and off the configuration's `Cores`;
 #   - no key in the saved configuration: nothing listens; a committed key starts it, a
 #     deleted one stops it (the file is re-read every 2 s); a logged-in session whose key
 #     is deleted ends; the export imported on another box's console and committed gives
@@ -58,8 +59,11 @@ console() {
 }
 root=$tmp/root
 mkdir -p "$root"
+# The data plane's cores (`Cores`): the last online CPU; the server keeps off it.
+DP=$(($(nproc) - 1))
 printf '%s\n' "set interface address 10.100.0.1/24" "set interface listen-port 51820" \
-    "set gateway public-endpoint $S:51820" "set system ssh-key alice $(cat "$tmp/alice.pub")" "set gateway ssh-port $PORT" commit |
+    "set gateway public-endpoint $S:51820" "set system ssh-key alice $(cat "$tmp/alice.pub")" "set gateway ssh-port $PORT" \
+    "set gateway cores $DP" commit |
     console "$root" >"$tmp/setup.out" 2>&1
 check "the saved configuration has the key (written by the console)" \
     grep -q "^#4+ SshKey = alice ssh-ed25519" "$root/riceguard.conf"
@@ -81,6 +85,16 @@ listening() { inns $SRV ss -Hltn "sport = :$1" | grep -q LISTEN; }
 server "$root" "$tmp/server1.log" --deny-source 10.124.0.4/32
 srv=$!
 check "the server listens on [::]:$PORT" wait_for 10 listening $PORT
+# Niced and off the data plane's cores (with more than one CPU online).
+nice_of=$(ps -o ni= -p $srv | tr -d ' ')
+cpus_of=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/$srv/status)
+if [ "$DP" -ge 1 ]; then
+    [ "$nice_of" = 10 ] && [ "$cpus_of" = "0-$((DP - 1))" -o "$cpus_of" = "0" ] &&
+        ok "the server runs niced (10) on CPU $cpus_of, off the data plane's $DP" ||
+        ko "server nice $nice_of, CPUs $cpus_of (data plane: $DP)"
+else
+    [ "$nice_of" = 10 ] && ok "the server runs niced (10) (one CPU: nowhere else to go)" || ko "server nice $nice_of"
+fi
 
 # The 20 s login grace, measured beside the other checks: one connection that reads the
 # banner and sends nothing.

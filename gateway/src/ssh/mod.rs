@@ -354,32 +354,61 @@ fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::from_std(std::net::TcpListener::from(fd))
 }
 
-/// Run niced and off the data plane's cores (the configuration's `Cores`) when other
-/// cores are online: a connection flood must not take CPU from the tunnel.
+/// Run niced and off the data plane's cores when other cores are online: a connection
+/// flood must not take CPU from the tunnel. The data plane's cores are the
+/// configuration's `Cores`, else the board's `DATAPLANE_CORES` (where init steers the
+/// uplink's receive queues).
 fn stay_out_of_the_way(root: &Path) {
     if let Err(e) = crate::sys::process::set_nice(NICE) {
         log::warn!("ssh: cannot lower its priority: {e}");
     }
-    let cores = load(root, &Ini).config.gateway.cores;
+    let mut cores = load(root, &Ini).config.gateway.cores;
     if cores.is_empty() {
-        return;
-    }
-    let Ok(mut set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
-        return;
-    };
-    let mut left = 0;
-    for cpu in 0..nix::sched::CpuSet::count() {
-        if set.is_set(cpu).unwrap_or(false) {
-            if cores.contains(&cpu) {
-                let _ = set.unset(cpu);
-            } else {
-                left += 1;
-            }
+        if let Ok(t) = std::fs::read_to_string(crate::image_paths::BOARD_CONF) {
+            cores = crate::init::board::parse(&t).0.dataplane_cores;
         }
     }
-    if left > 0 {
-        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return;
+    };
+    let allowed: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect();
+    let Some(left) = off_cores(&allowed, &cores) else {
+        log::info!("ssh: niced ({NICE}); on every CPU (no core outside the data plane's)");
+        return;
+    };
+    let mut to = nix::sched::CpuSet::new();
+    for &c in &left {
+        let _ = to.set(c);
     }
+    match nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &to) {
+        Ok(()) => log::info!(
+            "ssh: niced ({NICE}), on CPU {} (the data plane has {})",
+            cpus(&left),
+            cpus(&cores)
+        ),
+        Err(e) => log::warn!("ssh: cannot leave the data plane's cores: {e}"),
+    }
+}
+
+fn cpus(c: &[usize]) -> String {
+    let v: Vec<String> = c.iter().map(usize::to_string).collect();
+    v.join(",")
+}
+
+/// The CPUs of `allowed` outside `dataplane`; `None` when that leaves none (or nothing
+/// is to be left).
+fn off_cores(allowed: &[usize], dataplane: &[usize]) -> Option<Vec<usize>> {
+    if dataplane.is_empty() {
+        return None;
+    }
+    let left: Vec<usize> = allowed
+        .iter()
+        .copied()
+        .filter(|c| !dataplane.contains(c))
+        .collect();
+    (!left.is_empty()).then_some(left)
 }
 
 #[cfg(test)]
@@ -405,6 +434,15 @@ mod tests {
                 "{lo}"
             );
         }
+    }
+
+    #[test]
+    fn off_the_data_planes_cores() {
+        assert_eq!(off_cores(&[0, 1, 2, 3], &[1, 2, 3]), Some(vec![0]));
+        assert_eq!(off_cores(&[0, 1], &[1]), Some(vec![0]));
+        assert_eq!(off_cores(&[0, 1], &[]), None, "nothing to leave");
+        assert_eq!(off_cores(&[1], &[1]), None, "no other core: stay");
+        assert_eq!(off_cores(&[0, 1, 2], &[0, 7]), Some(vec![1, 2]));
     }
 
     #[test]
