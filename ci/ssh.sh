@@ -9,6 +9,9 @@
 #     authentication is refused (publickey is all that is offered); a login name other
 #     than admin is refused and logged;
 #   - a session's console is killed when its client's connection goes;
+#   - two SSH sessions at once: B commits while A edits, A's
+#     commit is refused naming B's console and source, A discards and redoes it;
+#     `show status` says which session saved the file, from where;
 #   - `add client x` over SSH prints a wg-quick configuration; a plain `commit` of the
 #     SSH port over SSH is refused (the console knows it serves an SSH session);
 #   - a script ending with `commit-confirm 5` exits at once (0) saying when it rolls back,
@@ -153,6 +156,41 @@ sshc -o StrictHostKeyChecking=yes -i "$tmp/alice" admin@$S 'add client x' >"$tmp
 grep -q '^\[Interface\]' "$tmp/client.out" && grep -q '^PrivateKey = ' "$tmp/client.out" &&
     grep -q '^\[Peer\]' "$tmp/client.out" &&
     ok "'add client x' over SSH prints a wg-quick configuration" || ko "add client over SSH: $(head -c 600 "$tmp/client.out")"
+
+# Two SSH sessions editing at once, under the consoles' rules (the serial console's side of
+# them: console::session's tests): A (held open, fed line by line) edits; B commits
+# meanwhile; A's commit is refused naming B's console and source; `show status` says who
+# saved the file, from where.
+mkfifo "$tmp/a.in"
+# Read-write: opening never blocks, and closing it is A's end of input.
+exec 7<>"$tmp/a.in"
+# (not `spawn`: a function's background command gets /dev/null as its standard input)
+ip netns exec $CLI timeout 40 ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+    -o UserKnownHostsFile="$KH" -o StrictHostKeyChecking=yes -p $PORT -T -b 10.124.0.2 -i "$tmp/alice" \
+    admin@$S <"$tmp/a.in" >"$tmp/a.out" 2>&1 7>&- &
+sa=$!
+PIDS+=($sa)
+printf 'set gateway client-dns 192.0.2.11\nshow candidate\n' >&7
+if wait_for 10 grep -q "^ClientDns = 192.0.2.11" "$tmp/a.out"; then
+    printf 'set gateway client-dns 192.0.2.22\ncommit\n' |
+        sshc -T -o StrictHostKeyChecking=yes -b 10.124.0.3 -i "$tmp/alice" admin@$S >"$tmp/b.out" 2>&1
+    check_rc $? "session B commits while session A has uncommitted edits"
+    echo commit >&7
+    check "A's commit is refused, naming B's console and source" \
+        wait_for 10 grep -q "not committed: the saved configuration changed since this console loaded it: console ssh-[0-9]*:alice from 10.124.0.3 committed" "$tmp/a.out"
+    printf 'discard\nset gateway client-dns 192.0.2.11\ncommit\n' >&7
+fi
+exec 7>&-
+wait_for 10 bash -c "! kill -0 $sa 2>/dev/null"
+grep -q "^ClientDns = 192.0.2.11" "$root/riceguard.conf" &&
+    ok "after discard, A's redone edit commits" || ko "two sessions: A: $(tail -c 600 "$tmp/a.out") B: $(tail -c 300 "$tmp/b.out")"
+forget_pid $sa
+# (asked over SSH: the box's console is in its wrong-password delay from the check above)
+sshc -o StrictHostKeyChecking=yes -b 10.124.0.3 -i "$tmp/alice" admin@$S 'show status' >"$tmp/both.out" 2>&1
+grep -q "^saved: committed on ssh-[0-9]*:alice from 10.124.0.2 " "$tmp/both.out" &&
+    grep -q "^console: ssh-[0-9]*:alice (over SSH from 10.124.0.3)" "$tmp/both.out" &&
+    ok "show status says which session saved the file and from where, and its own source" ||
+    ko "show status on the box: $(head -c 800 "$tmp/both.out")"
 
 # A session's console ends with its connection: a terminal session whose client is killed.
 terminals() { grep -c "(terminal) for" "$tmp/server1.log"; }

@@ -902,7 +902,19 @@ impl Session {
             }
             Show::Status => {
                 let mut lines = self.hooks.status();
-                lines.push(format!("console: {}", self.name));
+                match &self.remote {
+                    Some(r) => lines.push(format!(
+                        "console: {} (over SSH from {})",
+                        self.name, r.source
+                    )),
+                    None => lines.push(format!("console: {}", self.name)),
+                }
+                if let Some(c) = self.store.committed_by() {
+                    let ago =
+                        super::system::format_uptime(self.clock.unix().saturating_sub(c.unix));
+                    let from = c.source.map(|s| format!(" from {s}")).unwrap_or_default();
+                    lines.push(format!("saved: committed on {}{from} {ago} ago", c.name));
+                }
                 lines.push(self.ssh_status());
                 if let Some(p) = &self.pending {
                     let left = p
@@ -1565,8 +1577,9 @@ impl Session {
                 "not committed: could not save: {e}; nothing changed"
             ))
         })?;
+        let source = self.remote.as_ref().map(|r| r.source);
         self.store
-            .record_commit(&self.name, self.clock.unix(), &text);
+            .record_commit(&self.name, source, self.clock.unix(), &text);
         if let Save::ConfirmRollback { foreign, .. } = why {
             // Under the lock, so no other console rolls the same one back again.
             let _ = self.store.set_pending_confirm(None);
@@ -1650,12 +1663,14 @@ impl Session {
             return Ok(());
         }
         let who = match self.store.committed_by() {
-            Some((n, t)) => {
-                let ago = super::system::format_uptime(self.clock.unix().saturating_sub(t));
+            Some(c) => {
+                let ago = super::system::format_uptime(self.clock.unix().saturating_sub(c.unix));
+                let n = c.name;
+                let from = c.source.map(|s| format!(" from {s}")).unwrap_or_default();
                 if n == self.name {
-                    format!("an earlier session on this console ({n}) committed {ago} ago")
+                    format!("an earlier session on this console ({n}{from}) committed {ago} ago")
                 } else {
-                    format!("console {n} committed {ago} ago")
+                    format!("console {n}{from} committed {ago} ago")
                 }
             }
             None => "it was changed outside this console session (by hand, a script, or firmware that does not record consoles)".into(),

@@ -6,6 +6,7 @@
 //! on an empty tmpfs proves nothing), and the wrong-password count every console shares.
 
 use std::fs::File;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -191,13 +192,13 @@ impl<F: Format> Store<F> {
     }
 
     /// Record that console `name` saved `text` at `unix` (call under [`Store::lock`]).
-    pub fn record_commit(&self, name: &str, unix: u64, text: &str) {
-        confirm::record_commit(&self.dir, name, unix, text)
+    pub fn record_commit(&self, name: &str, source: Option<IpAddr>, unix: u64, text: &str) {
+        confirm::record_commit(&self.dir, name, source, unix, text)
     }
 
     /// The console that saved the configuration file as it is now, and when (unix), if
     /// the last record matches the file (else it was changed since by something else).
-    pub fn committed_by(&self) -> Option<(String, u64)> {
+    pub fn committed_by(&self) -> Option<confirm::Committer> {
         confirm::committed_by(&self.dir, &std::fs::read(self.conf_path()).ok()?)
     }
 

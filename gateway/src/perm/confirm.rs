@@ -7,6 +7,7 @@
 //! One writer and one parser of each. Older firmware reads [`CONFIRM`] as one number and
 //! never looks at the others.
 
+use std::net::IpAddr;
 use std::path::Path;
 
 use super::{io_err, StoreError};
@@ -137,22 +138,36 @@ pub fn settled(dir: &Path) -> Option<(String, String)> {
     Some((how.to_string(), console_name(w.next()?)?))
 }
 
-/// Record that console `name` saved `text` at `unix` (under the configuration's lock).
-pub fn record_commit(dir: &Path, name: &str, unix: u64, text: &str) {
+/// Record that console `name` (an SSH session's: from `source`) saved `text` at `unix`
+/// (under the configuration's lock). The source is a fourth field, which readers before
+/// it ignore.
+pub fn record_commit(dir: &Path, name: &str, source: Option<IpAddr>, unix: u64, text: &str) {
     let p = dir.join(COMMITTED_BY);
-    let line = format!("{name} {unix} {:016x}\n", text_hash(text.as_bytes()));
+    let from = source.map(|s| format!(" {s}")).unwrap_or_default();
+    let line = format!("{name} {unix} {:016x}{from}\n", text_hash(text.as_bytes()));
     let _ = durable::write(&p, line.as_bytes(), SECRET);
+}
+
+/// Who saved a configuration file, and when.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committer {
+    /// The console's name (`ttyS0`, `ssh-17:alice`).
+    pub name: String,
+    pub unix: u64,
+    /// An SSH session's source address.
+    pub source: Option<IpAddr>,
 }
 
 /// The console that saved `saved` (the configuration file's bytes as they are now), and
 /// when (unix), if the last record matches it (else it was changed since by something else).
-pub fn committed_by(dir: &Path, saved: &[u8]) -> Option<(String, u64)> {
+pub fn committed_by(dir: &Path, saved: &[u8]) -> Option<Committer> {
     let t = std::fs::read_to_string(dir.join(COMMITTED_BY)).ok()?;
     let mut w = t.split_whitespace();
     let name = console_name(w.next()?)?;
     let unix: u64 = w.next()?.parse().ok()?;
     let hash = u64::from_str_radix(w.next()?, 16).ok()?;
-    (text_hash(saved) == hash).then_some((name, unix))
+    let source = w.next().and_then(|s| s.parse().ok());
+    (text_hash(saved) == hash).then_some(Committer { name, unix, source })
 }
 
 /// A console's name as files record it: a terminal's name (`ttyS0`, `tty1`, `hvc0`) or a

@@ -122,9 +122,40 @@ fn commit_confirm_records_round_trip() {
     confirm::set_settled(&new.0, &how, &by, unix);
     same(&new.0, confirm::CONFIRM_SETTLED);
     let saved = bytes(&old, config::CONF);
-    let (name, when) = confirm::committed_by(&old, &saved).unwrap();
-    confirm::record_commit(&new.0, &name, when, std::str::from_utf8(&saved).unwrap());
+    let c = confirm::committed_by(&old, &saved).unwrap();
+    assert_eq!(c.source, None, "the fixture's record has three fields");
+    confirm::record_commit(
+        &new.0,
+        &c.name,
+        None,
+        c.unix,
+        std::str::from_utf8(&saved).unwrap(),
+    );
     same(&new.0, confirm::COMMITTED_BY);
+}
+
+/// An SSH session's commit records its source as a fourth field: read back here, and
+/// the fields before it are the old record's, so a reader that takes three (the firmware
+/// before it) still names the console.
+#[test]
+fn committed_by_keeps_an_ssh_sessions_source() {
+    let d = TempDir::new("perm-committed-by");
+    let text = "[Interface]\nListenPort = 1\n";
+    let src: std::net::IpAddr = "192.168.77.10".parse().unwrap();
+    confirm::record_commit(&d.0, "ssh-17:alice", Some(src), 1_700_000_000, text);
+    let c = confirm::committed_by(&d.0, text.as_bytes()).unwrap();
+    assert_eq!(
+        (c.name.as_str(), c.unix, c.source),
+        ("ssh-17:alice", 1_700_000_000, Some(src))
+    );
+    let line = std::fs::read_to_string(d.0.join(confirm::COMMITTED_BY)).unwrap();
+    let w: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (w[0], w[1], w.len()),
+        ("ssh-17:alice", "1700000000", 4),
+        "{line}"
+    );
+    assert!(confirm::committed_by(&d.0, b"another text").is_none());
 }
 
 #[test]
