@@ -15,7 +15,9 @@
 #   - `add client x` over SSH prints a wg-quick configuration; a plain `commit` of the
 #     SSH port over SSH is refused (the console knows it serves an SSH session);
 #   - a script ending with `commit-confirm 5` exits at once (0) saying when it rolls back,
-#     and `ssh box confirm` confirms it;
+#     and `ssh box confirm` confirms it; a `commit-confirm 1` that moves the port (cutting
+#     the operator off) rolls back by itself at the deadline plus the 10 s grace, done by
+#     the server's watcher with no console left, and the old port takes a login again;
 #   - `export configuration` over SSH prints an age text that Debian's `age -d` opens;
 #   - the README's Ansible playbook (raw module) runs as written and commits;
 #   - a source neither in the tunnel nor in the server's own subnet is refused at accept
@@ -31,7 +33,7 @@
 #     deleted one stops it (the file is re-read every 2 s); a logged-in session whose key
 #     is deleted ends; the export imported on another box's console and committed gives
 #     that box's running server the first one's host key (known_hosts passes), no restart.
-# About 35 s. Needs root, iproute2, python3, openssh-client, age. Names are prefixed `rgs`.
+# About 75 s (the commit-confirm's minute runs beside the other checks). Needs root, iproute2, python3, openssh-client, age. Names are prefixed `rgs`.
 # Ends with "ssh: N passed, N failed"; exit 1 on failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,6 +99,29 @@ if [ "$DP" -ge 1 ]; then
         ko "server nice $nice_of, CPUs $cpus_of (data plane: $DP)"
 else
     [ "$nice_of" = 10 ] && ok "the server runs niced (10) (one CPU: nowhere else to go)" || ko "server nice $nice_of"
+fi
+
+# A commit-confirm that cuts the session rolls back on time, with no console left: over SSH,
+# the port moved and `commit-confirm 1` on a third box (root3, port 2225); the session ends
+# at once, the server follows the saved port (2226: the operator is cut off); 60 s later
+# plus the consoles' 10 s grace, the server's own watcher rolls it back, and 2225 takes a
+# login again. Started here, checked at the end (the other checks run meanwhile).
+root3=$tmp/root3
+mkdir -p "$root3"
+printf '%s\n' "set interface listen-port 51820" "set system ssh-key alice $(cat "$tmp/alice.pub")" \
+    "set gateway ssh-port 2225" commit | console "$root3" >"$tmp/setup3.out" 2>&1
+server "$root3" "$tmp/server4.log"
+srv4=$!
+if wait_for 10 listening 2225; then
+    t_cut=$SECONDS
+    printf 'set gateway ssh-port 2226\ncommit-confirm 1\n' |
+        timeout 15 ip netns exec $CLI ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+            -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o ConnectTimeout=5 -p 2225 -T \
+            -i "$tmp/alice" admin@$S >"$tmp/cut.out" 2>&1
+    check_rc $? "over SSH: the port moved with commit-confirm 1 (the session exits at once)"
+    check "the server follows the saved port: the operator is cut off from 2225" wait_for 6 listening 2226
+else
+    ko "the third server did not listen: $(cat "$tmp/server4.log")"
 fi
 
 # The 20 s login grace, measured beside the other checks: one connection that reads the
@@ -436,5 +461,21 @@ else
 fi
 stop_pid $srv
 
+# The cut session's commit-confirm (started at the top): rolled back by the server's
+# watcher at the deadline (60 s) plus the 10 s grace, re-read every 2 s.
+if [ -n "${t_cut:-}" ]; then
+    back_on_2225() { listening 2225 && grep -q "^#4+ SshPort = 2225" "$root3/riceguard.conf"; }
+    if wait_for $((t_cut + 90 - SECONDS)) back_on_2225; then
+        ok "the cut session's commit-confirm rolled back by itself $((SECONDS - t_cut)) s after it (1 min + 10 s grace)"
+        check "the server says it rolled it back" grep -q "ssh: .*rolled back" "$tmp/server4.log"
+        timeout 15 ip netns exec $CLI ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+            -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o ConnectTimeout=5 -p 2225 \
+            -i "$tmp/alice" admin@$S 'show status' >"$tmp/back.out" 2>&1
+        check_rc $? "the operator logs in on the old port again"
+    else
+        ko "no rollback 90 s after the cut: $(grep -a 'ssh:' "$tmp/server4.log" | tail -5)"
+    fi
+fi
+stop_pid $srv4
 
 h_finish
