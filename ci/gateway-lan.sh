@@ -24,6 +24,10 @@
 #     not touched (a route using it as source survives), nor a hand-made route or address;
 #     the phone still reaches the uplink's hosts, which no longer reach it (two-armed, the
 #     firewall closes uplink -> tunnel).
+#     SSH (`riceguard ssh --root` over the same file, with a key): a login from the phone
+#     through the tunnel and from L (one-armed: the uplink's subnet is the LAN) works; in
+#     (b) from M works and from L (now the uplink) is dropped: connect times out, the
+#     firewall's uplink-in counter grows.
 # (d) the uplink loses its IPv6 address: the IPv6 entry goes; (e) stop: no proxy entry left.
 #
 # Needs root, wireguard-go, wireguard-tools, iproute2, nftables, python3.
@@ -34,7 +38,7 @@ cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 h_init gateway-lan
 require_rg
-require_tools wireguard-go wg ip nft python3
+require_tools wireguard-go wg ip nft python3 ssh ssh-keygen
 
 P=rgnP$$ R=rgnR$$ G=rgnG$$ L=rgnL$$ M=rgnM$$
 TUN=rgnw$$ PHONE=rgnp$$
@@ -130,10 +134,18 @@ InterfaceName = $TUN
 Hugepages = off
 TcpFallback = off
 ProxyArp = on
+#4+ SshKey = alice $(cat "$WORK/alice.pub")
+#4+ SshPort = $SSHPORT
 $3
 EOF
 }
-CONF=$WORK/gw.conf
+# The console over SSH beside the daemon, over the same file (as on the image: perm's
+# riceguard.conf): a key login from the tunnel's phone and from the LAN side works, from
+# the uplink (two-armed) it is dropped by the firewall (counted as uplink-in).
+SSHPORT=2222
+mkdir -p "$WORK/perm"
+ssh-keygen -q -t ed25519 -N '' -C alice@lab -f "$WORK/alice"
+CONF=$WORK/perm/riceguard.conf
 write_conf() { conf "$@" >"$CONF.new" && chmod 600 "$CONF.new" && mv "$CONF.new" "$CONF"; }
 write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64, fd77::201/125" yes ""
 
@@ -230,6 +242,24 @@ check "IPv6 forwarding turned on" sysctl_is net.ipv6.conf.all.forwarding 1
 check "phone pings LAN host fd77::10" ping_ok $P fd77::10
 check "LAN host pings phone fd77::202 (NDP proxy)" ping_ok $L fd77::202
 
+# The console over SSH (`riceguard ssh --root`, as init runs it) in G.
+ip netns exec $G "$RG" ssh --root "$WORK/perm" --pidfile "$WORK/none.pid" --status-file "$WORK/none.status" \
+    --socket "$WORK/none.sock" >"$WORK/ssh.log" 2>&1 &
+PIDS+=($!)
+ssh_listening() { ip netns exec $G ss -Hltn "sport = :$SSHPORT" | grep -q LISTEN; }
+check "riceguard ssh listens on $SSHPORT (the file has a key)" wait_for 10 ssh_listening
+# ssh_from NS ADDR: a key login running `show status` (exit status: ssh's).
+ssh_from() {
+    timeout 20 ip netns exec "$1" ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes -o UserKnownHostsFile=/dev/null \
+        -o StrictHostKeyChecking=no -o ConnectTimeout=4 -p $SSHPORT -i "$WORK/alice" admin@"$2" 'show status' 2>&1
+}
+out=$(ssh_from $P 192.168.77.201)
+[ $? = 0 ] && echo "$out" | grep -q "^console: ssh-[0-9]*:alice (over SSH from 192.168.77.202)" &&
+    ok "SSH from the tunnel's phone (192.168.77.202) to the tunnel address: logged in" || bad "SSH from the phone: $(echo "$out" | tail -3)"
+out=$(ssh_from $L 192.168.77.2)
+[ $? = 0 ] && echo "$out" | grep -q "over SSH from 192.168.77.10)" &&
+    ok "SSH from the LAN host on the uplink's own subnet (one-armed: the LAN): logged in" || bad "SSH from L one-armed: $(echo "$out" | tail -3)"
+
 # ---- (b) two-armed ---------------------------------------------------------------------------
 echo "--- (b) reload to two-armed: Lan = lan, LanAddress = 192.168.88.1/24"
 write_conf "192.168.77.201/29, 10.66.8.1/24, fd77:1::1/64, fd77::201/125" yes "Lan = lan
@@ -247,6 +277,19 @@ PIDS+=($!)
 wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :7777' | grep -q ."
 got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 7777 2>&1)
 [ "$got" = ok ] && ok "TCP phone -> 192.168.88.10:7777: 30 kB echoed reversed" || bad "TCP exchange: $got"
+# Two-armed, SSH from the LAN port's host works and from the uplink's is dropped (no answer
+# at all: the firewall's input policy, counted).
+out=$(ssh_from $M 192.168.88.1)
+[ $? = 0 ] && echo "$out" | grep -q "over SSH from 192.168.88.10)" &&
+    ok "two-armed: SSH from the LAN port's host (192.168.88.10): logged in" || bad "SSH from M: $(echo "$out" | tail -3)"
+uin() { n=$(ip netns exec $G nft list counter inet riceguard uplink-in 2>/dev/null | sed -n 's/.*packets \([0-9]*\).*/\1/p'); echo "${n:-0}"; }
+u0=$(uin)
+out=$(ssh_from $L 192.168.77.2)
+rc=$?
+u1=$(uin)
+[ $rc = 255 ] && echo "$out" | grep -q "timed out" && [ "$u1" -gt "$u0" ] &&
+    ok "two-armed: SSH from the uplink's host is dropped (connect timed out; uplink-in $u0 -> $u1)" ||
+    bad "SSH from the uplink two-armed: rc $rc, uplink-in $u0 -> $u1: $(echo "$out" | tail -2)"
 
 # ---- (c) reload removing the second peer, then one changing the tunnel addresses ----------
 echo "--- (c1) reload: second peer removed (addresses unchanged)"
