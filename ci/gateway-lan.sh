@@ -27,7 +27,9 @@
 #     SSH (`riceguard ssh --root` over the same file, with a key): a login from the phone
 #     through the tunnel and from L (one-armed: the uplink's subnet is the LAN) works; in
 #     (b) from M works and from L (now the uplink) is dropped: connect times out, the
-#     firewall's uplink-in counter grows.
+#     firewall's uplink-in counter grows; during a connection flood from M (plain connects
+#     and ssh-keyscan key exchanges, bounded) the phone's pings lose nothing, a TCP
+#     exchange through the tunnel completes and a key login from the phone works.
 # (d) the uplink loses its IPv6 address: the IPv6 entry goes; (e) stop: no proxy entry left.
 #
 # Needs root, wireguard-go, wireguard-tools, iproute2, nftables, python3.
@@ -282,6 +284,44 @@ got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 19
 out=$(ssh_from $M 192.168.88.1)
 [ $? = 0 ] && echo "$out" | grep -q "over SSH from 192.168.88.10)" &&
     ok "two-armed: SSH from the LAN port's host (192.168.88.10): logged in" || bad "SSH from M: $(echo "$out" | tail -3)"
+# A connection flood from the LAN (ssh-keyscan: full key exchanges, and plain connects,
+# bounded: 8 s or 20000 attempts): meanwhile the phone's pings through the tunnel lose
+# nothing, a TCP exchange through it completes, and a key login from the phone works.
+cat >"$WORK/flood.py" <<'EOF'
+import socket, subprocess, sys, time
+host, port, stop = sys.argv[1], int(sys.argv[2]), time.monotonic() + 8
+n = scans = 0
+while time.monotonic() < stop and n < 20000:
+    s = socket.socket()
+    s.settimeout(1)
+    try:
+        s.connect((host, port))
+        n += 1
+    except OSError:
+        pass
+    s.close()
+    if n % 20 == 0:
+        subprocess.run(["ssh-keyscan", "-T", "2", "-p", str(port), host, host, host, host],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=5)
+        scans += 4
+print("connects=%d keyscans=%d" % (n, scans), flush=True)
+EOF
+timeout 20 ip netns exec $M python3 "$WORK/flood.py" 192.168.88.1 $SSHPORT >"$WORK/flood.out" 2>&1 &
+flood=$!
+PIDS+=($flood)
+sleep 1
+check "during an SSH connection flood from the LAN: the phone's pings to 192.168.88.10 lose nothing" ping_loss0 $P 192.168.88.10
+timeout 20 ip netns exec $M python3 ci/lib/labtool.py tcp-reverse-once 192.168.88.10 7778 &
+PIDS+=($!)
+wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :7778' | grep -q ."
+got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 7778 2>&1)
+[ "$got" = ok ] && ok "during the flood: TCP phone -> 192.168.88.10 through the tunnel, 30 kB echoed" || bad "TCP during the flood: $got"
+out=$(ssh_from $P 192.168.77.201)
+[ $? = 0 ] && ok "during the flood: a key login from the phone works" || bad "SSH from the phone during the flood: $(echo "$out" | tail -2)"
+kill -0 $flood 2>/dev/null && during=yes || during=no
+wait_for 15 bash -c "! kill -0 $flood 2>/dev/null"
+[ $during = yes ] && grep -q "^connects=[1-9]" "$WORK/flood.out" &&
+    ok "the flood ran all along those checks: $(cat "$WORK/flood.out")" || bad "flood (still running after the checks: $during): $(cat "$WORK/flood.out")"
 uin() { n=$(ip netns exec $G nft list counter inet riceguard uplink-in 2>/dev/null | sed -n 's/.*packets \([0-9]*\).*/\1/p'); echo "${n:-0}"; }
 u0=$(uin)
 out=$(ssh_from $L 192.168.77.2)

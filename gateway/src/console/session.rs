@@ -142,7 +142,6 @@ pub struct Session {
 
 const MIN_PASSWORD: usize = 8;
 
-/// How long until the next password is checked, as the console says it.
 /// What the passphrase's key derivation cost, for an operator of a small board: scrypt's
 /// work factor and memory, and this console process's peak resident memory so far (it
 /// includes the scrypt buffer: checked on aarch64-generic in the board test).
@@ -157,6 +156,7 @@ fn scrypt_cost(log_n: u8) -> String {
     }
 }
 
+/// How long until the next password is checked, as the console says it.
 fn wait_note(left: Duration) -> String {
     let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
     format!("too many wrong passwords: the next one is checked in {secs} s")
