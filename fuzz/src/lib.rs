@@ -442,7 +442,10 @@ pub fn check_identity(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     if let Ok(i) = Identity::parse(&text, riceguard::core::ini::SCHEMA) {
         let again = i.to_text();
-        assert_eq!(Identity::parse(&again, riceguard::core::ini::SCHEMA).as_ref(), Ok(&i));
+        assert_eq!(
+            Identity::parse(&again, riceguard::core::ini::SCHEMA).as_ref(),
+            Ok(&i)
+        );
     }
 }
 
@@ -461,6 +464,35 @@ pub fn check_ssh_key(data: &[u8]) {
     if let Ok(sk) = riceguard::core::value::ssh_key(&text) {
         assert!(riceguard::core::config::valid_ssh_key_name(&sk.name));
     }
+}
+
+/// An event log file's bytes (`core::event`, what `show log` reads from perm after a
+/// power cut): nothing panics, every record read writes back to the same line, and a
+/// file cut anywhere loses at most the record it cut.
+pub fn check_event_log(data: &[u8]) {
+    use riceguard_core::event::{parse_all, Event};
+    let (events, skipped) = parse_all(data);
+    assert!(events.len() + skipped <= data.iter().filter(|&&b| b == b'\n').count() + 1);
+    let mut again = String::new();
+    for e in &events {
+        let r = e.record();
+        assert_eq!(
+            Event::parse(r.trim_end_matches('\n')).as_ref(),
+            Some(e),
+            "{r}"
+        );
+        again.push_str(&r);
+    }
+    let (back, s) = parse_all(again.as_bytes());
+    assert_eq!((back.as_slice(), s), (events.as_slice(), 0));
+    // Cut anywhere: the whole records before the cut survive.
+    let cut = data.len() / 2;
+    let (before, _) = parse_all(&again.as_bytes()[..cut.min(again.len())]);
+    assert!(events.starts_with(&before));
+    // Any text makes a record that reads back.
+    let text = String::from_utf8_lossy(data);
+    let e = Event::new(data.len() as u64, &text, &text);
+    assert_eq!(Event::parse(e.record().trim_end_matches('\n')), Some(e));
 }
 
 /// The age passphrase the `age_armor` seeds were written with.
@@ -813,6 +845,11 @@ mod tests {
     #[test]
     fn identity_seeded() {
         run("identity", check_identity, 20_000);
+    }
+
+    #[test]
+    fn event_log_seeded() {
+        run("event_log", check_event_log, 20_000);
     }
 
     #[test]

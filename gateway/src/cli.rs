@@ -14,6 +14,8 @@ const USAGE: &str = "usage:
                                         SNTP client (init runs it)
   riceguard console --root DIR          the configuration console
   riceguard ssh --root DIR              the console over SSH, public keys only (init runs it)
+  riceguard log [--root DIR] [N] [peer NAME]
+                                        the last N (20) events of the event log (/perm)
   riceguard init                        PID 1 of the appliance image
   riceguard update SOURCE [--reboot]    install a signed update bundle into the other slot
   riceguard rollback-slot [--reboot]    make the other slot the default boot entry again
@@ -53,12 +55,44 @@ pub fn main(args: Vec<String>) -> ExitCode {
         Some("console") => crate::console::main(&rest[1..]),
         #[cfg(feature = "ssh")]
         Some("ssh") => crate::ssh::main(&rest[1..]),
+        Some("log") => log_main(&rest[1..]),
         Some("init") => crate::init::main(&rest[1..]),
         Some("update") => crate::update::update_main(&rest[1..]),
         Some("rollback-slot") => crate::update::rollback_main(&rest[1..]),
         Some("udp2tcp") => crate::driver::tcp::relay::udp2tcp_main(&rest[1..]),
         Some("tcp2udp") => crate::driver::tcp::relay::tcp2udp_main(&rest[1..]),
         _ => crate::driver::daemon::process::main(rest),
+    }
+}
+
+/// `riceguard log [--root DIR] [N] [peer NAME]`: what `show log` says, from a shell.
+fn log_main(args: &[String]) -> ExitCode {
+    let mut root = std::path::PathBuf::from(crate::perm::DIR);
+    let mut words: Vec<&str> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match (a.as_str(), it.len()) {
+            ("--root", n) if n > 0 => root = it.next().map(Into::into).unwrap_or(root),
+            (w, _) => words.push(w),
+        }
+    }
+    let mut cmd = vec!["show", "log"];
+    cmd.extend(words);
+    match crate::console::command::parse(&cmd.join(" ")) {
+        Ok(crate::console::command::Command::ShowLog { n, peer }) => {
+            for l in crate::perm::event_log::show(&root, n, peer.as_deref()) {
+                println!("{l}");
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(_) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!(
+                "riceguard log: {}",
+                e.replace("show log", "riceguard log [--root DIR]")
+            );
+            ExitCode::from(2)
+        }
     }
 }
 

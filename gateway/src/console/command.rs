@@ -34,6 +34,11 @@ pub enum Command {
         tunnel: Tunnel,
     },
     /// `show client NAME [full-tunnel]`.
+    /// `show log [N] [peer NAME]`: the last N events of the event log on perm.
+    ShowLog {
+        n: usize,
+        peer: Option<String>,
+    },
     ShowClient {
         name: String,
         tunnel: Tunnel,
@@ -614,8 +619,29 @@ pub fn parse(line: &str) -> Result<Command, String> {
     }
 }
 
+/// How many events `show log` lists without a number, and at most.
+pub const LOG_DEFAULT: usize = 20;
+pub const LOG_MAX: usize = 5000;
+
+fn parse_log(rest: &[&str]) -> Result<Command, String> {
+    let usage =
+        || format!("usage: show log [N] [peer NAME] (N: 1 to {LOG_MAX}, default {LOG_DEFAULT})");
+    let (n, rest) = match rest.first().map(|w| w.parse::<usize>()) {
+        Some(Ok(n)) if (1..=LOG_MAX).contains(&n) => (n, &rest[1..]),
+        Some(Ok(_)) => return Err(usage()),
+        _ => (LOG_DEFAULT, rest),
+    };
+    let peer = match rest {
+        [] => None,
+        ["peer", name] => Some(v::peer_name(name).map_err(|e| e.to_string())?),
+        _ => return Err(usage()),
+    };
+    Ok(Command::ShowLog { n, peer })
+}
+
 fn parse_show(rest: &[&str]) -> Result<Command, String> {
     match rest {
+        ["log", more @ ..] => return parse_log(more),
         ["client", name, opts @ ..] => {
             let tunnel = match opts {
                 [] => Tunnel::Split,
@@ -653,7 +679,7 @@ fn parse_show(rest: &[&str]) -> Result<Command, String> {
                 return Err(unknown(
                     w,
                     "show",
-                    "candidate, peers, status, history, clients, client NAME, private",
+                    "candidate, peers, status, history, log, clients, client NAME, private",
                 ))
             }
         }
@@ -758,6 +784,8 @@ pub fn help(topic: &[String]) -> Result<String, String> {
                    show peers            live peer state from the running daemon (handshakes, traffic)\n\
                    show status           boot slot, version, uptime, data-plane state\n\
                    show history          the saved versions `rollback N` can load\n\
+                   show log [N] [peer NAME]  the last N (20) events kept on perm across reboots:\n\
+                   \x20                     commits (which console, which keys), rollbacks, boots, updates\n\
                    show clients          the clients (named peers): address, whether the key was kept,\n\
                    \x20                     disabled ones\n\
                    show client NAME [full-tunnel]  a client's configuration and QR code again (its\n\

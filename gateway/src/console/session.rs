@@ -516,7 +516,11 @@ impl Session {
             recorded,
             foreign: foreign.is_some(),
         };
-        match self.save_as(revert_to, save) {
+        let what = match &foreign {
+            None => "commit-confirm not confirmed in time: rolled back".to_string(),
+            Some(o) => format!("the commit-confirm made on {o} not confirmed in time: rolled back"),
+        };
+        match self.save_as(revert_to, save, &what) {
             Ok(msg) => {
                 self.pending = None;
                 self.candidate = self.running.clone();
@@ -645,6 +649,9 @@ impl Session {
                 tunnel,
             } => self.add_client(&name, keep_key, tunnel),
             Command::ShowClient { name, tunnel } => self.show_client(&name, tunnel),
+            Command::ShowLog { n, peer } => Reply::ok(
+                crate::perm::event_log::show(self.store.dir(), n, peer.as_deref()).join("\n"),
+            ),
             Command::EnableClient { name, enabled } => {
                 self.edit(|c| vpn_client::set_enabled(c, &name, enabled))
             }
@@ -674,7 +681,7 @@ impl Session {
                 if let Some(why) = self.remote_refusal(true) {
                     return Reply::err(why);
                 }
-                let r = self.save_and_apply(self.candidate.clone());
+                let r = self.save_and_apply(self.candidate.clone(), "commit");
                 if r.is_ok() {
                     // Nothing to roll back to: an import's undo is not needed any more.
                     super::export::settled(self.store.dir());
@@ -691,6 +698,7 @@ impl Session {
                     super::export::settled(self.store.dir());
                     self.store
                         .set_confirm_settled("confirmed", &self.name, self.clock.unix());
+                    self.event("confirm: the commit-confirm's configuration stays");
                     Reply::ok("confirmed: the configuration stays")
                 }
                 None => self.confirm_foreign(),
@@ -1433,7 +1441,7 @@ impl Session {
         self.import_pending = None;
         let k = Key::generate_private(&mut rand_core::OsRng);
         fresh.interface.private_key = Some(k);
-        let msg = match self.save_and_apply(fresh) {
+        let msg = match self.save_and_apply(fresh, "factory-reset") {
             Ok(m) => m,
             Err(e) => return Reply::err(e),
         };
@@ -1459,6 +1467,21 @@ impl Session {
             if notes.is_empty() { "" } else { "\n" },
             notes.join("\n")
         ))
+    }
+
+    /// Say an event in the event log on perm, as this console (an SSH session's with its
+    /// source). Never fails what it records.
+    fn event(&self, text: &str) {
+        let text = match &self.remote {
+            Some(r) => format!("{text} (over SSH from {})", r.source),
+            None => text.to_string(),
+        };
+        crate::perm::event_log::say_at(
+            self.store.dir(),
+            self.clock.unix(),
+            &format!("console:{}", self.name),
+            &text,
+        );
     }
 
     /// The SSH session this console serves, if it serves one.
@@ -1499,7 +1522,10 @@ impl Session {
             None => self.running.clone(),
         };
         let msg = if self.candidate != self.running {
-            match self.save_and_apply(self.candidate.clone()) {
+            match self.save_and_apply(
+                self.candidate.clone(),
+                &format!("commit-confirm {minutes} min"),
+            ) {
                 Ok(m) => m,
                 Err(e) => return Reply::err(e),
             }
@@ -1537,8 +1563,8 @@ impl Session {
 
     /// The one path to change what runs: validate, check the file reads back identically,
     /// save atomically (the previous version goes to the history), then tell the daemon.
-    fn save_and_apply(&mut self, cfg: Config) -> Result<String, String> {
-        self.save_as(cfg, Save::Commit).map_err(|e| match e {
+    fn save_and_apply(&mut self, cfg: Config, what: &str) -> Result<String, String> {
+        self.save_as(cfg, Save::Commit, what).map_err(|e| match e {
             SaveErr::Refused(t) => t,
             SaveErr::Settled => "not committed: settled meanwhile".into(),
         })
@@ -1549,7 +1575,7 @@ impl Session {
     /// pending, or when the saved configuration is no longer the one this session started
     /// from (the message names the console that changed it); a rollback happens only if
     /// its commit-confirm is still the pending one, and clears it.
-    fn save_as(&mut self, cfg: Config, why: Save) -> Result<String, SaveErr> {
+    fn save_as(&mut self, cfg: Config, why: Save, what: &str) -> Result<String, SaveErr> {
         let refused = SaveErr::Refused;
         validate_candidate(&cfg)
             .map_err(|errs| refused(format!("not committed:\n  {}", errs.join("\n  "))))?;
@@ -1580,6 +1606,14 @@ impl Session {
         let source = self.remote.as_ref().map(|r| r.source);
         self.store
             .record_commit(&self.name, source, self.clock.unix(), &text);
+        // Named in the INI form whatever the store's format: keys, never values.
+        self.event(&format!(
+            "{what}: {}",
+            crate::core::event::summary(
+                &crate::core::ini::emit(&self.running),
+                &crate::core::ini::emit(&cfg)
+            )
+        ));
         if let Save::ConfirmRollback { foreign, .. } = why {
             // Under the lock, so no other console rolls the same one back again.
             let _ = self.store.set_pending_confirm(None);

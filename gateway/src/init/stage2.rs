@@ -90,6 +90,16 @@ pub(super) fn stage2() -> ! {
     // Before anything makes a handshake or stamps a log: the clock at its floor.
     let may_step_back = clock_floor::set_at_boot(perm_ok);
     let mut time_saver = clock_floor::Saver::new(perm_ok);
+    if perm_ok {
+        // After the clock: the event's time is the floor's, not the RTC's 2001.
+        let n = crate::perm::boot_log::count(Path::new(PERM));
+        let version = std::fs::read_to_string(crate::image_paths::VERSION).unwrap_or_default();
+        crate::perm::event_log::say(
+            Path::new(PERM),
+            "init",
+            &format!("boot {n}: slot {slot}, {}", version.trim()),
+        );
+    }
     let gw = load_config(perm_ok);
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     // The board's consoles whose terminal exists (a screen-less box has no tty1, a box

@@ -103,10 +103,20 @@ pub(super) fn mark_boot_good(slot: char) {
         return;
     }
     for l in crate::update::boot_report(Path::new(ESP_MNT), slot) {
+        if l.starts_with("FALLBACK") {
+            crate::perm::event_log::say(Path::new(crate::perm::DIR), "init", &l);
+        }
         say!("{l}");
     }
     match slots::mark_good(Path::new(ESP_MNT), slot) {
-        Ok(slots::Marked::Renamed { from, to }) => say!("boot marked good ({from} -> {to})"),
+        Ok(slots::Marked::Renamed { from, to }) => {
+            crate::perm::event_log::say(
+                Path::new(crate::perm::DIR),
+                "init",
+                &format!("update: slot {slot} passed its trial: marked good ({from} -> {to})"),
+            );
+            say!("boot marked good ({from} -> {to})")
+        }
         Ok(slots::Marked::AlreadyGood) => {
             say!("boot marked good (entry riceguard-{slot}.conf already had no counter)")
         }

@@ -17,6 +17,11 @@ pub fn text(n: u64) -> String {
     format!("{n}\n")
 }
 
+/// The count this boot has (0 when nothing counted yet).
+pub fn count(dir: &Path) -> u64 {
+    parse(&std::fs::read_to_string(dir.join(BOOTS)).unwrap_or_default())
+}
+
 /// Count this boot in `dir`'s [`BOOTS`]; returns the new count (written or not).
 pub fn count_boot(dir: &Path) -> (u64, io::Result<()>) {
     let p = dir.join(BOOTS);

@@ -42,6 +42,7 @@ pub mod clients;
 pub mod clock;
 pub mod config;
 pub mod confirm;
+pub mod event_log;
 pub mod import_undo;
 pub mod password;
 pub mod ssh_host_key;

@@ -736,6 +736,17 @@ pub fn update_main(args: &[String]) -> ExitCode {
         match r {
             Ok(Some(i)) => {
                 println!("update: installed {} into slot {}", i.version, i.slot);
+                // On the appliance (perm mounted, with its configuration): an event too.
+                if Path::new(crate::perm::CONFIG).exists() {
+                    crate::perm::event_log::say(
+                        Path::new(crate::perm::DIR),
+                        "update",
+                        &format!(
+                            "update: {} installed into slot {} ({}); it runs on trial from the next boot",
+                            i.version, i.slot, i.entry
+                        ),
+                    );
+                }
                 if reboot_after {
                     println!("update: rebooting into slot {}", i.slot);
                     reboot();

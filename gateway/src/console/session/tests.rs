@@ -300,6 +300,54 @@ fn commit_confirm_reverts_unless_confirmed() {
     r.err("confirm");
 }
 
+/// Commits, a commit-confirm's rollback and a confirm land in the event log on perm with
+/// the console's name and the changed keys (never their values); `show log` lists them.
+#[test]
+fn commits_and_rollbacks_are_events() {
+    let mut r = Rig::new();
+    r.ok("genkey");
+    r.ok("set interface listen-port 1000");
+    r.ok("commit");
+    r.ok("set gateway client-dns 192.0.2.53");
+    r.ok("commit-confirm 1");
+    assert!(r.advance(60).is_some(), "rolled back at the deadline");
+    r.ok("set interface listen-port 3000");
+    r.ok("commit-confirm 1");
+    r.ok("confirm");
+    let log = r.ok("show log");
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 5, "{log}");
+    assert!(
+        lines[0].ends_with(" console:console commit: changed [Interface] PrivateKey, ListenPort"),
+        "{log}"
+    );
+    assert!(
+        lines[1].ends_with("commit-confirm 1 min: changed [Gateway] ClientDns"),
+        "{log}"
+    );
+    assert!(
+        lines[2].ends_with(
+            "commit-confirm not confirmed in time: rolled back: changed [Gateway] ClientDns"
+        ),
+        "{log}"
+    );
+    assert!(
+        lines[3].ends_with("commit-confirm 1 min: changed [Interface] ListenPort"),
+        "{log}"
+    );
+    assert!(
+        lines[4].ends_with("confirm: the commit-confirm's configuration stays"),
+        "{log}"
+    );
+    for secret in ["192.0.2.53", "3000", "1000"] {
+        assert!(!log.contains(secret), "{secret} in {log}");
+    }
+    assert!(!log.contains(&r.s.running().interface.private_key.unwrap().to_base64()));
+    assert_eq!(r.ok("show log 2").lines().count(), 2);
+    assert!(r.err("show log 0").contains("usage: show log"));
+    assert!(r.err("show log peer").contains("usage: show log"));
+}
+
 #[test]
 fn commit_confirm_survives_console_restart() {
     let mut r = Rig::new();
