@@ -11,7 +11,8 @@
 #     restarted by the supervisor, a hung gateway (worker heartbeats frozen by
 #     riceguard.selftest=hang) seen unhealthy and restarted by init's health watch,
 #     USO on (boot 1) and off (boot 2), perm surviving the
-#     second boot, `show status` with the firewall's line, `reboot` typed on the serial
+#     second boot, `show status` with the firewall's line, `show log` listing the boot
+#     events of boots 1 and 2 (both ended by a kill) and 3, `reboot` typed on the serial
 #     console (clean unmount of perm); init's `firewall: table inet riceguard in place`
 #     before the uplink's address;
 #     the clock (never back): every net boot starts with the RTC at 2001 (-rtc base=), and
@@ -355,9 +356,12 @@ EOF
                 timeout 5 sh -c "printf 'show status\r' >'$sin'" && sent=1 t_status=$SECONDS
             elif [ $sent = 1 ] && { have "$l" 'firewall: (on|off)' || [ $((SECONDS - t_status)) -gt 15 ]; }; then
                 sleep 1 # the rest of the status
-                timeout 5 sh -c "printf 'reboot\r' >'$sin'" && sent=2
-            elif [ $sent = 2 ] && have "$l" 'Type yes to continue'; then
-                timeout 5 sh -c "printf 'yes\r' >'$sin'" && sent=3
+                timeout 5 sh -c "printf 'show log\r' >'$sin'" && sent=2 t_status=$SECONDS
+            elif [ $sent = 2 ] && { have "$l" 'Z init boot 3: slot' || [ $((SECONDS - t_status)) -gt 15 ]; }; then
+                sleep 1
+                timeout 5 sh -c "printf 'reboot\r' >'$sin'" && sent=3
+            elif [ $sent = 3 ] && have "$l" 'Type yes to continue'; then
+                timeout 5 sh -c "printf 'yes\r' >'$sin'" && sent=4
             fi
             return 1 # wait for QEMU to exit by itself
         }
@@ -377,6 +381,10 @@ EOF
             sh -c "grep -aA2 'show status' '$log' | grep -aqE '^clock: [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}Z \(source: ntp 192\.0\.2\.[13]:123, last sync [0-9]+ s ago\)'"
         grep -aE '^(firewall|nat): ' "$log" | sed "s/^/     $b show status: /"
         check "$b: \`show status\` says the firewall is on, table inet riceguard" have "$log" '^firewall: on \(table inet riceguard[;)]'
+        # The event log on perm: boots 1 and 2 ended by power cuts (QEMU killed), their
+        # events are there, in order, before this boot's.
+        boots=$(sed -n '/show log/,$p' "$log" | tr -d '\r' | sed -n 's/^[0-9T:-]*Z init boot \([0-9]*\): slot a\b.*/\1/p' | tr '\n' ' ')
+        check "$b: \`show log\` lists boots 1 and 2 (ended by power cuts) and 3, in order ($boots)" test "$boots" = "1 2 3 "
         check "$b reboot: typed on the console, init stopped services and rebooted" \
             have "$log" 'riceguard-init: rebooting'
         check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"

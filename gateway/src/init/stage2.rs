@@ -94,10 +94,16 @@ pub(super) fn stage2() -> ! {
         // After the clock: the event's time is the floor's, not the RTC's 2001.
         let n = crate::perm::boot_log::count(Path::new(PERM));
         let version = std::fs::read_to_string(crate::image_paths::VERSION).unwrap_or_default();
+        let version = version.trim();
+        let version = if version.is_empty() {
+            String::new()
+        } else {
+            format!(", {version}")
+        };
         crate::perm::event_log::say(
             Path::new(PERM),
             "init",
-            &format!("boot {n}: slot {slot}, {}", version.trim()),
+            &format!("boot {n}: slot {slot}{version}"),
         );
     }
     let gw = load_config(perm_ok);

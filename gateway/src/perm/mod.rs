@@ -24,6 +24,8 @@
 //! .clock.lock                 flock()ed while the saved time is written          clock.rs
 //! update-on-boot(.done)       bundles to install once after a good boot          update.rs
 //! log/boots                   the boot counter, 0644                             boot_log.rs
+//! log/events, log/events.1    the event log (two halves of 512 KiB), 0600        event_log.rs
+//! log/.events.lock            flock()ed: shared to append, exclusive to rotate   event_log.rs
 //! ssh_host_ed25519_key        `riceguard ssh`'s host key (ed25519 seed), 0600    ssh_host_key.rs
 //! import.undo                 what an import's commit replaced (password, host   import_undo.rs
 //!                             key) until it is confirmed or rolled back, 0600
