@@ -30,12 +30,37 @@
 #             address and lanhost, and opens a TCP connection to lanhost, which has no
 #             route to 10.100.0.0/24 (nor has the router): lanhost sees the gateway's
 #             uplink address as the source (NAT)
+#   ssh       (issue 31) `set system ssh-key lab ssh-ed25519 AAAA... lab@board`, `commit` on the
+#             serial console; lanhost (the one-armed box's LAN) reaches port 22 of the lease
+#             address: ssh-keyscan's key, in a known_hosts, has the fingerprint the serial
+#             line (`ssh: host key SHA256:... (ED25519)`, printed by riceguard ssh at start)
+#             and `show status`'s ssh line name; then Debian's OpenSSH with
+#             StrictHostKeyChecking=yes logs in as admin (console ssh-N:lab); `add client
+#             laptop` + `commit` from a script on stdin: its wg-quick config on wireguard-go
+#             in the phone namespace pings lanhost and opens TCP to it; `export
+#             configuration` over SSH (the passphrase twice from the script): an age text,
+#             and its `key derivation: scrypt 2^16 (64 MiB); this console's peak memory: N
+#             MiB` line (N noted, >= 64)
+#   restore   Debian's `age -d` opens the ssh phase's export (the gateway's configuration,
+#             the phone client, the SSH key, the host key); over SSH `import configuration`
+#             with a wrong passphrase, then with one byte flipped, is refused ("not
+#             imported: ...; nothing changed") and `compare` says no changes; the phone's
+#             wireguard-go (phone.conf) brought up and left alone; QEMU stopped, a fresh
+#             disk flashed from the same image (a new box: its own gateway key and host
+#             key, `ssh: off`), booted; on its serial console `import configuration`, the
+#             text pasted line by line, the passphrase, `compare` (the SSH key added),
+#             `commit`: the old gateway public key, the untouched phone handshakes again
+#             and pings lanhost, the old host key (serial line, `show status`,
+#             ssh-keyscan) and a key login with the old known_hosts
+#             (StrictHostKeyChecking=yes). The phases after it run on the restored box
 #   two-armed `set gateway lan eth1`, `set gateway lan-address 192.168.88.1/24`,
 #             `add client phone2`, commit; the phone (with phone2's config) reaches
 #             lanhost2 by ping and TCP; from lanhost on the uplink segment, with a route to
 #             192.168.88.0/24 via the gateway, ping and TCP to lanhost2 are dropped
 #             (lanhost2 counts no packet from it: the firewall closes uplink -> LAN; its
-#             uplink-forward drop counter in `show status` counted them)
+#             uplink-forward drop counter in `show status` counted them); with the ssh
+#             phase's key set, lanhost's SSH to the uplink address gets no answer (ssh's
+#             5 s ConnectTimeout) and the uplink-in drop counter grows
 #   flap      eth0's carrier off and on (QEMU monitor set_link): the lease is re-acquired
 #   lease     a renewal seen, then dnsmasq stopped: the address stays past the next renewal
 #             attempt and into rebinding (no `lease expired`, the router still pings it)
@@ -52,21 +77,26 @@
 #             to ... (source: saved)` on the serial line (boot 3's later than boot 2's),
 #             `show status`'s clock not in 2001, and the peer answers the appliance's new
 #             initiation (it took the stamp as newer); the peer never initiated and
-#             wireguard-go logged no `handshake replay`
+#             wireguard-go logged no `handshake replay`. After the reboot, the SSH host key
+#             is the ssh phase's (serial line, `show status`)
 #   update    (aarch64-generic) a signed bundle (image/bundle.sh) served over HTTP from
 #             lanhost, installed from the serial console (`update http://...`) into slot b;
 #             `reboot`: slot b on trial, marked good, the new version, the key and the phone
-#             client kept, the phone reaches lanhost again
+#             client kept, the phone reaches lanhost again; with the ssh phase's key set,
+#             init marked it good once riceguard ssh listened, and the host key is the same
+#             (serial line, `show status`, ssh-keyscan from lanhost) and a key login works
 #   rollback  (aarch64-generic) a bundle whose root cannot boot (no /sbin/init, as
 #             ci/test-update.sh's QEMU 4) installed from slot b into slot a; `reboot`: slot
 #             a fails its 3 tries by itself (stage 1 reboots), the firmware's boot manager
-#             falls back to slot b, which says FALLBACK and is marked good again
+#             falls back to slot b, which says FALLBACK and is marked good again; the
+#             same SSH host key and a key login from lanhost
 # Any "Kernel panic|Oops|BUG:|Call Trace" on the serial line (of any boot) fails the run.
 #
 # aarch64-generic: the same machine on QEMU virt (cortex-a72, TCG; not -cpu max: pointer
 # authentication is slow under TCG) with AAVMF, the same NVMe disk, igb ports (each behind
 # a PCIe root port) and i6300esb, the console on the PL011 (ttyAMA0). Its phases: boot,
-# boot probe, DHCP, one-armed, renewal, update, rollback; two-armed, link flap, the lost
+# boot probe, DHCP, one-armed, ssh (the export's scrypt peak memory there is the figure
+# the issue asked for), renewal, update, rollback; restore, two-armed, link flap, the lost
 # server and the power cut are the x86_64 run's (nothing in them is board-specific; they
 # cost minutes under TCG). The update's v2 and the bad v3 are v1's outputs with another
 # root (version and build number changed; for v3 a root without /sbin/init) and the same
@@ -76,14 +106,18 @@
 # usage: [BOARD=aarch64-generic] ci/test-generic-board.sh   (as root; x86_64
 #        about 6 min under TCG, 7-8 on a busy host; aarch64 about 5)
 # env:   RG_BOARD_PHASES (space-separated, default per board as above: probe one-armed
-#        two-armed flap renewal lease-lost powercut update rollback);
+#        ssh restore two-armed flap renewal lease-lost powercut update rollback; restore
+#        needs one-armed and ssh);
 #        RG_BOARD_REBUILD=1 rebuilds out/$BOARD first (else reused if present: it
 #        may be older than the working tree); RG_OUT another image dir; RG_BIN passes a
 #        prebuilt static riceguard to image/build.sh; RG_BOARD_TIMEOUT (s per boot wait,
 #        default 240); RG_BOARD_SMP (vCPUs, default 2), RG_BOARD_QUEUES (tap queues per
 #        igb, default 2); RG_BOARD_KEEP=1 keeps the disk (and the update's bundles).
-#        Serial log (serial.log the last boot's, serial-boot1.log and serial-boot2.log
-#        the ones before), console transcript, phone configs, dnsmasq's log, the power
+#        Serial log (serial.log the last boot's, serial-old-box.log the box before the
+#        restore's fresh flash, serial-boot1.log and serial-boot2.log the ones before the
+#        power cut's boots), console transcript, phone configs, the SSH client's key,
+#        known_hosts and session outputs (ssh/; the export and the test's passphrase: test
+#        keys, thrown away with the run), dnsmasq's log, the power
 #        cut's capture (powercut.pcap; ci/lib/wgpcap.py lists its messages) and
 #        wireguard-go's log (wireguard-go-powercut.log) stay in out/test-generic-board/
 #        (aarch64: out/test-generic-board-aarch64-generic/, every boot's serial log kept).
@@ -98,8 +132,8 @@ case $board in x86_64-generic | aarch64-generic) ;; *) echo "BOARD=$board: x86_6
 # shellcheck source=/dev/null
 . "board/$board/board.conf"
 case $board in
-    x86_64-generic) phases=${RG_BOARD_PHASES:-probe one-armed two-armed flap renewal lease-lost powercut} ;;
-    aarch64-generic) phases=${RG_BOARD_PHASES:-probe one-armed renewal update rollback} ;;
+    x86_64-generic) phases=${RG_BOARD_PHASES:-probe one-armed ssh restore two-armed flap renewal lease-lost powercut} ;;
+    aarch64-generic) phases=${RG_BOARD_PHASES:-probe one-armed ssh renewal update rollback} ;;
 esac
 want() { case " $phases " in *" $1 "*) return 0 ;; esac; return 1; }
 T=${RG_BOARD_TIMEOUT:-240}
@@ -286,6 +320,38 @@ boot_wait() {
     done
     [ $left -gt 0 ] && con_wait 'riceguard(\(edit\))?# ' 30
 }
+# --- reboots (the restore's fresh box, the power cut, update and rollback) ----------------
+boot_logs=()
+# boot_again NAME: QEMU (ended) started again on the same disk; the serial log so far kept
+# as serial-NAME.log; waits for the prompt. A guest kernel that stalls before init (see
+# `stalled`) is started once more: it touched nothing. Host time of the start: $boot_since.
+boot_again() {
+    cp "$log" "$work/serial-$1.log"
+    boot_logs+=("$work/serial-$1.log")
+    boot_since=$(date +%s.%N)
+    start_qemu
+    if ! boot_wait; then
+        stalled || return 1
+        note "the guest kernel stalled under TCG before init after $1; started once more"
+        stop_qemu
+        cp "$log" "$work/serial-stalled-after-$1.log"
+        start_qemu
+        boot_wait || return 1
+    fi
+    have 'riceguard-init: boot marked good'
+}
+# console_reboot: the console's `reboot` (confirmed); true when the guest rebooted within
+# 60 s (QEMU runs with -no-reboot: it exits). QEMU is stopped either way.
+console_reboot() {
+    local left=240 rc=0
+    cmd reboot 20 'Type yes'
+    printf 'yes\r' >&9
+    while [ $left -gt 0 ] && kill -0 "$qpid" 2>/dev/null; do sleep 0.25; left=$((left - 1)); done
+    kill -0 "$qpid" 2>/dev/null && rc=1
+    stop_qemu
+    return $rc
+}
+
 # The boot probe: from lanhost, on the uplink segment, closed ports of the address the
 # gateway will lease (TCP and UDP 9: nothing listens there), from before QEMU starts.
 if want probe; then
@@ -540,6 +606,222 @@ if want one-armed; then
     phone_down
 fi
 
+# --- SSH: the console from the LAN host -------------------------------------------------
+# (issue 31) A key set on the serial console; lanhost, on the uplink segment (the LAN of a
+# one-armed box), logs in with Debian's OpenSSH client as admin@LEASE, the host key checked
+# against the fingerprint the serial console printed (ssh-keyscan's key in a known_hosts
+# whose `ssh-keygen -lf` fingerprint must be the serial one; then StrictHostKeyChecking=yes).
+SSHD=$work/ssh KH=$work/ssh/known_hosts SSHKEY=$work/ssh/admin
+EXPORT_PASS='board lab export passphrase'
+ssh_fp="" gw_pub=""
+# bssh ARGS...: OpenSSH from lanhost to the gateway's lease, key login, the saved known_hosts
+# checked strictly; 90 s at most (TCG).
+bssh() {
+    timeout 90 ip netns exec "$H1" ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+        -o UserKnownHostsFile="$KH" -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes \
+        -o ConnectTimeout=20 -i "$SSHKEY" "admin@$LEASE" "$@"
+}
+# keyscan FILE: the gateway's ED25519 host key as ssh-keyscan sees it from lanhost.
+keyscan() { inns "$H1" ssh-keyscan -T 10 -t ed25519 "$LEASE" 2>/dev/null >"$1" && [ -s "$1" ]; }
+fp_of() { ssh-keygen -lf "$1" 2>/dev/null | awk '{print $2}'; }
+# The host key fingerprint in `show status`'s ssh line (after `cmd "show status"`).
+status_ssh_fp() { answer | grep -aE '^ssh: ' | grep -aoE 'host key SHA256:[A-Za-z0-9+/]+' | cut -d' ' -f3; }
+# gw_pubkey: the console's `pubkey` (the running gateway's public key).
+gw_pubkey() { cmd pubkey >/dev/null && answer | grep -aoE -m1 '[A-Za-z0-9+/]{43}=' | head -1; }
+# ssh_same LABEL: after a reboot or a restore, the SSH host key is the one saved at the ssh
+# phase: this boot's serial line, `show status`, ssh-keyscan from lanhost; and a key login
+# with the old known_hosts (StrictHostKeyChecking=yes) works.
+ssh_same() {
+    local f=$SSHD/keyscan-$1 got
+    [ -n "$ssh_fp" ] || { skip "$1: SSH host key (the ssh phase did not run)"; return; }
+    check "$1: riceguard ssh said the same host key on the serial line (ssh: host key $ssh_fp)" \
+        con_wait "ssh: host key ${ssh_fp//+/\\+} \(ED25519\)" 30
+    cmd "show status"
+    check "$1: \`show status\`: ssh listening, host key $ssh_fp ($(answer | grep -aE '^ssh: ' | head -1))" \
+        sh -c '[ "$1" = "$2" ] && printf "%s\n" "$3" | grep -qaE "^ssh: port 22 \(listening\)"' _ "$(status_ssh_fp)" "$ssh_fp" "$(answer)"
+    wait_for 30 keyscan "$f"
+    check "$1: ssh-keyscan from lanhost: the same host key ($(fp_of "$f"))" test "$(fp_of "$f")" = "$ssh_fp"
+    got=$(bssh 'show status' 2>&1)
+    check "$1: a key login from lanhost with the old known_hosts (StrictHostKeyChecking=yes) runs \`show status\`" \
+        sh -c 'printf "%s\n" "$1" | grep -qaE "^ssh: port 22 "' _ "$got"
+}
+ssh_phase() {
+    local pub got rc t0=$SECONDS
+    echo "== ssh: a key on the serial console, the console over SSH from lanhost"
+    mkdir -p "$SSHD"
+    ssh-keygen -q -t ed25519 -N '' -C lab@board -f "$SSHKEY" || { ko "ssh: ssh-keygen"; return 1; }
+    pub=$(cat "$SSHKEY.pub")
+    # The gateway's public key, as the phone's config has it (for the restore).
+    gw_pub=$(gw_pubkey)
+    check "ssh: \`pubkey\`: the gateway's public key $gw_pub is the one in phone.conf's [Peer]" \
+        sh -c '[ -n "$1" ] && grep -qxF "PublicKey = $1" "$2"' _ "$gw_pub" "$work/phone.conf"
+    cmd "show status"
+    check "ssh: \`show status\` before a key: 'ssh: off'" has '^ssh: off '
+    cmd "set system ssh-key lab $pub"
+    check "ssh: serial \`set system ssh-key lab ssh-ed25519 AAAA... lab@board\`: 'SSH key lab added'" has '^SSH key lab added: SHA256:'
+    cmd commit 60
+    check "ssh: commit: 'committed and saved'" has 'committed and saved'
+    if wait_for 40 keyscan "$KH"; then
+        ok "ssh: the gateway answers on port 22 from lanhost (ssh-keyscan)"
+    else
+        ko "ssh: nothing answers on $LEASE:22 from lanhost within 40 s of the commit"
+        return 1
+    fi
+    cmd "show status"
+    ssh_fp=$(status_ssh_fp)
+    answer | grep -aE '^ssh: ' | sed 's/^/     show status: /'
+    check "ssh: \`show status\`: 'ssh: port 22 (listening), keys lab; host key SHA256:...'" has '^ssh: port 22 \(listening\), keys lab; host key SHA256:'
+    # The serial line riceguard ssh printed when it started (at boot: it makes the host key).
+    check "ssh: the serial line's 'ssh: host key $ssh_fp (ED25519)' is the one \`show status\` names" \
+        sh -c '[ -n "$1" ] && tr -d "\r" <"$2" | grep -qaF "ssh: host key $1 (ED25519)"' _ "$ssh_fp" "$log"
+    check "ssh: ssh-keygen -lf of ssh-keyscan's key is the serial console's fingerprint ($(fp_of "$KH"))" \
+        sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$ssh_fp" "$(fp_of "$KH")"
+    got=$(bssh 'show status' 2>&1)
+    rc=$?
+    check "ssh: lanhost logs in (ssh admin@$LEASE 'show status', StrictHostKeyChecking=yes): rc $rc, console ssh-N:lab" \
+        sh -c '[ "$1" = 0 ] && printf "%s\n" "$2" | grep -qaE "^console: ssh-[0-9]+:lab"' _ "$rc" "$got"
+    # A client added over SSH, from a script on stdin; its config on stock wireguard-go.
+    printf 'add client laptop\ncommit\n' | bssh -T >"$SSHD/add-laptop.out" 2>&1
+    rc=$?
+    out=$(cat "$SSHD/add-laptop.out")
+    if [ "$rc" = 0 ] && client_conf laptop "$work/laptop.conf"; then
+        ok "ssh: \`add client laptop\` + \`commit\` over SSH (a script on stdin): exit 0, wg-quick config printed"
+    else
+        ko "ssh: add client laptop over SSH: rc $rc: $(head -c 400 "$SSHD/add-laptop.out")"
+    fi
+    check "ssh: the SSH session's commit was saved" grep -qa 'committed and saved' "$SSHD/add-laptop.out"
+    if [ -s "$work/laptop.conf" ] && phone_up "$work/laptop.conf"; then
+        check "ssh: laptop's config (from SSH) on wireguard-go in the phone namespace pings lanhost $LANHOST" wait_ping "$P" "$LANHOST" 40
+        check "ssh: laptop's tunnel opens a TCP connection to lanhost (echo)" tcp_echo "$H1" "$LANHOST" "$P"
+    else
+        ko "ssh: could not bring up wireguard-go with laptop's config"
+    fi
+    phone_down
+    # A backup over SSH (the passphrase twice from the script): what scrypt cost the console.
+    printf 'export configuration\n%s\n%s\n' "$EXPORT_PASS" "$EXPORT_PASS" | bssh -T >"$SSHD/export.out" 2>&1
+    rc=$?
+    sed -n '/^-----BEGIN AGE ENCRYPTED FILE-----$/,/^-----END AGE ENCRYPTED FILE-----$/p' "$SSHD/export.out" | tr -d '\r' >"$SSHD/backup.age"
+    if [ "$rc" = 0 ] && [ -s "$SSHD/backup.age" ]; then
+        ok "ssh: \`export configuration\` over SSH: an age text ($(wc -l <"$SSHD/backup.age") lines); $(grep -aoE '^exported: [^;]*' "$SSHD/export.out")"
+    else
+        ko "ssh: export over SSH: rc $rc: $(head -c 400 "$SSHD/export.out")"
+    fi
+    check "ssh: the export holds the SSH host key" grep -qaE '^exported: .*the SSH host key' "$SSHD/export.out"
+    local kd peak
+    kd=$(grep -aoE 'key derivation: scrypt .*' "$SSHD/export.out" | tr -d '\r')
+    peak=$(printf '%s\n' "$kd" | sed -n 's/.*peak memory: \([0-9]*\) MiB.*/\1/p')
+    note "$board: export over SSH: '$kd'"
+    check "ssh: the export's console peak memory ${peak:-?} MiB >= scrypt's 64 MiB ('$kd')" \
+        sh -c '[ -n "$1" ] && [ "$1" -ge 64 ]' _ "$peak"
+    note "ssh phase: $((SECONDS - t0)) s"
+}
+if want ssh; then ssh_phase; else skip "ssh (RG_BOARD_PHASES: $phases)"; fi
+
+# --- restore: export, a freshly flashed box, import -------------------------------------
+# The ssh phase's export (over SSH) opened by Debian's age -d; refused imports (wrong
+# passphrase, one byte flipped) change nothing; then QEMU stopped, the disk flashed afresh
+# (a new box: new gateway key, new host key), the export imported on its serial console
+# (pasted, then the passphrase), compare, commit: the same gateway key (the phone's
+# wireguard-go, running all along and not touched, handshakes again), the same SSH host key
+# (the old known_hosts, StrictHostKeyChecking=yes) and the SSH key login back.
+# paste_line LINE: typed on the serial console, waiting for its echo.
+echoed() { tail -c +$(($1 + 1)) "$log" | tr -d '\r' | grep -aF -- "$2" >/dev/null; }
+paste_line() { local off; off=$(con_size); printf '%s\r' "$1" >&9; wait_for 10 echoed "$off" "$1"; }
+# import_over_ssh FILE PASSPHRASE OUT: `import configuration`, the text, the passphrase and
+# `compare` from a script on stdin.
+import_over_ssh() {
+    { echo 'import configuration'; cat "$1"; printf '%s\ncompare\n' "$2"; } | bssh -T >"$3" 2>&1
+}
+restore_phase() {
+    local t0=$SECONDS txt=$SSHD/backup.txt phone_pub line off rc l n
+    echo "== restore: export opened by age -d, refused imports, a freshly flashed box, import on its serial console"
+    [ -s "$SSHD/backup.age" ] && [ -n "$ssh_fp" ] || { ko "restore: no export from the ssh phase: phase skipped"; return 1; }
+    [ -s "$work/phone.conf" ] || { ko "restore: no phone config (one-armed did not run): phase skipped"; return 1; }
+    AGE_TTY_PASSPHRASE=$EXPORT_PASS timeout 60 python3 gateway/core/tests/fixtures/age/age_tty.py \
+        age -d -o "$txt" "$SSHD/backup.age" >"$SSHD/age.out" 2>&1
+    phone_pub=$(awk -F' = ' '$1 == "PrivateKey" {print $2}' "$work/phone.conf" | wg pubkey)
+    check "restore: Debian's age -d opens the export with the passphrase (riceguard-export 1)" grep -qax 'riceguard-export 1' "$txt"
+    check "restore: its plaintext holds the gateway's configuration (Address = 10.100.0.1/24, PublicEndpoint 203.0.113.1:51820)" \
+        sh -c 'grep -qaE "^Address = 10\.100\.0\.1/24" "$1" && grep -qaF "203.0.113.1:51820" "$1"' _ "$txt"
+    check "restore: its plaintext names the phone client (its public key, the name phone)" \
+        sh -c 'grep -qaF -- "$2" "$1" && grep -qawF phone "$1"' _ "$txt" "$phone_pub"
+    check "restore: its plaintext holds the SSH key lab and the host key" \
+        sh -c 'grep -qaE "SshKey = lab ssh-ed25519 " "$1" && grep -qaE "^host-key ed25519 " "$1"' _ "$txt"
+    rm -f "$txt"
+    # Refused imports (over SSH, on the old box): the candidate stays as it was.
+    import_over_ssh "$SSHD/backup.age" 'not the right passphrase' "$SSHD/import-wrong.out"
+    rc=$?
+    line=$(grep -aE -m1 'not imported' "$SSHD/import-wrong.out")
+    check "restore: a wrong passphrase is refused: '$line' (exit $rc)" \
+        sh -c '[ "$1" != 0 ] && printf "%s\n" "$2" | grep -qaE "^error: not imported: wrong passphrase.*; nothing changed$"' _ "$rc" "$line"
+    check "restore: after it \`compare\`: 'no changes: the candidate equals the running configuration'" \
+        grep -qaF 'no changes: the candidate equals the running configuration' "$SSHD/import-wrong.out"
+    # One byte flipped in the middle of the payload's base64 (the second body line from the end).
+    n=$(($(wc -l <"$SSHD/backup.age") - 2))
+    awk -v n="$n" 'NR == n { c = substr($0, 30, 1); $0 = substr($0, 1, 29) (c == "A" ? "B" : "A") substr($0, 31) } { print }' \
+        "$SSHD/backup.age" >"$SSHD/flipped.age"
+    check "restore: the flipped copy differs from the export in one byte" \
+        sh -c '[ "$(cmp -l "$1" "$2" | wc -l)" = 1 ]' _ "$SSHD/backup.age" "$SSHD/flipped.age"
+    import_over_ssh "$SSHD/flipped.age" "$EXPORT_PASS" "$SSHD/import-flipped.out"
+    rc=$?
+    line=$(grep -aE -m1 'not imported' "$SSHD/import-flipped.out")
+    check "restore: a text with one byte flipped is refused: '$line' (exit $rc)" \
+        sh -c '[ "$1" != 0 ] && printf "%s\n" "$2" | grep -qaE "^error: not imported: .*(altered|cut|not canonical).*; nothing changed$"' _ "$rc" "$line"
+    check "restore: after it \`compare\`: no changes" grep -qaF 'no changes: the candidate equals the running configuration' "$SSHD/import-flipped.out"
+    # The phone, up before the box goes and left alone until the end of the phase.
+    if phone_up "$work/phone.conf" && wait_ping "$P" "$LANHOST" 40; then
+        ok "restore: the phone's wireguard-go (phone.conf) reaches lanhost before the old box goes"
+    else
+        ko "restore: the phone does not reach lanhost before the restore"
+    fi
+    # A new box: QEMU stopped, the disk flashed afresh from the same image.
+    stop_qemu
+    if flash; then ok "restore: a fresh disk flashed from the same image (flash-scripts/flash)"; else ko "restore: flash failed"; return 1; fi
+    if boot_again old-box; then
+        ok "restore: the fresh box boots, marked good ($((SECONDS - t_boot)) s after QEMU start)"
+    else
+        ko "restore: the fresh box: no prompt within $T s"
+        con_clean | tail -20
+        return 1
+    fi
+    line=$(con_clean | grep -aoE -m1 'ssh: host key SHA256:[^ ]+ \(ED25519\), made now')
+    check "restore: the fresh box made its own SSH host key ('${line:-none}')" sh -c '[ -n "$1" ] && ! printf "%s" "$1" | grep -qF -- "$2"' _ "$line" "$ssh_fp"
+    check "restore: a DHCP lease on the fresh box" con_wait 'dhcp eth0: bound ' 90
+    l=$(gw_pubkey)
+    check "restore: the fresh box has a gateway key of its own ($l)" sh -c '[ -n "$1" ] && [ "$1" != "$2" ]' _ "$l" "$gw_pub"
+    cmd "show status"
+    check "restore: the fresh box: 'ssh: off' (no key)" has '^ssh: off '
+    # The import, pasted on the serial console.
+    cmd "import configuration" 30 'paste the export'
+    check "restore: serial \`import configuration\` asks for the text" has 'paste the export'
+    n=0 off=$(con_size)
+    while IFS= read -r l; do paste_line "$l" && n=$((n + 1)); done <"$SSHD/backup.age"
+    check "restore: $n of $(wc -l <"$SSHD/backup.age") armoured lines pasted (each echoed)" test "$n" = "$(wc -l <"$SSHD/backup.age")"
+    check "restore: then it asks 'Passphrase of the export: '" con_wait 'Passphrase of the export: ' 20 "$off"
+    cmd "$EXPORT_PASS" 180
+    line=$(answer | grep -aE -m1 'imported an export|not imported')
+    check "restore: the passphrase: '${line:0:160}...'" \
+        sh -c 'printf "%s\n" "$1" | grep -qaE "^imported an export of riceguard .*the SSH host key"' _ "$line"
+    cmd compare
+    answer | grep -aE '^[-+]' | grep -avE 'PrivateKey|PresharedKey' | head -8 | sed 's/^/     compare: /'
+    check "restore: \`compare\` shows the change (the SSH key lab added)" has '^\+.*SshKey = lab ssh-ed25519 '
+    cmd commit 60
+    check "restore: commit: 'committed and saved'" has 'committed and saved'
+    check "restore: commit: the imported SSH host key installed ($ssh_fp)" said "SSH host key: the imported one, ${ssh_fp//+/\\+}"
+    t_restored=$(date +%s)
+    l=$(gw_pubkey)
+    check "restore: \`pubkey\`: the gateway's public key is the old box's ($l)" sh -c '[ -n "$1" ] && [ "$1" = "$2" ]' _ "$l" "$gw_pub"
+    # The phone: the same wireguard-go process, its config untouched since before the flash.
+    check "restore: the phone's wireguard-go ran all along (pid $phone_pid)" kill -0 "$phone_pid"
+    check "restore: the untouched phone reaches lanhost through the restored box (ping)" wait_ping "$P" "$LANHOST" 90
+    l=$(inns "$P" wg show "$WGIF" latest-handshakes | awk '{print $2}')
+    check "restore: the phone's latest handshake is after the import's commit ($l >= $t_restored)" test "${l:-0}" -ge "$t_restored"
+    phone_down
+    ssh_same "restore"
+    note "restore phase (age -d, refused imports, fresh flash and boot, import, checks): $((SECONDS - t0)) s"
+}
+if want restore; then restore_phase; else skip "restore (RG_BOARD_PHASES: $phases)"; fi
+
 # --- two-armed -----------------------------------------------------------------------------
 if want two-armed; then
     echo "== two-armed: routed between eth1 (192.168.88.1/24) and the tunnel"
@@ -594,6 +876,22 @@ EOF
     stop_pid "$spid"
     ip -n "$H1" route del 192.168.88.0/24 via "$LEASE"
     inns "$H2" nft delete table inet rgbcount
+fi
+# Two-armed, SSH from the uplink: lanhost's connection to the uplink address gets no answer
+# (dropped, not refused: ssh times out) and the firewall's uplink-in counter counts it.
+if want two-armed && [ -n "$ssh_fp" ]; then
+    cmd "show status"
+    n0=$(drops uplink-in)
+    got=$(timeout 30 ip netns exec "$H1" ssh -F /dev/null -o BatchMode=yes -o IdentitiesOnly=yes \
+        -o UserKnownHostsFile="$KH" -o StrictHostKeyChecking=yes -o ConnectTimeout=5 -i "$SSHKEY" \
+        "admin@$LEASE" 'show status' 2>&1)
+    rc=$?
+    check "two-armed: SSH from lanhost to the uplink address $LEASE gets no answer (rc $rc: ${got:0:120})" \
+        sh -c '[ "$1" = 255 ] && printf "%s\n" "$2" | grep -qi "timed out"' _ "$rc" "$got"
+    cmd "show status"
+    n=$(drops uplink-in)
+    check "two-armed: the firewall's uplink-in drop counter counted it (${n0:-none} -> ${n:-none})" \
+        sh -c '[ -n "$1" ] && [ -n "$2" ] && [ "$2" -gt "$1" ]' _ "$n0" "$n"
 fi
 
 # --- the lease without a server ------------------------------------------------------------
@@ -669,37 +967,6 @@ if [ -n "${t_bound:-}" ] && want lease-lost; then
         inns "$R" ping -c2 -W2 -i0.3 "$LEASE"
 fi
 
-# --- reboots ------------------------------------------------------------------------------
-# boot_again NAME: QEMU (ended) started again on the same disk; the serial log so far kept
-# as serial-NAME.log; waits for the prompt. A guest kernel that stalls before init (see
-# `stalled`) is started once more: it touched nothing. Host time of the start: $boot_since.
-boot_again() {
-    cp "$log" "$work/serial-$1.log"
-    boot_logs+=("$work/serial-$1.log")
-    boot_since=$(date +%s.%N)
-    start_qemu
-    if ! boot_wait; then
-        stalled || return 1
-        note "the guest kernel stalled under TCG before init after $1; started once more"
-        stop_qemu
-        cp "$log" "$work/serial-stalled-after-$1.log"
-        start_qemu
-        boot_wait || return 1
-    fi
-    have 'riceguard-init: boot marked good'
-}
-# console_reboot: the console's `reboot` (confirmed); true when the guest rebooted within
-# 60 s (QEMU runs with -no-reboot: it exits). QEMU is stopped either way.
-console_reboot() {
-    local left=240 rc=0
-    cmd reboot 20 'Type yes'
-    printf 'yes\r' >&9
-    while [ $left -gt 0 ] && kill -0 "$qpid" 2>/dev/null; do sleep 0.25; left=$((left - 1)); done
-    kill -0 "$qpid" 2>/dev/null && rc=1
-    stop_qemu
-    return $rc
-}
-
 # --- power cut -----------------------------------------------------------------------------
 # Stamps must rise: a peer drops an initiation whose TAI64N timestamp is not newer than the last it
 # saw from us; the boot floor (RTC, the time saved ahead on perm, the build time) keeps the
@@ -714,7 +981,7 @@ console_reboot() {
 PC_RTC=2001-01-01T00:00:00
 pcap=$work/powercut.pcap
 GW_EP=203.0.113.1:51820 # the appliance as the phone sees it (the router's masquerade keeps the port)
-pc_port="" pc_peer="" tpid="" log1=$log boot_logs=()
+pc_port="" pc_peer="" tpid="" log1=$log
 matches() { printf '%s\n' "$1" | grep -qaE -- "$2"; }
 later() { [ -n "$2" ] && [[ $1 > $2 ]]; } # ISO 8601 times, UTC, same form
 wg_msgs() { python3 ci/lib/wgpcap.py "$pcap" 2>/dev/null; }
@@ -818,6 +1085,14 @@ power_cut() {
         ko "power cut: boot 2: no initiation of the appliance answered within 60 s ($(count_msgs "$GW_EP" 1 "$boot_since") initiations since QEMU started; wireguard-go: $(grep -c 'handshake replay' "$work/wireguard-go-powercut.log") replays)"
     fi
     pc_clock "boot 2"
+    # The SSH host key survives the reboot (its serial line and `show status`; two-armed by
+    # now, so not from lanhost).
+    if [ -n "$ssh_fp" ]; then
+        check "power cut: boot 2: riceguard ssh said the same host key (ssh: host key $ssh_fp)" \
+            con_wait "ssh: host key ${ssh_fp//+/\\+} \(ED25519\)" 30
+        cmd "show status"
+        check "power cut: boot 2: \`show status\`'s ssh line names the same host key" test "$(status_ssh_fp)" = "$ssh_fp"
+    fi
     # 3. the power cut: QEMU killed, nothing runs at halt; started again, RTC at 2001.
     { # (stderr: not bash's "Killed" notice for its job)
         kill -9 "$qpid"
@@ -941,6 +1216,10 @@ update_phase() {
     check "update: \`show status\`: firmware v2 (build $((build1 + 1))), boot slot b" \
         sh -c 'printf "%s\n" "$1" | grep -qaE "^firmware: riceguard v2 .*\(build $2\)$" && printf "%s\n" "$1" | grep -qax "boot slot: b"' _ "$(answer)" $((build1 + 1))
     check "update: a DHCP lease again on v2" con_wait 'dhcp eth0: bound ' 90
+    if [ -n "$ssh_fp" ]; then
+        check "update: with SSH keys set, slot b marked good once riceguard ssh listened ('ssh listens on port 22')" have 'riceguard-init: .*ssh listens on port 22'
+        ssh_same update
+    fi
     phone_reaches update
     note "update phase (bundles, install over HTTP, reboot, checks): $((SECONDS - t0)) s"
 }
@@ -985,6 +1264,7 @@ rollback_phase() {
     check "rollback: \`show status\`: firmware v2, boot slot b" \
         sh -c 'printf "%s\n" "$1" | grep -qaE "^firmware: riceguard v2 " && printf "%s\n" "$1" | grep -qax "boot slot: b"' _ "$(answer)"
     check "rollback: a DHCP lease again" con_wait 'dhcp eth0: bound ' 90
+    [ -n "$ssh_fp" ] && ssh_same rollback
     phone_reaches rollback
     note "rollback phase (install, 3 failed tries, fallback): $((SECONDS - t0)) s"
 }
