@@ -47,9 +47,11 @@
 #            (ci/test-console-qemu.sh) and two consoles at once, serial + virtio
 #            (ci/test-console2-qemu.sh)
 #   board    the x86_64-generic board as hardware: flashed NVMe, 2 x igb, DHCP uplink,
-#            clients added on the serial console reach LAN hosts one- and two-armed
-#            (ci/test-generic-board.sh); then aarch64-generic the same way on QEMU virt +
-#            AAVMF (one-armed), with an update into slot b and a rollback from a bad slot a;
+#            clients added on the serial console reach LAN hosts one- and two-armed, the
+#            console over SSH from the LAN host, an export imported onto a freshly
+#            flashed box (ci/test-generic-board.sh); then aarch64-generic the same way on
+#            QEMU virt + AAVMF (one-armed, SSH), with an update into slot b and a rollback
+#            from a bad slot a (the SSH host key kept);
 #            then the U-Boot boot path: the qemu-aarch64 image under u-boot-qemu, whose
 #            /boot.scr counts a bad update's tries and falls back (ci/test-uboot-rollback.sh)
 #   update   the flash script refuses disks with anything stacked on them in use
