@@ -62,7 +62,10 @@
 # binary the labs run (the host riceguard, both static musl builds) and the update signing
 # key. Then the LANES side by side, each running its stages in order:
 #   image update      QEMU under TCG (a boot mostly waits on the guest: about 0.6 of a core)
-#   board fuzz        QEMU, the generic boards as hardware and U-Boot; then the fuzz build
+#   board fuzz tcp    QEMU, the generic boards as hardware and U-Boot; then the fuzz build;
+#                     then the TCP fallback's labs (moved here from the third lane, the
+#                     longest, when the board stage grew the SSH and restore phases; unit
+#                     has long finished by then, see below)
 #   unit interop ... cross
 #                     unit first (in target/unit, so cargo's lock on target/ is free for the
 #                     image builds; before the namespace labs, because its hugepage tests
@@ -92,7 +95,7 @@ cd "$(dirname "$0")/.."
 top=$PWD
 ALL=(unit fuzz interop fastpath tcp adversarial gateway cross image board update)
 # The lanes of a full run (after build and unit), each a list of stages run in order.
-LANES=("image update" "board fuzz" "unit interop fastpath tcp adversarial gateway cross")
+LANES=("image update" "board fuzz tcp" "unit interop fastpath adversarial gateway cross")
 OUT=$top/out/test
 
 # ---- the labs of each stage: one command line each, run in order, every one even when
