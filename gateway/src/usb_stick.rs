@@ -221,10 +221,12 @@ pub fn read_in(dir: &Path, file: Option<&str>) -> Result<(String, String), Strin
                 .collect();
             match newest_export(&entries) {
                 Some(n) => n.to_string(),
-                None => return Err(format!(
+                None => {
+                    return Err(format!(
                     "no riceguard-*.age file in the stick's top folder ({} other file(s) there)",
                     entries.len()
-                )),
+                ))
+                }
             }
         }
     };

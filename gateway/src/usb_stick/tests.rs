@@ -265,6 +265,25 @@ fn writes_and_reads_a_fat_stick_on_a_loop_device() {
         crate::testutil::not_run("mkfs.vfat (dosfstools) is not installed");
         return;
     }
+    let d = TempDir::new("usbloop");
+    let img = d.0.join("stick.img");
+    let base = d.0.join("run");
+    // A stick that is not FAT (or a kernel without vfat): a clear error, nothing left
+    // mounted, the mount point removed, the loop device detached by `Loop`'s drop.
+    std::fs::write(&img, vec![0x5a; 4 << 20]).unwrap();
+    {
+        let lo = Loop::new(&img);
+        let e = read_from(Path::new(&lo.0), &base, None).unwrap_err();
+        assert!(e.contains("cannot mount") && e.contains("(vfat)"), "{e}");
+        let e = write_on(Path::new(&lo.0), &base, "riceguard-x.age", "x").unwrap_err();
+        assert!(e.contains("cannot mount"), "{e}");
+        assert!(!mounted_under(&base));
+        assert_eq!(
+            std::fs::read_dir(&base).unwrap().count(),
+            0,
+            "mount point removed"
+        );
+    }
     let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !fs.contains("\tvfat") {
         let _ = Command::new("modprobe").arg("vfat").output();
@@ -276,8 +295,6 @@ fn writes_and_reads_a_fat_stick_on_a_loop_device() {
             return;
         }
     }
-    let d = TempDir::new("usbloop");
-    let img = d.0.join("stick.img");
     std::fs::write(&img, vec![0u8; 16 << 20]).unwrap();
     let st = Command::new("mkfs.vfat")
         .args(["-F", "32", "-n", "STICK"])
@@ -291,7 +308,6 @@ fn writes_and_reads_a_fat_stick_on_a_loop_device() {
     );
     let lo = Loop::new(&img);
     let dev = Path::new(&lo.0);
-    let base = d.0.join("run");
 
     let older = "riceguard-test-20261201T000000Z.age";
     let newer = "riceguard-test-20261204T033000Z.age";
@@ -309,38 +325,30 @@ fn writes_and_reads_a_fat_stick_on_a_loop_device() {
         (newer.to_string(), "newer\n".to_string())
     );
     assert_eq!(read_from(dev, &base, Some(older)).unwrap().1, "older\n");
-    assert!(read_from(dev, &base, Some("../x"))
-        .unwrap_err()
-        .contains("not a plain file name"));
     assert!(read_from(dev, &base, Some("missing.age")).is_err());
-    // Larger than any export, or not text: refused.
+    // Larger than any export: refused.
     let big = "x".repeat(crate::core::age::MAX_ARMOURED + 1);
     write_on(dev, &base, "riceguard-big.age", &big).unwrap();
     let e = read_from(dev, &base, Some("riceguard-big.age")).unwrap_err();
     assert!(e.contains("larger than any export"), "{e}");
     assert!(!mounted_under(&base), "unmounted after every read");
-    // Only our files on it: the temp names were renamed away.
-    let out = Command::new("mdir")
-        .args(["-b", "-i"])
-        .arg(&img)
-        .arg("::")
-        .output();
-    if let Ok(o) = out {
-        if o.status.success() {
-            let list = String::from_utf8_lossy(&o.stdout).to_lowercase();
-            assert!(!list.contains(".tmp"), "{list}");
-        }
-    }
-    // A loop device that is not FAT: a clear error, nothing left mounted or made.
-    drop(lo);
-    std::fs::write(&img, vec![0x5a; 4 << 20]).unwrap();
-    let lo = Loop::new(&img);
-    let e = read_from(Path::new(&lo.0), &base, None).unwrap_err();
-    assert!(e.contains("cannot mount"), "{e}");
-    assert!(!mounted_under(&base));
     assert_eq!(
         std::fs::read_dir(&base).unwrap().count(),
         0,
         "mount point removed"
     );
+    drop(lo);
+    // Only our files on it: the temporary names were renamed away.
+    if let Ok(o) = Command::new("mdir")
+        .args(["-b", "-i"])
+        .arg(&img)
+        .arg("::")
+        .output()
+    {
+        if o.status.success() {
+            let list = String::from_utf8_lossy(&o.stdout).to_lowercase();
+            assert!(!list.contains(".tmp"), "{list}");
+            assert_eq!(list.lines().count(), 3, "{list}");
+        }
+    }
 }
