@@ -815,7 +815,7 @@ impl Session {
                 Ok((name, text, stick)) => {
                     self.question = Some(Question::ImportPassphrase(text));
                     Reply::ok(format!(
-                        "read {name} from the USB stick {stick} (unmounted again); give its passphrase (an empty line cancels)"
+                        "read {name} from the USB stick {stick} (unmounted again); the passphrase of the export:"
                     ))
                 }
                 Err(e) => Reply::err(format!("not imported: {e}; nothing changed")),
