@@ -213,9 +213,8 @@ usb_phase() {
     check "usb: a stick whose FAT partition is named perm: refused as a RiceGuard disk" \
         usb_seen 'a RiceGuard disk \(partitions perm\)' 60
     answer | sed 's/^/     /'
-    cmd "export configuration to usb" 30 'Export passphrase: ' && cmd "$USB_PASS" 30 'Repeat the passphrase: ' &&
-        cmd "$USB_PASS" 180
-    check "usb: export to the perm-labelled stick refused ('error: not exported: no usable USB stick')" \
+    cmd "export configuration to usb" 30
+    check "usb: export to the perm-labelled stick refused before any passphrase ('error: not exported: no usable USB stick')" \
         has '^error: not exported: no usable USB stick'
     check "usb: the refusal lists the stick and why ('sda: a RiceGuard disk (partitions perm)')" \
         has '^ *sda: a RiceGuard disk \(partitions perm\)'
@@ -224,8 +223,10 @@ usb_phase() {
     usb_plug "$good" stick2
     check "usb: the host's stick found and mounted read-only (no riceguard-*.age file yet, 1 other file)" \
         usb_seen 'no riceguard-\*\.age file in the stick.s top folder \(1 other' 60
-    cmd "export configuration to usb" 30 'Export passphrase: ' && cmd "$USB_PASS" 30 'Repeat the passphrase: ' &&
-        cmd "$USB_PASS" 180
+    cmd "export configuration to usb" 30 'Export passphrase: '
+    check "usb: export names the stick before the passphrase ('the file goes onto the USB stick sda1 (FAT32)')" \
+        has '^the file goes onto the USB stick sda1 \(FAT32\)'
+    cmd "$USB_PASS" 30 'Repeat the passphrase: ' && cmd "$USB_PASS" 180
     answer | grep -aE '^(wrote|exported|error)' | sed 's/^/     /'
     check "usb: 'wrote riceguard-x86_64-generic-<UTC>.age to the USB stick sda1 (FAT32): synced and unmounted'" \
         has '^wrote riceguard-x86_64-generic-[0-9]{8}T[0-9]{6}Z\.age to the USB stick sda1 \(FAT32\): synced and unmounted'

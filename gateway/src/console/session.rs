@@ -805,9 +805,19 @@ impl Session {
             },
             Command::RollbackSlot => self.hooks.rollback_slot().into(),
             Command::Export { to_usb } => {
+                // The stick is looked for before the passphrase is asked (and again when
+                // the file is written: it may have been pulled meanwhile).
+                let stick = if to_usb {
+                    match self.hooks.usb_check() {
+                        Ok(s) => format!("\nthe file goes onto the USB stick {s}"),
+                        Err(e) => return Reply::err(format!("not exported: {e}")),
+                    }
+                } else {
+                    String::new()
+                };
                 self.question = Some(Question::ExportPassphrase { to_usb });
                 Reply::ok(format!(
-                    "the export holds every private key of this box: choose a passphrase of {} characters or more (asked twice); an empty line cancels",
+                    "the export holds every private key of this box: choose a passphrase of {} characters or more (asked twice); an empty line cancels{stick}",
                     super::export::MIN_PASSPHRASE
                 ))
             }

@@ -145,6 +145,11 @@ pub trait Hooks {
     fn uplink(&mut self, _configured: &str) -> Result<Uplink, String> {
         Err("the uplink's addresses are not available in this mode".into())
     }
+    /// Before `export configuration to usb` asks the passphrase: the stick it would use
+    /// (found again when writing), or why there is none.
+    fn usb_check(&mut self) -> Result<String, String> {
+        Err("USB sticks are not available in this mode".into())
+    }
     /// `export configuration to usb`: write the armoured `text` as the new file `name` on
     /// the one USB stick attached ([`crate::usb_stick`]); `Ok` says where.
     fn usb_export(&mut self, _name: &str, _text: &str) -> Result<String, String> {
@@ -589,6 +594,13 @@ impl Hooks for SystemHooks {
             Ok(()) => "rebooting...".into(),
             Err(e) => format!("could not ask init to reboot: {e}"),
         }
+    }
+
+    fn usb_check(&mut self) -> Result<String, String> {
+        if !on_appliance() {
+            return Err("host mode: USB sticks are used only on the appliance".into());
+        }
+        crate::usb_stick::find(&crate::usb_stick::Root::default()).map(|s| s.to_string())
     }
 
     fn usb_export(&mut self, name: &str, text: &str) -> Result<String, String> {

@@ -91,6 +91,12 @@ impl Hooks for Recorder {
             .clone()
             .ok_or_else(|| "no uplink found (test)".to_string())
     }
+    fn usb_check(&mut self) -> Result<String, String> {
+        STICK
+            .with(|s| s.borrow().clone())
+            .map(|_| "test stick".to_string())
+            .ok_or_else(|| "no USB stick is attached (test)".to_string())
+    }
     fn usb_export(&mut self, name: &str, text: &str) -> Result<String, String> {
         let dir = STICK
             .with(|s| s.borrow().clone())
@@ -1930,14 +1936,30 @@ fn export_to_and_import_from_a_usb_stick() {
     for l in ["set interface listen-port 51820", "commit"] {
         assert!(s.handle_line(l).ok, "{l}");
     }
-    // No stick: said after the passphrase, nothing written.
+    // No stick: said before any passphrase is asked, nothing written.
     STICK.with(|st| *st.borrow_mut() = None);
-    assert!(s.handle_line("export configuration to usb").ok);
-    assert!(s.secret_input());
-    assert!(s.handle_line("twelve chars or more").ok);
-    let r = s.handle_line("twelve chars or more");
+    let r = s.handle_line("export configuration to usb");
     assert!(
         !r.ok && r.text.contains("no USB stick is attached"),
+        "{}",
+        r.text
+    );
+    assert!(!s.secret_input());
+    // A stick when asked, gone when written: said then.
+    let gone = TempDir::new("usb-gone");
+    STICK.with(|st| *st.borrow_mut() = Some(gone.0.clone()));
+    let r = s.handle_line("export configuration to usb");
+    assert!(
+        r.ok && r.text.contains("onto the USB stick test stick"),
+        "{}",
+        r.text
+    );
+    assert!(s.secret_input());
+    assert!(s.handle_line("twelve chars or more").ok);
+    STICK.with(|st| *st.borrow_mut() = None);
+    let r = s.handle_line("twelve chars or more");
+    assert!(
+        !r.ok && r.text.contains("not exported: no USB stick is attached"),
         "{}",
         r.text
     );
