@@ -6,6 +6,8 @@
 #   boot 2 (same disk):     the committed peer is there (`show`); an invalid `set` is
 #                           refused and changes nothing (`show`, `compare`, prompt);
 #                           commit a second peer, `rollback 1` + commit removes it again;
+#                           `export configuration to usb` and `import configuration from
+#                           usb` say the board has no USB stick (cloud kernel, virtio only);
 #                           `commit-confirm 1` left unconfirmed rolls back by itself
 #                           (~60 s; RG_CONSOLE_CONFIRM=0 skips it), on time although an
 #                           `update` whose source never answers is running meanwhile (it
@@ -133,6 +135,17 @@ fi
 stop_qemu KILL
 
 # ---------------------------------------------------------------------------------------
+# The qemu-* boards' cloud kernels have no USB (virtio only): the USB forms of export and
+# import say that no stick can be attached, before any passphrase, and change nothing.
+usb_without_usb() {
+    cmd "export configuration to usb"
+    check "usb: \`export configuration to usb\` without USB: refused at once ('no USB'), no passphrase asked" \
+        sh -c 'printf "%s\n" "$1" | grep -qaE "^error: not exported: .*no USB" && ! printf "%s\n" "$1" | grep -qa "passphrase"' _ "$(answer)"
+    cmd "import configuration from usb"
+    check "usb: \`import configuration from usb\` without USB: refused ('no USB'), nothing changed" \
+        has '^error: not imported: .*no USB.*nothing changed'
+    answer | grep -a '^error' | sed 's/^/     /'
+}
 echo "== boot 2: committed peer kept; invalid set refused; rollback; commit-confirm"
 if boot boot2; then
     check "boot 2: perm mounted again (boot 2)" grep -qaE 'perm mounted \(.*boot 2\)' "$log"
@@ -163,6 +176,7 @@ if boot boot2; then
     conf4=$(show_conf)
     check "rollback: \`show\` equals the configuration before the second peer" test "$conf4" = "$conf"
 
+    usb_without_usb
     if [ "${RG_CONSOLE_CONFIRM:-1}" != 0 ] && [ "$failed" -eq 0 ]; then
         cmd "set peer $pub3 allowed-ips 10.100.0.4/32"
         cmd "commit-confirm 1"

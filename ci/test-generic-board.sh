@@ -133,7 +133,7 @@ case $board in x86_64-generic | aarch64-generic) ;; *) echo "BOARD=$board: x86_6
 # shellcheck source=/dev/null
 . "board/$board/board.conf"
 case $board in
-    x86_64-generic) phases=${RG_BOARD_PHASES:-probe one-armed ssh restore two-armed flap renewal lease-lost powercut} ;;
+    x86_64-generic) phases=${RG_BOARD_PHASES:-probe one-armed ssh restore usb two-armed flap renewal lease-lost powercut} ;;
     aarch64-generic) phases=${RG_BOARD_PHASES:-probe one-armed ssh renewal update rollback} ;;
 esac
 want() { case " $phases " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -190,6 +190,114 @@ at_exit cleanup
 # nspawn NS CMD...: run CMD in namespace NS in the background, owned by the harness
 # (`ip netns exec` execs CMD itself, so the PID is CMD's); its PID in $lastpid.
 nspawn() { local ns=$1; shift; spawn ip netns exec "$ns" "$@"; lastpid=$!; }
+
+# --- usb: export to and import from a USB stick (functions; called after one-armed) --------
+#   usb       a USB controller (qemu-xhci) from boot, the sticks hot-plugged on QEMU's
+#             monitor (device_add usb-storage,removable=on): with none attached
+#             `import configuration from usb` says so; a stick whose one FAT partition is
+#             GPT-named `perm` (the image's label) is refused; a stick made on the host
+#             (MBR, one FAT32 partition, a notes.txt of the user's) gets
+#             `export configuration to usb`'s file, which mtools finds on the host and
+#             Debian's `age -d` opens with the passphrase, notes.txt untouched; then
+#             `set gateway public-endpoint 203.0.113.9:51820`, `commit`, `import
+#             configuration from usb`: `compare` shows 203.0.113.9 going back to
+#             203.0.113.1, `commit` applies it. (Not ListenPort: moving it back to 51820
+#             is refused by the daemon's reload, 'Address in use': the daemon's, seen
+#             here first, to be looked at on its own.)
+usb_qargs=(-device qemu-xhci,id=xhci)
+USB_PASS='usb lab passphrase'
+# usb_stick_image FILE LABEL: a 64 MiB stick, one FAT32 partition at 1 MiB (LABEL: GPT
+# with that partition name, else MBR), made on the host without mounting.
+usb_stick_image() {
+    rm -f "$1" && truncate -s 64M "$1" || return 1
+    if [ -n "$2" ]; then
+        printf 'label: gpt\nstart=2048, size=120000, name=%s\n' "$2" | sfdisk -q "$1" || return 1
+        mkfs.vfat -F 32 --offset 2048 "$1" 60000 >/dev/null 2>&1
+    else
+        printf 'label: dos\nstart=2048, type=c\n' | sfdisk -q "$1" || return 1
+        mkfs.vfat -F 32 -n RGSTICK --offset 2048 "$1" $(((131072 - 2048) / 2)) >/dev/null
+    fi
+}
+# usb_plug FILE ID / usb_unplug ID: the stick on the guest's xHCI, by QEMU's monitor (a
+# new ID each time: the old drive may still be going away).
+usb_plug() {
+    hmp "drive_add 0 if=none,id=$2,format=raw,file=$1" &&
+        hmp "device_add usb-storage,bus=xhci.0,drive=$2,removable=on,id=$2dev"
+}
+usb_unplug() { hmp "device_del $1dev"; }
+# usb_seen REGEX SECONDS: `import configuration from usb` (asks nothing while no export is
+# read) answers a line matching REGEX within SECONDS: the hot-plugged stick was probed.
+usb_seen() {
+    local end=$((SECONDS + $2))
+    while :; do
+        cmd "import configuration from usb" 60 "$CON_PROMPT|Passphrase of the export: "
+        has "$1" && return 0
+        [ "$SECONDS" -lt "$end" ] || return 1
+        sleep 2
+    done
+}
+usb_phase() {
+    local t0=$SECONDS good=$work/stick.img bad=$work/stick-perm.img f
+    echo "== usb: export configuration to usb, import configuration from usb (hot-plugged sticks)"
+    for f in mkfs.vfat mcopy mdir mtype age; do
+        command -v $f >/dev/null || { ko "usb: $f is missing on the host (ci/deps.sh: dosfstools, mtools, age)"; return 1; }
+    done
+    usb_stick_image "$bad" perm && usb_stick_image "$good" "" &&
+        printf 'the user'"'"'s own file\n' >"$work/notes.txt" && mcopy -i "$good@@1M" "$work/notes.txt" :: ||
+        { ko "usb: the stick images (sfdisk, mkfs.vfat, mcopy)"; return 1; }
+    cmd "import configuration from usb" 60
+    check "usb: no stick attached: 'no USB stick is attached', nothing changed" has 'no USB stick is attached.*nothing changed'
+    usb_plug "$bad" stick1
+    check "usb: a stick whose FAT partition is named perm: refused as a RiceGuard disk" \
+        usb_seen 'a RiceGuard disk \(partitions perm\)' 60
+    answer | sed 's/^/     /'
+    cmd "export configuration to usb" 30
+    check "usb: export to the perm-labelled stick refused before any passphrase ('error: not exported: no usable USB stick')" \
+        has '^error: not exported: no usable USB stick'
+    check "usb: the refusal lists the stick and why ('sda: a RiceGuard disk (partitions perm)')" \
+        has '^ *sda: a RiceGuard disk \(partitions perm\)'
+    check "usb: nothing written on the perm-labelled stick" sh -c '[ -z "$(mdir -b -i "$1@@1M" :: 2>/dev/null)" ]' _ "$bad"
+    usb_unplug stick1
+    usb_plug "$good" stick2
+    check "usb: the host's stick found and mounted read-only (no riceguard-*.age file yet, 1 other file)" \
+        usb_seen 'no riceguard-\*\.age file in the stick.s top folder \(1 other' 60
+    cmd "export configuration to usb" 30 'Export passphrase: '
+    check "usb: export names the stick before the passphrase ('the file goes onto the USB stick sda1 (FAT32)')" \
+        has '^the file goes onto the USB stick sda1 \(FAT32\)'
+    cmd "$USB_PASS" 30 'Repeat the passphrase: ' && cmd "$USB_PASS" 180
+    answer | grep -aE '^(wrote|exported|error)' | sed 's/^/     /'
+    check "usb: 'wrote riceguard-x86_64-generic-<UTC>.age to the USB stick sda1 (FAT32): synced and unmounted'" \
+        has '^wrote riceguard-x86_64-generic-[0-9]{8}T[0-9]{6}Z\.age to the USB stick sda1 \(FAT32\): synced and unmounted'
+    f=$(mdir -b -i "$good@@1M" :: 2>/dev/null | grep -aoE 'riceguard-[^/]*\.age$' | head -1)
+    check "usb: the file is on the stick (mdir on the host: ${f:-none}), only it and notes.txt" \
+        sh -c '[ -n "$1" ] && [ "$(mdir -b -i "$2@@1M" :: | wc -l)" = 2 ]' _ "$f" "$good"
+    mtype -i "$good@@1M" ::notes.txt >"$work/notes.back" 2>/dev/null
+    check "usb: notes.txt untouched" cmp -s "$work/notes.txt" "$work/notes.back"
+    rm -f "$work/usb-export.age" "$work/usb-export.txt"
+    [ -n "$f" ] && mcopy -i "$good@@1M" "::$f" "$work/usb-export.age" 2>/dev/null
+    AGE_TTY_PASSPHRASE=$USB_PASS timeout 60 python3 gateway/core/tests/fixtures/age/age_tty.py \
+        age -d -o "$work/usb-export.txt" "$work/usb-export.age" >"$work/usb-age.out" 2>&1
+    check "usb: Debian's age -d opens the stick's file with the passphrase (riceguard-export 1, PublicEndpoint = 203.0.113.1:51820)" \
+        sh -c 'grep -q "^riceguard-export 1$" "$1" && grep -qE "^PublicEndpoint = 203\.0\.113\.1:51820$" "$1"' _ "$work/usb-export.txt"
+    rm -f "$work/usb-export.txt"
+    cmd "set gateway public-endpoint 203.0.113.9:51820"
+    cmd commit 60
+    check "usb: a change committed after the export (public endpoint 203.0.113.9)" has 'the gateway applied it'
+    cmd "import configuration from usb" 60 'Passphrase of the export: '
+    check "usb: import says which file it read (read $f)" has "^read ${f//./\\.} from the USB stick sda1"
+    cmd "$USB_PASS" 180
+    check "usb: the export became the candidate" has 'the candidate is its configuration'
+    cmd compare
+    check "usb: \`compare\` shows the change reverted (- PublicEndpoint = 203.0.113.9:51820, + PublicEndpoint = 203.0.113.1:51820)" \
+        sh -c 'printf "%s\n" "$1" | grep -qaE "^- *PublicEndpoint = 203\.0\.113\.9:51820" && printf "%s\n" "$1" | grep -qaE "^\+ *PublicEndpoint = 203\.0\.113\.1:51820"' _ "$(answer)"
+    cmd commit 60
+    check "usb: commit applies the import ('the gateway applied it')" has 'the gateway applied it'
+    cmd show
+    check "usb: PublicEndpoint = 203.0.113.1:51820 again" has '^PublicEndpoint = 203\.0\.113\.1:51820( |$)'
+    usb_unplug stick2
+    [ -n "${RG_BOARD_KEEP:-}" ] || rm -f "$good" "$bad"
+    note "usb phase: $((SECONDS - t0)) s"
+}
 
 # --- the flashed disk ----------------------------------------------------------------------
 echo "== flash: flash-scripts/flash onto a 1 GiB disk file (the NVMe drive)"
@@ -279,6 +387,7 @@ qargs=(-accel tcg "${machine[@]}" -smp "${RG_BOARD_SMP:-2}" -m 1024 -nodefaults 
     -netdev "tap,id=n0,ifname=rgbt0,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n0,mac=$MAC0,bus=rp0"
     -netdev "tap,id=n1,ifname=rgbt1,script=no,downscript=no,vhost=off,queues=$Q" -device "igb,netdev=n1,mac=$MAC1,bus=rp1"
     -chardev "pipe,id=ser0,path=$sin" -serial chardev:ser0)
+want usb && qargs+=("${usb_qargs[@]}")
 rpid=""
 start_qemu() {
     cp "$FIRMWARE_VARS" "$work/vars.fd"
@@ -823,6 +932,7 @@ restore_phase() {
     note "restore phase (age -d, refused imports, fresh flash and boot, import, checks): $((SECONDS - t0)) s"
 }
 if want restore; then restore_phase; else skip "restore (RG_BOARD_PHASES: $phases)"; fi
+if want usb; then usb_phase; fi
 
 # --- two-armed -----------------------------------------------------------------------------
 if want two-armed; then

@@ -435,6 +435,42 @@ pub fn check_dhcp(data: &[u8]) {
     }
 }
 
+/// The USB stick's readers (`core::usb_stick`): a first sector through the FAT boot
+/// sector check, and each line as a file name on the stick. Nothing panics; a sector taken
+/// for FAT has the 0x55AA signature; an accepted plain name has no path in it; an export's
+/// name carries back the time it was made for.
+pub fn check_usb_stick(data: &[u8]) {
+    use riceguard::core::usb_stick as u;
+    if u::fat_kind(data).is_some() {
+        assert_eq!(&data[510..512], &[0x55, 0xAA]);
+    }
+    let text = String::from_utf8_lossy(data);
+    let mut entries = Vec::new();
+    for (i, line) in text.lines().take(64).enumerate() {
+        if let Ok(n) = u::plain_file_name(line) {
+            assert!(!n.contains('/') && !n.contains('\\') && n != "..", "{n:?}");
+        }
+        if u::name_time(line).is_some() {
+            assert!(line.to_ascii_lowercase().ends_with(".age"));
+        }
+        entries.push((line.to_string(), Some(i as i64)));
+        let t = i64::from(u32::from_le_bytes(
+            data.get(i * 4..i * 4 + 4)
+                .and_then(|b| b.try_into().ok())
+                .unwrap_or([0; 4]),
+        ));
+        let name = u::export_file_name(line, t);
+        assert!(
+            u::is_export_name(&name) && u::plain_file_name(&name).is_ok(),
+            "{name}"
+        );
+        assert_eq!(u::name_time(&name), Some(t), "{name}");
+    }
+    if let Some(n) = u::newest_export(&entries) {
+        assert!(u::is_export_name(n));
+    }
+}
+
 /// An export text (`core::identity`, the plaintext of `export configuration`): nothing
 /// panics, and an accepted one writes back to a text that reads the same.
 pub fn check_identity(data: &[u8]) {
@@ -840,6 +876,11 @@ mod tests {
     #[test]
     fn uring_recv_seeded() {
         run("uring_recv", check_uring_recv, 20_000);
+    }
+
+    #[test]
+    fn usb_stick_seeded() {
+        run("usb_stick", check_usb_stick, 20_000);
     }
 
     #[test]

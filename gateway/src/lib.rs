@@ -25,3 +25,4 @@ pub use riceguard_sys as sys;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod update;
+pub mod usb_stick;

@@ -29,6 +29,7 @@ pub mod ssh_key;
 pub mod tcp_admission;
 pub mod uapi;
 pub mod uplink_overlap;
+pub mod usb_stick;
 pub mod value;
 
 #[cfg(test)]

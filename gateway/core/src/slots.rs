@@ -17,6 +17,10 @@ pub fn efivar_utf16(bytes: &[u8]) -> Option<String> {
     String::from_utf16(&units).ok()
 }
 
+/// The GPT names of the image's partitions (`image/build.sh`, `flash-scripts/flash`):
+/// every flashed disk carries them, and a disk with one of them is an appliance disk.
+pub const PARTITION_LABELS: [&str; 4] = ["esp", "root-a", "root-b", "perm"];
+
 /// A partition as sysfs shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Part {

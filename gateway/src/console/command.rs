@@ -69,10 +69,18 @@ pub enum Command {
     },
     /// Make the other slot the default boot entry again.
     RollbackSlot,
-    /// `export configuration`: the box's identity as a passphrase-encrypted age text.
-    Export,
+    /// `export configuration [to usb]`: the box's identity as a passphrase-encrypted age
+    /// text, printed or written onto the one USB stick attached.
+    Export {
+        to_usb: bool,
+    },
     /// `import configuration`: an export pasted back, as the candidate.
     Import,
+    /// `import configuration from usb [FILE]`: the newest export (or FILE) on the USB
+    /// stick, as the candidate.
+    ImportUsb {
+        file: Option<String>,
+    },
     Exit {
         discard: bool,
     },
@@ -172,13 +180,13 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "export",
-        "configuration",
-        "print the configuration, kept client keys, console password and SSH host key as one passphrase-encrypted age text (a backup)",
+        "configuration [to usb]",
+        "print the configuration, kept client keys, console password and SSH host key as one passphrase-encrypted age text (a backup); `to usb`: write it as riceguard-BOARD-DATETIME.age onto the one USB stick attached (one FAT partition)",
     ),
     (
         "import",
-        "configuration",
-        "paste an export back (asks its passphrase): it becomes the candidate; `compare`, then `commit` applies it",
+        "configuration [from usb [FILE]]",
+        "paste an export back (asks its passphrase): it becomes the candidate; `compare`, then `commit` applies it; `from usb`: read the newest riceguard-*.age (or FILE) from the USB stick instead",
     ),
     (
         "factory-reset",
@@ -573,8 +581,36 @@ pub fn parse(line: &str) -> Result<Command, String> {
         "genkey" => no_args(Command::Genkey),
         "pubkey" => no_args(Command::Pubkey),
         "export" | "import" => match rest {
-            ["configuration"] if first.eq_ignore_ascii_case("export") => Ok(Command::Export),
+            ["configuration"] if first.eq_ignore_ascii_case("export") => {
+                Ok(Command::Export { to_usb: false })
+            }
+            ["configuration", to, usb]
+                if first.eq_ignore_ascii_case("export")
+                    && to.eq_ignore_ascii_case("to")
+                    && usb.eq_ignore_ascii_case("usb") =>
+            {
+                Ok(Command::Export { to_usb: true })
+            }
             ["configuration"] => Ok(Command::Import),
+            ["configuration", from, usb, file @ ..]
+                if first.eq_ignore_ascii_case("import")
+                    && from.eq_ignore_ascii_case("from")
+                    && usb.eq_ignore_ascii_case("usb") =>
+            {
+                match file {
+                    [] => Ok(Command::ImportUsb { file: None }),
+                    [f] => Ok(Command::ImportUsb {
+                        file: Some((*f).to_string()),
+                    }),
+                    _ => Err("usage: import configuration from usb [FILE] (one plain file name)".into()),
+                }
+            }
+            ["configuration", ..] if first.eq_ignore_ascii_case("export") => {
+                Err("usage: export configuration [to usb]".into())
+            }
+            ["configuration", ..] => {
+                Err("usage: import configuration [from usb [FILE]]".into())
+            }
             [] => Err(format!("`{first}` needs what: {first} configuration")),
             [w, ..] => Err(unknown(w, first, "configuration")),
         },

@@ -71,9 +71,15 @@ enum Question {
     Reboot,
     NewPassword,
     RepeatPassword(String),
-    /// `export configuration`: the passphrase, then again.
-    ExportPassphrase,
-    ExportRepeat(String),
+    /// `export configuration [to usb]`: the passphrase, then again; `to_usb`: the text goes
+    /// onto the USB stick.
+    ExportPassphrase {
+        to_usb: bool,
+    },
+    ExportRepeat {
+        first: String,
+        to_usb: bool,
+    },
     /// `import configuration`: the armoured lines so far, then the passphrase.
     ImportText(String),
     ImportPassphrase(String),
@@ -401,8 +407,8 @@ impl Session {
             Some(Question::FactoryReset { .. } | Question::Reboot) => "Type yes to continue: ",
             Some(Question::NewPassword) => "New console password: ",
             Some(Question::RepeatPassword(_)) => "Repeat the new password: ",
-            Some(Question::ExportPassphrase) => "Export passphrase: ",
-            Some(Question::ExportRepeat(_)) => "Repeat the passphrase: ",
+            Some(Question::ExportPassphrase { .. }) => "Export passphrase: ",
+            Some(Question::ExportRepeat { .. }) => "Repeat the passphrase: ",
             Some(Question::ImportText(_)) => "",
             Some(Question::ImportPassphrase(_)) => "Passphrase of the export: ",
             None if self.candidate != self.running => "riceguard(edit)# ",
@@ -418,8 +424,8 @@ impl Session {
                 Question::Login { .. }
                     | Question::NewPassword
                     | Question::RepeatPassword(_)
-                    | Question::ExportPassphrase
-                    | Question::ExportRepeat(_)
+                    | Question::ExportPassphrase { .. }
+                    | Question::ExportRepeat { .. }
                     | Question::ImportPassphrase(_)
             )
         )
@@ -806,13 +812,32 @@ impl Session {
                 Err(e) => Reply::err(e),
             },
             Command::RollbackSlot => self.hooks.rollback_slot().into(),
-            Command::Export => {
-                self.question = Some(Question::ExportPassphrase);
+            Command::Export { to_usb } => {
+                // The stick is looked for before the passphrase is asked (and again when
+                // the file is written: it may have been pulled meanwhile).
+                let stick = if to_usb {
+                    match self.hooks.usb_check() {
+                        Ok(s) => format!("\nthe file goes onto the USB stick {s}"),
+                        Err(e) => return Reply::err(format!("not exported: {e}")),
+                    }
+                } else {
+                    String::new()
+                };
+                self.question = Some(Question::ExportPassphrase { to_usb });
                 Reply::ok(format!(
-                    "the export holds every private key of this box: choose a passphrase of {} characters or more (asked twice); an empty line cancels",
+                    "the export holds every private key of this box: choose a passphrase of {} characters or more (asked twice); an empty line cancels{stick}",
                     super::export::MIN_PASSPHRASE
                 ))
             }
+            Command::ImportUsb { file } => match self.hooks.usb_import(file.as_deref()) {
+                Ok((name, text, stick)) => {
+                    self.question = Some(Question::ImportPassphrase(text));
+                    Reply::ok(format!(
+                        "read {name} from the USB stick {stick} (unmounted again); the passphrase of the export:"
+                    ))
+                }
+                Err(e) => Reply::err(format!("not imported: {e}; nothing changed")),
+            },
             Command::Import => {
                 self.question = Some(Question::ImportText(String::new()));
                 Reply::ok("paste the export, from its -----BEGIN AGE ENCRYPTED FILE----- line to its -----END AGE ENCRYPTED FILE----- line (a line `cancel` cancels):")
@@ -1252,23 +1277,28 @@ impl Session {
             Question::FactoryReset { erase_history } if yes => self.factory_reset(erase_history),
             Question::Reboot if yes => Reply::ok(self.hooks.reboot()),
             Question::FactoryReset { .. } | Question::Reboot => Reply::ok("cancelled"),
-            Question::ExportPassphrase if line.is_empty() => {
+            Question::ExportPassphrase { .. } if line.is_empty() => {
                 Reply::ok("cancelled; nothing exported")
             }
-            Question::ExportPassphrase if line.chars().count() < super::export::MIN_PASSPHRASE => {
+            Question::ExportPassphrase { .. }
+                if line.chars().count() < super::export::MIN_PASSPHRASE =>
+            {
                 Reply::err(format!(
                     "the passphrase is shorter than {} characters; nothing exported",
                     super::export::MIN_PASSPHRASE
                 ))
             }
-            Question::ExportPassphrase => {
-                self.question = Some(Question::ExportRepeat(line.to_string()));
+            Question::ExportPassphrase { to_usb } => {
+                self.question = Some(Question::ExportRepeat {
+                    first: line.to_string(),
+                    to_usb,
+                });
                 Reply::ok("")
             }
-            Question::ExportRepeat(first) if first != line => {
+            Question::ExportRepeat { first, .. } if first != line => {
                 Reply::err("the two entries differ; nothing exported")
             }
-            Question::ExportRepeat(pass) => self.export(&pass),
+            Question::ExportRepeat { first, to_usb } => self.export(&first, to_usb),
             Question::ImportText(_) if line.trim().eq_ignore_ascii_case("cancel") => {
                 Reply::ok("cancelled; nothing imported")
             }
@@ -1365,8 +1395,9 @@ impl Session {
         )
     }
 
-    /// `export configuration`, the passphrase given twice: the armoured text.
-    fn export(&mut self, passphrase: &str) -> Reply {
+    /// `export configuration [to usb]`, the passphrase given twice: the armoured text,
+    /// printed or written onto the USB stick.
+    fn export(&mut self, passphrase: &str, to_usb: bool) -> Reply {
         let dir = self.store.dir().to_path_buf();
         let saved = crate::perm::config::read_text(&dir);
         if saved.trim().is_empty() {
@@ -1386,6 +1417,21 @@ impl Session {
             Err(e) => return Reply::err(format!("not exported: {e}")),
         };
         match super::export::seal(&id, passphrase) {
+            Ok(text) if to_usb => {
+                let name = crate::core::usb_stick::export_file_name(
+                    &id.board,
+                    i64::try_from(self.clock.unix()).unwrap_or(i64::MAX),
+                );
+                match self.hooks.usb_export(&name, &text) {
+                    Ok(said) => Reply::ok(format!(
+                        "{said}\nexported: the saved configuration, {n_clients} kept client key(s){}{}; keep the stick and the passphrase apart (`import configuration from usb` restores it; Debian's `age -d` opens the file)\n{}",
+                        if id.password.is_some() { ", the console password" } else { "" },
+                        if id.host_key.is_some() { ", the SSH host key" } else { "" },
+                        scrypt_cost(crate::core::age::WRITE_LOG_N),
+                    )),
+                    Err(e) => Reply::err(format!("not exported: {e}")),
+                }
+            }
             Ok(text) => Reply::ok(format!(
                 "{}\nexported: the saved configuration, {n_clients} kept client key(s){}{}; keep this text and its passphrase apart (`import configuration` on any box of this firmware or later restores it; Debian's `age -d` opens it)\n{}",
                 text.trim_end(),

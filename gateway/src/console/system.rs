@@ -145,6 +145,21 @@ pub trait Hooks {
     fn uplink(&mut self, _configured: &str) -> Result<Uplink, String> {
         Err("the uplink's addresses are not available in this mode".into())
     }
+    /// Before `export configuration to usb` asks the passphrase: the stick it would use
+    /// (found again when writing), or why there is none.
+    fn usb_check(&mut self) -> Result<String, String> {
+        Err("USB sticks are not available in this mode".into())
+    }
+    /// `export configuration to usb`: write the armoured `text` as the new file `name` on
+    /// the one USB stick attached ([`crate::usb_stick`]); `Ok` says where.
+    fn usb_export(&mut self, _name: &str, _text: &str) -> Result<String, String> {
+        Err("USB sticks are not available in this mode".into())
+    }
+    /// `import configuration from usb [FILE]`: the file read (`file`, else the newest
+    /// export), its text, and the stick it came from.
+    fn usb_import(&mut self, _file: Option<&str>) -> Result<(String, String, String), String> {
+        Err("USB sticks are not available in this mode".into())
+    }
 }
 
 /// The addresses on interface `name` now, with their prefix lengths.
@@ -579,6 +594,27 @@ impl Hooks for SystemHooks {
             Ok(()) => "rebooting...".into(),
             Err(e) => format!("could not ask init to reboot: {e}"),
         }
+    }
+
+    fn usb_check(&mut self) -> Result<String, String> {
+        if !on_appliance() {
+            return Err("host mode: USB sticks are used only on the appliance".into());
+        }
+        crate::usb_stick::find(&crate::usb_stick::Root::default()).map(|s| s.to_string())
+    }
+
+    fn usb_export(&mut self, name: &str, text: &str) -> Result<String, String> {
+        if !on_appliance() {
+            return Err("host mode: USB sticks are used only on the appliance".into());
+        }
+        crate::usb_stick::export(name, text)
+    }
+
+    fn usb_import(&mut self, file: Option<&str>) -> Result<(String, String, String), String> {
+        if !on_appliance() {
+            return Err("host mode: USB sticks are used only on the appliance".into());
+        }
+        crate::usb_stick::import(file)
     }
 }
 

@@ -36,6 +36,11 @@ pub const UAPI_DIR: &str = "/var/run/wireguard";
 pub const BOOT_CONFIG: &str = "/run/riceguard/boot.conf";
 /// Wrong console passwords, counted for every console together.
 pub const CONSOLE_FAILURES: &str = "/run/riceguard/console-failures";
+/// Where `export configuration to usb` and `import configuration from usb` make their
+/// private mount point (`usb.PID`, mode 0700) for the stick.
+pub fn usb_mount_base() -> PathBuf {
+    run_dir()
+}
 /// Where an update mounts the ESP it writes.
 pub const ESP_UPDATE_MNT: &str = "/run/riceguard/esp-update";
 /// Stage 1's note of the root device it mounted, for stage 2.

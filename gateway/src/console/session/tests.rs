@@ -91,6 +91,31 @@ impl Hooks for Recorder {
             .clone()
             .ok_or_else(|| "no uplink found (test)".to_string())
     }
+    fn usb_check(&mut self) -> Result<String, String> {
+        STICK
+            .with(|s| s.borrow().clone())
+            .map(|_| "test stick".to_string())
+            .ok_or_else(|| "no USB stick is attached (test)".to_string())
+    }
+    fn usb_export(&mut self, name: &str, text: &str) -> Result<String, String> {
+        let dir = STICK
+            .with(|s| s.borrow().clone())
+            .ok_or("no USB stick is attached (test)")?;
+        crate::usb_stick::write_in(&dir, name, text)?;
+        Ok(format!("wrote {name} to the test stick"))
+    }
+    fn usb_import(&mut self, file: Option<&str>) -> Result<(String, String, String), String> {
+        let dir = STICK
+            .with(|s| s.borrow().clone())
+            .ok_or("no USB stick is attached (test)")?;
+        let (name, text) = crate::usb_stick::read_in(&dir, file)?;
+        Ok((name, text, "test stick".into()))
+    }
+}
+
+thread_local! {
+    /// The fake hooks' USB stick: a directory (`None`: no stick attached).
+    static STICK: RefCell<Option<std::path::PathBuf>> = const { RefCell::new(None) };
 }
 
 struct Rig {
@@ -1946,4 +1971,98 @@ fn an_overdue_commit_confirm_is_rolled_back_without_its_console() {
         crate::console::settle_overdue_confirm(&d.0, "ssh-server", hooks),
         None
     );
+}
+
+/// `export configuration to usb` writes the same armoured text as a file on the stick
+/// (named for the board and UTC time), `import configuration from usb` reads the newest
+/// back and asks its passphrase as the pasted import does; without a stick both refuse
+/// and change nothing.
+#[test]
+fn export_to_and_import_from_a_usb_stick() {
+    let a = TempDir::new("usb-a");
+    let (mut s, _) = ini_session(&a);
+    for l in ["set interface listen-port 51820", "commit"] {
+        assert!(s.handle_line(l).ok, "{l}");
+    }
+    // No stick: said before any passphrase is asked, nothing written.
+    STICK.with(|st| *st.borrow_mut() = None);
+    let r = s.handle_line("export configuration to usb");
+    assert!(
+        !r.ok && r.text.contains("no USB stick is attached"),
+        "{}",
+        r.text
+    );
+    assert!(!s.secret_input());
+    // A stick when asked, gone when written: said then.
+    let gone = TempDir::new("usb-gone");
+    STICK.with(|st| *st.borrow_mut() = Some(gone.0.clone()));
+    let r = s.handle_line("export configuration to usb");
+    assert!(
+        r.ok && r.text.contains("onto the USB stick test stick"),
+        "{}",
+        r.text
+    );
+    assert!(s.secret_input());
+    assert!(s.handle_line("twelve chars or more").ok);
+    STICK.with(|st| *st.borrow_mut() = None);
+    let r = s.handle_line("twelve chars or more");
+    assert!(
+        !r.ok && r.text.contains("not exported: no USB stick is attached"),
+        "{}",
+        r.text
+    );
+    let r = s.handle_line("import configuration from usb");
+    assert!(!r.ok && r.text.contains("nothing changed"), "{}", r.text);
+
+    let stick = TempDir::new("usb-stick");
+    STICK.with(|st| *st.borrow_mut() = Some(stick.0.clone()));
+    assert!(s.handle_line("export configuration to usb").ok);
+    assert!(s.handle_line("twelve chars or more").ok);
+    let r = s.handle_line("twelve chars or more");
+    assert!(
+        r.ok && r.text.contains("exported: the saved configuration"),
+        "{}",
+        r.text
+    );
+    assert!(
+        !r.text.contains("BEGIN AGE"),
+        "the text goes to the stick only"
+    );
+    let files: Vec<String> = std::fs::read_dir(&stick.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    // 1_700_000_000 is 2023-11-14T22:13:20Z; no image here, so the board is unknown.
+    assert_eq!(files, ["riceguard-unknown-20231114T221320Z.age"]);
+    let text = std::fs::read_to_string(stick.0.join(&files[0])).unwrap();
+    assert!(
+        text.starts_with("-----BEGIN AGE ENCRYPTED FILE-----\n"),
+        "{text}"
+    );
+
+    let b = TempDir::new("usb-b");
+    let (mut t, _) = ini_session(&b);
+    assert!(t.handle_line("commit").ok);
+    assert!(t
+        .handle_line("import configuration from usb ../x")
+        .text
+        .contains("not a plain file name"));
+    let r = t.handle_line("import configuration from usb");
+    assert!(
+        r.ok && r.text.contains(&format!("read {}", files[0])),
+        "{}",
+        r.text
+    );
+    assert!(t.secret_input());
+    let r = t.handle_line("twelve chars or more");
+    assert!(
+        r.ok && r.text.contains("the candidate is its configuration"),
+        "{}",
+        r.text
+    );
+    assert!(t.handle_line("compare").text.contains("ListenPort = 51820"));
+    let r = t.handle_line(&format!("import configuration from usb {}", files[0]));
+    assert!(r.ok, "{}", r.text);
+    assert!(!t.handle_line("not the passphrase").ok);
+    STICK.with(|st| *st.borrow_mut() = None);
 }
