@@ -273,11 +273,15 @@ check "rp_filter loose on the LAN port" sysctl_is net.ipv4.conf.lan.rp_filter 2
 check "phone pings LAN host 192.168.88.10" ping_ok $P 192.168.88.10
 check "LAN host 192.168.88.10 pings the phone" ping_loss0 $M 192.168.77.202
 check "phone pings LAN host fd88::10" ping_ok $P fd88::10
-# One TCP exchange: a one-shot echo server on the LAN host, bounded by timeouts.
-timeout 20 ip netns exec $M python3 ci/lib/labtool.py tcp-reverse-once 192.168.88.10 7777 &
-PIDS+=($!)
-wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :7777' | grep -q ."
-got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 7777 2>&1)
+# tcp_exchange PORT: one TCP exchange from the phone through the tunnel to a one-shot echo
+# server on M (192.168.88.10:PORT), bounded by timeouts; $got: ok or what went wrong.
+tcp_exchange() {
+    timeout 20 ip netns exec $M python3 ci/lib/labtool.py tcp-reverse-once 192.168.88.10 "$1" &
+    PIDS+=($!)
+    wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :$1' | grep -q ."
+    got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 "$1" 2>&1)
+}
+tcp_exchange 7777
 [ "$got" = ok ] && ok "TCP phone -> 192.168.88.10:7777: 30 kB echoed reversed" || bad "TCP exchange: $got"
 # Two-armed, SSH from the LAN port's host works and from the uplink's is dropped (no answer
 # at all: the firewall's input policy, counted).
@@ -311,10 +315,7 @@ flood=$!
 PIDS+=($flood)
 sleep 1
 check "during an SSH connection flood from the LAN: the phone's pings to 192.168.88.10 lose nothing" ping_loss0 $P 192.168.88.10
-timeout 20 ip netns exec $M python3 ci/lib/labtool.py tcp-reverse-once 192.168.88.10 7778 &
-PIDS+=($!)
-wait_for 5 sh -c "ip netns exec $M ss -Hltn 'sport = :7778' | grep -q ."
-got=$(timeout 15 ip netns exec $P python3 ci/lib/labtool.py tcp-reverse-check 192.168.88.10 7778 2>&1)
+tcp_exchange 7778
 [ "$got" = ok ] && ok "during the flood: TCP phone -> 192.168.88.10 through the tunnel, 30 kB echoed" || bad "TCP during the flood: $got"
 out=$(ssh_from $P 192.168.77.201)
 [ $? = 0 ] && ok "during the flood: a key login from the phone works" || bad "SSH from the phone during the flood: $(echo "$out" | tail -2)"
