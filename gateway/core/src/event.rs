@@ -102,6 +102,10 @@ pub fn parse_all(bytes: &[u8]) -> (Vec<Event>, usize) {
         };
         let (line, after) = rest.split_at(nl);
         rest = &after[1..];
+        // An empty line is the newline two writers put after the same torn record.
+        if line.is_empty() {
+            continue;
+        }
         match std::str::from_utf8(line).ok().and_then(Event::parse) {
             Some(e) => out.push(e),
             None => skipped += 1,
@@ -264,6 +268,13 @@ mod tests {
         let b = Event::new(11, "console:ttyS0", "commit: changed [Gateway] Ntp");
         let mut bytes = (a.record() + &b.record()).into_bytes();
         assert_eq!(parse_all(&bytes), (vec![a.clone(), b.clone()], 0));
+        let mut blank = bytes.clone();
+        blank.push(b'\n');
+        assert_eq!(
+            parse_all(&blank),
+            (vec![a.clone(), b.clone()], 0),
+            "an empty line is no record lost"
+        );
         // A power cut in the middle of the third record.
         let c = Event::new(12, "init", "boot 4: slot b");
         let rc = c.record();
