@@ -328,6 +328,72 @@ pub struct GatewayConfig {
     pub ssh_keys: Vec<SshKey>,
     /// `SshPort`: the TCP port `riceguard ssh` listens on (default 22).
     pub ssh_port: u16,
+    /// `Metrics = on|off`: the Prometheus endpoint on the tunnel and LAN sides (default
+    /// off: it shows peers' names and keys to whoever reaches it).
+    pub metrics: bool,
+    /// `MetricsPort`: its TCP port (default 9586, the WireGuard exporter's).
+    pub metrics_port: u16,
+    /// `Syslog = host[:port][/tcp]`: the collector every service's log lines go to.
+    pub syslog: Option<SyslogTarget>,
+}
+
+/// The metrics endpoint's port when `MetricsPort` is not set: the one the common
+/// WireGuard exporter (prometheus_wireguard_exporter) uses, so scrape configs carry over.
+pub const DEFAULT_METRICS_PORT: u16 = 9586;
+
+/// The syslog port (RFC 5426 for UDP; RFC 6587's collectors listen on it for TCP too).
+pub const SYSLOG_PORT: u16 = 514;
+
+/// `Syslog =`: a host name or an IP address, a port (514 unless given) and the transport
+/// (UDP unless `/tcp`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyslogTarget {
+    pub host: String,
+    pub port: u16,
+    pub tcp: bool,
+}
+
+impl SyslogTarget {
+    /// `192.0.2.1`, `logs.example.net:1514`, `[2001:db8::1]:514/tcp`, `2001:db8::1`.
+    pub fn parse(v: &str) -> Result<SyslogTarget, String> {
+        let bad = || {
+            format!(
+                "expected a syslog collector: HOST[:PORT][/tcp] (a host name or an IP address), got `{}`",
+                v.chars().take(64).collect::<String>()
+            )
+        };
+        let v = v.trim();
+        let (hostport, tcp) = match v.rsplit_once('/') {
+            Some((h, t)) if t.eq_ignore_ascii_case("tcp") => (h, true),
+            Some((h, t)) if t.eq_ignore_ascii_case("udp") => (h, false),
+            Some(_) => return Err(bad()),
+            None => (v, false),
+        };
+        // The host and port grammar is NTP's (`HOST`, `IP`, `HOST:PORT`, `[V6]:PORT`).
+        let n = NtpServer::parse(hostport).map_err(|_| bad())?;
+        // A bare address or name (an IPv6 literal has colons but no port) takes 514.
+        let port_given = hostport.parse::<IpAddr>().is_err() && hostport.contains(':');
+        let port = if port_given { n.port } else { SYSLOG_PORT };
+        Ok(SyslogTarget {
+            host: n.host,
+            port,
+            tcp,
+        })
+    }
+}
+
+impl std::fmt::Display for SyslogTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.port, self.host.parse::<IpAddr>()) {
+            (SYSLOG_PORT, _) => f.write_str(&self.host)?,
+            (p, Ok(IpAddr::V6(a))) => write!(f, "[{a}]:{p}")?,
+            (p, _) => write!(f, "{}:{p}", self.host)?,
+        }
+        if self.tcp {
+            f.write_str("/tcp")?;
+        }
+        Ok(())
+    }
 }
 
 /// The SSH server's port when `SshPort` is not set.
@@ -378,6 +444,9 @@ impl Default for GatewayConfig {
             uplink_overlap: OverlapPolicy::Auto,
             ssh_keys: Vec::new(),
             ssh_port: DEFAULT_SSH_PORT,
+            metrics: false,
+            metrics_port: DEFAULT_METRICS_PORT,
+            syslog: None,
         }
     }
 }
@@ -516,6 +585,8 @@ pub enum ValidationError {
     NoBuffers,
     /// `SshPort` is a port another setting uses (`by` names it).
     SshPortTaken { port: u16, by: &'static str },
+    /// `MetricsPort` is a TCP port another setting uses (`by` names it).
+    MetricsPortTaken { port: u16, by: &'static str },
 }
 
 impl fmt::Display for ValidationError {
@@ -564,6 +635,10 @@ impl fmt::Display for ValidationError {
             ValidationError::DuplicateValue { what, value } => {
                 write!(f, "{what} lists {value} twice")
             }
+            ValidationError::MetricsPortTaken { port, by } => write!(
+                f,
+                "MetricsPort {port} is the {by} port: give the metrics a port of their own (set gateway metrics-port N)"
+            ),
             ValidationError::SshPortTaken { port, by } => write!(
                 f,
                 "SshPort {port} is the {by} port: give SSH a port of its own (set gateway ssh-port N)"
@@ -718,6 +793,20 @@ impl Config {
         if ssh_on && g.tcp_listen.contains(&g.ssh_port) {
             errs.push(ValidationError::SshPortTaken {
                 port: g.ssh_port,
+                by: "TcpListen",
+            });
+        }
+        // Likewise only once the metrics are served: TCP ports, so the UDP ListenPort may
+        // be the same number.
+        if g.metrics && ssh_on && g.metrics_port == g.ssh_port {
+            errs.push(ValidationError::MetricsPortTaken {
+                port: g.metrics_port,
+                by: "SshPort",
+            });
+        }
+        if g.metrics && g.tcp_listen.contains(&g.metrics_port) {
+            errs.push(ValidationError::MetricsPortTaken {
+                port: g.metrics_port,
                 by: "TcpListen",
             });
         }
@@ -980,6 +1069,35 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "SshPort 2222 is the TcpListen port: give SSH a port of its own (set gateway ssh-port N)"
+        );
+    }
+
+    /// The metrics' port is a TCP port of its own once they are served: not SSH's, not a
+    /// TCP-fallback port; the UDP ListenPort may share its number.
+    #[test]
+    fn metrics_port_collisions() {
+        let mut c = base();
+        c.gateway.tcp_listen = vec![9586];
+        c.validate().unwrap();
+        c.gateway.metrics = true;
+        assert_eq!(
+            c.validate(),
+            Err(ValidationError::MetricsPortTaken {
+                port: 9586,
+                by: "TcpListen"
+            })
+        );
+        c.gateway.tcp_listen.clear();
+        c.interface.listen_port = Some(9586);
+        c.validate().unwrap();
+        let ed = "alice ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC";
+        c.gateway.ssh_keys = vec![crate::value::ssh_key(ed).unwrap()];
+        c.gateway.ssh_port = 9586;
+        c.interface.listen_port = Some(51820);
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "MetricsPort 9586 is the SshPort port: give the metrics a port of their own (set gateway metrics-port N)"
         );
     }
 }

@@ -120,7 +120,7 @@ fn wg_quick_only(lk: &str, v: &str) -> Option<Result<String, String>> {
 }
 
 /// The configuration schema this firmware reads and writes (`core::bundle::COMPAT`).
-pub const SCHEMA: u8 = 4;
+pub const SCHEMA: u8 = 5;
 
 /// The schema that added a key (lowercase), by section: 1 for the original keys. Older
 /// firmware refuses a newer key, so [`emit_compat`] writes it on a line that firmware
@@ -131,6 +131,7 @@ fn key_schema(section: Section, lk: &str) -> u8 {
         | (Section::Peer, "masquerade" | "enabled") => 2,
         (Section::Gateway, "ntp" | "uplinkoverlap") => 3,
         (Section::Gateway, "sshkey" | "sshport") => 4,
+        (Section::Gateway, "metrics" | "metricsport" | "syslog") => 5,
         _ => 1,
     }
 }
@@ -190,7 +191,7 @@ struct PeerDraft {
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored with a warning)";
 const PEER_KEYS: &str =
     "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap, SshKey, SshPort";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap, SshKey, SshPort, Metrics, MetricsPort, Syslog";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -578,6 +579,15 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                         g.ssh_keys.push(k)
                     }
                     "sshport" => g.ssh_port = value::port(v).map_err(bad)?,
+                    "metrics" => g.metrics = value::boolean(v).map_err(bad)?,
+                    "metricsport" => g.metrics_port = value::port(v).map_err(bad)?,
+                    "syslog" => {
+                        g.syslog = if v.is_empty() {
+                            None
+                        } else {
+                            Some(value::syslog(v).map_err(bad)?)
+                        }
+                    }
                     _ => {
                         return Err(e(format!(
                             "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
@@ -645,7 +655,8 @@ pub fn emit(cfg: &Config) -> String {
 /// The first lines of a file [`emit_compat`] writes with `#+` lines in it.
 pub const COMPAT_NOTE: &str = "# Lines starting with #+ hold settings of configuration schema 2 (Firewall, Masquerade, Enabled),\n\
 # lines starting with #3+ those of schema 3 (Ntp, UplinkOverlap), #4+ those of schema 4 (SshKey,\n\
-# SshPort): older firmware reads them as comments, so after a rollback it runs this file without them.\n";
+# SshPort), #5+ those of schema 5 (Metrics, MetricsPort, Syslog): older firmware reads them as\n\
+# comments, so after a rollback it runs this file without them.\n";
 
 /// The file the console saves: [`emit`], with every setting schema-1 firmware does not
 /// know on a `#+` line and a disabled peer's whole section on `#+` lines (see the module
@@ -683,10 +694,22 @@ pub fn schema2_view(cfg: &Config) -> Config {
 /// What schema-3 firmware runs from the file [`emit_compat`] writes for `cfg`: no SSH
 /// keys and the default port (that firmware has no SSH server: nothing listens).
 pub fn schema3_view(cfg: &Config) -> Config {
-    let mut c = cfg.clone();
+    let mut c = schema4_view(cfg);
     let d = GatewayConfig::default();
     c.gateway.ssh_keys = d.ssh_keys;
     c.gateway.ssh_port = d.ssh_port;
+    c
+}
+
+/// What schema-4 firmware runs from the file [`emit_compat`] writes for `cfg`: no metrics
+/// endpoint and no remote syslog (that firmware has neither: less is reported, nothing is
+/// opened — a rollback never serves more than the file asks for).
+pub fn schema4_view(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    let d = GatewayConfig::default();
+    c.gateway.metrics = d.metrics;
+    c.gateway.metrics_port = d.metrics_port;
+    c.gateway.syslog = d.syslog;
     c
 }
 
@@ -717,6 +740,15 @@ pub fn schema2_settings(cfg: &Config) -> Vec<String> {
     }
     if cfg.gateway.ssh_port != d.ssh_port {
         out.push(format!("SshPort = {}", cfg.gateway.ssh_port));
+    }
+    if cfg.gateway.metrics {
+        out.push("Metrics = on (no metrics endpoint there)".into());
+    }
+    if cfg.gateway.metrics_port != d.metrics_port {
+        out.push(format!("MetricsPort = {}", cfg.gateway.metrics_port));
+    }
+    if let Some(t) = &cfg.gateway.syslog {
+        out.push(format!("Syslog = {t} (no remote syslog there)"));
     }
     for p in &cfg.peers {
         let who = match &p.name {
@@ -892,6 +924,26 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
         let _ = writeln!(gs, "{new4}{l}");
         guarded |= guard;
     }
+    // Schema 5.
+    let new5 = if guard {
+        guard_prefix(5)
+    } else {
+        String::new()
+    };
+    let mut s5 = String::new();
+    if g.metrics != d.metrics {
+        let _ = writeln!(s5, "Metrics = {}", on_off_str(g.metrics));
+    }
+    if g.metrics_port != d.metrics_port {
+        let _ = writeln!(s5, "MetricsPort = {}", g.metrics_port);
+    }
+    if let Some(t) = &g.syslog {
+        let _ = writeln!(s5, "Syslog = {t}");
+    }
+    for l in s5.lines() {
+        let _ = writeln!(gs, "{new5}{l}");
+        guarded |= guard;
+    }
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
@@ -1040,6 +1092,24 @@ pub(crate) mod tests {
         }
         if rng.chance(4) {
             g.ssh_port = rng.port();
+        }
+        if rng.chance(3) {
+            g.metrics = true;
+        }
+        if rng.chance(4) {
+            g.metrics_port = rng.port();
+        }
+        match rng.below(4) {
+            0 => g.syslog = Some(crate::config::SyslogTarget::parse("192.0.2.7").unwrap()),
+            1 => {
+                g.syslog =
+                    Some(crate::config::SyslogTarget::parse("[2001:db8::7]:1514/tcp").unwrap())
+            }
+            2 => {
+                g.syslog =
+                    Some(crate::config::SyslogTarget::parse("logs.example.net:6514").unwrap())
+            }
+            _ => {}
         }
         if rng.chance(3) {
             g.buffers = 1 + rng.below(1 << 20) as u32;
@@ -1371,6 +1441,74 @@ pub(crate) mod tests {
         }
     }
 
+    /// Schema 5: `Metrics`, `MetricsPort` and `Syslog` on `#5+` lines, which schema-4
+    /// firmware skips: after a rollback nothing serves metrics and nothing is sent to a
+    /// collector (less reported, nothing opened); the schema-4 settings stay.
+    #[test]
+    fn schema5_keys_on_their_own_guarded_lines() {
+        const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC alice@laptop";
+        let mut c = Config::default();
+        c.gateway.ssh_keys = vec![crate::value::ssh_key(&format!("alice {ED}")).unwrap()];
+        c.gateway.metrics = true;
+        c.gateway.metrics_port = 9100;
+        c.gateway.syslog = Some(crate::config::SyslogTarget::parse("192.0.2.9:1514/tcp").unwrap());
+        let text = emit_compat(&c);
+        for l in [
+            "\n#5+ Metrics = on\n",
+            "\n#5+ MetricsPort = 9100\n",
+            "\n#5+ Syslog = 192.0.2.9:1514/tcp\n",
+        ] {
+            assert!(text.contains(l), "{l} in {text}");
+        }
+        assert!(text.starts_with(COMPAT_NOTE));
+        assert_eq!(parse("f", &text).unwrap(), c);
+        let four = parse_as_schema(4, "f", &text).unwrap();
+        assert_eq!(four, schema4_view(&c));
+        assert!(!four.gateway.metrics && four.gateway.syslog.is_none());
+        assert_eq!(
+            four.gateway.ssh_keys, c.gateway.ssh_keys,
+            "schema 4 keeps its own"
+        );
+        assert_eq!(parse_as_schema(3, "f", &text).unwrap(), schema3_view(&c));
+        assert_eq!(parse_as_schema1("f", &text).unwrap(), schema1_view(&c));
+        let plain = "[Gateway]\nMetrics = on\n";
+        let e = parse_as_schema(4, "f", plain).unwrap_err();
+        assert!(e.to_string().contains("schema 4"), "{e}");
+        assert_eq!(earlier_refusal("f", plain).unwrap().0, 5);
+        assert!(schema2_settings(&c)
+            .iter()
+            .any(|s| s.starts_with("Metrics = on")));
+        for (v, want) in [
+            ("192.0.2.9", "192.0.2.9"),
+            ("192.0.2.9:514", "192.0.2.9"),
+            ("192.0.2.9/udp", "192.0.2.9"),
+            ("2001:db8::123", "2001:db8::123"),
+            ("[2001:db8::1]:1514/TCP", "[2001:db8::1]:1514/tcp"),
+            ("Logs.Example.net:6514/tcp", "logs.example.net:6514/tcp"),
+        ] {
+            let t = crate::config::SyslogTarget::parse(v).unwrap();
+            assert_eq!(t.to_string(), want, "{v}");
+            assert_eq!(crate::config::SyslogTarget::parse(want).unwrap(), t);
+        }
+        assert_eq!(
+            crate::config::SyslogTarget::parse("2001:db8::123")
+                .unwrap()
+                .port,
+            crate::config::SYSLOG_PORT
+        );
+        for bad in [
+            "Metrics = maybe",
+            "MetricsPort = 0",
+            "Syslog = 192.0.2.9/sctp",
+            "Syslog = 192.0.2.9:0",
+            "Syslog = -bad-",
+            "Syslog = a b",
+            "Syslog = 300.1.1.1",
+        ] {
+            assert!(parse("f", &format!("[Gateway]\n{bad}\n")).is_err(), "{bad}");
+        }
+    }
+
     /// Schema 3: `Ntp` and `UplinkOverlap` on `#3+` lines, which schema-2 firmware (it reads
     /// `#+` lines as settings) and schema-1 firmware both skip.
     #[test]
@@ -1404,9 +1542,9 @@ pub(crate) mod tests {
         let (n, _) = earlier_refusal("f", "[Gateway]\nFirewall = off\n").unwrap();
         assert_eq!(n, 2);
         assert!(earlier_refusal("f", &text).is_none());
-        // A `#5+` line is a comment to this firmware (a later schema's setting).
+        // A `#6+` line is a comment to this firmware (a later schema's setting).
         assert_eq!(
-            parse("f", "[Gateway]\n#5+ Future = x\n").unwrap(),
+            parse("f", "[Gateway]\n#6+ Future = x\n").unwrap(),
             Config::default()
         );
         for bad in [

@@ -313,6 +313,16 @@ pub fn ips(v: &str) -> R<Vec<IpAddr>> {
     Ok(out)
 }
 
+/// `Syslog`: one collector, `HOST[:PORT][/tcp]`.
+pub fn syslog(v: &str) -> R<crate::config::SyslogTarget> {
+    crate::config::SyslogTarget::parse(v).map_err(|_| {
+        BadValue::new(
+            v,
+            "a syslog collector: a host name or an IP address, optionally :PORT and /tcp (192.0.2.9, logs.example.net:1514/tcp)",
+        )
+    })
+}
+
 /// `Ntp`: NTP servers (host names or addresses, optionally `:PORT`); none twice.
 pub fn ntp_servers(v: &str) -> R<Vec<NtpServer>> {
     let mut out = Vec::new();

@@ -389,6 +389,21 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
         "PORT",
         "TCP port of the console over SSH (default 22; SSH listens only once a key is set)",
     ),
+    (
+        "metrics",
+        "on|off",
+        "Prometheus metrics on the tunnel and LAN sides (default off: they name every peer and its key)",
+    ),
+    (
+        "metrics-port",
+        "PORT",
+        "TCP port of the metrics endpoint /metrics (default 9586)",
+    ),
+    (
+        "syslog",
+        "HOST[:PORT][/tcp]",
+        "send every service's log lines to this syslog collector (RFC 5424, UDP unless /tcp, port 514 unless given; in clear)",
+    ),
 ];
 
 /// `set system` / `delete system` fields: the console password (applies at once, not in
@@ -746,6 +761,11 @@ fn grammar(field: &str) -> Option<String> {
     Some(match field {
         "listen-port" | "tcp-port" => range_text(value::PORT_RANGE),
         "ssh-port" => format!("{} (default {})", range_text(value::PORT_RANGE), g.ssh_port),
+        "metrics-port" => format!(
+            "{} (default {})",
+            range_text(value::PORT_RANGE),
+            g.metrics_port
+        ),
         "mtu" => format!("{} (unset: {DEFAULT_MTU})", range_text(value::MTU_RANGE)),
         "persistent-keepalive" => format!(
             "{} seconds, 0 or off: none",
@@ -1020,6 +1040,9 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "ntp" => g.ntp = v::ntp_servers(val()?)?,
                 "uplink-overlap" => g.uplink_overlap = v::uplink_overlap(val()?)?,
                 "ssh-port" => g.ssh_port = v::port(val()?, "SSH port")?,
+                "metrics" => g.metrics = v::boolean(val()?, &what)?,
+                "metrics-port" => g.metrics_port = v::port(val()?, "metrics port")?,
+                "syslog" => g.syslog = Some(v::syslog(val()?)?),
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
             Ok(String::new())
@@ -1158,6 +1181,9 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 "ntp" => g.ntp = d.ntp,
                 "uplink-overlap" => g.uplink_overlap = d.uplink_overlap,
                 "ssh-port" => g.ssh_port = d.ssh_port,
+                "metrics" => g.metrics = d.metrics,
+                "metrics-port" => g.metrics_port = d.metrics_port,
+                "syslog" => g.syslog = d.syslog,
                 w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
             }
             Ok("back to the default".into())
@@ -1665,6 +1691,13 @@ mod tests {
             ("gateway", "ssh-port", "SshPort", "2222", true),
             ("gateway", "ssh-port", "SshPort", "0", false),
             ("gateway", "ssh-port", "SshPort", "ssh", false),
+            ("gateway", "metrics", "Metrics", "on", true),
+            ("gateway", "metrics", "Metrics", "sometimes", false),
+            ("gateway", "metrics-port", "MetricsPort", "9100", true),
+            ("gateway", "metrics-port", "MetricsPort", "70000", false),
+            ("gateway", "syslog", "Syslog", "192.0.2.9:1514/tcp", true),
+            ("gateway", "syslog", "Syslog", "logs.example.net", true),
+            ("gateway", "syslog", "Syslog", "192.0.2.9/sctp", false),
         ];
         // Every field the console can set is in the table.
         for (section, fields) in [

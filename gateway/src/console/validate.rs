@@ -190,6 +190,11 @@ pub fn ntp_servers(s: &str) -> Result<Vec<NtpServer>, ValueError> {
     value::ntp_servers(s).map_err(at("NTP server list"))
 }
 
+/// `Syslog`: the collector, `HOST[:PORT][/tcp]`.
+pub fn syslog(s: &str) -> Result<crate::core::config::SyslogTarget, ValueError> {
+    value::syslog(s).map_err(at("syslog collector"))
+}
+
 pub fn uplink_overlap(s: &str) -> Result<OverlapPolicy, ValueError> {
     value::uplink_overlap(s).map_err(at("uplink overlap policy"))
 }
