@@ -302,14 +302,16 @@ fn run(opts: Opts) -> Result<(), String> {
                 .map_err(|e| e.to_string())?,
         );
     }
+    let events = Arc::new(super::events::EventBatch::new(opts.event_log.clone()));
     {
         let sh = shared.clone();
         let sink = tcp_sink.clone();
         let ifname = ifname.clone();
         let board = board.clone();
+        let events = events.clone();
         std::thread::Builder::new()
             .name("rg-timers".into())
-            .spawn(move || timers::run(&sh, sink.as_deref(), &ifname, &board))
+            .spawn(move || timers::run(&sh, sink.as_deref(), &ifname, &board, &events))
             .map_err(|e| e.to_string())?;
     }
     {
@@ -398,6 +400,9 @@ fn run(opts: Opts) -> Result<(), String> {
     for h in handles {
         let _ = h.join();
     }
+    // What the timer thread's last tick queued, and the batch: written once more.
+    events.take_from(&device);
+    events.flush(std::time::Instant::now());
     Ok(())
 }
 
