@@ -1109,6 +1109,7 @@ impl Device {
     ) {
         let mut note = None;
         let mut shared = None;
+        let mut quiet = false;
         let now = self.device_now();
         st.rx_bytes += n as u64;
         st.rx_packets += 1;
@@ -1143,6 +1144,7 @@ impl Device {
                 }
                 note = Some(Note::Roamed { old, new: from });
                 shared = st.roams.moved(now, from);
+                quiet = shared.is_none() && st.roams.shared(now).is_some();
             }
         }
         // Packets queued while the handshake was pending go out now.
@@ -1150,11 +1152,15 @@ impl Device {
             send_counted(&mut st, now, from, d, io);
         }
         drop(st);
-        if let Some(Note::Roamed { old, new }) = note {
+        // While two devices take turns, their moves are one event, said once.
+        if let (Some(Note::Roamed { old, new }), false) = (&note, quiet) {
             self.push_event(
                 peer.public_key,
                 now,
-                PeerEventKind::EndpointChanged { old, new },
+                PeerEventKind::EndpointChanged {
+                    old: *old,
+                    new: *new,
+                },
             );
         }
         if let Some((a, b)) = shared {

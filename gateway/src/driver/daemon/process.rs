@@ -334,6 +334,7 @@ fn run(opts: Opts) -> Result<(), String> {
         // Endpoint names that did not resolve (no lease, no resolver yet) are tried
         // again every RESOLVE_RETRY until they do; a reload resolves them too.
         let rt = rt.clone();
+        let events = events.clone();
         std::thread::Builder::new()
             .name("rg-resolve".into())
             .spawn(move || {
@@ -346,6 +347,9 @@ fn run(opts: Opts) -> Result<(), String> {
                         continue;
                     }
                     waited = Duration::ZERO;
+                    for said in rt.reresolve_unanswered(std::time::Instant::now()) {
+                        events.say(&said);
+                    }
                     match rt.retry_names() {
                         Ok(0) => {}
                         Ok(n) => log::info!("{n} peer endpoint name(s) resolved on retry"),
