@@ -29,6 +29,7 @@ pub(super) fn run(
     let mut ticks = 0u64;
     let health_file = crate::run::peers::path(ifname);
     let mut health_written = String::new();
+    let mut bursts = super::events::DropBursts::new();
     loop {
         // wg-quick (or anyone) may change the MTU at any time; padding must
         // never push a packet past it (and needs it known from the start).
@@ -85,6 +86,15 @@ pub(super) fn run(
         }
         // Sessions, endpoint moves, two devices on one key: said and batched.
         events.take_from(&sh.device);
+        if ticks.is_multiple_of(240) {
+            // Once a minute: the firewall's drop counters (none without its table).
+            if let Ok(c) = crate::sys::nftables::counters(crate::core::firewall::TABLE) {
+                let c: Vec<(String, u64)> = c.into_iter().map(|(n, p, _)| (n, p)).collect();
+                if let Some(t) = bursts.observe(std::time::Instant::now(), &c) {
+                    events.say(&t);
+                }
+            }
+        }
         events.tick(std::time::Instant::now());
     }
 }
