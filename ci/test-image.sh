@@ -390,6 +390,8 @@ EOF
         # from before those power cuts.
         steps=$(sed -n '/show log/,$p' "$log" | tr -d '\r' | grep -c '^[0-9T:-]*Z ntp clock stepped ')
         check "$b: \`show log\` lists the clock steps of the boots before the power cuts ($steps)" test "${steps:-0}" -ge 2
+        cuts=$(sed -n '/show log/,$p' "$log" | tr -d '\r' | grep -c "init boot [23]: slot a.*; the previous boot's shutdown: not recorded: a power cut")
+        check "$b: boots 2 and 3 say the boot before ended without a shutdown (killed: a power cut)" test "$cuts" = 2
         check "$b reboot: typed on the console, init stopped services and rebooted" \
             have "$log" 'riceguard-init: rebooting'
         check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"
