@@ -375,6 +375,8 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<LogRing>>) -> std::io::Result<Pid> {
     };
     let mut cmd = Command::new(prog);
     cmd.args(args);
+    // Its output reaches syslog through the relay: the service does not send it itself.
+    cmd.env(crate::logger::UNDER_INIT_ENV, "1");
     let reader: Option<OwnedFd> = match &spec.tty {
         Some(tty) => {
             let f = OpenOptions::new().read(true).write(true).open(tty)?;
@@ -401,12 +403,72 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<LogRing>>) -> std::io::Result<Pid> {
         let ring = Arc::clone(ring);
         let name = spec.name.clone();
         std::thread::spawn(move || {
+            let id = u32::try_from(pid.as_raw()).unwrap_or(0);
             relay(std::fs::File::from(r), &name, &ring, &mut |l| {
-                crate::logger::console_line(l)
+                crate::logger::relayed_line(l, id)
             });
         });
     }
     Ok(pid)
+}
+
+/// How often init looks at the saved configuration for a changed `Syslog`.
+pub const SYSLOG_RECHECK: Duration = Duration::from_secs(2);
+
+/// Init's remote syslog: every console line (init's own and its services' relayed
+/// output) goes to this process's sender (`crate::syslog::process`), whose collector is
+/// the saved configuration's `Syslog`, read again whenever the file changes (a commit).
+pub struct SyslogFollow {
+    dir: std::path::PathBuf,
+    /// The file as last read: modification time and length.
+    seen: Option<(std::time::SystemTime, u64)>,
+    next: Instant,
+}
+
+impl SyslogFollow {
+    /// Start following `dir`'s saved configuration (read now).
+    pub fn new(dir: &std::path::Path, now: Instant) -> SyslogFollow {
+        crate::logger::console_to_syslog();
+        let mut f = SyslogFollow {
+            dir: dir.to_path_buf(),
+            seen: None,
+            next: now,
+        };
+        f.tick(now);
+        f
+    }
+
+    /// At most every [`SYSLOG_RECHECK`]: read the file again if it changed, and follow
+    /// its `Syslog`. A file that does not parse changes nothing (the console does not
+    /// save one).
+    pub fn tick(&mut self, now: Instant) {
+        if now < self.next {
+            return;
+        }
+        self.next = now + SYSLOG_RECHECK;
+        let path = crate::perm::config::conf_path(&self.dir);
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
+        if stamp == self.seen {
+            return;
+        }
+        self.seen = stamp;
+        let text = crate::perm::config::read_text(&self.dir);
+        let Ok(cfg) = crate::core::ini::parse(&path.to_string_lossy(), &text) else {
+            return;
+        };
+        let target = cfg.gateway.syslog;
+        let said = match &target {
+            Some(t) => format!(
+                "riceguard-init: syslog: sending every service's log lines to {t} (in clear)"
+            ),
+            None => "riceguard-init: syslog: no remote syslog".to_string(),
+        };
+        if crate::syslog::process().set_target(target) {
+            crate::logger::console_line(&said);
+        }
+    }
 }
 
 #[cfg(test)]
