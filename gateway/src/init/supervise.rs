@@ -659,6 +659,62 @@ mod tests {
         }
     }
 
+    /// Init's syslog follows the saved configuration: its `Syslog` is used at once, a
+    /// changed file is read again at the next check, and init's own console lines and a
+    /// service's relayed ones arrive with their app-name, PROCID and severity.
+    #[test]
+    fn syslog_follows_the_saved_configuration() {
+        let dir = std::env::temp_dir().join(format!("rg-syslog-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rx = |_: ()| {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s
+        };
+        let (a, b) = (rx(()), rx(()));
+        let conf = |target: String| {
+            let text =
+                format!("[Interface]\nListenPort = 51820\n\n[Gateway]\n#5+ Syslog = {target}\n");
+            std::fs::write(crate::perm::config::conf_path(&dir), text).unwrap();
+        };
+        // The next message ending with `tail` (other tests' console lines may come too).
+        let recv = |s: &std::net::UdpSocket, tail: &str| loop {
+            let mut buf = [0u8; 4096];
+            let n = s.recv(&mut buf).unwrap();
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if m.ends_with(tail) {
+                return m;
+            }
+        };
+        conf(a.local_addr().unwrap().to_string());
+        let t0 = Instant::now();
+        let mut f = SyslogFollow::new(&dir, t0);
+        // The line saying where syslog goes is the first one sent.
+        let m = recv(&a, " (in clear)");
+        let pid = std::process::id();
+        assert!(
+            m.starts_with("<29>1 ")
+                && m.contains(&format!(
+                    " init {pid} - - syslog: sending every service's log lines to 127.0.0.1:"
+                )),
+            "{m}"
+        );
+        crate::logger::relayed_line("gateway: [   1.000] riceguard WARN  careful", 4242);
+        let m = recv(&a, " careful");
+        assert!(
+            m.starts_with("<28>1 ") && m.ends_with(" gateway 4242 - - careful"),
+            "{m}"
+        );
+        // A commit: the file changes (another length), read again after the recheck.
+        conf(format!("{}/udp", b.local_addr().unwrap()));
+        f.tick(t0 + Duration::from_millis(10));
+        f.tick(t0 + SYSLOG_RECHECK);
+        crate::logger::console_line("riceguard-init: FATAL: test");
+        let m = recv(&b, " - - FATAL: test");
+        assert!(m.starts_with("<27>1 ") && m.contains(" init "), "{m}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     fn wait_for(pid: Pid) -> WaitStatus {
         waitpid(pid, Some(WaitPidFlag::empty())).unwrap()
     }
