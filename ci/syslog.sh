@@ -113,9 +113,13 @@ check "UDP: the start-up line (app-name gateway, PROCID the pid, info)" \
     wait_for 10 got udp "$HDR$TUN: up, "
 inns $G ping -n -c1 -W1 10.127.0.2 >/dev/null 2>&1 || true
 check "the phone answers through the tunnel" wait_for 10 inns $G ping -n -c1 -W1 10.127.0.2
-SESSION="$HDR"'peer (phone \()?[A-Za-z0-9+/]{8}\)? (session established|handshake completed)'
+SESSION="$HDR"'peer (phone \()?[A-Za-z0-9+/]{8}\)?:? (session established|handshake completed)'
+# `session established` (naming the peer) when the daemon says it, else today's
+# initiator line `peer KEY8 handshake completed (we initiated)`.
 if wait_for 10 got udp "$SESSION"; then
-    ok "UDP: the phone's session line: $(grep -Eo 'peer .*(session established|handshake completed).*' "$CAP" | head -1)"
+    line=$(grep -E "^udp OK $SESSION" "$CAP" | grep -m1 'session established' ||
+        grep -E -m1 "^udp OK $SESSION" "$CAP")
+    ok "UDP: the phone's session line: ${line#* - - }"
 else ko "UDP: no session line for the phone"; grep -E 'peer ' "$CAP" | head -5; fi
 
 # ---- (b) TCP -------------------------------------------------------------------------------

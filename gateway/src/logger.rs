@@ -53,9 +53,12 @@ static RECORD_SYSLOG: Mutex<Option<&'static str>> = Mutex::new(None);
 /// through init's relay, so they do not send it themselves.
 pub const UNDER_INIT_ENV: &str = "RG_UNDER_INIT";
 
-/// Init: send every console line to syslog (see [`console_line`]).
+/// Init: send every console line to syslog (see [`console_line`]); the lines before
+/// the configuration said where are kept for that collector (`syslog::Sender::hold`).
 pub fn console_to_syslog() {
-    CONSOLE_SYSLOG.store(true, Ordering::Relaxed);
+    if !CONSOLE_SYSLOG.swap(true, Ordering::Relaxed) {
+        crate::syslog::process().hold();
+    }
 }
 
 /// Whether this process runs under init (which relays its output to syslog).

@@ -43,6 +43,9 @@ struct State {
     target: Option<SyslogTarget>,
     /// Bumped at every change of target: the thread drops its socket and resolution.
     generation: u64,
+    /// No target decided yet: messages are kept for the first one (init's boot lines
+    /// before it read the configuration); see [`Sender::hold`].
+    undecided: bool,
     backlog: Backlog,
     stop: bool,
 }
@@ -90,6 +93,7 @@ impl Sender {
                 state: Mutex::new(State {
                     target: None,
                     generation: 0,
+                    undecided: false,
                     backlog: Backlog::new(budget),
                     stop: false,
                 }),
@@ -113,7 +117,11 @@ impl Sender {
     /// Returns true when the target changed.
     pub fn set_target(&self, target: Option<SyslogTarget>) -> bool {
         let mut s = self.lock();
+        let held = std::mem::take(&mut s.undecided);
         if s.target == target {
+            if held && target.is_none() {
+                s.backlog.clear();
+            }
             return false;
         }
         if target.is_none() {
@@ -155,11 +163,20 @@ impl Sender {
         *started = spawned.is_ok();
     }
 
+    /// Keep messages (within the budget) until the first [`Sender::set_target`]: sent
+    /// to the collector it names, forgotten if it names none.
+    pub fn hold(&self) {
+        let mut s = self.lock();
+        if s.target.is_none() && s.generation == 0 {
+            s.undecided = true;
+        }
+    }
+
     /// Queue one message (dropped unsent while no collector is set). Never waits for
     /// the network.
     pub fn send(&self, app: &str, procid: Option<u32>, severity: Severity, msg: &str) {
         let mut s = self.lock();
-        if s.target.is_none() {
+        if s.target.is_none() && !s.undecided {
             return;
         }
         let m = self
@@ -392,6 +409,31 @@ mod tests {
         let mut b = vec![0; n];
         r.read_exact(&mut b).unwrap();
         String::from_utf8(b).unwrap()
+    }
+
+    /// Held before the first target: kept for it; forgotten if there is none.
+    #[test]
+    fn held_until_the_first_target() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let s = Sender::new("gw", 65536);
+        s.hold();
+        s.send("init", Some(1), Severity::Notice, "boot line");
+        assert_eq!(s.pending(), (1, 0));
+        s.set_target(Some(target(rx.local_addr().unwrap(), false)));
+        let mut b = [0u8; 4096];
+        let n = rx.recv(&mut b).unwrap();
+        assert!(std::str::from_utf8(&b[..n])
+            .unwrap()
+            .ends_with(" gw init 1 - - boot line"));
+        s.stop();
+        let s = Sender::new("gw", 65536);
+        s.hold();
+        s.send("init", Some(1), Severity::Notice, "boot line");
+        assert!(!s.set_target(None));
+        assert_eq!(s.pending(), (0, 0));
+        s.send("init", Some(1), Severity::Notice, "not kept");
+        assert_eq!(s.pending(), (0, 0));
     }
 
     #[test]
