@@ -36,7 +36,11 @@
 #            and a script (exit status), unknown keys, passwords and other login names
 #            refused and logged, `add client` over SSH, a refused source, the host key
 #            across a restart, 200 half-open connections, the 20 s login grace, nothing
-#            listening without a key (ci/ssh.sh)
+#            listening without a key (ci/ssh.sh);
+#            remote syslog from a daemon run by hand to an RFC 5424 collector, UDP then
+#            TCP octet counting: the session line's app-name and severity, a collector
+#            away and back (the backlog, its drop notice first), no private key sent
+#            (ci/syslog.sh)
 #   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
 #            from Debian packages, for both musl targets: static, right ELF machine,
 #            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
