@@ -34,6 +34,8 @@ pub const SELF_APP: &str = "syslog";
 /// Marks the MSG as UTF-8 (RFC 5424 section 6.4); sent only when the text is not ASCII.
 const BOM: &str = "\u{feff}";
 const INIT_PREFIX: &str = "riceguard-init: ";
+/// Init's few lines without its prefix (`riceguard: public key ...`).
+const INIT_PLAIN_PREFIX: &str = "riceguard: ";
 
 /// RFC 5424 severities (table 2); lower is more severe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -106,8 +108,9 @@ pub fn parse_logger_line(line: &str) -> (Severity, &str) {
     }
 }
 
-/// A line init wrote to the console: its own (`riceguard-init: ...`, and the few without
-/// that prefix: app `init`, severity notice, or error for a `FATAL`), or a service's line
+/// A line init wrote to the console: its own (`riceguard-init: ...`, `riceguard: ...`
+/// and anything else not from a service: app `init`, severity notice, or error for a
+/// `FATAL`), or a service's line
 /// it relayed as `NAME: line` (app `NAME`, the rest read by [`parse_logger_line`]).
 pub fn parse_console_line(line: &str) -> Line<'_> {
     if let Some(rest) = line.strip_prefix(INIT_PREFIX) {
@@ -119,6 +122,13 @@ pub fn parse_console_line(line: &str) -> Line<'_> {
         return Line {
             app: "init",
             severity,
+            msg: rest.trim(),
+        };
+    }
+    if let Some(rest) = line.strip_prefix(INIT_PLAIN_PREFIX) {
+        return Line {
+            app: "init",
+            severity: Severity::Notice,
             msg: rest.trim(),
         };
     }

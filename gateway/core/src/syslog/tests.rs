@@ -78,9 +78,9 @@ fn console_lines_name_their_service() {
         (l.app, l.severity, l.msg),
         ("ntp", Severity::Notice, "hello there")
     );
-    // Not a service name before the colon: init's own text.
+    // Init's own lines without its prefix, and text not from a service.
     let l = parse_console_line("riceguard: public key abc");
-    assert_eq!((l.app, l.msg), ("riceguard", "public key abc"));
+    assert_eq!((l.app, l.msg), ("init", "public key abc"));
     let l = parse_console_line("two words: x");
     assert_eq!((l.app, l.msg), ("init", "two words: x"));
 }
