@@ -46,8 +46,10 @@ pub fn relayed_line(text: &str, pid: u32) {
 /// sender (`crate::syslog::process`), which sends them once a collector is set.
 static CONSOLE_SYSLOG: AtomicBool = AtomicBool::new(false);
 /// The app-name of this process's own records when it sends them to syslog itself (a
-/// daemon not under init); `None`: it does not.
+/// daemon not under init); `None`: it does not. Read only while [`RECORD_SYSLOG_ON`]:
+/// a record costs no lock otherwise.
 static RECORD_SYSLOG: Mutex<Option<&'static str>> = Mutex::new(None);
+static RECORD_SYSLOG_ON: AtomicBool = AtomicBool::new(false);
 
 /// The environment variable init sets for its services: their output reaches syslog
 /// through init's relay, so they do not send it themselves.
@@ -75,6 +77,7 @@ pub fn syslog(app: &'static str, target: Option<&crate::core::config::SyslogTarg
         return;
     }
     *RECORD_SYSLOG.lock().unwrap_or_else(|p| p.into_inner()) = target.map(|_| app);
+    RECORD_SYSLOG_ON.store(target.is_some(), Ordering::Release);
     if crate::syslog::process().set_target(target.cloned()) {
         match target {
             Some(t) => log::info!("syslog: sending log lines to {t} (in clear)"),
@@ -446,6 +449,9 @@ impl log::Log for Logger {
         }
         format_line(&mut line, t, r.level(), r.args());
         self.emit(line);
+        if !RECORD_SYSLOG_ON.load(Ordering::Acquire) {
+            return;
+        }
         let app = *RECORD_SYSLOG.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(app) = app {
             crate::syslog::process().send(
@@ -642,6 +648,24 @@ mod tests {
             }
         }
         assert!(found > 5, "read {found} files of {}", dir.display());
+    }
+
+    /// A record's level and the level word `core::syslog` reads in a relayed line give
+    /// the same severity: a line has one severity whichever way it reaches syslog.
+    #[test]
+    fn syslog_severity_matches_the_written_level() {
+        for level in [
+            log::Level::Error,
+            log::Level::Warn,
+            log::Level::Info,
+            log::Level::Debug,
+            log::Level::Trace,
+        ] {
+            let mut o = String::new();
+            format_line(&mut o, s(3), level, &"text");
+            let (sev, msg) = crate::core::syslog::parse_logger_line(o.trim_end());
+            assert_eq!((sev, msg), (severity(level), "text"), "{o}");
+        }
     }
 
     #[test]
