@@ -110,6 +110,7 @@ pub(super) fn stage2() -> ! {
         );
     }
     let gw = load_config(perm_ok);
+    let mut syslog = supervise::SyslogFollow::new(Path::new(PERM), Instant::now());
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     // The board's consoles whose terminal exists (a screen-less box has no tty1, a box
     // without a COM port no ttyS0): the failsafe prompt asks on all of them.
@@ -291,6 +292,7 @@ pub(super) fn stage2() -> ! {
         let next_start = sup.tick(now);
         confirm_guard.check(&sup);
         time_saver.tick(now);
+        syslog.tick(now);
         let (starts, running) = match sup.find("gateway") {
             Some(s) => match s.state {
                 supervise::State::Running(pid) => (s.starts, Some(pid)),

@@ -695,6 +695,7 @@ pub(super) fn reload_file(
         .map_err(|e| ReloadError::Invalid(path.into(), e))?;
     let cfg = cfg.running();
     rt.apply_config(&cfg).map_err(ReloadError::Apply)?;
+    crate::logger::syslog("gateway", cfg.gateway.syslog.as_ref());
     // The device runs the new configuration; the network follows it as a diff. An
     // address or route that netlink refused is said, but the reload counts as applied.
     if let Some(nc) = netconf {
