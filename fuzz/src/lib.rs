@@ -727,6 +727,13 @@ pub fn check_run_files(data: &[u8]) {
             assert_eq!(confirm::ConfirmBoot::parse(&b.to_text()), Some(b));
         }
     }
+    // The daemon's peer health file (`show peers`): what reads back is what was written.
+    let peers = riceguard::run::peers::parse(&text);
+    assert_eq!(
+        riceguard::run::peers::parse(&riceguard::run::peers::text(&peers)),
+        peers,
+        "peer health file round trip"
+    );
     // /proc/net/tcp as init reads it for the SSH server's listening socket.
     let ports = riceguard::core::net::tcp_listen_ports(&text);
     assert!(ports.windows(2).all(|w| w[0] < w[1]));
