@@ -17,6 +17,7 @@ mod import_graph;
 pub mod init;
 pub mod logger;
 pub mod perm;
+pub mod quiet_thread;
 pub mod run;
 pub mod slots;
 #[cfg(feature = "ssh")]

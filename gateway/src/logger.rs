@@ -476,23 +476,9 @@ fn start_writer(l: &'static Logger) {
         return;
     }
     l.pipe.set_stop(false);
-    // The writer starts with every signal blocked (a thread inherits its creator's
-    // mask): signals are for the threads that wait for them (the daemon's sigwait), and
-    // a SIGTERM delivered here would take the default action and end the process.
-    use nix::sys::signal::{SigSet, SigmaskHow};
-    let mut old = SigSet::empty();
-    let blocked = nix::sys::signal::pthread_sigmask(
-        SigmaskHow::SIG_SETMASK,
-        Some(&SigSet::all()),
-        Some(&mut old),
-    )
-    .is_ok();
-    let spawned = std::thread::Builder::new()
-        .name("rg-log".into())
-        .spawn(move || l.write_loop());
-    if blocked {
-        let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
-    }
+    // A SIGTERM delivered to the writer would take the default action and end the
+    // process: it takes none.
+    let spawned = crate::quiet_thread::spawn("rg-log", move || l.write_loop());
     match spawned {
         Ok(h) => {
             *w = Some(h);

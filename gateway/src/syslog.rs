@@ -143,23 +143,9 @@ impl Sender {
         if *started {
             return;
         }
-        // Every signal blocked in the thread (it inherits its creator's mask): signals
-        // are for the threads that wait for them, as for the logger's writer.
-        use nix::sys::signal::{SigSet, SigmaskHow};
-        let mut old = SigSet::empty();
-        let blocked = nix::sys::signal::pthread_sigmask(
-            SigmaskHow::SIG_SETMASK,
-            Some(&SigSet::all()),
-            Some(&mut old),
-        )
-        .is_ok();
+        // Signals are for the threads that wait for them, as for the logger's writer.
         let shared = Arc::clone(&self.shared);
-        let spawned = std::thread::Builder::new()
-            .name("rg-syslog".into())
-            .spawn(move || run(&shared));
-        if blocked {
-            let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
-        }
+        let spawned = crate::quiet_thread::spawn("rg-syslog", move || run(&shared));
         *started = spawned.is_ok();
     }
 
