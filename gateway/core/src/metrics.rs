@@ -279,9 +279,9 @@ pub const BOOT_SLOT: Family = gauge(
     "riceguard_boot_slot_info",
     "1, labelled with the slot this boot runs (a or b).",
 );
-pub const BOOT_TRIAL: Family = gauge(
-    "riceguard_boot_trial",
-    "1 while the running slot is on trial (not yet marked good).",
+pub const BOOT_GOOD: Family = gauge(
+    "riceguard_boot_marked_good",
+    "1 once init marked this boot good (the gateway healthy: an update's trial is over), 0 before.",
 );
 pub const SERVICE_RESTARTS: Family = counter(
     "riceguard_service_restarts_total",
@@ -326,7 +326,7 @@ pub const FAMILIES: &[Family] = &[
     NTP_SYNC_AGE,
     CLOCK_SOURCE,
     BOOT_SLOT,
-    BOOT_TRIAL,
+    BOOT_GOOD,
     SERVICE_RESTARTS,
     SERVICE_UP,
     SCRAPE_PEERS,
@@ -422,7 +422,7 @@ pub struct GatewayMetrics {
     pub ntp_servers: Option<u64>,
     pub ntp_sync_age: Option<f64>,
     pub clock_source: Option<String>,
-    /// Init's figures: slot, on trial.
+    /// Init's figures: the slot, and whether the boot was marked good.
     pub boot: Option<(String, bool)>,
     pub services: Vec<ServiceFigures>,
 }
@@ -516,10 +516,10 @@ pub fn write_exposition<W: Write>(
         w.family(&CLOCK_SOURCE)?;
         w.sample(CLOCK_SOURCE.name, &[("source", s)], Value::U(1))?;
     }
-    if let Some((slot, trial)) = &g.boot {
+    if let Some((slot, marked)) = &g.boot {
         w.family(&BOOT_SLOT)?;
         w.sample(BOOT_SLOT.name, &[("slot", slot)], Value::U(1))?;
-        w.single(&BOOT_TRIAL, (*trial).into())?;
+        w.single(&BOOT_GOOD, (*marked).into())?;
     }
     if !g.services.is_empty() {
         w.family(&SERVICE_RESTARTS)?;

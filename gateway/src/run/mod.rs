@@ -9,7 +9,9 @@
 //!   `reload:` generation polled until it moves or a deadline passes);
 //! - [`lease`]: the DHCP client's lease files and the lines shown from them;
 //! - [`clock`]: the clock's files (init's boot record, the NTP client's state and
-//!   stamps) and the `clock:` / `ntp:` lines shown from them.
+//!   stamps) and the `clock:` / `ntp:` lines shown from them;
+//! - [`services`]: init's figures for the metrics endpoint (slot, boot marked good,
+//!   starts of each supervised service).
 //!
 //! What the boots share on the perm partition is [`crate::perm`]'s, the same way.
 //!
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 pub mod clock;
 pub mod lease;
 pub mod reload;
+pub mod services;
 pub mod status;
 
 /// The appliance's run-time directory (tmpfs, made by init at boot).

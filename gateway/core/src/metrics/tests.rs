@@ -103,7 +103,7 @@ fn an_exposition_in_full() {
         "riceguard_ntp_last_sync_age_seconds 30\n",
         "riceguard_clock_source_info{source=\"ntp\"} 1\n",
         "riceguard_boot_slot_info{slot=\"a\"} 1\n",
-        "riceguard_boot_trial 1\n",
+        "riceguard_boot_marked_good 1\n",
         "riceguard_service_restarts_total{service=\"gateway\"} 1\n",
         "riceguard_service_running{service=\"gateway\"} 1\n",
         "riceguard_peer_receive_bytes_total{name=\"phone\",public_key=\"AAAA+/=\"} 1234\n",
