@@ -110,17 +110,20 @@ impl InitFigures {
     }
 }
 
-/// Init: write [`SERVICES`] in `dir` when it differs from `last` (what it wrote before).
+/// Init: write [`SERVICES`] in `dir` when it differs from `last` (what it wrote, or tried
+/// to, before).
 pub fn write_figures(dir: &Path, f: &InitFigures, last: &mut String) {
     let text = f.to_text();
     if text == *last {
         return;
     }
     let p = dir.join(SERVICES);
-    match crate::durable::write(&p, text.as_bytes(), crate::durable::PUBLIC) {
-        Ok(()) => *last = text,
-        Err(e) => log::warn!("{}: {e}", p.display()),
+    if let Err(e) = crate::durable::write(&p, text.as_bytes(), crate::durable::PUBLIC) {
+        log::warn!("{}: {e}", p.display());
     }
+    // Tried once per change: a run directory that cannot be written is said once, not
+    // at every turn of init's loop.
+    *last = text;
 }
 
 /// The daemon: init's figures in `dir`, if init wrote them.

@@ -258,10 +258,15 @@ fn serve(mut s: TcpStream, ctx: &Ctx) {
         log::debug!(target: "net::metrics", "metrics: answer cut: {e}");
     }
     let _ = s.shutdown(std::net::Shutdown::Write);
-    // Read what the client still sends (briefly) so closing does not reset the answer.
+    // Read what the client still sends (briefly, at most 64 KiB) so closing does not
+    // reset the answer before it is read.
     let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-    let mut sink = [0u8; 512];
-    while matches!(s.read(&mut sink), Ok(n) if n > 0) {}
+    let mut sink = [0u8; 4096];
+    for _ in 0..16 {
+        if !matches!(s.read(&mut sink), Ok(n) if n > 0) {
+            break;
+        }
+    }
 }
 
 fn scrape(s: &mut TcpStream, ctx: &Ctx) -> std::io::Result<()> {
