@@ -36,7 +36,8 @@
 #            and a script (exit status), unknown keys, passwords and other login names
 #            refused and logged, `add client` over SSH, a refused source, the host key
 #            across a restart, 200 half-open connections, the 20 s login grace, nothing
-#            listening without a key (ci/ssh.sh)
+#            listening without a key (ci/ssh.sh); peer health, two devices on one key, an
+#            endpoint name resolved again when unanswered, the daemon's event log (ci/peer-health.sh)
 #   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
 #            from Debian packages, for both musl targets: static, right ELF machine,
 #            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
@@ -120,7 +121,7 @@ labs_of() {
         fastpath) echo ci/fastpath.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
-        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/metrics.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/metrics.sh ;;
         cross) echo ci/test-cross.sh ;;
         # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
         # checked as reproducible) rather than building it a third time.

@@ -191,6 +191,16 @@ pub struct PeerState {
     /// Bytes of WireGuard messages sent and received (UAPI `tx_bytes`/`rx_bytes`).
     pub tx_bytes: u64,
     pub rx_bytes: u64,
+    /// WireGuard messages sent, and authenticated ones received (the metrics' packets).
+    pub tx_packets: u64,
+    pub rx_packets: u64,
+    /// Handshake initiations sent while an earlier one was still unanswered (each such
+    /// retry is a failed attempt), and sessions boringtun gave up on.
+    pub handshake_failures: u64,
+    /// Times an authenticated packet moved the endpoint from one address to another.
+    pub endpoint_changes: u64,
+    /// The latest endpoint moves, for telling two devices on one key from a roaming one.
+    roams: RoamHistory,
     /// Whether the last `update_timers` saw an established session (for the log line).
     had_session: bool,
     /// A data packet arrived and nothing has gone back since: a passive keepalive is
@@ -201,6 +211,8 @@ pub struct PeerState {
     keepalive_owed_since: Option<Duration>,
     /// Device time of the last authenticated message from the peer.
     last_heard: Option<Duration>,
+    /// Device time of the last message sent to the peer (data or handshake).
+    last_sent: Option<Duration>,
     /// Device time of the first data message sent since the peer was last heard: the
     /// start of WireGuard's "data sent, nothing back for KEEPALIVE + REKEY_TIMEOUT"
     /// countdown (see [`PeerState::hold_timers`]).
@@ -223,9 +235,15 @@ impl PeerState {
             last_handshake: None,
             tx_bytes: 0,
             rx_bytes: 0,
+            tx_packets: 0,
+            rx_packets: 0,
+            handshake_failures: 0,
+            endpoint_changes: 0,
+            roams: RoamHistory::default(),
             had_session: false,
             keepalive_owed_since: None,
             last_heard: None,
+            last_sent: None,
             unanswered_since: None,
             initiating: false,
             events: TransportEvents::default(),
@@ -258,6 +276,16 @@ impl PeerState {
     /// way: time for a new one. boringtun 0.7.1 misses this when the data went out in the
     /// same 250 ms tick as the last receive (its timestamps are tick-granular and the
     /// comparison strict), so the device judges it too.
+    /// Traffic to send that goes unanswered: something went out within the last 180 s
+    /// after the peer was last heard (data waiting for a session makes handshakes).
+    fn wants_to_send(&self, now: Duration) -> bool {
+        self.initiating
+            || self.unanswered_since.is_some()
+            || self.last_sent.is_some_and(|s| {
+                now.saturating_sub(s) <= SESSION_USABLE && self.last_heard.is_none_or(|h| s > h)
+            })
+    }
+
     fn handshake_overdue(&self, now: Duration) -> bool {
         !self.initiating
             && self
@@ -290,6 +318,9 @@ fn send_counted(st: &mut PeerState, now: Duration, to: PeerAddr, d: &[u8], io: &
 fn note_sent(st: &mut PeerState, now: Duration, to: PeerAddr, kind: Option<u8>, len: usize) {
     if kind == Some(MSG_INIT) {
         st.events.handshakes_sent[tidx(&to)] += 1;
+        if st.initiating {
+            st.handshake_failures += 1;
+        }
         st.initiating = true;
         // The countdown has done its work; the next data sent starts another.
         st.unanswered_since = None;
@@ -299,6 +330,8 @@ fn note_sent(st: &mut PeerState, now: Duration, to: PeerAddr, kind: Option<u8>, 
     }
     st.keepalive_owed_since = None;
     st.tx_bytes += len as u64;
+    st.tx_packets += 1;
+    st.last_sent = Some(now);
 }
 
 const MSG_INIT: u8 = 1;
@@ -456,6 +489,179 @@ pub struct Device {
     /// Where new peers' local indices come from (the caller's random source).
     index_rng: Mutex<Box<dyn RngCore + Send>>,
     pub drops: DropCounters,
+    /// What happened to peers since the driver last asked ([`Device::take_events`]):
+    /// rare (sessions, endpoint moves), never per data packet; bounded.
+    events: Mutex<EventQueue>,
+}
+
+/// Peer events waiting for the driver, at most [`MAX_PENDING_EVENTS`]; the rest counted.
+#[derive(Default)]
+struct EventQueue {
+    queue: std::collections::VecDeque<PeerEvent>,
+    dropped: u64,
+}
+
+/// Peer events kept between two `take_events` (the timer thread asks every 250 ms).
+pub const MAX_PENDING_EVENTS: usize = 1024;
+
+/// Something that happened to a peer, for the event log and the log lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerEvent {
+    pub key: Key,
+    /// Device time (the `now` of `update_timers`).
+    pub at: Duration,
+    pub kind: PeerEventKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerEventKind {
+    /// A session came up (a handshake completed where there was none).
+    SessionEstablished,
+    /// The session expired (no new handshake for REJECT_AFTER_TIME x 3, as boringtun
+    /// judges) — the peer is gone, or unreachable.
+    SessionExpired,
+    /// An authenticated packet came from a new address (`old` none: the first).
+    EndpointChanged {
+        old: Option<PeerAddr>,
+        new: PeerAddr,
+    },
+    /// The endpoint keeps flipping between two addresses: two devices share this key
+    /// (see [`RoamHistory`]).
+    SharedKey { a: PeerAddr, b: PeerAddr },
+}
+
+/// How a peer is doing, as `show peers`, `show status` and the metrics say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// A handshake within 180 s and, when a persistent keepalive is set, a packet
+    /// received within that interval (and a tick's slack).
+    Up,
+    /// A handshake happened, nothing says it is broken: no traffic, or quiet beyond the
+    /// keepalive.
+    Idle,
+    /// No handshake for more than 180 s while there is traffic to send.
+    Stale,
+    /// Never a handshake.
+    Never,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Up => "up",
+            Health::Idle => "idle",
+            Health::Stale => "stale",
+            Health::Never => "never",
+        }
+    }
+
+    /// The rule, from device times (`now` and the peer's last handshake and packet).
+    pub fn judge(
+        now: Duration,
+        last_handshake: Option<Duration>,
+        last_heard: Option<Duration>,
+        keepalive: Option<u16>,
+        wants_to_send: bool,
+    ) -> Health {
+        let Some(hs) = last_handshake else {
+            return Health::Never;
+        };
+        let hs_age = now.saturating_sub(hs);
+        if hs_age > SESSION_USABLE {
+            return if wants_to_send {
+                Health::Stale
+            } else {
+                Health::Idle
+            };
+        }
+        let heard_recently = match keepalive.filter(|&k| k > 0) {
+            None => true,
+            Some(k) => last_heard.is_some_and(|h| {
+                now.saturating_sub(h) <= Duration::from_secs(u64::from(k)) + HEALTH_SLACK
+            }),
+        };
+        if heard_recently {
+            Health::Up
+        } else {
+            Health::Idle
+        }
+    }
+}
+
+/// What a keepalive may be late by and the peer still `up`: the timer tick of both ends
+/// and a round trip.
+const HEALTH_SLACK: Duration = Duration::from_secs(2);
+
+/// Two devices on one key: the endpoint moved [`SHARED_KEY_FLIPS`] times within
+/// [`SHARED_KEY_WINDOW`], each time back to where it was two moves before, between the
+/// same two addresses (A→B→A→B→A→B→A). Each device's handshake breaks the other's
+/// session, so they take turns at the rate of WireGuard's retries (seconds). A phone
+/// moving from Wi-Fi to LTE and back is two moves; even flapping at the edge of a Wi-Fi
+/// it moves far less often than this. Said once per episode; the episode ends after a
+/// window with no move.
+pub const SHARED_KEY_FLIPS: usize = 6;
+pub const SHARED_KEY_WINDOW: Duration = Duration::from_secs(600);
+
+/// The latest endpoint moves of one peer (see [`SHARED_KEY_FLIPS`]).
+#[derive(Clone, Debug, Default)]
+pub struct RoamHistory {
+    /// (device time, new address), oldest first, at most `SHARED_KEY_FLIPS + 1`.
+    moves: std::collections::VecDeque<(Duration, PeerAddr)>,
+    /// The two addresses of the episode under way, once said.
+    said: Option<(PeerAddr, PeerAddr)>,
+}
+
+impl RoamHistory {
+    /// Record a move to `to` at `now`; the two addresses the first time the moves show
+    /// two devices in this episode.
+    pub fn moved(&mut self, now: Duration, to: PeerAddr) -> Option<(PeerAddr, PeerAddr)> {
+        if self
+            .moves
+            .back()
+            .is_some_and(|&(t, _)| now.saturating_sub(t) > SHARED_KEY_WINDOW)
+        {
+            // A quiet window: the episode is over.
+            self.moves.clear();
+            self.said = None;
+        }
+        self.moves.push_back((now, to));
+        while self.moves.len() > SHARED_KEY_FLIPS + 1 {
+            self.moves.pop_front();
+        }
+        let pair = self.flipping(now)?;
+        if self.said.is_some() {
+            return None;
+        }
+        self.said = Some(pair);
+        Some(pair)
+    }
+
+    /// The two addresses, if the last moves alternate between them within the window.
+    fn flipping(&self, now: Duration) -> Option<(PeerAddr, PeerAddr)> {
+        if self.moves.len() < SHARED_KEY_FLIPS {
+            return None;
+        }
+        let recent: Vec<_> = self.moves.iter().rev().take(SHARED_KEY_FLIPS).collect();
+        let oldest = recent.last()?.0;
+        if now.saturating_sub(oldest) > SHARED_KEY_WINDOW {
+            return None;
+        }
+        let (a, b) = (recent[0].1, recent[1].1);
+        let alternating = a != b
+            && recent
+                .iter()
+                .enumerate()
+                .all(|(i, &&(_, x))| x == if i % 2 == 0 { a } else { b });
+        alternating.then_some((b, a))
+    }
+
+    /// The episode's two addresses while it lasts (for `show status` and the metrics).
+    pub fn shared(&self, now: Duration) -> Option<(PeerAddr, PeerAddr)> {
+        let last = self.moves.back()?.0;
+        (now.saturating_sub(last) <= SHARED_KEY_WINDOW)
+            .then_some(self.said)
+            .flatten()
+    }
 }
 
 /// A worker's cached view of the table, refreshed only when the generation moves.
@@ -493,7 +699,26 @@ impl Device {
             tick_wall_ms: AtomicU64::new(0),
             index_rng: Mutex::new(index_rng),
             drops: DropCounters::default(),
+            events: Mutex::new(EventQueue::default()),
         }
+    }
+
+    /// Queue a peer event for the driver (never under a peer lock: the queue's lock is
+    /// taken alone).
+    fn push_event(&self, key: Key, at: Duration, kind: PeerEventKind) {
+        let mut q = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if q.queue.len() >= MAX_PENDING_EVENTS {
+            q.dropped += 1;
+            return;
+        }
+        q.queue.push_back(PeerEvent { key, at, kind });
+    }
+
+    /// The peer events since the last call, oldest first, and how many did not fit.
+    pub fn take_events(&self) -> (Vec<PeerEvent>, u64) {
+        let mut q = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let dropped = std::mem::take(&mut q.dropped);
+        (q.queue.drain(..).collect(), dropped)
     }
 
     pub fn snapshot(&self) -> Arc<Table> {
@@ -883,8 +1108,11 @@ impl Device {
         io: &mut impl Io,
     ) {
         let mut note = None;
+        let mut shared = None;
+        let mut quiet = false;
         let now = self.device_now();
         st.rx_bytes += n as u64;
+        st.rx_packets += 1;
         st.last_heard = Some(now);
         st.unanswered_since = None;
         st.events.authenticated_rx[tidx(&from)] += 1;
@@ -911,7 +1139,12 @@ impl Device {
             if old.map(|o| o.socket_addr() != from.socket_addr() || o.is_tcp() != from.is_tcp())
                 != Some(false)
             {
+                if old.is_some() {
+                    st.endpoint_changes += 1;
+                }
                 note = Some(Note::Roamed { old, new: from });
+                shared = st.roams.moved(now, from);
+                quiet = shared.is_none() && st.roams.shared(now).is_some();
             }
         }
         // Packets queued while the handshake was pending go out now.
@@ -919,6 +1152,20 @@ impl Device {
             send_counted(&mut st, now, from, d, io);
         }
         drop(st);
+        // While two devices take turns, their moves are one event, said once.
+        if let (Some(Note::Roamed { old, new }), false) = (&note, quiet) {
+            self.push_event(
+                peer.public_key,
+                now,
+                PeerEventKind::EndpointChanged {
+                    old: *old,
+                    new: *new,
+                },
+            );
+        }
+        if let Some((a, b)) = shared {
+            self.push_event(peer.public_key, now, PeerEventKind::SharedKey { a, b });
+        }
         // Logged after the peer lock is released; targets under `net::` are rate-limited
         // by the logger (the network decides how often these happen).
         match note {
@@ -991,6 +1238,7 @@ impl Device {
             id.rate_limiter.reset_count();
         }
         let mut established_now = Vec::new();
+        let mut expired_now = Vec::new();
         for peer in table.peers() {
             let mut st = peer.lock();
             let endpoint = st.endpoint;
@@ -1005,7 +1253,12 @@ impl Device {
                         send_counted(&mut st, now, ep, d, io);
                     }
                 }
-                TunnResult::Err(WireGuardError::ConnectionExpired) => st.initiating = false,
+                TunnResult::Err(WireGuardError::ConnectionExpired) => {
+                    if st.initiating {
+                        st.handshake_failures += 1;
+                    }
+                    st.initiating = false
+                }
                 TunnResult::Err(_) => DropCounters::bump(&self.drops.timers),
                 _ => {}
             }
@@ -1033,6 +1286,8 @@ impl Device {
                 st.had_session = established;
                 if established {
                     established_now.push(peer.public_key);
+                } else {
+                    expired_now.push(peer.public_key);
                 }
             }
             if let Some(age) = session_age {
@@ -1041,7 +1296,10 @@ impl Device {
             }
         }
         for k in established_now {
-            log::info!("peer {} session established", short(&k));
+            self.push_event(k, now, PeerEventKind::SessionEstablished);
+        }
+        for k in expired_now {
+            self.push_event(k, now, PeerEventKind::SessionExpired);
         }
     }
 
@@ -1064,8 +1322,18 @@ impl Device {
     /// Point a peer at `to` (the TCP-fallback client switching transports).
     pub fn set_endpoint(&self, key: &Key, to: PeerAddr) {
         if let Some(p) = self.snapshot().peer_by_key(key) {
-            let old = p.lock().endpoint.replace(to);
+            let mut st = p.lock();
+            let old = st.endpoint.replace(to);
+            if old.is_some() && old != Some(to) {
+                st.endpoint_changes += 1;
+            }
+            drop(st);
             if old != Some(to) {
+                self.push_event(
+                    *key,
+                    self.device_now(),
+                    PeerEventKind::EndpointChanged { old, new: to },
+                );
                 let old = old.map(|e| e.to_string());
                 log::info!(
                     "peer {} endpoint {} -> {to}",
@@ -1110,12 +1378,35 @@ impl Device {
         let dev_now = self.device_now();
         let wall_now = SystemTime::UNIX_EPOCH
             + Duration::from_millis(self.tick_wall_ms.load(Ordering::Relaxed));
+        let names: HashMap<Key, String> = self
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .peers
+            .iter()
+            .filter_map(|p| Some((p.public_key, p.name.clone()?)))
+            .collect();
         table
             .peers()
             .iter()
             .map(|p| {
                 let st = p.lock();
                 PeerStats {
+                    name: names.get(&p.public_key).cloned(),
+                    rx_packets: st.rx_packets,
+                    tx_packets: st.tx_packets,
+                    handshake_attempts: st.events.handshakes_sent.iter().sum(),
+                    handshake_failures: st.handshake_failures,
+                    endpoint_changes: st.endpoint_changes,
+                    last_rx_age: st.last_heard.map(|h| dev_now.saturating_sub(h)),
+                    health: Health::judge(
+                        dev_now,
+                        st.last_handshake,
+                        st.last_heard,
+                        st.persistent_keepalive,
+                        st.wants_to_send(dev_now),
+                    ),
+                    shared_key: st.roams.shared(dev_now),
                     public_key: p.public_key,
                     preshared_key: st.preshared_key,
                     endpoint: st.endpoint,
@@ -1137,6 +1428,19 @@ impl Device {
 #[derive(Clone, Debug)]
 pub struct PeerStats {
     pub public_key: Key,
+    /// The peer's `Name` in the running configuration.
+    pub name: Option<String>,
+    pub rx_packets: u64,
+    pub tx_packets: u64,
+    /// Handshake initiations sent (UDP and TCP).
+    pub handshake_attempts: u64,
+    pub handshake_failures: u64,
+    pub endpoint_changes: u64,
+    /// Since the last authenticated packet from the peer (none: never heard).
+    pub last_rx_age: Option<Duration>,
+    pub health: Health,
+    /// Two devices on this key: the two addresses its endpoint flips between.
+    pub shared_key: Option<(PeerAddr, PeerAddr)>,
     pub preshared_key: Option<Key>,
     pub endpoint: Option<PeerAddr>,
     pub last_handshake: Option<SystemTime>,
@@ -1235,4 +1539,67 @@ fn random_index(rng: &mut dyn RngCore, used: &mut HashSet<u32>) -> u32 {
 pub fn short(k: &Key) -> String {
     let b = k.to_base64();
     b[..8].to_string()
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    /// The rule, case by case (device times in seconds).
+    #[test]
+    fn health_rule() {
+        use Health::*;
+        // (now, last handshake, last heard, keepalive, traffic to send) → health
+        let cases = [
+            (1000, None, None, None, true, Never),
+            (1000, None, Some(999), Some(25), false, Never),
+            (1000, Some(900), Some(900), None, false, Up),
+            (1000, Some(900), Some(980), Some(25), false, Up),
+            (1000, Some(900), Some(973), Some(25), false, Up), // 27 s: within the slack
+            (1000, Some(900), Some(960), Some(25), false, Idle), // a keepalive missed
+            (1000, Some(810), Some(810), None, true, Stale),
+            (1000, Some(810), Some(810), None, false, Idle),
+            (1000, Some(820), Some(820), None, true, Up), // 180 s exactly
+        ];
+        for (now, hs, heard, ka, send, want) in cases {
+            assert_eq!(
+                Health::judge(S(now), hs.map(S), heard.map(S), ka, send),
+                want,
+                "{now} {hs:?} {heard:?} {ka:?} {send}"
+            );
+        }
+    }
+
+    /// Moves alternate between two addresses six times within ten minutes: said once.
+    /// Three addresses in turn, or moves spread wider than the window, are not two devices.
+    #[test]
+    fn roam_history_rule() {
+        let a = PeerAddr::Udp("192.0.2.1:1".parse().unwrap());
+        let b = PeerAddr::Udp("192.0.2.1:2".parse().unwrap());
+        let c = PeerAddr::Udp("198.51.100.1:1".parse().unwrap());
+        let run = |moves: &[(u64, PeerAddr)]| {
+            let mut h = RoamHistory::default();
+            moves
+                .iter()
+                .filter_map(|&(t, to)| h.moved(S(t), to))
+                .collect::<Vec<_>>()
+        };
+        let flips: Vec<_> = (0..8)
+            .map(|i| (i * 5, if i % 2 == 0 { b } else { a }))
+            .collect();
+        assert_eq!(run(&flips), vec![(b, a)]);
+        assert_eq!(run(&flips[..5]), vec![], "five moves");
+        let three: Vec<_> = (0..9).map(|i| (i * 5, [a, b, c][i as usize % 3])).collect();
+        assert!(run(&three).is_empty());
+        let slow: Vec<_> = (0..8)
+            .map(|i| (i * 130, if i % 2 == 0 { b } else { a }))
+            .collect();
+        assert!(run(&slow).is_empty(), "six moves over 650 s");
+        // A second episode after a quiet window is said again.
+        let mut again = flips.clone();
+        again.extend(flips.iter().map(|&(t, x)| (t + 1000, x)));
+        assert_eq!(run(&again).len(), 2);
+    }
 }

@@ -705,3 +705,125 @@ fn later_tunns_stamp_later_and_a_backward_clock_is_refused() {
     let mut behind = Tunn::new(ki, pr, None, None, 4, None);
     assert!(!accepts(&mut responder, &init(&mut behind)));
 }
+
+/// Peer health, counters and events over a session's life: `never` before a handshake,
+/// `up` after it with `session established` queued, an endpoint move counted and
+/// queued, `stale` once traffic goes unanswered for more than 180 s, and the expiry.
+#[test]
+fn health_counters_and_events_over_a_session() {
+    use crate::device::{Health, PeerEventKind};
+    let (mut a, mut b) = pair(None);
+    timers(&mut a);
+    assert_eq!(a.dev.peer_stats()[0].health, Health::Never);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    pump(&mut a, &mut b);
+    timers(&mut a);
+    timers(&mut b);
+    let s = &a.dev.peer_stats()[0];
+    assert_eq!(s.health, Health::Up);
+    assert!(s.rx_packets >= 1 && s.tx_packets >= 2, "{s:?}");
+    assert_eq!((s.handshake_attempts, s.handshake_failures), (1, 0));
+    let (ev, dropped) = a.dev.take_events();
+    assert_eq!(dropped, 0);
+    assert!(
+        ev.iter().any(|e| e.key == a.dev.peer_stats()[0].public_key
+            && e.kind == PeerEventKind::SessionEstablished),
+        "{ev:?}"
+    );
+    assert!(a.dev.take_events().0.is_empty(), "taken once");
+    // A moves: B counts and queues it.
+    b.dev.take_events();
+    let old = a.addr;
+    a.addr = "198.51.100.7:40000".parse().unwrap();
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"moved"));
+    let new = a.addr;
+    deliver(&mut a, &mut b, new);
+    assert_eq!(b.dev.peer_stats()[0].endpoint_changes, 1);
+    let (ev, _) = b.dev.take_events();
+    assert!(
+        ev.iter().any(|e| e.kind
+            == PeerEventKind::EndpointChanged {
+                old: Some(PeerAddr::Udp(old)),
+                new: PeerAddr::Udp(new)
+            }),
+        "{ev:?}"
+    );
+    // B goes silent; A keeps sending for over 180 s.
+    for _ in 0..40 {
+        MockClock::advance(Duration::from_secs(5));
+        send_tun(
+            &mut a,
+            &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"anyone?"),
+        );
+        timers(&mut a);
+        a.wire.sent.clear();
+    }
+    let s = &a.dev.peer_stats()[0];
+    assert_eq!(s.health, Health::Stale, "{s:?}");
+    assert!(s.handshake_failures >= 1, "{s:?}");
+    // Quiet long enough for boringtun to drop the session: expired, then idle.
+    for _ in 0..120 {
+        MockClock::advance(Duration::from_secs(5));
+        timers(&mut a);
+    }
+    let (ev, _) = a.dev.take_events();
+    assert!(
+        ev.iter().any(|e| e.kind == PeerEventKind::SessionExpired),
+        "{ev:?}"
+    );
+    assert_eq!(a.dev.peer_stats()[0].health, Health::Idle);
+}
+
+/// Two devices on one key: authenticated packets alternating between two addresses
+/// six times are reported once, with both addresses; a phone moving from Wi-Fi to LTE
+/// and back is not.
+#[test]
+fn two_devices_on_one_key_are_told_from_a_roaming_one() {
+    use crate::device::PeerEventKind;
+    let (mut a, mut b) = pair(None);
+    send_tun(&mut a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"x"));
+    pump(&mut a, &mut b);
+    let home: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+    let lte: SocketAddr = "198.51.100.9:3456".parse().unwrap();
+    let shared = |b: &Node| b.dev.peer_stats()[0].shared_key;
+    let from = |a: &mut Node, b: &mut Node, at: SocketAddr| {
+        send_tun(a, &ipv4_packet([10, 0, 0, 1], [10, 0, 0, 2], b"p"));
+        deliver(a, b, at);
+        timers(b);
+    };
+    // Wi-Fi → LTE → Wi-Fi, a minute apart: a roaming phone.
+    b.dev.take_events();
+    for at in [lte, home] {
+        MockClock::advance(Duration::from_secs(60));
+        from(&mut a, &mut b, at);
+    }
+    assert_eq!(shared(&b), None);
+    assert!(!b
+        .dev
+        .take_events()
+        .0
+        .iter()
+        .any(|e| matches!(e.kind, PeerEventKind::SharedKey { .. })));
+    // Then two devices taking turns every few seconds.
+    for at in [lte, home, lte, home, lte, home, lte, home] {
+        MockClock::advance(Duration::from_secs(5));
+        from(&mut a, &mut b, at);
+    }
+    let pair = shared(&b).expect("two devices reported");
+    assert!(
+        [pair, (pair.1, pair.0)].contains(&(PeerAddr::Udp(home), PeerAddr::Udp(lte))),
+        "{pair:?}"
+    );
+    let said = b
+        .dev
+        .take_events()
+        .0
+        .into_iter()
+        .filter(|e| matches!(e.kind, PeerEventKind::SharedKey { .. }))
+        .count();
+    assert_eq!(said, 1, "once per episode");
+    // Ten quiet minutes end the episode.
+    MockClock::advance(Duration::from_secs(601));
+    timers(&mut b);
+    assert_eq!(shared(&b), None);
+}

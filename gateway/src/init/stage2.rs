@@ -141,6 +141,8 @@ pub(super) fn stage2() -> ! {
         "up".into(),
         "--config".into(),
         gateway_conf.clone(),
+        "--event-log".into(),
+        PERM.into(),
     ];
     if cmd.selftest_hang {
         argv.push("--selftest-hang".into());

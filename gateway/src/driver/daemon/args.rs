@@ -20,13 +20,16 @@ pub(super) struct Opts {
     pub(super) hugepages: Option<bool>,
     /// Test images only: SIGUSR2 freezes the worker heartbeats (see `Heartbeats`).
     pub(super) selftest_hang: bool,
+    /// `--event-log DIR`: the perm directory whose event log gets the daemon's events.
+    pub(super) event_log: Option<std::path::PathBuf>,
 }
 
 pub(super) const USAGE: &str = "usage: riceguard [-f|--foreground] [OPTIONS] IFNAME
        riceguard up --config FILE [OPTIONS]
 options (override [Gateway]): --workers N  --cores LIST  --io-uring on|off
                               --offload auto|gso|mmsg|off  --tun-offload on|off
-                              --poll sleep|adaptive|busy  --hugepages on|off";
+                              --poll sleep|adaptive|busy  --hugepages on|off
+       --event-log DIR: record peer events in DIR's event log (init passes /perm)";
 
 pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
     let mut o = Opts {
@@ -41,6 +44,7 @@ pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
         poll: None,
         hugepages: None,
         selftest_hang: false,
+        event_log: None,
     };
     let mut it = args.iter();
     let mut up = false;
@@ -90,6 +94,9 @@ pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
             "--hugepages" => o.hugepages = Some(on_off(it.next(), "--hugepages")?),
             // Not in USAGE: init passes it on test images (`riceguard.selftest=hang`).
             "--selftest-hang" => o.selftest_hang = true,
+            "--event-log" => {
+                o.event_log = Some(it.next().ok_or("--event-log needs a directory")?.into())
+            }
             "--offload" => {
                 o.offload = Some(match it.next().map(String::as_str) {
                     Some("auto") => OffloadMode::Auto,

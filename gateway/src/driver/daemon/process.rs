@@ -307,14 +307,16 @@ fn run(opts: Opts) -> Result<(), String> {
                 .map_err(|e| e.to_string())?,
         );
     }
+    let events = Arc::new(super::events::EventBatch::new(opts.event_log.clone()));
     {
         let sh = shared.clone();
         let sink = tcp_sink.clone();
         let ifname = ifname.clone();
         let board = board.clone();
+        let events = events.clone();
         std::thread::Builder::new()
             .name("rg-timers".into())
-            .spawn(move || timers::run(&sh, sink.as_deref(), &ifname, &board))
+            .spawn(move || timers::run(&sh, sink.as_deref(), &ifname, &board, &events))
             .map_err(|e| e.to_string())?;
     }
     {
@@ -349,6 +351,7 @@ fn run(opts: Opts) -> Result<(), String> {
         // Endpoint names that did not resolve (no lease, no resolver yet) are tried
         // again every RESOLVE_RETRY until they do; a reload resolves them too.
         let rt = rt.clone();
+        let events = events.clone();
         std::thread::Builder::new()
             .name("rg-resolve".into())
             .spawn(move || {
@@ -361,6 +364,9 @@ fn run(opts: Opts) -> Result<(), String> {
                         continue;
                     }
                     waited = Duration::ZERO;
+                    for said in rt.reresolve_unanswered(std::time::Instant::now()) {
+                        events.say(&said);
+                    }
                     match rt.retry_names() {
                         Ok(0) => {}
                         Ok(n) => log::info!("{n} peer endpoint name(s) resolved on retry"),
@@ -422,6 +428,9 @@ fn run(opts: Opts) -> Result<(), String> {
     for h in handles {
         let _ = h.join();
     }
+    // What the timer thread's last tick queued, and the batch: written once more.
+    events.take_from(&device);
+    events.flush(std::time::Instant::now());
     Ok(())
 }
 

@@ -3,9 +3,13 @@
 //! applied whole (`Runtime`); on error nothing live changed. Also the UDP socket binding
 //! both start-up and changes use.
 
+use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::core::key::Key;
 
 use nix::sys::socket::{self as nsock, sockopt};
 
@@ -38,7 +42,16 @@ pub struct Runtime {
     /// The offload level and the start-up decision, applied to rebound sockets too.
     offload_mode: OffloadMode,
     offload: Mutex<Option<crate::core::offload::OffloadDecision>>,
+    /// The peers whose `Endpoint` the file gives as a name, and that name: resolved
+    /// again when handshakes to them go unanswered ([`Runtime::reresolve_unanswered`]).
+    named: Mutex<HashMap<Key, (String, u16)>>,
+    /// Per named peer: when its name was last resolved again, and the handshake failures
+    /// counted then.
+    reresolved: Mutex<HashMap<Key, (Option<Instant>, u64)>>,
 }
+
+/// A name whose peer does not answer is resolved again at most this often.
+pub const REARESOLVE_EVERY: Duration = Duration::from_secs(120);
 
 /// A running TCP transport and the listen ports it was asked for (empty: client only).
 struct TcpRun {
@@ -127,7 +140,81 @@ impl Runtime {
             tcp_follows_udp,
             offload_mode,
             offload: Mutex::new(Some(offload)),
+            named: Mutex::new(HashMap::new()),
+            reresolved: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Resolve again the names of peers whose handshakes go unanswered (more failures
+    /// than at the last look, or `stale`), each at most every [`REARESOLVE_EVERY`], and
+    /// send a handshake initiation to a new address. The endpoint itself moves only when
+    /// the peer answers from there (an authenticated packet: ARCHITECTURE's invariant),
+    /// so a name pointing elsewhere never takes a working peer away. The sentences to
+    /// record, one per name that now resolves elsewhere.
+    pub fn reresolve_unanswered(&self, now: Instant) -> Vec<String> {
+        use crate::core::device::{Health, PeerAddr};
+        let named = self.named.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if named.is_empty() {
+            return Vec::new();
+        }
+        let mut due = Vec::new();
+        {
+            let mut seen = self.reresolved.lock().unwrap_or_else(|p| p.into_inner());
+            seen.retain(|k, _| named.contains_key(k));
+            for s in self.shared.device.peer_stats() {
+                let Some(name) = named.get(&s.public_key) else {
+                    continue;
+                };
+                let e = seen
+                    .entry(s.public_key)
+                    .or_insert((None, s.handshake_failures));
+                // Keepalives going out with nothing heard for 15 s past one: unanswered too
+                // (keepalives alone start no handshake until the 2-minute rekey).
+                let silent = s.persistent_keepalive.is_some_and(|k| {
+                    s.last_rx_age
+                        .is_some_and(|a| a > Duration::from_secs(u64::from(k) + 15))
+                });
+                let unanswered = s.handshake_failures > e.1 || s.health == Health::Stale || silent;
+                e.1 = s.handshake_failures;
+                let may =
+                    e.0.is_none_or(|t| now.duration_since(t) >= REARESOLVE_EVERY);
+                if unanswered && may && !s.endpoint.is_some_and(|a| a.is_tcp()) {
+                    e.0 = Some(now);
+                    due.push((s.public_key, name.clone(), s.endpoint, s.name.clone()));
+                }
+            }
+        }
+        let mut said = Vec::new();
+        let mut scratch = vec![0u8; SCRATCH_SIZE];
+        let mut io = Outbox::default();
+        for (key, (host, port), current, pname) in due {
+            let one = with_names_of(&host, port);
+            let Some(addr) = one else {
+                log::warn!("peer endpoint {host}:{port} does not resolve (handshakes unanswered)");
+                continue;
+            };
+            let to = PeerAddr::Udp(addr);
+            if current == Some(to) {
+                continue;
+            }
+            self.shared
+                .device
+                .force_handshake(&key, to, &mut scratch, &mut io);
+            let who = match pname {
+                Some(n) => format!("peer {n}"),
+                None => format!("peer {}", crate::core::device::short(&key)),
+            };
+            said.push(format!(
+                "{who}: handshakes to {} unanswered; its name {host} now resolves to {addr}: handshake sent there",
+                current.map_or("(none)".into(), |c| c.to_string())
+            ));
+        }
+        io.flush(&mut Outlets {
+            udp: Some(&self.shared.sockets),
+            tcp: None,
+            tun: None,
+        });
+        said
     }
 
     /// A UAPI `set`: computed on a copy, checked and allocated, then applied whole; on
@@ -151,10 +238,20 @@ impl Runtime {
 
     pub(super) fn apply_config_as(&self, new: &Config, startup: bool) -> Result<(), ApplyError> {
         let names = lookup_names(new);
+        let named: HashMap<Key, (String, u16)> = new
+            .peers
+            .iter()
+            .filter_map(|p| match &p.endpoint {
+                Some(Endpoint::Name { host, port }) => Some((p.public_key, (host.clone(), *port))),
+                _ => None,
+            })
+            .collect();
         let _g = self.apply_lock.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.shared.device.config();
         let new = with_names(new, &names);
-        self.apply_locked(&old, &new, startup)
+        self.apply_locked(&old, &new, startup)?;
+        *self.named.lock().unwrap_or_else(|p| p.into_inner()) = named;
+        Ok(())
     }
 
     /// Resolve again the peer endpoints whose names did not resolve when the configuration
@@ -518,6 +615,13 @@ pub(super) fn lookup_names(cfg: &Config) -> Names {
         }
     }
     names
+}
+
+/// The first address `host` resolves to (the system resolver: on the appliance the
+/// uplink lease's DNS servers, bounded by its timeouts and attempts).
+fn with_names_of(host: &str, port: u16) -> Option<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    (host, port).to_socket_addrs().ok()?.next()
 }
 
 /// `cfg` with named endpoints replaced by the addresses found for them; names not found

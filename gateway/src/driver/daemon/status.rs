@@ -29,6 +29,8 @@ pub struct StatusBoard {
     reload: Mutex<Reload>,
     /// More lines, asked for at each write (the firewall's `firewall:` and `nat:`).
     extra: Mutex<Option<ExtraLines>>,
+    /// The peers' health (`peers:` and the peers that are not up), from the timer thread.
+    peers: Mutex<Vec<String>>,
     writing: Mutex<()>,
 }
 
@@ -52,6 +54,7 @@ impl StatusBoard {
                 result: Ok(()),
             }),
             extra: Mutex::new(None),
+            peers: Mutex::new(Vec::new()),
             writing: Mutex::new(()),
         };
         b.write();
@@ -87,6 +90,11 @@ impl StatusBoard {
         self.write();
     }
 
+    /// The peers' health lines now (see [`peer_lines`]); written with the next heartbeat.
+    pub fn peers(&self, lines: Vec<String>) {
+        *self.peers.lock().unwrap_or_else(|p| p.into_inner()) = lines;
+    }
+
     /// A reload happened, with this result.
     pub fn reload(&self, r: Reload) {
         *self.reload.lock().unwrap_or_else(|p| p.into_inner()) = r;
@@ -111,6 +119,13 @@ impl StatusBoard {
         if let Some(f) = &*self.extra.lock().unwrap_or_else(|p| p.into_inner()) {
             lines.extend(f());
         }
+        lines.extend(
+            self.peers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
         if let Some(h) = crate::sys::hugepage::huge_info() {
             lines.push(format!(
                 "hugepages: {} used of {} reserved ({} KiB pages)",
@@ -264,6 +279,56 @@ fn format_status(st: &crate::core::uapi::DeviceStatus) -> String {
         );
     }
     o
+}
+
+/// Peers listed one by one in the status file beyond the `peers:` count (the file is
+/// rewritten every second: it must stay small with 20 000 peers).
+const PEER_LINES: usize = 20;
+
+/// The status file's health lines: `peers: N up, N idle, N stale, N never`, then the
+/// peers that share a key between two devices and those that are stale, at most
+/// [`PEER_LINES`] (the metrics have every peer).
+pub fn peer_lines(stats: &[crate::core::device::PeerStats]) -> Vec<String> {
+    use crate::core::device::Health;
+    let count = |h: Health| stats.iter().filter(|s| s.health == h).count();
+    let mut out = vec![format!(
+        "peers: {} up, {} idle, {} stale, {} never",
+        count(Health::Up),
+        count(Health::Idle),
+        count(Health::Stale),
+        count(Health::Never)
+    )];
+    let who = |s: &crate::core::device::PeerStats| match &s.name {
+        Some(n) => format!("peer {n}"),
+        None => format!("peer {}", crate::core::device::short(&s.public_key)),
+    };
+    let mut listed: Vec<String> = Vec::new();
+    for s in stats {
+        if let Some((a, b)) = s.shared_key {
+            listed.push(format!(
+                "{} is used from {} and {}: two devices share its key",
+                who(s),
+                a.ip(),
+                b.ip()
+            ));
+        }
+    }
+    for s in stats.iter().filter(|s| s.health == Health::Stale) {
+        listed.push(format!(
+            "{}: stale (traffic waits, no handshake for {})",
+            who(s),
+            s.last_handshake
+                .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+                .map_or("ever".into(), |d| format!("{} s", d.as_secs()))
+        ));
+    }
+    let more = listed.len().saturating_sub(PEER_LINES);
+    listed.truncate(PEER_LINES);
+    out.extend(listed);
+    if more > 0 {
+        out.push(format!("(and {more} more: see the metrics)"));
+    }
+    out
 }
 
 #[cfg(test)]

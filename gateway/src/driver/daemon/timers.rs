@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::events::EventBatch;
 use super::status::StatusBoard;
 use crate::core::device::SCRATCH_SIZE;
 use crate::driver::dataplane::outbox::{Outbox, Outlets};
@@ -14,7 +15,13 @@ use crate::driver::tcp::fallback::FallbackManager;
 use crate::driver::tcp::link::DeviceSink;
 
 /// Run the timer thread until `sh.stop` is set.
-pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &StatusBoard) {
+pub(super) fn run(
+    sh: &Shared,
+    sink: Option<&DeviceSink>,
+    ifname: &str,
+    board: &StatusBoard,
+    events: &EventBatch,
+) {
     let mut scratch = vec![0u8; SCRATCH_SIZE];
     let mut io = Outbox::default();
     let mut fallback = FallbackManager::new();
@@ -35,6 +42,10 @@ pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &
             // watch (a stuck timer thread stops them moving too).
             // Not once stopping: the file is removed on the way out.
             if !sh.stop.load(Ordering::Relaxed) {
+                if ticks.is_multiple_of(20) {
+                    // Every 5 s: the peers' health (one brief lock per peer).
+                    board.peers(super::status::peer_lines(&sh.device.peer_stats()));
+                }
                 board.heartbeats(sh.heartbeats.snapshot());
             }
         }
@@ -53,6 +64,9 @@ pub(super) fn run(sh: &Shared, sink: Option<&DeviceSink>, ifname: &str, board: &
         if let Some(sink) = sink {
             fallback.tick(std::time::Instant::now(), &sh.device, sink, &sh.sockets);
         }
+        // Sessions, endpoint moves, two devices on one key: said and batched.
+        events.take_from(&sh.device);
+        events.tick(std::time::Instant::now());
     }
 }
 
