@@ -11,8 +11,8 @@
 //!
 //! [`Metrics::follow`] starts, stops or moves it when a reload changes `Metrics` or
 //! `MetricsPort`. A scrape reads the peers through `Device::peer_stats` (each peer's
-//! lock taken briefly, as `wg show` does) and the table snapshot for the handshake
-//! counts; nothing a worker takes per packet is held longer.
+//! lock taken briefly, as `wg show` does); nothing a worker takes per packet is held
+//! longer.
 
 use std::collections::HashMap;
 use std::io::{BufWriter, Read, Write};
@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use crate::core::config::Config;
 use crate::core::device::Device;
-use crate::core::key::Key;
 use crate::core::metrics::{
-    self as m, GatewayMetrics, HttpError, Monotonic, PeerMetrics, Route, Transport, MAX_HEAD,
+    self as m, GatewayMetrics, HttpError, Monotonic, PeerExtra, PeerMetrics, Route, Transport,
+    MAX_HEAD,
 };
 use crate::core::offload::UdpTx;
 use crate::driver::dataplane::heartbeat::Heartbeats;
@@ -115,6 +115,15 @@ impl Metrics {
             .name("rg-metrics".into())
             .spawn(move || accept_loop(listener, ctx, st))?;
         Ok(Listener { port, stop, thread })
+    }
+
+    /// The port it listens on now (`None`: off, or the port could not be bound).
+    pub fn port(&self) -> Option<u16> {
+        self.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|l| l.port)
     }
 
     /// Stop listening (process exit).
@@ -294,38 +303,24 @@ pub fn collect(
 }
 
 fn peer_metrics(dev: &Device, cfg: &Config, mono: &mut Monotonic) -> Vec<PeerMetrics> {
-    let names: HashMap<Key, &str> = cfg
-        .peers
-        .iter()
-        .map(|p| (p.public_key, p.name.as_deref().unwrap_or("")))
-        .collect();
-    // The handshake counts from the table snapshot (one brief lock per peer, as
-    // `peer_stats` takes).
-    let table = dev.snapshot();
-    let attempts: HashMap<Key, u64> = table
-        .peers()
-        .iter()
-        .map(|p| {
-            let ev = p.lock().events;
-            (p.public_key, ev.handshakes_sent[0] + ev.handshakes_sent[1])
-        })
-        .collect();
-    drop(table);
     let mut out = Vec::with_capacity(cfg.peers.len());
     let mut seen = std::collections::HashSet::new();
     for st in dev.peer_stats() {
         let b64 = st.public_key.to_base64();
-        let mut p = PeerMetrics::new(
-            names.get(&st.public_key).copied().unwrap_or(""),
-            b64.clone(),
-            true,
-        );
-        p.rx_bytes = mono.get(&format!("rx {b64}"), st.rx_bytes);
-        p.tx_bytes = mono.get(&format!("tx {b64}"), st.tx_bytes);
-        p.handshake_attempts = mono.get(
-            &format!("hs {b64}"),
-            attempts.get(&st.public_key).copied().unwrap_or(0),
-        );
+        let mut p = PeerMetrics::new(st.name.as_deref().unwrap_or(""), b64.clone(), true);
+        let mut counter = |what: &str, raw: u64| mono.get(&format!("{what} {b64}"), raw);
+        p.rx_bytes = counter("rx", st.rx_bytes);
+        p.tx_bytes = counter("tx", st.tx_bytes);
+        p.handshake_attempts = counter("hs", st.handshake_attempts);
+        p.extra = PeerExtra {
+            rx_packets: Some(counter("rxp", st.rx_packets)),
+            tx_packets: Some(counter("txp", st.tx_packets)),
+            endpoint_changes: Some(counter("ep", st.endpoint_changes)),
+            handshake_failures: Some(counter("hsf", st.handshake_failures)),
+            last_rx_age: Some(st.last_rx_age.map(|d| d.as_secs_f64())),
+            health: Some(st.health.as_str()),
+            shared_key_devices: Some(st.shared_key.is_some()),
+        };
         p.latest_handshake = st
             .last_handshake
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
@@ -345,15 +340,16 @@ fn peer_metrics(dev: &Device, cfg: &Config, mono: &mut Monotonic) -> Vec<PeerMet
     for pc in cfg.peers.iter().filter(|p| !seen.contains(&p.public_key)) {
         let b64 = pc.public_key.to_base64();
         let mut p = PeerMetrics::new(pc.name.as_deref().unwrap_or(""), b64.clone(), false);
-        p.rx_bytes = mono.get(&format!("rx {b64}"), 0);
-        p.tx_bytes = mono.get(&format!("tx {b64}"), 0);
-        p.handshake_attempts = mono.get(&format!("hs {b64}"), 0);
+        let mut counter = |what: &str| mono.get(&format!("{what} {b64}"), 0);
+        p.rx_bytes = counter("rx");
+        p.tx_bytes = counter("tx");
+        p.handshake_attempts = counter("hs");
         out.push(p);
     }
     // Series of peers gone from the file are forgotten once they outnumber the rest.
     let keys: std::collections::HashSet<String> =
         out.iter().map(|p| p.public_key.clone()).collect();
-    mono.prune(4 * (out.len() + 64), |k| {
+    mono.prune(8 * (out.len() + 64), |k| {
         k.split_once(' ').is_none_or(|(_, key)| keys.contains(key))
     });
     out

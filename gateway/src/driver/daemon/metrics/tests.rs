@@ -1,5 +1,6 @@
 use super::*;
 use crate::core::config::PeerConfig;
+use crate::core::key::Key;
 use crate::core::net::Cidr;
 
 fn key(i: u32) -> Key {
@@ -59,6 +60,15 @@ fn peers_enabled_and_disabled() {
         key(u32::MAX).to_base64()
     )));
     assert!(t.contains("riceguard_peer_receive_bytes_total{name=\"phone\""));
+    // The device's health and packet counts; a peer never heard has no receive age.
+    assert!(t.contains("riceguard_peer_health{name=\"phone\""));
+    assert!(t.contains(&format!(
+        "riceguard_peer_health{{name=\"phone\",public_key=\"{}\",state=\"never\"}} 1\n",
+        key(0).to_base64()
+    )));
+    assert!(t.contains("riceguard_peer_receive_packets_total{name=\"phone\""));
+    assert!(t.contains("riceguard_peer_shared_key_devices{name=\"phone\""));
+    assert!(!t.contains("riceguard_peer_last_receive_age_seconds{name=\"phone\""));
     assert!(!t.contains("10.0.0.1"), "an address in the exposition");
 }
 
@@ -82,6 +92,19 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// Follow `cfg` on a port free now (another test's socket may take one between the look
+/// and the bind: then another port).
+fn follow_on_a_free_port(mx: &Metrics, cfg: &mut Config) {
+    for _ in 0..10 {
+        cfg.gateway.metrics_port = free_port();
+        mx.follow(cfg);
+        if mx.port() == Some(cfg.gateway.metrics_port) {
+            return;
+        }
+    }
+    panic!("no free port bound");
+}
+
 fn ask(port: u16, req: &[u8]) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -97,9 +120,8 @@ fn ask(port: u16, req: &[u8]) -> String {
 fn the_endpoint_serves_refuses_and_follows_the_configuration() {
     let mut cfg = config(1);
     cfg.gateway.metrics = true;
-    cfg.gateway.metrics_port = free_port();
     let mx = Metrics::new(sources(&cfg));
-    mx.follow(&cfg);
+    follow_on_a_free_port(&mx, &mut cfg);
     let port = cfg.gateway.metrics_port;
     let r = ask(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
@@ -160,8 +182,7 @@ fn the_endpoint_serves_refuses_and_follows_the_configuration() {
 
     // Moved by a reload, then stopped.
     let mut moved = cfg.clone();
-    moved.gateway.metrics_port = free_port();
-    mx.follow(&moved);
+    follow_on_a_free_port(&mx, &mut moved);
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
     assert!(
         ask(moved.gateway.metrics_port, b"GET /metrics HTTP/1.1\r\n\r\n")
@@ -169,6 +190,7 @@ fn the_endpoint_serves_refuses_and_follows_the_configuration() {
     );
     moved.gateway.metrics = false;
     mx.follow(&moved);
+    assert_eq!(mx.port(), None);
     assert!(TcpStream::connect(("127.0.0.1", moved.gateway.metrics_port)).is_err());
 }
 
