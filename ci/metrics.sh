@@ -10,7 +10,8 @@
 #   - the phone's traffic through the tunnel to M; Prometheus's HTTP API then gives
 #     riceguard_peer_receive_bytes_total{name="phone"} equal to the appliance's own UAPI
 #     rx_bytes for the phone (read before and after a scrape taken after the traffic:
-#     r1 <= value <= r2), and the disabled peer `old` is exported with enabled 0;
+#     r1 <= value <= r2), its health `up` (one-hot) and its packets counted, and the
+#     disabled peer `old` is exported with enabled 0;
 #   - from the uplink (U) the endpoint does not answer (curl times out) and the firewall's
 #     uplink-in counter (riceguard_firewall_drops_total, read from the LAN side) rises;
 #   - a malformed request gets 400, a POST 405, another path 404; a client that sends
@@ -176,6 +177,10 @@ v=$(q 'riceguard_peer_latest_handshake_seconds{name="phone"}')
 check "Prometheus: the phone's transport is udp" is_val 'riceguard_peer_transport{name="phone",transport="udp"}' 1
 check "Prometheus: the disabled peer old is exported with enabled 0" is_val 'riceguard_peer_enabled{name="old"}' 0
 check "Prometheus: the phone is enabled" is_val 'riceguard_peer_enabled{name="phone"}' 1
+check "Prometheus: the phone's health is up (one-hot)" is_val 'riceguard_peer_health{name="phone",state="up"}' 1
+check "Prometheus: one health state at a time" is_val 'sum(riceguard_peer_health{name="phone"})' 1
+v=$(q 'riceguard_peer_receive_packets_total{name="phone"}')
+[ -n "$v" ] && [ "$v" -ge 200 ] && ok "Prometheus: the phone's receive packets ($v)" || ko "receive packets: '$v'"
 check "Prometheus: no endpoint address in any label" sh -c "! ip netns exec $M curl -s -m 3 http://192.168.88.1:$PORT/metrics | grep -q '192\\.0\\.2\\.20'"
 
 # ---- the uplink side ------------------------------------------------------------------------
