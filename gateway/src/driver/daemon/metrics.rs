@@ -7,7 +7,8 @@
 //! `Connection: close`, a client that stops reading cut after [`WRITE_TIMEOUT`]. Who may
 //! connect is `core::firewall::services`' judgement on the running configuration and the
 //! interfaces' addresses now, checked after accept as `riceguard ssh` does, so
-//! `Firewall = off` does not open it to the uplink.
+//! `Firewall = off` does not open it to the uplink. Its threads are niced and kept off
+//! the workers' cores when another core is online.
 //!
 //! [`Metrics::follow`] starts, stops or moves it when a reload changes `Metrics` or
 //! `MetricsPort`. A scrape reads the peers through `Device::peer_stats` (each peer's
@@ -47,6 +48,8 @@ pub struct Sources {
     pub tcp: Arc<TcpSlot>,
     pub udp_tx: UdpTx,
     pub started: Instant,
+    /// The workers' cores: the endpoint's threads run off them when others are online.
+    pub worker_cores: Vec<usize>,
 }
 
 /// The endpoint: the configuration it follows and the running listener thread.
@@ -146,8 +149,35 @@ struct Ctx {
     counters: Arc<Mutex<Monotonic>>,
 }
 
+/// The endpoint's threads (this one and the connections it starts, which inherit it) run
+/// behind the data plane: niced (Linux's nice is per thread) and off the workers' cores
+/// when another core is online, as `riceguard ssh` does.
+fn stay_out_of_the_way(worker_cores: &[usize]) {
+    if let Err(e) = crate::sys::process::set_nice(NICE) {
+        log::warn!("metrics: cannot lower the endpoint's priority: {e}");
+    }
+    let pid = nix::unistd::Pid::from_raw(0);
+    let Ok(set) = nix::sched::sched_getaffinity(pid) else {
+        return;
+    };
+    let mut to = nix::sched::CpuSet::new();
+    let mut any = false;
+    for c in 0..nix::sched::CpuSet::count() {
+        if set.is_set(c).unwrap_or(false) && !worker_cores.contains(&c) {
+            any = to.set(c).is_ok() || any;
+        }
+    }
+    if any {
+        let _ = nix::sched::sched_setaffinity(pid, &to);
+    }
+}
+
+/// The endpoint threads' niceness.
+const NICE: i32 = 10;
+
 fn accept_loop(listener: TcpListener, ctx: Ctx, stop: Arc<AtomicBool>) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    stay_out_of_the_way(&ctx.sources.worker_cores);
     let busy = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
         let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];

@@ -342,6 +342,7 @@ fn run(opts: Opts) -> Result<(), String> {
             tcp: tcp_slot_for_metrics.clone(),
             udp_tx: decision.udp_tx,
             started: std::time::Instant::now(),
+            worker_cores: cores.iter().take(workers).copied().collect(),
         });
         mx.follow(file);
         mx

@@ -36,6 +36,7 @@ fn sources(cfg: &Config) -> Sources {
         tcp: Arc::new(TcpSlot::default()),
         udp_tx: UdpTx::SoftwareGso,
         started: Instant::now(),
+        worker_cores: vec![0],
     }
 }
 
