@@ -79,9 +79,9 @@ start_dnsmasq() {
     dnsmasq_pid=$!
 }
 
-start_client() { # RUNDIR LOG
-    mkdir -p "$1"
-    spawn env RG_RUN_DIR="$1" ip netns exec $CLI "$RG" dhcp $VC >"$2" 2>&1
+start_client() { # RUNDIR LOG: the event log under RUNDIR/perm, as init passes /perm
+    mkdir -p "$1/perm"
+    spawn env RG_RUN_DIR="$1" ip netns exec $CLI "$RG" dhcp --event-log "$1/perm" $VC >"$2" 2>&1
     client_pid=$!
 }
 
@@ -153,6 +153,9 @@ check "re-acquired after the flap" wait_for 20 log_count_ge "$log1" "dhcp $VC: b
 check "address present after the flap" has_addr "$addr/24"
 check "default route back after the flap" wait_for 5 has_default 192.168.77.1
 check "the firewall is still in place after the link flap" has_table
+"$RG" log --root "$run1/perm" >"$tmp/events1.txt" 2>&1
+check "event log: the lease bound once (a renewal and the same address again after the flap are not events)" \
+    bash -c "[ \$(grep -c 'dhcp $VC: bound $addr/24 router 192.168.77.1' '$tmp/events1.txt') = 1 ] && [ \$(grep -c ' dhcp ' '$tmp/events1.txt') = 1 ]"
 stop_pid "$client_pid"
 stop_pid "$dnsmasq_pid"
 stop_pid "$gw_pid"
@@ -172,6 +175,7 @@ check "expiry case: lease expired" wait_for 10 log_has "$log2" "dhcp $VC: lease 
 check "expiry case: address removed at expiry" no_addr 192.168.78.20/24
 check "expiry case: default route removed" no_default
 check "expiry case: lease file removed" test ! -e "$run2/lease.$VC"
+check "expiry case: the event log says the lease was lost" bash -c "'$RG' log --root '$run2/perm' | grep -q 'dhcp $VC: lease lost (expired, no server answered): 192.168.78.20/24 removed'"
 stop_pid "$client_pid"
 stop_pid "$expiry_pid"
 check "client never panicked" bash -c "! grep -qi panick '$log1' '$log2'"

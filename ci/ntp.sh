@@ -63,9 +63,10 @@ run_case() {
     note "$name: $(grep -E "stepped|slewing|refused|not used|kiss" "$tmp/$name.log" | head -2 | tr '\n' ' ')"
 }
 
-run_case good 10 --server 10.123.0.1
+run_case good 10 --server 10.123.0.1 --event-log "$tmp/good"
 check "good answer: the first sync steps the clock +300 s" log_has "$tmp/good.log" "ntp: 10.123.0.1:123: stepped the clock +5 min to "
 check "dry run says the clock is not changed" log_has "$tmp/good.log" "dry run: the clock is not changed"
+check "the step is in the event log" bash -c "'$RG' log --root '$tmp/good' | grep -q ' ntp clock stepped +5 min by 10.123.0.1:123 (dry run'"
 check "state file names the server of the last sync" log_has "$tmp/good/clock" "^sync [0-9]* 10.123.0.1:123"
 st=$(RG_RUN_DIR="$tmp/good" "$RG" status 2>/dev/null | head -1)
 note "status: $st"

@@ -36,7 +36,7 @@ R=rghR$$ G=rghG$$ P1=rghA$$ P2=rghB$$ S=rghS$$
 TUN=rghw$$ PH1=rgha$$ PH2=rghb$$ SITE=rghs$$
 WORK=$(mktemp -d /tmp/rgh-peer-health.XXXXXX)
 STATUS=/run/riceguard/$TUN.status
-at_exit "[ -n \"${RG_KEEP:-}\" ] || rm -rf $WORK; rm -f /var/run/wireguard/$TUN.sock /var/run/wireguard/$PH1.sock /var/run/wireguard/$PH2.sock /var/run/wireguard/$SITE.sock $STATUS"
+at_exit "[ -n \"${RG_KEEP:-}\" ] || rm -rf $WORK; rm -f /var/run/wireguard/$TUN.sock /var/run/wireguard/$PH1.sock /var/run/wireguard/$PH2.sock /var/run/wireguard/$SITE.sock $STATUS /run/riceguard/$TUN.peers"
 
 netns_add $R $G $P1 $P2 $S
 ip -n $R link add br0 type bridge
@@ -109,6 +109,7 @@ check "gateway up" wait_for 10 test -S /var/run/wireguard/$TUN.sock
 check "the phone pings the gateway through the tunnel" wait_for 10 ip netns exec $P1 ping -c1 -W1 10.99.0.1
 check "the gateway reaches the site it dials by name" wait_for 10 ip netns exec $G ping -c1 -W1 10.99.0.3
 check "the status file says both peers are up" wait_for 12 grep -q '^peers: 2 up, 0 idle, 0 stale, 0 never' $STATUS
+check "show peers' health file says each is up" bash -c "grep -qx '$pp up' /run/riceguard/$TUN.peers && grep -qx '$ps up' /run/riceguard/$TUN.peers"
 check "the log says the phone's session is established, by name" grep -q 'peer phone: session established' "$WORK/gw.log"
 
 # ---- (b) one phone roaming: Wi-Fi -> LTE -> Wi-Fi --------------------------------------------
@@ -133,6 +134,7 @@ spawn ip netns exec $P1 ping -q -i 0.3 -c 60 -W 1 10.99.0.1
 check "two devices on the phone's key are reported, with both addresses" \
     wait_for 20 grep -qE 'peer phone is used from 10\.78\.0\.1[12] and 10\.78\.0\.1[12]: two devices share its key' "$WORK/gw.log"
 check "the status file names them" wait_for 6 grep -q '^peer phone is used from .* two devices share its key' $STATUS
+check "show peers' health file names both addresses" wait_for 6 bash -c "grep -F '$pp ' /run/riceguard/$TUN.peers | grep -qE ' shared 10\.78\.0\.1[12] 10\.78\.0\.1[12]\$'"
 check "said once for the episode" bash -c "[ \$(grep -c 'two devices share its key' '$WORK/gw.log') = 1 ]"
 
 # ---- (d) the site's dynamic address moves, and its name with it --------------------------

@@ -35,7 +35,12 @@ fn ago(secs: u64) -> String {
 /// one `riceguard status` uses too). `now_unix` dates the handshakes; `names`: peer names
 /// (`Name =`, which UAPI does not carry) by public key, shown after the key. An `errno=N`
 /// other than 0, or a reply that is not UAPI at all, is an error.
-pub fn format_uapi(reply: &str, now_unix: u64, names: &[(Key, String)]) -> Result<String, String> {
+pub fn format_uapi(
+    reply: &str,
+    now_unix: u64,
+    names: &[(Key, String)],
+    health: &[crate::run::peers::PeerHealth],
+) -> Result<String, String> {
     let st = uapi::parse_get_response(reply).map_err(|e| match e {
         UapiError::Remote(n) => format!("the daemon answered errno={n}"),
         e => format!("the daemon's answer is not UAPI: {e}"),
@@ -83,6 +88,15 @@ pub fn format_uapi(reply: &str, now_unix: u64, names: &[(Key, String)]) -> Resul
             Some((sec, _)) => ago(now_unix.saturating_sub(sec)),
         };
         let _ = writeln!(s, "  latest handshake: {hs}");
+        if let Some(h) = health.iter().find(|h| h.key == p.public_key) {
+            let _ = writeln!(s, "  health: {}", h.health);
+            if let Some((a, b)) = h.shared {
+                let _ = writeln!(
+                    s,
+                    "  two devices share this key: used from {a} and {b} (give each its own client)"
+                );
+            }
+        }
         let _ = writeln!(
             s,
             "  transfer: {} received, {} sent",
@@ -110,12 +124,30 @@ mod tests {
             Key::generate_private(&mut rand_core::OsRng).to_hex(),
             pk.to_hex()
         );
-        let s = format_uapi(&reply, 1042, &[(pk, "phone".into())]).unwrap();
+        let s = format_uapi(&reply, 1042, &[(pk, "phone".into())], &[]).unwrap();
         assert!(
             s.contains(&format!("peer: {} (phone)\n", pk.to_base64())),
             "{s}"
         );
-        let unnamed = format_uapi(&reply, 1042, &[]).unwrap();
+        assert!(!s.contains("health:"), "no health file: nothing said");
+        let h = [crate::run::peers::PeerHealth {
+            key: pk,
+            health: "up".into(),
+            shared: Some((
+                "203.0.113.5".parse().unwrap(),
+                "198.51.100.9".parse().unwrap(),
+            )),
+        }];
+        let with = format_uapi(&reply, 1042, &[], &h).unwrap();
+        assert!(
+            with.contains(
+                "  latest handshake: 42 s ago
+  health: up
+  two devices share this key: used from 203.0.113.5 and 198.51.100.9"
+            ),
+            "{with}"
+        );
+        let unnamed = format_uapi(&reply, 1042, &[], &[]).unwrap();
         assert!(unnamed.contains(&format!("peer: {}\n", pk.to_base64())));
         assert!(s.contains("listening on port 51820"), "{s}");
         assert!(s.contains(&pk.to_base64()));
@@ -128,12 +160,12 @@ mod tests {
 
     #[test]
     fn errors_and_garbage() {
-        assert!(format_uapi("errno=2\n\n", 0, &[])
+        assert!(format_uapi("errno=2\n\n", 0, &[], &[])
             .unwrap_err()
             .contains("errno=2"));
-        assert!(format_uapi("HTTP/1.1 400\n", 0, &[]).is_err());
-        assert!(format_uapi("listen_port=1\n", 0, &[]).is_err());
-        assert!(format_uapi("listen_port=1\nerrno=0\n\n", 0, &[])
+        assert!(format_uapi("HTTP/1.1 400\n", 0, &[], &[]).is_err());
+        assert!(format_uapi("listen_port=1\n", 0, &[], &[]).is_err());
+        assert!(format_uapi("listen_port=1\nerrno=0\n\n", 0, &[], &[])
             .unwrap()
             .contains("no peers"));
     }

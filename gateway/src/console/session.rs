@@ -925,9 +925,14 @@ impl Session {
             Show::Peers => {
                 let ifname = self.running.gateway.interface_name.clone();
                 match self.hooks.peers(&ifname) {
-                    Ok(reply) => peers::format_uapi(&reply, self.clock.unix(), &self.peer_names())
-                        .map(|s| s.trim_end().to_string())
-                        .into(),
+                    Ok(reply) => peers::format_uapi(
+                        &reply,
+                        self.clock.unix(),
+                        &self.peer_names(),
+                        &crate::run::peers::read(&ifname),
+                    )
+                    .map(|s| s.trim_end().to_string())
+                    .into(),
                     Err(e) => Reply::err(format!(
                         "{e}\n(is the gateway running? the configuration is in `show`)"
                     )),

@@ -179,6 +179,8 @@ pub(super) fn stage2() -> ! {
                     "dhcp".into(),
                     "--config".into(),
                     gateway_conf.clone(),
+                    "--event-log".into(),
+                    PERM.into(),
                     dev,
                 ],
                 tty: None,
@@ -194,6 +196,8 @@ pub(super) fn stage2() -> ! {
         "ntp".into(),
         "--config".into(),
         gateway_conf.clone(),
+        "--event-log".into(),
+        PERM.into(),
     ];
     if let Some(dev) = sup_dhcp_dev.as_ref() {
         ntp_argv.push("--lease".into());

@@ -172,6 +172,57 @@ pub fn show(dir: &Path, n: usize, peer: Option<&str>) -> Vec<String> {
     out
 }
 
+/// A process's rare events (DHCP bound or lost, a clock step), written as they happen with
+/// an fsync, at most [`RARE_PER_HOUR`] an hour: beyond that they are only logged, and the
+/// count is recorded with the next one written — a flapping uplink cannot wear the flash.
+pub struct Rare {
+    dir: Option<std::path::PathBuf>,
+    source: &'static str,
+    /// Boot-clock seconds of the writes in the last hour.
+    written: std::collections::VecDeque<u64>,
+    held_back: u64,
+}
+
+/// Immediate writes one process makes in an hour at most.
+pub const RARE_PER_HOUR: usize = 6;
+
+impl Rare {
+    /// Events of `source` into `dir`'s log (none: log lines only).
+    pub fn new(dir: Option<std::path::PathBuf>, source: &'static str) -> Rare {
+        Rare {
+            dir,
+            source,
+            written: std::collections::VecDeque::new(),
+            held_back: 0,
+        }
+    }
+
+    /// Record `text` now, unless this hour's writes are used up (`now`: a monotonic
+    /// clock's seconds); the log line is the caller's.
+    pub fn say(&mut self, now: u64, text: &str) {
+        let Some(dir) = &self.dir else {
+            return;
+        };
+        while self
+            .written
+            .front()
+            .is_some_and(|&t| now.saturating_sub(t) >= 3600)
+        {
+            self.written.pop_front();
+        }
+        if self.written.len() >= RARE_PER_HOUR {
+            self.held_back += 1;
+            return;
+        }
+        self.written.push_back(now);
+        let text = match std::mem::take(&mut self.held_back) {
+            0 => text.to_string(),
+            n => format!("{text} ({n} earlier event(s) of {} not recorded: more than {RARE_PER_HOUR} an hour)", self.source),
+        };
+        say(dir, self.source, &text);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +305,26 @@ mod tests {
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(p.iter().all(|l| !l.contains("phone2")));
         assert_eq!(show(&d.0, 10, Some("nobody")), ["no events recorded yet"]);
+    }
+
+    /// Rare events: written at once, at most six an hour per process, the rest counted
+    /// into the next record written.
+    #[test]
+    fn rare_events_are_bounded_per_hour() {
+        let dir = TempDir::new("event-rare");
+        let mut r = Rare::new(Some(dir.0.clone()), "dhcp");
+        for i in 0..10 {
+            r.say(100 + i, &format!("eth0: bound 192.0.2.{i}/24"));
+        }
+        assert_eq!(read(&dir.0).0.len(), RARE_PER_HOUR);
+        r.say(100 + 3600, "eth0: lease expired");
+        let (ev, _) = read(&dir.0);
+        assert_eq!(ev.len(), RARE_PER_HOUR + 1);
+        assert_eq!(
+            ev.last().unwrap().text,
+            "eth0: lease expired (4 earlier event(s) of dhcp not recorded: more than 6 an hour)"
+        );
+        let mut none = Rare::new(None, "ntp");
+        none.say(1, "ntp: stepped");
     }
 }

@@ -8,6 +8,7 @@
 //! - [`reload`]: the reload handshake (SIGHUP to the pid in the pid file, then the
 //!   `reload:` generation polled until it moves or a deadline passes);
 //! - [`lease`]: the DHCP client's lease files and the lines shown from them;
+//! - [`peers`]: the daemon's per-peer health file, for `show peers`;
 //! - [`clock`]: the clock's files (init's boot record, the NTP client's state and
 //!   stamps) and the `clock:` / `ntp:` lines shown from them;
 //! - [`services`]: init's figures for the metrics endpoint (slot, boot marked good,
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 pub mod clock;
 pub mod lease;
+pub mod peers;
 pub mod reload;
 pub mod services;
 pub mod status;

@@ -45,13 +45,14 @@ use crate::sys::netlink::{Lifetime, Netlink, Route};
 use crate::run::lease::{cidr, join, lease_path, valid_ifname, Clocks, LeaseFile};
 use crate::run::run_dir;
 const CARRIER_POLL: Duration = Duration::from_secs(1);
-const USAGE: &str = "usage: riceguard dhcp [--run-dir DIR] [--config FILE] IFACE";
+const USAGE: &str = "usage: riceguard dhcp [--run-dir DIR] [--config FILE] [--event-log DIR] IFACE";
 
 pub fn main(args: &[String]) -> ExitCode {
     crate::logger::init();
     let mut dir = run_dir();
     let mut iface = None;
     let mut config = None;
+    let mut events = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -63,6 +64,10 @@ pub fn main(args: &[String]) -> ExitCode {
                 Some(f) => config = Some(PathBuf::from(f)),
                 None => return usage(),
             },
+            "--event-log" => match it.next() {
+                Some(d) => events = Some(PathBuf::from(d)),
+                None => return usage(),
+            },
             s if iface.is_none() && !s.starts_with('-') && valid_ifname(s) => {
                 iface = Some(s.to_string())
             }
@@ -70,7 +75,8 @@ pub fn main(args: &[String]) -> ExitCode {
         }
     }
     let Some(iface) = iface else { return usage() };
-    let rc = match run(&iface, &dir, config) {
+    let events = crate::perm::event_log::Rare::new(events, "dhcp");
+    let rc = match run(&iface, &dir, config, events) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             log::error!("dhcp {iface}: {e}");
@@ -161,6 +167,8 @@ struct Runner<'a> {
     config: Option<PathBuf>,
     nl: Netlink,
     client: Client,
+    /// Bound and lost leases, for perm's event log (`--event-log DIR`).
+    events: crate::perm::event_log::Rare,
 }
 
 /// Said once while the configuration does not read (and again after it read once).
@@ -196,7 +204,12 @@ fn overlap(iface: &str, path: Option<&Path>, lease: &Lease) -> Result<Vec<String
     }
 }
 
-fn run(iface: &str, dir: &Path, config: Option<PathBuf>) -> Result<(), String> {
+fn run(
+    iface: &str,
+    dir: &Path,
+    config: Option<PathBuf>,
+    events: crate::perm::event_log::Rare,
+) -> Result<(), String> {
     let mac = mac_address(iface)?;
     let sock = open_socket(iface)?;
     let nl = Netlink::open().map_err(|e| e.to_string())?;
@@ -218,6 +231,7 @@ fn run(iface: &str, dir: &Path, config: Option<PathBuf>) -> Result<(), String> {
         config,
         nl,
         client,
+        events,
     };
     r.restore(now);
     let mut up = carrier(iface);
@@ -392,10 +406,19 @@ impl Runner<'_> {
         }
     }
 
+    /// Record a lease bound or lost in the event log (rare: at most six an hour).
+    fn event(&mut self, text: &str) {
+        let now = crate::sys::kernel_clocks::boottime().as_secs();
+        self.events.say(now, text);
+    }
+
     fn apply(&mut self, now: Instant, ev: Event) {
         let iface = self.iface;
         match ev {
             Event::Bound { lease, replaces } => {
+                let new_address = replaces
+                    .as_ref()
+                    .is_none_or(|o| (o.address, o.prefix) != (lease.address, lease.prefix));
                 if let Some(old) = replaces {
                     if (old.address, old.prefix) != (lease.address, lease.prefix) {
                         self.remove(&old);
@@ -412,6 +435,14 @@ impl Runner<'_> {
                     join(&lease.dns),
                     lease.lease_secs
                 );
+                if new_address {
+                    self.event(&format!(
+                        "{iface}: bound {}/{} router {}",
+                        lease.address,
+                        lease.prefix,
+                        lease.router.map_or("none".into(), |r| r.to_string())
+                    ));
+                }
             }
             Event::Renewed(lease) => {
                 let lease = self.install(now, lease);
@@ -435,6 +466,10 @@ impl Runner<'_> {
                     lease.address,
                     lease.prefix
                 );
+                self.event(&format!(
+                    "{iface}: lease lost (expired, no server answered): {}/{} removed",
+                    lease.address, lease.prefix
+                ));
             }
             Event::Nak {
                 server,

@@ -43,7 +43,7 @@ use crate::run::clock::{stamps_in, write_stamps, write_state, BOOT_RECORD};
 const REFRESH: Duration = Duration::from_secs(10);
 const RESOLVE_OK: Duration = Duration::from_secs(1800);
 const RESOLVE_FAILED: Duration = Duration::from_secs(30);
-const USAGE: &str = "usage: riceguard ntp [--config FILE] [--lease FILE]... [--server HOST[:PORT]]... [--run-dir DIR] [--dry-run]";
+const USAGE: &str = "usage: riceguard ntp [--config FILE] [--lease FILE]... [--server HOST[:PORT]]... [--run-dir DIR] [--dry-run] [--event-log DIR]";
 
 use crate::run::run_dir;
 
@@ -53,6 +53,8 @@ struct Args {
     servers: Vec<crate::core::config::NtpServer>,
     dir: PathBuf,
     dry_run: bool,
+    /// `--event-log DIR`: clock steps recorded in DIR's event log.
+    event_log: Option<PathBuf>,
 }
 
 fn parse_args(args: &[String]) -> Result<Args, String> {
@@ -62,6 +64,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
         servers: Vec::new(),
         dir: run_dir(),
         dry_run: false,
+        event_log: None,
     };
     let mut it = args.iter();
     while let Some(x) = it.next() {
@@ -78,6 +81,7 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                 .push(crate::core::config::NtpServer::parse(&val()?)?),
             "--run-dir" => a.dir = val()?.into(),
             "--dry-run" => a.dry_run = true,
+            "--event-log" => a.event_log = Some(val()?.into()),
             _ => return Err(format!("unknown argument `{x}`")),
         }
     }
@@ -116,6 +120,8 @@ struct Clock {
     /// earliest (its record's boot time plus `GATEWAY_WAIT`, less a margin): `None` when
     /// it does not hold it.
     held_until: Option<Duration>,
+    /// Clock steps, for perm's event log (at most six an hour).
+    events: crate::perm::event_log::Rare,
 }
 
 impl Clock {
@@ -286,6 +292,7 @@ fn run(a: Args) -> Result<(), String> {
             ..stamps_in(&a.dir)
         },
         held_until: None,
+        events: crate::perm::event_log::Rare::new(a.event_log.clone(), "ntp"),
     };
     write_stamps(&a.dir, clock.stamps);
     let dry = if a.dry_run {
@@ -408,6 +415,14 @@ fn handle(
                             fmt_offset(by),
                             clock.wall(),
                             if agreed { " (two servers agree)" } else { "" }
+                        );
+                        clock.events.say(
+                            now.as_secs(),
+                            &format!(
+                                "clock stepped {} by {who}{}{dry}",
+                                fmt_offset(by),
+                                if agreed { " (two servers agree)" } else { "" }
+                            ),
                         );
                         clock.synced();
                         if !held {

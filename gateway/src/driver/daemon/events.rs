@@ -179,6 +179,89 @@ fn describe(e: &PeerEvent, who: &str) -> Option<String> {
     })
 }
 
+/// Firewall drop bursts for the event log: the drop counters looked at every minute; a
+/// minute with at least [`BURST_PACKETS`] drops is a burst, said at most once per
+/// [`BURST_EVERY`] (a sustained flood is one record every 10 minutes, its total since the
+/// last record, by cause).
+pub struct DropBursts {
+    last: Vec<(String, u64)>,
+    /// Drops by cause since the last record, while a burst is under way.
+    pending: Vec<(String, u64)>,
+    since: Option<Instant>,
+    last_said: Option<Instant>,
+}
+
+/// Drops in one minute that make a burst.
+pub const BURST_PACKETS: u64 = 1000;
+/// At most one burst record this often.
+pub const BURST_EVERY: Duration = Duration::from_secs(600);
+
+impl DropBursts {
+    pub fn new() -> DropBursts {
+        DropBursts {
+            last: Vec::new(),
+            pending: Vec::new(),
+            since: None,
+            last_said: None,
+        }
+    }
+
+    /// The counters now (cause, packets; from the firewall's table); a sentence when a
+    /// burst is due to be recorded.
+    pub fn observe(&mut self, now: Instant, counters: &[(String, u64)]) -> Option<String> {
+        let first = self.last.is_empty();
+        let delta: Vec<(String, u64)> = counters
+            .iter()
+            .map(|(n, p)| {
+                let before = self.last.iter().find(|(m, _)| m == n).map_or(*p, |x| x.1);
+                // A table replaced from scratch restarts its counters: no negative drops.
+                (n.clone(), p.saturating_sub(before))
+            })
+            .collect();
+        self.last = counters.to_vec();
+        if first {
+            return None;
+        }
+        let total: u64 = delta.iter().map(|d| d.1).sum();
+        if total >= BURST_PACKETS || (self.since.is_some() && total > 0) {
+            self.since.get_or_insert(now);
+            for (n, p) in delta {
+                match self.pending.iter_mut().find(|(m, _)| *m == n) {
+                    Some(x) => x.1 += p,
+                    None => self.pending.push((n, p)),
+                }
+            }
+        }
+        let since = self.since?;
+        if self
+            .last_said
+            .is_some_and(|t| now.duration_since(t) < BURST_EVERY)
+        {
+            return None;
+        }
+        self.last_said = Some(now);
+        self.since = None;
+        let mut causes: Vec<(String, u64)> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .filter(|c| c.1 > 0)
+            .collect();
+        causes.sort_by_key(|c| std::cmp::Reverse(c.1));
+        let sum: u64 = causes.iter().map(|c| c.1).sum();
+        let by: Vec<String> = causes.iter().map(|(n, p)| format!("{n} {p}")).collect();
+        Some(format!(
+            "firewall drop burst: {sum} packets dropped in {} s ({})",
+            now.duration_since(since).as_secs().max(60),
+            by.join(", ")
+        ))
+    }
+}
+
+impl Default for DropBursts {
+    fn default() -> Self {
+        DropBursts::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +341,46 @@ mod tests {
         let none = EventBatch::new(None);
         none.say("peer x: session established");
         assert_eq!(none.pending(), 0);
+    }
+
+    /// A quiet minute is nothing; a minute of 5000 uplink drops is a burst, said at once;
+    /// the flood going on is said again, as one total, only after ten minutes.
+    #[test]
+    fn drop_bursts_are_summarised_and_rate_limited() {
+        let t0 = Instant::now();
+        let min = |m: u64| t0 + Duration::from_secs(60 * m);
+        let c = |up: u64, other: u64| {
+            vec![
+                ("uplink-in".to_string(), up),
+                ("invalid".to_string(), other),
+            ]
+        };
+        let mut b = DropBursts::new();
+        assert_eq!(
+            b.observe(min(0), &c(100, 5)),
+            None,
+            "the first look is the baseline"
+        );
+        assert_eq!(b.observe(min(1), &c(300, 6)), None, "201 drops: no burst");
+        assert_eq!(
+            b.observe(min(2), &c(5300, 16)).as_deref(),
+            Some("firewall drop burst: 5010 packets dropped in 60 s (uplink-in 5000, invalid 10)")
+        );
+        let mut said = Vec::new();
+        for m in 3..13 {
+            said.extend(b.observe(min(m), &c(5300 + (m - 2) * 2000, 16)));
+        }
+        assert_eq!(
+            said,
+            vec![
+                "firewall drop burst: 20000 packets dropped in 540 s (uplink-in 20000)".to_string()
+            ],
+            "one record for the ten minutes after"
+        );
+        assert_eq!(
+            b.observe(min(13), &c(10, 0)),
+            None,
+            "a replaced table restarts at zero"
+        );
     }
 }

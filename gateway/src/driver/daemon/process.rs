@@ -422,6 +422,7 @@ fn run(opts: Opts) -> Result<(), String> {
     }
     let _ = std::fs::remove_file(uapi::socket_path(&ifname));
     let _ = std::fs::remove_file(status_path(&ifname));
+    let _ = std::fs::remove_file(crate::run::peers::path(&ifname));
     if appliance {
         remove_pidfile_if_ours(std::path::Path::new(PIDFILE), std::process::id());
     }

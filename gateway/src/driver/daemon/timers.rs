@@ -27,6 +27,9 @@ pub(super) fn run(
     let mut fallback = FallbackManager::new();
     let start = std::time::Instant::now();
     let mut ticks = 0u64;
+    let health_file = crate::run::peers::path(ifname);
+    let mut health_written = String::new();
+    let mut bursts = super::events::DropBursts::new();
     loop {
         // wg-quick (or anyone) may change the MTU at any time; padding must
         // never push a packet past it (and needs it known from the start).
@@ -44,7 +47,24 @@ pub(super) fn run(
             if !sh.stop.load(Ordering::Relaxed) {
                 if ticks.is_multiple_of(20) {
                     // Every 5 s: the peers' health (one brief lock per peer).
-                    board.peers(super::status::peer_lines(&sh.device.peer_stats()));
+                    let stats = sh.device.peer_stats();
+                    board.peers(super::status::peer_lines(&stats));
+                    let text = crate::run::peers::text(
+                        &stats
+                            .iter()
+                            .map(|s| crate::run::peers::PeerHealth {
+                                key: s.public_key,
+                                health: s.health.as_str().into(),
+                                shared: s.shared_key.map(|(a, b)| (a.ip(), b.ip())),
+                            })
+                            .collect::<Vec<_>>(),
+                    );
+                    if text != health_written {
+                        match crate::run::peers::write(&health_file, &text) {
+                            Ok(()) => health_written = text,
+                            Err(e) => log::debug!("{}: {e}", health_file.display()),
+                        }
+                    }
                 }
                 board.heartbeats(sh.heartbeats.snapshot());
             }
@@ -66,6 +86,15 @@ pub(super) fn run(
         }
         // Sessions, endpoint moves, two devices on one key: said and batched.
         events.take_from(&sh.device);
+        if ticks.is_multiple_of(240) {
+            // Once a minute: the firewall's drop counters (none without its table).
+            if let Ok(c) = crate::sys::nftables::counters(crate::core::firewall::TABLE) {
+                let c: Vec<(String, u64)> = c.into_iter().map(|(n, p, _)| (n, p)).collect();
+                if let Some(t) = bursts.observe(std::time::Instant::now(), &c) {
+                    events.say(&t);
+                }
+            }
+        }
         events.tick(std::time::Instant::now());
     }
 }
