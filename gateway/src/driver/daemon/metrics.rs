@@ -4,7 +4,8 @@
 //!
 //! Small and robust: at most [`MAX_CONNS`] connections at once (more are closed at
 //! accept), the whole request head within [`HEAD_DEADLINE`] and [`MAX_HEAD`] bytes,
-//! `Connection: close`, a client that stops reading cut after [`WRITE_TIMEOUT`]. Who may
+//! `Connection: close`, a client that stops reading cut after [`WRITE_TIMEOUT`] and any
+//! after [`ANSWER_DEADLINE`]. Who may
 //! connect is `core::firewall::services`' judgement on the running configuration and the
 //! interfaces' addresses now, checked after accept as `riceguard ssh` does, so
 //! `Firewall = off` does not open it to the uplink. Its threads are niced and kept off
@@ -40,6 +41,8 @@ pub const MAX_CONNS: usize = 4;
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(5);
 /// A client that reads nothing for this long is cut off.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A whole answer must be read within this (a client reading a byte now and then).
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(60);
 
 /// What a scrape reads, shared with the daemon.
 pub struct Sources {
@@ -314,10 +317,34 @@ fn scrape(s: &mut TcpStream, ctx: &Ctx) -> std::io::Result<()> {
         let mut mono = ctx.counters.lock().unwrap_or_else(|p| p.into_inner());
         collect(&ctx.sources, &cfg, &mut mono)
     };
-    let mut w = BufWriter::with_capacity(64 * 1024, s);
+    let deadline = Deadline {
+        out: s,
+        until: Instant::now() + ANSWER_DEADLINE,
+    };
+    let mut w = BufWriter::with_capacity(64 * 1024, deadline);
     w.write_all(m::response_head(200, "OK", m::CONTENT_TYPE, false).as_bytes())?;
     let mut w = m::write_exposition(w, &g, &peers)?;
     w.flush()
+}
+
+/// A writer that fails once its deadline has passed: a client that reads slowly enough
+/// never to hit [`WRITE_TIMEOUT`] still cannot hold a connection for long.
+struct Deadline<W> {
+    out: W,
+    until: Instant,
+}
+
+impl<W: Write> Write for Deadline<W> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if Instant::now() >= self.until {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        self.out.write(b)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// The exposition's figures now: the gateway's, then one entry per configured peer (the

@@ -229,3 +229,19 @@ impl Write for Counted {
         Ok(())
     }
 }
+
+/// A writer past its deadline fails (the answer is cut), never blocks.
+#[test]
+fn an_answer_past_its_deadline_is_cut() {
+    let mut d = Deadline {
+        out: Vec::new(),
+        until: Instant::now() + Duration::from_secs(60),
+    };
+    assert_eq!(d.write(b"abc").unwrap(), 3);
+    d.until = Instant::now();
+    assert_eq!(
+        d.write(b"x").unwrap_err().kind(),
+        std::io::ErrorKind::TimedOut
+    );
+    assert_eq!(d.out, b"abc");
+}
