@@ -5,11 +5,10 @@
 //! Small and robust: at most [`MAX_CONNS`] connections at once (more are closed at
 //! accept), the whole request head within [`HEAD_DEADLINE`] and [`MAX_HEAD`] bytes,
 //! `Connection: close`, a client that stops reading cut after [`WRITE_TIMEOUT`] and any
-//! after [`ANSWER_DEADLINE`]. Who may
-//! connect is `core::firewall::services`' judgement on the running configuration and the
-//! interfaces' addresses now, checked after accept as `riceguard ssh` does, so
-//! `Firewall = off` does not open it to the uplink. Its threads are niced and kept off
-//! the workers' cores when another core is online.
+//! after [`ANSWER_DEADLINE`]. Who may connect is `core::firewall::services`' judgement on
+//! the running configuration and the interfaces' addresses now, checked after accept as
+//! `riceguard ssh` does, so `Firewall = off` does not open it to the uplink. Its threads
+//! are niced and kept off the workers' cores when another core is online.
 //!
 //! [`Metrics::follow`] starts, stops or moves it when a reload changes `Metrics` or
 //! `MetricsPort`. A scrape reads the peers through `Device::peer_stats` (each peer's
