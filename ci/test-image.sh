@@ -12,7 +12,8 @@
 #     riceguard.selftest=hang) seen unhealthy and restarted by init's health watch,
 #     USO on (boot 1) and off (boot 2), perm surviving the
 #     second boot, `show status` with the firewall's line, `show log` listing the boot
-#     events of boots 1 and 2 (both ended by a kill) and 3, `reboot` typed on the serial
+#     events of boots 1 and 2 (both ended by a kill) and 3 and the clock steps before
+#     those kills, `reboot` typed on the serial
 #     console (clean unmount of perm); init's `firewall: table inet riceguard in place`
 #     before the uplink's address;
 #     the clock (never back): every net boot starts with the RTC at 2001 (-rtc base=), and
@@ -385,6 +386,12 @@ EOF
         # events are there, in order, before this boot's.
         boots=$(sed -n '/show log/,$p' "$log" | tr -d '\r' | sed -n 's/^[0-9T:-]*Z init boot \([0-9]*\): slot a\b.*/\1/p' | tr '\n' ' ')
         check "$b: \`show log\` lists boots 1 and 2 (ended by power cuts) and 3, in order ($boots)" test "$boots" = "1 2 3 "
+        # The clock steps of boots 1 and 2 (riceguard ntp writes them at once): events
+        # from before those power cuts.
+        steps=$(sed -n '/show log/,$p' "$log" | tr -d '\r' | grep -c '^[0-9T:-]*Z ntp clock stepped ')
+        check "$b: \`show log\` lists the clock steps of the boots before the power cuts ($steps)" test "${steps:-0}" -ge 2
+        cuts=$(sed -n '/show log/,$p' "$log" | tr -d '\r' | grep -c "init boot [23]: slot a.*; the previous boot's shutdown: not recorded: a power cut")
+        check "$b: boots 2 and 3 say the boot before ended without a shutdown (killed: a power cut)" test "$cuts" = 2
         check "$b reboot: typed on the console, init stopped services and rebooted" \
             have "$log" 'riceguard-init: rebooting'
         check "$b reboot: QEMU exited (guest reset) before the timeout" test $((SECONDS - t0)) -lt "$T"

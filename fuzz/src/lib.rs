@@ -732,6 +732,88 @@ pub fn check_run_files(data: &[u8]) {
     assert!(ports.windows(2).all(|w| w[0] < w[1]));
 }
 
+/// Remote syslog (`core::syslog`): any console or logger line is taken apart without
+/// panicking, into parts of the line; the RFC 5424 message made from it has a header of
+/// printable ASCII fields within RFC 5424's lengths, one line of UTF-8 text within
+/// `MAX_MESSAGE`, an octet count that matches, a UDP datagram within `MAX_UDP` that is
+/// still UTF-8; a backlog fed these messages stays within its budget and loses none
+/// uncounted.
+pub fn check_syslog_line(data: &[u8]) {
+    use riceguard_core::clock::UnixTime;
+    use riceguard_core::syslog::{self, Backlog, Origin};
+    let text = String::from_utf8_lossy(data);
+    let within = |part: &str| part.is_empty() || text.contains(part);
+    let (sev, msg) = syslog::parse_logger_line(&text);
+    assert!(within(msg), "{msg:?} not from the line");
+    let l = syslog::parse_console_line(&text);
+    assert!(l.app == "init" || within(l.app));
+    assert!(within(l.msg));
+    let host = text.split(' ').next().unwrap_or("");
+    let o = Origin::new(host);
+    let t = UnixTime::from_nanos(i64::from_le_bytes(
+        data.get(..8)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or([7; 8]),
+    ));
+    let procid = data.first().map(|&b| u32::from(b) * 1000);
+    for (app, severity, m) in [
+        (l.app, l.severity, l.msg),
+        ("gateway", sev, msg),
+        (&*text, sev, &*text),
+    ] {
+        let out = o.message(t, app, procid, severity, m);
+        assert!(out.len() <= syslog::MAX_MESSAGE);
+        let s = std::str::from_utf8(&out).expect("a message is UTF-8");
+        assert!(!s.chars().any(char::is_control), "{s:?}");
+        let f: Vec<&str> = s.splitn(8, ' ').collect();
+        assert!(f.len() >= 7, "{s:?}");
+        assert!(f[0].starts_with('<') && f[0].ends_with(">1"));
+        for (field, max) in [
+            (f[1], 32),
+            (f[2], syslog::MAX_HOSTNAME),
+            (f[3], syslog::MAX_APP_NAME),
+            (f[4], syslog::MAX_PROCID),
+            (f[5], 32),
+            (f[6], 1),
+        ] {
+            assert!(!field.is_empty() && field.len() <= max, "{field:?}");
+            assert!(field.bytes().all(|b| (33..=126).contains(&b)), "{field:?}");
+        }
+        let framed = syslog::frame_tcp(&out);
+        let (n, rest) = framed.split_at(framed.iter().position(|&b| b == b' ').unwrap());
+        assert_eq!(
+            std::str::from_utf8(n).unwrap().parse::<usize>().unwrap(),
+            rest.len() - 1
+        );
+        let d = syslog::datagram(&out);
+        assert!(d.len() <= syslog::MAX_UDP && out.starts_with(d));
+        assert!(std::str::from_utf8(d).is_ok());
+    }
+    let budget = usize::from(data.last().copied().unwrap_or(0)) * 8;
+    let mut b = Backlog::new(budget);
+    let mut pushed = 0u64;
+    for chunk in data.chunks(7) {
+        b.push(chunk.to_vec());
+        pushed += 1;
+        assert!(b.bytes() <= budget);
+    }
+    let (mut taken, mut said) = (0u64, 0u64);
+    while let Some(m) = b.take(&o, t, None) {
+        let s = String::from_utf8_lossy(m.bytes());
+        match s.strip_suffix(" dropped while the collector was unreachable") {
+            Some(head) => {
+                said += head
+                    .rsplit(' ')
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .expect("a count")
+            }
+            None => taken += 1,
+        }
+    }
+    assert_eq!(taken + said, pushed);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -886,6 +968,11 @@ mod tests {
     #[test]
     fn identity_seeded() {
         run("identity", check_identity, 20_000);
+    }
+
+    #[test]
+    fn syslog_line_seeded() {
+        run("syslog_line", check_syslog_line, 20_000);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod slots;
 #[cfg(feature = "ssh")]
 pub mod ssh;
 pub use riceguard_sys as sys;
+pub mod syslog;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod update;

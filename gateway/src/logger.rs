@@ -28,6 +28,73 @@ use std::time::{Duration, Instant};
 /// `clock: ` after `show status` while the restarted gateway's lines were relayed).
 pub fn console_line(text: &str) {
     let _ = write_line(&mut std::io::stderr().lock(), text);
+    if CONSOLE_SYSLOG.load(Ordering::Relaxed) {
+        crate::syslog::process().console_line(text, Some(std::process::id()));
+    }
+}
+
+/// A service's line init relays (`NAME: line`), as [`console_line`], sent to syslog with
+/// the service's pid.
+pub fn relayed_line(text: &str, pid: u32) {
+    let _ = write_line(&mut std::io::stderr().lock(), text);
+    if CONSOLE_SYSLOG.load(Ordering::Relaxed) {
+        crate::syslog::process().console_line(text, Some(pid));
+    }
+}
+
+/// Init's console lines (its own and its services') also go to this process's syslog
+/// sender (`crate::syslog::process`), which sends them once a collector is set.
+static CONSOLE_SYSLOG: AtomicBool = AtomicBool::new(false);
+/// The app-name of this process's own records when it sends them to syslog itself (a
+/// daemon not under init); `None`: it does not. Read only while [`RECORD_SYSLOG_ON`]:
+/// a record costs no lock otherwise.
+static RECORD_SYSLOG: Mutex<Option<&'static str>> = Mutex::new(None);
+static RECORD_SYSLOG_ON: AtomicBool = AtomicBool::new(false);
+
+/// The environment variable init sets for its services: their output reaches syslog
+/// through init's relay, so they do not send it themselves.
+pub const UNDER_INIT_ENV: &str = "RG_UNDER_INIT";
+
+/// Init: send every console line to syslog (see [`console_line`]); the lines before
+/// the configuration said where are kept for that collector (`syslog::Sender::hold`).
+pub fn console_to_syslog() {
+    if !CONSOLE_SYSLOG.swap(true, Ordering::Relaxed) {
+        crate::syslog::process().hold();
+    }
+}
+
+/// Whether this process runs under init (which relays its output to syslog).
+pub fn under_init() -> bool {
+    std::env::var_os(UNDER_INIT_ENV).is_some_and(|v| v == "1")
+}
+
+/// A process not under init that has a collector configured sends its own records there
+/// as `app` (the daemon: `gateway`, as init names it); `None` stops. Under init nothing
+/// changes: init's relay sends the process's output. Called at start-up and at every
+/// reload of the configuration.
+pub fn syslog(app: &'static str, target: Option<&crate::core::config::SyslogTarget>) {
+    if under_init() {
+        return;
+    }
+    *RECORD_SYSLOG.lock().unwrap_or_else(|p| p.into_inner()) = target.map(|_| app);
+    RECORD_SYSLOG_ON.store(target.is_some(), Ordering::Release);
+    if crate::syslog::process().set_target(target.cloned()) {
+        match target {
+            Some(t) => log::info!("syslog: sending log lines to {t} (in clear)"),
+            None => log::info!("syslog: no longer sending log lines"),
+        }
+    }
+}
+
+/// The syslog severity of a log level (`core::syslog` maps the written word the same).
+pub fn severity(level: log::Level) -> crate::core::syslog::Severity {
+    use crate::core::syslog::Severity;
+    match level {
+        log::Level::Error => Severity::Error,
+        log::Level::Warn => Severity::Warning,
+        log::Level::Info => Severity::Info,
+        log::Level::Debug | log::Level::Trace => Severity::Debug,
+    }
 }
 
 /// `text` and its newline as one buffer, handed to `w` in one `write_all`.
@@ -382,6 +449,18 @@ impl log::Log for Logger {
         }
         format_line(&mut line, t, r.level(), r.args());
         self.emit(line);
+        if !RECORD_SYSLOG_ON.load(Ordering::Acquire) {
+            return;
+        }
+        let app = *RECORD_SYSLOG.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(app) = app {
+            crate::syslog::process().send(
+                app,
+                Some(std::process::id()),
+                severity(r.level()),
+                &r.args().to_string(),
+            );
+        }
     }
 
     fn flush(&self) {
@@ -569,6 +648,24 @@ mod tests {
             }
         }
         assert!(found > 5, "read {found} files of {}", dir.display());
+    }
+
+    /// A record's level and the level word `core::syslog` reads in a relayed line give
+    /// the same severity: a line has one severity whichever way it reaches syslog.
+    #[test]
+    fn syslog_severity_matches_the_written_level() {
+        for level in [
+            log::Level::Error,
+            log::Level::Warn,
+            log::Level::Info,
+            log::Level::Debug,
+            log::Level::Trace,
+        ] {
+            let mut o = String::new();
+            format_line(&mut o, s(3), level, &"text");
+            let (sev, msg) = crate::core::syslog::parse_logger_line(o.trim_end());
+            assert_eq!((sev, msg), (severity(level), "text"), "{o}");
+        }
     }
 
     #[test]

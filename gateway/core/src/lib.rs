@@ -27,6 +27,7 @@ pub mod netplan;
 pub mod offload;
 pub mod slots;
 pub mod ssh_key;
+pub mod syslog;
 pub mod tcp_admission;
 pub mod uapi;
 pub mod uplink_overlap;

@@ -58,6 +58,9 @@ pub fn main(args: &[String]) -> ExitCode {
         return ExitCode::from(1);
     }
     if args.iter().any(|a| a == "--stage2") {
+        // Its console lines go to syslog once the saved configuration names a collector
+        // (kept until then; `supervise::SyslogFollow`).
+        crate::logger::console_to_syslog();
         stage2();
     } else {
         let e = stage1();

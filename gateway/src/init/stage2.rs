@@ -93,6 +93,9 @@ pub(super) fn stage2() -> ! {
     if perm_ok {
         // After the clock: the event's time is the floor's, not the RTC's 2001.
         let n = crate::perm::boot_log::count(Path::new(PERM));
+        let before = crate::perm::event_log::previous_shutdown(Path::new(PERM))
+            .map(|p| format!("; the previous boot's shutdown: {p}"))
+            .unwrap_or_default();
         let version = std::fs::read_to_string(crate::image_paths::VERSION).unwrap_or_default();
         let version = version.trim();
         let version = if version.is_empty() {
@@ -103,10 +106,11 @@ pub(super) fn stage2() -> ! {
         crate::perm::event_log::say(
             Path::new(PERM),
             "init",
-            &format!("boot {n}: slot {slot}{version}"),
+            &format!("boot {n}: slot {slot}{version}{before}"),
         );
     }
     let gw = load_config(perm_ok);
+    let mut syslog = supervise::SyslogFollow::new(Path::new(PERM), Instant::now());
     reserve_hugepages(hugepages_needed(gw.as_ref(), &board), board.hugepages);
     // The board's consoles whose terminal exists (a screen-less box has no tty1, a box
     // without a COM port no ttyS0): the failsafe prompt asks on all of them.
@@ -289,6 +293,7 @@ pub(super) fn stage2() -> ! {
         let next_start = sup.tick(now);
         confirm_guard.check(&sup);
         time_saver.tick(now);
+        syslog.tick(now);
         let (starts, running) = match sup.find("gateway") {
             Some(s) => match s.state {
                 supervise::State::Running(pid) => (s.starts, Some(pid)),
@@ -485,8 +490,22 @@ pub(super) fn shutdown(
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), Signal::SIGKILL);
     std::thread::sleep(Duration::from_millis(100));
     reap(sup);
-    // The gateway is stopped: no handshake is stamped after this.
+    // The gateway is stopped (its batched events written): no handshake is stamped after
+    // this, and the next boot's record says this one ended cleanly.
     clock_floor::save_at_halt();
+    crate::perm::event_log::say(
+        Path::new(PERM),
+        "init",
+        &format!(
+            "{} {}",
+            crate::perm::event_log::SHUTDOWN,
+            if how == os::Halt::Reboot {
+                "reboot"
+            } else {
+                "poweroff"
+            }
+        ),
+    );
     os::sync();
     for m in [ESP_MNT, PERM] {
         if os::umount(m).is_err() {

@@ -375,6 +375,8 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<LogRing>>) -> std::io::Result<Pid> {
     };
     let mut cmd = Command::new(prog);
     cmd.args(args);
+    // Its output reaches syslog through the relay: the service does not send it itself.
+    cmd.env(crate::logger::UNDER_INIT_ENV, "1");
     let reader: Option<OwnedFd> = match &spec.tty {
         Some(tty) => {
             let f = OpenOptions::new().read(true).write(true).open(tty)?;
@@ -401,12 +403,72 @@ fn spawn(spec: &Spec, ring: &Arc<Mutex<LogRing>>) -> std::io::Result<Pid> {
         let ring = Arc::clone(ring);
         let name = spec.name.clone();
         std::thread::spawn(move || {
+            let id = u32::try_from(pid.as_raw()).unwrap_or(0);
             relay(std::fs::File::from(r), &name, &ring, &mut |l| {
-                crate::logger::console_line(l)
+                crate::logger::relayed_line(l, id)
             });
         });
     }
     Ok(pid)
+}
+
+/// How often init looks at the saved configuration for a changed `Syslog`.
+pub const SYSLOG_RECHECK: Duration = Duration::from_secs(2);
+
+/// Init's remote syslog: every console line (init's own and its services' relayed
+/// output) goes to this process's sender (`crate::syslog::process`), whose collector is
+/// the saved configuration's `Syslog`, read again whenever the file changes (a commit).
+pub struct SyslogFollow {
+    dir: std::path::PathBuf,
+    /// The file as last read: modification time and length.
+    seen: Option<(std::time::SystemTime, u64)>,
+    next: Instant,
+}
+
+impl SyslogFollow {
+    /// Start following `dir`'s saved configuration (read now).
+    pub fn new(dir: &std::path::Path, now: Instant) -> SyslogFollow {
+        crate::logger::console_to_syslog();
+        let mut f = SyslogFollow {
+            dir: dir.to_path_buf(),
+            seen: None,
+            next: now,
+        };
+        f.tick(now);
+        f
+    }
+
+    /// At most every [`SYSLOG_RECHECK`]: read the file again if it changed, and follow
+    /// its `Syslog`. A file that does not parse changes nothing (the console does not
+    /// save one).
+    pub fn tick(&mut self, now: Instant) {
+        if now < self.next {
+            return;
+        }
+        self.next = now + SYSLOG_RECHECK;
+        let path = crate::perm::config::conf_path(&self.dir);
+        let stamp = std::fs::metadata(&path)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(std::time::UNIX_EPOCH), m.len()));
+        if stamp == self.seen {
+            return;
+        }
+        self.seen = stamp;
+        let text = crate::perm::config::read_text(&self.dir);
+        let Ok(cfg) = crate::core::ini::parse(&path.to_string_lossy(), &text) else {
+            return;
+        };
+        let target = cfg.gateway.syslog;
+        let said = match &target {
+            Some(t) => format!(
+                "riceguard-init: syslog: sending every service's log lines to {t} (in clear)"
+            ),
+            None => "riceguard-init: syslog: no remote syslog".to_string(),
+        };
+        if crate::syslog::process().set_target(target) {
+            crate::logger::console_line(&said);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -595,6 +657,62 @@ mod tests {
             );
             at += Duration::from_secs(want);
         }
+    }
+
+    /// Init's syslog follows the saved configuration: its `Syslog` is used at once, a
+    /// changed file is read again at the next check, and init's own console lines and a
+    /// service's relayed ones arrive with their app-name, PROCID and severity.
+    #[test]
+    fn syslog_follows_the_saved_configuration() {
+        let dir = std::env::temp_dir().join(format!("rg-syslog-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let rx = |_: ()| {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s
+        };
+        let (a, b) = (rx(()), rx(()));
+        let conf = |target: String| {
+            let text =
+                format!("[Interface]\nListenPort = 51820\n\n[Gateway]\n#5+ Syslog = {target}\n");
+            std::fs::write(crate::perm::config::conf_path(&dir), text).unwrap();
+        };
+        // The next message ending with `tail` (other tests' console lines may come too).
+        let recv = |s: &std::net::UdpSocket, tail: &str| loop {
+            let mut buf = [0u8; 4096];
+            let n = s.recv(&mut buf).unwrap();
+            let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if m.ends_with(tail) {
+                return m;
+            }
+        };
+        conf(a.local_addr().unwrap().to_string());
+        let t0 = Instant::now();
+        let mut f = SyslogFollow::new(&dir, t0);
+        // The line saying where syslog goes is the first one sent.
+        let m = recv(&a, " (in clear)");
+        let pid = std::process::id();
+        assert!(
+            m.starts_with("<29>1 ")
+                && m.contains(&format!(
+                    " init {pid} - - syslog: sending every service's log lines to 127.0.0.1:"
+                )),
+            "{m}"
+        );
+        crate::logger::relayed_line("gateway: [   1.000] riceguard WARN  careful", 4242);
+        let m = recv(&a, " careful");
+        assert!(
+            m.starts_with("<28>1 ") && m.ends_with(" gateway 4242 - - careful"),
+            "{m}"
+        );
+        // A commit: the file changes (another length), read again after the recheck.
+        conf(format!("{}/udp", b.local_addr().unwrap()));
+        f.tick(t0 + Duration::from_millis(10));
+        f.tick(t0 + SYSLOG_RECHECK);
+        crate::logger::console_line("riceguard-init: FATAL: test");
+        let m = recv(&b, " - - FATAL: test");
+        assert!(m.starts_with("<27>1 ") && m.contains(" init "), "{m}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn wait_for(pid: Pid) -> WaitStatus {

@@ -172,6 +172,22 @@ pub fn show(dir: &Path, n: usize, peer: Option<&str>) -> Vec<String> {
     out
 }
 
+/// What init records when it stops the box on purpose (the text starts so).
+pub const SHUTDOWN: &str = "shutdown:";
+
+/// How the boot before this one ended, read from the log before this boot's record is
+/// written: `clean (reboot)` when init's last record is its shutdown; else, when there was
+/// a boot before, `not recorded: a power cut, a crash or a watchdog reset`. None on the
+/// first boot (an empty log).
+pub fn previous_shutdown(dir: &Path) -> Option<String> {
+    let (ev, _) = read(dir);
+    let last_init = ev.iter().rev().find(|e| e.source == "init")?;
+    Some(match last_init.text.strip_prefix(SHUTDOWN) {
+        Some(how) => format!("clean ({})", how.trim()),
+        None => "not recorded: a power cut, a crash or a watchdog reset".into(),
+    })
+}
+
 /// A process's rare events (DHCP bound or lost, a clock step), written as they happen with
 /// an fsync, at most [`RARE_PER_HOUR`] an hour: beyond that they are only logged, and the
 /// count is recorded with the next one written — a flapping uplink cannot wear the flash.
@@ -326,5 +342,22 @@ mod tests {
         );
         let mut none = Rare::new(None, "ntp");
         none.say(1, "ntp: stepped");
+    }
+
+    /// The boot record says how the boot before ended: init's shutdown record last, or
+    /// none after a boot (a power cut); nothing on the first boot.
+    #[test]
+    fn previous_shutdown_from_the_log() {
+        let dir = TempDir::new("event-shutdown");
+        assert_eq!(previous_shutdown(&dir.0), None);
+        say_at(&dir.0, 1, "init", "boot 1: slot a");
+        say_at(&dir.0, 2, "console:ttyS0", "commit: changed [Gateway] Ntp");
+        assert_eq!(
+            previous_shutdown(&dir.0).as_deref(),
+            Some("not recorded: a power cut, a crash or a watchdog reset")
+        );
+        say_at(&dir.0, 3, "init", "shutdown: reboot");
+        say_at(&dir.0, 4, "gateway", "peer phone: session expired");
+        assert_eq!(previous_shutdown(&dir.0).as_deref(), Some("clean (reboot)"));
     }
 }

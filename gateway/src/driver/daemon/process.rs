@@ -149,6 +149,8 @@ fn run(opts: Opts) -> Result<(), String> {
         crate::logger::resume();
         r.map_err(|e| format!("daemonize: {e}"))?;
     }
+    // Not under init: the daemon sends its own lines to the configured collector.
+    crate::logger::syslog("gateway", cfg.gateway.syslog.as_ref());
     // Block the signals we handle before any thread exists, so only sigwait sees them.
     let mut sigs = SigSet::empty();
     for s in [

@@ -697,6 +697,7 @@ pub(super) fn reload_file(
     let file = cfg;
     let cfg = file.running();
     rt.apply_config(&cfg).map_err(ReloadError::Apply)?;
+    crate::logger::syslog("gateway", cfg.gateway.syslog.as_ref());
     // The device runs the new configuration; the network follows it as a diff. An
     // address or route that netlink refused is said, but the reload counts as applied.
     if let Some(nc) = netconf {
