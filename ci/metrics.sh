@@ -185,6 +185,15 @@ check "Prometheus: no endpoint address in any label" sh -c "! ip netns exec $M c
 
 # ---- the uplink side ------------------------------------------------------------------------
 scrape_lan() { inns $M curl -s -m 3 "http://192.168.88.1:$PORT/metrics"; }
+# The gateway's own families, read straight from the endpoint.
+scrape_lan >"$WORK/scrape.txt"
+for re in '^riceguard_worker_cpu_seconds_total\{worker="0"\} [0-9.e+-]+$' \
+    '^riceguard_worker_rounds_total\{worker="0"\} [1-9][0-9]*$' \
+    '^riceguard_offload_info\{chain="(uso|gso|sendmmsg|single)"\} 1$' \
+    '^riceguard_firewall_table_present 1$' '^riceguard_device_drops_total\{cause="malformed"\} [0-9]+$' \
+    '^# TYPE riceguard_peer_receive_bytes_total counter$'; do
+    grep -Eq "$re" "$WORK/scrape.txt" && ok "the endpoint serves a line matching $re" || ko "no line matching $re"
+done
 uplink_in() { scrape_lan | sed -n 's/^riceguard_firewall_drops_total{counter="uplink-in"} //p'; }
 u0=$(uplink_in)
 inns $U curl -s -m 3 -o /dev/null "http://192.0.2.2:$PORT/metrics"
