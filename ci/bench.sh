@@ -26,6 +26,9 @@
 #   RG_BASE_BIN=old/riceguard ci/bench.sh --setups riceguard-1core,riceguard-base-1core
 #                               before/after: an older build against this one, same rounds
 #   ci/bench.sh --with-tcp-fallback    add riceguard over TCP (UDP dropped by nftables)
+#   ci/bench.sh --setups appliance-1core,appliance-scraped-1core
+#                               the appliance with Metrics = on and /metrics scraped every
+#                               second from the host behind it, against unscraped
 #   ci/bench.sh --plot-only out/bench/bench-X.json    redraw that run's SVG (no root)
 #
 # riceguard is $RG_BIN (default target/release/riceguard), extra flags in $RG_ARGS

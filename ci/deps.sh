@@ -23,6 +23,9 @@ APT_PKGS=(
     procps psmisc python3
     # the SSH client of ci/ssh.sh (ssh, ssh-keygen, ssh-keyscan)
     openssh-client
+    # the metrics lab (ci/metrics.sh): Debian's Prometheus server scrapes the appliance;
+    # curl asks its HTTP API and the endpoint itself (about 9 s to install, no recommends)
+    prometheus curl
     # DHCP server for the uplink-by-DHCP test (ci/dhcp.sh)
     dnsmasq-base
     # static builds (ci/build-static.sh): gcc's musl wrapper for x86_64 ring, clang/llvm-ar

@@ -41,7 +41,9 @@
 #            remote syslog from a daemon run by hand to an RFC 5424 collector, UDP then
 #            TCP octet counting: the session line's app-name and severity, a collector
 #            away and back (the backlog, its drop notice first), no private key sent
-#            (ci/syslog.sh)
+#            (ci/syslog.sh); Debian's Prometheus scraping the appliance from the LAN
+#            side (the phone's bytes as the UAPI says), the uplink refused and counted,
+#            bad and slow requests, Metrics = off, Firewall = off (ci/metrics.sh)
 #   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
 #            from Debian packages, for both musl targets: static, right ELF machine,
 #            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
@@ -128,7 +130,7 @@ labs_of() {
         fastpath) echo ci/fastpath.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
-        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ci/metrics.sh ;;
         cross) echo ci/test-cross.sh ;;
         # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
         # checked as reproducible) rather than building it a third time.

@@ -151,7 +151,7 @@ HOST_NET, HOST_GW, HOST_ADDR = "10.205.0.0/24", "10.205.0.1", "10.205.0.2"
 HOST_PORT = "vh"  # b's port to H: in the uplink zone (every interface but lo and the tunnel)
 
 
-def appliance_conf(lab, firewall):
+def appliance_conf(lab, firewall, metrics=False):
     a, b = lab.a, lab.b
     path = os.path.join(lab.workdir, f"{b.ifname}.conf")
     wgnet.write_secret(path, (
@@ -159,7 +159,8 @@ def appliance_conf(lab, firewall):
         f"Address = {b.inner4}/24, {b.inner6}/64\nMTU = {wgnet.TUNNEL_MTU}\n\n"
         f"[Peer]\nPublicKey = {a.public_key}\nAllowedIPs = {a.inner4}/32, {a.inner6}/128\n\n"
         f"[Gateway]\nInterfaceName = {b.ifname}\nCores = {CORE['b']}\nUplink = {b.veth}\n"
-        f"Firewall = {'on' if firewall else 'off'}\n"))
+        f"Firewall = {'on' if firewall else 'off'}\n"
+        + (f"Metrics = on\nMetricsPort = {METRICS_PORT}\n" if metrics else "")))
     return path
 
 
@@ -168,7 +169,49 @@ def conntrack_entries(side):
     return int(cp.stdout) if cp.returncode == 0 and cp.stdout.strip().isdigit() else None
 
 
-def setup_appliance(firewall):
+# appliance-scraped-1core: appliance-1core with `Metrics = on` and Prometheus' scrape
+# every second from H (one-armed: H's subnet is the uplink's own, so the endpoint serves
+# it) during every run; its ratio against appliance-1core is what scraping costs.
+METRICS_PORT = 9586
+SCRAPER = r"""
+import socket, sys, time
+url_host, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+n = bad = 0
+while True:
+    t = time.monotonic()
+    try:
+        s = socket.create_connection((url_host, port), timeout=2)
+        s.settimeout(2)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            got += b
+        s.close()
+        if got.startswith(b"HTTP/1.1 200"):
+            n += 1
+        else:
+            bad += 1
+    except OSError:
+        bad += 1
+    with open(out, "w") as f:
+        f.write(f"{n} {bad}\n")
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
+"""
+
+
+def scrapes(path):
+    try:
+        with open(path) as f:
+            n, bad = f.read().split()
+        return {"scrapes": int(n), "scrapes_failed": int(bad)}
+    except (OSError, ValueError):
+        return {"scrapes": None, "scrapes_failed": None}
+
+
+def setup_appliance(firewall, scraped=False):
     def setup(lab):
         a, b = lab.a, lab.b
         h = extra_ns(lab, "h")
@@ -180,7 +223,8 @@ def setup_appliance(firewall):
         h.sh(["ip", "link", "set", "eth0", "up"])
         if not firewall:
             h.sh(["ip", "route", "add", "default", "via", HOST_GW])
-        argv = [wgnet.riceguard_bin(), "up", "--config", appliance_conf(lab, firewall)]
+        argv = [wgnet.riceguard_bin(), "up", "--config",
+                appliance_conf(lab, firewall, metrics=scraped)]
         start_daemon(lab, b, "riceguard", argv + os.environ.get("RG_ARGS", "").split())
         lab.start(a, "riceguard", ["--workers", "1", "--cores", str(CORE["a"])])
         a.sh(["wg", "set", a.ifname, "private-key", a.keyfile, "listen-port", str(a.port),
@@ -201,12 +245,25 @@ def setup_appliance(firewall):
             raise LabError("appliance: Firewall = off but table inet riceguard is there")
         if b.sh(["sysctl", "-n", "net.ipv4.ip_forward"]).stdout.strip() != "1":
             raise LabError("appliance: net.ipv4.ip_forward is not on")
+        count = os.path.join(lab.workdir, "scrapes")
+        if scraped:
+            lab.procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", h.ns, "python3", "-c", SCRAPER, HOST_GW,
+                 str(METRICS_PORT), count], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+
+        def after():
+            out = {"conntrack_entries": conntrack_entries(b)}
+            if scraped:
+                out.update(scrapes(count))
+            return out
         return Path(lab, HOST_ADDR, wgnet.TUNNEL_MTU, [a.pid, b.pid], server=h,
-                    cpus=(CORE["a"], CORE["b"]), status_side=b,
-                    after=lambda: {"conntrack_entries": conntrack_entries(b)})
+                    cpus=(CORE["a"], CORE["b"]), status_side=b, after=after)
     setup.extra_args = [f"(a: --workers 1 --cores {CORE['a']}) (b: up --config, Cores = "
                         f"{CORE['b']}, Firewall = {'on' if firewall else 'off'}, iperf3 "
-                        f"server on a host behind b)"]
+                        f"server on a host behind b"
+                        + (", /metrics scraped every second from it" if scraped else "")
+                        + ")"]
     return setup
 
 
@@ -268,6 +325,9 @@ SETUPS = {
     "appliance-1core": Setup(setup_appliance(True), "riceguard", "1core",
                              compare=["appliance-nofw-1core"]),
     "appliance-nofw-1core": Setup(setup_appliance(False), "riceguard", "1core"),
+    # Not in the default list: `--setups appliance-1core,appliance-scraped-1core`.
+    "appliance-scraped-1core": Setup(setup_appliance(True, scraped=True), "riceguard",
+                                     "1core", compare=["appliance-1core"]),
 }
 DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard", "riceguard-busy",
                   "wireguard-go-1core", "boringtun-1core", "riceguard-1core",
@@ -278,7 +338,7 @@ GROUP_TITLES = {"default": "Each implementation as it starts (its own threads an
                          f"{CORE['a']}, end B (daemon, iperf3 server) on core {CORE['b']}"}
 # How ratio baselines are named in table cells.
 SHORT = {"wireguard-go": "wg-go", "boringtun": "boringtun", "veth": "veth",
-         "appliance-nofw-1core": "fw off"}
+         "appliance-nofw-1core": "fw off", "appliance-1core": "unscraped"}
 
 # --- metrics ----------------------------------------------------------------------------
 # name -> (label, unit shown, factor from the JSON's unit to the one shown). Throughputs are

@@ -1086,6 +1086,11 @@ mod tests {
     fn allowed_ips_seeded() {
         run("allowed_ips", check_allowed_ips, 5_000);
     }
+
+    #[test]
+    fn metrics_http_seeded() {
+        run("metrics_http", check_metrics_http, 20_000);
+    }
 }
 
 /// What the kernel sends back for nf_tables queries (`core::firewall::nft`'s readers) and
@@ -1104,4 +1109,57 @@ pub fn check_nft_reply(data: &[u8]) {
     // The payload alone, as if the header had been taken off already.
     let _ = parse_counter(data, "riceguard");
     let _ = parse_table_comment(data);
+}
+
+/// The metrics endpoint's request head (`core::metrics::parse_request`, `head_end`) and
+/// its label escaping: nothing panics; a head is accepted only whole (its empty line last,
+/// within `MAX_HEAD`) and only for GET; any text as a label value stays on its one sample
+/// line and unescapes back to itself.
+pub fn check_metrics_http(data: &[u8]) {
+    use riceguard::core::metrics::{head_end, parse_request, HttpError, Value, Writer, MAX_HEAD};
+    let r = parse_request(data);
+    if let Some(end) = head_end(data) {
+        assert!(end <= data.len());
+        let _ = parse_request(&data[..end]);
+    }
+    match r {
+        Ok(_) => {
+            assert!(data.starts_with(b"GET /"), "accepted: {data:?}");
+            assert_eq!(head_end(data), Some(data.len()));
+            assert!(data.len() <= MAX_HEAD);
+        }
+        Err(HttpError::TooLarge) => assert!(data.len() > MAX_HEAD),
+        Err(e) => {
+            let (code, _) = e.status();
+            assert!((400..500).contains(&code));
+        }
+    }
+    let text = String::from_utf8_lossy(data);
+    let mut w = Writer::new(Vec::new());
+    w.sample("m", &[("name", &text)], Value::U(1))
+        .expect("writing into a Vec");
+    let out = String::from_utf8(w.into_inner()).expect("the writer writes UTF-8");
+    assert_eq!(out.matches('\n').count(), 1, "{out:?}");
+    let quoted = out
+        .strip_prefix("m{name=\"")
+        .and_then(|s| s.strip_suffix("\"} 1\n"))
+        .expect("one label");
+    let mut back = String::new();
+    let mut it = quoted.chars();
+    while let Some(c) = it.next() {
+        if c == '"' {
+            panic!("an unescaped quote in {quoted:?}");
+        }
+        if c != '\\' {
+            back.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('\\') => back.push('\\'),
+            Some('"') => back.push('"'),
+            Some('n') => back.push('\n'),
+            other => panic!("bad escape {other:?} in {quoted:?}"),
+        }
+    }
+    assert_eq!(back, text);
 }

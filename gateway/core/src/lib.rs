@@ -20,6 +20,7 @@ pub mod gso_rest;
 pub mod identity;
 pub mod ini;
 pub mod key;
+pub mod metrics;
 pub mod net;
 pub mod netlink;
 pub mod netplan;

@@ -24,7 +24,7 @@ use super::perm::{
     resolve_consoles, ConfirmGuard, FAILSAFE_WAIT,
 };
 use super::supervise::{Spec, Supervisor};
-use super::watch::{mark_boot_good, probe_gateway, slot_on_trial, Watchdog};
+use super::watch::{mark_boot_good, probe_gateway, publish_figures, slot_on_trial, Watchdog};
 use super::{clock_floor, health, supervise, sysctl};
 
 pub(super) fn stage2() -> ! {
@@ -276,6 +276,7 @@ pub(super) fn stage2() -> ! {
     let mut next_health = Instant::now();
     let mut confirm_guard = ConfirmGuard::default();
     let mut halt: Option<os::Halt> = None;
+    let mut published = String::new(); // init's figures last written (run::services)
     loop {
         let now = Instant::now();
         if let Some((_, until)) = &held_gateway {
@@ -413,6 +414,7 @@ pub(super) fn stage2() -> ! {
         }
         wait_signal(&mut sfd, wait, &mut halt);
         reap(&mut sup);
+        publish_figures(&sup, slot, marked, &mut published);
         if let Some(h) = halt {
             shutdown(&mut sup, &mut sfd, h, &mut dog);
         }

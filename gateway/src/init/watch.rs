@@ -1,5 +1,6 @@
 //! The gateway's health as init sees it (the UAPI answers, worker heartbeats move; the
-//! policy is `health.rs`), the hardware watchdog, and marking the boot good.
+//! policy is `health.rs`), the hardware watchdog, marking the boot good, and init's
+//! figures for the metrics endpoint (`run::services`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -14,6 +15,8 @@ use crate::sys::os;
 use super::board::Board;
 use super::common::{mkdir, ESP_MNT};
 use super::health;
+use super::supervise::{State, Supervisor};
+use crate::run::services::{write_figures, InitFigures, ServiceState};
 
 /// One look at the gateway for the health watch: its UAPI answer and the worker
 /// heartbeats of its status file.
@@ -169,4 +172,23 @@ impl Watchdog {
             }
         }
     }
+}
+
+/// Write init's figures (slot, boot marked good, each service's starts) to the run
+/// directory for the daemon's metrics, when they changed since `last`.
+pub(super) fn publish_figures(sup: &Supervisor, slot: char, marked: bool, last: &mut String) {
+    let f = InitFigures {
+        slot: Some(slot),
+        marked,
+        services: sup
+            .services
+            .iter()
+            .map(|s| ServiceState {
+                name: s.spec.name.clone(),
+                starts: u64::from(s.starts),
+                running: matches!(s.state, State::Running(_)),
+            })
+            .collect(),
+    };
+    write_figures(&crate::run::run_dir(), &f, last);
 }

@@ -10,7 +10,9 @@
 //! - [`lease`]: the DHCP client's lease files and the lines shown from them;
 //! - [`peers`]: the daemon's per-peer health file, for `show peers`;
 //! - [`clock`]: the clock's files (init's boot record, the NTP client's state and
-//!   stamps) and the `clock:` / `ntp:` lines shown from them.
+//!   stamps) and the `clock:` / `ntp:` lines shown from them;
+//! - [`services`]: init's figures for the metrics endpoint (slot, boot marked good,
+//!   starts of each supervised service).
 //!
 //! What the boots share on the perm partition is [`crate::perm`]'s, the same way.
 //!
@@ -23,6 +25,7 @@ pub mod clock;
 pub mod lease;
 pub mod peers;
 pub mod reload;
+pub mod services;
 pub mod status;
 
 /// The appliance's run-time directory (tmpfs, made by init at boot).

@@ -14,7 +14,7 @@
 //! |---|---|---|---|---|
 //! | tunnel | all | yes (clients reach each other, as on a LAN) | yes | yes, NATed where needed |
 //! | LAN port | all | yes | yes | yes, NATed |
-//! | uplink | WireGuard and `TcpListen` ports, one-armed the services (SSH) from the uplink's own subnets (`services`), DHCP/DHCPv6 replies, ICMP errors about our own sockets' packets (PMTU discovery), neighbour discovery, MLD from link-local sources, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
+//! | uplink | WireGuard and `TcpListen` ports, one-armed the services (SSH, metrics) from the uplink's own subnets (`services`), DHCP/DHCPv6 replies, ICMP errors about our own sockets' packets (PMTU discovery), neighbour discovery, MLD from link-local sources, echo at 5/s | one-armed: only from the uplink's own subnets; two-armed: no | no | not ours to judge |
 //!
 //! Replies to allowed traffic pass everywhere (`ct state established,related`).
 //!
@@ -471,7 +471,7 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             "TCP fallback",
         ));
     }
-    // The appliance's services (SSH): from the tunnel and the LAN port (accepted above),
+    // The appliance's services (SSH, metrics): from the tunnel and the LAN port (accepted above),
     // and one-armed from the uplink's own subnets; two-armed, the uplink's tries fall to
     // the counted drop below.
     for svc in services::services(cfg) {

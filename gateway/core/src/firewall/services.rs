@@ -1,4 +1,4 @@
-//! The appliance's own services (the SSH console now; metrics and DNS after it): who may
+//! The appliance's own services (the SSH console, the Prometheus metrics; DNS after them): who may
 //! reach them, defined once for the firewall's input rule and for each server's own check
 //! of a peer address after `accept` (so `Firewall = off`, or a table another program
 //! removed, does not open them to the uplink).
@@ -30,7 +30,7 @@ pub struct Service {
     pub port: u16,
 }
 
-/// The services `cfg` runs: SSH once a key is set.
+/// The services `cfg` runs: SSH once a key is set, the metrics with `Metrics = on`.
 pub fn services(cfg: &Config) -> Vec<Service> {
     let g = &cfg.gateway;
     let mut v = Vec::new();
@@ -38,6 +38,12 @@ pub fn services(cfg: &Config) -> Vec<Service> {
         v.push(Service {
             name: "ssh",
             port: g.ssh_port,
+        });
+    }
+    if g.metrics {
+        v.push(Service {
+            name: "metrics",
+            port: g.metrics_port,
         });
     }
     v
@@ -210,6 +216,14 @@ mod tests {
                 name: "ssh",
                 port: 2222
             }]
+        );
+        cfg.gateway.metrics = true;
+        assert_eq!(
+            services(&cfg)[1],
+            Service {
+                name: "metrics",
+                port: crate::config::DEFAULT_METRICS_PORT
+            }
         );
     }
 }

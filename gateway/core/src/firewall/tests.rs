@@ -937,3 +937,69 @@ fn ssh_from_the_tunnel_and_lan_side_only() {
         (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
     );
 }
+
+/// The metrics port, as SSH's: with `Metrics = on` from the tunnel and the LAN port,
+/// one-armed from the uplink's own subnet; two-armed never from the uplink (dropped and
+/// counted as uplink-in). With `Metrics = off` nothing is let in for it from the uplink.
+#[test]
+fn metrics_from_the_tunnel_and_lan_side_only() {
+    let port = crate::config::DEFAULT_METRICS_PORT;
+    let syn = |iif: &'static str, src: &str| Pkt {
+        iif,
+        src: ip(src),
+        l4: Some(L4::Tcp),
+        dport: port,
+        ct: NEW,
+        to: Some(AddrType::Local),
+        ..Pkt::default()
+    };
+    let on = |mut cfg: Config| {
+        cfg.gateway.metrics = true;
+        cfg
+    };
+    // One-armed, a /24.
+    let mut p = ports(&["192.168.1.0/24"]);
+    p.uplink_addrs = vec![c("192.168.1.2/24")];
+    let rs = ruleset(&on(factory()), &p);
+    assert_eq!(
+        verdict(&rs, "input", &syn("wg0", "10.100.0.2")).0,
+        Action::Accept
+    );
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth0", "192.168.1.50")).0,
+        Action::Accept
+    );
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth0", "198.51.100.7")),
+        (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+    );
+    // Off: the port is closed from the uplink's own subnet too.
+    let off = ruleset(&factory(), &p);
+    assert_eq!(
+        verdict(&off, "input", &syn("eth0", "192.168.1.50")),
+        (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+    );
+    // Another port: the rule follows MetricsPort.
+    let mut moved = on(factory());
+    moved.gateway.metrics_port = 9100;
+    let rs = ruleset(&moved, &p);
+    let mut s = syn("eth0", "192.168.1.50");
+    s.dport = 9100;
+    assert_eq!(verdict(&rs, "input", &s).0, Action::Accept);
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth0", "192.168.1.50")).0,
+        Action::Drop
+    );
+    // Two-armed: the LAN port yes, the uplink never (even from its own subnet).
+    let (cfg, mut p) = two_armed();
+    p.uplink_addrs = vec![c("192.0.2.2/24")];
+    let rs = ruleset(&on(cfg), &p);
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth1", "192.168.88.7")).0,
+        Action::Accept
+    );
+    assert_eq!(
+        verdict(&rs, "input", &syn("eth0", "192.0.2.7")),
+        (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+    );
+}

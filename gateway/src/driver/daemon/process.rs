@@ -4,6 +4,7 @@
 //! loop (SIGHUP reload, shutdown). Owns the pid file (appliance mode).
 
 use super::args::{parse_args, Opts, USAGE};
+use super::metrics;
 use super::runtime::{reload, Runtime};
 use super::status::{self, status_path};
 use super::timers;
@@ -64,6 +65,8 @@ fn cores_for(cfg: &Config, n: usize) -> Vec<usize> {
 fn run(opts: Opts) -> Result<(), String> {
     let appliance = opts.config_file.is_some();
     let mut cfg = Config::default();
+    // The file as read, disabled peers included (the metrics endpoint's peers).
+    let mut file_cfg: Option<Config> = None;
     if let Some(path) = &opts.config_file {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
         let (parsed, warnings) =
@@ -74,6 +77,7 @@ fn run(opts: Opts) -> Result<(), String> {
         cfg = parsed;
         // validate() also requires the private key `up` needs.
         cfg.validate().map_err(|e| format!("{path}: {e}"))?;
+        file_cfg = Some(cfg.clone());
         cfg = cfg.running();
     }
     let ifname = if appliance {
@@ -169,6 +173,7 @@ fn run(opts: Opts) -> Result<(), String> {
         device.set_mtu(mtu); // before any worker encrypts: padding is capped by it
     }
     let tcp_slot = Arc::new(tcp_link::TcpSlot::default());
+    let tcp_slot_for_metrics = tcp_slot.clone();
     let sockets = Arc::new(SocketSet::new(socks, port));
     let vnet_hdr = tun.vnet_hdr();
     let tcp_sink = match tun.queue(0).map(|q| q.try_clone()) {
@@ -331,6 +336,19 @@ fn run(opts: Opts) -> Result<(), String> {
         nc.spawn_watch(shared.stop.clone())
             .map_err(|e| e.to_string())?;
     }
+    // The Prometheus endpoint (appliance mode, `Metrics = on`): follows each reload.
+    let metrics = file_cfg.as_ref().map(|file| {
+        let mx = metrics::Metrics::new(metrics::Sources {
+            device: device.clone(),
+            heartbeats: shared.heartbeats.clone(),
+            tcp: tcp_slot_for_metrics.clone(),
+            udp_tx: decision.udp_tx,
+            started: std::time::Instant::now(),
+            worker_cores: cores.iter().take(workers).copied().collect(),
+        });
+        mx.follow(file);
+        mx
+    });
     if appliance {
         let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));
         // Endpoint names that did not resolve (no lease, no resolver yet) are tried
@@ -371,7 +389,11 @@ fn run(opts: Opts) -> Result<(), String> {
                     continue;
                 };
                 generation += 1;
-                let result = reload(&rt, netconf.as_deref(), path, &ifname);
+                let result = reload(&rt, netconf.as_deref(), path, &ifname).map(|file| {
+                    if let Some(mx) = &metrics {
+                        mx.follow(&file);
+                    }
+                });
                 board.reload(status::Reload { generation, result });
             }
             Ok(Signal::SIGUSR2) => {
@@ -394,6 +416,9 @@ fn run(opts: Opts) -> Result<(), String> {
         }
     }
     shared.stop.store(true, Ordering::Relaxed);
+    if let Some(mx) = &metrics {
+        mx.stop();
+    }
     if let Some(nc) = &netconf {
         nc.shutdown();
     }

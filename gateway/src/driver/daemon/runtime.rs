@@ -638,14 +638,15 @@ pub(super) fn with_names(cfg: &Config, names: &Names) -> Config {
     c
 }
 
-/// SIGHUP in appliance mode: re-read the file; a bad file changes nothing. `Err` says
-/// why it was refused (for the status file's `reload:` line; the console reports it).
+/// SIGHUP in appliance mode: re-read the file; a bad file changes nothing. `Ok`: the
+/// file as read (disabled peers included, for the metrics endpoint); `Err` says why it
+/// was refused (for the status file's `reload:` line; the console reports it).
 pub(super) fn reload(
     rt: &Runtime,
     netconf: Option<&netconf::NetConf>,
     path: &str,
     ifname: &str,
-) -> Result<(), String> {
+) -> Result<Config, String> {
     let r = reload_file(rt, netconf, path, ifname);
     if let Err(e) = &r {
         log::error!("reload: {e}; keeping the running configuration");
@@ -684,7 +685,7 @@ pub(super) fn reload_file(
     netconf: Option<&netconf::NetConf>,
     path: &str,
     ifname: &str,
-) -> Result<(), ReloadError> {
+) -> Result<Config, ReloadError> {
     let text = std::fs::read_to_string(path).map_err(|e| ReloadError::Read(path.into(), e))?;
     let (cfg, warnings) =
         crate::core::ini::parse_with_warnings(path, &text).map_err(ReloadError::Parse)?;
@@ -693,7 +694,8 @@ pub(super) fn reload_file(
     }
     cfg.validate()
         .map_err(|e| ReloadError::Invalid(path.into(), e))?;
-    let cfg = cfg.running();
+    let file = cfg;
+    let cfg = file.running();
     rt.apply_config(&cfg).map_err(ReloadError::Apply)?;
     crate::logger::syslog("gateway", cfg.gateway.syslog.as_ref());
     // The device runs the new configuration; the network follows it as a diff. An
@@ -709,5 +711,5 @@ pub(super) fn reload_file(
         }
     }
     log::info!("{ifname}: configuration reloaded from {path}");
-    Ok(())
+    Ok(file)
 }

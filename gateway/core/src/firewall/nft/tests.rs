@@ -362,3 +362,52 @@ fn requests_outside_a_batch() {
     let kinds: Vec<_> = messages(b.bytes()).map(|m| m.unwrap().seq).collect();
     assert_eq!(kinds, [7, 8, 9]);
 }
+
+/// The metrics port's one-armed input rule, as nft 1.0 encodes `meta l4proto tcp tcp
+/// dport 9586 ip saddr 192.168.1.0/24 accept`; two-armed there is no such rule.
+#[test]
+fn the_metrics_rule_encodes_as_nft_does() {
+    use crate::config::Config;
+    use crate::firewall::{ruleset, Ports};
+    let mut cfg = Config::default();
+    cfg.gateway.metrics = true;
+    let p = Ports {
+        tunnel: "wg0".into(),
+        uplink_nets: vec![cidr("192.168.1.0/24")],
+        uplink_addrs: vec![cidr("192.168.1.2/24")],
+        ..Ports::default()
+    };
+    let metrics_rules = |cfg: &Config, p: &Ports| -> Vec<Rule> {
+        let rs = ruleset(cfg, p);
+        let input = rs.chains.iter().find(|c| c.name == "input").unwrap();
+        input
+            .rules
+            .iter()
+            .filter(|r| r.matches.contains(&Match::Dport(9586)))
+            .cloned()
+            .collect()
+    };
+    let rules = metrics_rules(&cfg, &p);
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(rules[0].action, Accept);
+    let (mut m, mut fam) = (Vec::new(), None);
+    for x in &rules[0].matches {
+        match_exprs(&mut m, x, &mut fam);
+    }
+    let want = [
+        meta("10"),
+        cmp(0, "06"),
+        payload(2, 2, 2),
+        cmp(0, "2572"),
+        v4(),
+        payload(1, 12, 3),
+        cmp(0, "c0a801"),
+    ]
+    .concat();
+    assert_eq!(m, hex(&want));
+    let mut two = p.clone();
+    two.lan = Some("eth1".into());
+    assert!(metrics_rules(&cfg, &two).is_empty());
+    cfg.gateway.metrics = false;
+    assert!(metrics_rules(&cfg, &p).is_empty());
+}
