@@ -24,6 +24,11 @@ drives namespaces and processes, anything that talks sockets or parses output is
                                             rewritten twice a second (and on SIGTERM)
     labtool.py tcp-peer-once HOST PORT      as tcp-reverse-once, then prints the client's
                                             address (what a NAT made of it)
+    labtool.py bulk-serve PORT BYTES SECONDS
+                                            on [::]:PORT for SECONDS: every connection
+                                            gets BYTES, then is closed
+    labtool.py bulk-fetch HOST PORT SECONDS from a bulk-serve server until it closes or
+                                            SECONDS have passed; prints "received N"
 
 Every loop is bounded in count and time.
 """
@@ -33,6 +38,7 @@ import re
 import socket
 import struct
 import sys
+import threading
 import time
 
 
@@ -336,6 +342,60 @@ def tcp_peer_once(args):
     print(_reverse_once(args), flush=True)
 
 
+def bulk_serve(args):
+    port, size, secs = int(args[0]), int(args[1]), float(args[2])
+    t = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    t.bind(("::", port))
+    t.listen(8)
+    end = time.monotonic() + secs
+    chunk = bytes(65536)
+
+    def send(c):
+        # Bounded: a connection whose data cannot get through (the lab's point) gives up
+        # when the server's time is up.
+        c.settimeout(max(0.1, end - time.monotonic()))
+        left = size
+        try:
+            while left > 0:
+                left -= c.send(chunk[:min(left, len(chunk))])
+        except OSError:
+            pass
+        c.close()
+
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        t.settimeout(left)
+        try:
+            c, _ = t.accept()
+        except socket.timeout:
+            break
+        threading.Thread(target=send, args=(c,), daemon=True).start()
+
+
+def bulk_fetch(args):
+    host, port, secs = args[0].strip("[]"), int(args[1]), float(args[2])
+    end = time.monotonic() + secs
+    n = 0
+    try:
+        c = socket.create_connection((host, port), timeout=min(5.0, secs))
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            c.settimeout(left)
+            d = c.recv(65536)
+            if not d:
+                break
+            n += len(d)
+    except OSError:
+        pass
+    print("received %d" % n, flush=True)
+
+
 TOOLS = {
     "boot-probe": boot_probe,
     "tcp-peer-once": tcp_peer_once,
@@ -351,6 +411,8 @@ TOOLS = {
     "uapi-clients": uapi_clients,
     "uapi-cut": uapi_cut,
     "hold": hold,
+    "bulk-serve": bulk_serve,
+    "bulk-fetch": bulk_fetch,
 }
 
 if __name__ == "__main__":
