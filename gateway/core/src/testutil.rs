@@ -316,6 +316,7 @@ pub mod nft {
             table: "rg".into(),
             counters: vec!["c".into()],
             chains,
+            maps: Vec::new(),
         }
     }
 }

@@ -504,7 +504,7 @@ mod tests {
             filter("output", Hook::Output, PRIO_RAW, output),
             base("postrouting", ChainKind::Nat, Hook::Postrouting, PRIO_SRCNAT, postrouting),
         ];
-        Ruleset { table: table.into(), counters: counters.map(String::from).into(), chains }
+        Ruleset { table: table.into(), counters: counters.map(String::from).into(), chains, maps: Vec::new() }
     }
 
     const TUNNEL_ONLY: &str = "tunnel only to the uplink";
