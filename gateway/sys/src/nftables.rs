@@ -812,4 +812,85 @@ mod tests {
             other_intact();
         });
     }
+
+    /// The appliance's own policy with per-client access for 500 clients (two families,
+    /// isolation, a hub's /0 around them) goes into a real kernel in one transaction, and
+    /// nft reads the maps and a client's chain back.
+    #[test]
+    fn per_client_access_for_500_clients_installs_in_private_netns() {
+        use riceguard_core::config::{Config, PeerConfig};
+        use riceguard_core::firewall::{clients, ruleset, Ports};
+        use riceguard_core::key::Key;
+        in_netns(|| {
+            if Command::new("nft").arg("--version").output().is_err() {
+                return crate::testutil::not_run("nft (Debian's nftables) is not installed");
+            }
+            if let Err(NftError::Unavailable(e)) = exists("riceguard") {
+                return crate::testutil::not_run(&e.to_string());
+            }
+            let mut cfg = Config::default();
+            cfg.interface.listen_port = Some(51820);
+            cfg.interface.addresses = vec!["10.100.0.1/22".parse().unwrap()];
+            cfg.gateway.lan = "eth1".into();
+            cfg.gateway.client_isolation = true;
+            let access =
+                riceguard_core::access::parse_list("lan, 192.168.88.10/32 tcp 8096").unwrap();
+            for i in 0..500u32 {
+                let a = std::net::Ipv4Addr::from(0x0a64_0002 + i);
+                let mut k = [0u8; 32];
+                k[..4].copy_from_slice(&i.to_be_bytes());
+                k[31] = 9;
+                let mut pc = PeerConfig::new(Key(k));
+                pc.allowed_ips = vec![
+                    format!("{a}/32").parse().unwrap(),
+                    format!("fd00:100::{:x}/128", i + 2).parse().unwrap(),
+                ];
+                if i % 2 == 0 {
+                    pc.access = Some(access.clone());
+                }
+                cfg.peers.push(pc);
+            }
+            let mut hub = PeerConfig::new(Key([0xee; 32]));
+            hub.allowed_ips = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];
+            hub.access = Some(riceguard_core::access::parse_list("lan").unwrap());
+            cfg.peers.push(hub);
+            let mut p = Ports::from_config(&cfg);
+            p.uplink_nets = vec!["192.0.2.0/24".parse().unwrap()];
+            let rs = ruleset(&cfg, &p);
+            replace(&rs, &HashMap::new()).unwrap();
+            let (ok, text) = nft(&["list", "map", "inet", "riceguard", clients::MAP_FORWARD_V4]);
+            assert!(ok, "{text}");
+            assert!(text.contains("type ipv4_addr : verdict"), "{text}");
+            assert!(text.contains("10.100.0.2 : jump fwd-"), "{text}");
+            let first = clients::key_tag(&cfg.peers[0].public_key);
+            let (ok, text) = nft(&[
+                "list",
+                "chain",
+                "inet",
+                "riceguard",
+                &format!("fwd-{first}"),
+            ]);
+            assert!(ok, "{text}");
+            assert!(
+                text.contains("ip daddr 192.168.88.10 tcp dport 8096 accept"),
+                "{text}"
+            );
+            assert!(
+                text.contains("oifname \"wg0\" counter name \"access-"),
+                "{text}"
+            );
+            let (ok, text) = nft(&["list", "chain", "inet", "riceguard", "forward"]);
+            assert!(ok, "{text}");
+            assert!(text.contains("ip saddr vmap @client-fwd4"), "{text}");
+            assert!(text.contains("tcp option maxseg size set rt mtu"), "{text}");
+            let c = counters("riceguard").unwrap();
+            assert_eq!(
+                c.iter()
+                    .filter(|(n, _, _)| n.starts_with("access-"))
+                    .count(),
+                501
+            );
+            assert!(remove("riceguard").unwrap());
+        });
+    }
 }

@@ -54,6 +54,8 @@ struct Pkt {
     iif: &'static str,
     oif: &'static str,
     src: Option<std::net::IpAddr>,
+    /// The destination (`None`: no `Daddr` match holds, as before the per-client rules).
+    dst: Option<std::net::IpAddr>,
     l4: Option<L4>,
     sport: u16,
     dport: u16,
@@ -76,7 +78,7 @@ fn holds(m: &Match, k: &Pkt) -> bool {
         Match::Family(Family::V6) => fam(false),
         Match::L4(l) => k.l4 == Some(*l),
         Match::Saddr { net, eq } => k.src.is_some_and(|a| net.contains(a) == *eq),
-        Match::Daddr { .. } => false,
+        Match::Daddr { net, eq } => k.dst.is_some_and(|a| net.contains(a) == *eq),
         Match::Sport(p) => k.sport == *p,
         Match::Dport(p) => k.dport == *p,
         Match::SportIn(lo, hi) => (*lo..=*hi).contains(&k.sport),
@@ -1221,3 +1223,7 @@ fn clamping_the_mss_is_no_verdict() {
     let o = run(&rs, "forward", &from10);
     assert_eq!((o.action, o.clamped), (Action::Drop, true));
 }
+
+/// Per-client access (`firewall::clients`) through the evaluator.
+#[path = "tests_clients.rs"]
+mod clients;
