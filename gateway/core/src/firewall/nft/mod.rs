@@ -265,6 +265,66 @@ pub fn validate(rs: &Ruleset) -> Result<(), Invalid> {
             }
         }
     }
+    for c in &rs.chains {
+        if let Some(base) = c.base {
+            check_reach(rs, base.hook, &mut vec![c.name.as_str()])?;
+        }
+    }
+    Ok(())
+}
+
+/// How deep jumps may nest below a base chain (the kernel's `NFT_JUMP_STACK_SIZE`).
+pub const JUMP_STACK: usize = 16;
+
+/// What a base chain of hook `hook` reaches through jumps and maps (`path`: the base
+/// chain, then each chain jumped to): the kernel refuses the whole ruleset for a loop,
+/// for jumps nested deeper than [`JUMP_STACK`], and for `rt mtu` (the MSS clamp) below
+/// prerouting or input, where no route has been chosen yet. Checked here to say which
+/// chain it is. `rs` has passed the name checks (every jump's chain is there).
+fn check_reach<'a>(rs: &'a Ruleset, hook: Hook, path: &mut Vec<&'a str>) -> Result<(), Invalid> {
+    let Some(here) = path
+        .last()
+        .and_then(|n| rs.chains.iter().find(|c| &c.name == n))
+    else {
+        return Ok(());
+    };
+    let route_known = matches!(hook, Hook::Forward | Hook::Output | Hook::Postrouting);
+    for r in &here.rules {
+        let mut to: Vec<&str> = match &r.action {
+            Action::ClampMss if !route_known => {
+                return Err(Invalid(format!(
+                    "chain {:?} clamps the MSS (rt mtu), which the kernel allows only below \
+                     forward, output and postrouting (reached by {})",
+                    here.name,
+                    path.join(" -> ")
+                )));
+            }
+            Action::Jump(c) => vec![c.as_str()],
+            Action::SourceMap(m) => rs
+                .maps
+                .iter()
+                .filter(|x| &x.name == m)
+                .flat_map(|x| x.elements.iter().map(|e| e.chain.as_str()))
+                .collect(),
+            _ => continue,
+        };
+        to.sort_unstable();
+        to.dedup();
+        for c in to {
+            if path.contains(&c) {
+                return Err(Invalid(format!("jump loop: {} -> {c}", path.join(" -> "))));
+            }
+            if path.len() >= JUMP_STACK {
+                return Err(Invalid(format!(
+                    "jumps nest deeper than the kernel's {JUMP_STACK}: {} -> {c}",
+                    path.join(" -> ")
+                )));
+            }
+            path.push(c);
+            check_reach(rs, hook, path)?;
+            path.pop();
+        }
+    }
     Ok(())
 }
 
