@@ -652,18 +652,19 @@ fn verdict_map(b: &mut Batch, table: &str, map: &VerdictMap, id: u32) {
     let mut span: Option<(IpAddr, IpAddr)> = None;
     let mut count = 0u16;
     for e in interval_elements(map) {
-        if chunk.len() > SETELEM_NEST_BUDGET {
-            set_elems(b, table, map, id, span.take(), &chunk);
+        if let Some(s) = span.filter(|_| chunk.len() > SETELEM_NEST_BUDGET) {
+            set_elems(b, table, map, id, s, &chunk);
+            (span, count) = (None, 0);
             chunk.clear();
-            count = 0;
         }
         count += 1;
         nest(&mut chunk, count, |m| e.encode(m));
         let a = e.addr();
         span = Some((span.map_or(a, |s| s.0), a));
     }
-    if count > 0 {
-        set_elems(b, table, map, id, span, &chunk);
+    // None: an empty map, the set alone (as nft sends it).
+    if let Some(s) = span {
+        set_elems(b, table, map, id, s, &chunk);
     }
 }
 
@@ -674,10 +675,9 @@ fn set_elems(
     table: &str,
     map: &VerdictMap,
     id: u32,
-    span: Option<(IpAddr, IpAddr)>,
+    (first, last): (IpAddr, IpAddr),
     elems: &[u8],
 ) {
-    let (first, last) = span.unwrap_or((IpAddr::from([0; 4]), IpAddr::from([0; 4])));
     let what = format!("add elements {first} to {last} of map {}", map.name);
     b.add(NFT_MSG_NEWSETELEM, NLM_F_CREATE, what, |m| {
         attr_str(m, NFTA_SET_ELEM_LIST_TABLE, table);
