@@ -533,7 +533,11 @@ mod tests {
                 ("10.100.0.40", "10.100.0.77", "client_b"),
                 ("10.200.0.0", "255.255.255.255", "client_a"),
             ]),
-            map("clients6", Family::V6, &[("fd00:100::2", "fd00:100::2", "client_a")]),
+            map("clients6", Family::V6, &[
+                ("fd00:100::2", "fd00:100::2", "client_a"),
+                // Touching: the end of the one before and this start share a key.
+                ("fd00:100::3", "fd00:100::7", "client_b"),
+            ]),
             map("nobody", Family::V4, &[]),
             map("local4", Family::V4, &[("0.0.0.0", "127.0.0.1", "loopback")]),
         ];
@@ -612,7 +616,8 @@ mod tests {
         "10.100.0.40-10.100.0.77 : jump client_b, 10.200.0.0-255.255.255.255 : jump client_a }",
         "map clients6 {",
         "type ipv6_addr : verdict",
-        "elements = { fd00:100::2 : jump client_a }",
+        "elements = { fd00:100::2 : jump client_a,",
+        "fd00:100::3-fd00:100::7 : jump client_b }",
         "map nobody {",
         "elements = { 0.0.0.0-127.0.0.1 : jump loopback }",
         "type nat hook postrouting priority srcnat; policy accept;",

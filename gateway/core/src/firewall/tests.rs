@@ -113,9 +113,6 @@ fn run(rs: &Ruleset, ch: &str, k: &Pkt) -> Outcome {
     }
 }
 
-/// The kernel's jump stack (`NFT_JUMP_STACK_SIZE`).
-const JUMP_STACK: usize = 16;
-
 /// The rules of `ch` in turn, as the kernel runs them: `Some` ends the walk with a
 /// verdict; `None`, the chain returned (a `Return` in a chain jumped to, or its end) and
 /// the rule after the jump follows. `ClampMss` is no verdict: it marks a TCP packet
@@ -128,7 +125,7 @@ fn walk(
     depth: usize,
 ) -> Option<(Action, Option<String>)> {
     assert!(
-        depth < JUMP_STACK,
+        depth < nft::JUMP_STACK,
         "jumps nest deeper than the kernel allows at {ch}"
     );
     for r in &chain(rs, ch).rules {
