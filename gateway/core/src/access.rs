@@ -196,9 +196,48 @@ pub fn default_access(client_isolation: bool) -> Vec<AccessItem> {
 
 /// What peer `i` of `cfg` may reach: its `Access`, else the default.
 pub fn effective(cfg: &Config, i: usize) -> Vec<AccessItem> {
-    match &cfg.peers[i].access {
+    of(cfg, &cfg.peers[i])
+}
+
+/// What `peer` may reach under `cfg`'s gateway settings: its `Access`, else the default.
+pub fn of(cfg: &Config, peer: &crate::config::PeerConfig) -> Vec<AccessItem> {
+    match &peer.access {
         Some(v) => v.clone(),
         None => default_access(cfg.gateway.client_isolation),
+    }
+}
+
+/// `access: ...` as `show client` and `add client` say it: the list, whether it is the
+/// default, and what each zone means on this box.
+pub fn describe(cfg: &Config, peer: &crate::config::PeerConfig) -> String {
+    let a = of(cfg, peer);
+    let whose = match (&peer.access, cfg.gateway.client_isolation) {
+        (Some(_), _) => "its own",
+        (None, true) => "the default, less clients: ClientIsolation = on",
+        (None, false) => "the default",
+    };
+    let mut parts: Vec<String> = Vec::new();
+    for z in &a {
+        parts.push(match z {
+            AccessItem::Lan if cfg.gateway.lan.is_empty() => {
+                "lan (the uplink's own subnets)".to_string()
+            }
+            AccessItem::Lan => format!("lan (the LAN port {})", cfg.gateway.lan),
+            AccessItem::Internet => "internet (out of the uplink beyond the LAN)".into(),
+            AccessItem::Clients => "clients (other tunnel peers)".into(),
+            AccessItem::Appliance => "appliance (SSH, metrics)".into(),
+            other => other.to_string(),
+        });
+    }
+    let dns = if a.iter().any(|i| i.grants_dns()) {
+        "; the resolver on the box and ping to it"
+    } else {
+        "; ping to the box"
+    };
+    if parts.is_empty() {
+        format!("access: none ({whose}): nothing but ping to the box")
+    } else {
+        format!("access: {} ({whose}){dns}", parts.join(", "))
     }
 }
 

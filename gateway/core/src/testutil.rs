@@ -317,6 +317,7 @@ pub mod nft {
             table: "rg".into(),
             counters: vec!["c".into()],
             chains,
+            maps: Vec::new(),
         }
     }
 }
