@@ -43,7 +43,14 @@
 #            away and back (the backlog, its drop notice first), no private key sent
 #            (ci/syslog.sh); Debian's Prometheus scraping the appliance from the LAN
 #            side (the phone's bytes as the UAPI says), the uplink refused and counted,
-#            bad and slow requests, Metrics = off, Firewall = off (ci/metrics.sh)
+#            bad and slow requests, Metrics = off, Firewall = off (ci/metrics.sh);
+#            per-client access with stock clients, two-armed: a lan-only client that sets
+#            its own AllowedIPs to 0.0.0.0/0, a one-port kiosk, a site-to-site peer's
+#            subnet, ClientIsolation by reload, the per-peer drop counter in status and
+#            metrics, the LAN starting traffic to a restricted client (ci/access.sh);
+#            the MSS clamp: a 2 MiB fetch across the 1420-byte tunnel from a LAN host
+#            that drops "fragmentation needed" completes, and stalls with the clamp's
+#            rules deleted (ci/mss.sh)
 #   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
 #            from Debian packages, for both musl targets: static, right ELF machine,
 #            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
@@ -104,7 +111,8 @@ ALL=(unit fuzz interop fastpath tcp adversarial gateway cross image board update
 # The lanes of a full run (after build and unit), each a list of stages run in order,
 # balanced by their measured walls (2026-12-04: image+update 1646 s; board+fuzz+tcp 1595 s
 # plus interop 187 s; unit, fastpath, adversarial, the gateway's labs (about 550 s with
-# the metrics, syslog and peer-health labs) and cross about 1720 s).
+# the metrics, syslog and peer-health labs; access and mss add about 70 s) and cross
+# about 1720 s).
 LANES=("image update" "board fuzz tcp interop" "unit fastpath adversarial gateway cross")
 OUT=$top/out/test
 
@@ -130,7 +138,7 @@ labs_of() {
         fastpath) echo ci/fastpath.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
-        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ci/metrics.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ci/metrics.sh ci/access.sh ci/mss.sh ;;
         cross) echo ci/test-cross.sh ;;
         # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
         # checked as reproducible) rather than building it a third time.
