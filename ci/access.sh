@@ -88,32 +88,51 @@ expect() {
     if [ "$got" = "$3" ]; then ok "$1: $2 $got"; else ko "$1: $2 $got (wanted $3)"; fi
 }
 
-# The drop counters. From the metrics endpoint, scraped from L (the LAN side may):
+# The drop counters of a restricted peer (NAME): the table's own, `access-` and the first
+# 8 bytes of its public key in hex (what the firewall counts), and the two the user reads
+# by name: riceguard_peer_access_drops_total{name=NAME} and `riceguard status`.
+declare -A PEERKEY
+key_tag() { echo "$1" | base64 -d | od -An -tx1 | tr -d ' \n' | cut -c1-16; }
+nft_drops() {
+    inns "$G" nft list counter inet riceguard "access-$(key_tag "${PEERKEY[$1]}")" 2>/dev/null |
+        sed -n 's/.*packets \([0-9]*\).*/\1/p' | head -1
+}
+# From the metrics endpoint, scraped from L (the LAN side may):
 scrape_drops() {
-    inns $L curl -s -m 3 "http://192.168.1.1:$PORT/metrics" |
+    inns "$L" curl -s -m 3 "http://192.168.1.1:$PORT/metrics" |
         sed -nE "s/^riceguard_peer_access_drops_total\{(.*,)?name=\"$1\"(,.*)?\} ([0-9]+)$/\3/p" | head -1
 }
-# and from `riceguard status`: the number on the line that names the peer and its access
-# drops (the daemon rewrites its status file about once a second).
+# From `riceguard status`: the number on a line that names the peer and its access drops
+# (the daemon rewrites its status file about once a second).
 status_drops() {
-    inns $G "$RG" status $TUN 2>/dev/null | grep -iE "access|drop" | grep -wE "$1" |
+    inns "$G" "$RG" status "$TUN" 2>/dev/null | grep -iE "access|drop" | grep -wE "$1" |
         grep -oE '[0-9]+ *(drops?|dropped)|drops?[ :=]+[0-9]+' | grep -oE '[0-9]+' | head -1
 }
 above() { local v; v=$("$1" "$2"); [ -n "$v" ] && [ "$v" -gt "$3" ]; }
-# rises WHO BEFORE_SCRAPE BEFORE_STATUS: both counters of WHO went above what they were.
+# drops_before NAME: its three counts now, for `rises`.
+declare -A D0
+drops_before() {
+    local c
+    for c in nft_drops scrape_drops status_drops; do D0[$c.$1]=$("$c" "$1"); done
+    note "$1's drops before: table '${D0[nft_drops.$1]}', metrics '${D0[scrape_drops.$1]}', status '${D0[status_drops.$1]}'"
+}
+# rises NAME: each of its counts went above what drops_before saw (absent counts as 0).
 rises() {
-    local v
-    if wait_for 5 above scrape_drops "$1" "$2"; then
-        ok "$1: riceguard_peer_access_drops_total{name=\"$1\"} rose ($2 -> $(scrape_drops "$1"))"
-    else
-        ko "$1: riceguard_peer_access_drops_total{name=\"$1\"} did not rise: '$2' -> '$(scrape_drops "$1")'"
-    fi
-    if wait_for 5 above status_drops "$1" "$3"; then
-        ok "$1: riceguard status: its access drops rose ($3 -> $(status_drops "$1"))"
-    else
-        v=$(inns $G "$RG" status $TUN 2>&1 | grep -wE "$1" | head -3 | tr '\n' '|')
-        ko "$1: riceguard status: no rising access-drop count on its line: '$v'"
-    fi
+    local c what v
+    for c in nft_drops scrape_drops status_drops; do
+        case $c in
+            nft_drops) what="the table's counter access-$(key_tag "${PEERKEY[$1]}")" ;;
+            scrape_drops) what="riceguard_peer_access_drops_total{name=\"$1\"}" ;;
+            status_drops) what="riceguard status, the line naming $1" ;;
+        esac
+        if wait_for 5 above "$c" "$1" "${D0[$c.$1]:-0}"; then
+            ok "$1: $what rose (${D0[$c.$1]:-none} -> $("$c" "$1"))"
+        else
+            v=$("$c" "$1")
+            [ "$c" = status_drops ] && v="$v; its drop lines: $(inns $G "$RG" status $TUN 2>&1 | grep -iE 'drop|access' | head -3 | tr '\n' '|')"
+            ko "$1: $what did not rise: '${D0[$c.$1]:-}' -> '$v'"
+        fi
+    done
 }
 
 # ---- the namespaces --------------------------------------------------------------------------
@@ -143,6 +162,7 @@ inns $S sysctl -qw net.ipv4.ip_forward=1
 kg=$("$RG" genkey); pg=$(echo "$kg" | "$RG" pubkey)
 declare -A KEY PUB
 for w in $WN $WK $WP $WQ $WS; do KEY[$w]=$(wg genkey); PUB[$w]=$(echo "${KEY[$w]}" | wg pubkey); done
+PEERKEY=([lanonly]=${PUB[$WN]} [kiosk]=${PUB[$WK]} [phone]=${PUB[$WP]} [laptop]=${PUB[$WQ]} [site]=${PUB[$WS]})
 CONF=$WORK/g.conf
 # conf ISOLATION: the appliance's file.
 conf() {
@@ -246,8 +266,7 @@ for s in tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:10.100.0.5
 
 # ---- lanonly: Access = lan --------------------------------------------------------------------
 echo "--- lanonly (Access = lan)"
-dm0=$(scrape_drops lanonly); ds0=$(status_drops lanonly)
-note "lanonly's drops before: metrics '${dm0}', status '${ds0}'"
+drops_before lanonly
 check "lanonly: pings LAN host $LANH" ping_ok $N $LANH
 inns $N wg set $WN peer "$pg" allowed-ips 0.0.0.0/0
 ip -n $N route add 198.51.100.0/24 dev $WN
@@ -261,18 +280,18 @@ expect "lanonly (AllowedIPs 0.0.0.0/0)" tcp:$NET:8096 timeout
 expect "lanonly, the box's metrics (no appliance)" tcp:$BOX:$PORT timeout
 expect "lanonly, the box's metrics on its LAN address" tcp:192.168.1.1:$PORT timeout
 expect "lanonly, the phone (no clients)" tcp:10.100.0.4:7000 timeout
-rises lanonly "${dm0:-0}" "${ds0:-0}"
+rises lanonly
 
 # ---- kiosk: Access = 192.168.1.10/32 tcp 8096 --------------------------------------------------
 echo "--- kiosk (Access = $LANH/32 tcp 8096)"
-dm0=$(scrape_drops kiosk); ds0=$(status_drops kiosk)
+drops_before kiosk
 probe $K tcp:$LANH:8096 tcp:$LANH:22 tcp:10.100.0.4:7000 tcp:$BOX:$PORT
 expect kiosk tcp:$LANH:8096 open
 expect kiosk tcp:$LANH:22 timeout
 expect "kiosk, the phone" tcp:10.100.0.4:7000 timeout
 expect "kiosk, the box's metrics" tcp:$BOX:$PORT timeout
 check "kiosk: no reply from LAN host $LANH to ping (only tcp 8096)" no_ping $K $LANH
-rises kiosk "${dm0:-0}" "${ds0:-0}"
+rises kiosk
 echo "--- the LAN starts traffic to the restricted kiosk"
 check "L pings kiosk 10.100.0.3 (the LAN's zone rule; kiosk's replies pass)" ping_ok $L 10.100.0.3
 got=$(inns $L timeout 10 "${FWP[@]}" tcp-check 10.100.0.3 7000)
@@ -280,14 +299,14 @@ if [ "$got" = ok ]; then ok "TCP L -> kiosk 10.100.0.3:7000: line echoed"; else 
 
 # ---- site: Access = lan, a subnet behind the peer ---------------------------------------------
 echo "--- site (Access = lan, 10.200.0.0/24 behind it)"
-dm0=$(scrape_drops site); ds0=$(status_drops site)
+drops_before site
 check "B 10.200.0.5 (behind the site peer) pings LAN host $LANH" ping_ok $B $LANH
 check "L pings B 10.200.0.5" ping_ok $L 10.200.0.5
 check "B: no reply from the internet host $NET" no_ping $B $NET
 probe $B tcp:$LANH:8096 tcp:$NET:8096
 expect "B (site)" tcp:$LANH:8096 open
 expect "B (site)" tcp:$NET:8096 timeout
-rises site "${dm0:-0}" "${ds0:-0}"
+rises site
 
 # ---- ClientIsolation = on ----------------------------------------------------------------------
 echo "--- ClientIsolation = on"
@@ -296,7 +315,7 @@ if reload on; then
 else
     ko "ClientIsolation = on: reload failed: $(grep '^reload:' "$STATUS")"
 fi
-dm0=$(scrape_drops phone); ds0=$(status_drops phone)
+drops_before phone
 check "isolated: no reply from the laptop to the phone" no_ping $P 10.100.0.5
 check "isolated: no reply from the phone to the laptop" no_ping $Q 10.100.0.4
 probe $P tcp:10.100.0.5:8096 tcp:$LANH:8096 tcp:$NET:8096
@@ -308,7 +327,7 @@ expect "laptop, isolated" tcp:10.100.0.4:7000 timeout
 expect "laptop, isolated" tcp:$LANH:8096 open
 check "isolated: the phone pings LAN host $LANH" ping_ok $P $LANH
 check "isolated: the laptop pings LAN host $LANH" ping_ok $Q $LANH
-rises phone "${dm0:-0}" "${ds0:-0}"
+rises phone
 
 note "riceguard status (access lines):"
 inns $G "$RG" status $TUN 2>&1 | grep -iE 'access|isolat|lanonly|kiosk|site' | sed 's/^/     | /'
