@@ -1680,6 +1680,15 @@ impl Session {
             Ok(_) => return Err(refused("not committed: the configuration file would not read back as entered (a bug; please report)".into())),
             Err(e) => return Err(refused(format!("not committed: the configuration file would not read back: {e}"))),
         }
+        // The kernel judges the firewall table before anything is saved: a dry run of the
+        // daemon's own transaction (a commit-confirm's rollback goes back to what ran).
+        if matches!(why, Save::Commit) {
+            self.hooks.check_firewall(&cfg).map_err(|e| {
+                refused(format!(
+                    "not committed: the kernel refuses the firewall table for it: {e}; nothing changed"
+                ))
+            })?;
+        }
         let _lock = self
             .store
             .lock()
