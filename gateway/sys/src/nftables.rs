@@ -112,6 +112,14 @@ pub fn replace(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>) -> Result<()
     Socket::open()?.transact(&nft::replace_batch(rs, initial, 1))
 }
 
+/// Whether the kernel would take `rs` as [`replace`] sends it, without changing
+/// anything (a batch without its end: the kernel checks and validates each message, then
+/// aborts). What `commit` asks before it saves a configuration.
+pub fn check(rs: &Ruleset) -> Result<(), NftError> {
+    nft::validate(rs)?;
+    Socket::open()?.transact(&nft::check_batch(rs, 1))
+}
+
 /// Delete table `name` (family inet) if it exists. `Ok(true)` if it was there.
 pub fn remove(name: &str) -> Result<bool, NftError> {
     nft::check_table_name(name)?;
@@ -896,6 +904,52 @@ mod tests {
                 501
             );
             assert!(remove("riceguard").unwrap());
+        });
+    }
+
+    /// The dry run `commit` asks for: a good table is taken and nothing changes (no table
+    /// appears, one in place keeps its tag); one the kernel refuses as a whole (the
+    /// forward hook already holds its limit of base chains) is refused with the kernel's
+    /// reason, and nothing changes either.
+    #[test]
+    fn check_changes_nothing_and_reports_what_the_kernel_refuses() {
+        in_netns(|| {
+            if Command::new("nft").arg("--version").output().is_err() {
+                return crate::testutil::not_run("nft (Debian's nftables) is not installed");
+            }
+            if let Err(NftError::Unavailable(e)) = exists("rgcheck") {
+                return crate::testutil::not_run(&e.to_string());
+            }
+            let rs = realistic("rgcheck");
+            check(&rs).unwrap();
+            assert!(!exists("rgcheck").unwrap(), "a dry run installed the table");
+            replace(&rs, &HashMap::new()).unwrap();
+            let tag = forwarding::tag(&rs);
+            let mut other = rs.clone();
+            other.counters.push("extra".into());
+            check(&other).unwrap();
+            assert_eq!(
+                installed("rgcheck"),
+                Installed::Present { comment: Some(tag) },
+                "a dry run replaced the table"
+            );
+            assert!(remove("rgcheck").unwrap());
+            // Fill the forward hook (1024 base chains, the kernel's limit per hook).
+            let mut script = String::from("table inet rgfill {\n");
+            for i in 0..1024 {
+                script += &format!("chain c{i} {{ type filter hook forward priority 0; }}\n");
+            }
+            script += "}\n";
+            let path = std::env::temp_dir().join(format!("rgfill-{}.nft", std::process::id()));
+            std::fs::write(&path, script).unwrap();
+            let (ok, out) = nft(&["-f", path.to_str().unwrap()]);
+            let _ = std::fs::remove_file(&path);
+            assert!(ok, "{out}");
+            let e = check(&rs).unwrap_err();
+            assert!(e.to_string().contains("chain"), "{e}");
+            assert!(!exists("rgcheck").unwrap());
+            let (ok, out) = nft(&["delete", "table", "inet", "rgfill"]);
+            assert!(ok, "{out}");
         });
     }
 }

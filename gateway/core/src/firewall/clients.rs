@@ -23,11 +23,12 @@
 
 use std::net::IpAddr;
 
+use super::ports::Ports;
 use super::rules::*;
-use super::Ports;
 use crate::access::{self, AccessItem, Proto};
 use crate::config::Config;
 use crate::key::Key;
+use crate::net::Cidr;
 
 /// The verdict maps: forward and input, IPv4 and IPv6.
 pub const MAP_FORWARD_V4: &str = "client-fwd4";
@@ -106,7 +107,7 @@ fn family_of(ip: IpAddr) -> Family {
 }
 
 /// The matches of a prefix item.
-fn prefix_matches(net: crate::net::Cidr, proto: Option<Proto>, port: Option<u16>) -> Vec<Match> {
+fn prefix_matches(net: Cidr, proto: Option<Proto>, port: Option<u16>) -> Vec<Match> {
     let mut m = vec![Match::Daddr { net, eq: true }];
     match proto {
         None => {}
@@ -255,17 +256,39 @@ pub fn next_addr(a: IpAddr) -> Option<IpAddr> {
     }
 }
 
+/// Which enabled peer owns which source: every enabled peer's allowed IPs (`/0`
+/// included) as [`access::owners`] partitions them by longest prefix, with the peer's
+/// index. The per-client maps and `Masquerade = off` key on this one partition.
+pub fn owners(cfg: &Config) -> Vec<(usize, Cidr)> {
+    owners_with(cfg, true)
+}
+
+/// [`owners`], with (`default_route`) or without the peers' `/0` prefixes: without, an
+/// address only a `/0` covers belongs to nobody (`Masquerade = off` never exempts the
+/// whole internet).
+pub fn owners_with(cfg: &Config, default_route: bool) -> Vec<(usize, Cidr)> {
+    let prefixes: Vec<(usize, Cidr)> = cfg
+        .peers
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.enabled)
+        .flat_map(|(i, p)| p.allowed_ips.iter().map(move |c| (i, c.network())))
+        .filter(|(_, c)| default_route || c.prefix > 0)
+        .collect();
+    access::owners(&prefixes)
+}
+
 /// The per-client access of `cfg` over `p`.
 pub fn client_rules(cfg: &Config, p: &Ports) -> ClientRules {
     let mut out = ClientRules::default();
-    let owners = access::owners(cfg);
+    let owners = owners(cfg);
     let mut fwd_owned = Vec::new();
     let mut in_owned = Vec::new();
     for (i, peer) in cfg.peers.iter().enumerate() {
         if !peer.enabled {
             continue;
         }
-        let a = access::effective(cfg, i);
+        let a = peer.access_under(&cfg.gateway);
         let fwd = !access::unrestricted(&a);
         let inp = input_restricted(&a);
         if !fwd && !inp {

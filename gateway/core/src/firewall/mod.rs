@@ -168,24 +168,18 @@ fn peer_prefixes(cfg: &Config) -> Vec<(usize, Cidr)> {
         .collect()
 }
 
-/// The sources `[Peer] Masquerade = off` exempts from NAT: each such peer's allowed IPs
-/// minus every more specific prefix of another enabled peer. A source belongs to the
-/// peer that owns it by longest prefix (as the device's source check decides), so a
-/// `10.0.0.0/8` site with `Masquerade = off` does not exempt a client's 10.100.0.2/32
-/// of another peer. NAT applies it only to what arrived on the tunnel interface.
+/// The sources `[Peer] Masquerade = off` exempts from NAT: the parts of the owner
+/// partition ([`clients::owners_with`], the one the per-client access keys on) that
+/// belong to such a peer, without the peers' `/0`. A source belongs to the peer that owns it by longest prefix
+/// (as the device's source check decides), so a `10.0.0.0/8` site with `Masquerade =
+/// off` does not exempt a client's 10.100.0.2/32 of another peer. NAT applies it only to
+/// what arrived on the tunnel interface.
 pub fn masquerade_off_sources(cfg: &Config) -> Vec<Cidr> {
-    let all = peer_prefixes(cfg);
     minimal(
-        all.iter()
+        clients::owners_with(cfg, false)
+            .into_iter()
             .filter(|(i, _)| !cfg.peers[*i].masquerade)
-            .flat_map(|(i, c)| {
-                let specific: Vec<Cidr> = all
-                    .iter()
-                    .filter(|(j, o)| j != i && o.prefix > c.prefix && c.covers(o))
-                    .map(|(_, o)| *o)
-                    .collect();
-                subtract(*c, &specific)
-            }),
+            .map(|(_, c)| c),
     )
 }
 

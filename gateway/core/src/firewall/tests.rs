@@ -1222,5 +1222,5 @@ fn clamping_the_mss_is_no_verdict() {
 }
 
 /// Per-client access (`firewall::clients`) through the evaluator.
-#[path = "tests_clients.rs"]
+#[path = "clients/tests.rs"]
 mod clients;

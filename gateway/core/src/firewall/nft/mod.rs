@@ -517,6 +517,20 @@ impl Batch {
 /// (the chains they jump to exist by then), and rules. The new table's comment is `rs`'s
 /// [`forwarding::tag`]. `rs` must have passed [`validate`].
 pub fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) -> Batch {
+    let mut b = replace_messages(rs, initial, seq);
+    b.end();
+    b
+}
+
+/// [`replace_batch`] as a dry run (`nft --check`): the same messages without
+/// `BATCH_END`, so the kernel checks each one, then validates the whole table as a
+/// commit would (jump loops, hooks, limits) and aborts it: every error is answered, and
+/// nothing changes.
+pub fn check_batch(rs: &Ruleset, seq: u32) -> Batch {
+    replace_messages(rs, &HashMap::new(), seq)
+}
+
+fn replace_messages(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) -> Batch {
     let t = rs.table.as_str();
     let mut b = Batch::new(seq);
     // Created first so the delete cannot fail with ENOENT; the second create starts empty.
@@ -550,7 +564,6 @@ pub fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u
             rule(&mut b, t, &c.name, i + 1, r, &rs.maps);
         }
     }
-    b.end();
     b
 }
 
