@@ -102,11 +102,11 @@ scrape_drops() {
     inns "$L" curl -s -m 3 "http://192.168.1.1:$PORT/metrics" |
         sed -nE "s/^riceguard_peer_access_drops_total\{(.*,)?name=\"$1\"(,.*)?\} ([0-9]+)$/\3/p" | head -1
 }
-# From `riceguard status`: the number on a line that names the peer and its access drops
-# (the daemon rewrites its status file about once a second).
+# From `riceguard status`: "client access drops: N (kiosk 17, phone 3)", the daemon's
+# status file, rewritten about once a second.
 status_drops() {
-    inns "$G" "$RG" status "$TUN" 2>/dev/null | grep -iE "access|drop" | grep -wE "$1" |
-        grep -oE '[0-9]+ *(drops?|dropped)|drops?[ :=]+[0-9]+' | grep -oE '[0-9]+' | head -1
+    inns "$G" "$RG" status "$TUN" 2>/dev/null | grep '^client access drops:' |
+        grep -oE "[(, ]$1 [0-9]+" | grep -oE '[0-9]+$' | head -1
 }
 above() { local v; v=$("$1" "$2"); [ -n "$v" ] && [ "$v" -gt "$3" ]; }
 # drops_before NAME: its three counts now, for `rises`.
@@ -123,7 +123,7 @@ rises() {
         case $c in
             nft_drops) what="the table's counter access-$(key_tag "${PEERKEY[$1]}")" ;;
             scrape_drops) what="riceguard_peer_access_drops_total{name=\"$1\"}" ;;
-            status_drops) what="riceguard status, the line naming $1" ;;
+            status_drops) what="riceguard status, its count in 'client access drops:'" ;;
         esac
         if wait_for 5 above "$c" "$1" "${D0[$c.$1]:-0}"; then
             ok "$1: $what rose (${D0[$c.$1]:-none} -> $("$c" "$1"))"
