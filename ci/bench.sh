@@ -29,6 +29,12 @@
 #   ci/bench.sh --setups appliance-1core,appliance-scraped-1core
 #                               the appliance with Metrics = on and /metrics scraped every
 #                               second from the host behind it, against unscraped
+#   ci/bench.sh --setups appliance-1core,appliance-peers500-1core,appliance-acl500-1core
+#                               the appliance with 500 more peers, each with an Access of
+#                               its own, and the measured client restricted too (Access =
+#                               lan, H's subnet), against no Access anywhere, and against the
+#                               same 500 peers without Access: what the per-client firewall
+#                               costs (a source-map lookup per new flow) apart from the peers
 #   ci/bench.sh --plot-only out/bench/bench-X.json    redraw that run's SVG (no root)
 #
 # riceguard is $RG_BIN (default target/release/riceguard), extra flags in $RG_ARGS

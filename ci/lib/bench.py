@@ -10,6 +10,7 @@ setup cannot be brought up in any round.
 """
 
 import argparse
+import base64
 import datetime
 import json
 import math
@@ -151,17 +152,40 @@ HOST_NET, HOST_GW, HOST_ADDR = "10.205.0.0/24", "10.205.0.1", "10.205.0.2"
 HOST_PORT = "vh"  # b's port to H: in the uplink zone (every interface but lo and the tunnel)
 
 
-def appliance_conf(lab, firewall, metrics=False):
+def appliance_conf(lab, firewall, metrics=False, peers=0, access=False):
+    """`peers`: that many extra peers; `access`: each with an `Access` of its own
+    (ACL_ACCESS), and the measured client restricted too (MEASURED_ACCESS)."""
     a, b = lab.a, lab.b
     path = os.path.join(lab.workdir, f"{b.ifname}.conf")
     wgnet.write_secret(path, (
         f"[Interface]\nPrivateKey = {b.private_key}\nListenPort = {b.port}\n"
         f"Address = {b.inner4}/24, {b.inner6}/64\nMTU = {wgnet.TUNNEL_MTU}\n\n"
-        f"[Peer]\nPublicKey = {a.public_key}\nAllowedIPs = {a.inner4}/32, {a.inner6}/128\n\n"
-        f"[Gateway]\nInterfaceName = {b.ifname}\nCores = {CORE['b']}\nUplink = {b.veth}\n"
+        f"[Peer]\nPublicKey = {a.public_key}\nAllowedIPs = {a.inner4}/32, {a.inner6}/128\n"
+        + (f"Access = {MEASURED_ACCESS}\n" if access else "") + "\n"
+        + "".join(extra_peer(i, access) for i in range(peers))
+        + f"[Gateway]\nInterfaceName = {b.ifname}\nCores = {CORE['b']}\nUplink = {b.veth}\n"
         f"Firewall = {'on' if firewall else 'off'}\n"
         + (f"Metrics = on\nMetricsPort = {METRICS_PORT}\n" if metrics else "")))
     return path
+
+
+# appliance-acl500-1core: appliance-1core with 500 more peers (never connected), each
+# with an Access of its own, and the measured client restricted too (its flows to H go
+# through its own chain, found by the source map); its ratio against appliance-1core (no
+# Access anywhere: no maps, no chains) is what 500 restricted clients cost, and against
+# appliance-peers500-1core (the same 500 peers without Access) what their firewall rules
+# cost apart from the peers themselves (device table, timers, routes).
+ACL_PEERS = 500
+ACL_ACCESS = "lan, 192.168.1.10/32 tcp 8096"
+MEASURED_ACCESS = f"lan, {HOST_NET}"
+
+
+def extra_peer(i, access):
+    """Extra peer i: a public key of 32 random bytes (nobody holds its private key; the
+    peer only has to be configured) and a /32 of its own in 10.211.0.0/16."""
+    key = base64.b64encode(os.urandom(32)).decode()
+    return (f"[Peer]\nPublicKey = {key}\nAllowedIPs = 10.211.{i // 250}.{i % 250 + 1}/32\n"
+            + (f"Access = {ACL_ACCESS}\n" if access else "") + "\n")
 
 
 def conntrack_entries(side):
@@ -211,7 +235,7 @@ def scrapes(path):
         return {"scrapes": None, "scrapes_failed": None}
 
 
-def setup_appliance(firewall, scraped=False):
+def setup_appliance(firewall, scraped=False, peers=0, access=False):
     def setup(lab):
         a, b = lab.a, lab.b
         h = extra_ns(lab, "h")
@@ -224,7 +248,8 @@ def setup_appliance(firewall, scraped=False):
         if not firewall:
             h.sh(["ip", "route", "add", "default", "via", HOST_GW])
         argv = [wgnet.riceguard_bin(), "up", "--config",
-                appliance_conf(lab, firewall, metrics=scraped)]
+                appliance_conf(lab, firewall, metrics=scraped, peers=peers,
+                                       access=access)]
         start_daemon(lab, b, "riceguard", argv + os.environ.get("RG_ARGS", "").split())
         lab.start(a, "riceguard", ["--workers", "1", "--cores", str(CORE["a"])])
         a.sh(["wg", "set", a.ifname, "private-key", a.keyfile, "listen-port", str(a.port),
@@ -243,6 +268,15 @@ def setup_appliance(firewall, scraped=False):
                            f"missing: {(table.stdout + table.stderr)[-300:]}")
         if not firewall and table.returncode == 0:
             raise LabError("appliance: Firewall = off but table inet riceguard is there")
+        if access:
+            # Every restricted peer's source in the forward map, the measured client's too.
+            fmap = b.sh(["nft", "list", "map", "inet", "riceguard", "client-fwd4"], check=False)
+            jumps = fmap.stdout.count("jump")
+            if fmap.returncode or jumps < peers + 1 or a.inner4 not in fmap.stdout:
+                raise LabError(f"appliance: map client-fwd4 with {peers + 1} peers' sources "
+                               f"missing ({jumps} jumps): {(fmap.stdout + fmap.stderr)[-300:]}")
+        elif firewall and "client-fwd4" in table.stdout:
+            raise LabError("appliance: no Access anywhere, but map client-fwd4 is there")
         if b.sh(["sysctl", "-n", "net.ipv4.ip_forward"]).stdout.strip() != "1":
             raise LabError("appliance: net.ipv4.ip_forward is not on")
         count = os.path.join(lab.workdir, "scrapes")
@@ -263,6 +297,9 @@ def setup_appliance(firewall, scraped=False):
                         f"{CORE['b']}, Firewall = {'on' if firewall else 'off'}, iperf3 "
                         f"server on a host behind b"
                         + (", /metrics scraped every second from it" if scraped else "")
+                        + (f", {peers} more peers" if peers else "")
+                        + (f" with Access = {ACL_ACCESS}, the client with Access = "
+                           f"{MEASURED_ACCESS}" if access else "")
                         + ")"]
     return setup
 
@@ -328,6 +365,13 @@ SETUPS = {
     # Not in the default list: `--setups appliance-1core,appliance-scraped-1core`.
     "appliance-scraped-1core": Setup(setup_appliance(True, scraped=True), "riceguard",
                                      "1core", compare=["appliance-1core"]),
+    # Not in the default list: `--setups
+    # appliance-1core,appliance-peers500-1core,appliance-acl500-1core`.
+    "appliance-acl500-1core": Setup(setup_appliance(True, peers=ACL_PEERS, access=True),
+                                    "riceguard", "1core",
+                                    compare=["appliance-1core", "appliance-peers500-1core"]),
+    "appliance-peers500-1core": Setup(setup_appliance(True, peers=ACL_PEERS), "riceguard",
+                                      "1core", compare=["appliance-1core"]),
 }
 DEFAULT_SETUPS = ["veth", "wireguard-go", "boringtun", "riceguard", "riceguard-busy",
                   "wireguard-go-1core", "boringtun-1core", "riceguard-1core",
@@ -338,7 +382,8 @@ GROUP_TITLES = {"default": "Each implementation as it starts (its own threads an
                          f"{CORE['a']}, end B (daemon, iperf3 server) on core {CORE['b']}"}
 # How ratio baselines are named in table cells.
 SHORT = {"wireguard-go": "wg-go", "boringtun": "boringtun", "veth": "veth",
-         "appliance-nofw-1core": "fw off", "appliance-1core": "unscraped"}
+         "appliance-nofw-1core": "fw off", "appliance-1core": "appliance",
+         "appliance-peers500-1core": "500 peers"}
 
 # --- metrics ----------------------------------------------------------------------------
 # name -> (label, unit shown, factor from the JSON's unit to the one shown). Throughputs are
