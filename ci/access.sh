@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Per-client access (`[Peer] Access =`, `[Gateway] ClientIsolation = on`; issue 33 part 1)
-# end to end: `riceguard up --config` two-armed in a namespace, stock wireguard-go clients
-# in theirs. Names rgac<X><pid>; traffic only between the lab's namespaces.
+# end to end: `riceguard up --config` two-armed, then a second one one-armed, in
+# namespaces; stock wireguard-go clients in theirs. Names rgac<X><pid>; traffic only
+# between the lab's namespaces.
 #
 #   ns U uplink router 192.0.2.1 ── br0 ─┬─ ns G appliance `upl` 192.0.2.2/24, tunnel
 #     "internet host" 198.51.100.10      │    10.100.0.1/24, `lanp` 192.168.1.1/24 (Lan =)
@@ -28,9 +29,13 @@
 #   - site: B (10.200.0.5, routed behind the site's wireguard-go) reaches L and not the
 #     internet host; L reaches B; the site's counter rises;
 #   - `ClientIsolation = on` + SIGHUP: the phone and the laptop no longer reach each other
-#     (ping, TCP) either way, each still reaches L, the phone still the internet host.
+#     (ping, TCP) either way, each still reaches L, the phone still the internet host;
+#   - one-armed: a second appliance H, uplink 192.168.50.2/24 on a second segment of U
+#     (U forwards udp/51821 to it) with LAN host M 192.168.50.10 there; lanonly and the
+#     phone move to H (`wg set`): lanonly reaches M (ping, TCP) and not the internet host,
+#     the phone both; lanonly's counters on H rise.
 # Needs root, wireguard-go, wireguard-tools, iproute2, curl, python3, ping.
-# riceguard is $RG_BIN (default target/release/riceguard). About 45 s.
+# riceguard is $RG_BIN (default target/release/riceguard). About 35 s.
 # Prints "access: N passed, N failed"; exit status 1 when anything failed.
 # shellcheck disable=SC2317 # the helpers are called through check and wait_for
 set -u
@@ -41,9 +46,9 @@ require_rg
 require_tools wireguard-go wg ip curl python3 ping ss
 
 ID=$$
-U=rgacU$ID G=rgacG$ID L=rgacL$ID B=rgacB$ID
+U=rgacU$ID G=rgacG$ID L=rgacL$ID B=rgacB$ID H=rgacH$ID M=rgacM$ID
 N=rgacN$ID K=rgacK$ID P=rgacP$ID Q=rgacQ$ID S=rgacS$ID
-TUN=rgacw$ID WN=rgacn$ID WK=rgack$ID WP=rgacp$ID WQ=rgacq$ID WS=rgacs$ID
+TUN=rgacw$ID TUNH=rgach$ID WN=rgacn$ID WK=rgack$ID WP=rgacp$ID WQ=rgacq$ID WS=rgacs$ID
 LANH=192.168.1.10 NET=198.51.100.10 BOX=10.100.0.1 PORT=9586
 WORK=$(mktemp -d /tmp/rgac-access.XXXXXX)
 STATUS=/run/riceguard/$TUN.status
@@ -51,8 +56,8 @@ FWP=(python3 ci/lib/fwprobe.py)
 T0=$SECONDS
 cleanup() {
     local i
-    for i in $TUN $WN $WK $WP $WQ $WS; do rm -f "/var/run/wireguard/$i.sock"; done
-    rm -f "$STATUS"
+    for i in $TUN $TUNH $WN $WK $WP $WQ $WS; do rm -f "/var/run/wireguard/$i.sock"; done
+    rm -f "$STATUS" "/run/riceguard/$TUNH.status"
     if [ -n "${RG_KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 at_exit cleanup
@@ -91,21 +96,23 @@ expect() {
 # The drop counters of a restricted peer (NAME): the table's own, `access-` and the first
 # 8 bytes of its public key in hex (what the firewall counts), and the two the user reads
 # by name: riceguard_peer_access_drops_total{name=NAME} and `riceguard status`.
+# AP_NS, AP_TUN: the appliance being checked; AP_LAN, AP_ADDR: where its metrics are
+# scraped from (its LAN side may) and its address there.
 declare -A PEERKEY
 key_tag() { echo "$1" | base64 -d | od -An -tx1 | tr -d ' \n' | cut -c1-16; }
 nft_drops() {
-    inns "$G" nft list counter inet riceguard "access-$(key_tag "${PEERKEY[$1]}")" 2>/dev/null |
+    inns "$AP_NS" nft list counter inet riceguard "access-$(key_tag "${PEERKEY[$1]}")" 2>/dev/null |
         sed -n 's/.*packets \([0-9]*\).*/\1/p' | head -1
 }
-# From the metrics endpoint, scraped from L (the LAN side may):
+# From the metrics endpoint:
 scrape_drops() {
-    inns "$L" curl -s -m 3 "http://192.168.1.1:$PORT/metrics" |
+    inns "$AP_LAN" curl -s -m 3 "http://$AP_ADDR:$PORT/metrics" |
         sed -nE "s/^riceguard_peer_access_drops_total\{(.*,)?name=\"$1\"(,.*)?\} ([0-9]+)$/\3/p" | head -1
 }
 # From `riceguard status`: "client access drops: N (kiosk 17, phone 3)", the daemon's
 # status file, rewritten about once a second.
 status_drops() {
-    inns "$G" "$RG" status "$TUN" 2>/dev/null | grep '^client access drops:' |
+    inns "$AP_NS" "$RG" status "$AP_TUN" 2>/dev/null | grep '^client access drops:' |
         grep -oE "[(, ]$1 [0-9]+" | grep -oE '[0-9]+$' | head -1
 }
 above() { local v; v=$("$1" "$2"); [ -n "$v" ] && [ "$v" -gt "$3" ]; }
@@ -129,14 +136,14 @@ rises() {
             ok "$1: $what rose (${D0[$c.$1]:-none} -> $("$c" "$1"))"
         else
             v=$("$c" "$1")
-            [ "$c" = status_drops ] && v="$v; its drop lines: $(inns $G "$RG" status $TUN 2>&1 | grep -iE 'drop|access' | head -3 | tr '\n' '|')"
+            [ "$c" = status_drops ] && v="$v; its drop lines: $(inns "$AP_NS" "$RG" status "$AP_TUN" 2>&1 | grep -iE 'drop|access' | head -3 | tr '\n' '|')"
             ko "$1: $what did not rise: '${D0[$c.$1]:-}' -> '$v'"
         fi
     done
 }
 
 # ---- the namespaces --------------------------------------------------------------------------
-netns_add $U $G $L $N $K $P $Q $S $B
+netns_add $U $G $L $N $K $P $Q $S $B $H $M
 ip -n $U link add br0 type bridge && ip -n $U link set br0 up
 ip -n $U addr add 192.0.2.1/24 dev br0
 ip -n $U addr add $NET/32 dev lo
@@ -221,6 +228,7 @@ reload() {
     wait_for 10 gen_above "${before:-0}" && grep -q '^reload: generation [0-9]* ok' "$STATUS"
 }
 
+AP_NS=$G AP_TUN=$TUN AP_LAN=$L AP_ADDR=192.168.1.1
 conf off
 spawn env RG_LOG=info ip netns exec $G "$RG" up --config "$CONF" --workers 1 >"$WORK/g.log" 2>&1
 GWPID=$!
@@ -331,5 +339,76 @@ rises phone
 
 note "riceguard status (access lines):"
 inns $G "$RG" status $TUN 2>&1 | grep -iE 'access|isolat|lanonly|kiosk|site' | sed 's/^/     | /'
+
+# ---- one-armed: the uplink's own subnet is the LAN -------------------------------------------
+# A second appliance H on U's second segment 192.168.50.0/24 (U routes it and forwards
+# udp/51821 on its client side to H's WireGuard port); M 192.168.50.10 is a host of that LAN
+# (default via U, no route to the tunnel). lanonly and the phone move to H by `wg set`.
+echo "--- one-armed: lan is the uplink's own subnet 192.168.50.0/24"
+LANM=192.168.50.10
+ip -n $U link add br1 type bridge && ip -n $U link set br1 up
+ip -n $U addr add 192.168.50.1/24 dev br1
+veth_pair $U uh - $H upl 192.168.50.2/24
+veth_pair $U um - $M eth0 $LANM/24
+for i in uh um; do ip -n $U link set $i master br1; done
+ip -n $H route add default via 192.168.50.1
+ip -n $M route add default via 192.168.50.1
+inns $U sysctl -qw net.ipv4.ip_forward=1
+inns $U nft -f - <<'EOF'
+table ip rgacnat {
+    chain pre { type nat hook prerouting priority -100; iifname "br0" udp dport 51821 dnat to 192.168.50.2:51820; }
+}
+EOF
+kh=$("$RG" genkey); ph=$(echo "$kh" | "$RG" pubkey)
+cat >"$WORK/h.conf" <<EOF
+[Interface]
+PrivateKey = $kh
+ListenPort = 51820
+Address = $BOX/24
+
+[Peer]
+Name = lanonly
+PublicKey = ${PUB[$WN]}
+AllowedIPs = 10.100.0.2/32
+Access = lan
+
+[Peer]
+Name = phone
+PublicKey = ${PUB[$WP]}
+AllowedIPs = 10.100.0.4/32
+
+[Gateway]
+InterfaceName = $TUNH
+HugePages = off
+Metrics = on
+MetricsPort = $PORT
+EOF
+chmod 600 "$WORK/h.conf"
+spawn env RG_LOG=info ip netns exec $H "$RG" up --config "$WORK/h.conf" --workers 1 >"$WORK/h.log" 2>&1
+if wait_for 10 sh -c "[ -S /var/run/wireguard/$TUNH.sock ] && ip -n $H -o link show $TUNH 2>/dev/null | grep -q ',UP'"; then
+    ok "one-armed: riceguard up --config is up (pid $!)"
+else
+    tail -20 "$WORK/h.log"; ko "one-armed: the appliance did not come up"
+fi
+AP_NS=$H AP_TUN=$TUNH AP_LAN=$M AP_ADDR=192.168.50.2
+for w in $WN:$N $WP:$P; do
+    inns "${w#*:}" wg set "${w%%:*}" peer "$pg" remove peer "$ph" endpoint 192.0.2.1:51821 allowed-ips 0.0.0.0/0
+    ip -n "${w#*:}" route add 192.168.50.0/24 dev "${w%%:*}"
+done
+serve $M 8096
+check "one-armed: the phone pings the appliance" ping_ok $P $BOX
+check "one-armed: lanonly pings the appliance" ping_ok $N $BOX
+drops_before lanonly
+check "one-armed: the phone pings LAN host $LANM" ping_ok $P $LANM
+check "one-armed: the phone pings the internet host $NET" ping_ok $P $NET
+check "one-armed: lanonly pings LAN host $LANM" ping_ok $N $LANM
+check "one-armed: lanonly (AllowedIPs 0.0.0.0/0): no reply from the internet host $NET" no_ping $N $NET
+probe $P tcp:$LANM:8096 tcp:$NET:8096
+expect "phone, one-armed" tcp:$LANM:8096 open
+expect "phone, one-armed" tcp:$NET:8096 open
+probe $N tcp:$LANM:8096 tcp:$NET:8096
+expect "lanonly, one-armed" tcp:$LANM:8096 open
+expect "lanonly, one-armed" tcp:$NET:8096 timeout
+rises lanonly
 note "took $((SECONDS - T0)) s"
 h_finish

@@ -22,7 +22,7 @@
 #     stalls (less than 2 MiB within 6 s) while L's filter drops G's "fragmentation
 #     needed": the clamp is what made the first transfer work.
 # Needs root, wireguard-go, wireguard-tools, iproute2, nftables, tcpdump, python3.
-# riceguard is $RG_BIN (default target/release/riceguard). About 25 s.
+# riceguard is $RG_BIN (default target/release/riceguard). About 10 s.
 # Prints "mss: N passed, N failed"; exit status 1 when anything failed.
 # shellcheck disable=SC2317 # the helpers are called through check and wait_for
 set -u
