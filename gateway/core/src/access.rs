@@ -217,7 +217,9 @@ pub fn owners(prefixes: &[(usize, Cidr)]) -> Vec<(usize, Cidr)> {
         })
         .collect();
     out.sort_by_key(|(i, c)| (c.sort_key(), *i));
-    out.dedup();
+    // Two owners of one prefix (the configuration refuses that; a map must never hold
+    // it twice): the first keeps it.
+    out.dedup_by(|later, first| later.1 == first.1);
     // One owner's own prefixes may nest (10.0.0.0/8 and 10.1.0.0/16 both its own): keep
     // the outer one.
     let nested = |k: usize, (i, c): &(usize, Cidr)| {
@@ -339,6 +341,9 @@ mod tests {
         assert_eq!(owner("10.5.1.1"), 2);
         assert_eq!(owner("8.8.8.8"), 0);
         assert_eq!(owner("11.0.0.1"), 0);
+        // One prefix twice: the first owner keeps it, once.
+        let twice = owners(&[(4, c("10.0.0.0/8")), (5, c("10.0.0.0/8"))]);
+        assert_eq!(twice, vec![(4, c("10.0.0.0/8"))]);
     }
 
     #[test]
