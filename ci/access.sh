@@ -29,7 +29,8 @@
 #   - site: B (10.200.0.5, routed behind the site's wireguard-go) reaches L and not the
 #     internet host; L reaches B; the site's counter rises;
 #   - `ClientIsolation = on` + SIGHUP: the phone and the laptop no longer reach each other
-#     (ping, TCP) either way, each still reaches L, the phone still the internet host;
+#     (ping, TCP) either way, each still reaches L, the phone still the internet host; the
+#     laptop given `Access = lan, clients` reaches the isolated phone, not the reverse;
 #   - one-armed: a second appliance H, uplink 192.168.50.2/24 on a second segment of U
 #     (U forwards udp/51821 to it) with LAN host M 192.168.50.10 there; lanonly and the
 #     phone move to H (`wg set`): lanonly reaches M (ping, TCP) and not the internet host,
@@ -171,7 +172,7 @@ declare -A KEY PUB
 for w in $WN $WK $WP $WQ $WS; do KEY[$w]=$(wg genkey); PUB[$w]=$(echo "${KEY[$w]}" | wg pubkey); done
 PEERKEY=([lanonly]=${PUB[$WN]} [kiosk]=${PUB[$WK]} [phone]=${PUB[$WP]} [laptop]=${PUB[$WQ]} [site]=${PUB[$WS]})
 CONF=$WORK/g.conf
-# conf ISOLATION: the appliance's file.
+# conf ISOLATION [LAPTOP_ACCESS]: the appliance's file.
 conf() {
     cat >"$CONF.new" <<EOF
 [Interface]
@@ -200,6 +201,7 @@ AllowedIPs = 10.100.0.4/32
 Name = laptop
 PublicKey = ${PUB[$WQ]}
 AllowedIPs = 10.100.0.5/32
+${2:+Access = $2}
 
 [Peer]
 Name = site
@@ -220,10 +222,11 @@ EOF
 }
 gen_of() { sed -n 's/^reload: generation \([0-9]*\) .*/\1/p' "$STATUS" 2>/dev/null | tail -1; }
 gen_above() { local g; g=$(gen_of); [ "${g:-0}" -gt "$1" ]; }
-# reload ISOLATION: rewrite the file, SIGHUP, the next `reload:` line says ok.
+# reload ISOLATION [LAPTOP_ACCESS]: rewrite the file, SIGHUP, the next `reload:` line
+# says ok.
 reload() {
     local before; before=$(gen_of)
-    conf "$1"
+    conf "$@"
     kill -HUP "$GWPID"
     wait_for 10 gen_above "${before:-0}" && grep -q '^reload: generation [0-9]* ok' "$STATUS"
 }
@@ -336,6 +339,16 @@ expect "laptop, isolated" tcp:$LANH:8096 open
 check "isolated: the phone pings LAN host $LANH" ping_ok $P $LANH
 check "isolated: the laptop pings LAN host $LANH" ping_ok $Q $LANH
 rises phone
+# A client granted `clients` may start a connection to an isolated one, which answers.
+if reload on "lan, clients"; then
+    ok "the laptop gets Access = lan, clients (isolation on): reloaded"
+else
+    ko "the laptop's Access = lan, clients: reload failed: $(grep '^reload:' "$STATUS")"
+fi
+check "the laptop (Access clients) pings the isolated phone" ping_ok $Q 10.100.0.4
+check "the isolated phone still gets no reply from the laptop" no_ping $P 10.100.0.5
+probe $Q tcp:10.100.0.4:7000
+expect "laptop (Access clients) to the isolated phone" tcp:10.100.0.4:7000 open
 
 note "riceguard status (access lines):"
 inns $G "$RG" status $TUN 2>&1 | grep -iE 'access|isolat|lanonly|kiosk|site' | sed 's/^/     | /'
