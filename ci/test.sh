@@ -49,9 +49,9 @@
 #            subnet, ClientIsolation by reload, the per-peer drop counter in status and
 #            metrics, the LAN starting traffic to a restricted client; one-armed, lan
 #            being the uplink's own subnet (ci/access.sh);
-#            the MSS clamp: a 2 MiB fetch across the 1420-byte tunnel from a LAN host
-#            that drops "fragmentation needed" completes, and stalls with the clamp's
-#            rules deleted (ci/mss.sh)
+#            the MSS clamp, IPv4 and IPv6: a 2 MiB fetch across the 1420-byte tunnel
+#            from a LAN host that drops "fragmentation needed" / "packet too big"
+#            completes, and stalls with the clamp's rules deleted (ci/mss.sh)
 #   cross    riceguard built by cross-rs (Cross.toml) in the local image `make deps` made
 #            from Debian packages, for both musl targets: static, right ELF machine,
 #            --version and genkey | pubkey (aarch64 under qemu-aarch64-static) agreeing
@@ -112,7 +112,7 @@ ALL=(unit fuzz interop fastpath tcp adversarial gateway cross image board update
 # The lanes of a full run (after build and unit), each a list of stages run in order,
 # balanced by their measured walls (2026-12-04: image+update 1646 s; board+fuzz+tcp 1595 s
 # plus interop 187 s; unit, fastpath, adversarial, the gateway's labs (about 550 s with
-# the metrics, syslog and peer-health labs; access and mss add about 45 s) and cross
+# the metrics, syslog and peer-health labs; access and mss add about 50 s) and cross
 # about 1720 s).
 LANES=("image update" "board fuzz tcp interop" "unit fastpath adversarial gateway cross")
 OUT=$top/out/test
