@@ -291,6 +291,7 @@ impl Sim {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         };
         let dev = |own: Key, peers: Vec<PeerConfig>| {
             let mut c = Config::default();

@@ -75,6 +75,7 @@ pub fn uapi_base() -> Config {
         name: None,
         masquerade: true,
         enabled: true,
+        access: None,
     };
     c.peers = vec![
         peer(1, &["10.0.0.1/32", "fd00::1/128"], Some("192.0.2.1:51820")),

@@ -42,10 +42,12 @@ pub const MAX_PART: u64 = 1 << 30;
 /// "compat"): what the device reports to an update. 2 added `Firewall` and `Masquerade` in
 /// `[Gateway]`, `Masquerade` and `Enabled` per `[Peer]`, saved on `#+` lines; 3 added
 /// `Ntp` and `UplinkOverlap`, saved on `#3+` lines; 4 added `SshKey` and `SshPort`, saved
-/// on `#4+` lines; 5 added `Metrics`, `MetricsPort` and `Syslog`, saved on `#5+` lines. Firmware of an earlier schema reads
+/// on `#4+` lines; 5 added `Metrics`, `MetricsPort` and `Syslog`, saved on `#5+` lines; 6
+/// added `ClientIsolation`, `Dns` and `Domain`, saved on `#6+` lines, and `[Peer] Access`,
+/// whose peer is saved wholly on `#6+` lines. Firmware of an earlier schema reads
 /// those lines as comments (`core::ini::emit_compat`), so the previous slot still loads
 /// the file after a rollback. Equal to `core::ini::SCHEMA`. `image/bundle.sh` reads this line.
-pub const COMPAT: u32 = 5;
+pub const COMPAT: u32 = 6;
 /// The oldest schema this firmware reads (its bundles' `min-compat`, so a device of that
 /// schema takes the update): a schema-1 or schema-2 file is a valid schema-3 file,
 /// nothing to migrate. `image/bundle.sh` reads this line.

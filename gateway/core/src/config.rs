@@ -56,6 +56,10 @@ pub struct PeerConfig {
     /// `[Peer] Enabled = off`: kept in the file with its keys (`disable client NAME`), but
     /// not given to the data plane, routed, proxied or let through the firewall.
     pub enabled: bool,
+    /// `[Peer] Access = lan, internet, ...` (schema 6): where this peer's traffic may go
+    /// through the appliance (`core::access`). `None`: the default, every zone (less
+    /// `clients` with `ClientIsolation = on`); `Some(empty)`: `none`.
+    pub access: Option<Vec<crate::access::AccessItem>>,
 }
 
 impl PeerConfig {
@@ -71,6 +75,7 @@ impl PeerConfig {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         }
     }
 }
@@ -335,6 +340,27 @@ pub struct GatewayConfig {
     pub metrics_port: u16,
     /// `Syslog = host[:port][/tcp]`: the collector every service's log lines go to.
     pub syslog: Option<SyslogTarget>,
+    /// `ClientIsolation = on` (schema 6): `clients` is not in the default `Access`, so
+    /// tunnel peers without an `Access` of their own cannot start traffic to each other.
+    pub client_isolation: bool,
+    /// `Dns = ...` (schema 6): the upstream servers of the resolver on the box. Empty: the
+    /// uplink lease's.
+    pub dns: Vec<std::net::IpAddr>,
+    /// `Domain = NAME` (schema 6): the resolver answers the clients' names under it
+    /// (`phone.home.arpa`). Unset: [`DEFAULT_DOMAIN`].
+    pub domain: Option<String>,
+}
+
+/// The resolver's domain when `Domain` is not set: RFC 8375's name for home networks,
+/// which no public DNS answers and no future TLD can take (`lan` is neither reserved nor
+/// special-use).
+pub const DEFAULT_DOMAIN: &str = "home.arpa";
+
+impl GatewayConfig {
+    /// `Domain`, or [`DEFAULT_DOMAIN`].
+    pub fn domain_name(&self) -> &str {
+        self.domain.as_deref().unwrap_or(DEFAULT_DOMAIN)
+    }
 }
 
 /// The metrics endpoint's port when `MetricsPort` is not set: the one the common
@@ -447,6 +473,9 @@ impl Default for GatewayConfig {
             metrics: false,
             metrics_port: DEFAULT_METRICS_PORT,
             syslog: None,
+            client_isolation: false,
+            dns: Vec::new(),
+            domain: None,
         }
     }
 }
@@ -532,6 +561,21 @@ pub fn valid_peer_name(s: &str) -> bool {
         && !s.starts_with(['-', '.'])
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A DNS label (RFC 1123): 1 to 63 letters, digits and hyphens, not starting or ending
+/// with a hyphen. A client whose name is not one (`x.y`, `a_b`) is not published by the
+/// resolver.
+pub fn valid_dns_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// A DNS name of [`valid_dns_label`] labels separated by dots (no trailing dot).
+pub fn valid_dns_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(valid_dns_label)
 }
 
 /// A Linux interface name: 1-15 bytes, no `/`, `:`, whitespace or control characters,
@@ -850,6 +894,7 @@ mod tests {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         }
     }
 

@@ -120,7 +120,7 @@ fn wg_quick_only(lk: &str, v: &str) -> Option<Result<String, String>> {
 }
 
 /// The configuration schema this firmware reads and writes (`core::bundle::COMPAT`).
-pub const SCHEMA: u8 = 5;
+pub const SCHEMA: u8 = 6;
 
 /// The schema that added a key (lowercase), by section: 1 for the original keys. Older
 /// firmware refuses a newer key, so [`emit_compat`] writes it on a line that firmware
@@ -132,6 +132,7 @@ fn key_schema(section: Section, lk: &str) -> u8 {
         (Section::Gateway, "ntp" | "uplinkoverlap") => 3,
         (Section::Gateway, "sshkey" | "sshport") => 4,
         (Section::Gateway, "metrics" | "metricsport" | "syslog") => 5,
+        (Section::Gateway, "clientisolation" | "dns" | "domain") | (Section::Peer, "access") => 6,
         _ => 1,
     }
 }
@@ -186,12 +187,13 @@ struct PeerDraft {
     name: Option<String>,
     masquerade: bool,
     enabled: bool,
+    access: Option<Vec<crate::access::AccessItem>>,
 }
 
 const INTERFACE_KEYS: &str = "PrivateKey, ListenPort, FwMark, Address, MTU (and wg-quick's DNS, Table, PreUp, PostUp, PreDown, PostDown, SaveConfig, which are ignored with a warning)";
 const PEER_KEYS: &str =
-    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled";
-const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap, SshKey, SshPort, Metrics, MetricsPort, Syslog";
+    "PublicKey, PresharedKey, AllowedIPs, Endpoint, PersistentKeepalive, TcpPort, Name, Masquerade, Enabled, Access";
+const GATEWAY_KEYS: &str = "InterfaceName, Cores, IoUring, Poll, SqPoll, Offload, TunOffload, HugePages, Buffers, TcpListen, TcpFallback, BbrRttMs, Uplink, UplinkAddress, UplinkGateway, Lan, LanAddress, ProxyArp, PublicEndpoint, ClientDns, Firewall, Masquerade, Ntp, UplinkOverlap, SshKey, SshPort, Metrics, MetricsPort, Syslog, ClientIsolation, Dns, Domain";
 
 /// Quote a user value for an error message, shortened so a huge line cannot flood a log.
 fn shown(v: &str) -> String {
@@ -307,6 +309,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
             name: d.name,
             masquerade: d.masquerade,
             enabled: d.enabled,
+            access: d.access,
         });
         Ok(())
     };
@@ -370,6 +373,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                         name: None,
                         masquerade: true,
                         enabled: true,
+                        access: None,
                     });
                     Section::Peer
                 }
@@ -423,6 +427,9 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
             (Section::Peer, "name") => Some("Name"),
             (Section::Peer, "masquerade") => Some("Masquerade"),
             (Section::Peer, "enabled") => Some("Enabled"),
+            (Section::Peer, "access") => Some("Access"),
+            (Section::Gateway, "clientisolation") => Some("ClientIsolation"),
+            (Section::Gateway, "domain") => Some("Domain"),
             (Section::Gateway, "firewall") => Some("Firewall"),
             (Section::Gateway, "masquerade") => Some("Masquerade"),
             (Section::Gateway, "uplinkoverlap") => Some("UplinkOverlap"),
@@ -503,6 +510,7 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                     "name" => d.name = Some(value::peer_name(v).map_err(bad)?),
                     "masquerade" => d.masquerade = value::boolean(v).map_err(bad)?,
                     "enabled" => d.enabled = value::boolean(v).map_err(bad)?,
+                    "access" => d.access = Some(value::access(v).map_err(bad)?),
                     _ => return Err(e(format!("unknown key in [Peer]; allowed are {PEER_KEYS}"))),
                 }
             }
@@ -588,6 +596,15 @@ fn read(file: &str, text: &str, reader: Reader) -> Result<(Config, Vec<Warning>)
                             Some(value::syslog(v).map_err(bad)?)
                         }
                     }
+                    "clientisolation" => g.client_isolation = value::boolean(v).map_err(bad)?,
+                    "dns" => extend_once(&mut g.dns, value::ips(v).map_err(bad)?, "").map_err(e)?,
+                    "domain" => {
+                        g.domain = if v.is_empty() {
+                            None
+                        } else {
+                            Some(value::domain(v).map_err(bad)?)
+                        }
+                    }
                     _ => {
                         return Err(e(format!(
                             "unknown key in [Gateway]; allowed are {GATEWAY_KEYS}"
@@ -655,8 +672,9 @@ pub fn emit(cfg: &Config) -> String {
 /// The first lines of a file [`emit_compat`] writes with `#+` lines in it.
 pub const COMPAT_NOTE: &str = "# Lines starting with #+ hold settings of configuration schema 2 (Firewall, Masquerade, Enabled),\n\
 # lines starting with #3+ those of schema 3 (Ntp, UplinkOverlap), #4+ those of schema 4 (SshKey,\n\
-# SshPort), #5+ those of schema 5 (Metrics, MetricsPort, Syslog): older firmware reads them as\n\
-# comments, so after a rollback it runs this file without them.\n";
+# SshPort), #5+ those of schema 5 (Metrics, MetricsPort, Syslog), #6+ those of schema 6\n\
+# (ClientIsolation, Dns, Domain, and a peer with an Access of its own, whole): older firmware reads\n\
+# them as comments, so after a rollback it runs this file without them.\n";
 
 /// The file the console saves: [`emit`], with every setting schema-1 firmware does not
 /// know on a `#+` line and a disabled peer's whole section on `#+` lines (see the module
@@ -705,11 +723,26 @@ pub fn schema3_view(cfg: &Config) -> Config {
 /// endpoint and no remote syslog (that firmware has neither: less is reported, nothing is
 /// opened — a rollback never serves more than the file asks for).
 pub fn schema4_view(cfg: &Config) -> Config {
-    let mut c = cfg.clone();
+    let mut c = schema5_view(cfg);
     let d = GatewayConfig::default();
     c.gateway.metrics = d.metrics;
     c.gateway.metrics_port = d.metrics_port;
     c.gateway.syslog = d.syslog;
+    c
+}
+
+/// What schema-5 firmware runs from the file [`emit_compat`] writes for `cfg`: no peer
+/// with an `Access` of its own (its whole section is on `#6+` lines: that firmware would
+/// run it unrestricted, so it does not run it at all), no client isolation (its clients
+/// reach each other: the one protection a rollback loses, README), no resolver settings
+/// (that firmware has no resolver).
+pub fn schema5_view(cfg: &Config) -> Config {
+    let mut c = cfg.clone();
+    c.peers.retain(|p| p.access.is_none());
+    let d = GatewayConfig::default();
+    c.gateway.client_isolation = d.client_isolation;
+    c.gateway.dns = d.dns;
+    c.gateway.domain = d.domain;
     c
 }
 
@@ -750,12 +783,22 @@ pub fn schema2_settings(cfg: &Config) -> Vec<String> {
     if let Some(t) = &cfg.gateway.syslog {
         out.push(format!("Syslog = {t} (no remote syslog there)"));
     }
+    if cfg.gateway.client_isolation {
+        out.push("ClientIsolation = on (clients reach each other there)".into());
+    }
+    if !cfg.gateway.dns.is_empty() || cfg.gateway.domain.is_some() {
+        out.push("Dns, Domain (no resolver on the box there)".into());
+    }
     for p in &cfg.peers {
         let who = match &p.name {
             Some(n) => format!("peer {n}"),
             None => format!("peer {}", p.public_key.to_base64()),
         };
-        if !p.enabled {
+        if p.access.is_some() {
+            out.push(format!(
+                "{who} with Access (left out: it would run unrestricted there)"
+            ));
+        } else if !p.enabled {
             out.push(format!("{who} disabled (left out)"));
         } else if !p.masquerade {
             out.push(format!("{who} Masquerade = off"));
@@ -787,8 +830,15 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
     // The prefix of a schema-2 key's line outside a hidden section.
     let new = if guard { "#+ " } else { "" };
     for p in &cfg.peers {
-        // A disabled peer: the whole section on `#+` lines, so schema 1 leaves it out.
-        let hide = guard && !p.enabled;
+        // A disabled peer: the whole section on `#+` lines, so schema 1 leaves it out; a
+        // peer with an `Access` of its own on `#6+` lines, so no firmware before schema 6
+        // runs it (unrestricted).
+        let hide_as = match (&p.access, p.enabled) {
+            (Some(_), _) => Some(6),
+            (None, false) => Some(2),
+            (None, true) => None,
+        };
+        let hide = guard && hide_as.is_some();
         let mut ps = String::new();
         let _ = writeln!(ps, "[Peer]\nPublicKey = {}", p.public_key.to_base64());
         if let Some(k) = &p.preshared_key {
@@ -815,11 +865,16 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
             // With `guard`, only inside a hidden section.
             ps.push_str("Enabled = off\n");
         }
+        if let Some(a) = &p.access {
+            // With `guard`, only inside a hidden section.
+            let _ = writeln!(ps, "Access = {}", crate::access::list_text(a));
+        }
         s.push('\n');
         if hide {
             guarded = true;
+            let prefix = guard_prefix(hide_as.unwrap_or(2));
             for l in ps.lines() {
-                let _ = writeln!(s, "#+ {l}");
+                let _ = writeln!(s, "{prefix}{l}");
             }
         } else {
             s.push_str(&ps);
@@ -944,6 +999,24 @@ fn emit_with(cfg: &Config, guard: bool) -> String {
         let _ = writeln!(gs, "{new5}{l}");
         guarded |= guard;
     }
+    // Schema 6.
+    let new6 = if guard {
+        guard_prefix(6)
+    } else {
+        String::new()
+    };
+    let mut s6 = String::new();
+    if g.client_isolation != d.client_isolation {
+        let _ = writeln!(s6, "ClientIsolation = {}", on_off_str(g.client_isolation));
+    }
+    list_lines(&mut s6, "Dns", &g.dns);
+    if let Some(dom) = &g.domain {
+        let _ = writeln!(s6, "Domain = {dom}");
+    }
+    for l in s6.lines() {
+        let _ = writeln!(gs, "{new6}{l}");
+        guarded |= guard;
+    }
     if !gs.is_empty() {
         s.push_str("\n[Gateway]\n");
         s.push_str(&gs);
@@ -983,6 +1056,16 @@ pub(crate) mod tests {
             let mut p = PeerConfig::new(rng.key());
             p.masquerade = !rng.chance(4);
             p.enabled = !rng.chance(4);
+            match rng.below(4) {
+                0 => p.access = Some(Vec::new()),
+                1 => {
+                    p.access = Some(
+                        crate::access::parse_list("lan, 192.168.1.10/32 tcp 8096, fd00::/64 icmp")
+                            .unwrap(),
+                    )
+                }
+                _ => {}
+            }
             if rng.chance(2) {
                 p.preshared_key = Some(rng.key());
             }
@@ -1095,6 +1178,18 @@ pub(crate) mod tests {
         }
         if rng.chance(3) {
             g.metrics = true;
+        }
+        if rng.chance(3) {
+            g.client_isolation = true;
+        }
+        if rng.chance(3) {
+            g.dns = vec![
+                "192.0.2.53".parse().unwrap(),
+                "2001:db8::53".parse().unwrap(),
+            ];
+        }
+        if rng.chance(3) {
+            g.domain = Some("office.example".into());
         }
         if rng.chance(4) {
             g.metrics_port = rng.port();
@@ -1313,6 +1408,7 @@ pub(crate) mod tests {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         });
         let text = emit(&c);
         assert!(text.lines().all(|l| l.len() < 1100));
@@ -1445,6 +1541,95 @@ pub(crate) mod tests {
     /// firmware skips: after a rollback nothing serves metrics and nothing is sent to a
     /// collector (less reported, nothing opened); the schema-4 settings stay.
     #[test]
+    fn schema6_keys_and_restricted_peers_on_their_own_guarded_lines() {
+        let mut c = Config::default();
+        c.interface.addresses = vec!["10.100.0.1/24".parse().unwrap()];
+        let mut open = PeerConfig::new(crate::key::Key([1; 32]));
+        open.allowed_ips = vec!["10.100.0.2/32".parse().unwrap()];
+        open.name = Some("phone".into());
+        let mut kiosk = PeerConfig::new(crate::key::Key([2; 32]));
+        kiosk.allowed_ips = vec!["10.100.0.3/32".parse().unwrap()];
+        kiosk.name = Some("kiosk".into());
+        kiosk.masquerade = false;
+        kiosk.access = Some(crate::access::parse_list("lan, 192.168.1.10/32 tcp 8096").unwrap());
+        let mut off = kiosk.clone();
+        off.public_key = crate::key::Key([3; 32]);
+        off.name = Some("tv".into());
+        off.allowed_ips = vec!["10.100.0.4/32".parse().unwrap()];
+        off.enabled = false;
+        off.access = Some(Vec::new());
+        c.peers = vec![open, kiosk, off];
+        c.gateway.client_isolation = true;
+        c.gateway.dns = vec!["192.0.2.53".parse().unwrap()];
+        c.gateway.domain = Some("office.example".into());
+        let text = emit_compat(&c);
+        for l in [
+            "\n#6+ ClientIsolation = on\n",
+            "\n#6+ Dns = 192.0.2.53\n",
+            "\n#6+ Domain = office.example\n",
+            "\n#6+ [Peer]\n#6+ PublicKey = ",
+            "\n#6+ Masquerade = off\n#6+ Access = lan, 192.168.1.10/32 tcp 8096\n",
+            "\n#6+ Enabled = off\n#6+ Access = none\n",
+        ] {
+            assert!(text.contains(l), "{l} in {text}");
+        }
+        assert!(text.starts_with(COMPAT_NOTE));
+        assert_eq!(parse("f", &text).unwrap(), c);
+        assert_eq!(parse("f", &emit(&c)).unwrap(), c);
+        // Schema 5 firmware runs neither restricted peer (it would run them unrestricted)
+        // and has no isolation and no resolver: what README's rollback section says.
+        let five = parse_as_schema(5, "f", &text).unwrap();
+        assert_eq!(five, schema5_view(&c));
+        assert_eq!(five.peers.len(), 1);
+        assert_eq!(five.peers[0].name.as_deref(), Some("phone"));
+        assert!(!five.gateway.client_isolation && five.gateway.dns.is_empty());
+        for n in 1..=4 {
+            let v = parse_as_schema(n, "f", &text).unwrap();
+            assert!(v.peers.iter().all(|p| p.access.is_none()), "schema {n}");
+            assert_eq!(v.peers.len(), 1, "schema {n}");
+        }
+        assert_eq!(parse_as_schema1("f", &text).unwrap(), schema1_view(&c));
+        let plain = "[Gateway]\nClientIsolation = on\n";
+        assert_eq!(earlier_refusal("f", plain).unwrap().0, 6);
+        let settings = schema2_settings(&c);
+        assert!(
+            settings
+                .iter()
+                .any(|s| s.contains("peer kiosk with Access")),
+            "{settings:?}"
+        );
+        assert!(settings
+            .iter()
+            .any(|s| s.starts_with("ClientIsolation = on")));
+        for bad in [
+            "[Gateway]\nClientIsolation = maybe\n",
+            "[Gateway]\nDns = 1.2.3\n",
+            "[Gateway]\nDomain = a..b\n",
+            "[Gateway]\nDomain = -x.lan\n",
+            "[Gateway]\nDomain = a_b.lan\n",
+            "[Gateway]\nDomain = home.arpa\nDomain = lan\n",
+            "[Peer]\nPublicKey = AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\nAccess = lan, wan\n",
+            "[Peer]\nPublicKey = AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\nAccess = lan\nAccess = internet\n",
+        ] {
+            assert!(parse("f", bad).is_err(), "{bad}");
+        }
+        let e = parse(
+            "f",
+            "[Peer]\nPublicKey = AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE=\nAccess = 10.0.0.0/8 icmp 3\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("icmp takes no port"), "{e}");
+        assert_eq!(
+            parse("f", "[Gateway]\nDomain = Office.Example.\n")
+                .unwrap()
+                .gateway
+                .domain_name(),
+            "office.example"
+        );
+        assert_eq!(Config::default().gateway.domain_name(), "home.arpa");
+    }
+
+    #[test]
     fn schema5_keys_on_their_own_guarded_lines() {
         const ED: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPavZxWFF13He3xGOowIOEKEd/GA/+uWdLinbR8OSHMC alice@laptop";
         let mut c = Config::default();
@@ -1542,9 +1727,9 @@ pub(crate) mod tests {
         let (n, _) = earlier_refusal("f", "[Gateway]\nFirewall = off\n").unwrap();
         assert_eq!(n, 2);
         assert!(earlier_refusal("f", &text).is_none());
-        // A `#6+` line is a comment to this firmware (a later schema's setting).
+        // A `#7+` line is a comment to this firmware (a later schema's setting).
         assert_eq!(
-            parse("f", "[Gateway]\n#6+ Future = x\n").unwrap(),
+            parse("f", "[Gateway]\n#7+ Future = x\n").unwrap(),
             Config::default()
         );
         for bad in [

@@ -3,6 +3,7 @@
 //! see `device`), and nothing here uses `unsafe`.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod age;
 pub mod allowed_ips;
 pub mod bundle;

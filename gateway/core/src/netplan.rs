@@ -505,6 +505,7 @@ mod tests {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         }
     }
 

@@ -268,6 +268,7 @@ fn hostile_datagrams_are_dropped_and_counted() {
         name: None,
         masquerade: true,
         enabled: true,
+        access: None,
     });
     stranger.dev.reconfigure(&c).unwrap();
     send_tun(
@@ -339,6 +340,7 @@ fn reconfigure_keeps_sessions_of_unchanged_peers() {
         name: None,
         masquerade: true,
         enabled: true,
+        access: None,
     });
     b.dev.reconfigure(&c).unwrap();
     b.wire.tun.clear();
@@ -497,6 +499,7 @@ fn peer_indexes_are_random_and_distinct() {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         });
     }
     let d = Device::new(Box::new(crate::testutil::Rng(0xd1ce)));

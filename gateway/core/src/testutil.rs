@@ -48,6 +48,7 @@ pub fn one_peer_device(
         name: None,
         masquerade: true,
         enabled: true,
+        access: None,
     });
     let d = Device::new(Box::new(Rng(0x5eed)));
     d.reconfigure(&c).expect("one-peer test config");
@@ -316,6 +317,7 @@ pub mod nft {
             table: "rg".into(),
             counters: vec!["c".into()],
             chains,
+            maps: Vec::new(),
         }
     }
 }

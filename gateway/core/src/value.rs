@@ -388,6 +388,26 @@ pub fn ssh_key(v: &str) -> R<crate::config::SshKey> {
     })
 }
 
+/// `Access = lan, internet, 192.168.1.10/32 tcp 8096` or `none` (`core::access`).
+pub fn access(v: &str) -> R<Vec<crate::access::AccessItem>> {
+    crate::access::parse_list(v)
+        .map_err(|why| BadValue::new(v, format!("{} ({why})", crate::access::EXPECTED)))
+}
+
+/// `Domain = home.arpa`: a DNS name of letter-digit-hyphen labels (RFC 1123), 1 to 63
+/// bytes each, at most 200 in all (room for a client's name in front), lowercased.
+pub fn domain(v: &str) -> R<String> {
+    let d = v.trim_end_matches('.').to_ascii_lowercase();
+    if crate::config::valid_dns_name(&d) && d.len() <= 200 {
+        Ok(d)
+    } else {
+        Err(BadValue::new(
+            v,
+            "a domain name of letters, digits and hyphens, such as home.arpa",
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

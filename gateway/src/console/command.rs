@@ -27,11 +27,13 @@ pub enum Command {
     },
     Set(Vec<String>),
     Delete(Vec<String>),
-    /// `add client NAME [full-tunnel] [keep-key]` (the options in either order).
+    /// `add client NAME [full-tunnel] [keep-key] [access LIST]` (the options in any
+    /// order, `access` and its list last).
     AddClient {
         name: String,
         keep_key: bool,
         tunnel: Tunnel,
+        access: Option<Vec<crate::core::access::AccessItem>>,
     },
     /// `show client NAME [full-tunnel]`.
     /// `show log [N] [peer NAME]`: the last N events of the event log on perm.
@@ -110,7 +112,7 @@ pub const COMMANDS: &[(&str, &str, &str)] = &[
     ),
     (
         "add",
-        "client NAME [full-tunnel] [keep-key]",
+        "client NAME [full-tunnel] [keep-key] [access LIST]",
         "add a client (phone, laptop): keys, address, its config and QR code",
     ),
     (
@@ -278,6 +280,11 @@ pub const PEER_FIELDS: &[(&str, &str, &str)] = &[
         "on|off",
         "off: the peer stays with its keys but cannot connect (as `disable client`)",
     ),
+    (
+        "access",
+        "LIST",
+        "where its traffic may go: lan, internet, clients, appliance, prefixes (`192.168.1.10/32 tcp 8096`), or none (unset: all; `delete` it for that)",
+    ),
 ];
 
 /// `set gateway` fields: every [`GatewayConfig`] field in kebab-case.
@@ -398,6 +405,21 @@ pub const GATEWAY_FIELDS: &[(&str, &str, &str)] = &[
         "metrics-port",
         "PORT",
         "TCP port of the metrics endpoint /metrics (default 9586)",
+    ),
+    (
+        "client-isolation",
+        "on|off",
+        "on: clients without an Access of their own cannot reach each other (default off)",
+    ),
+    (
+        "dns",
+        "IP[,IP...]",
+        "upstream servers of the resolver on the box (unset: the uplink lease's)",
+    ),
+    (
+        "domain",
+        "NAME",
+        "the resolver answers clients' names under it, e.g. phone.home.arpa (default home.arpa)",
     ),
     (
         "syslog",
@@ -528,6 +550,14 @@ pub fn parse(line: &str) -> Result<Command, String> {
             ["client", name, opts @ ..] => {
                 let mut keep_key = false;
                 let mut tunnel = Tunnel::Split;
+                // `access LIST` comes last: its list has spaces (`10.0.0.0/8 tcp 22`).
+                let (opts, access) = match opts.iter().position(|w| *w == "access") {
+                    Some(i) if i + 1 == opts.len() => {
+                        return Err("`access` needs a list: lan, internet, clients, appliance, prefixes (`192.168.1.10/32 tcp 8096`), or none".into())
+                    }
+                    Some(i) => (&opts[..i], Some(v::access(&opts[i + 1..].join(" "))?)),
+                    None => (opts, None),
+                };
                 for (i, w) in opts.iter().enumerate() {
                     if opts[..i].contains(w) {
                         return Err(format!("`{w}` is given twice"));
@@ -535,17 +565,25 @@ pub fn parse(line: &str) -> Result<Command, String> {
                     match *w {
                         "keep-key" => keep_key = true,
                         "full-tunnel" => tunnel = Tunnel::Full,
-                        _ => return Err(unknown(w, "add client NAME", "full-tunnel, keep-key")),
+                        _ => {
+                            return Err(unknown(
+                                w,
+                                "add client NAME",
+                                "full-tunnel, keep-key, access LIST",
+                            ))
+                        }
                     }
                 }
                 Ok(Command::AddClient {
                     name: (*name).to_string(),
                     keep_key,
                     tunnel,
+                    access,
                 })
             }
             ["client"] | [] => Err(
-                "usage: add client NAME [full-tunnel] [keep-key] (NAME: e.g. phone)".into(),
+                "usage: add client NAME [full-tunnel] [keep-key] [access LIST] (NAME: e.g. phone)"
+                    .into(),
             ),
             [w, ..] => Err(unknown(w, "add", "client")),
         },
@@ -930,6 +968,19 @@ fn field_arg(t: &[(&str, &str, &str)], name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The client named `name` (a peer's `Name`).
+fn client_mut<'a>(cfg: &'a mut Config, name: &str) -> Result<&'a mut PeerConfig, String> {
+    cfg.peers
+        .iter_mut()
+        .find(|p| p.name.as_deref() == Some(name))
+        .ok_or_else(|| {
+            format!(
+                "there is no client named {} (see `show clients`)",
+                v::short(name)
+            )
+        })
+}
+
 fn push_unique<T: PartialEq>(list: &mut Vec<T>, items: Vec<T>) {
     for i in items {
         if !list.contains(&i) {
@@ -971,7 +1022,12 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 return Err(missing(&format!("set peer {key}"), &words(PEER_FIELDS)));
             };
             let path = format!("set peer ... {field}");
-            let val = one_value(rest, &path, &field_arg(PEER_FIELDS, field));
+            let joined = rest.join(" ");
+            let val = if *field == "access" && !rest.is_empty() {
+                Ok(joined.as_str())
+            } else {
+                one_value(rest, &path, &field_arg(PEER_FIELDS, field))
+            };
             let new = find_peer(cfg, &k).is_none();
             if !PEER_FIELDS.iter().any(|f| f.0 == *field) {
                 return Err(unknown(field, "set peer PUBKEY", &words(PEER_FIELDS)));
@@ -991,6 +1047,7 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "name" => p.name = Some(v::peer_name(val)?),
                 "masquerade" => p.masquerade = v::boolean(val, "peer masquerade")?,
                 "enabled" => p.enabled = v::boolean(val, "peer enabled")?,
+                "access" => p.access = Some(v::access(val)?),
                 w => return Err(unknown(w, "set peer PUBKEY", &words(PEER_FIELDS))),
             }
             match find_peer(cfg, &k) {
@@ -1002,6 +1059,21 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
             } else {
                 String::new()
             })
+        }
+        ["client"] | ["client", _] => {
+            Err("usage: set client NAME access LIST (`show clients` lists them)".into())
+        }
+        ["client", name, field, rest @ ..] => {
+            if *field != "access" {
+                return Err(unknown(field, "set client NAME", "access"));
+            }
+            if rest.is_empty() {
+                return Err(format!("`set client {name} access` needs a list: lan, internet, clients, appliance, prefixes (`192.168.1.10/32 tcp 8096`), or none"));
+            }
+            let a = v::access(&rest.join(" "))?;
+            let p = client_mut(cfg, name)?;
+            p.access = Some(a);
+            Ok(String::new())
         }
         ["gateway"] => Err(missing("set gateway", &words(GATEWAY_FIELDS))),
         ["gateway", field, rest @ ..] => {
@@ -1043,6 +1115,9 @@ pub fn apply_set(cfg: &mut Config, args: &[String]) -> EditResult {
                 "metrics" => g.metrics = v::boolean(val()?, &what)?,
                 "metrics-port" => g.metrics_port = v::port(val()?, "metrics port")?,
                 "syslog" => g.syslog = Some(v::syslog(val()?)?),
+                "client-isolation" => g.client_isolation = v::boolean(val()?, &what)?,
+                "dns" => g.dns = v::ip_list(val()?, "DNS upstream list")?,
+                "domain" => g.domain = Some(v::domain(val()?)?),
                 w => return Err(unknown(w, "set gateway", &words(GATEWAY_FIELDS))),
             }
             Ok(String::new())
@@ -1070,8 +1145,15 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
             }
             Ok("client removed; `commit` to apply".into())
         }
+        ["client", name, "access"] => {
+            let p = client_mut(cfg, name)?;
+            if p.access.take().is_none() {
+                return not_set(&format!("client {name}'s access"));
+            }
+            Ok("back to the default access".into())
+        }
         ["client", _, extra, ..] => Err(format!(
-            "`delete client NAME` takes nothing more; unexpected `{}`",
+            "`delete client NAME` takes nothing more but `access`; unexpected `{}`",
             v::short(extra)
         )),
         ["interface"] => Err(missing("delete interface", &words(INTERFACE_FIELDS))),
@@ -1140,6 +1222,7 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 ["name"] => p.name.take().is_some(),
                 ["masquerade"] => !std::mem::replace(&mut p.masquerade, true),
                 ["enabled"] => !std::mem::replace(&mut p.enabled, true),
+                ["access"] => p.access.take().is_some(),
                 [w, ..] if PEER_FIELDS.iter().any(|f| f.0 == *w) => {
                     return Err(format!(
                         "`delete peer PUBKEY {w}` takes no value (only allowed-ips does)"
@@ -1184,6 +1267,9 @@ pub fn apply_delete(cfg: &mut Config, args: &[String]) -> EditResult {
                 "metrics" => g.metrics = d.metrics,
                 "metrics-port" => g.metrics_port = d.metrics_port,
                 "syslog" => g.syslog = d.syslog,
+                "client-isolation" => g.client_isolation = d.client_isolation,
+                "dns" => g.dns = d.dns,
+                "domain" => g.domain = d.domain,
                 w => return Err(unknown(w, "delete gateway", &words(GATEWAY_FIELDS))),
             }
             Ok("back to the default".into())
@@ -1376,6 +1462,7 @@ mod tests {
                 name: n.into(),
                 keep_key,
                 tunnel,
+                access: None,
             })
         };
         assert_eq!(
@@ -1398,6 +1485,72 @@ mod tests {
         }
         let e = parse("add client phone keep-key keep-key").unwrap_err();
         assert!(e.contains("twice"), "{e}");
+        let lan = crate::core::access::parse_list("lan, 192.168.1.10/32 tcp 8096").unwrap();
+        assert_eq!(
+            parse("add client kiosk keep-key access lan, 192.168.1.10/32 tcp 8096"),
+            Ok(Command::AddClient {
+                name: "kiosk".into(),
+                keep_key: true,
+                tunnel: Tunnel::Split,
+                access: Some(lan.clone()),
+            })
+        );
+        assert!(parse("add client kiosk access")
+            .unwrap_err()
+            .contains("needs a list"));
+        let e = parse("add client kiosk access lan, wan").unwrap_err();
+        assert!(e.contains("wan"), "{e}");
+        let mut cfg = Config::default();
+        let mut kiosk = PeerConfig::new(Key([5; 32]));
+        kiosk.name = Some("kiosk".into());
+        cfg.peers.push(kiosk);
+        let set = |cfg: &mut Config, l: &str| {
+            apply_set(
+                cfg,
+                &l.split_whitespace().map(String::from).collect::<Vec<_>>(),
+            )
+        };
+        set(
+            &mut cfg,
+            "client kiosk access lan, 192.168.1.10/32 tcp 8096",
+        )
+        .unwrap();
+        assert_eq!(cfg.peers[0].access.as_ref(), Some(&lan));
+        let before = cfg.clone();
+        assert!(set(&mut cfg, "client kiosk access lan, 10.0.0.0/8 tcp").is_ok());
+        cfg = before.clone();
+        for bad in [
+            "client kiosk access",
+            "client kiosk access lan,,internet",
+            "client kiosk access 10.0.0.0/8 icmp 3",
+            "client nobody access lan",
+            "client kiosk name x",
+        ] {
+            assert!(set(&mut cfg, bad).is_err(), "{bad}");
+            assert_eq!(cfg, before, "`set {bad}` changed the configuration");
+        }
+        set(&mut cfg, "client kiosk access none").unwrap();
+        assert_eq!(cfg.peers[0].access, Some(Vec::new()));
+        let del = |cfg: &mut Config, l: &str| {
+            apply_delete(
+                cfg,
+                &l.split_whitespace().map(String::from).collect::<Vec<_>>(),
+            )
+        };
+        del(&mut cfg, "client kiosk access").unwrap();
+        assert_eq!(cfg.peers[0].access, None);
+        assert!(del(&mut cfg, "client kiosk access").is_err(), "not set");
+        set(&mut cfg, "gateway client-isolation on").unwrap();
+        set(&mut cfg, "gateway dns 192.0.2.53,2001:db8::53").unwrap();
+        set(&mut cfg, "gateway domain Office.Example").unwrap();
+        assert!(cfg.gateway.client_isolation);
+        assert_eq!(cfg.gateway.dns.len(), 2);
+        assert_eq!(cfg.gateway.domain_name(), "office.example");
+        assert!(set(&mut cfg, "gateway domain a_b").is_err());
+        for f in ["client-isolation", "dns", "domain"] {
+            del(&mut cfg, &format!("gateway {f}")).unwrap();
+        }
+        assert_eq!(cfg.gateway, GatewayConfig::default());
         let e = parse("add client phone fulltunnel").unwrap_err();
         assert!(e.contains("full-tunnel, keep-key"), "{e}");
         assert!(parse("add client").unwrap_err().contains("full-tunnel"));
@@ -1698,6 +1851,21 @@ mod tests {
             ("gateway", "syslog", "Syslog", "192.0.2.9:1514/tcp", true),
             ("gateway", "syslog", "Syslog", "logs.example.net", true),
             ("gateway", "syslog", "Syslog", "192.0.2.9/sctp", false),
+            ("peer", "access", "Access", "lan,192.168.1.10/32", true),
+            ("peer", "access", "Access", "none", true),
+            ("peer", "access", "Access", "lan,wan", false),
+            ("gateway", "client-isolation", "ClientIsolation", "on", true),
+            (
+                "gateway",
+                "client-isolation",
+                "ClientIsolation",
+                "maybe",
+                false,
+            ),
+            ("gateway", "dns", "Dns", "192.0.2.53,2001:db8::53", true),
+            ("gateway", "dns", "Dns", "192.0.2.53,192.0.2.53", false),
+            ("gateway", "domain", "Domain", "office.example", true),
+            ("gateway", "domain", "Domain", "a_b.example", false),
         ];
         // Every field the console can set is in the table.
         for (section, fields) in [

@@ -513,7 +513,12 @@ pub fn fuzz_check_input(data: &[u8]) {
                     }
                     continue;
                 }
-                Ok(command::Command::AddClient { name, tunnel, .. }) => {
+                Ok(command::Command::AddClient {
+                    name,
+                    tunnel,
+                    access,
+                    ..
+                }) => {
                     let before = cfg.clone();
                     let up = Ok(system::Uplink {
                         name: "eth0".into(),
@@ -524,7 +529,7 @@ pub fn fuzz_check_input(data: &[u8]) {
                         dns: vec![std::net::IpAddr::from([192, 0, 2, 1])],
                         in_use: vec![std::net::IpAddr::from([192, 0, 2, 1])],
                     });
-                    match vpn_client::add(&mut cfg, &name, &up, tunnel) {
+                    match vpn_client::add(&mut cfg, &name, &up, tunnel, access) {
                         Err(_) => {
                             assert_eq!(cfg, before, "a failed `{l}` changed the configuration")
                         }

@@ -6,6 +6,7 @@
 
 use std::net::IpAddr;
 
+use crate::core::access;
 use crate::core::config::{Config, PeerConfig};
 
 /// The SSH session a console serves: the key it logged in with and where it comes from.
@@ -52,6 +53,11 @@ pub fn risks(running: &Config, candidate: &Config, r: &Remote) -> Vec<String> {
             Some(c) if !c.enabled => v.push(format!("disables this session's peer {who}")),
             Some(c) if c.allowed_ips != p.allowed_ips => {
                 v.push(format!("the AllowedIPs of this session's peer {who}"))
+            }
+            // Its own Access, or ClientIsolation when it has none: what it may reach
+            // (the appliance's SSH among it) changes.
+            Some(c) if access::of(candidate, c) != access::of(running, p) => {
+                v.push(format!("the Access of this session's peer {who}"))
             }
             Some(_) => {}
         }
@@ -154,6 +160,14 @@ mod tests {
                 "Uplink or Lan",
             ),
             (Box::new(|c| c.gateway.firewall = false), "Firewall"),
+            (
+                Box::new(|c| c.peers[1].access = Some(access::parse_list("lan").unwrap())),
+                "the Access of this session's peer laptop",
+            ),
+            (
+                Box::new(|c| c.gateway.client_isolation = true),
+                "the Access of this session's peer laptop",
+            ),
         ];
         for (edit, want) in cases {
             let mut c = run.clone();
@@ -164,6 +178,10 @@ mod tests {
         // Another peer's change is not this session's business.
         let mut c = run.clone();
         c.peers[0].enabled = false;
+        assert!(risks(&run, &c, &r).is_empty());
+        // Writing out the default access changes nothing it may reach.
+        let mut c = run.clone();
+        c.peers[1].access = Some(access::default_access(false));
         assert!(risks(&run, &c, &r).is_empty());
     }
 

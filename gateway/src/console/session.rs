@@ -653,7 +653,8 @@ impl Session {
                 name,
                 keep_key,
                 tunnel,
-            } => self.add_client(&name, keep_key, tunnel),
+                access,
+            } => self.add_client(&name, keep_key, tunnel, access),
             Command::ShowClient { name, tunnel } => self.show_client(&name, tunnel),
             Command::ShowLog { n, peer } => Reply::ok(
                 crate::perm::event_log::show(self.store.dir(), n, peer.as_deref()).join("\n"),
@@ -1044,10 +1045,16 @@ impl Session {
             .filter(|k| k.public() == p.public_key)
     }
 
-    fn add_client(&mut self, name: &str, keep_key: bool, tunnel: vpn_client::Tunnel) -> Reply {
+    fn add_client(
+        &mut self,
+        name: &str,
+        keep_key: bool,
+        tunnel: vpn_client::Tunnel,
+        access: Option<Vec<crate::core::access::AccessItem>>,
+    ) -> Reply {
         let uplink = self.hooks.uplink(&self.candidate.gateway.uplink);
         let mut c = self.candidate.clone();
-        let added = match vpn_client::add(&mut c, name, &uplink, tunnel) {
+        let added = match vpn_client::add(&mut c, name, &uplink, tunnel, access) {
             Ok(a) => a,
             Err(e) => return Reply::err(e),
         };
@@ -1080,6 +1087,11 @@ impl Session {
             } else {
                 ""
             }
+        );
+        let _ = writeln!(
+            t,
+            "{}",
+            crate::core::access::describe(&self.candidate, &added.peer)
         );
         t.push_str(&shown);
         for n in &added.text.notes {
@@ -1136,10 +1148,13 @@ impl Session {
                 "note: client {name} is disabled: it cannot connect until `enable client {name}` and `commit`"
             );
         }
-        let committed =
-            self.running.peers.iter().any(|r| {
-                r.public_key == p.public_key && r.name == p.name && r.enabled == p.enabled
-            });
+        let _ = writeln!(t, "{}", crate::core::access::describe(&self.candidate, &p));
+        let committed = self.running.peers.iter().any(|r| {
+            r.public_key == p.public_key
+                && r.name == p.name
+                && r.enabled == p.enabled
+                && r.access == p.access
+        });
         if !committed {
             let _ = writeln!(t, "note: not committed yet: `commit` to apply");
         }

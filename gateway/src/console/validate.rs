@@ -195,6 +195,14 @@ pub fn syslog(s: &str) -> Result<crate::core::config::SyslogTarget, ValueError> 
     value::syslog(s).map_err(at("syslog collector"))
 }
 
+pub fn access(s: &str) -> Result<Vec<crate::core::access::AccessItem>, ValueError> {
+    value::access(s).map_err(at("access list"))
+}
+
+pub fn domain(s: &str) -> Result<String, ValueError> {
+    value::domain(s).map_err(at("domain"))
+}
+
 pub fn uplink_overlap(s: &str) -> Result<OverlapPolicy, ValueError> {
     value::uplink_overlap(s).map_err(at("uplink overlap policy"))
 }
@@ -224,6 +232,7 @@ mod tests {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         }
     }
 

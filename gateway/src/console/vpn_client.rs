@@ -35,6 +35,7 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
+use crate::core::access::AccessItem;
 use crate::core::config::{valid_peer_name, Config, PeerConfig};
 use crate::core::key::Key;
 use crate::core::net::{ip_bits, ip_from_bits, Cidr};
@@ -261,6 +262,21 @@ pub fn client_config(
         }
     };
     let has_v6 = cfg.interface.addresses.iter().any(|a| a.addr.is_ipv6());
+    // The printed AllowedIPs follow the client's Access (the gateway enforces it
+    // whatever the client routes): a client that may not reach the internet is not
+    // printed as full-tunnel, one that may not reach other clients gets the appliance's
+    // tunnel address (its resolver, ping) rather than the tunnel's subnet.
+    let access = crate::core::access::of(cfg, peer);
+    let may = |z: AccessItem| access.contains(&z);
+    let tunnel = if tunnel == Tunnel::Full && !may(AccessItem::Internet) {
+        notes.push(format!(
+            "printed as split tunnel: this client's access ({}) does not include the internet",
+            crate::core::access::list_text(&access)
+        ));
+        Tunnel::Split
+    } else {
+        tunnel
+    };
     if tunnel == Tunnel::Full {
         push(Cidr {
             addr: IpAddr::from([0u8; 4]),
@@ -270,13 +286,27 @@ pub fn client_config(
             addr: IpAddr::from([0u16; 8]),
             prefix: 0,
         });
-    } else {
+    } else if may(AccessItem::Clients) {
         for a in &cfg.interface.addresses {
             push(*a);
         }
+    } else {
+        for a in &cfg.interface.addresses {
+            push(Cidr {
+                addr: a.addr,
+                prefix: if a.addr.is_ipv4() { 32 } else { 128 },
+            });
+        }
     }
-    if tunnel == Tunnel::Full {
-        // The LAN and uplink subnets are inside 0.0.0.0/0.
+    for item in &access {
+        if let AccessItem::Prefix { net, .. } = item {
+            if tunnel != Tunnel::Full {
+                push(*net);
+            }
+        }
+    }
+    if tunnel == Tunnel::Full || !may(AccessItem::Lan) {
+        // The LAN and uplink subnets are inside 0.0.0.0/0; or not the client's to reach.
     } else if !cfg.gateway.lan.is_empty() {
         if cfg.gateway.lan_addresses.is_empty() {
             notes.push(format!(
@@ -388,6 +418,7 @@ pub fn add(
     client: &str,
     uplink: &Result<Uplink, String>,
     tunnel: Tunnel,
+    access: Option<Vec<AccessItem>>,
 ) -> Result<Added, String> {
     let client = name(client)?;
     if find(cfg, client).is_some() {
@@ -415,6 +446,7 @@ pub fn add(
         preshared_key: Some(Key::generate_preshared(&mut rand_core::OsRng)),
         allowed_ips: addresses,
         name: Some(client.to_string()),
+        access,
         ..PeerConfig::new(private_key.public())
     };
     let text = client_config(cfg, &peer, Some(&private_key), uplink, tunnel)?;
@@ -525,6 +557,7 @@ mod tests {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         }
     }
 
@@ -538,7 +571,7 @@ mod tests {
     }
 
     fn add_split(cfg: &mut Config, n: &str, up: &Result<Uplink, String>) -> Result<Added, String> {
-        add(cfg, n, up, Tunnel::Split)
+        add(cfg, n, up, Tunnel::Split, None)
     }
 
     #[test]
@@ -837,7 +870,7 @@ mod tests {
         if let Ok(u) = up.as_mut() {
             u.dns = vec![ip("192.168.1.1")];
         }
-        let a = add(&mut cfg, "phone", &up, Tunnel::Full).unwrap();
+        let a = add(&mut cfg, "phone", &up, Tunnel::Full, None).unwrap();
         // The gateway's side is the same as for a split-tunnel client.
         assert_eq!(a.peer.allowed_ips, vec![c("10.100.0.2/32")]);
         assert!(a.peer.enabled && a.peer.masquerade);
@@ -856,7 +889,7 @@ mod tests {
         // address from it and the comment says its IPv6 goes through too.
         let mut cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
         cfg.gateway.client_dns = vec![ip("10.100.0.1")];
-        let a = add(&mut cfg, "tab", &up, Tunnel::Full).unwrap();
+        let a = add(&mut cfg, "tab", &up, Tunnel::Full, None).unwrap();
         let t = &a.text.config;
         assert!(
             t.contains("\nAddress = 10.100.0.2/32, fd10::2/128\n"),
@@ -872,7 +905,14 @@ mod tests {
         // No resolver known: no DNS line, and a note saying how to give one.
         let mut cfg = gateway(&["10.100.0.1/24"]);
         cfg.gateway.public_endpoint = Some("vpn.example.net:51820".parse().unwrap());
-        let a = add(&mut cfg, "phone", &Err("no uplink".into()), Tunnel::Full).unwrap();
+        let a = add(
+            &mut cfg,
+            "phone",
+            &Err("no uplink".into()),
+            Tunnel::Full,
+            None,
+        )
+        .unwrap();
         assert!(!a.text.config.contains("DNS"), "{}", a.text.config);
         assert!(
             a.text
@@ -931,5 +971,53 @@ mod tests {
             .unwrap_err()
             .contains("not a valid"));
         assert_eq!(cfg, before);
+    }
+
+    #[test]
+    fn printed_allowed_ips_follow_the_access() {
+        let mut cfg = gateway(&["10.100.0.1/24"]);
+        cfg.gateway.lan = "eth1".into();
+        cfg.gateway.lan_addresses = vec![c("192.168.50.1/24")];
+        cfg.gateway.public_endpoint = Some("vpn.example.net:443".parse().unwrap());
+        let up: Result<Uplink, String> = Err("no uplink".into());
+        let lan = crate::core::access::parse_list("lan").unwrap();
+        let a = add(&mut cfg, "tv", &up, Tunnel::Full, Some(lan)).unwrap();
+        let t = &a.text.config;
+        // No internet: not full tunnel; no clients: the appliance's address, not the subnet.
+        assert!(
+            t.contains("AllowedIPs = 10.100.0.1/32, 192.168.50.0/24\n"),
+            "{t}"
+        );
+        assert!(
+            a.text
+                .notes
+                .iter()
+                .any(|n| n.contains("printed as split tunnel")),
+            "{:?}",
+            a.text.notes
+        );
+        let one = crate::core::access::parse_list("192.168.50.10/32 tcp 8096").unwrap();
+        let b = add(&mut cfg, "kiosk", &up, Tunnel::Split, Some(one)).unwrap();
+        assert!(
+            b.text
+                .config
+                .contains("AllowedIPs = 10.100.0.1/32, 192.168.50.10/32\n"),
+            "{}",
+            b.text.config
+        );
+        // Isolation: a default client gets the LAN but not the other clients' subnet.
+        cfg.gateway.client_isolation = true;
+        let c2 = add(&mut cfg, "phone", &up, Tunnel::Full, None).unwrap();
+        assert!(c2.text.config.contains("AllowedIPs = 0.0.0.0/0, ::/0\n"));
+        let d = add(&mut cfg, "laptop", &up, Tunnel::Split, None).unwrap();
+        assert!(
+            d.text
+                .config
+                .contains("AllowedIPs = 10.100.0.1/32, 192.168.50.0/24\n"),
+            "{}",
+            d.text.config
+        );
+        assert_eq!(cfg.peers.len(), 4);
+        assert!(cfg.peers[0].access.is_some() && cfg.peers[3].access.is_none());
     }
 }

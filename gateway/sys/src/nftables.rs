@@ -387,8 +387,9 @@ impl Socket {
 mod tests {
     use super::*;
     use riceguard_core::firewall::forwarding;
-    use riceguard_core::firewall::rules::{Action, Family, Hook, Match, L4};
+    use riceguard_core::firewall::rules::{Action, Chain, Family, Hook, Match, Rule, L4};
     use riceguard_core::firewall::rules::{AddrType, ChainKind, CtStates};
+    use riceguard_core::firewall::rules::{MapElement, VerdictMap};
     use riceguard_core::firewall::rules::{PRIO_FILTER, PRIO_RAW, PRIO_SRCNAT};
 
     use riceguard_core::testutil::nft::*;
@@ -462,7 +463,7 @@ mod tests {
     fn realistic(table: &str) -> Ruleset {
         let est = || Match::Ct(CtStates::ESTABLISHED.or(CtStates::RELATED));
         let (tun4, tun6) = ("10.100.0.0/24", "fd00:100::/64");
-        let counters = ["spoof", "spoof6", "fwd_drop", "never", "udp9", "ssh_limited"];
+        let counters = ["spoof", "spoof6", "fwd_drop", "never", "udp9", "ssh_limited", "via_map"];
         let ssh = vec![l4(L4::Tcp), Match::Dport(22), Match::Limit { per_second: 5, burst: 5 }];
         let dhcp = vec![Match::Family(Family::V4), l4(L4::Udp), Match::Sport(67)];
         let local = Match::DaddrType(AddrType::Local);
@@ -485,12 +486,30 @@ mod tests {
             rule_(vec![da("10.96.0.0/12", false), da("fe80::/10", true)], None, Drop),
         ];
         let fwd = rule_(vec![iif("rgx0", true), oif("uplink0", false)], Some("fwd_drop"), Drop);
-        let forward = vec![rule_(vec![est()], None, Accept), noted(TUNNEL_ONLY, fwd)];
+        let syn = Match::TcpFlags { mask: 0x06, value: 0x02 };
+        let forward = vec![
+            rule_(vec![l4(L4::Tcp), syn], None, ClampMss),
+            rule_(vec![est()], None, Accept),
+            rule_(vec![iif("rgx0", true)], None, SourceMap("clients4".into())),
+            rule_(vec![iif("rgx0", true)], None, SourceMap("clients6".into())),
+            rule_(vec![iif("rgx0", true)], None, SourceMap("nobody".into())),
+            rule_(vec![iif("rgx1", true)], None, Jump("client_a".into())),
+            noted(TUNNEL_ONLY, fwd),
+        ];
         let output = vec![
             rule_(vec![l4(L4::Udp), Match::Sport(51820)], None, Notrack),
             rule_(vec![sa("0.0.0.0/0", false)], Some("never"), Accept),
+            // Loopback's source goes through a map: jump, and back for port 9.
+            rule_(vec![], None, SourceMap("local4".into())),
             rule_(vec![l4(L4::Udp), Match::Dport(9)], Some("udp9"), Accept),
         ];
+        let client_a = vec![
+            rule_(vec![l4(L4::Tcp), Match::Dport(22)], None, Drop),
+            rule_(vec![sa("10.100.0.2/32", true)], None, Return),
+            rule_(vec![], None, Accept),
+        ];
+        let client_b = vec![rule_(vec![l4(L4::Udp)], None, Drop)];
+        let loopback = vec![rule_(vec![l4(L4::Udp), Match::Dport(10)], Some("via_map"), Accept)];
         let high = vec![oif("uplink0", true), l4(L4::Udp), Match::SportIn(51820, 65535)];
         let postrouting = vec![
             rule_(high, None, MasqueradePorts(51821, 65535)),
@@ -498,13 +517,51 @@ mod tests {
             rule_(vec![oif("uplink0", true), sa(tun6, true)], None, Masquerade),
         ];
         let chains = vec![
+            regular("client_a", client_a),
+            regular("client_b", client_b),
+            regular("loopback", loopback),
             filter("prerouting", Hook::Prerouting, PRIO_RAW, prerouting),
             filter("input", Hook::Input, PRIO_FILTER, input),
             filter("forward", Hook::Forward, PRIO_FILTER, forward),
             filter("output", Hook::Output, PRIO_RAW, output),
             base("postrouting", ChainKind::Nat, Hook::Postrouting, PRIO_SRCNAT, postrouting),
         ];
-        Ruleset { table: table.into(), counters: counters.map(String::from).into(), chains }
+        let maps = vec![
+            map("clients4", Family::V4, &[
+                ("10.100.0.2", "10.100.0.2", "client_a"),
+                ("10.100.0.16", "10.100.0.31", "client_b"),
+                ("10.100.0.40", "10.100.0.77", "client_b"),
+                ("10.200.0.0", "255.255.255.255", "client_a"),
+            ]),
+            map("clients6", Family::V6, &[("fd00:100::2", "fd00:100::2", "client_a")]),
+            map("nobody", Family::V4, &[]),
+            map("local4", Family::V4, &[("0.0.0.0", "127.0.0.1", "loopback")]),
+        ];
+        Ruleset { table: table.into(), counters: counters.map(String::from).into(), chains, maps }
+    }
+
+    fn regular(name: &str, rules: Vec<Rule>) -> Chain {
+        Chain {
+            name: name.into(),
+            base: None,
+            rules,
+        }
+    }
+
+    fn map(name: &str, family: Family, elements: &[(&str, &str, &str)]) -> VerdictMap {
+        let elements = elements
+            .iter()
+            .map(|(first, last, chain)| MapElement {
+                first: first.parse().unwrap(),
+                last: last.parse().unwrap(),
+                chain: chain.to_string(),
+            })
+            .collect();
+        VerdictMap {
+            name: name.into(),
+            family,
+            elements,
+        }
     }
 
     const TUNNEL_ONLY: &str = "tunnel only to the uplink";
@@ -529,11 +586,35 @@ mod tests {
         "meta nfproto ipv4 udp sport 67 accept comment \"dhcp\"",
         "ip daddr != 10.96.0.0/12 ip6 daddr fe80::/10 drop",
         "type filter hook forward priority filter; policy accept;",
+        "tcp flags syn / syn,rst tcp option maxseg size set rt mtu",
+        "iifname \"rgx0\" ip saddr vmap @clients4",
+        "iifname \"rgx0\" ip6 saddr vmap @clients6",
+        "iifname \"rgx0\" ip saddr vmap @nobody",
+        "iifname \"rgx1\" jump client_a",
         "iifname \"rgx0\" oifname != \"uplink0\" counter name \"fwd_drop\" drop comment \"tunnel only to the uplink\"",
         "type filter hook output priority raw; policy accept;",
         "udp sport 51820 notrack accept",
         "ip saddr != 0.0.0.0/0 counter name \"never\" accept",
+        "ip saddr vmap @local4",
         "udp dport 9 counter name \"udp9\" accept",
+        "chain client_a {",
+        "tcp dport 22 drop",
+        "ip saddr 10.100.0.2 return",
+        "accept",
+        "chain client_b {",
+        "meta l4proto udp drop",
+        "chain loopback {",
+        "udp dport 10 counter name \"via_map\" accept",
+        "map clients4 {",
+        "type ipv4_addr : verdict",
+        "flags interval",
+        "elements = { 10.100.0.2 : jump client_a, 10.100.0.16/28 : jump client_b,",
+        "10.100.0.40-10.100.0.77 : jump client_b, 10.200.0.0-255.255.255.255 : jump client_a }",
+        "map clients6 {",
+        "type ipv6_addr : verdict",
+        "elements = { fd00:100::2 : jump client_a }",
+        "map nobody {",
+        "elements = { 0.0.0.0-127.0.0.1 : jump loopback }",
         "type nat hook postrouting priority srcnat; policy accept;",
         "oifname \"uplink0\" udp sport 51820-65535 masquerade to :51821-65535",
         "oifname \"uplink0\" ip saddr 10.100.0.0/24 masquerade",
@@ -541,7 +622,10 @@ mod tests {
     ];
 
     /// `nft ARGS` in this thread's network namespace (a child inherits it), at most 10 s.
+    /// Its output is read while it runs: a listing longer than the pipe's buffer would
+    /// otherwise stop it.
     fn nft(args: &[&str]) -> (bool, String) {
+        use std::io::Read;
         let (o, e) = (Stdio::piped(), Stdio::piped());
         let mut c = Command::new("nft")
             .args(args)
@@ -549,18 +633,29 @@ mod tests {
             .stderr(e)
             .spawn()
             .expect("run nft");
+        let drain = |mut r: Box<dyn Read + Send>| {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = r.read_to_end(&mut v);
+                v
+            })
+        };
+        let out = drain(Box::new(c.stdout.take().unwrap()));
+        let err = drain(Box::new(c.stderr.take().unwrap()));
         let t = Instant::now();
-        while c.try_wait().unwrap().is_none() {
+        let status = loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                break s;
+            }
             if t.elapsed() > Duration::from_secs(10) {
                 let _ = c.kill();
                 panic!("nft {args:?} did not finish in 10 s");
             }
             std::thread::sleep(Duration::from_millis(10));
-        }
-        let o = c.wait_with_output().unwrap();
-        let text = [o.stdout, o.stderr].concat();
+        };
+        let text = [out.join().unwrap(), err.join().unwrap()].concat();
         (
-            o.status.success(),
+            status.success(),
             String::from_utf8_lossy(&text).into_owned(),
         )
     }
@@ -645,10 +740,14 @@ mod tests {
                 .unwrap();
             let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
             s.send_to(b"x", "127.0.0.1:9").unwrap();
+            // Through map local4 into chain loopback, which accepts port 10 and returns
+            // the rest (port 9) to output.
+            s.send_to(b"x", "127.0.0.1:10").unwrap();
             let c = counters("rgtest").unwrap();
             assert_eq!(c.len(), rs.counters.len(), "{c:?}");
             assert_eq!(count(&c, "spoof"), (3, 300));
             assert_eq!(count(&c, "udp9"), (1, 29)); // IPv4 and UDP headers, 1 byte
+            assert_eq!(count(&c, "via_map"), (1, 29));
             assert_eq!(count(&c, "never"), (0, 0));
 
             // A replace keeps the counts passed back in, sets others, zeroes the rest.
@@ -666,16 +765,44 @@ mod tests {
             let before = list().1;
             let mut bad = realistic("rgtest");
             bad.counters.retain(|c| c != "udp9");
-            bad.chains.truncate(4);
+            bad.chains.retain(|c| c.name != "postrouting");
             let e = replace(&bad, &HashMap::new()).unwrap_err();
             assert_eq!(e.errno(), Some(Errno::ENOENT), "{e}");
             assert!(
-                e.to_string().contains(": add rule 3 of chain output: "),
+                e.to_string().contains(": add rule 4 of chain output: "),
                 "{e}"
             );
             assert_eq!(list().1, before);
             assert_eq!(counters("rgtest").unwrap(), c);
             other_intact();
+
+            // A map of 2000 IPv6 ranges goes in several messages, all taken.
+            let mut big = realistic("rgtest");
+            let net = |i: u128| std::net::Ipv6Addr::from((0xfd00_0200u128 << 96) + i).into();
+            big.maps[1].elements = (0..2000u128)
+                .map(|i| MapElement {
+                    first: net(4 * i),
+                    last: net(4 * i + 1),
+                    chain: "client_b".into(),
+                })
+                .collect();
+            let b = nft::replace_batch(&big, &HashMap::new(), 1);
+            let parts = b
+                .what()
+                .iter()
+                .filter(|w| w.contains("of map clients6"))
+                .count();
+            assert!(parts > 2, "{:?}", b.what());
+            replace(&big, &HashMap::new()).unwrap();
+            let (ok, text) = nft(&["list", "map", "inet", "rgtest", "clients6"]);
+            assert!(ok, "{text}");
+            for want in [
+                "fd00:200::/127 : jump client_b",
+                "fd00:200::1f3c/127 : jump client_b",
+            ] {
+                assert!(text.contains(want), "no {want:?} in:\n{text}");
+            }
+            assert_eq!(text.matches(": jump client_b").count(), 2000);
 
             assert!(remove("rgtest").unwrap());
             assert!(!exists("rgtest").unwrap());

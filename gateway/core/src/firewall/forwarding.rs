@@ -18,10 +18,11 @@ use super::Ruleset;
 pub const TAG_PREFIX: &str = "riceguard ruleset ";
 
 /// The table comment naming `rs`: [`TAG_PREFIX`] and 16 hex digits of a 64-bit FNV-1a
-/// hash over the whole ruleset (table, counters, chains, rules and their comments). Two
-/// rulesets with the same tag are taken to be the same table. The hash is fed by the
-/// derived `Hash` of the rule types, so another build may tag the same ruleset
-/// differently: that only costs a reinstall (and, if that fails, forwarding stays off).
+/// hash over the whole ruleset (table, counters, chains, rules and their comments, maps
+/// and their elements). Two rulesets with the same tag are taken to be the same table.
+/// The hash is fed by the derived `Hash` of the rule types, so another build may tag the
+/// same ruleset differently: that only costs a reinstall (and, if that fails, forwarding
+/// stays off).
 pub fn tag(rs: &Ruleset) -> String {
     let mut h = Fnv1a64::default();
     rs.hash(&mut h);

@@ -588,6 +588,7 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
         table: TABLE.to_string(),
         counters: COUNTERS.iter().map(|c| c.to_string()).collect(),
         chains,
+        maps: Vec::new(),
     }
 }
 

@@ -3,6 +3,8 @@
 //! `sys::nftables` encodes into netlink messages. Nothing here knows netlink; nothing
 //! there knows zones or policy.
 
+use std::net::IpAddr;
+
 use crate::net::Cidr;
 
 /// A whole table, replaced as one transaction.
@@ -14,6 +16,30 @@ pub struct Ruleset {
     /// cause, read back for `riceguard status`.
     pub counters: Vec<String>,
     pub chains: Vec<Chain>,
+    /// Verdict maps, looked up by [`Action::SourceMap`].
+    pub maps: Vec<VerdictMap>,
+}
+
+/// A verdict map keyed by source address ranges (nft `map NAME { type ipv4_addr :
+/// verdict; flags interval; elements = { 10.0.0.2 : jump c1, 10.1.0.0-10.1.255.255 : jump
+/// c2 } }`): one lookup however many clients, where a rule per client would be walked in
+/// turn.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct VerdictMap {
+    pub name: String,
+    /// The family of every key (`ipv4_addr` or `ipv6_addr`).
+    pub family: Family,
+    pub elements: Vec<MapElement>,
+}
+
+/// Addresses `first..=last` (both of the map's family), sorted ascending and never
+/// overlapping (`nft::validate` refuses otherwise), mapped to `jump CHAIN`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MapElement {
+    pub first: IpAddr,
+    pub last: IpAddr,
+    /// A regular chain (`base: None`) of the table.
+    pub chain: String,
 }
 
 /// A chain; base chains hook into the stack, regular chains are jumped to.
@@ -151,6 +177,9 @@ pub enum Match {
     Ct(CtStates),
     /// At most `per_second` packets a second, bursts of `burst` (beyond: no match).
     Limit { per_second: u64, burst: u32 },
+    /// `tcp flags & mask == value` (with an `L4(Tcp)` match before it); e.g. SYN without
+    /// RST: mask 0x06, value 0x02.
+    TcpFlags { mask: u8, value: u8 },
 }
 
 /// Route types (`RTN_*`) of a destination, as `fib daddr type` names them.
@@ -172,7 +201,7 @@ impl AddrType {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Action {
     Accept,
     Drop,
@@ -185,4 +214,14 @@ pub enum Action {
     /// Source NAT to the outgoing interface's address and a source port in `lo..=hi`
     /// (kept when it is already inside and free; with a TCP/UDP `L4` match).
     MasqueradePorts(u16, u16),
+    /// `jump CHAIN`: a regular chain (`base: None`) of the table; its `Return` (or its
+    /// end) comes back to the rule after this one.
+    Jump(String),
+    /// `ip saddr vmap @NAME` (`ip6 saddr` for a V6 map): the verdict the map holds for
+    /// the packet's source (a jump); a source it does not hold, or a packet of the other
+    /// family: the rule does nothing and the next rule follows.
+    SourceMap(String),
+    /// `tcp option maxseg size set rt mtu`: the MSS option of a TCP packet lowered to fit
+    /// the route's MTU (never raised). Not a verdict: the next rule follows.
+    ClampMss,
 }

@@ -63,6 +63,8 @@ struct Pkt {
     to: Option<AddrType>,
     /// For an ICMP error: the protocol and source port of the packet it quotes.
     quotes: Option<(L4, u16)>,
+    /// The TCP header's flags byte (FIN 0x01, SYN 0x02, RST 0x04, ACK 0x10).
+    tcp_flags: u8,
 }
 
 fn holds(m: &Match, k: &Pkt) -> bool {
@@ -85,16 +87,87 @@ fn holds(m: &Match, k: &Pkt) -> bool {
         }
         Match::Ct(s) => k.ct & s.0 != 0,
         Match::Limit { .. } => true,
+        Match::TcpFlags { mask, value } => k.l4 == Some(L4::Tcp) && k.tcp_flags & mask == *value,
     }
 }
 
-fn verdict(rs: &Ruleset, ch: &str, k: &Pkt) -> (Action, Option<String>) {
+/// What a base chain did with a packet: the verdict and the counter of the rule that
+/// gave it (`Return`: the chain, and the chains it jumped to, let it through to the
+/// policy), and whether a rule clamped its MSS on the way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Outcome {
+    action: Action,
+    counter: Option<String>,
+    clamped: bool,
+}
+
+fn run(rs: &Ruleset, ch: &str, k: &Pkt) -> Outcome {
+    let mut clamped = false;
+    let (action, counter) = walk(rs, ch, k, &mut clamped, 0).unwrap_or((Action::Return, None));
+    Outcome {
+        action,
+        counter,
+        clamped,
+    }
+}
+
+/// The kernel's jump stack (`NFT_JUMP_STACK_SIZE`).
+const JUMP_STACK: usize = 16;
+
+/// The rules of `ch` in turn, as the kernel runs them: `Some` ends the walk with a
+/// verdict; `None`, the chain returned (a `Return` in a chain jumped to, or its end) and
+/// the rule after the jump follows. `ClampMss` is no verdict: it marks a TCP packet
+/// (the kernel leaves others alone) and the next rule follows.
+fn walk(
+    rs: &Ruleset,
+    ch: &str,
+    k: &Pkt,
+    clamped: &mut bool,
+    depth: usize,
+) -> Option<(Action, Option<String>)> {
+    assert!(
+        depth < JUMP_STACK,
+        "jumps nest deeper than the kernel allows at {ch}"
+    );
     for r in &chain(rs, ch).rules {
-        if r.matches.iter().all(|m| holds(m, k)) {
-            return (r.action, r.counter.clone());
+        if !r.matches.iter().all(|m| holds(m, k)) {
+            continue;
+        }
+        let to = match &r.action {
+            Action::Jump(c) => c,
+            Action::SourceMap(m) => match map_target(rs, m, k) {
+                Some(c) => c,
+                None => continue,
+            },
+            Action::ClampMss => {
+                *clamped |= k.l4 == Some(L4::Tcp);
+                continue;
+            }
+            Action::Return if depth > 0 => return None,
+            a => return Some((a.clone(), r.counter.clone())),
+        };
+        if let Some(v) = walk(rs, to, k, clamped, depth + 1) {
+            return Some(v);
         }
     }
-    (Action::Return, None)
+    None
+}
+
+/// The chain map `name` sends the packet's source to (`None`: no element holds it, or
+/// it is of the other family).
+fn map_target<'a>(rs: &'a Ruleset, name: &str, k: &Pkt) -> Option<&'a str> {
+    let map = rs.maps.iter().find(|m| m.name == name).unwrap();
+    let a = k.src?;
+    if a.is_ipv4() != (map.family == Family::V4) {
+        return None;
+    }
+    let e = map.elements.iter().find(|e| e.first <= a && a <= e.last)?;
+    Some(&e.chain)
+}
+
+fn verdict(rs: &Ruleset, ch: &str, k: &Pkt) -> (Action, Option<String>) {
+    let o = run(rs, ch, k);
+    (o.action, o.counter)
 }
 
 fn ip(s: &str) -> Option<std::net::IpAddr> {
@@ -1002,4 +1075,149 @@ fn metrics_from_the_tunnel_and_lan_side_only() {
         verdict(&rs, "input", &syn("eth0", "192.0.2.7")),
         (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
     );
+}
+
+/// A table for the evaluator's own tests: `forward` jumps to `clients` and looks the
+/// source up in map `who` (two regular chains, `c1` and `c2`), then clamps SYNs.
+fn jumps_and_maps() -> Ruleset {
+    use crate::testutil::nft::{filter, rule_};
+    let regular = |name: &str, rules| Chain {
+        name: name.into(),
+        base: None,
+        rules,
+    };
+    let from = |s: &str| Match::Saddr {
+        net: c(s),
+        eq: true,
+    };
+    let syn = Match::TcpFlags {
+        mask: 0x06,
+        value: 0x02,
+    };
+    let forward = vec![
+        rule_(
+            vec![Match::Iif {
+                name: "wg0".into(),
+                eq: true,
+            }],
+            None,
+            Action::Jump("clients".into()),
+        ),
+        rule_(vec![], None, Action::SourceMap("who".into())),
+        rule_(vec![Match::L4(L4::Tcp), syn], None, Action::ClampMss),
+        rule_(vec![from("10.0.0.0/8")], Some("tail"), Action::Drop),
+    ];
+    let clients = vec![
+        rule_(vec![from("10.100.0.2/32")], None, Action::Return),
+        rule_(vec![from("10.100.0.0/24")], Some("clients"), Action::Accept),
+    ];
+    let ip = |s: &str| s.parse().unwrap();
+    let element = |first: &str, last: &str, chain: &str| MapElement {
+        first: ip(first),
+        last: ip(last),
+        chain: chain.into(),
+    };
+    Ruleset {
+        table: "t".into(),
+        counters: vec!["tail".into(), "clients".into(), "c2".into()],
+        chains: vec![
+            filter("forward", Hook::Forward, PRIO_FILTER, forward),
+            regular("clients", clients),
+            regular("c1", vec![rule_(vec![], None, Action::Accept)]),
+            regular(
+                "c2",
+                vec![rule_(vec![from("10.1.2.0/24")], Some("c2"), Action::Drop)],
+            ),
+        ],
+        maps: vec![VerdictMap {
+            name: "who".into(),
+            family: Family::V4,
+            elements: vec![
+                element("10.0.0.2", "10.0.0.2", "c1"),
+                element("10.1.0.0", "10.1.255.255", "c2"),
+            ],
+        }],
+    }
+}
+
+#[test]
+fn a_jump_runs_the_chain_and_comes_back_on_return_or_its_end() {
+    let rs = jumps_and_maps();
+    let k = |src| Pkt {
+        iif: "wg0",
+        src: ip(src),
+        ..Pkt::default()
+    };
+    // The chain decides.
+    let o = run(&rs, "forward", &k("10.100.0.7"));
+    assert_eq!(
+        (o.action, o.counter.as_deref()),
+        (Action::Accept, Some("clients"))
+    );
+    // Its `Return`, and its end, come back to the rule after the jump (here: the map,
+    // which has no element for these, then the last rule).
+    for src in ["10.100.0.2", "10.9.0.1"] {
+        assert_eq!(
+            verdict(&rs, "forward", &k(src)),
+            (Action::Drop, Some("tail".into())),
+            "{src}"
+        );
+    }
+    // Nothing holds: the base chain's end, its policy.
+    assert_eq!(run(&rs, "forward", &k("192.0.2.1")).action, Action::Return);
+}
+
+#[test]
+fn a_source_map_jumps_by_range_and_otherwise_does_nothing() {
+    let rs = jumps_and_maps();
+    let k = |src| Pkt {
+        iif: "eth0",
+        src: ip(src),
+        ..Pkt::default()
+    };
+    assert_eq!(run(&rs, "forward", &k("10.0.0.2")).action, Action::Accept);
+    // A range: inside it the chain's rules decide; where they do not, back in `forward`.
+    assert_eq!(
+        verdict(&rs, "forward", &k("10.1.2.3")),
+        (Action::Drop, Some("c2".into()))
+    );
+    assert_eq!(
+        verdict(&rs, "forward", &k("10.1.255.255")),
+        (Action::Drop, Some("tail".into()))
+    );
+    // Between and outside the elements, and the other family: the next rule.
+    for src in ["10.0.0.3", "10.0.0.1", "10.2.0.0"] {
+        assert_eq!(
+            verdict(&rs, "forward", &k(src)).1,
+            Some("tail".into()),
+            "{src}"
+        );
+    }
+    assert_eq!(run(&rs, "forward", &k("fd00::2")).action, Action::Return);
+}
+
+#[test]
+fn clamping_the_mss_is_no_verdict() {
+    let rs = jumps_and_maps();
+    let k = |flags, l4| Pkt {
+        iif: "eth0",
+        src: ip("192.0.2.1"),
+        l4: Some(l4),
+        tcp_flags: flags,
+        ..Pkt::default()
+    };
+    let syn = run(&rs, "forward", &k(0x02, L4::Tcp));
+    assert_eq!((syn.action, syn.clamped), (Action::Return, true));
+    // SYN+ACK is clamped too (mask SYN|RST); SYN+RST and a plain ACK are not.
+    assert!(run(&rs, "forward", &k(0x12, L4::Tcp)).clamped);
+    assert!(!run(&rs, "forward", &k(0x06, L4::Tcp)).clamped);
+    assert!(!run(&rs, "forward", &k(0x10, L4::Tcp)).clamped);
+    assert!(!run(&rs, "forward", &k(0x02, L4::Udp)).clamped);
+    // The rules after it still run.
+    let from10 = Pkt {
+        src: ip("10.9.0.1"),
+        ..k(0x02, L4::Tcp)
+    };
+    let o = run(&rs, "forward", &from10);
+    assert_eq!((o.action, o.clamped), (Action::Drop, true));
 }

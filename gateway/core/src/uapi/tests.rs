@@ -139,6 +139,7 @@ fn base() -> Config {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         },
         PeerConfig {
             public_key: k(2),
@@ -150,6 +151,7 @@ fn base() -> Config {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         },
     ];
     cfg

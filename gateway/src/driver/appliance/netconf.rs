@@ -971,6 +971,7 @@ mod tests {
             name: None,
             masquerade: true,
             enabled: true,
+            access: None,
         }
     }
 

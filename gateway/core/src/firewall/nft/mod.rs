@@ -4,16 +4,17 @@
 //! and its counters are read back ([`parse_table_comment`], [`parse_counter`]).
 //! `sys::nftables` sends and receives them (socket, acks, errors).
 //!
-//! What we send is small: a table, counter objects, chains, and rules built from ten
-//! expressions (`meta`, `cmp`, `payload`, `bitwise`, `ct`, `limit`, `objref`,
-//! `immediate`, `notrack`, `masq`), encoded as nft 1.0 encodes the same rules so that
-//! `nft list` prints them as nft's own; tested byte for byte here.
+//! What we send is small: a table, counter objects, chains, verdict maps keyed by address
+//! ranges (interval sets) and their elements, and rules built from fifteen expressions
+//! (`meta`, `cmp`, `payload`, `bitwise`, `ct`, `limit`, `objref`, `immediate`, `notrack`,
+//! `masq`, `fib`, `lookup`, `rt`, `byteorder`, `exthdr`), encoded as nft 1.0 encodes the
+//! same rules so that `nft list` prints them as nft's own; tested byte for byte here.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 
 use super::forwarding;
-use super::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, L4};
+use super::rules::{Action, Chain, Family, Hook, Match, Rule, Ruleset, VerdictMap, L4};
 use crate::net::Cidr;
 use crate::netlink::{
     attrs, nest, put_attr as attr, Malformed, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP,
@@ -35,6 +36,8 @@ const NFT_MSG_GETTABLE: u8 = 1;
 const NFT_MSG_DELTABLE: u8 = 2;
 const NFT_MSG_NEWCHAIN: u8 = 3;
 const NFT_MSG_NEWRULE: u8 = 6;
+const NFT_MSG_NEWSET: u8 = 9;
+const NFT_MSG_NEWSETELEM: u8 = 12;
 const NFT_MSG_NEWOBJ: u8 = 18;
 const NFT_MSG_GETOBJ: u8 = 19;
 
@@ -63,6 +66,64 @@ const NFTA_COUNTER_PACKETS: u16 = 2;
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_DATA_TYPE: u16 = 6;
+const NFTA_SET_DATA_LEN: u16 = 7;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_USERDATA: u16 = 13;
+const NFT_SET_INTERVAL: u32 = 0x4;
+const NFT_SET_MAP: u32 = 0x8;
+/// The data type of a verdict map's values.
+const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
+/// nft's datatypes `ipv4_addr` and `ipv6_addr` (a set's key type, which `nft list` prints).
+const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_LIST_SET_ID: u16 = 4;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+/// libnftnl's set userdata TLVs (values host-endian u32): the key's byte order (nft's
+/// `BYTEORDER_BIG_ENDIAN`), the data's (none: a verdict), whether the data is an interval.
+const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
+const NFTNL_UDATA_SET_DATABYTEORDER: u8 = 1;
+const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
+const BYTEORDER_BIG_ENDIAN: u32 = 2;
+/// libnftnl's element userdata TLV: the interval runs to the family's last address (so
+/// has no end element), which nft needs to print `a-255.255.255.255` rather than `a`.
+const NFTNL_UDATA_SET_ELEM_FLAGS: u8 = 1;
+const NFTNL_SET_ELEM_F_INTERVAL_OPEN: u32 = 1;
+const NFTA_LOOKUP_SET: u16 = 1;
+const NFTA_LOOKUP_SREG: u16 = 2;
+const NFTA_LOOKUP_DREG: u16 = 3;
+const NFTA_LOOKUP_SET_ID: u16 = 4;
+const NFTA_RT_DREG: u16 = 1;
+const NFTA_RT_KEY: u16 = 2;
+/// The route's MTU minus the IP and TCP headers, host-endian u16 in a u32 register.
+const NFT_RT_TCPMSS: u32 = 3;
+const NFTA_BYTEORDER_SREG: u16 = 1;
+const NFTA_BYTEORDER_DREG: u16 = 2;
+const NFTA_BYTEORDER_OP: u16 = 3;
+const NFTA_BYTEORDER_LEN: u16 = 4;
+const NFTA_BYTEORDER_SIZE: u16 = 5;
+const NFT_BYTEORDER_HTON: u32 = 1;
+const NFTA_EXTHDR_TYPE: u16 = 2;
+const NFTA_EXTHDR_OFFSET: u16 = 3;
+const NFTA_EXTHDR_LEN: u16 = 4;
+const NFTA_EXTHDR_OP: u16 = 6;
+const NFTA_EXTHDR_SREG: u16 = 7;
+const NFT_EXTHDR_OP_TCPOPT: u32 = 1;
+/// TCP option kind 2, maximum segment size: kind, length, then the MSS at offset 2.
+const TCPOPT_MAXSEG: u8 = 2;
 const NFTA_IMMEDIATE_DREG: u16 = 1;
 const NFTA_IMMEDIATE_DATA: u16 = 2;
 const NFTA_CMP_SREG: u16 = 1;
@@ -117,12 +178,18 @@ const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFT_LIMIT_PKTS: u32 = 0;
 const NF_DROP: i32 = 0;
 const NF_ACCEPT: i32 = 1;
+const NFT_JUMP: i32 = -3;
 const NFT_RETURN: i32 = -5;
 /// libnftnl's rule and table userdata TLVs holding `comment "..."`.
 const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
 const IFNAMSIZ: usize = 16;
 const NFT_NAME_MAXLEN: usize = 256;
+/// A `NEWSETELEM` message's elements nest is closed once it passes this many bytes (one
+/// element is at most a few hundred). A nest's length is a u16, so 64 KiB is the hard
+/// limit (nft fills its messages up to it); half of it also keeps the kernel's error
+/// answer, which quotes the message, within `sys::nftables`' 64 KiB receive buffer.
+const SETELEM_NEST_BUDGET: usize = 32 * 1024;
 
 /// A ruleset or name the kernel would misread rather than refuse (a name too long or
 /// holding a NUL, a bad prefix): why.
@@ -161,11 +228,24 @@ pub fn validate(rs: &Ruleset) -> Result<(), Invalid> {
     for c in &rs.counters {
         check_name("counter", c, NFT_NAME_MAXLEN)?;
     }
+    for map in &rs.maps {
+        check_map(rs, map)?;
+    }
     for c in &rs.chains {
         check_name("chain", &c.name, NFT_NAME_MAXLEN)?;
         for r in &c.rules {
             if let Some(n) = &r.counter {
                 check_name("counter", n, NFT_NAME_MAXLEN)?;
+            }
+            match &r.action {
+                Action::Jump(to) => regular(rs, to, || format!("a rule of chain {:?}", c.name))?,
+                Action::SourceMap(m) if !rs.maps.iter().any(|x| &x.name == m) => {
+                    return Err(Invalid(format!(
+                        "a rule of chain {:?} looks up map {m:?}, which is not there",
+                        c.name
+                    )));
+                }
+                _ => {}
             }
             for x in &r.matches {
                 match x {
@@ -188,7 +268,54 @@ pub fn validate(rs: &Ruleset) -> Result<(), Invalid> {
     Ok(())
 }
 
-// ---- Message building: pure, into caller-owned buffers. ----
+/// A jump's target, and a map element's, must be a regular chain of `rs`: the kernel
+/// refuses a jump to a base chain, and to a chain that is not there.
+fn regular(rs: &Ruleset, name: &str, what: impl Fn() -> String) -> Result<(), Invalid> {
+    match rs.chains.iter().find(|c| c.name == name) {
+        Some(c) if c.base.is_none() => Ok(()),
+        Some(_) => Err(Invalid(format!(
+            "{}: chain {name:?} is a base chain",
+            what()
+        ))),
+        None => Err(Invalid(format!("{}: no chain {name:?}", what()))),
+    }
+}
+
+/// A map's name, and its elements: of its family, each `first <= last`, ascending and
+/// apart, each naming a regular chain of `rs`.
+fn check_map(rs: &Ruleset, map: &VerdictMap) -> Result<(), Invalid> {
+    check_name("map", &map.name, NFT_NAME_MAXLEN)?;
+    let mut after: Option<u128> = None;
+    for e in &map.elements {
+        let what = || format!("map {:?} element {}-{}", map.name, e.first, e.last);
+        let (first, last) = match (key_of(map.family, e.first), key_of(map.family, e.last)) {
+            (Some(f), Some(l)) => (f, l),
+            _ => return Err(Invalid(format!("{}: not of the map's family", what()))),
+        };
+        if first > last {
+            return Err(Invalid(format!("{}: first after last", what())));
+        }
+        if after.is_some_and(|a| first <= a) {
+            return Err(Invalid(format!(
+                "{}: overlaps or comes before the element before it",
+                what()
+            )));
+        }
+        after = Some(last);
+        regular(rs, &e.chain, what)?;
+    }
+    Ok(())
+}
+
+/// An address of family `f` as a number (IPv4 in the low 32 bits); `None` for the other
+/// family.
+fn key_of(f: Family, a: IpAddr) -> Option<u128> {
+    match (f, a) {
+        (Family::V4, IpAddr::V4(a)) => Some(u32::from(a).into()),
+        (Family::V6, IpAddr::V6(a)) => Some(u128::from(a)),
+        _ => None,
+    }
+}
 
 /// Appends one message: netlink header (type, flags, sequence number), `nfgenmsg`
 /// (family, version 0, resource id big-endian), then what `body` writes.
@@ -326,7 +453,8 @@ impl Batch {
 
 /// Replace table `rs.table` (family inet) whole, in one transaction: create-if-absent the
 /// table, delete it, create it again with its counters (initial `(packets, bytes)` from
-/// `initial`, by name; absent = 0), chains and rules. The new table's comment is `rs`'s
+/// `initial`, by name; absent = 0), chains (regular ones too), maps with their elements
+/// (the chains they jump to exist by then), and rules. The new table's comment is `rs`'s
 /// [`forwarding::tag`]. `rs` must have passed [`validate`].
 pub fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) -> Batch {
     let t = rs.table.as_str();
@@ -354,9 +482,12 @@ pub fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u
     for c in &rs.chains {
         chain(&mut b, t, c);
     }
+    for (i, map) in rs.maps.iter().enumerate() {
+        verdict_map(&mut b, t, map, set_id(i));
+    }
     for c in &rs.chains {
         for (i, r) in c.rules.iter().enumerate() {
-            rule(&mut b, t, &c.name, i + 1, r);
+            rule(&mut b, t, &c.name, i + 1, r, &rs.maps);
         }
     }
     b.end();
@@ -420,8 +551,162 @@ fn chain(b: &mut Batch, table: &str, c: &Chain) {
     });
 }
 
+/// The batch-local id of `maps[i]` (nft's `NFTA_SET_ID`): the map's lookups and elements
+/// name it besides its name, as nft does.
+fn set_id(i: usize) -> u32 {
+    i as u32 + 1
+}
+
+/// A verdict map (`NEWSET`: an interval map of addresses to verdicts, as nft sends `map
+/// NAME { type ipv4_addr : verdict; flags interval; }`), then its elements. `EXCL`, so a
+/// name listed twice is refused, not merged.
+fn verdict_map(b: &mut Batch, table: &str, map: &VerdictMap, id: u32) {
+    let (key_type, key_len) = match map.family {
+        Family::V4 => (TYPE_IPADDR, 4),
+        Family::V6 => (TYPE_IP6ADDR, 16),
+    };
+    let f = NLM_F_CREATE | NLM_F_EXCL;
+    b.add(NFT_MSG_NEWSET, f, format!("add map {}", map.name), |m| {
+        attr_str(m, NFTA_SET_TABLE, table);
+        attr_str(m, NFTA_SET_NAME, &map.name);
+        attr_u32(m, NFTA_SET_FLAGS, NFT_SET_MAP | NFT_SET_INTERVAL);
+        attr_u32(m, NFTA_SET_KEY_TYPE, key_type);
+        attr_u32(m, NFTA_SET_KEY_LEN, key_len);
+        attr_u32(m, NFTA_SET_DATA_TYPE, NFT_DATA_VERDICT);
+        attr_u32(m, NFTA_SET_DATA_LEN, 0);
+        attr_u32(m, NFTA_SET_ID, id);
+        let mut u = Vec::with_capacity(18);
+        for (kind, v) in [
+            (NFTNL_UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN),
+            (NFTNL_UDATA_SET_DATABYTEORDER, 0),
+            (NFTNL_UDATA_SET_DATA_INTERVAL, 0),
+        ] {
+            u.extend([kind, 4]);
+            u.extend(v.to_ne_bytes());
+        }
+        attr(m, NFTA_SET_USERDATA, &u);
+    });
+    // Chunks of elements, each a complete nest (`NFTA_LIST_ELEM`-like, numbered from 1
+    // in each message as libnftnl numbers them; the kernel ignores the number).
+    let mut chunk = Vec::new();
+    let mut span: Option<(IpAddr, IpAddr)> = None;
+    let mut count = 0u16;
+    for e in interval_elements(map) {
+        if chunk.len() > SETELEM_NEST_BUDGET {
+            set_elems(b, table, map, id, span.take(), &chunk);
+            chunk.clear();
+            count = 0;
+        }
+        count += 1;
+        nest(&mut chunk, count, |m| e.encode(m));
+        let a = e.addr();
+        span = Some((span.map_or(a, |s| s.0), a));
+    }
+    if count > 0 {
+        set_elems(b, table, map, id, span, &chunk);
+    }
+}
+
+/// One `NEWSETELEM` message, its interval elements from `span.0` to `span.1` (named so,
+/// should the kernel refuse it).
+fn set_elems(
+    b: &mut Batch,
+    table: &str,
+    map: &VerdictMap,
+    id: u32,
+    span: Option<(IpAddr, IpAddr)>,
+    elems: &[u8],
+) {
+    let (first, last) = span.unwrap_or((IpAddr::from([0; 4]), IpAddr::from([0; 4])));
+    let what = format!("add elements {first} to {last} of map {}", map.name);
+    b.add(NFT_MSG_NEWSETELEM, NLM_F_CREATE, what, |m| {
+        attr_str(m, NFTA_SET_ELEM_LIST_TABLE, table);
+        attr_str(m, NFTA_SET_ELEM_LIST_SET, &map.name);
+        attr_u32(m, NFTA_SET_ELEM_LIST_SET_ID, id);
+        nest(m, NFTA_SET_ELEM_LIST_ELEMENTS, |m| {
+            m.extend_from_slice(elems)
+        });
+    });
+}
+
+/// One element of an interval set as the kernel holds it: where a range starts (with
+/// its verdict) or where the gap after it starts (`INTERVAL_END`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct IntervalElement<'a> {
+    key: u128,
+    family: Family,
+    /// `Some(chain)`: a range starts here, mapped to `jump chain`; `None`: a gap does.
+    jump: Option<&'a str>,
+    /// The range runs to the family's last address (no end element follows).
+    open: bool,
+}
+
+impl IntervalElement<'_> {
+    fn addr(&self) -> IpAddr {
+        match self.family {
+            Family::V4 => IpAddr::from((self.key as u32).to_be_bytes()),
+            Family::V6 => IpAddr::from(self.key.to_be_bytes()),
+        }
+    }
+
+    fn encode(&self, m: &mut Vec<u8>) {
+        let key = match self.family {
+            Family::V4 => (self.key as u32).to_be_bytes().to_vec(),
+            Family::V6 => self.key.to_be_bytes().to_vec(),
+        };
+        let key = |m: &mut Vec<u8>| nest(m, NFTA_SET_ELEM_KEY, |m| attr(m, NFTA_DATA_VALUE, &key));
+        match self.jump {
+            None => {
+                attr_u32(m, NFTA_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+                key(m);
+            }
+            Some(chain) => {
+                key(m);
+                nest(m, NFTA_SET_ELEM_DATA, |m| jump_data(m, chain));
+                if self.open {
+                    let mut u = vec![NFTNL_UDATA_SET_ELEM_FLAGS, 4];
+                    u.extend(NFTNL_SET_ELEM_F_INTERVAL_OPEN.to_ne_bytes());
+                    attr(m, NFTA_SET_ELEM_USERDATA, &u);
+                }
+            }
+        }
+    }
+}
+
+/// What nft sends for a map's ranges, in order: a gap from the family's first address
+/// when the first range starts later, then per range its start and, unless it runs to
+/// the last address, the start of the gap after it (the same key as the next range's
+/// start when they touch). `map` must have passed [`validate`].
+fn interval_elements(map: &VerdictMap) -> Vec<IntervalElement<'_>> {
+    let max = match map.family {
+        Family::V4 => u128::from(u32::MAX),
+        Family::V6 => u128::MAX,
+    };
+    let at = |key, jump, open| IntervalElement {
+        key,
+        family: map.family,
+        jump,
+        open,
+    };
+    let mut out = Vec::with_capacity(2 * map.elements.len() + 1);
+    for (i, e) in map.elements.iter().enumerate() {
+        let (Some(first), Some(last)) = (key_of(map.family, e.first), key_of(map.family, e.last))
+        else {
+            continue; // refused by `validate`
+        };
+        if i == 0 && first != 0 {
+            out.push(at(0, None, false));
+        }
+        out.push(at(first, Some(e.chain.as_str()), last == max));
+        if last != max {
+            out.push(at(last + 1, None, false));
+        }
+    }
+    out
+}
+
 /// A rule appended to its chain (without `APPEND` the kernel would insert it first).
-fn rule(b: &mut Batch, table: &str, chain: &str, index: usize, r: &Rule) {
+fn rule(b: &mut Batch, table: &str, chain: &str, index: usize, r: &Rule, maps: &[VerdictMap]) {
     let mut what = format!("add rule {index} of chain {chain}");
     if !r.comment.is_empty() {
         what += &format!(" ({})", r.comment);
@@ -429,7 +714,7 @@ fn rule(b: &mut Batch, table: &str, chain: &str, index: usize, r: &Rule) {
     b.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, what, |m| {
         attr_str(m, NFTA_RULE_TABLE, table);
         attr_str(m, NFTA_RULE_CHAIN, chain);
-        nest(m, NFTA_RULE_EXPRESSIONS, |m| rule_exprs(m, r));
+        nest(m, NFTA_RULE_EXPRESSIONS, |m| rule_exprs(m, r, maps));
         if !r.comment.is_empty() {
             attr(
                 m,
@@ -453,7 +738,8 @@ fn comment_udata(kind: u8, c: &str) -> Vec<u8> {
     u
 }
 
-fn rule_exprs(m: &mut Vec<u8>, r: &Rule) {
+/// A rule's expressions; `maps` are the ruleset's (a `SourceMap` names one).
+fn rule_exprs(m: &mut Vec<u8>, r: &Rule, maps: &[VerdictMap]) {
     // The family this rule has already checked, so an implied check is not repeated.
     let mut fam = None;
     for x in &r.matches {
@@ -465,7 +751,7 @@ fn rule_exprs(m: &mut Vec<u8>, r: &Rule) {
             attr_str(m, NFTA_OBJREF_IMM_NAME, c);
         });
     }
-    match r.action {
+    match &r.action {
         Action::Accept => verdict(m, NF_ACCEPT),
         Action::Drop => verdict(m, NF_DROP),
         Action::Return => verdict(m, NFT_RETURN),
@@ -486,7 +772,67 @@ fn rule_exprs(m: &mut Vec<u8>, r: &Rule) {
                 attr_u32(m, NFTA_MASQ_REG_PROTO_MAX, NFT_REG_2);
             });
         }
+        Action::Jump(chain) => expr(m, "immediate", |m| {
+            attr_u32(m, NFTA_IMMEDIATE_DREG, NFT_REG_VERDICT);
+            nest(m, NFTA_IMMEDIATE_DATA, |m| jump_data(m, chain));
+        }),
+        Action::SourceMap(name) => {
+            // As nft's `ip saddr vmap @NAME` in an inet table: the family check, the
+            // source address, then a lookup whose result is the verdict. A map that is
+            // not there (`validate` refuses it) is looked up as V4 without an id: the
+            // kernel refuses the rule.
+            let (i, f) = maps
+                .iter()
+                .position(|x| &x.name == name)
+                .map_or((None, Family::V4), |i| (Some(i), maps[i].family));
+            family(m, f, &mut fam);
+            let (offset, len) = match f {
+                Family::V4 => (12, 4),
+                Family::V6 => (8, 16),
+            };
+            payload(m, NFT_PAYLOAD_NETWORK_HEADER, offset, len);
+            expr(m, "lookup", |m| {
+                attr_u32(m, NFTA_LOOKUP_SREG, NFT_REG_1);
+                attr_u32(m, NFTA_LOOKUP_DREG, NFT_REG_VERDICT);
+                attr_str(m, NFTA_LOOKUP_SET, name);
+                if let Some(i) = i {
+                    attr_u32(m, NFTA_LOOKUP_SET_ID, set_id(i));
+                }
+            });
+        }
+        Action::ClampMss => {
+            // As nft's `tcp option maxseg size set rt mtu`: the route's MSS (host-endian)
+            // into register 1, to network order, written over the MSS option's value. The
+            // kernel only ever lowers it, and leaves packets without the option (or not
+            // TCP) as they are; nft adds no `meta l4proto tcp` for it.
+            expr(m, "rt", |m| {
+                attr_u32(m, NFTA_RT_KEY, NFT_RT_TCPMSS);
+                attr_u32(m, NFTA_RT_DREG, NFT_REG_1);
+            });
+            expr(m, "byteorder", |m| {
+                attr_u32(m, NFTA_BYTEORDER_SREG, NFT_REG_1);
+                attr_u32(m, NFTA_BYTEORDER_DREG, NFT_REG_1);
+                attr_u32(m, NFTA_BYTEORDER_OP, NFT_BYTEORDER_HTON);
+                attr_u32(m, NFTA_BYTEORDER_LEN, 2);
+                attr_u32(m, NFTA_BYTEORDER_SIZE, 2);
+            });
+            expr(m, "exthdr", |m| {
+                attr_u32(m, NFTA_EXTHDR_SREG, NFT_REG_1);
+                attr(m, NFTA_EXTHDR_TYPE, &[TCPOPT_MAXSEG]);
+                attr_u32(m, NFTA_EXTHDR_OFFSET, 2);
+                attr_u32(m, NFTA_EXTHDR_LEN, 2);
+                attr_u32(m, NFTA_EXTHDR_OP, NFT_EXTHDR_OP_TCPOPT);
+            });
+        }
     }
+}
+
+/// A verdict `jump chain` (`NFTA_DATA_VERDICT`), in an immediate or a map element.
+fn jump_data(m: &mut Vec<u8>, chain: &str) {
+    nest(m, NFTA_DATA_VERDICT, |m| {
+        attr(m, NFTA_VERDICT_CODE, &NFT_JUMP.to_be_bytes());
+        attr_str(m, NFTA_VERDICT_CHAIN, chain);
+    });
 }
 
 fn match_exprs(m: &mut Vec<u8>, x: &Match, fam: &mut Option<Family>) {
@@ -570,6 +916,13 @@ fn match_exprs(m: &mut Vec<u8>, x: &Match, fam: &mut Option<Family>) {
             attr_u32(m, NFTA_LIMIT_BURST, *burst);
             attr_u32(m, NFTA_LIMIT_TYPE, NFT_LIMIT_PKTS);
         }),
+        Match::TcpFlags { mask, value } => {
+            // The flags byte of the TCP header (offset 13), masked, as nft's `tcp flags &
+            // (syn|rst) == syn`.
+            payload(m, NFT_PAYLOAD_TRANSPORT_HEADER, 13, 1);
+            bitwise(m, &[*mask]);
+            cmp(m, NFT_CMP_EQ, &[*value]);
+        }
     }
 }
 
