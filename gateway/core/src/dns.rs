@@ -36,7 +36,7 @@ use crate::firewall::services::dns_listen_addrs;
 use crate::net::Cidr;
 
 /// The domain when `[Gateway] Domain` is unset (RFC 8375).
-pub const DEFAULT_DOMAIN: &str = "home.arpa";
+pub use crate::config::DEFAULT_DOMAIN;
 /// The appliance's own name under the domain.
 pub const APPLIANCE_NAME: &str = "gateway";
 /// The TTL of the names the appliance answers itself.

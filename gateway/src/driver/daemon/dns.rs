@@ -108,11 +108,11 @@ impl Ctx {
         let ups = upstreams(&cfg);
         let mut last = self.upstreams.lock().unwrap_or_else(|p| p.into_inner());
         if force || *last != ups {
-            if !force {
+            if *last != ups {
                 log::info!("dns: upstreams now {}", list(&ups));
             }
             self.resolver()
-                .set(Settings::for_config(&cfg, domain(&cfg), &ups));
+                .set(Settings::for_config(&cfg, cfg.gateway.domain_name(), &ups));
             *last = ups;
         }
     }
@@ -120,23 +120,13 @@ impl Ctx {
 
 /// The upstreams: `[Gateway] Dns`, else the uplink's DHCP lease's resolvers.
 fn upstreams(cfg: &Config) -> Vec<IpAddr> {
-    let configured = configured_upstreams(cfg);
-    if !configured.is_empty() {
-        return configured;
+    if !cfg.gateway.dns.is_empty() {
+        return cfg.gateway.dns.clone();
     }
     let Some(uplink) = crate::sys::nic::uplink(&cfg.gateway.uplink) else {
         return Vec::new();
     };
     crate::run::lease::lease_dns(&crate::run::run_dir(), &uplink)
-}
-
-// The schema-6 keys (`[Gateway] Dns`, `Domain`) are read through these two.
-fn configured_upstreams(_cfg: &Config) -> Vec<IpAddr> {
-    Vec::new()
-}
-
-fn domain(_cfg: &Config) -> &str {
-    crate::core::dns::DEFAULT_DOMAIN
 }
 
 fn list(v: &[IpAddr]) -> String {

@@ -102,3 +102,91 @@ fn answers_on_the_tunnel_address_only() {
         assert!(ask_udp("10.100.0.2", server, &q).is_none());
     });
 }
+
+/// `[Gateway] Dns`: a query forwarded from a fresh port with a fresh ID; a forged answer
+/// (wrong ID) first is ignored, the real one passed without its record naming a tunnel
+/// address, then answered from the cache; TCP forwards too.
+#[test]
+fn forwards_to_the_configured_upstream() {
+    in_new_netns(|| {
+        ip(&["link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", "dnst0", "type", "veth", "peer", "name", "dnst1",
+        ]);
+        ip(&["link", "set", "dnst0", "up"]);
+        for a in ["10.100.0.1/24", "10.100.0.2/32", "192.0.2.53/32"] {
+            ip(&["addr", "add", a, "dev", "dnst0"]);
+        }
+        let up = UdpSocket::bind("192.0.2.53:53").unwrap();
+        up.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let fake = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            let mut b = [0u8; 1500];
+            for _ in 0..2 {
+                let (n, from) = up.recv_from(&mut b).unwrap();
+                let q = Message::from_vec(&b[..n]).unwrap();
+                seen.push((from.port(), q.metadata.id));
+                let mut r = Message::new(q.metadata.id, MessageType::Response, OpCode::Query);
+                r.add_query(q.queries[0].clone());
+                let name = q.queries[0].name.clone();
+                for a in ["198.51.100.7", "10.100.0.2"] {
+                    let data = hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A(
+                        a.parse().unwrap(),
+                    ));
+                    r.add_answer(hickory_proto::rr::Record::from_rdata(
+                        name.clone(),
+                        300,
+                        data,
+                    ));
+                }
+                let mut forged = r.clone();
+                forged.metadata.id ^= 0x5a5a;
+                forged.answers.truncate(0);
+                up.send_to(&forged.to_vec().unwrap(), from).unwrap();
+                up.send_to(&r.to_vec().unwrap(), from).unwrap();
+            }
+            seen
+        });
+        let mut cfg = config();
+        cfg.gateway.dns = vec!["192.0.2.53".parse().unwrap()];
+        let dns = Dns::new(vec![]);
+        dns.follow(&cfg);
+        let server = "10.100.0.1:53";
+        let q = query(4242, "up.example.", RecordType::A);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let m = loop {
+            if let Some(m) = ask_udp("10.100.0.2", server, &q) {
+                break m;
+            }
+            assert!(Instant::now() < deadline, "no answer");
+        };
+        assert_eq!(
+            (m.metadata.id, m.metadata.response_code),
+            (4242, ResponseCode::NoError)
+        );
+        let a: Vec<IpAddr> = m.answers.iter().filter_map(|r| r.data.ip_addr()).collect();
+        assert_eq!(
+            a,
+            [IpAddr::from([198, 51, 100, 7])],
+            "forged first answer ignored, tunnel address dropped"
+        );
+        let m = ask_tcp(server, &query(5, "other.example.", RecordType::A));
+        assert_eq!(m.answers.len(), 1);
+        let seen = fake.join().unwrap();
+        assert_ne!(seen[0].0, seen[1].0, "a fresh source port per forward");
+        assert!(
+            seen.iter().all(|(_, id)| *id != 4242 && *id != 5),
+            "fresh IDs"
+        );
+        // From the cache now: the upstream is gone.
+        let m = ask_udp("10.100.0.2", server, &q).unwrap();
+        assert_eq!(m.answers.len(), 1);
+        let st = dns.stats();
+        assert_eq!(
+            (st.forwarded, st.cache_hits, st.rebinding_dropped),
+            (2, 1, 2)
+        );
+        assert!(st.mismatched >= 2, "{st:?}");
+        dns.stop();
+    });
+}
