@@ -92,6 +92,20 @@ impl Ctx {
         dns_source_allowed(&cfg, &ports, src)
     }
 
+    /// An upstream's datagram for forward `token`: the client's answer, or `None`
+    /// (ignored). Records the rebinding filter dropped are said.
+    fn answer(&self, token: u64, from: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut r = self.resolver();
+        let before = r.stats.rebinding_dropped;
+        let reply = r.upstream_answer(token, from, bytes, self.now_ms());
+        let dropped = r.stats.rebinding_dropped - before;
+        drop(r);
+        if dropped > 0 {
+            log::info!(target: "net::dns", "dns: {dropped} address record(s) from {from} named a tunnel address: dropped (DNS rebinding)");
+        }
+        reply
+    }
+
     /// Read the interfaces and the upstreams again; new settings when the upstreams
     /// changed (or `force`).
     fn refresh(&self, force: bool) {
@@ -301,10 +315,7 @@ fn serve(ctx: Ctx, addrs: Vec<IpAddr>, stop: Arc<AtomicBool>) {
             loop {
                 match f.sock.recv_from(&mut buf) {
                     Ok((n, from)) => {
-                        let r =
-                            ctx.resolver()
-                                .upstream_answer(f.token, from, &buf[..n], ctx.now_ms());
-                        if let Some(reply) = r {
+                        if let Some(reply) = ctx.answer(f.token, from, &buf[..n]) {
                             reply_udp(&bound, f, &reply);
                             done.push(i);
                             break;
@@ -501,10 +512,7 @@ fn exchange(ctx: &Ctx, token: u64, upstream: SocketAddr, bytes: &[u8]) -> Vec<u8
             }
             match sock.recv_from(&mut buf) {
                 Ok((n, from)) => {
-                    let r = ctx
-                        .resolver()
-                        .upstream_answer(token, from, &buf[..n], ctx.now_ms());
-                    if let Some(reply) = r {
+                    if let Some(reply) = ctx.answer(token, from, &buf[..n]) {
                         return reply;
                     }
                 }
