@@ -7,8 +7,9 @@
 #        dnsmasq 192.0.2.53 (upstream)              `lanp` 192.168.88.1/24 (two-armed)
 #        dnslab.py 192.0.2.54 (forging upstream)    └─ ns M LAN host 192.168.88.10
 #   - through the tunnel, `dig @10.100.0.1` resolves an upstream name (dnsmasq's), the
-#     phone's own name phone.home.arpa, the reverse of 10.100.0.2; over TCP too; the LAN
-#     host asks 192.168.88.1;
+#     phone's own name phone.home.arpa, the reverse of 10.100.0.2; over TCP too; an
+#     answer too large for UDP comes truncated over UDP and whole over TCP (asked of
+#     dnsmasq over TCP); the LAN host asks 192.168.88.1;
 #   - an upstream answer naming a tunnel address (rebind.example -> 10.100.0.2) is not
 #     passed;
 #   - from the uplink: no answer, on the uplink address or routed to the tunnel address,
@@ -55,6 +56,7 @@ spawn ip netns exec $U dnsmasq --keep-in-foreground --no-resolv --no-hosts --bin
     --listen-address=192.0.2.53 --port=53 --conf-file=/dev/null --pid-file="$WORK/dnsmasq.pid" \
     --dhcp-leasefile="$WORK/dnsmasq.leases" --log-facility=- --log-queries \
     --address=/up.example/198.51.100.7 --address=/rebind.example/10.100.0.2 \
+    --txt-record=big.example,"$(printf 'a%.0s' $(seq 250))","$(printf 'b%.0s' $(seq 250))","$(printf 'c%.0s' $(seq 250))","$(printf 'd%.0s' $(seq 250))","$(printf 'e%.0s' $(seq 250))","$(printf 'f%.0s' $(seq 250))" \
     >"$WORK/dnsmasq.log" 2>&1
 spawn ip netns exec $U python3 ci/lib/dnslab.py upstream 192.0.2.54 "$WORK/fake.log" \
     >"$WORK/fake.out" 2>&1
@@ -127,6 +129,13 @@ v=$(dig_in $P @10.100.0.1 +tcp up.example)
 [ "$v" = 198.51.100.7 ] && ok "the phone, over TCP: up.example is $v" || ko "TCP up.example: '$v'"
 v=$(dig_in $P @10.100.0.1 +tcp phone.home.arpa)
 [ "$v" = 10.100.0.2 ] && ok "the phone, over TCP: phone.home.arpa is $v" || ko "TCP phone.home.arpa: '$v'"
+# A TXT answer of about 1.5 KB: over UDP the appliance says truncated (the client's 1232
+# bytes at most), over TCP it asks dnsmasq again over TCP and passes it whole.
+out=$(inns $P dig +time=1 +tries=1 +ignore @10.100.0.1 big.example TXT 2>/dev/null)
+echo "$out" | grep -q 'flags: qr[a-z ]* tc' && ok "big.example over UDP: truncated (TC)" ||
+    ko "big.example over UDP: $(echo "$out" | grep flags)"
+v=$(dig_in $P @10.100.0.1 +tcp big.example TXT | tr -d '" \n' | wc -c)
+[ "$v" = 1500 ] && ok "big.example over TCP: all $v characters of its six strings" || ko "big.example over TCP: $v characters"
 v=$(inns $P dig +time=1 +tries=1 @10.100.0.1 nobody.home.arpa 2>/dev/null | grep -o 'status: [A-Z]*')
 [ "$v" = "status: NXDOMAIN" ] && ok "the phone: nobody.home.arpa is $v" || ko "nobody.home.arpa: '$v'"
 v=$(dig_in $M @192.168.88.1 phone.home.arpa)

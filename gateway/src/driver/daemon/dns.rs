@@ -13,7 +13,8 @@
 //! port, connected to the upstream: the kernel drops datagrams from anyone else) with a
 //! fresh random ID; its answer is checked by the core. Over TCP a connection thread (at
 //! most [`MAX_TCP`], [`MAX_TCP_PER_SOURCE`] from one address, idle for at most
-//! [`TCP_IDLE`]) forwards each query the same way and waits for its answer.
+//! [`TCP_IDLE`]) forwards each query the same way and waits for its answer; an answer
+//! the upstream truncated over UDP is asked again over TCP.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -484,10 +485,41 @@ fn serve_tcp(ctx: &Ctx, mut s: TcpStream, src: IpAddr) {
                 token,
                 upstream,
                 bytes,
-            } => exchange(ctx, token, upstream, &bytes),
+            } => {
+                let reply = exchange(ctx, token, upstream, &bytes);
+                if truncated(&reply) {
+                    // The upstream's UDP answer was cut: ask it again over TCP (a new
+                    // forward: a new ID, a new connection).
+                    let again =
+                        ctx.resolver()
+                            .query(src, &msg[..n], true, ctx.now_ms(), &mut OsRng);
+                    match again {
+                        Outcome::Forward {
+                            token,
+                            upstream,
+                            bytes,
+                        } => exchange_tcp(ctx, token, upstream, &bytes).unwrap_or(reply),
+                        Outcome::Answer(r) => r,
+                        Outcome::Drop(_) => reply,
+                    }
+                } else {
+                    reply
+                }
+            }
             Outcome::Drop(_) => continue,
         };
-        let Ok(l) = u16::try_from(reply.len()) else {
+        // Empty: the forward timed out and another thread took it; the client asks again.
+        let Ok(l) =
+            u16::try_from(reply.len()).map_err(drop).and_then(
+                |l| {
+                    if l == 0 {
+                        Err(())
+                    } else {
+                        Ok(l)
+                    }
+                },
+            )
+        else {
             return;
         };
         let mut framed = Vec::with_capacity(reply.len() + 2);
@@ -499,9 +531,48 @@ fn serve_tcp(ctx: &Ctx, mut s: TcpStream, src: IpAddr) {
     }
 }
 
+/// Whether a DNS message has its TC (truncated) bit set.
+fn truncated(msg: &[u8]) -> bool {
+    msg.get(2).is_some_and(|b| b & 0x02 != 0)
+}
+
+/// How long a TCP connection's thread waits for an upstream: a little less than the
+/// core's timeout, so this thread, not the UDP loop's expiry, gives up and answers
+/// SERVFAIL.
+const TCP_FORWARD_WAIT: Duration = Duration::from_millis(FORWARD_TIMEOUT_MS - 300);
+
+/// Ask `upstream` over TCP (the answer it cut over UDP); `None`: no answer (the forward
+/// is given up).
+fn exchange_tcp(ctx: &Ctx, token: u64, upstream: SocketAddr, bytes: &[u8]) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + TCP_FORWARD_WAIT;
+    let r = (|| -> std::io::Result<Option<Vec<u8>>> {
+        let mut s = TcpStream::connect_timeout(&upstream, TCP_FORWARD_WAIT)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let left = left.max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left))?;
+        s.set_write_timeout(Some(left))?;
+        let l = u16::try_from(bytes.len()).map_err(std::io::Error::other)?;
+        let mut framed = l.to_be_bytes().to_vec();
+        framed.extend_from_slice(bytes);
+        s.write_all(&framed)?;
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len)?;
+        let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        s.read_exact(&mut buf)?;
+        Ok(ctx.answer(token, s.peer_addr()?, &buf))
+    })();
+    match r {
+        Ok(Some(reply)) => Some(reply),
+        _ => {
+            ctx.resolver().abandon(token);
+            None
+        }
+    }
+}
+
 /// Forward one query for a TCP client and wait for its answer (SERVFAIL on timeout).
 fn exchange(ctx: &Ctx, token: u64, upstream: SocketAddr, bytes: &[u8]) -> Vec<u8> {
-    let deadline = Instant::now() + Duration::from_millis(FORWARD_TIMEOUT_MS);
+    let deadline = Instant::now() + TCP_FORWARD_WAIT;
     if let Ok(sock) = send_upstream(upstream, bytes) {
         let _ = sock.set_nonblocking(false);
         let mut buf = vec![0u8; 4096];
