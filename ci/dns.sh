@@ -20,7 +20,7 @@
 #   - a flood of 2 s from the LAN host is cut to its rate while the phone, asking every
 #     0.1 s meanwhile, is answered every time.
 # Needs root, wireguard-go, wireguard-tools, iproute2, dig (dnsutils), dnsmasq
-# (dnsmasq-base), python3. Names are prefixed rgd. About 20 s.
+# (dnsmasq-base), python3. Names are prefixed rgd. About 10 s.
 # Ends with "dns: N passed, N failed"; exit 1 on failure.
 set -u
 cd "$(dirname "$0")/.."

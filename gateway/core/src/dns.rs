@@ -407,7 +407,9 @@ impl Cache {
             self.remove(&key);
             return None;
         }
-        let age = u32::try_from((now_ms - e.stored_ms) / 1000).unwrap_or(u32::MAX);
+        // Threads read the clock before taking the lock: `now_ms` may be a little behind
+        // the time the entry was stored.
+        let age = u32::try_from(now_ms.saturating_sub(e.stored_ms) / 1000).unwrap_or(u32::MAX);
         let aged = |v: &[Record]| -> Vec<Record> {
             v.iter()
                 .cloned()

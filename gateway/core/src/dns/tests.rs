@@ -361,6 +361,15 @@ fn cache_keeps_answers_within_their_ttl() {
     let ttls: Vec<u32> = m.answers.iter().map(|r| r.ttl).collect();
     assert_eq!(ttls, [26, 6]);
     assert_eq!(r.stats.cache_hits, 1);
+    // A reader whose clock is a little behind the store sees the full TTLs.
+    let m = parse(&r.query(
+        ip(SRC),
+        &query(4, "ttl.example.", RecordType::A),
+        false,
+        900,
+        &mut rng,
+    ));
+    assert_eq!(m.answers[0].ttl, 30);
     // The smallest TTL (10 s) ends the entry.
     assert!(matches!(
         r.query(
