@@ -503,6 +503,52 @@ pub fn check_ssh_key(data: &[u8]) {
     }
 }
 
+/// `Access =` (the configuration file and the console's `set client NAME access`): any
+/// text either refused or read into items that write back to the same list; the owner
+/// partition of the prefixes in it never overlaps and gives each address the owner of
+/// its longest prefix.
+pub fn check_access_list(data: &[u8]) {
+    use riceguard_core::access::{self, AccessItem};
+    let text = String::from_utf8_lossy(data);
+    let Ok(v) = access::parse_list(&text) else {
+        return;
+    };
+    let back = access::list_text(&v);
+    assert_eq!(access::parse_list(&back).as_ref(), Ok(&v), "{back}");
+    let prefixes: Vec<(usize, riceguard_core::net::Cidr)> = v
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| match a {
+            AccessItem::Prefix { net, .. } => Some((i, *net)),
+            _ => None,
+        })
+        .collect();
+    let o = access::owners(&prefixes);
+    for (k, (_, a)) in o.iter().enumerate() {
+        for (_, b) in &o[k + 1..] {
+            assert!(!a.overlaps(b), "{a} {b}");
+        }
+    }
+    for (i, c) in &prefixes {
+        // A prefix's own address belongs to the owner of the longest prefix covering it.
+        let best = prefixes
+            .iter()
+            .filter(|(_, p)| p.contains(c.addr))
+            .map(|(_, p)| p.prefix)
+            .max();
+        let got: Vec<&(usize, riceguard_core::net::Cidr)> =
+            o.iter().filter(|(_, p)| p.contains(c.addr)).collect();
+        assert_eq!(got.len(), 1, "{c}");
+        let owner = got[0].0;
+        assert!(
+            prefixes
+                .iter()
+                .any(|(j, p)| *j == owner && p.contains(c.addr) && Some(p.prefix) == best),
+            "{c} of {i} owned by {owner}"
+        );
+    }
+}
+
 /// An event log file's bytes (`core::event`, what `show log` reads from perm after a
 /// power cut): nothing panics, every record read writes back to the same line, and a
 /// file cut anywhere loses at most the record it cut.
@@ -991,6 +1037,11 @@ mod tests {
     #[test]
     fn ssh_key_seeded() {
         run("ssh_key", check_ssh_key, 20_000);
+    }
+
+    #[test]
+    fn access_list_seeded() {
+        run("access_list", check_access_list, 20_000);
     }
 
     #[test]

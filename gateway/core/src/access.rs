@@ -13,7 +13,6 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use crate::config::Config;
 use crate::net::{subtract, Cidr};
 
 /// One item of `Access =`.
@@ -194,76 +193,18 @@ pub fn default_access(client_isolation: bool) -> Vec<AccessItem> {
         .collect()
 }
 
-/// What peer `i` of `cfg` may reach: its `Access`, else the default.
-pub fn effective(cfg: &Config, i: usize) -> Vec<AccessItem> {
-    of(cfg, &cfg.peers[i])
-}
-
-/// What `peer` may reach under `cfg`'s gateway settings: its `Access`, else the default.
-pub fn of(cfg: &Config, peer: &crate::config::PeerConfig) -> Vec<AccessItem> {
-    match &peer.access {
-        Some(v) => v.clone(),
-        None => default_access(cfg.gateway.client_isolation),
-    }
-}
-
-/// `access: ...` as `show client` and `add client` say it: the list, whether it is the
-/// default, and what each zone means on this box.
-pub fn describe(cfg: &Config, peer: &crate::config::PeerConfig) -> String {
-    let a = of(cfg, peer);
-    let whose = match (&peer.access, cfg.gateway.client_isolation) {
-        (Some(_), _) => "its own",
-        (None, true) => "the default, less clients: ClientIsolation = on",
-        (None, false) => "the default",
-    };
-    let mut parts: Vec<String> = Vec::new();
-    for z in &a {
-        parts.push(match z {
-            AccessItem::Lan if cfg.gateway.lan.is_empty() => {
-                "lan (the uplink's own subnets)".to_string()
-            }
-            AccessItem::Lan => format!("lan (the LAN port {})", cfg.gateway.lan),
-            AccessItem::Internet => "internet (out of the uplink beyond the LAN)".into(),
-            AccessItem::Clients => "clients (other tunnel peers)".into(),
-            AccessItem::Appliance => "appliance (SSH, metrics)".into(),
-            other => other.to_string(),
-        });
-    }
-    let dns = if a.iter().any(|i| i.grants_dns()) {
-        "; the resolver on the box and ping to it"
-    } else {
-        "; ping to the box"
-    };
-    if parts.is_empty() {
-        format!("access: none ({whose}): nothing but ping to the box")
-    } else {
-        format!("access: {} ({whose}){dns}", parts.join(", "))
-    }
-}
-
 /// Whether `v` is the unrestricted access (every zone): such a peer needs no rule.
 pub fn unrestricted(v: &[AccessItem]) -> bool {
     ZONES.iter().all(|z| v.contains(z))
 }
 
-/// Every enabled peer's allowed IPs but `/0`, each with the index of its peer, in
-/// network form.
-fn peer_prefixes(cfg: &Config, with_default_route: bool) -> Vec<(usize, Cidr)> {
-    cfg.peers
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.enabled)
-        .flat_map(|(i, p)| p.allowed_ips.iter().map(move |c| (i, c.network())))
-        .filter(|(_, c)| with_default_route || c.prefix > 0)
-        .collect()
-}
-
-/// Which enabled peer owns which source: the peers' allowed IPs (`/0` included) cut into
-/// prefixes that do not overlap, each with the index of the peer that owns it by longest
-/// prefix, as the device's source check decides: a peer's prefix minus every more
-/// specific prefix of another peer inside it. Sorted by address.
-pub fn owners(cfg: &Config) -> Vec<(usize, Cidr)> {
-    let all = peer_prefixes(cfg, true);
+/// Which owner owns which address: `prefixes` (an owner's index and a prefix in network
+/// form, `/0` included) cut into prefixes that do not overlap, each with the owner that
+/// has it by longest prefix, as the device's source check decides: an owner's prefix
+/// minus every more specific prefix of another owner inside it. Sorted by address. The
+/// firewall's per-client maps and `Masquerade = off` key on it (`firewall::clients::owners`).
+pub fn owners(prefixes: &[(usize, Cidr)]) -> Vec<(usize, Cidr)> {
+    let all = prefixes;
     let mut out: Vec<(usize, Cidr)> = all
         .iter()
         .flat_map(|&(i, c)| {
@@ -276,8 +217,10 @@ pub fn owners(cfg: &Config) -> Vec<(usize, Cidr)> {
         })
         .collect();
     out.sort_by_key(|(i, c)| (c.sort_key(), *i));
-    out.dedup();
-    // One peer's own prefixes may nest (10.0.0.0/8 and 10.1.0.0/16 both its own): keep
+    // Two owners of one prefix (the configuration refuses that; a map must never hold
+    // it twice): the first keeps it.
+    out.dedup_by(|later, first| later.1 == first.1);
+    // One owner's own prefixes may nest (10.0.0.0/8 and 10.1.0.0/16 both its own): keep
     // the outer one.
     let nested = |k: usize, (i, c): &(usize, Cidr)| {
         out.iter()
@@ -318,8 +261,6 @@ pub fn range(c: &Cidr) -> (IpAddr, IpAddr) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::PeerConfig;
-    use crate::key::Key;
 
     fn c(s: &str) -> Cidr {
         s.parse().unwrap()
@@ -366,24 +307,19 @@ mod tests {
         assert!(iso.contains(&AccessItem::Lan));
     }
 
-    fn peer(k: u8, ips: &[&str]) -> PeerConfig {
-        let mut p = PeerConfig::new(Key([k; 32]));
-        p.allowed_ips = ips.iter().map(|s| c(s)).collect();
-        p
-    }
-
     #[test]
     fn owners_are_longest_prefix_and_never_overlap() {
-        let mut cfg = Config {
-            peers: vec![
-                peer(1, &["0.0.0.0/0"]),
-                peer(2, &["10.100.0.2/32"]),
-                peer(3, &["10.0.0.0/8", "10.5.0.0/16"]),
-                peer(4, &["10.100.0.3/32"]),
-            ],
-            ..Config::default()
-        };
-        let o = owners(&cfg);
+        let p: Vec<(usize, Cidr)> = [
+            (0, "0.0.0.0/0"),
+            (1, "10.100.0.2/32"),
+            (2, "10.0.0.0/8"),
+            (2, "10.5.0.0/16"),
+            (3, "10.100.0.3/32"),
+        ]
+        .iter()
+        .map(|&(i, s)| (i, c(s)))
+        .collect();
+        let o = owners(&p);
         for (k, (_, a)) in o.iter().enumerate() {
             for (_, b) in &o[k + 1..] {
                 assert!(!a.overlaps(b), "{a} and {b}");
@@ -400,17 +336,14 @@ mod tests {
             v[0]
         };
         assert_eq!(owner("10.100.0.2"), 1);
-        assert_eq!(owner("10.100.0.3"), 2 + 1);
+        assert_eq!(owner("10.100.0.3"), 3);
         assert_eq!(owner("10.100.0.4"), 2);
         assert_eq!(owner("10.5.1.1"), 2);
         assert_eq!(owner("8.8.8.8"), 0);
         assert_eq!(owner("11.0.0.1"), 0);
-        // A disabled peer owns nothing; its addresses fall to the covering peer.
-        cfg.peers[1].enabled = false;
-        let o = owners(&cfg);
-        assert!(o
-            .iter()
-            .any(|(i, c)| *i == 2 && c.contains("10.100.0.2".parse().unwrap())));
+        // One prefix twice: the first owner keeps it, once.
+        let twice = owners(&[(4, c("10.0.0.0/8")), (5, c("10.0.0.0/8"))]);
+        assert_eq!(twice, vec![(4, c("10.0.0.0/8"))]);
     }
 
     #[test]

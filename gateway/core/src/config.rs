@@ -63,6 +63,15 @@ pub struct PeerConfig {
 }
 
 impl PeerConfig {
+    /// What this peer may reach under gateway settings `g`: its `Access`, else the
+    /// default (every zone, less `clients` with `ClientIsolation = on`).
+    pub fn access_under(&self, g: &GatewayConfig) -> Vec<crate::access::AccessItem> {
+        match &self.access {
+            Some(v) => v.clone(),
+            None => crate::access::default_access(g.client_isolation),
+        }
+    }
+
     /// A peer with only its key: no allowed IPs, endpoint, keepalive or name.
     pub fn new(public_key: Key) -> PeerConfig {
         PeerConfig {

@@ -202,6 +202,10 @@ pub const PEER_ENDPOINT_CHANGES: Family = counter(
     "riceguard_peer_endpoint_changes_total",
     "Times the peer's endpoint moved (roaming).",
 );
+pub const PEER_ACCESS_DROPS: Family = counter(
+    "riceguard_peer_access_drops_total",
+    "Packets the peer started towards what its Access does not allow, dropped by the firewall (restricted peers only).",
+);
 pub const PEER_HANDSHAKE_FAILURES: Family = counter(
     "riceguard_peer_handshake_failures_total",
     "Handshakes with the peer that failed.",
@@ -311,6 +315,7 @@ pub const FAMILIES: &[Family] = &[
     PEER_LAST_RX_AGE,
     PEER_HEALTH,
     PEER_SHARED_KEY,
+    PEER_ACCESS_DROPS,
     DEVICE_DROPS,
     FIREWALL_DROPS,
     FIREWALL_ON,
@@ -354,6 +359,9 @@ pub struct PeerExtra {
     /// One of [`HEALTH_STATES`].
     pub health: Option<&'static str>,
     pub shared_key_devices: Option<bool>,
+    /// The firewall's drops of what this peer may not start (`None`: not restricted, or
+    /// no table).
+    pub access_drops: Option<u64>,
 }
 
 /// The health states `riceguard_peer_health` is one-hot over.
@@ -578,6 +586,9 @@ pub fn write_exposition<W: Write>(
     })?;
     peer_family(&mut w, &PEER_SHARED_KEY, peers, |p| {
         p.extra.shared_key_devices.map(Value::from)
+    })?;
+    peer_family(&mut w, &PEER_ACCESS_DROPS, peers, |p| {
+        p.extra.access_drops.map(Value::U)
     })?;
     if peers.iter().any(|p| p.extra.health.is_some()) {
         w.family(&PEER_HEALTH)?;

@@ -31,6 +31,15 @@ fn ago(secs: u64) -> String {
     }
 }
 
+/// A restricted peer's access for `show peers`: its list and how many packets the
+/// firewall refused it (`None`: no table to ask).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerAccess {
+    pub key: Key,
+    pub text: String,
+    pub drops: Option<u64>,
+}
+
 /// Format a UAPI `get=1` answer, read by core's UAPI client (`parse_get_response`, the
 /// one `riceguard status` uses too). `now_unix` dates the handshakes; `names`: peer names
 /// (`Name =`, which UAPI does not carry) by public key, shown after the key. An `errno=N`
@@ -40,6 +49,7 @@ pub fn format_uapi(
     now_unix: u64,
     names: &[(Key, String)],
     health: &[crate::run::peers::PeerHealth],
+    access: &[PeerAccess],
 ) -> Result<String, String> {
     let st = uapi::parse_get_response(reply).map_err(|e| match e {
         UapiError::Remote(n) => format!("the daemon answered errno={n}"),
@@ -97,6 +107,12 @@ pub fn format_uapi(
                 );
             }
         }
+        if let Some(a) = access.iter().find(|a| a.key == p.public_key) {
+            let _ = match a.drops {
+                Some(n) => writeln!(s, "  access: {} ({n} packets refused)", a.text),
+                None => writeln!(s, "  access: {}", a.text),
+            };
+        }
         let _ = writeln!(
             s,
             "  transfer: {} received, {} sent",
@@ -124,7 +140,7 @@ mod tests {
             Key::generate_private(&mut rand_core::OsRng).to_hex(),
             pk.to_hex()
         );
-        let s = format_uapi(&reply, 1042, &[(pk, "phone".into())], &[]).unwrap();
+        let s = format_uapi(&reply, 1042, &[(pk, "phone".into())], &[], &[]).unwrap();
         assert!(
             s.contains(&format!("peer: {} (phone)\n", pk.to_base64())),
             "{s}"
@@ -138,7 +154,7 @@ mod tests {
                 "198.51.100.9".parse().unwrap(),
             )),
         }];
-        let with = format_uapi(&reply, 1042, &[], &h).unwrap();
+        let with = format_uapi(&reply, 1042, &[], &h, &[]).unwrap();
         assert!(
             with.contains(
                 "  latest handshake: 42 s ago
@@ -147,7 +163,18 @@ mod tests {
             ),
             "{with}"
         );
-        let unnamed = format_uapi(&reply, 1042, &[], &[]).unwrap();
+        let a = [PeerAccess {
+            key: pk,
+            text: "lan, 192.168.1.10/32 tcp 8096".into(),
+            drops: Some(17),
+        }];
+        let limited = format_uapi(&reply, 1042, &[], &[], &a).unwrap();
+        assert!(
+            limited.contains("  access: lan, 192.168.1.10/32 tcp 8096 (17 packets refused)\n"),
+            "{limited}"
+        );
+        let unnamed = format_uapi(&reply, 1042, &[], &[], &[]).unwrap();
+        assert!(!unnamed.contains("access:"));
         assert!(unnamed.contains(&format!("peer: {}\n", pk.to_base64())));
         assert!(s.contains("listening on port 51820"), "{s}");
         assert!(s.contains(&pk.to_base64()));
@@ -160,12 +187,12 @@ mod tests {
 
     #[test]
     fn errors_and_garbage() {
-        assert!(format_uapi("errno=2\n\n", 0, &[], &[])
+        assert!(format_uapi("errno=2\n\n", 0, &[], &[], &[])
             .unwrap_err()
             .contains("errno=2"));
-        assert!(format_uapi("HTTP/1.1 400\n", 0, &[], &[]).is_err());
-        assert!(format_uapi("listen_port=1\n", 0, &[], &[]).is_err());
-        assert!(format_uapi("listen_port=1\nerrno=0\n\n", 0, &[], &[])
+        assert!(format_uapi("HTTP/1.1 400\n", 0, &[], &[], &[]).is_err());
+        assert!(format_uapi("listen_port=1\n", 0, &[], &[], &[]).is_err());
+        assert!(format_uapi("listen_port=1\nerrno=0\n\n", 0, &[], &[], &[])
             .unwrap()
             .contains("no peers"));
     }

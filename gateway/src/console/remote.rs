@@ -6,7 +6,6 @@
 
 use std::net::IpAddr;
 
-use crate::core::access;
 use crate::core::config::{Config, PeerConfig};
 
 /// The SSH session a console serves: the key it logged in with and where it comes from.
@@ -56,7 +55,7 @@ pub fn risks(running: &Config, candidate: &Config, r: &Remote) -> Vec<String> {
             }
             // Its own Access, or ClientIsolation when it has none: what it may reach
             // (the appliance's SSH among it) changes.
-            Some(c) if access::of(candidate, c) != access::of(running, p) => {
+            Some(c) if c.access_under(&candidate.gateway) != p.access_under(&running.gateway) => {
                 v.push(format!("the Access of this session's peer {who}"))
             }
             Some(_) => {}
@@ -87,6 +86,7 @@ pub fn locks_out(running: &Config, candidate: &Config) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::access;
     use crate::core::key::Key;
 
     fn cfg() -> Config {

@@ -931,6 +931,7 @@ impl Session {
                         self.clock.unix(),
                         &self.peer_names(),
                         &crate::run::peers::read(&ifname),
+                        &self.peer_access(),
                     )
                     .map(|s| s.trim_end().to_string())
                     .into(),
@@ -1027,6 +1028,33 @@ impl Session {
     }
 
     /// Names of the running peers, for `show peers`.
+    /// The restricted peers' access and the firewall's refusals of each (read from the
+    /// kernel's table now; none without it).
+    fn peer_access(&self) -> Vec<peers::PeerAccess> {
+        use crate::core::firewall::{clients, TABLE};
+        let counters = crate::sys::nftables::counters(TABLE).ok();
+        let restricted = clients::client_rules(
+            &self.running,
+            &crate::core::firewall::Ports::from_config(&self.running),
+        )
+        .counters;
+        self.running
+            .peers
+            .iter()
+            .filter(|p| restricted.contains(&clients::counter_name(&p.public_key)))
+            .map(|p| {
+                let name = clients::counter_name(&p.public_key);
+                peers::PeerAccess {
+                    key: p.public_key,
+                    text: crate::core::access::list_text(&p.access_under(&self.running.gateway)),
+                    drops: counters
+                        .as_ref()
+                        .and_then(|c| c.iter().find(|(n, _, _)| *n == name).map(|(_, n, _)| *n)),
+                }
+            })
+            .collect()
+    }
+
     fn peer_names(&self) -> Vec<(Key, String)> {
         self.running
             .peers
@@ -1091,7 +1119,7 @@ impl Session {
         let _ = writeln!(
             t,
             "{}",
-            crate::core::access::describe(&self.candidate, &added.peer)
+            vpn_client::describe_access(&self.candidate, &added.peer)
         );
         t.push_str(&shown);
         for n in &added.text.notes {
@@ -1148,7 +1176,7 @@ impl Session {
                 "note: client {name} is disabled: it cannot connect until `enable client {name}` and `commit`"
             );
         }
-        let _ = writeln!(t, "{}", crate::core::access::describe(&self.candidate, &p));
+        let _ = writeln!(t, "{}", vpn_client::describe_access(&self.candidate, &p));
         let committed = self.running.peers.iter().any(|r| {
             r.public_key == p.public_key
                 && r.name == p.name
@@ -1651,6 +1679,15 @@ impl Session {
             Ok(back) if back == cfg => {}
             Ok(_) => return Err(refused("not committed: the configuration file would not read back as entered (a bug; please report)".into())),
             Err(e) => return Err(refused(format!("not committed: the configuration file would not read back: {e}"))),
+        }
+        // The kernel judges the firewall table before anything is saved: a dry run of the
+        // daemon's own transaction (a commit-confirm's rollback goes back to what ran).
+        if matches!(why, Save::Commit) {
+            self.hooks.check_firewall(&cfg).map_err(|e| {
+                refused(format!(
+                    "not committed: the kernel refuses the firewall table for it: {e}; nothing changed"
+                ))
+            })?;
         }
         let _lock = self
             .store

@@ -19,6 +19,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::core::config::Config;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::sys::termios::{self, LocalFlags, SetArg, SpecialCharacterIndices, Termios};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
@@ -119,6 +120,11 @@ pub trait Hooks {
     fn peers(&mut self, ifname: &str) -> Result<String, String>;
     /// Lines for `show status`.
     fn status(&mut self) -> Vec<String>;
+    /// Whether the kernel takes the firewall table `cfg` asks for over the ports as they
+    /// are now (a dry run: nothing changes). `Err`: the kernel's refusal.
+    fn check_firewall(&mut self, _cfg: &Config) -> Result<(), String> {
+        Ok(())
+    }
     /// Restart the appliance; the text says what happened.
     fn reboot(&mut self) -> String;
     /// Start verifying and installing an update bundle into the inactive slot
@@ -449,6 +455,29 @@ fn on_appliance() -> bool {
 }
 
 impl Hooks for SystemHooks {
+    fn check_firewall(&mut self, cfg: &Config) -> Result<(), String> {
+        use crate::sys::nftables::{self, NftError};
+        if !cfg.gateway.firewall {
+            return Ok(());
+        }
+        let Ok(mut nl) = crate::sys::netlink::Netlink::open() else {
+            return Ok(()); // no rtnetlink here: nothing the kernel could judge either
+        };
+        let port = cfg.interface.listen_port.unwrap_or(0);
+        let ports = crate::driver::appliance::firewall::ports_now(
+            &mut nl,
+            &cfg.gateway.interface_name,
+            cfg,
+            port,
+        );
+        match nftables::check(&crate::core::firewall::ruleset(cfg, &ports)) {
+            // No nf_tables, or no right to ask it (a console run by hand as a user): the
+            // daemon's reload still fails closed.
+            Ok(()) | Err(NftError::Unavailable(_)) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     fn reload(&mut self, saved: &Path) -> Result<String, String> {
         let pid = reload::daemon_pid(&self.pidfile)?;
         let runs = std::fs::read(format!("/proc/{pid}/cmdline"))

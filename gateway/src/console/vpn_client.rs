@@ -269,7 +269,7 @@ pub fn client_config(
     // whatever the client routes): a client that may not reach the internet is not
     // printed as full-tunnel, one that may not reach other clients gets the appliance's
     // tunnel address (its resolver, ping) rather than the tunnel's subnet.
-    let access = crate::core::access::of(cfg, peer);
+    let access = peer.access_under(&cfg.gateway);
     let may = |z: AccessItem| access.contains(&z);
     let tunnel = if tunnel == Tunnel::Full && !may(AccessItem::Internet) {
         notes.push(format!(
@@ -392,6 +392,39 @@ pub fn client_config(
     let _ = writeln!(t, "Endpoint = {endpoint}");
     let _ = writeln!(t, "PersistentKeepalive = {KEEPALIVE}");
     Ok(ClientText { config: t, notes })
+}
+
+/// `access: ...` as `show client` and `add client` say it: the list, whether it is the
+/// default, and what each zone means on this box.
+pub fn describe_access(cfg: &Config, peer: &PeerConfig) -> String {
+    let a = peer.access_under(&cfg.gateway);
+    let whose = match (&peer.access, cfg.gateway.client_isolation) {
+        (Some(_), _) => "its own",
+        (None, true) => "the default, less clients: ClientIsolation = on",
+        (None, false) => "the default",
+    };
+    let parts: Vec<String> = a
+        .iter()
+        .map(|z| match z {
+            AccessItem::Lan if cfg.gateway.lan.is_empty() => {
+                "lan (the uplink's own subnets)".to_string()
+            }
+            AccessItem::Lan => format!("lan (the LAN port {})", cfg.gateway.lan),
+            AccessItem::Internet => "internet (out of the uplink beyond the LAN)".into(),
+            AccessItem::Clients => "clients (other tunnel peers)".into(),
+            AccessItem::Appliance => "appliance (SSH, metrics)".into(),
+            other => other.to_string(),
+        })
+        .collect();
+    if parts.is_empty() {
+        return format!("access: none ({whose}): nothing but ping to the box");
+    }
+    let dns = if a.iter().any(|i| i.grants_dns()) {
+        "; the resolver on the box and ping to it"
+    } else {
+        "; ping to the box"
+    };
+    format!("access: {} ({whose}){dns}", parts.join(", "))
 }
 
 /// The configuration between its marker lines, then the same as a QR code.

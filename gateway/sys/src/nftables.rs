@@ -112,6 +112,14 @@ pub fn replace(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>) -> Result<()
     Socket::open()?.transact(&nft::replace_batch(rs, initial, 1))
 }
 
+/// Whether the kernel would take `rs` as [`replace`] sends it, without changing
+/// anything (a batch without its end: the kernel checks and validates each message, then
+/// aborts). What `commit` asks before it saves a configuration.
+pub fn check(rs: &Ruleset) -> Result<(), NftError> {
+    nft::validate(rs)?;
+    Socket::open()?.transact(&nft::check_batch(rs, 1))
+}
+
 /// Delete table `name` (family inet) if it exists. `Ok(true)` if it was there.
 pub fn remove(name: &str) -> Result<bool, NftError> {
     nft::check_table_name(name)?;
@@ -533,7 +541,11 @@ mod tests {
                 ("10.100.0.40", "10.100.0.77", "client_b"),
                 ("10.200.0.0", "255.255.255.255", "client_a"),
             ]),
-            map("clients6", Family::V6, &[("fd00:100::2", "fd00:100::2", "client_a")]),
+            map("clients6", Family::V6, &[
+                ("fd00:100::2", "fd00:100::2", "client_a"),
+                // Touching: the end of the one before and this start share a key.
+                ("fd00:100::3", "fd00:100::7", "client_b"),
+            ]),
             map("nobody", Family::V4, &[]),
             map("local4", Family::V4, &[("0.0.0.0", "127.0.0.1", "loopback")]),
         ];
@@ -612,7 +624,8 @@ mod tests {
         "10.100.0.40-10.100.0.77 : jump client_b, 10.200.0.0-255.255.255.255 : jump client_a }",
         "map clients6 {",
         "type ipv6_addr : verdict",
-        "elements = { fd00:100::2 : jump client_a }",
+        "elements = { fd00:100::2 : jump client_a,",
+        "fd00:100::3-fd00:100::7 : jump client_b }",
         "map nobody {",
         "elements = { 0.0.0.0-127.0.0.1 : jump loopback }",
         "type nat hook postrouting priority srcnat; policy accept;",
@@ -810,6 +823,133 @@ mod tests {
             assert!(counters("rgtest").unwrap().is_empty());
             assert!(!list().0);
             other_intact();
+        });
+    }
+
+    /// The appliance's own policy with per-client access for 500 clients (two families,
+    /// isolation, a hub's /0 around them) goes into a real kernel in one transaction, and
+    /// nft reads the maps and a client's chain back.
+    #[test]
+    fn per_client_access_for_500_clients_installs_in_private_netns() {
+        use riceguard_core::config::{Config, PeerConfig};
+        use riceguard_core::firewall::{clients, ruleset, Ports};
+        use riceguard_core::key::Key;
+        in_netns(|| {
+            if Command::new("nft").arg("--version").output().is_err() {
+                return crate::testutil::not_run("nft (Debian's nftables) is not installed");
+            }
+            if let Err(NftError::Unavailable(e)) = exists("riceguard") {
+                return crate::testutil::not_run(&e.to_string());
+            }
+            let mut cfg = Config::default();
+            cfg.interface.listen_port = Some(51820);
+            cfg.interface.addresses = vec!["10.100.0.1/22".parse().unwrap()];
+            cfg.gateway.lan = "eth1".into();
+            cfg.gateway.client_isolation = true;
+            let access =
+                riceguard_core::access::parse_list("lan, 192.168.88.10/32 tcp 8096").unwrap();
+            for i in 0..500u32 {
+                let a = std::net::Ipv4Addr::from(0x0a64_0002 + i);
+                let mut k = [0u8; 32];
+                k[..4].copy_from_slice(&i.to_be_bytes());
+                k[31] = 9;
+                let mut pc = PeerConfig::new(Key(k));
+                pc.allowed_ips = vec![
+                    format!("{a}/32").parse().unwrap(),
+                    format!("fd00:100::{:x}/128", i + 2).parse().unwrap(),
+                ];
+                if i % 2 == 0 {
+                    pc.access = Some(access.clone());
+                }
+                cfg.peers.push(pc);
+            }
+            let mut hub = PeerConfig::new(Key([0xee; 32]));
+            hub.allowed_ips = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];
+            hub.access = Some(riceguard_core::access::parse_list("lan").unwrap());
+            cfg.peers.push(hub);
+            let mut p = Ports::from_config(&cfg);
+            p.uplink_nets = vec!["192.0.2.0/24".parse().unwrap()];
+            let rs = ruleset(&cfg, &p);
+            replace(&rs, &HashMap::new()).unwrap();
+            let (ok, text) = nft(&["list", "map", "inet", "riceguard", clients::MAP_FORWARD_V4]);
+            assert!(ok, "{text}");
+            assert!(text.contains("type ipv4_addr : verdict"), "{text}");
+            assert!(text.contains("10.100.0.2 : jump fwd-"), "{text}");
+            let first = clients::key_tag(&cfg.peers[0].public_key);
+            let (ok, text) = nft(&[
+                "list",
+                "chain",
+                "inet",
+                "riceguard",
+                &format!("fwd-{first}"),
+            ]);
+            assert!(ok, "{text}");
+            assert!(
+                text.contains("ip daddr 192.168.88.10 tcp dport 8096 accept"),
+                "{text}"
+            );
+            assert!(
+                text.contains("oifname \"wg0\" counter name \"access-"),
+                "{text}"
+            );
+            let (ok, text) = nft(&["list", "chain", "inet", "riceguard", "forward"]);
+            assert!(ok, "{text}");
+            assert!(text.contains("ip saddr vmap @client-fwd4"), "{text}");
+            assert!(text.contains("tcp option maxseg size set rt mtu"), "{text}");
+            let c = counters("riceguard").unwrap();
+            assert_eq!(
+                c.iter()
+                    .filter(|(n, _, _)| n.starts_with("access-"))
+                    .count(),
+                501
+            );
+            assert!(remove("riceguard").unwrap());
+        });
+    }
+
+    /// The dry run `commit` asks for: a good table is taken and nothing changes (no table
+    /// appears, one in place keeps its tag); one the kernel refuses as a whole (the
+    /// forward hook already holds its limit of base chains) is refused with the kernel's
+    /// reason, and nothing changes either.
+    #[test]
+    fn check_changes_nothing_and_reports_what_the_kernel_refuses() {
+        in_netns(|| {
+            if Command::new("nft").arg("--version").output().is_err() {
+                return crate::testutil::not_run("nft (Debian's nftables) is not installed");
+            }
+            if let Err(NftError::Unavailable(e)) = exists("rgcheck") {
+                return crate::testutil::not_run(&e.to_string());
+            }
+            let rs = realistic("rgcheck");
+            check(&rs).unwrap();
+            assert!(!exists("rgcheck").unwrap(), "a dry run installed the table");
+            replace(&rs, &HashMap::new()).unwrap();
+            let tag = forwarding::tag(&rs);
+            let mut other = rs.clone();
+            other.counters.push("extra".into());
+            check(&other).unwrap();
+            assert_eq!(
+                installed("rgcheck"),
+                Installed::Present { comment: Some(tag) },
+                "a dry run replaced the table"
+            );
+            assert!(remove("rgcheck").unwrap());
+            // Fill the forward hook (1024 base chains, the kernel's limit per hook).
+            let mut script = String::from("table inet rgfill {\n");
+            for i in 0..1024 {
+                script += &format!("chain c{i} {{ type filter hook forward priority 0; }}\n");
+            }
+            script += "}\n";
+            let path = std::env::temp_dir().join(format!("rgfill-{}.nft", std::process::id()));
+            std::fs::write(&path, script).unwrap();
+            let (ok, out) = nft(&["-f", path.to_str().unwrap()]);
+            let _ = std::fs::remove_file(&path);
+            assert!(ok, "{out}");
+            let e = check(&rs).unwrap_err();
+            assert!(e.to_string().contains("chain"), "{e}");
+            assert!(!exists("rgcheck").unwrap());
+            let (ok, out) = nft(&["delete", "table", "inet", "rgfill"]);
+            assert!(ok, "{out}");
         });
     }
 }

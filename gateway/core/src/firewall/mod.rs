@@ -50,6 +50,7 @@
 //! from the uplink; another table's rules (Docker's, a distribution's) still see
 //! everything and may drop more.
 
+pub mod clients;
 pub mod forwarding;
 pub mod nft;
 pub mod ports;
@@ -75,6 +76,10 @@ pub const COUNTERS: [&str; 4] = [
     COUNTER_UPLINK_FWD,
     COUNTER_INVALID,
 ];
+
+/// TCP flags (the header's 14th byte).
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
 
 /// Echo requests answered from the uplink: a second, and burst.
 pub const ECHO_PER_SECOND: u64 = 5;
@@ -163,24 +168,18 @@ fn peer_prefixes(cfg: &Config) -> Vec<(usize, Cidr)> {
         .collect()
 }
 
-/// The sources `[Peer] Masquerade = off` exempts from NAT: each such peer's allowed IPs
-/// minus every more specific prefix of another enabled peer. A source belongs to the
-/// peer that owns it by longest prefix (as the device's source check decides), so a
-/// `10.0.0.0/8` site with `Masquerade = off` does not exempt a client's 10.100.0.2/32
-/// of another peer. NAT applies it only to what arrived on the tunnel interface.
+/// The sources `[Peer] Masquerade = off` exempts from NAT: the parts of the owner
+/// partition ([`clients::owners_with`], the one the per-client access keys on) that
+/// belong to such a peer, without the peers' `/0`. A source belongs to the peer that owns it by longest prefix
+/// (as the device's source check decides), so a `10.0.0.0/8` site with `Masquerade =
+/// off` does not exempt a client's 10.100.0.2/32 of another peer. NAT applies it only to
+/// what arrived on the tunnel interface.
 pub fn masquerade_off_sources(cfg: &Config) -> Vec<Cidr> {
-    let all = peer_prefixes(cfg);
     minimal(
-        all.iter()
+        clients::owners_with(cfg, false)
+            .into_iter()
             .filter(|(i, _)| !cfg.peers[*i].masquerade)
-            .flat_map(|(i, c)| {
-                let specific: Vec<Cidr> = all
-                    .iter()
-                    .filter(|(j, o)| j != i && o.prefix > c.prefix && c.covers(o))
-                    .map(|(_, o)| *o)
-                    .collect();
-                subtract(*c, &specific)
-            }),
+            .map(|(_, c)| c),
     )
 }
 
@@ -380,15 +379,17 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
         ));
     }
 
+    // Per-client access: a restricted peer's new flows go to its own chain (one map
+    // lookup by source), before the tunnel's accept.
+    let cr = clients::client_rules(cfg, p);
     // input: the uplink reaches only what a gateway offers it.
-    let mut input = vec![
-        rule(vec![iif("lo")], Action::Accept, "loopback"),
-        rule(
-            vec![iif(&p.tunnel)],
-            Action::Accept,
-            "clients reach the appliance",
-        ),
-    ];
+    let mut input = vec![rule(vec![iif("lo")], Action::Accept, "loopback")];
+    input.extend(cr.input);
+    input.push(rule(
+        vec![iif(&p.tunnel)],
+        Action::Accept,
+        "clients reach the appliance (unless their Access says otherwise, above)",
+    ));
     if let Some(l) = &p.lan {
         input.push(rule(
             vec![iif(l)],
@@ -516,14 +517,31 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
 
     // forward: our zones go anywhere; the uplink reaches the tunnel only one-armed, from
     // its own subnets, and the LAN port never.
-    let mut fwd = vec![
-        rule(vec![established], Action::Accept, "replies"),
-        rule(
-            vec![iif(&p.tunnel)],
-            Action::Accept,
-            "tunnel to the LAN, the internet, other clients",
-        ),
-    ];
+    // MSS clamping first: a SYN (and SYN-ACK) into or out of the tunnel gets an MSS that
+    // fits the route's MTU, so TCP works where ICMP "fragmentation needed" never comes
+    // back (the tunnel's 1420 bytes is the smaller hop for a LAN host at 1500).
+    let mut fwd = Vec::new();
+    for m in [iif(&p.tunnel), oif(&p.tunnel)] {
+        fwd.push(rule(
+            vec![
+                m,
+                Match::L4(L4::Tcp),
+                Match::TcpFlags {
+                    mask: TCP_SYN | TCP_RST,
+                    value: TCP_SYN,
+                },
+            ],
+            Action::ClampMss,
+            "TCP MSS clamped to the route's MTU (into and out of the tunnel)",
+        ));
+    }
+    fwd.push(rule(vec![established], Action::Accept, "replies"));
+    fwd.extend(cr.forward);
+    fwd.push(rule(
+        vec![iif(&p.tunnel)],
+        Action::Accept,
+        "tunnel to the LAN, the internet, other clients (unless their Access says otherwise, above)",
+    ));
     if let Some(l) = &p.lan {
         fwd.push(rule(
             vec![iif(l)],
@@ -584,11 +602,14 @@ pub fn ruleset(cfg: &Config, p: &Ports) -> Ruleset {
             nat,
         ));
     }
+    chains.extend(cr.chains);
+    let mut counters: Vec<String> = COUNTERS.iter().map(|c| c.to_string()).collect();
+    counters.extend(cr.counters);
     Ruleset {
         table: TABLE.to_string(),
-        counters: COUNTERS.iter().map(|c| c.to_string()).collect(),
+        counters,
         chains,
-        maps: Vec::new(),
+        maps: cr.maps,
     }
 }
 

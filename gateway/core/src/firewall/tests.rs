@@ -54,6 +54,8 @@ struct Pkt {
     iif: &'static str,
     oif: &'static str,
     src: Option<std::net::IpAddr>,
+    /// The destination (`None`: no `Daddr` match holds, as before the per-client rules).
+    dst: Option<std::net::IpAddr>,
     l4: Option<L4>,
     sport: u16,
     dport: u16,
@@ -76,7 +78,7 @@ fn holds(m: &Match, k: &Pkt) -> bool {
         Match::Family(Family::V6) => fam(false),
         Match::L4(l) => k.l4 == Some(*l),
         Match::Saddr { net, eq } => k.src.is_some_and(|a| net.contains(a) == *eq),
-        Match::Daddr { .. } => false,
+        Match::Daddr { net, eq } => k.dst.is_some_and(|a| net.contains(a) == *eq),
         Match::Sport(p) => k.sport == *p,
         Match::Dport(p) => k.dport == *p,
         Match::SportIn(lo, hi) => (*lo..=*hi).contains(&k.sport),
@@ -111,9 +113,6 @@ fn run(rs: &Ruleset, ch: &str, k: &Pkt) -> Outcome {
     }
 }
 
-/// The kernel's jump stack (`NFT_JUMP_STACK_SIZE`).
-const JUMP_STACK: usize = 16;
-
 /// The rules of `ch` in turn, as the kernel runs them: `Some` ends the walk with a
 /// verdict; `None`, the chain returned (a `Return` in a chain jumped to, or its end) and
 /// the rule after the jump follows. `ClampMss` is no verdict: it marks a TCP packet
@@ -126,7 +125,7 @@ fn walk(
     depth: usize,
 ) -> Option<(Action, Option<String>)> {
     assert!(
-        depth < JUMP_STACK,
+        depth < nft::JUMP_STACK,
         "jumps nest deeper than the kernel allows at {ch}"
     );
     for r in &chain(rs, ch).rules {
@@ -1260,3 +1259,7 @@ fn dns_never_from_the_uplink() {
         (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
     );
 }
+
+/// Per-client access (`firewall::clients`) through the evaluator.
+#[path = "clients/tests.rs"]
+mod clients;

@@ -155,6 +155,7 @@ fn extra_peer_figures_and_one_hot_health() {
         last_rx_age: Some(Some(4.0)),
         health: Some("idle"),
         shared_key_devices: Some(false),
+        access_drops: Some(7),
     };
     let mut never = PeerMetrics::new("x", "K".into(), true);
     never.extra.last_rx_age = Some(None);
@@ -171,9 +172,12 @@ fn extra_peer_figures_and_one_hot_health() {
         "riceguard_peer_health{name=\"phone\",public_key=\"AAAA+/=\",state=\"idle\"} 1\n",
         "riceguard_peer_health{name=\"phone\",public_key=\"AAAA+/=\",state=\"up\"} 0\n",
         "riceguard_peer_health{name=\"x\",public_key=\"K\",state=\"never\"} 1\n",
+        "riceguard_peer_access_drops_total{name=\"phone\",public_key=\"AAAA+/=\"} 7\n",
     ] {
         assert!(t.contains(want), "{want} missing from:\n{t}");
     }
+    // Not restricted: no access-drops sample for it.
+    assert!(!t.contains("riceguard_peer_access_drops_total{name=\"x\""));
     // Never heard from: no age sample for it.
     assert!(!t.contains("riceguard_peer_last_receive_age_seconds{name=\"x\""));
     let ones = t

@@ -48,7 +48,19 @@ struct Recorder {
     uplink: FakeUplink,
 }
 
+thread_local! {
+    /// What the fake kernel says of a firewall table whose configuration has
+    /// `ClientIsolation = on` (`None`: it takes every table).
+    static KERNEL_REFUSES: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
 impl Hooks for Recorder {
+    fn check_firewall(&mut self, cfg: &Config) -> Result<(), String> {
+        match KERNEL_REFUSES.with(|k| k.borrow().clone()) {
+            Some(why) if cfg.gateway.client_isolation => Err(why),
+            _ => Ok(()),
+        }
+    }
     fn reload(&mut self, _saved: &std::path::Path) -> Result<String, String> {
         self.log.borrow_mut().push("reload".into());
         if self.daemon {
@@ -234,6 +246,30 @@ fn peer_key() -> String {
     Key::generate_private(&mut rand_core::OsRng)
         .public()
         .to_base64()
+}
+
+#[test]
+fn a_table_the_kernel_refuses_is_not_committed() {
+    let mut r = Rig::new();
+    r.ok("set interface listen-port 51820");
+    r.ok("commit");
+    let before = r.saved();
+    KERNEL_REFUSES
+        .with(|k| *k.borrow_mut() = Some("add chain forward: Argument list too long".into()));
+    r.ok("set gateway client-isolation on");
+    let e = r.err("commit");
+    KERNEL_REFUSES.with(|k| *k.borrow_mut() = None);
+    assert!(
+        e.contains("the kernel refuses the firewall table")
+            && e.contains("Argument list too long")
+            && e.contains("nothing changed"),
+        "{e}"
+    );
+    assert_eq!(r.saved(), before);
+    assert_eq!(r.reloads(), 1, "the daemon was not told");
+    // The kernel takes it now: the same candidate commits.
+    assert!(r.ok("commit").contains("committed"));
+    assert!(r.saved().gateway.client_isolation);
 }
 
 #[test]

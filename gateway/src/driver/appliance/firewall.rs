@@ -33,6 +33,9 @@ pub struct Firewall {
     problem: Mutex<Option<String>>,
     /// What `riceguard status` shows (the `firewall:` and `nat:` lines).
     summary: Mutex<Vec<String>>,
+    /// The per-client access counters of the ruleset asked for, with the peer each
+    /// belongs to as the status names it (its `Name`, else its key's start).
+    access_counters: Mutex<Vec<(String, String)>>,
 }
 
 /// What happened on [`Firewall::apply`].
@@ -73,6 +76,15 @@ impl Firewall {
             ports.tunnel
         )];
         summary.extend(firewall::nat_summary(cfg, ports));
+        summary.push(
+            "mss clamp: on (TCP SYNs into and out of the tunnel: MSS set to the route's MTU)"
+                .into(),
+        );
+        summary.extend(access_summary(cfg));
+        *self
+            .access_counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = access_counters(cfg);
         if inst.as_ref() == Some(&rs) {
             let kernel = nftables::installed(TABLE);
             if fwd::forwarding(Some(&tag), &kernel) == Forwarding::On {
@@ -221,12 +233,111 @@ pub fn install_at_boot(cfg: &Config) -> Result<Outcome, NftError> {
     Firewall::default().apply(cfg, &Ports::from_config(cfg))
 }
 
-/// `riceguard status`: the drop counters of the table, one line (`None`: no table).
-pub fn counters_line() -> Option<String> {
-    let c = nftables::counters(TABLE).ok()?;
-    if c.is_empty() {
+impl Firewall {
+    /// `riceguard status`: the drop counters of the table (`firewall drops:`), then what
+    /// each restricted client tried and was refused (`client access drops:`, the most
+    /// first, at most 20 named). Empty: no table.
+    pub fn counters_lines(&self) -> Vec<String> {
+        let Ok(c) = nftables::counters(TABLE) else {
+            return Vec::new();
+        };
+        if c.is_empty() {
+            return Vec::new();
+        }
+        let (access, global): (Vec<_>, Vec<_>) = c
+            .into_iter()
+            .partition(|(n, _, _)| firewall::clients::counter_tag(n).is_some());
+        let parts: Vec<String> = global.iter().map(|(n, p, _)| format!("{n} {p}")).collect();
+        let mut v = vec![format!("firewall drops: {}", parts.join(", "))];
+        let names = self
+            .access_counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(l) = access_drops_line(&names, &access) {
+            v.push(l);
+        }
+        v
+    }
+}
+
+/// The per-client access counters of `cfg` and whose they are.
+fn access_counters(cfg: &Config) -> Vec<(String, String)> {
+    let rs_counters = firewall::clients::client_rules(cfg, &Ports::from_config(cfg)).counters;
+    cfg.peers
+        .iter()
+        .filter(|p| rs_counters.contains(&firewall::clients::counter_name(&p.public_key)))
+        .map(|p| {
+            let who = p
+                .name
+                .clone()
+                .unwrap_or_else(|| p.public_key.to_base64()[..8].to_string());
+            (firewall::clients::counter_name(&p.public_key), who)
+        })
+        .collect()
+}
+
+/// `client access: ...`: how many clients are restricted and whether isolation is on.
+fn access_summary(cfg: &Config) -> Option<String> {
+    let restricted = access_counters(cfg);
+    if restricted.is_empty() && !cfg.gateway.client_isolation {
         return None;
     }
-    let parts: Vec<String> = c.iter().map(|(n, p, _)| format!("{n} {p}")).collect();
-    Some(format!("firewall drops: {}", parts.join(", ")))
+    let names: Vec<&str> = restricted
+        .iter()
+        .take(20)
+        .map(|(_, n)| n.as_str())
+        .collect();
+    let more = restricted.len().saturating_sub(names.len());
+    Some(format!(
+        "client access: {} restricted ({}{}){}",
+        restricted.len(),
+        names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        },
+        if cfg.gateway.client_isolation {
+            "; ClientIsolation on: clients without an Access of their own cannot reach each other"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// `client access drops: kiosk 17, tv 3` (the most first; at most 20; those at 0 left
+/// out); `None` when no restricted client dropped anything.
+fn access_drops_line(names: &[(String, String)], counts: &[(String, u64, u64)]) -> Option<String> {
+    let mut hits: Vec<(&str, u64)> = counts
+        .iter()
+        .filter(|(_, p, _)| *p > 0)
+        .map(|(n, p, _)| {
+            let who = names
+                .iter()
+                .find(|(c, _)| c == n)
+                .map_or(n.as_str(), |(_, w)| w.as_str());
+            (who, *p)
+        })
+        .collect();
+    if hits.is_empty() {
+        return None;
+    }
+    hits.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let total: u64 = hits.iter().map(|h| h.1).sum();
+    let shown: Vec<String> = hits
+        .iter()
+        .take(20)
+        .map(|(w, p)| format!("{w} {p}"))
+        .collect();
+    let more = hits.len().saturating_sub(shown.len());
+    Some(format!(
+        "client access drops: {total} ({}{})",
+        shown.join(", "),
+        if more > 0 {
+            format!(", {more} more")
+        } else {
+            String::new()
+        }
+    ))
 }

@@ -179,9 +179,8 @@ impl NetConf {
     /// about once a second; the counters are read from the kernel each time).
     pub fn firewall_summary(&self) -> Vec<String> {
         let mut v = self.firewall.summary();
-        if let Some(c) = firewall::counters_line() {
-            v.insert(1.min(v.len()), c);
-        }
+        let at = 1.min(v.len());
+        v.splice(at..at, self.firewall.counters_lines());
         v
     }
 

@@ -353,8 +353,22 @@ pub fn collect(
     cfg: &Config,
     mono: &mut Monotonic,
 ) -> (GatewayMetrics, Vec<PeerMetrics>) {
-    let peers = peer_metrics(&src.device, cfg, mono);
-    let g = gateway_metrics(src, mono);
+    // The table's counters, read once: the global drop causes and each restricted
+    // client's access drops (`access-KEYTAG`).
+    let counters = crate::sys::nftables::counters(crate::core::firewall::TABLE).ok();
+    let mut peers = peer_metrics(&src.device, cfg, mono);
+    if let Some(c) = &counters {
+        for p in &mut peers {
+            let Ok(k) = crate::core::key::Key::from_base64(&p.public_key) else {
+                continue;
+            };
+            let name = crate::core::firewall::clients::counter_name(&k);
+            if let Some((_, n, _)) = c.iter().find(|(cn, _, _)| *cn == name) {
+                p.extra.access_drops = Some(mono.get(&format!("fw {name}"), *n));
+            }
+        }
+    }
+    let g = gateway_metrics(src, mono, counters);
     (g, peers)
 }
 
@@ -376,6 +390,7 @@ fn peer_metrics(dev: &Device, cfg: &Config, mono: &mut Monotonic) -> Vec<PeerMet
             last_rx_age: Some(st.last_rx_age.map(|d| d.as_secs_f64())),
             health: Some(st.health.as_str()),
             shared_key_devices: Some(st.shared_key.is_some()),
+            access_drops: None,
         };
         p.latest_handshake = st
             .last_handshake
@@ -411,19 +426,21 @@ fn peer_metrics(dev: &Device, cfg: &Config, mono: &mut Monotonic) -> Vec<PeerMet
     out
 }
 
-fn gateway_metrics(src: &Sources, mono: &mut Monotonic) -> GatewayMetrics {
+fn gateway_metrics(
+    src: &Sources,
+    mono: &mut Monotonic,
+    counters: Option<Vec<(String, u64, u64)>>,
+) -> GatewayMetrics {
     let run = crate::run::run_dir();
-    let firewall_drops = crate::sys::nftables::counters(crate::core::firewall::TABLE)
-        .ok()
-        .filter(|c| !c.is_empty())
-        .map(|c| {
-            c.into_iter()
-                .map(|(name, packets, _)| {
-                    let v = mono.get(&format!("fw {name}"), packets);
-                    (name, v)
-                })
-                .collect()
-        });
+    let firewall_drops = counters.filter(|c| !c.is_empty()).map(|c| {
+        c.into_iter()
+            .filter(|(name, _, _)| crate::core::firewall::clients::counter_tag(name).is_none())
+            .map(|(name, packets, _)| {
+                let v = mono.get(&format!("fw {name}"), packets);
+                (name, v)
+            })
+            .collect()
+    });
     let tcp = src.tcp.get().map(|h| {
         let c = h.counters();
         (c.open, mono.get("tcp accepted", c.accepted))

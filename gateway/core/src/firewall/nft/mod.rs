@@ -265,6 +265,66 @@ pub fn validate(rs: &Ruleset) -> Result<(), Invalid> {
             }
         }
     }
+    for c in &rs.chains {
+        if let Some(base) = c.base {
+            check_reach(rs, base.hook, &mut vec![c.name.as_str()])?;
+        }
+    }
+    Ok(())
+}
+
+/// How deep jumps may nest below a base chain (the kernel's `NFT_JUMP_STACK_SIZE`).
+pub const JUMP_STACK: usize = 16;
+
+/// What a base chain of hook `hook` reaches through jumps and maps (`path`: the base
+/// chain, then each chain jumped to): the kernel refuses the whole ruleset for a loop,
+/// for jumps nested deeper than [`JUMP_STACK`], and for `rt mtu` (the MSS clamp) below
+/// prerouting or input, where no route has been chosen yet. Checked here to say which
+/// chain it is. `rs` has passed the name checks (every jump's chain is there).
+fn check_reach<'a>(rs: &'a Ruleset, hook: Hook, path: &mut Vec<&'a str>) -> Result<(), Invalid> {
+    let Some(here) = path
+        .last()
+        .and_then(|n| rs.chains.iter().find(|c| &c.name == n))
+    else {
+        return Ok(());
+    };
+    let route_known = matches!(hook, Hook::Forward | Hook::Output | Hook::Postrouting);
+    for r in &here.rules {
+        let mut to: Vec<&str> = match &r.action {
+            Action::ClampMss if !route_known => {
+                return Err(Invalid(format!(
+                    "chain {:?} clamps the MSS (rt mtu), which the kernel allows only below \
+                     forward, output and postrouting (reached by {})",
+                    here.name,
+                    path.join(" -> ")
+                )));
+            }
+            Action::Jump(c) => vec![c.as_str()],
+            Action::SourceMap(m) => rs
+                .maps
+                .iter()
+                .filter(|x| &x.name == m)
+                .flat_map(|x| x.elements.iter().map(|e| e.chain.as_str()))
+                .collect(),
+            _ => continue,
+        };
+        to.sort_unstable();
+        to.dedup();
+        for c in to {
+            if path.contains(&c) {
+                return Err(Invalid(format!("jump loop: {} -> {c}", path.join(" -> "))));
+            }
+            if path.len() >= JUMP_STACK {
+                return Err(Invalid(format!(
+                    "jumps nest deeper than the kernel's {JUMP_STACK}: {} -> {c}",
+                    path.join(" -> ")
+                )));
+            }
+            path.push(c);
+            check_reach(rs, hook, path)?;
+            path.pop();
+        }
+    }
     Ok(())
 }
 
@@ -457,6 +517,20 @@ impl Batch {
 /// (the chains they jump to exist by then), and rules. The new table's comment is `rs`'s
 /// [`forwarding::tag`]. `rs` must have passed [`validate`].
 pub fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) -> Batch {
+    let mut b = replace_messages(rs, initial, seq);
+    b.end();
+    b
+}
+
+/// [`replace_batch`] as a dry run (`nft --check`): the same messages without
+/// `BATCH_END`, so the kernel checks each one, then validates the whole table as a
+/// commit would (jump loops, hooks, limits) and aborts it: every error is answered, and
+/// nothing changes.
+pub fn check_batch(rs: &Ruleset, seq: u32) -> Batch {
+    replace_messages(rs, &HashMap::new(), seq)
+}
+
+fn replace_messages(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u32) -> Batch {
     let t = rs.table.as_str();
     let mut b = Batch::new(seq);
     // Created first so the delete cannot fail with ENOENT; the second create starts empty.
@@ -490,7 +564,6 @@ pub fn replace_batch(rs: &Ruleset, initial: &HashMap<String, (u64, u64)>, seq: u
             rule(&mut b, t, &c.name, i + 1, r, &rs.maps);
         }
     }
-    b.end();
     b
 }
 
@@ -592,18 +665,19 @@ fn verdict_map(b: &mut Batch, table: &str, map: &VerdictMap, id: u32) {
     let mut span: Option<(IpAddr, IpAddr)> = None;
     let mut count = 0u16;
     for e in interval_elements(map) {
-        if chunk.len() > SETELEM_NEST_BUDGET {
-            set_elems(b, table, map, id, span.take(), &chunk);
+        if let Some(s) = span.filter(|_| chunk.len() > SETELEM_NEST_BUDGET) {
+            set_elems(b, table, map, id, s, &chunk);
+            (span, count) = (None, 0);
             chunk.clear();
-            count = 0;
         }
         count += 1;
         nest(&mut chunk, count, |m| e.encode(m));
         let a = e.addr();
         span = Some((span.map_or(a, |s| s.0), a));
     }
-    if count > 0 {
-        set_elems(b, table, map, id, span, &chunk);
+    // None: an empty map, the set alone (as nft sends it).
+    if let Some(s) = span {
+        set_elems(b, table, map, id, s, &chunk);
     }
 }
 
@@ -614,10 +688,9 @@ fn set_elems(
     table: &str,
     map: &VerdictMap,
     id: u32,
-    span: Option<(IpAddr, IpAddr)>,
+    (first, last): (IpAddr, IpAddr),
     elems: &[u8],
 ) {
-    let (first, last) = span.unwrap_or((IpAddr::from([0; 4]), IpAddr::from([0; 4])));
     let what = format!("add elements {first} to {last} of map {}", map.name);
     b.add(NFT_MSG_NEWSETELEM, NLM_F_CREATE, what, |m| {
         attr_str(m, NFTA_SET_ELEM_LIST_TABLE, table);

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::firewall::rules::{AddrType, ChainKind, CtStates};
-use crate::firewall::rules::{PRIO_RAW, PRIO_SRCNAT};
+use crate::firewall::rules::{PRIO_FILTER, PRIO_RAW, PRIO_SRCNAT};
 use crate::netlink::messages;
 use crate::testutil::nft::*;
 use Action::*;
@@ -838,4 +838,51 @@ fn maps_jumps_and_lookups_the_kernel_would_refuse_are_refused() {
         &with_action(SourceMap("nope".into())),
         "looks up map \"nope\"",
     );
+}
+
+#[test]
+fn loops_deep_jumps_and_a_clamp_before_routing_are_refused() {
+    let mut rs = tiny();
+    rs.chains
+        .push(regular("a", vec![rule_(vec![], None, Jump("b".into()))]));
+    rs.chains
+        .push(regular("b", vec![rule_(vec![], None, ClampMss)]));
+    rs.maps
+        .push(map("m", Family::V4, &[("10.0.0.1", "10.0.0.1", "a")]));
+    // Not reached from a base chain: the kernel takes it, and so do we.
+    assert!(validate(&rs).is_ok());
+    // Reached from input (through the map, then a jump): no route yet for `rt mtu`.
+    rs.chains[0].rules[0].action = SourceMap("m".into());
+    let e = validate(&rs).unwrap_err().to_string();
+    assert!(
+        e.contains("chain \"b\" clamps the MSS") && e.contains("input -> a -> b"),
+        "{e}"
+    );
+    let forward = filter(
+        "fwd",
+        Hook::Forward,
+        PRIO_FILTER,
+        vec![rule_(vec![], None, Jump("a".into()))],
+    );
+    rs.chains[0] = forward;
+    assert!(validate(&rs).is_ok());
+    // A loop.
+    rs.chains[2]
+        .rules
+        .push(rule_(vec![], None, Jump("a".into())));
+    let e = validate(&rs).unwrap_err().to_string();
+    assert!(e.contains("jump loop: fwd -> a -> b -> a"), "{e}");
+    // Sixteen jumps deep is one too many.
+    let mut rs = tiny();
+    rs.chains[0].rules[0].action = Jump("c1".into());
+    for i in 1..=JUMP_STACK {
+        let next = vec![rule_(vec![], None, Jump(format!("c{}", i + 1)))];
+        let rules = if i < JUMP_STACK - 1 { next } else { vec![] };
+        rs.chains.push(regular(&format!("c{i}"), rules));
+    }
+    assert!(validate(&rs).is_ok(), "{:?}", validate(&rs));
+    let last = rs.chains.len() - 1;
+    rs.chains[last - 1].rules = vec![rule_(vec![], None, Jump(format!("c{JUMP_STACK}")))];
+    let e = validate(&rs).unwrap_err().to_string();
+    assert!(e.contains("jumps nest deeper than the kernel's 16"), "{e}");
 }
