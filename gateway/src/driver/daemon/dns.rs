@@ -232,7 +232,7 @@ struct Forward {
     token: u64,
     sock: UdpSocket,
     client: SocketAddr,
-    /// The listening socket (index into the bound list) the query came in on.
+    /// The address (its listening socket) the query came in on: the answer leaves from it.
     via: IpAddr,
 }
 
