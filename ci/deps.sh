@@ -26,8 +26,9 @@ APT_PKGS=(
     # the metrics lab (ci/metrics.sh): Debian's Prometheus server scrapes the appliance;
     # curl asks its HTTP API and the endpoint itself (about 9 s to install, no recommends)
     prometheus curl
-    # DHCP server for the uplink-by-DHCP test (ci/dhcp.sh)
-    dnsmasq-base
+    # DHCP server for the uplink-by-DHCP test (ci/dhcp.sh), the upstream resolver of
+    # ci/dns.sh; dig (dnsutils) asks the appliance's resolver there
+    dnsmasq-base dnsutils
     # static builds (ci/build-static.sh): gcc's musl wrapper for x86_64 ring, clang/llvm-ar
     # for aarch64 ring; rust-lld ships with rustup, so no lld package is needed
     musl-tools clang llvm binutils file

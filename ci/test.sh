@@ -43,7 +43,12 @@
 #            away and back (the backlog, its drop notice first), no private key sent
 #            (ci/syslog.sh); Debian's Prometheus scraping the appliance from the LAN
 #            side (the phone's bytes as the UAPI says), the uplink refused and counted,
-#            bad and slow requests, Metrics = off, Firewall = off (ci/metrics.sh);
+#            bad and slow requests, Metrics = off, Firewall = off (ci/metrics.sh); the
+#            resolver on the box asked with dig through the tunnel (stock wireguard-go)
+#            and from the LAN: an upstream name (dnsmasq), phone.home.arpa, reverse
+#            lookups, TCP; nothing for the uplink, Firewall = off too; a tunnel address
+#            in an upstream answer dropped; forged answers (wrong ID, wrong port) ignored;
+#            a flood from one client cut while another is answered (ci/dns.sh);
 #            per-client access with stock clients, two-armed: a lan-only client that sets
 #            its own AllowedIPs to 0.0.0.0/0, a one-port kiosk, a site-to-site peer's
 #            subnet, ClientIsolation by reload, the per-peer drop counter in status and
@@ -139,7 +144,7 @@ labs_of() {
         fastpath) echo ci/fastpath.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
-        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ci/metrics.sh ci/access.sh ci/mss.sh ;;
+        gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ci/metrics.sh ci/dns.sh ci/access.sh ci/mss.sh ;;
         cross) echo ci/test-cross.sh ;;
         # The console tests boot copies of the qemu-x86_64 image test-image.sh built (and
         # checked as reproducible) rather than building it a third time.

@@ -1143,6 +1143,11 @@ mod tests {
     fn metrics_http_seeded() {
         run("metrics_http", check_metrics_http, 20_000);
     }
+
+    #[test]
+    fn dns_message_seeded() {
+        run("dns_message", check_dns_message, 20_000);
+    }
 }
 
 /// What the kernel sends back for nf_tables queries (`core::firewall::nft`'s readers) and
@@ -1161,6 +1166,98 @@ pub fn check_nft_reply(data: &[u8]) {
     // The payload alone, as if the header had been taken off already.
     let _ = parse_counter(data, "riceguard");
     let _ = parse_table_comment(data);
+}
+
+/// The DNS forwarder (`core::dns`): the input as a client's query, over UDP and TCP (and
+/// with its QR bit cleared), and when it is forwarded, the input again as the upstream's
+/// answer (QR set, the forward's ID, from the upstream). Nothing panics; what the
+/// resolver sends parses, is a response with the client's ID within the size limit, and
+/// an answer passed on names no protected (tunnel) address.
+pub fn check_dns_message(data: &[u8]) {
+    use hickory_proto::op::{Message, MessageType};
+    use riceguard::core::dns::{
+        protected_nets, Outcome, Resolver, Settings, Zone, TCP_MAX, UDP_MAX,
+    };
+    use riceguard::core::net::Cidr;
+    use riceguard_core::testutil::Rng;
+    use std::net::{IpAddr, SocketAddr};
+    let c = |s: &str| s.parse::<Cidr>().expect("a literal");
+    let tunnel = [c("10.100.0.1/24"), c("fd10::1/64")];
+    let phone = [c("10.100.0.2/32"), c("192.168.50.0/24")];
+    let upstream: SocketAddr = "192.0.2.53:53".parse().expect("a literal");
+    let settings = Settings {
+        zone: Zone::new(
+            "home.arpa",
+            &[tunnel[0].addr, tunnel[1].addr],
+            &tunnel,
+            [("phone", &phone[..])],
+        ),
+        upstreams: vec![upstream],
+        protected: protected_nets(&tunnel, &phone),
+    };
+    let protected = settings.protected.clone();
+    let mut r = Resolver::new(settings);
+    let mut rng = Rng(1);
+    let src: IpAddr = "10.100.0.2".parse().expect("a literal");
+    let check_reply = |b: &[u8], id: Option<[u8; 2]>, max: usize| {
+        assert!(b.len() <= max, "{} bytes", b.len());
+        let m = Message::from_vec(b).expect("what the resolver sends parses");
+        assert_eq!(m.metadata.message_type, MessageType::Response);
+        if let Some(id) = id {
+            assert_eq!(m.metadata.id.to_be_bytes(), id, "the client's ID");
+        }
+        for rec in m.answers.iter().chain(&m.additionals).chain(&m.authorities) {
+            if let Some(a) = rec.data.ip_addr() {
+                assert!(
+                    !protected.iter().any(|n| n.contains(a))
+                        || a == tunnel[0].addr
+                        || a == tunnel[1].addr
+                        || a == phone[0].addr,
+                    "{a} passed"
+                );
+            }
+        }
+    };
+    let id = (data.len() >= 2).then(|| [data[0], data[1]]);
+    // The input as it is, and as a query (QR clear) answered by itself as a response (QR
+    // set): an answer section in the input reaches the rebinding filter.
+    let mut as_query = data.to_vec();
+    let mut as_answer = data.to_vec();
+    if data.len() > 2 {
+        as_query[2] &= 0x7f;
+        as_answer[2] |= 0x80;
+    }
+    for (tcp, input) in [(false, data), (true, data), (false, &as_query[..])] {
+        let max = if tcp { TCP_MAX } else { UDP_MAX };
+        match r.query(src, input, tcp, 0, &mut rng) {
+            Outcome::Answer(b) => check_reply(&b, id, max),
+            Outcome::Forward {
+                token,
+                upstream: to,
+                bytes,
+            } => {
+                assert_eq!(to, upstream);
+                let q = Message::from_vec(&bytes).expect("a forward parses");
+                assert_eq!(q.queries.len(), 1);
+                let mut ans = as_answer.clone();
+                ans[..2].copy_from_slice(&bytes[..2]);
+                if let Some(b) = r.upstream_answer(token, upstream, &ans, 0) {
+                    let m = Message::from_vec(&b).expect("parses");
+                    // Upstream answers name no tunnel address at all.
+                    for rec in m.answers.iter().chain(&m.additionals).chain(&m.authorities) {
+                        if let Some(a) = rec.data.ip_addr() {
+                            assert!(!protected.iter().any(|n| n.contains(a)), "{a} passed");
+                        }
+                    }
+                    check_reply(&b, id, max);
+                }
+                // Not twice.
+                assert!(r.upstream_answer(token, upstream, &ans, 0).is_none());
+            }
+            Outcome::Drop(_) => {}
+        }
+    }
+    let _ = r.expire(u64::MAX);
 }
 
 /// The metrics endpoint's request head (`core::metrics::parse_request`, `head_end`) and

@@ -248,8 +248,8 @@ fn commit_signals_the_daemon_with_sighup() {
     );
 }
 
-/// A full-tunnel client gets the resolver of the uplink's DHCP lease (in `RG_RUN_DIR`, as
-/// `riceguard dhcp` writes it); disabling it keeps it in the file; the saved file loads on
+/// A full-tunnel client gets the resolver on the box, not the one of the uplink's DHCP
+/// lease (in `RG_RUN_DIR`, as `riceguard dhcp` writes it); disabling it keeps it in the file; the saved file loads on
 /// firmware of schema 1 (before Firewall/Masquerade/Enabled) without the new settings.
 #[test]
 fn full_tunnel_disable_and_the_file_older_firmware_reads() {
@@ -279,7 +279,8 @@ fn full_tunnel_disable_and_the_file_older_firmware_reads() {
         .nth(1)
         .and_then(|t| t.split("----- END WIREGUARD CONFIG phone -----").next())
         .expect("the phone's configuration");
-    assert!(conf.contains("\nDNS = 192.0.2.53, 192.0.2.54\n"), "{conf}");
+    // The resolver on the box, not the lease's (192.0.2.53, 192.0.2.54).
+    assert!(conf.contains("\nDNS = 10.100.0.1\n"), "{conf}");
     assert!(conf.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"), "{conf}");
     assert!(conf.contains("IPv6 is blocked"), "{conf}");
     let client = riceguard::core::ini::parse("phone.conf", conf).expect("parses");

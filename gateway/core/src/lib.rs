@@ -12,6 +12,7 @@ pub mod config;
 pub mod congestion;
 pub mod device;
 pub mod dhcp;
+pub mod dns;
 pub mod event;
 pub mod fallback;
 pub mod firewall;

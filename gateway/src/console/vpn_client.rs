@@ -18,8 +18,11 @@
 //!   tunnel subnets and the LAN subnets (`LanAddress` networks with a LAN port, else the
 //!   uplink's current subnets: the one-armed deployment), `Endpoint` = `PublicEndpoint`,
 //!   else the uplink's current IPv4 address (IPv6 if it has none) and the `ListenPort`.
+//! - Every client gets a `DNS` line: `ClientDns`, else the appliance's tunnel addresses (the
+//!   resolver on the box, `driver::daemon::dns`, inside every client's `AllowedIPs`); only
+//!   a full-tunnel client of a gateway without a tunnel address gets the lease's resolvers.
 //! - A **full-tunnel** client (`add client NAME full-tunnel`) gets `AllowedIPs = 0.0.0.0/0,
-//!   ::/0` and a `DNS` line (`ClientDns`, else the resolvers of the uplink's DHCP lease):
+//!   ::/0`:
 //!   all its traffic goes through the gateway, which translates it to the uplink's address
 //!   (the firewall's NAT). `::/0` is there even when the tunnel has no IPv6 subnet, so the
 //!   client's IPv6 cannot leak around the tunnel: with an IPv6 subnet the client has an
@@ -345,19 +348,35 @@ pub fn client_config(
         }
     }
     let _ = writeln!(t, "Address = {}", join(&addresses));
+    // The resolver on the box (its tunnel addresses) unless `ClientDns` names others; the
+    // lease's resolvers only for a full-tunnel client of a gateway without a tunnel
+    // address (nothing of ours to point at).
+    let own_dns: Vec<IpAddr> = cfg.interface.addresses.iter().map(|a| a.addr).collect();
     let lease_dns: &[IpAddr] = match (tunnel, uplink) {
         (Tunnel::Full, Ok(up)) => &up.dns,
         _ => &[],
     };
     if !cfg.gateway.client_dns.is_empty() {
         let _ = writeln!(t, "DNS = {}", join(&cfg.gateway.client_dns));
+    } else if !own_dns.is_empty() {
+        let _ = writeln!(t, "DNS = {}", join(&own_dns));
+        // The client must route its queries into the tunnel (split tunnel: the tunnel
+        // subnet or the appliance's /32 already is; said here so it stays so).
+        for a in &own_dns {
+            if !allowed.iter().any(|n| n.contains(*a)) {
+                allowed.push(Cidr {
+                    addr: *a,
+                    prefix: if a.is_ipv4() { 32 } else { 128 },
+                });
+            }
+        }
     } else if !lease_dns.is_empty() {
         let _ = writeln!(t, "DNS = {}", join(lease_dns));
     } else if tunnel == Tunnel::Full {
         notes.push(
-            "no DNS server for the client: no `gateway client-dns` is set and the uplink has no DHCP lease \
-             naming one; the client keeps its own resolver, which may not answer through the full tunnel: \
-             `set gateway client-dns IP`"
+            "no DNS server for the client: no `gateway client-dns` is set, the tunnel has no address of the \
+             appliance's and the uplink has no DHCP lease naming one; the client keeps its own resolver, \
+             which may not answer through the full tunnel: `set gateway client-dns IP`"
                 .into(),
         );
     }
@@ -807,14 +826,15 @@ mod tests {
     }
 
     #[test]
-    fn two_armed_public_endpoint_and_no_dns() {
+    fn two_armed_public_endpoint_and_the_resolver_on_the_box() {
         let mut cfg = gateway(&["10.100.0.1/24"]);
         cfg.gateway.lan = "eth1".into();
         cfg.gateway.lan_addresses = vec![c("192.168.50.1/24")];
         cfg.gateway.public_endpoint = Some("vpn.example.net:443".parse().unwrap());
         let a = add_split(&mut cfg, "phone", &Err("no uplink".into())).unwrap();
         let t = &a.text.config;
-        assert!(!t.contains("DNS"), "{t}");
+        // A split-tunnel client asks the appliance too (inside its AllowedIPs).
+        assert!(t.contains("\nDNS = 10.100.0.1\n"), "{t}");
         assert!(
             t.contains("AllowedIPs = 10.100.0.0/24, 192.168.50.0/24\n"),
             "{t}"
@@ -823,8 +843,8 @@ mod tests {
         assert!(a.text.notes.is_empty(), "{:?}", a.text.notes);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0], "[Interface]");
-        assert_eq!(lines[3], "[Peer]");
-        assert_eq!(lines.len(), 9, "{t}");
+        assert_eq!(lines[4], "[Peer]");
+        assert_eq!(lines.len(), 10, "{t}");
     }
 
     #[test]
@@ -909,7 +929,10 @@ mod tests {
         assert!(a.peer.enabled && a.peer.masquerade);
         let t = &a.text.config;
         assert!(t.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"), "{t}");
-        assert!(t.contains("\nDNS = 192.168.1.1\n"), "lease resolver: {t}");
+        assert!(
+            t.contains("\nDNS = 10.100.0.1\n"),
+            "the resolver on the box: {t}"
+        );
         assert!(
             t.contains(&format!("\n{}\n", full_tunnel_comment(false))),
             "{t}"
@@ -935,30 +958,36 @@ mod tests {
             "{:?}",
             a.text.notes
         );
-        // No resolver known: no DNS line, and a note saying how to give one.
-        let mut cfg = gateway(&["10.100.0.1/24"]);
+        // Without a tunnel address of its own the lease's resolver is named (full
+        // tunnel only), and with none known a note says how to give one.
+        let mut cfg = gateway(&[]);
         cfg.gateway.public_endpoint = Some("vpn.example.net:51820".parse().unwrap());
-        let a = add(
-            &mut cfg,
-            "phone",
-            &Err("no uplink".into()),
-            Tunnel::Full,
-            None,
-        )
-        .unwrap();
-        assert!(!a.text.config.contains("DNS"), "{}", a.text.config);
+        let mut p = peer(&["10.100.0.2/32"]);
+        p.name = Some("old".into());
+        let t = client_config(&cfg, &p, None, &up, Tunnel::Full)
+            .unwrap()
+            .config;
+        assert!(t.contains("\nDNS = 192.168.1.1\n"), "lease resolver: {t}");
+        let t = client_config(&cfg, &p, None, &up, Tunnel::Split)
+            .unwrap()
+            .config;
+        assert!(!t.contains("DNS"), "{t}");
+        let a = client_config(&cfg, &p, None, &Err("no uplink".into()), Tunnel::Full).unwrap();
+        assert!(!a.config.contains("DNS"), "{}", a.config);
         assert!(
-            a.text
-                .notes
-                .iter()
-                .any(|n| n.contains("set gateway client-dns")),
+            a.notes.iter().any(|n| n.contains("set gateway client-dns")),
             "{:?}",
-            a.text.notes
+            a.notes
         );
-        // Split tunnel: the lease's resolver is not pushed on the client.
-        let mut cfg = gateway(&["10.100.0.1/24"]);
+        // Split tunnel: the resolver on the box, never the lease's.
+        let mut cfg = gateway(&["10.100.0.1/24", "fd10::1/64"]);
         let a = add_split(&mut cfg, "phone", &up).unwrap();
-        assert!(!a.text.config.contains("DNS") && !a.text.config.contains('#'));
+        let t = &a.text.config;
+        assert!(
+            t.contains("\nDNS = 10.100.0.1, fd10::1\n") && !t.contains('#'),
+            "{t}"
+        );
+        assert!(!t.contains("192.168.1.1\n"), "{t}");
         // Reprinted as full tunnel, it is the same client with the other routes.
         let again = client_config(&cfg, &a.peer, Some(&a.private_key), &up, Tunnel::Full).unwrap();
         assert!(again.config.contains("AllowedIPs = 0.0.0.0/0, ::/0"));

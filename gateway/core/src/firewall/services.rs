@@ -1,4 +1,4 @@
-//! The appliance's own services (the SSH console, the Prometheus metrics; DNS after them): who may
+//! The appliance's own services (the SSH console, the Prometheus metrics, the DNS forwarder): who may
 //! reach them, defined once for the firewall's input rule and for each server's own check
 //! of a peer address after `accept` (so `Firewall = off`, or a table another program
 //! removed, does not open them to the uplink).
@@ -113,6 +113,37 @@ pub fn source(cfg: &Config, p: &Ports, src: IpAddr) -> Source {
     Source::Outside
 }
 
+/// The port the DNS forwarder answers on (UDP and TCP).
+pub const DNS_PORT: u16 = 53;
+
+/// Who may ask the DNS forwarder: the tunnel and, two-armed, the LAN port. Never the
+/// uplink, one-armed included (the LAN hosts there have their own resolver, and an
+/// open resolver on a network we do not own is a reflector): so not [`Source::UplinkLan`].
+pub fn dns_source_allowed(cfg: &Config, p: &Ports, src: IpAddr) -> bool {
+    matches!(source(cfg, p, src), Source::Tunnel | Source::Lan)
+}
+
+/// The addresses the DNS forwarder listens on: the tunnel's (`Address`) and, two-armed,
+/// the LAN port's (`LanAddress`); never a wildcard, so nothing listens on the uplink.
+pub fn dns_listen_addrs(cfg: &Config) -> Vec<IpAddr> {
+    let lan: &[Cidr] = if cfg.gateway.lan.is_empty() {
+        &[]
+    } else {
+        &cfg.gateway.lan_addresses
+    };
+    let mut v: Vec<IpAddr> = cfg
+        .interface
+        .addresses
+        .iter()
+        .chain(lan)
+        .map(|c| c.addr)
+        .filter(|a| !a.is_unspecified() && !a.is_loopback())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,5 +256,32 @@ mod tests {
                 port: crate::config::DEFAULT_METRICS_PORT
             }
         );
+    }
+
+    #[test]
+    fn dns_from_the_tunnel_and_lan_port_only() {
+        let mut cfg = cfg();
+        // One-armed: the uplink's own subnet reaches SSH, never DNS.
+        let p = one_armed(&["192.168.1.10/24"]);
+        assert!(source(&cfg, &p, ip("192.168.1.50")).allowed());
+        assert!(!dns_source_allowed(&cfg, &p, ip("192.168.1.50")));
+        assert!(dns_source_allowed(&cfg, &p, ip("10.100.0.2")));
+        assert!(dns_source_allowed(&cfg, &p, ip("::ffff:10.100.0.2")));
+        assert!(!dns_source_allowed(&cfg, &p, ip("198.51.100.7")));
+        assert_eq!(dns_listen_addrs(&cfg), [ip("10.100.0.1"), ip("fd10::1")]);
+        // Two-armed: the LAN port's subnet and address too; LanAddress without a LAN
+        // port is not listened on.
+        cfg.gateway.lan_addresses = vec![c("192.168.88.1/24")];
+        assert_eq!(dns_listen_addrs(&cfg).len(), 2);
+        cfg.gateway.lan = "eth1".into();
+        assert_eq!(
+            dns_listen_addrs(&cfg),
+            [ip("10.100.0.1"), ip("192.168.88.1"), ip("fd10::1")]
+        );
+        let mut p = one_armed(&["192.168.1.10/24"]);
+        p.lan = Some("eth1".into());
+        p.lan_nets = vec![c("192.168.88.0/24")];
+        assert!(dns_source_allowed(&cfg, &p, ip("192.168.88.20")));
+        assert!(!dns_source_allowed(&cfg, &p, ip("192.168.1.50")));
     }
 }

@@ -1221,6 +1221,45 @@ fn clamping_the_mss_is_no_verdict() {
     assert_eq!((o.action, o.clamped), (Action::Drop, true));
 }
 
+/// DNS (port 53, UDP and TCP): from the tunnel and the LAN port, never from the uplink,
+/// one-armed from its own subnet included (SSH is let in from there, DNS is not).
+#[test]
+fn dns_never_from_the_uplink() {
+    let q = |iif: &'static str, src: &str, l4: L4| Pkt {
+        iif,
+        src: ip(src),
+        l4: Some(l4),
+        dport: crate::firewall::services::DNS_PORT,
+        ct: NEW,
+        to: Some(AddrType::Local),
+        ..Pkt::default()
+    };
+    let mut p = ports(&["192.168.1.0/24"]);
+    p.uplink_addrs = vec![c("192.168.1.2/24")];
+    let rs = ruleset(&factory(), &p);
+    for l4 in [L4::Udp, L4::Tcp] {
+        assert_eq!(
+            verdict(&rs, "input", &q("wg0", "10.100.0.2", l4)).0,
+            Action::Accept
+        );
+        assert_eq!(
+            verdict(&rs, "input", &q("eth0", "192.168.1.50", l4)),
+            (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+        );
+    }
+    let (cfg, p) = two_armed();
+    let rs = ruleset(&cfg, &p);
+    assert_eq!(p.lan.as_deref(), Some("eth1"));
+    assert_eq!(
+        verdict(&rs, "input", &q("eth1", "192.168.88.20", L4::Udp)).0,
+        Action::Accept
+    );
+    assert_eq!(
+        verdict(&rs, "input", &q("eth0", "192.0.2.50", L4::Udp)),
+        (Action::Drop, Some(COUNTER_UPLINK_IN.into()))
+    );
+}
+
 /// Per-client access (`firewall::clients`) through the evaluator.
 #[path = "clients/tests.rs"]
 mod clients;

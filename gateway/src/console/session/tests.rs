@@ -1489,8 +1489,8 @@ fn full_tunnel_clients_and_disable_enable() {
     check_qr(&after, &conf);
     assert!(conf.contains("\nAllowedIPs = 0.0.0.0/0, ::/0\n"), "{conf}");
     assert!(
-        conf.contains("\nDNS = 192.168.1.1\n"),
-        "the lease's resolver: {conf}"
+        conf.contains("\nDNS = 10.100.0.1\n"),
+        "the resolver on the box, not the lease's: {conf}"
     );
     assert!(conf.contains("IPv6 is blocked"), "{conf}");
     // The gateway's peer is a split-tunnel client's.

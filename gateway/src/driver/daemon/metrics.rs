@@ -151,12 +151,12 @@ struct Ctx {
     counters: Arc<Mutex<Monotonic>>,
 }
 
-/// The endpoint's threads (this one and the connections it starts, which inherit it) run
-/// behind the data plane: niced (Linux's nice is per thread) and off the workers' cores
+/// The endpoint's threads (this one and the connections it starts, which inherit it; the
+/// DNS forwarder's too) run behind the data plane: niced (Linux's nice is per thread) and off the workers' cores
 /// when another core is online, as `riceguard ssh` does.
-fn stay_out_of_the_way(worker_cores: &[usize]) {
+pub(super) fn stay_out_of_the_way(who: &str, worker_cores: &[usize]) {
     if let Err(e) = crate::sys::process::set_nice(NICE) {
-        log::warn!("metrics: cannot lower the endpoint's priority: {e}");
+        log::warn!("{who}: cannot lower the thread's priority: {e}");
     }
     let pid = nix::unistd::Pid::from_raw(0);
     let Ok(set) = nix::sched::sched_getaffinity(pid) else {
@@ -179,7 +179,7 @@ const NICE: i32 = 10;
 
 fn accept_loop(listener: TcpListener, ctx: Ctx, stop: Arc<AtomicBool>) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    stay_out_of_the_way(&ctx.sources.worker_cores);
+    stay_out_of_the_way("metrics", &ctx.sources.worker_cores);
     let busy = Arc::new(AtomicUsize::new(0));
     while !stop.load(Ordering::Relaxed) {
         let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];

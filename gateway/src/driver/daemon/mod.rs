@@ -2,9 +2,10 @@
 //! start-up and the signal loop (`process`), its arguments (`args`), configuration
 //! changes applied whole (`runtime`), the timer thread (`timers`), the event log's batch
 //! (`events`), the UAPI socket server (`uapi`), the status file with `riceguard status`
-//! (`status`), and the Prometheus endpoint (`metrics`).
+//! (`status`), the Prometheus endpoint (`metrics`) and the DNS forwarder (`dns`).
 
 mod args;
+pub mod dns;
 pub mod events;
 pub mod metrics;
 pub mod process;

@@ -4,6 +4,7 @@
 //! loop (SIGHUP reload, shutdown). Owns the pid file (appliance mode).
 
 use super::args::{parse_args, Opts, USAGE};
+use super::dns;
 use super::metrics;
 use super::runtime::{reload, Runtime};
 use super::status::{self, status_path};
@@ -349,6 +350,13 @@ fn run(opts: Opts) -> Result<(), String> {
         mx.follow(file);
         mx
     });
+    // The DNS forwarder (appliance mode): on the tunnel's and the LAN port's addresses,
+    // follows each reload.
+    let dns = file_cfg.as_ref().map(|file| {
+        let d = dns::Dns::new(cores.iter().take(workers).copied().collect());
+        d.follow(file);
+        d
+    });
     if appliance {
         let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));
         // Endpoint names that did not resolve (no lease, no resolver yet) are tried
@@ -393,6 +401,9 @@ fn run(opts: Opts) -> Result<(), String> {
                     if let Some(mx) = &metrics {
                         mx.follow(&file);
                     }
+                    if let Some(d) = &dns {
+                        d.follow(&file);
+                    }
                 });
                 board.reload(status::Reload { generation, result });
             }
@@ -418,6 +429,9 @@ fn run(opts: Opts) -> Result<(), String> {
     shared.stop.store(true, Ordering::Relaxed);
     if let Some(mx) = &metrics {
         mx.stop();
+    }
+    if let Some(d) = &dns {
+        d.stop();
     }
     if let Some(nc) = &netconf {
         nc.shutdown();
