@@ -15,7 +15,8 @@
 #     ns S site     192.0.2.25 ──────────┘  wg 10.100.0.6  Access = lan, AllowedIPs on G
 #          └─ ns B 10.200.0.5 (default via S)               10.100.0.6/32, 10.200.0.0/24
 #
-#   - every client pings the appliance (ping to the box is always allowed);
+#   - every client pings the appliance (ping to the box is always allowed); the resolver on
+#     the box (TCP 53) answers the phone and lanonly (it goes with lan), not kiosk;
 #   - the phone (default: every zone) reaches L (ping, 8096, 22), the internet host, the
 #     metrics endpoint on the box and the laptop: the controls the denials are read against;
 #   - lanonly reaches L, and not the internet host even after it sets its own AllowedIPs
@@ -272,8 +273,8 @@ echo "--- the phone (default Access)"
 check "phone: pings LAN host $LANH" ping_ok $P $LANH
 check "phone: pings the internet host $NET (masqueraded out of the uplink)" ping_ok $P $NET
 check "phone: pings the laptop" ping_ok $P 10.100.0.5
-probe $P tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:10.100.0.5:8096
-for s in tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:10.100.0.5:8096; do expect phone "$s" open; done
+probe $P tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:$BOX:53 tcp:10.100.0.5:8096
+for s in tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:$BOX:53 tcp:10.100.0.5:8096; do expect phone "$s" open; done
 
 # ---- lanonly: Access = lan --------------------------------------------------------------------
 echo "--- lanonly (Access = lan)"
@@ -284,9 +285,10 @@ ip -n $N route add 198.51.100.0/24 dev $WN
 check "lanonly with its own AllowedIPs 0.0.0.0/0: no reply from the internet host $NET" no_ping $N $NET
 check "lanonly: no reply from the phone 10.100.0.4 (no clients)" no_ping $N 10.100.0.4
 check "the phone's ping to lanonly is answered (replies pass)" ping_ok $P 10.100.0.2
-probe $N tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:192.168.1.1:$PORT tcp:10.100.0.4:7000
+probe $N tcp:$LANH:8096 tcp:$LANH:22 tcp:$NET:8096 tcp:$BOX:$PORT tcp:192.168.1.1:$PORT tcp:10.100.0.4:7000 tcp:$BOX:53
 expect lanonly tcp:$LANH:8096 open
 expect lanonly tcp:$LANH:22 open
+expect "lanonly, the box's resolver (goes with lan)" tcp:$BOX:53 open
 expect "lanonly (AllowedIPs 0.0.0.0/0)" tcp:$NET:8096 timeout
 expect "lanonly, the box's metrics (no appliance)" tcp:$BOX:$PORT timeout
 expect "lanonly, the box's metrics on its LAN address" tcp:192.168.1.1:$PORT timeout
@@ -296,8 +298,9 @@ rises lanonly
 # ---- kiosk: Access = 192.168.1.10/32 tcp 8096 --------------------------------------------------
 echo "--- kiosk (Access = $LANH/32 tcp 8096)"
 drops_before kiosk
-probe $K tcp:$LANH:8096 tcp:$LANH:22 tcp:10.100.0.4:7000 tcp:$BOX:$PORT
+probe $K tcp:$LANH:8096 tcp:$LANH:22 tcp:10.100.0.4:7000 tcp:$BOX:$PORT tcp:$BOX:53
 expect kiosk tcp:$LANH:8096 open
+expect "kiosk, the box's resolver (neither lan nor internet)" tcp:$BOX:53 timeout
 expect kiosk tcp:$LANH:22 timeout
 expect "kiosk, the phone" tcp:10.100.0.4:7000 timeout
 expect "kiosk, the box's metrics" tcp:$BOX:$PORT timeout
