@@ -221,15 +221,11 @@ ClientIsolation = $1
 EOF
     chmod 600 "$CONF.new" && mv "$CONF.new" "$CONF"
 }
-gen_of() { sed -n 's/^reload: generation \([0-9]*\) .*/\1/p' "$STATUS" 2>/dev/null | tail -1; }
-gen_above() { local g; g=$(gen_of); [ "${g:-0}" -gt "$1" ]; }
 # reload ISOLATION [LAPTOP_ACCESS]: rewrite the file, SIGHUP, the next `reload:` line
 # says ok.
 reload() {
-    local before; before=$(gen_of)
     conf "$@"
-    kill -HUP "$GWPID"
-    wait_for 10 gen_above "${before:-0}" && grep -q '^reload: generation [0-9]* ok' "$STATUS"
+    gw_reload "$STATUS" "$GWPID"
 }
 
 AP_NS=$G AP_TUN=$TUN AP_LAN=$L AP_ADDR=192.168.1.1

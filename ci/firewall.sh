@@ -191,14 +191,6 @@ gw_start() {
     GWPID=$!
     wait_for 10 sh -c "[ -S /var/run/wireguard/$tun.sock ] && ip -n $ns -o link show $tun 2>/dev/null | grep -q ',UP'"
 }
-gen_of() { sed -n 's/^reload: generation \([0-9]*\) .*/\1/p' "$1" 2>/dev/null | tail -1; }
-gen_above() { local g; g=$(gen_of "$1"); [ "${g:-0}" -gt "$2" ]; }
-# gw_reload STATUSFILE PID: SIGHUP, then the next `reload:` line within 10 s ("ok" or not).
-gw_reload() {
-    local before; before=$(gen_of "$1")
-    kill -HUP "$2"
-    wait_for 10 gen_above "$1" "${before:-0}" && grep -q '^reload: generation [0-9]* ok' "$1"
-}
 
 # ---- clients: stock wireguard-go set up as wg-quick would --------------------------------
 declare -A WGPID

@@ -89,14 +89,10 @@ MetricsPort = $PORT
 EOF
     chmod 600 "$CONF.new" && mv "$CONF.new" "$CONF"
 }
-gen_of() { sed -n 's/^reload: generation \([0-9]*\) .*/\1/p' "$STATUS" 2>/dev/null | tail -1; }
-gen_above() { local g; g=$(gen_of); [ "${g:-0}" -gt "$1" ]; }
 # reload METRICS FIREWALL: rewrite the file, SIGHUP, the next `reload:` line says ok.
 reload() {
-    local before; before=$(gen_of)
     conf "$1" "$2"
-    kill -HUP "$GWPID"
-    wait_for 10 gen_above "${before:-0}" && grep -q '^reload: generation [0-9]* ok' "$STATUS"
+    gw_reload "$STATUS" "$GWPID"
 }
 listening() { [ -n "$(inns $G ss -Hltn "sport = :$PORT")" ]; }
 

@@ -65,6 +65,16 @@ wait_for() {
     done
     "$@" >/dev/null 2>&1
 }
+# The daemon's reload generation in its status file $1 (empty before the first reload).
+reload_gen() { sed -n 's/^reload: generation \([0-9]*\) .*/\1/p' "$1" 2>/dev/null | tail -1; }
+reload_gen_above() { local g; g=$(reload_gen "$1"); [ "${g:-0}" -gt "$2" ]; }
+# gw_reload STATUSFILE PID: SIGHUP the daemon PID, then its next `reload:` line within
+# 10 s; true when that line says ok.
+gw_reload() {
+    local before; before=$(reload_gen "$1")
+    kill -HUP "$2"
+    wait_for 10 reload_gen_above "$1" "${before:-0}" && grep -q '^reload: generation [0-9]* ok' "$1"
+}
 # inns NS CMD...: CMD inside network namespace NS.
 inns() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 

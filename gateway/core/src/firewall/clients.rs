@@ -72,30 +72,12 @@ pub struct ClientRules {
     pub input: Vec<Rule>,
 }
 
-fn rule(matches: Vec<Match>, action: Action, comment: &'static str) -> Rule {
-    Rule {
-        matches,
-        counter: None,
-        action,
-        comment,
-    }
-}
-
-fn dropped(matches: Vec<Match>, counter: &str, comment: &'static str) -> Rule {
-    Rule {
-        matches,
-        counter: Some(counter.to_string()),
-        action: Action::Drop,
-        comment,
-    }
-}
-
 /// Accept or a counted drop, as `granted` says.
 fn zone(matches: Vec<Match>, granted: bool, counter: &str, comment: &'static str) -> Rule {
     if granted {
-        rule(matches, Action::Accept, comment)
+        Rule::new(matches, Action::Accept, comment)
     } else {
-        dropped(matches, counter, comment)
+        Rule::counted(matches, counter, Action::Drop, comment)
     }
 }
 
@@ -129,7 +111,7 @@ fn forward_chain(name: String, a: &[AccessItem], p: &Ports, counter: &str) -> Ch
     let mut rules = Vec::new();
     for item in a {
         if let AccessItem::Prefix { net, proto, port } = *item {
-            rules.push(rule(
+            rules.push(Rule::new(
                 prefix_matches(net, proto, port),
                 Action::Accept,
                 "a destination this client may reach (Access)",
@@ -189,13 +171,13 @@ fn input_restricted(a: &[AccessItem]) -> bool {
 fn input_chain(name: String, a: &[AccessItem], counter: &str) -> Chain {
     let established = Match::Ct(CtStates::ESTABLISHED.or(CtStates::RELATED));
     let mut rules = vec![
-        rule(vec![established], Action::Accept, "replies"),
-        rule(
+        Rule::new(vec![established], Action::Accept, "replies"),
+        Rule::new(
             vec![Match::L4(L4::Icmp)],
             Action::Accept,
             "ping and ICMP errors: always",
         ),
-        rule(
+        Rule::new(
             vec![Match::L4(L4::Icmpv6)],
             Action::Accept,
             "ping and ICMPv6 errors: always",
@@ -338,7 +320,7 @@ pub fn client_rules(cfg: &Config, p: &Ports) -> ClientRules {
                 family: fam,
                 elements: el,
             });
-            rules.push(rule(
+            rules.push(Rule::new(
                 vec![
                     Match::Iif {
                         name: p.tunnel.clone(),

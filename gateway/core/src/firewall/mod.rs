@@ -184,21 +184,11 @@ pub fn masquerade_off_sources(cfg: &Config) -> Vec<Cidr> {
 }
 
 fn rule(matches: Vec<Match>, action: Action, comment: &'static str) -> Rule {
-    Rule {
-        matches,
-        counter: None,
-        action,
-        comment,
-    }
+    Rule::new(matches, action, comment)
 }
 
 fn counted(matches: Vec<Match>, counter: &str, action: Action, comment: &'static str) -> Rule {
-    Rule {
-        matches,
-        counter: Some(counter.to_string()),
-        action,
-        comment,
-    }
+    Rule::counted(matches, counter, action, comment)
 }
 
 fn iif(name: &str) -> Match {

@@ -101,6 +101,31 @@ pub struct Rule {
     pub comment: &'static str,
 }
 
+impl Rule {
+    /// A rule without a counter.
+    pub fn new(matches: Vec<Match>, action: Action, comment: &'static str) -> Rule {
+        Rule {
+            matches,
+            counter: None,
+            action,
+            comment,
+        }
+    }
+
+    /// A rule whose matches count in the named counter.
+    pub fn counted(
+        matches: Vec<Match>,
+        counter: &str,
+        action: Action,
+        comment: &'static str,
+    ) -> Rule {
+        Rule {
+            counter: Some(counter.to_string()),
+            ..Rule::new(matches, action, comment)
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Family {
     V4,
