@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 . ci/lib/harness.sh
 h_init dns
 require_rg
-require_tools wireguard-go wg ip dig dnsmasq python3
+require_tools wireguard-go wg ip dig dnsmasq python3 curl
 
 ID=$$
 U=rgdU$ID G=rgdG$ID P=rgdP$ID M=rgdM$ID
@@ -84,6 +84,7 @@ Lan = lanp
 LanAddress = 192.168.88.1/24
 Firewall = $2
 Dns = $1
+Metrics = on
 EOF
     chmod 600 "$CONF.new" && mv "$CONF.new" "$CONF"
 }
@@ -147,6 +148,10 @@ fi
 grep -q 'rebind.example is 10.100.0.2' "$WORK/dnsmasq.log" && ok "(dnsmasq did answer it with 10.100.0.2)" ||
     ko "dnsmasq's log has no answer for rebind.example"
 check "the appliance says so" grep -q 'dns: 1 address record(s) from 192.0.2.53:53 named a tunnel address: dropped' "$WORK/g.log"
+# The resolver's counts in the metrics, scraped from the LAN host.
+dns_metric() { inns $M curl -s --max-time 3 http://192.168.88.1:9586/metrics | grep -q "^riceguard_dns_events_total{event=\"$1\"} [1-9]"; }
+check "metrics: riceguard_dns_events_total counts the rebinding drop" dns_metric rebinding_dropped
+check "metrics: ... and the forwarded queries" dns_metric forwarded
 
 # ---- the uplink ---------------------------------------------------------------------------
 ip -n $U route add 10.100.0.0/24 via 192.0.2.2

@@ -534,6 +534,23 @@ pub struct Stats {
     pub rebinding_dropped: u64,
 }
 
+impl Stats {
+    /// Each count with the event name the metrics give it.
+    pub fn events(&self) -> [(&'static str, u64); 9] {
+        [
+            ("query", self.queries),
+            ("local", self.local),
+            ("cache_hit", self.cache_hits),
+            ("forwarded", self.forwarded),
+            ("rate_limited", self.rate_limited),
+            ("malformed", self.malformed),
+            ("upstream_mismatched", self.mismatched),
+            ("upstream_timeout", self.timeouts),
+            ("rebinding_dropped", self.rebinding_dropped),
+        ]
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Pending {
     src: IpAddr,

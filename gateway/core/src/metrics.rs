@@ -227,6 +227,10 @@ pub const DEVICE_DROPS: Family = counter(
     "riceguard_device_drops_total",
     "Input the WireGuard device dropped, by cause.",
 );
+pub const DNS_EVENTS: Family = counter(
+    "riceguard_dns_events_total",
+    "The resolver on the box: queries, how they were answered (local, cache_hit, forwarded), refused (rate_limited, malformed), upstream datagrams ignored (upstream_mismatched), forwards unanswered (upstream_timeout), and address records dropped as DNS rebinding (rebinding_dropped).",
+);
 pub const FIREWALL_DROPS: Family = counter(
     "riceguard_firewall_drops_total",
     "Packets the appliance's firewall dropped, by counter (the nftables counters).",
@@ -318,6 +322,7 @@ pub const FAMILIES: &[Family] = &[
     PEER_ACCESS_DROPS,
     DEVICE_DROPS,
     FIREWALL_DROPS,
+    DNS_EVENTS,
     FIREWALL_ON,
     OFFLOAD,
     TCP_OPEN,
@@ -433,6 +438,8 @@ pub struct GatewayMetrics {
     /// Init's figures: the slot, and whether the boot was marked good.
     pub boot: Option<(String, bool)>,
     pub services: Vec<ServiceFigures>,
+    /// The resolver's counts by event (`None`: no resolver in this daemon).
+    pub dns: Option<Vec<(&'static str, u64)>>,
 }
 
 fn peer_family<W: Write>(
@@ -482,6 +489,12 @@ pub fn write_exposition<W: Write>(
         w.family(&FIREWALL_DROPS)?;
         for (cause, n) in fw {
             w.sample(FIREWALL_DROPS.name, &[("counter", cause)], Value::U(*n))?;
+        }
+    }
+    if let Some(dns) = &g.dns {
+        w.family(&DNS_EVENTS)?;
+        for (event, n) in dns {
+            w.sample(DNS_EVENTS.name, &[("event", event)], Value::U(*n))?;
         }
     }
     w.family(&OFFLOAD)?;

@@ -83,6 +83,7 @@ fn an_exposition_in_full() {
             restarts: 1,
             running: true,
         }],
+        dns: Some(vec![("query", 9), ("rebinding_dropped", 1)]),
     };
     let off = PeerMetrics::new("", "BBBB".into(), false);
     let t = text(&g, &[phone(), off]);
@@ -93,6 +94,8 @@ fn an_exposition_in_full() {
         "riceguard_device_drops_total{cause=\"malformed\"} 2\n",
         "riceguard_firewall_table_present 1\n",
         "riceguard_firewall_drops_total{counter=\"uplink-in\"} 5\n",
+        "riceguard_dns_events_total{event=\"query\"} 9\n",
+        "riceguard_dns_events_total{event=\"rebinding_dropped\"} 1\n",
         "riceguard_offload_info{chain=\"gso\"} 1\n",
         "riceguard_tcp_fallback_connections 1\n",
         "riceguard_tcp_fallback_accepted_total 4\n",

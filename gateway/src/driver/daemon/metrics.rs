@@ -52,6 +52,8 @@ pub struct Sources {
     pub started: Instant,
     /// The workers' cores: the endpoint's threads run off them when others are online.
     pub worker_cores: Vec<usize>,
+    /// The resolver on the box (appliance mode), for its counts.
+    pub dns: Option<Arc<super::dns::Dns>>,
 }
 
 /// The endpoint: the configuration it follows and the running listener thread.
@@ -455,6 +457,13 @@ fn gateway_metrics(
         .collect();
     let init = crate::run::services::read_figures(&run);
     let (ntp_servers, ntp_sync_age, clock_source) = clock_figures(&run);
+    let dns = src.dns.as_ref().map(|d| {
+        d.stats()
+            .events()
+            .into_iter()
+            .map(|(e, n)| (e, mono.get(&format!("dns {e}"), n)))
+            .collect()
+    });
     GatewayMetrics {
         version: image_file(crate::image_paths::VERSION)
             .unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_string()),
@@ -490,6 +499,7 @@ fn gateway_metrics(
                     .collect()
             })
             .unwrap_or_default(),
+        dns,
     }
 }
 

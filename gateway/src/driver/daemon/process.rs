@@ -337,6 +337,13 @@ fn run(opts: Opts) -> Result<(), String> {
         nc.spawn_watch(shared.stop.clone())
             .map_err(|e| e.to_string())?;
     }
+    // The DNS forwarder (appliance mode): on the tunnel's and the LAN port's addresses,
+    // follows each reload.
+    let dns = file_cfg.as_ref().map(|file| {
+        let d = Arc::new(dns::Dns::new(cores.iter().take(workers).copied().collect()));
+        d.follow(file);
+        d
+    });
     // The Prometheus endpoint (appliance mode, `Metrics = on`): follows each reload.
     let metrics = file_cfg.as_ref().map(|file| {
         let mx = metrics::Metrics::new(metrics::Sources {
@@ -346,16 +353,10 @@ fn run(opts: Opts) -> Result<(), String> {
             udp_tx: decision.udp_tx,
             started: std::time::Instant::now(),
             worker_cores: cores.iter().take(workers).copied().collect(),
+            dns: dns.clone(),
         });
         mx.follow(file);
         mx
-    });
-    // The DNS forwarder (appliance mode): on the tunnel's and the LAN port's addresses,
-    // follows each reload.
-    let dns = file_cfg.as_ref().map(|file| {
-        let d = dns::Dns::new(cores.iter().take(workers).copied().collect());
-        d.follow(file);
-        d
     });
     if appliance {
         let _ = std::fs::write(PIDFILE, format!("{}\n", std::process::id()));

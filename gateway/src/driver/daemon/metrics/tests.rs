@@ -37,6 +37,7 @@ fn sources(cfg: &Config) -> Sources {
         udp_tx: UdpTx::SoftwareGso,
         started: Instant::now(),
         worker_cores: vec![0],
+        dns: None,
     }
 }
 
