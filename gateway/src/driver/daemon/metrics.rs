@@ -52,9 +52,13 @@ pub struct Sources {
     pub started: Instant,
     /// The workers' cores: the endpoint's threads run off them when others are online.
     pub worker_cores: Vec<usize>,
-    /// The resolver on the box (appliance mode), for its counts.
-    pub dns: Option<Arc<super::dns::Dns>>,
+    /// The resolver on the box's counts now (appliance mode; a closure, so this file
+    /// does not import the resolver's, which uses this one's niceness rule).
+    pub dns: Option<DnsStats>,
 }
+
+/// How the endpoint reads the resolver's counts.
+pub type DnsStats = Arc<dyn Fn() -> crate::core::dns::Stats + Send + Sync>;
 
 /// The endpoint: the configuration it follows and the running listener thread.
 pub struct Metrics {
@@ -457,8 +461,8 @@ fn gateway_metrics(
         .collect();
     let init = crate::run::services::read_figures(&run);
     let (ntp_servers, ntp_sync_age, clock_source) = clock_figures(&run);
-    let dns = src.dns.as_ref().map(|d| {
-        d.stats()
+    let dns = src.dns.as_ref().map(|stats| {
+        stats()
             .events()
             .into_iter()
             .map(|(e, n)| (e, mono.get(&format!("dns {e}"), n)))

@@ -353,7 +353,10 @@ fn run(opts: Opts) -> Result<(), String> {
             udp_tx: decision.udp_tx,
             started: std::time::Instant::now(),
             worker_cores: cores.iter().take(workers).copied().collect(),
-            dns: dns.clone(),
+            dns: dns.clone().map(|d| {
+                let stats: metrics::DnsStats = Arc::new(move || d.stats());
+                stats
+            }),
         });
         mx.follow(file);
         mx
