@@ -80,11 +80,13 @@ impl Firewall {
             "mss clamp: on (TCP SYNs into and out of the tunnel: MSS set to the route's MTU)"
                 .into(),
         );
-        summary.extend(access_summary(cfg));
+        // The restricted clients' counters are the table's own (no second computation).
+        let restricted = access_counters(cfg, &rs.counters);
+        summary.extend(access_summary(cfg, &restricted));
         *self
             .access_counters
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = access_counters(cfg);
+            .unwrap_or_else(|p| p.into_inner()) = restricted;
         if inst.as_ref() == Some(&rs) {
             let kernel = nftables::installed(TABLE);
             if fwd::forwarding(Some(&tag), &kernel) == Forwarding::On {
@@ -261,12 +263,11 @@ impl Firewall {
     }
 }
 
-/// The per-client access counters of `cfg` and whose they are.
-fn access_counters(cfg: &Config) -> Vec<(String, String)> {
-    let rs_counters = firewall::clients::client_rules(cfg, &Ports::from_config(cfg)).counters;
+/// The per-client access counters among the ruleset's `counters`, and whose they are.
+fn access_counters(cfg: &Config, counters: &[String]) -> Vec<(String, String)> {
     cfg.peers
         .iter()
-        .filter(|p| rs_counters.contains(&firewall::clients::counter_name(&p.public_key)))
+        .filter(|p| counters.contains(&firewall::clients::counter_name(&p.public_key)))
         .map(|p| {
             let who = p
                 .name
@@ -278,8 +279,7 @@ fn access_counters(cfg: &Config) -> Vec<(String, String)> {
 }
 
 /// `client access: ...`: how many clients are restricted and whether isolation is on.
-fn access_summary(cfg: &Config) -> Option<String> {
-    let restricted = access_counters(cfg);
+fn access_summary(cfg: &Config, restricted: &[(String, String)]) -> Option<String> {
     if restricted.is_empty() && !cfg.gateway.client_isolation {
         return None;
     }
