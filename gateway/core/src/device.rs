@@ -41,6 +41,7 @@ use rand_core::RngCore;
 use crate::allowed_ips::AllowedIps;
 use crate::config::{Config, Endpoint};
 use crate::key::Key;
+use crate::lane::Lane;
 use crate::net::Cidr;
 
 /// Identifies one TCP connection of the fallback transport; never reused.
@@ -400,6 +401,17 @@ fn classify(kind: u8, result: &TunnResult<'_>) -> MessageOutcome {
     }
 }
 
+/// The receiver index of a data message (type 4, at least a keepalive long).
+fn data_receiver(d: &[u8]) -> Option<u32> {
+    if d.len() < KEEPALIVE_LEN || d[0] != MSG_DATA {
+        return None;
+    }
+    Some(u32::from_le_bytes([d[4], d[5], d[6], d[7]]))
+}
+
+/// A handle on one train in a [`Peer::lane`]: the driver's job number.
+pub type LaneJob = u32;
+
 /// One configured peer.
 pub struct Peer {
     pub public_key: Key,
@@ -408,6 +420,9 @@ pub struct Peer {
     pub allowed_ips: Vec<Cidr>,
     /// TCP port for the fallback transport, if configured.
     pub tcp_port: Option<u16>,
+    /// Its received trains spread over the workers and put back in order
+    /// (`core::lane`; used by the driver when more than one worker runs).
+    pub lane: Lane<LaneJob>,
     state: Mutex<PeerState>,
 }
 
@@ -815,6 +830,7 @@ impl Device {
                         index: op.index,
                         allowed_ips: pc.allowed_ips.clone(),
                         tcp_port: pc.tcp_port,
+                        lane: Lane::default(),
                         state: Mutex::new(moved),
                     })
                 }
@@ -834,6 +850,7 @@ impl Device {
                         index,
                         allowed_ips: pc.allowed_ips.clone(),
                         tcp_port: pc.tcp_port,
+                        lane: Lane::default(),
                         state: Mutex::new(PeerState {
                             endpoint: cfg_endpoint.map(PeerAddr::Udp),
                             preshared_key: pc.preshared_key,
@@ -1018,42 +1035,95 @@ impl Device {
         };
 
         let mut st = peer.lock();
-        // A data packet decrypts straight into the sink's TUN slot when it lends one.
-        let in_slot = if kind == MSG_DATA {
-            match io.tun_slot(datagram.len()) {
-                Some(slot) => {
-                    let r = st.tunn.decapsulate(Some(from.ip()), datagram, slot);
-                    let verdict = classify(kind, &r);
-                    let packet = match r {
-                        TunnResult::WriteToTunnelV4(p, s) => Some((p.len(), IpAddr::V4(s))),
-                        TunnResult::WriteToTunnelV6(p, s) => Some((p.len(), IpAddr::V6(s))),
-                        _ => None,
-                    };
-                    if !verdict.authenticated() {
-                        DropCounters::bump(&self.drops.rejected);
-                    } else if let Some((n, src)) = packet.filter(|&(n, _)| n > 0) {
-                        if self.source_allowed(table, peer, src) {
-                            io.tun_commit(n);
-                        }
-                    }
-                    Some(verdict)
-                }
-                None => None,
-            }
-        } else {
-            None
-        };
-        let verdict = match in_slot {
-            Some(v) => v,
-            None => {
-                self.decapsulate_to_scratch(table, peer, &mut st, from, kind, datagram, scratch, io)
-            }
-        };
+        let verdict = self.open(table, peer, &mut st, from, kind, datagram, scratch, io);
         if !verdict.authenticated() {
             return false;
         }
-        self.authenticated(peer, st, from, verdict, datagram.len(), scratch, io);
+        self.authenticated(peer, st, from, verdict, datagram.len(), 1, scratch, io);
         true
+    }
+
+    /// The peer a data message is for (by its receiver index), if any: what a worker
+    /// asks before it hands a train of them to the peer's [`Peer::lane`].
+    pub fn data_peer<'t>(&self, table: &'t Table, datagram: &[u8]) -> Option<&'t Arc<Peer>> {
+        table.peer_by_receiver(data_receiver(datagram)?)
+    }
+
+    /// The data messages of one received train for `peer` (see [`Self::data_peer`]),
+    /// opened under ONE lock of the peer: workers contend per train (up to 64 KiB), not
+    /// per packet. A message of another kind or for another receiver is dropped and
+    /// counted (the caller cut the train by receiver). Returns how many authenticated;
+    /// the bookkeeping of [`Self::handle_datagram`] (counters, roaming, queued packets)
+    /// happens once for them all.
+    pub fn handle_data_train<'d>(
+        &self,
+        table: &Table,
+        peer: &Arc<Peer>,
+        from: PeerAddr,
+        datagrams: impl Iterator<Item = &'d [u8]>,
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) -> usize {
+        let mut st = peer.lock();
+        let (mut ok, mut bytes, mut keepalives_only) = (0usize, 0usize, true);
+        for d in datagrams {
+            let ours = data_receiver(d)
+                .and_then(|r| table.peer_by_receiver(r))
+                .is_some_and(|p| Arc::ptr_eq(p, peer));
+            if !ours {
+                DropCounters::bump(&self.drops.unknown_index);
+                continue;
+            }
+            let verdict = self.open(table, peer, &mut st, from, MSG_DATA, d, scratch, io);
+            if verdict.authenticated() {
+                ok += 1;
+                bytes += d.len();
+                keepalives_only &= verdict == MessageOutcome::Data { keepalive: true };
+            }
+        }
+        if ok > 0 {
+            let verdict = MessageOutcome::Data {
+                keepalive: keepalives_only,
+            };
+            self.authenticated(peer, st, from, verdict, bytes, ok, scratch, io);
+        }
+        ok
+    }
+
+    /// Open one message under the peer's lock: a data packet straight into the sink's
+    /// TUN slot when it lends one, anything else through `scratch`. The verdict.
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        &self,
+        table: &Table,
+        peer: &Arc<Peer>,
+        st: &mut PeerState,
+        from: PeerAddr,
+        kind: u8,
+        datagram: &[u8],
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) -> MessageOutcome {
+        if kind == MSG_DATA {
+            if let Some(slot) = io.tun_slot(datagram.len()) {
+                let r = st.tunn.decapsulate(Some(from.ip()), datagram, slot);
+                let verdict = classify(kind, &r);
+                let packet = match r {
+                    TunnResult::WriteToTunnelV4(p, s) => Some((p.len(), IpAddr::V4(s))),
+                    TunnResult::WriteToTunnelV6(p, s) => Some((p.len(), IpAddr::V6(s))),
+                    _ => None,
+                };
+                if !verdict.authenticated() {
+                    DropCounters::bump(&self.drops.rejected);
+                } else if let Some((n, src)) = packet.filter(|&(n, _)| n > 0) {
+                    if self.source_allowed(table, peer, src) {
+                        io.tun_commit(n);
+                    }
+                }
+                return verdict;
+            }
+        }
+        self.decapsulate_to_scratch(table, peer, st, from, kind, datagram, scratch, io)
     }
 
     /// Decapsulate into `scratch` and act on the result (send, deliver); the verdict.
@@ -1104,6 +1174,7 @@ impl Device {
         from: PeerAddr,
         verdict: MessageOutcome,
         n: usize,
+        packets: usize,
         scratch: &mut [u8],
         io: &mut impl Io,
     ) {
@@ -1112,10 +1183,10 @@ impl Device {
         let mut quiet = false;
         let now = self.device_now();
         st.rx_bytes += n as u64;
-        st.rx_packets += 1;
+        st.rx_packets += packets as u64;
         st.last_heard = Some(now);
         st.unanswered_since = None;
-        st.events.authenticated_rx[tidx(&from)] += 1;
+        st.events.authenticated_rx[tidx(&from)] += packets as u64;
         match verdict {
             MessageOutcome::HandshakeCompleted => {
                 st.events.handshakes_answered[tidx(&from)] += 1;

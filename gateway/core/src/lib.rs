@@ -22,6 +22,7 @@ pub mod gso_rest;
 pub mod identity;
 pub mod ini;
 pub mod key;
+pub mod lane;
 pub mod metrics;
 pub mod net;
 pub mod netlink;

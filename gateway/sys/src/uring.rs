@@ -66,6 +66,7 @@ const TUN_BGID: u16 = 1;
 const UD_RECV: u64 = u64::MAX - 1;
 const UD_IGNORE: u64 = u64::MAX - 2;
 const UD_TUN: u64 = u64::MAX - 3;
+const UD_WAKE: u64 = u64::MAX - 4;
 
 /// What io_uring can do on this kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -475,6 +476,9 @@ pub enum Completion<'p> {
     /// error. Give the buffer back with [`Ring::recycle_tun`]; when the read is no longer
     /// armed ([`Ring::tun_armed`]) arm it again ([`Ring::arm_tun`]).
     TunReadMulti { res: Result<TunToken<'p>, Errno> },
+    /// The wake-up file ([`Ring::arm_wake`]) became readable: another thread has work
+    /// for this one. When the poll is no longer armed, arm it again.
+    Wake,
     /// Internal (poll, cancel) completion: nothing to do.
     Internal,
 }
@@ -720,6 +724,8 @@ pub struct Ring<'p> {
     /// The TUN read ring, when multishot TUN reads are used.
     tun: Option<BufRing>,
     tun_armed: bool,
+    /// The multishot poll on the wake-up file ([`Ring::arm_wake`]) is armed.
+    wake_armed: bool,
     /// SQEs pushed but not yet submitted.
     unsubmitted: u32,
     in_flight: u32,
@@ -834,6 +840,7 @@ impl<'p> Ring<'p> {
             recv_armed: false,
             tun,
             tun_armed: false,
+            wake_armed: false,
             unsubmitted: 0,
             in_flight: 0,
         })
@@ -1049,6 +1056,22 @@ impl<'p> Ring<'p> {
         Ok(())
     }
 
+    /// Arm a multishot poll for input on `fd` (an eventfd another thread writes to wake
+    /// this ring's waiter; the caller keeps it open as long as the ring): each wake-up
+    /// completes as [`Completion::Wake`] and ends the wait. No-op when armed.
+    pub fn arm_wake(&mut self, fd: RawFd) -> Result<(), UringError> {
+        if self.wake_armed {
+            return Ok(());
+        }
+        let sqe = opcode::PollAdd::new(Fd(fd), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(UD_WAKE);
+        self.push(&[sqe])?;
+        self.wake_armed = true;
+        Ok(())
+    }
+
     /// Whether the multishot TUN read is armed.
     pub fn tun_armed(&self) -> bool {
         self.tun_armed
@@ -1146,6 +1169,12 @@ impl<'p> Ring<'p> {
         };
         if ud == UD_IGNORE {
             return Completion::Internal;
+        }
+        if ud == UD_WAKE {
+            if !cqueue::more(cqe.flags()) {
+                self.wake_armed = false;
+            }
+            return Completion::Wake;
         }
         if ud == UD_RECV {
             let more = cqueue::more(cqe.flags());

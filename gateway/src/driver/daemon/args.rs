@@ -22,6 +22,9 @@ pub(super) struct Opts {
     pub(super) selftest_hang: bool,
     /// `--event-log DIR`: the perm directory whose event log gets the daemon's events.
     pub(super) event_log: Option<std::path::PathBuf>,
+    /// `--spread on|off`: one peer's received trains spread over the workers (default on;
+    /// nothing to spread with one worker).
+    pub(super) spread: bool,
 }
 
 pub(super) const USAGE: &str = "usage: riceguard [-f|--foreground] [OPTIONS] IFNAME
@@ -29,6 +32,7 @@ pub(super) const USAGE: &str = "usage: riceguard [-f|--foreground] [OPTIONS] IFN
 options (override [Gateway]): --workers N  --cores LIST  --io-uring on|off
                               --offload auto|gso|mmsg|off  --tun-offload on|off
                               --poll sleep|adaptive|busy  --hugepages on|off
+       --spread on|off: one peer's received traffic over every worker (default on)
        --event-log DIR: record peer events in DIR's event log (init passes /perm)";
 
 pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -45,6 +49,7 @@ pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
         hugepages: None,
         selftest_hang: false,
         event_log: None,
+        spread: true,
     };
     let mut it = args.iter();
     let mut up = false;
@@ -92,6 +97,7 @@ pub(super) fn parse_args(args: &[String]) -> Result<Opts, String> {
                 )
             }
             "--hugepages" => o.hugepages = Some(on_off(it.next(), "--hugepages")?),
+            "--spread" => o.spread = on_off(it.next(), "--spread")?,
             // Not in USAGE: init passes it on test images (`riceguard.selftest=hang`).
             "--selftest-hang" => o.selftest_hang = true,
             "--event-log" => {

@@ -14,6 +14,7 @@ use crate::driver::appliance::netconf;
 use crate::driver::dataplane::heartbeat::Heartbeats;
 use crate::driver::dataplane::shared::{Shared, TcpOut};
 use crate::driver::dataplane::sockets::{bind_udp, SocketSet};
+use crate::driver::dataplane::spread::Spread;
 use crate::driver::dataplane::{poll, uring};
 use crate::driver::tcp::link as tcp_link;
 
@@ -193,7 +194,20 @@ fn run(opts: Opts) -> Result<(), String> {
             None
         }
     };
+    // One peer on every core: with more than one worker (and not turned off).
+    let spread = if workers > 1 && opts.spread {
+        match Spread::new(workers) {
+            Ok(s) => Some(Arc::new(s)),
+            Err(e) => {
+                log::warn!("{ifname}: not spreading one peer over the workers: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let shared = Arc::new(Shared {
+        spread: spread.clone(),
         device: device.clone(),
         sockets,
         stop: Arc::new(AtomicBool::new(false)),
@@ -234,6 +248,17 @@ fn run(opts: Opts) -> Result<(), String> {
         ),
         format!("io: {}", io_path(gw.io_uring, use_uring)),
     ];
+    let mut report = report;
+    if spread.is_none() {
+        report.push(format!(
+            "spread: off ({})",
+            if workers > 1 {
+                "--spread off"
+            } else {
+                "one worker"
+            }
+        ));
+    }
     let mut status_paths = vec![status_path(&ifname)];
     if appliance {
         // The console's `show status` reads this one.
@@ -250,6 +275,9 @@ fn run(opts: Opts) -> Result<(), String> {
         let states: Vec<_> = socks.iter().map(|s| s.gso_state()).collect();
         let rests: Vec<_> = socks.iter().flat_map(|s| s.gso_rests()).collect();
         let mut v = crate::sys::udp::gso_status_lines(&states, &rests);
+        if let Some(sp) = &spread {
+            v.push(sp.status_line());
+        }
         if let Some(nc) = &nc {
             v.extend(nc.status_lines());
         }

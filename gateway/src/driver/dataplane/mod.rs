@@ -12,6 +12,7 @@ pub mod pipeline;
 pub mod poll;
 pub mod shared;
 pub mod sockets;
+pub mod spread;
 pub mod sticky;
 pub mod tun_batch;
 pub mod tx_batch;

@@ -12,16 +12,17 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::core::device::{Device, Io, PeerAddr, Table, SCRATCH_SIZE};
+use crate::core::device::{Device, Io, LaneJob, Peer, PeerAddr, Table, SCRATCH_SIZE};
 use crate::core::gso::{finish_checksum, GsoError, Splitter, VIRTIO_NET_HDR_LEN};
 use crate::driver::dataplane::backend::{Backend, Dst};
 use crate::driver::dataplane::outbox::{Outbox, Outlets};
 use crate::driver::dataplane::shared::TcpOut;
+use crate::driver::dataplane::spread::{Job, Opened, Role, Spread, HANDOFF_MIN_BYTES, JOB_BYTES};
 use crate::driver::dataplane::sticky::{Sticky, StickyTable};
-use crate::driver::dataplane::tun_batch::{coalesce_options, TunBatch};
+use crate::driver::dataplane::tun_batch::{coalesce_options, DirectTun, TunBatch};
 use crate::driver::dataplane::tx_batch::TxBatch;
 use crate::sys::cmsg::{PktInfo, RecvMeta};
-use crate::sys::tun::TunOffload;
+use crate::sys::tun::{TunOffload, TunQueue};
 
 /// The device's `Io` sink for a worker: the two batches over a backend.
 pub struct OffloadIo<'a, K: Backend> {
@@ -110,6 +111,37 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 }
 
+/// The device's `Io` sink while it opens a lane's train: sends go to the worker's
+/// batches as usual, decrypted packets into the job (written later, in lane order).
+struct LaneIo<'a, 'j, K: Backend> {
+    out: OffloadIo<'a, K>,
+    opened: &'j mut Opened,
+}
+
+impl<K: Backend> Io for LaneIo<'_, '_, K> {
+    fn send(&mut self, to: PeerAddr, d: &[u8]) {
+        self.out.send(to, d)
+    }
+    fn tun_write(&mut self, p: &[u8]) {
+        if let Some(s) = self.opened.slot(p.len()) {
+            s.copy_from_slice(p);
+            self.opened.commit(p.len());
+        }
+    }
+    fn send_slot(&mut self, to: PeerAddr, expected: usize, max: usize) -> Option<&mut [u8]> {
+        self.out.send_slot(to, expected, max)
+    }
+    fn send_commit(&mut self, to: PeerAddr, len: usize) {
+        self.out.send_commit(to, len)
+    }
+    fn tun_slot(&mut self, max: usize) -> Option<&mut [u8]> {
+        self.opened.slot(max)
+    }
+    fn tun_commit(&mut self, len: usize) {
+        self.opened.commit(len)
+    }
+}
+
 /// What the device sees of one round: the device, its table snapshot, the TCP transport.
 #[derive(Clone, Copy)]
 pub struct Cx<'a> {
@@ -135,6 +167,19 @@ pub struct Pipeline<B> {
     scratch: Vec<u8>,
     /// TUN reads the splitter rejected.
     pub malformed_reads: u64,
+    /// One peer on every core (with more than one worker): see `spread`.
+    spread: Option<Lanes>,
+}
+
+/// A worker's part in spreading one peer's trains: the shared pool and inboxes, and
+/// its own TUN queue handle and coalescer for the trains it writes in lane order.
+struct Lanes {
+    sp: Arc<Spread>,
+    me: usize,
+    tun: TunQueue,
+    writes: TunBatch,
+    buf: Vec<u8>,
+    write_errors: u64,
 }
 
 impl<B> Pipeline<B> {
@@ -151,7 +196,27 @@ impl<B> Pipeline<B> {
             seg: vec![0; 65535],
             scratch: vec![0; SCRATCH_SIZE],
             malformed_reads: 0,
+            spread: None,
         }
+    }
+
+    /// Spread the peers' received trains over the workers (worker `me` of `sp`);
+    /// `tun` is another handle on this worker's TUN queue, for the lane writes.
+    pub fn spread(&mut self, sp: Arc<Spread>, me: usize, tun: TunQueue) {
+        let writes = TunBatch::new(self.tun_writes.options(), self.vnet_hdr);
+        self.spread = Some(Lanes {
+            sp,
+            me,
+            tun,
+            writes,
+            buf: Vec::new(),
+            write_errors: 0,
+        });
+    }
+
+    /// Whether this worker spreads (then [`Self::serve_roles`] runs every round).
+    pub fn spreading(&self) -> Option<(&Arc<Spread>, usize)> {
+        self.spread.as_ref().map(|l| (&l.sp, l.me))
     }
 
     /// Start of a round: take in what the other workers learnt.
@@ -162,6 +227,20 @@ impl<B> Pipeline<B> {
     /// The datagrams of one received buffer (several for a GRO train) through the
     /// device; returns how many. Authenticated ones teach the sticky source.
     pub fn datagrams<K: Backend<Buf = B>>(
+        &mut self,
+        be: &mut K,
+        cx: &Cx<'_>,
+        buf: &[u8],
+        m: &RecvMeta,
+    ) -> usize {
+        if self.spread.is_some() {
+            return self.datagrams_spread(be, cx, buf, m);
+        }
+        self.datagrams_direct(be, cx, buf, m)
+    }
+
+    /// [`Self::datagrams`] one at a time, each through the device on this worker.
+    fn datagrams_direct<K: Backend<Buf = B>>(
         &mut self,
         be: &mut K,
         cx: &Cx<'_>,
@@ -199,6 +278,229 @@ impl<B> Pipeline<B> {
         n
     }
 
+    /// [`Self::datagrams`] with spreading: each run of data messages for one peer is a
+    /// train of that peer's lane (see `spread`); anything else (handshakes, cookies,
+    /// data for no peer) goes through the device here, one at a time.
+    fn datagrams_spread<K: Backend<Buf = B>>(
+        &mut self,
+        be: &mut K,
+        cx: &Cx<'_>,
+        buf: &[u8],
+        m: &RecvMeta,
+    ) -> usize {
+        let len = m.len.min(buf.len());
+        let seg = m.segment_size.max(1);
+        let mut n = 0;
+        let mut at = 0;
+        while at < len {
+            let first = &buf[at..(at + seg).min(len)];
+            let Some(peer) = cx.dev.data_peer(cx.table, first) else {
+                let one = RecvMeta {
+                    len: first.len(),
+                    segment_size: first.len(),
+                    ..*m
+                };
+                n += self.datagrams_direct(be, cx, first, &one);
+                at += first.len();
+                continue;
+            };
+            // The run: the following datagrams for the same peer.
+            let mut end = at + first.len();
+            while end < len {
+                let d = &buf[end..(end + seg).min(len)];
+                match cx.dev.data_peer(cx.table, d) {
+                    Some(p) if Arc::ptr_eq(p, peer) => end += d.len(),
+                    _ => break,
+                }
+            }
+            let run = RecvMeta {
+                len: end - at,
+                ..*m
+            };
+            n += (end - at).div_ceil(seg);
+            self.train(be, cx, peer, &buf[at..end], run);
+            at = end;
+        }
+        n
+    }
+
+    /// One train of `peer`'s data messages into its lane: handed to an idle worker,
+    /// opened here, or queued for the decrypt role's holder (see `spread`).
+    fn train<K: Backend<Buf = B>>(
+        &mut self,
+        be: &mut K,
+        cx: &Cx<'_>,
+        peer: &Arc<Peer>,
+        bytes: &[u8],
+        meta: RecvMeta,
+    ) {
+        let Some(l) = &self.spread else { return };
+        let (sp, me) = (l.sp.clone(), l.me);
+        sp.note_trains();
+        let Some(id) = sp.take_job() else { return };
+        let Some(t) = peer.lane.ticket() else {
+            sp.note_full();
+            sp.free_job(id);
+            return;
+        };
+        {
+            let mut j = sp.job(id);
+            j.peer = Some(peer.clone());
+            j.ticket = Some(t);
+            j.meta = Some(meta);
+            j.received_by = me;
+        }
+        let copy = |j: &mut Job| {
+            let n = bytes.len().min(JOB_BYTES);
+            j.cipher.resize(JOB_BYTES, 0);
+            j.cipher[..n].copy_from_slice(&bytes[..n]);
+        };
+        if bytes.len() >= HANDOFF_MIN_BYTES && sp.anyone_idle(me) {
+            copy(&mut sp.job(id));
+            if peer.lane.queue(t, id) {
+                // The decrypt role was free and is ours: an idle worker takes it.
+                if let Err(Role::Decrypt(p) | Role::Write(p)) =
+                    sp.hand_off(me, Role::Decrypt(peer.clone()))
+                {
+                    self.drain_decrypt(be, cx, &p);
+                }
+            }
+            return;
+        }
+        if peer.lane.try_decrypt() {
+            self.open_job(be, cx, id, Some(bytes));
+            self.drain_decrypt(be, cx, peer);
+        } else {
+            copy(&mut sp.job(id));
+            if peer.lane.queue(t, id) {
+                self.drain_decrypt(be, cx, peer);
+            }
+        }
+    }
+
+    /// Holding `peer`'s decrypt role: open every queued train, then let the role go.
+    fn drain_decrypt<K: Backend<Buf = B>>(&mut self, be: &mut K, cx: &Cx<'_>, peer: &Arc<Peer>) {
+        while let Some((_, id)) = peer.lane.next_to_decrypt() {
+            self.open_job(be, cx, id, None);
+        }
+    }
+
+    /// Open job `id` (its train is `inline`, still in the receive buffer, or the copy
+    /// in the job) under one peer lock, complete it in its lane, and write or hand on
+    /// the write role if that came with it.
+    fn open_job<K: Backend<Buf = B>>(
+        &mut self,
+        be: &mut K,
+        cx: &Cx<'_>,
+        id: LaneJob,
+        inline: Option<&[u8]>,
+    ) {
+        let Pipeline {
+            tx,
+            tun_writes,
+            outbox,
+            sticky,
+            scratch,
+            spread,
+            ..
+        } = self;
+        let Some(l) = spread.as_ref() else { return };
+        let (sp, me) = (l.sp.clone(), l.me);
+        let mut guard = sp.job(id);
+        let j: &mut Job = &mut guard;
+        let (Some(peer), Some(t), Some(m)) = (j.peer.clone(), j.ticket, j.meta) else {
+            return;
+        };
+        if j.received_by != me {
+            sp.note_handed_off();
+        }
+        let Job { cipher, opened, .. } = j;
+        let bytes = match inline {
+            Some(b) => b,
+            None => &cipher[..m.len.min(cipher.len())],
+        };
+        let mut io = LaneIo {
+            out: OffloadIo {
+                be,
+                tcp: cx.tcp,
+                outbox,
+                tx,
+                tun_writes,
+                sticky,
+                reply: m.dst.map(|d| (m.src, d)),
+            },
+            opened,
+        };
+        let seg = m.segment_size.max(1);
+        let ok = cx.dev.handle_data_train(
+            cx.table,
+            &peer,
+            PeerAddr::Udp(m.src),
+            bytes.chunks(seg),
+            scratch,
+            &mut io,
+        );
+        io.out.be.relieve();
+        if ok > 0 {
+            sticky.learn(m.src, m.dst);
+        }
+        drop(guard);
+        if peer.lane.complete(t, id) {
+            if let Err(Role::Write(p) | Role::Decrypt(p)) = sp.hand_off(me, Role::Write(peer)) {
+                self.write_lane(&p);
+            }
+        }
+    }
+
+    /// Holding `peer`'s write role: write its trains in ticket order, each batch
+    /// flushed to the TUN before the role can move on.
+    fn write_lane(&mut self, peer: &Arc<Peer>) {
+        let Some(l) = self.spread.as_mut() else {
+            return;
+        };
+        loop {
+            while let Some(id) = peer.lane.next_to_write() {
+                {
+                    let j = l.sp.job(id);
+                    let mut d = DirectTun {
+                        queue: &l.tun,
+                        buf: &mut l.buf,
+                        errors: &mut l.write_errors,
+                    };
+                    for p in j.opened.packets() {
+                        l.writes.push(&mut d, p);
+                    }
+                    if j.received_by != l.me {
+                        l.sp.note_written_elsewhere();
+                    }
+                }
+                l.sp.free_job(id);
+            }
+            l.writes.flush(&mut DirectTun {
+                queue: &l.tun,
+                buf: &mut l.buf,
+                errors: &mut l.write_errors,
+            });
+            if !peer.lane.release_write() {
+                break;
+            }
+        }
+    }
+
+    /// The lane roles other workers handed to this one (every round, and after a
+    /// wake-up).
+    pub fn serve_roles<K: Backend<Buf = B>>(&mut self, be: &mut K, cx: &Cx<'_>) {
+        let Some((sp, me)) = self.spreading().map(|(s, m)| (s.clone(), m)) else {
+            return;
+        };
+        while let Some(role) = sp.next_role(me) {
+            match role {
+                Role::Decrypt(p) => self.drain_decrypt(be, cx, &p),
+                Role::Write(p) => self.write_lane(&p),
+            }
+        }
+    }
+
     /// One TUN read (`frame[..n]`, split when it is a super-packet) through the device;
     /// returns the packets. A malformed read is counted and dropped.
     pub fn tun_read<K: Backend<Buf = B>>(
@@ -217,6 +519,7 @@ impl<B> Pipeline<B> {
             seg,
             scratch,
             malformed_reads,
+            ..
         } = self;
         let mut io = OffloadIo {
             be,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::core::device::Device;
 use crate::driver::dataplane::heartbeat::Heartbeats;
 use crate::driver::dataplane::sockets::SocketSet;
+use crate::driver::dataplane::spread::Spread;
 use crate::sys::udp::UdpSocket;
 
 /// Where outgoing TCP-fallback messages go; implemented by the TCP transport.
@@ -24,6 +25,8 @@ pub struct Shared {
     pub tun_gone: Arc<AtomicBool>,
     /// One heartbeat per worker, bumped every round (idle rounds too).
     pub heartbeats: Arc<Heartbeats>,
+    /// One peer on every core: set when more than one worker runs and spreading is on.
+    pub spread: Option<Arc<Spread>>,
 }
 
 /// This worker's socket in the shared set, with the set's generation.

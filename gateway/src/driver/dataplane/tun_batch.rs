@@ -86,6 +86,11 @@ impl TunBatch {
         }
     }
 
+    /// What the coalescer merges.
+    pub fn options(&self) -> CoalesceOptions {
+        self.coalescer.options()
+    }
+
     /// Queue one plain IP packet.
     pub fn push<K: TunSink>(&mut self, be: &mut K, p: &[u8]) {
         if !self.vnet_hdr {

@@ -15,6 +15,8 @@ use crate::core::config::PollMode;
 use crate::driver::dataplane::backend::Backend;
 use crate::driver::dataplane::pipeline::{Cx, Pipeline};
 use crate::driver::dataplane::shared::{socket_of, Shared};
+use crate::driver::dataplane::spread::Spread;
+use crate::sys::tun::TunQueue;
 use crate::sys::udp::UdpSocket;
 
 /// How long one wait may block, so `stop` and socket changes are noticed (and the
@@ -89,8 +91,34 @@ pub trait Engine {
 pub fn round<E: Engine>(e: &mut E, p: &mut Pipeline<E::Buf>, cx: &Cx<'_>) -> Drained {
     p.begin_round();
     let d = e.drain(p, cx);
+    // Lane roles other workers handed over (woken for them, or found on the way).
+    p.serve_roles(&mut e.exec(), cx);
     p.flush(&mut e.exec(), cx);
     d
+}
+
+/// Spreading, when the daemon turned it on: worker `index` of the pool takes part, with
+/// another handle on its TUN queue for the lane writes. Returns the pool (its engine
+/// watches the wake-up file); `None` (and said) when the handle cannot be had: the
+/// worker then opens and writes the trains it receives itself, as without spreading,
+/// and never sets itself idle, so no role is handed to it.
+pub fn spread_into<B>(
+    p: &mut Pipeline<B>,
+    index: usize,
+    tun: &TunQueue,
+    shared: &Shared,
+) -> Option<Arc<Spread>> {
+    let sp = shared.spread.clone()?;
+    match tun.try_clone() {
+        Ok(q) => {
+            p.spread(sp.clone(), index, q);
+            Some(sp)
+        }
+        Err(e) => {
+            log::error!("worker {index}: no second handle on the TUN queue ({e}): not spreading");
+            None
+        }
+    }
 }
 
 /// THE worker loop, for every backend: until `shared.stop` is set, or the TUN goes
@@ -108,6 +136,7 @@ pub fn run_loop<E: Engine>(
     let tcp = shared.tcp.clone();
     let mut hot_until = Instant::now();
     let mut dropped_total: u64 = 0;
+    let spread = p.spreading().map(|(sp, _)| sp.clone());
     while !shared.stop.load(Ordering::Relaxed) {
         shared.heartbeats.beat(index);
         if shared.sockets.generation() != gen {
@@ -127,7 +156,16 @@ pub fn run_loop<E: Engine>(
         } else {
             WAIT
         };
-        match e.wait(timeout) {
+        // Asleep: other workers may hand this one a lane role (and wake it).
+        let spread = spread.as_deref();
+        if let (Some(sp), false) = (spread, timeout.is_zero()) {
+            sp.set_idle(index, true);
+        }
+        let waited = e.wait(timeout);
+        if let Some(sp) = spread {
+            sp.set_idle(index, false);
+        }
+        match waited {
             Waited::Ready => {}
             Waited::Idle => continue,
             Waited::Failed(err) => {
@@ -315,6 +353,7 @@ mod tests {
             tcp: None,
             tun_gone: Arc::new(AtomicBool::new(false)),
             heartbeats: Arc::new(Heartbeats::new(1)),
+            spread: None,
         }
     }
 

@@ -16,7 +16,8 @@ use crate::driver::dataplane::poll::syscall_backend::{
     Pending, SendStats, SyscallBackend, MAX_PENDING,
 };
 use crate::driver::dataplane::shared::{socket_of, Shared};
-use crate::driver::dataplane::worker::{run_loop, Drained, Engine, Waited};
+use crate::driver::dataplane::spread::Spread;
+use crate::driver::dataplane::worker::{run_loop, spread_into, Drained, Engine, Waited};
 use crate::sys::cmsg::RecvMeta;
 use crate::sys::tun::{TunOffload, TunQueue};
 use crate::sys::udp::UdpSocket;
@@ -44,6 +45,8 @@ pub struct PollEngine {
     metas: Vec<RecvMeta>,
     udp_ready: bool,
     tun_ready: bool,
+    /// Spreading: the pool whose wake-up file for this worker the wait watches too.
+    wake: Option<(Arc<Spread>, usize)>,
 }
 
 impl PollEngine {
@@ -60,6 +63,7 @@ impl PollEngine {
             metas: vec![RecvMeta::default(); RECV_BATCH],
             udp_ready: false,
             tun_ready: false,
+            wake: None,
         }
     }
 
@@ -82,10 +86,14 @@ impl Engine for PollEngine {
     }
 
     fn wait(&mut self, timeout: Duration) -> Waited {
-        let mut fds = [
-            PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
-            PollFd::new(self.tun.as_fd(), PollFlags::POLLIN),
-        ];
+        let wake = self.wake.as_ref().and_then(|(sp, me)| sp.wake_fd(*me));
+        let mut fds: heapless::Vec<PollFd<'_>, 3> = heapless::Vec::new();
+        let _ = fds.push(PollFd::new(self.sock.as_fd(), PollFlags::POLLIN));
+        let _ = fds.push(PollFd::new(self.tun.as_fd(), PollFlags::POLLIN));
+        if let Some(w) = wake {
+            // Readable when another worker handed this one a lane role: the round serves it.
+            let _ = fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+        }
         let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
         match poll(&mut fds, PollTimeout::from(ms)) {
             Ok(0) => return Waited::Idle,
@@ -204,7 +212,9 @@ pub fn run(
         log::error!("worker {index}: no UDP socket to serve");
         return;
     };
-    let mut e = PollEngine::new(tun, sock);
     let mut p = Pipeline::new(offload, vnet_hdr, shared.sockets.sticky.clone());
+    let spread = spread_into(&mut p, index, &tun, &shared);
+    let mut e = PollEngine::new(tun, sock);
+    e.wake = spread.map(|sp| (sp, index));
     run_loop(index, &mut e, &mut p, poll_mode, &shared, gen);
 }

@@ -21,7 +21,7 @@
 //! caller runs the portable worker instead.
 
 use std::fmt;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,7 +32,7 @@ use crate::core::config::GatewayConfig;
 use crate::driver::dataplane::pipeline::{Cx, Pipeline};
 use crate::driver::dataplane::shared::{socket_of, Shared};
 use crate::driver::dataplane::uring::sqe_backend::UringBackend;
-use crate::driver::dataplane::worker::{run_loop, Drained, Engine, Waited};
+use crate::driver::dataplane::worker::{run_loop, spread_into, Drained, Engine, Waited};
 use crate::sys::hugepage::{BufId, BufPool, PoolConfig, PoolError};
 use crate::sys::tun::{TunOffload, TunQueue};
 use crate::sys::udp::{gso_errno, gso_refused, stale_source_errno, UdpSocket};
@@ -148,6 +148,8 @@ struct UringEngine<'p> {
     recv_paused_until: Option<Instant>,
     cqes: heapless::Vec<cqueue::Entry, REAP>,
     dropped: u64,
+    /// The wake-up file other workers write when they hand this one a lane role.
+    wake: Option<RawFd>,
 }
 
 impl UringEngine<'_> {
@@ -195,6 +197,11 @@ impl<'p> Engine for UringEngine<'p> {
             }
         } else {
             self.top_up_reads();
+        }
+        if let Some(fd) = self.wake {
+            if let Err(e) = self.ring.arm_wake(fd) {
+                log::warn!("cannot arm the wake-up poll: {e}");
+            }
         }
         if !self.ring.recv_armed() && self.recv_paused_until.is_none_or(|t| Instant::now() >= t) {
             self.recv_paused_until = None;
@@ -347,7 +354,8 @@ impl<'p> Engine for UringEngine<'p> {
                         // ICMP errors (ECONNREFUSED) and the like: not fatal.
                         log::trace!("send: {e}");
                     }
-                    Completion::Internal => {}
+                    // Another worker handed this one a lane role: the round serves it.
+                    Completion::Wake | Completion::Internal => {}
                 }
             }
             if d.tun_gone.is_some() {
@@ -469,8 +477,12 @@ pub fn run(
         recv_paused_until: None,
         cqes: heapless::Vec::new(),
         dropped: 0,
+        wake: None,
     };
     let mut p = Pipeline::new(offload, vnet_hdr, shared.sockets.sticky.clone());
+    if let Some(sp) = spread_into(&mut p, index, &tun, &shared) {
+        engine.wake = sp.wake_fd(index).map(|f| f.as_fd().as_raw_fd());
+    }
     run_loop(index, &mut engine, &mut p, cfg.poll, &shared, gen);
     // The ring drops first (cancels and reaps everything in flight), then the pool;
     // the TUN queue (registered in the ring) last.
@@ -742,6 +754,7 @@ mod tests {
                 tcp: None,
                 tun_gone: Arc::new(AtomicBool::new(false)),
                 heartbeats: Arc::new(Heartbeats::new(1)),
+                spread: None,
             });
             let g = GatewayConfig {
                 buffers: 64,
@@ -844,6 +857,7 @@ mod tests {
             tcp: None,
             tun_gone: Arc::new(AtomicBool::new(false)),
             heartbeats: Arc::new(Heartbeats::new(1)),
+            spread: None,
         });
         let (off, vnet) = (tun.offload(), tun.vnet_hdr());
         let q = tun.into_queues().into_iter().next().expect("queue");
@@ -941,6 +955,7 @@ mod tests {
                 tcp: None,
                 tun_gone: Arc::new(AtomicBool::new(false)),
                 heartbeats: Arc::new(Heartbeats::new(1)),
+                spread: None,
             });
             let mut cfg = UringWorkerConfig::from_gateway(&GatewayConfig::default());
             cfg.pool.count = 8;
