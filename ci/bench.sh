@@ -35,7 +35,31 @@
 #                               lan, H's subnet), against no Access anywhere, and against the
 #                               same 500 peers without Access: what the per-client firewall
 #                               costs (a source-map lookup per new flow) apart from the peers
+#   ci/bench.sh --cores-per-end N
+#                               instead of the default setups, N cores per end: end A (side
+#                               a's daemon, the iperf3 client) on cores 0..N-1, end B (side
+#                               b's daemon, the iperf3 server) on cores N..2N-1, one peer:
+#                               riceguard-Nc (--workers N --cores <end's list>: one-peer
+#                               spreading as the daemon defaults), riceguard-Nc-w1 (--workers
+#                               1 --cores <end's first core>, iperf3 still on the N cores),
+#                               riceguard-Nc-nospread (--workers N --cores <list> --spread
+#                               off; fails with the daemon's message on a build without the
+#                               flag) and wireguard-go-Nc (taskset -c <list>, GOMAXPROCS
+#                               unset); riceguard-Nc's ratios (every metric, and round by
+#                               round) against the other three. Cores are counted modulo the
+#                               machine's: when 2N is more, the two sets overlap and the
+#                               report and the JSON ("cores" of each setup, "core_groups",
+#                               ends_share_cores) say that the ends share cores. With
+#                               --setups too, the group runs after those; the names also
+#                               work alone in --setups (e.g. riceguard-2c,riceguard-2c-w1).
 #   ci/bench.sh --plot-only out/bench/bench-X.json    redraw that run's SVG (no root)
+#
+# Every daemon's CPU is also recorded thread by thread (/proc/PID/task/TID/stat, keyed by
+# the thread's name, name#index where several share one, as wireguard-go's do) during the
+# single-stream TCP run and the UDP run: "threads_cpu_s" and "threads_cpu_s_udp" of each
+# round and (median of the rounds) of each setup, {"a": {"rg-worker-0": s, ...}, "b": ...};
+# the markdown shows each riceguard row with more than one worker as the workers' shares of
+# their CPU on each side (is one peer's work spread over every worker at both ends?).
 #
 # riceguard is $RG_BIN (default target/release/riceguard), extra flags in $RG_ARGS
 # ($RG_TCP_ARGS too for the TCP row).

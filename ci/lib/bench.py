@@ -1,7 +1,10 @@
 """Throughput/latency/CPU benchmark of riceguard against wireguard-go, boringtun and the plain
 veth ceiling, in the same namespaces as the interop test (run through ci/bench.sh): each
 implementation as it starts, each with one core per end, and riceguard as the appliance
-(`riceguard up --config`, forwarding to a host behind it) with its firewall on and off.
+(`riceguard up --config`, forwarding to a host behind it) with its firewall on and off; with
+--cores-per-end N, riceguard and wireguard-go with N cores per end (riceguard's one-peer
+spreading against one worker and against --spread off). Each daemon's CPU is also recorded
+thread by thread (riceguard's workers: is one peer's work on all of them?).
 
 Owns: the benchmark setups, the measurements, interleaved rounds, median/spread/ratios
 (paired round by round for the firewall on/off pair), and the markdown + JSON + SVG report
@@ -16,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -44,7 +48,8 @@ class Path:
         self.client = lab.a
         self.server = server or lab.b      # where the iperf3 server runs (.ns, .sh)
         self.dst, self.mtu, self.pids = dst, mtu, pids
-        self.cpus = cpus                   # (client core, server core) or None: unpinned
+        self.cpus = cpus                   # (client cores, server cores) or None: unpinned;
+                                           # each a core or a taskset list ("0,1")
         self.status_side = status_side or lab.a   # whose `riceguard status` is recorded
         self.after = after                 # () -> dict of numbers recorded with each rep
 
@@ -325,13 +330,129 @@ def with_binary(env_var, fn):
     return setup
 
 
+# --- N cores per end (--cores-per-end N) -------------------------------------------------
+# End A (side a's daemon, the iperf3 client) on cores 0..N-1, end B (side b's daemon, the
+# iperf3 server) on cores N..2N-1, counted modulo the cores this process may run on: when
+# 2N is more than those, the two sets overlap (the ends share cores) and the report and the
+# JSON ("cores" of each setup, "core_groups") say so. One peer each side; riceguard's
+# one-peer spreading is the daemon's default (nothing passed), its -nospread row passes
+# `--spread off`, its -w1 row runs one worker on the end's first core (the iperf3 end keeps
+# all N).
+
+def end_layout(n):
+    """{"a": [cores], "b": [cores], ...}: the two ends' core sets for N cores per end."""
+    cpus = sorted(os.sched_getaffinity(0))
+
+    def uniq(xs):
+        return [x for i, x in enumerate(xs) if x not in xs[:i]]
+    a = uniq([cpus[i % len(cpus)] for i in range(n)])
+    b = uniq([cpus[(n + i) % len(cpus)] for i in range(n)])
+    shared = sorted(set(a) & set(b))
+    info = {"cores_per_end": n, "cpus": len(cpus), "a": a, "b": b,
+            "ends_share_cores": bool(shared), "shared_cores": shared}
+    if shared:
+        info["note"] = (f"the ends SHARE cores {cpulist(shared)}: {n} cores per end needs "
+                        f"{2 * n}, this machine has {len(cpus)} (sets taken modulo "
+                        f"{len(cpus)}); the two ends compete for them")
+    else:
+        info["note"] = "each end on cores of its own (no core shared)"
+    return info
+
+
+def cpulist(cores):
+    return ",".join(str(c) for c in cores)
+
+
+CORES_VARIANTS = {  # setup-name suffix -> riceguard's arguments for (n, the end's cores)
+    "": lambda n, cores: ["--workers", str(n), "--cores", cpulist(cores)],
+    "-w1": lambda n, cores: ["--workers", "1", "--cores", str(cores[0])],
+    "-nospread": lambda n, cores: ["--workers", str(n), "--cores", cpulist(cores),
+                                   "--spread", "off"],
+}
+
+
+def setup_cores(impl, n, variant=""):
+    """`impl` on both sides, each end on its own N cores (end_layout); wireguard-go under
+    `taskset -c` (GOMAXPROCS unset), riceguard with CORES_VARIANTS[variant]."""
+    info = end_layout(n)
+
+    def setup(lab):
+        for s in (lab.b, lab.a):
+            cores = info[s.tag]
+            if impl == "riceguard":
+                try:
+                    lab.start(s, impl, CORES_VARIANTS[variant](n, cores))
+                except LabError as e:
+                    # The daemon's own complaint (e.g. a flag this build does not know),
+                    # without the usage text that follows it.
+                    msg = str(e)
+                    err = [ln for ln in msg.splitlines() if ln.startswith("error:")]
+                    raise LabError(f"{msg.splitlines()[0]}" + (f" ({'; '.join(err[1:])})"
+                                   if len(err) > 1 else "")) from e
+            else:
+                env = dict(os.environ, WG_PROCESS_FOREGROUND="1")
+                env.pop("GOMAXPROCS", None)
+                start_daemon(lab, s, impl, ["taskset", "-c", cpulist(cores)]
+                             + wgnet.impl_argv(impl, s.ifname), env)
+        wgnet.configure_pair(lab, lab.a, lab.b)
+        if wgnet.wait_reply(lab.a, lab.b.inner4) is None:
+            raise LabError(f"{impl}: no reply through the tunnel within 10 s")
+        return Path(lab, lab.b.inner4, wgnet.TUNNEL_MTU, [lab.a.pid, lab.b.pid],
+                    cpus=(cpulist(info["a"]), cpulist(info["b"])))
+    if impl == "riceguard":
+        args = {t: " ".join(CORES_VARIANTS[variant](n, info[t])) for t in ("a", "b")}
+    else:
+        args = {t: f"taskset -c {cpulist(info[t])}, GOMAXPROCS unset" for t in ("a", "b")}
+    setup.extra_args = [f"(a: {args['a']}) (b: {args['b']}) iperf3 client on "
+                        f"{cpulist(info['a'])}, server on {cpulist(info['b'])}"
+                        + ("; ENDS SHARE CORES" if info["ends_share_cores"] else "")]
+    setup.info = info
+    return setup
+
+
+CORES_NAME = re.compile(r"(riceguard|wireguard-go)-([1-9][0-9]*)c(-w1|-nospread)?")
+
+
+def cores_group(n):
+    """Register the setups of N cores per end (riceguard-Nc, riceguard-Nc-w1,
+    riceguard-Nc-nospread, wireguard-go-Nc) and return their names."""
+    g = f"{n}c"
+    names = [f"riceguard-{g}", f"riceguard-{g}-w1", f"riceguard-{g}-nospread",
+             f"wireguard-go-{g}"]
+    if names[0] in SETUPS:
+        return names
+    SETUPS[names[0]] = Setup(setup_cores("riceguard", n), "riceguard", g,
+                             compare=names[1:])
+    SETUPS[names[1]] = Setup(setup_cores("riceguard", n, "-w1"), "riceguard", g)
+    SETUPS[names[2]] = Setup(setup_cores("riceguard", n, "-nospread"), "riceguard", g)
+    SETUPS[names[3]] = Setup(setup_cores("wireguard-go", n), "wireguard-go", g)
+    info = end_layout(n)
+    GROUP_TITLES[g] = (f"{n} core{'s' if n > 1 else ''} per end: end A (side a's daemon, "
+                       f"the iperf3 client) on cores {cpulist(info['a'])}, end B (side b's "
+                       f"daemon, the iperf3 server) on cores {cpulist(info['b'])}; "
+                       f"{info['note']}")
+    SHORT[names[1]], SHORT[names[2]] = "w1", "nospread"
+    return names
+
+
+def known_setup(name):
+    """True for a SETUPS name, registering the N-cores-per-end group a name such as
+    riceguard-2c-w1 belongs to."""
+    m = CORES_NAME.fullmatch(name)
+    if name not in SETUPS and m and not (m.group(1) == "wireguard-go" and m.group(3)):
+        cores_group(int(m.group(2)))
+    return name in SETUPS
+
+
 class Setup:
     """fn(lab) -> Path; impl: what must be installed; group: the core layout ("default":
-    as each implementation starts, "1core": one core per end), whose wireguard-go and
-    boringtun rows are the ratio baselines; compare: further baselines for every metric."""
+    as each implementation starts, "1core": one core per end, "Nc": N cores per end),
+    whose wireguard-go and boringtun rows are the ratio baselines; compare: further
+    baselines for every metric."""
 
     def __init__(self, fn, impl, group="default", compare=()):
         self.fn, self.impl, self.group, self.compare = fn, impl, group, list(compare)
+        self.info = getattr(fn, "info", None)  # the core layout (N cores per end)
 
 
 RG_1CORE = {"a": ["--cores", str(CORE["a"])], "b": ["--cores", str(CORE["b"])]}
@@ -447,8 +568,62 @@ def daemon_cpu(pids):
     return None if any(v is None for v in vals) else sum(vals)
 
 
-def pin(core):
-    return [] if core is None else ["taskset", "-c", str(core)]
+def pin(cores):
+    """taskset prefix for a core or a core list ("0,1"); none for None."""
+    return [] if cores is None else ["taskset", "-c", str(cores)]
+
+
+def thread_cpu(pid):
+    """{tid: (thread name, utime+stime in s)} of every thread of `pid` now, from
+    /proc/PID/task/TID/{stat,comm}; None when the process is gone."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / ticks)
+    return out
+
+
+def threads_snapshot(path):
+    """{"a": thread_cpu(side a's daemon), "b": ...} (path.pids is [a, b] for a tunnel)."""
+    if len(path.pids) != 2:
+        return None
+    return dict(zip("ab", (thread_cpu(p) for p in path.pids)))
+
+
+def threads_used(before, after):
+    """CPU s each thread used between two threads_snapshot()s: {side: {name: s}}. A name
+    that several threads share (wireguard-go's) is keyed name#index, index in TID order;
+    a thread born in between counts from 0; one that ended in between is not there."""
+    if not before or not after:
+        return None
+    out = {}
+    for side in after:
+        b, a = before.get(side), after.get(side)
+        if b is None or a is None:
+            continue
+        names = [c for c, _ in a.values()]
+        seen, per = {}, {}
+        for tid in sorted(a):
+            comm, t = a[tid]
+            if names.count(comm) > 1:
+                key = f"{comm}#{seen.get(comm, 0)}"
+                seen[comm] = seen.get(comm, 0) + 1
+            else:
+                key = comm
+            per[key] = round(max(0.0, t - b.get(tid, (comm, 0.0))[1]), 3)
+        out[side] = per
+    return out or None
 
 
 def iperf3(lab, path, seconds, args=(), port=5201):
@@ -466,9 +641,10 @@ def measure(lab, path, secs):
 
     # Single TCP stream with a ping alongside for the loaded RTT.
     pinger = wgnet.ping_start(lab, a, dst, max(1, int(secs / 0.2) - 5), 0.2)
-    c0 = daemon_cpu(pids)
+    c0, t0 = daemon_cpu(pids), threads_snapshot(path)
     res = iperf3(lab, path, secs)
-    c1 = daemon_cpu(pids)
+    c1, t1 = daemon_cpu(pids), threads_snapshot(path)
+    out["threads_cpu_s"] = threads_used(t0, t1)
     loaded = wgnet.ping_finish(pinger, secs + 10)
     out["rtt_load_ms"] = loaded["rtt_avg_ms"] if loaded else None
     out["tcp1_mbps"] = wgnet.tcp_mbps(res)
@@ -481,9 +657,10 @@ def measure(lab, path, secs):
 
     # UDP at 1 Gbit/s offered, datagrams sized to the path (no IP fragmentation).
     payload = path.mtu - 28
-    c0 = daemon_cpu(pids)
+    c0, t0 = daemon_cpu(pids), threads_snapshot(path)
     res = iperf3(lab, path, secs, args=["-u", "-b", "1G", "-l", str(payload)] + UDP_BUF)
-    c1 = daemon_cpu(pids)
+    c1, t1 = daemon_cpu(pids), threads_snapshot(path)
+    out["threads_cpu_s_udp"] = threads_used(t0, t1)
     sent, recv = res["end"]["sum_sent"]["bytes"], res["end"]["sum_received"]["bytes"]
     out["udp_goodput_mbps"] = res["end"]["sum_received"]["bits_per_second"] / 1e6
     out["udp_loss_pct"] = 100.0 * (1 - recv / sent) if sent else None
@@ -563,7 +740,8 @@ def run_rep(name, rep, opts, index, logdir, res):
         res.setdefault("failed", []).append({"round": rep, "error": str(e)})
         return
     r["round"], r["load1"] = rep, load
-    log("  " + ", ".join(f"{k}={v:.3g}" for k, v in r.items() if v is not None))
+    log("  " + ", ".join(f"{k}={v:.3g}" for k, v in r.items()
+                         if isinstance(v, (int, float))))
     res["reps"].append(r)
 
 
@@ -578,6 +756,8 @@ def run_all(setups, opts, logdir):
             results[name] = {"skipped": f"{s.impl} not available"}
         elif getattr(s.fn, "extra_args", None):
             results[name]["args"] = s.fn.extra_args
+        if s.info and "skipped" not in results[name]:
+            results[name]["cores"] = s.info
     for rep in range(opts.reps):
         order = list(enumerate(setups))
         for index, name in (order if rep % 2 == 0 else order[::-1]):
@@ -590,7 +770,40 @@ def run_all(setups, opts, logdir):
             res["error"] = "; ".join(f["error"] for f in res.get("failed", [])) or "no run"
             continue
         res["summary"] = summarize(res["reps"])
+        for k in THREAD_KEYS:
+            t = threads_median(res["reps"], k)
+            if t:
+                res[k] = t
     return results
+
+
+# Per-thread CPU of each daemon, in each rep and (median of the rounds, thread by thread)
+# in each setup's result: the single-stream TCP run and the UDP run.
+THREAD_KEYS = {"threads_cpu_s": "TCP 1 stream", "threads_cpu_s_udp": "UDP @1G"}
+
+
+def threads_median(reps, key):
+    per = {}
+    for r in reps:
+        for side, threads in (r.get(key) or {}).items():
+            for name, v in threads.items():
+                per.setdefault(side, {}).setdefault(name, []).append(v)
+    return {side: {name: round(statistics.median(v), 3) for name, v in threads.items()}
+            for side, threads in per.items()}
+
+
+def worker_shares(threads):
+    """"rg-worker-0 62%, rg-worker-1 38% (of 1.23 s)" for one side's threads, or None
+    when it has fewer than two riceguard workers."""
+    w = sorted(((int(k.rsplit("-", 1)[1]), v) for k, v in threads.items()
+                if re.fullmatch(r"rg-worker-\d+", k)))
+    if len(w) < 2:
+        return None
+    total = sum(v for _, v in w)
+    if not total:
+        return ", ".join(f"rg-worker-{i} -" for i, _ in w) + " (no CPU used)"
+    return (", ".join(f"rg-worker-{i} {100 * v / total:.0f}%" for i, v in w)
+            + f" (of {total:.2f} s)")
 
 
 def summarize(reps):
@@ -675,6 +888,18 @@ def report(results, opts):
             for k, p in per.items():
                 lines.append(f"- {METRICS[k][0]}: {p['median']:.3f}× "
                              f"[{p['min']:.3f}–{p['max']:.3f}]")
+    rows = []
+    for n in names:
+        for k, label in THREAD_KEYS.items():
+            cells = [worker_shares(results[n].get(k, {}).get(side, {})) for side in "ab"]
+            if any(cells):
+                rows.append([n, label] + [c or "-" for c in cells])
+    if rows:
+        lines.append("\nriceguard's workers, share of the workers' CPU s (from "
+                     "/proc/PID/task; median of the rounds; all threads in the JSON, "
+                     "threads_cpu_s and threads_cpu_s_udp):\n")
+        lines.append(wgnet.md_table(["setup", "run", "side a workers", "side b workers"],
+                                    rows))
     lines.append("")
     for n, r in results.items():
         if r.get("args"):
@@ -749,6 +974,12 @@ def plot_svg(doc):
              else "bars: a single run (no spread)"]
     if any(group_of(n) == "1core" for n in names):
         notes.append("right of the dashed line: one core per end")
+    for g in sorted({group_of(n) for n in names if CORES_NAME.fullmatch(n)}):
+        info = next(results[n]["cores"] for n in names
+                    if group_of(n) == g and results[n].get("cores"))
+        notes.append(f"{g}: end A cores {cpulist(info['a'])}, end B cores "
+                     f"{cpulist(info['b'])}"
+                     + (" (THE ENDS SHARE CORES)" if info["ends_share_cores"] else ""))
     notes += [f"{n}: {' '.join(r['args'])}" for n, r in results.items() if r.get("args")]
     notes += [f"{n}: {r.get('skipped') or 'error: ' + str(r.get('error', '?'))[:80]}"
               for n, r in results.items() if "summary" not in r]
@@ -879,8 +1110,15 @@ def environment():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="ci/bench.sh", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
-                    help=f"comma-separated, from: {', '.join(SETUPS)}")
+    ap.add_argument("--setups",
+                    help=f"comma-separated, from: {', '.join(SETUPS)}, and the "
+                    "N-cores-per-end names riceguard-Nc, riceguard-Nc-w1, "
+                    "riceguard-Nc-nospread, wireguard-go-Nc (default: "
+                    f"{','.join(DEFAULT_SETUPS)})")
+    ap.add_argument("--cores-per-end", type=int, metavar="N",
+                    help="the N-cores-per-end group (riceguard-Nc, riceguard-Nc-w1, "
+                    "riceguard-Nc-nospread, wireguard-go-Nc) instead of the default setups "
+                    "(after them with --setups)")
     ap.add_argument("--with-tcp-fallback", action="store_true",
                     help="add the riceguard-over-TCP row (UDP dropped by nftables)")
     ap.add_argument("--reps", type=int, default=3,
@@ -895,15 +1133,22 @@ def main(argv=None):
     if opts.plot_only:
         with open(opts.plot_only) as f:
             doc = json.load(f)
+        for n in doc["results"]:
+            known_setup(n)  # an N-cores-per-end group: its group and ratio baselines
         add_ratios(doc["results"])  # JSON from before a METRICS change gets today's ratios
         print(f"SVG: {write_plot(doc, opts.plot_only)}")
         return 0
     if opts.quick:
         opts.reps, opts.seconds = 1, 3
-    setups = opts.setups.split(",")
+    if opts.cores_per_end is not None and opts.cores_per_end < 1:
+        raise SystemExit("--cores-per-end takes a number of cores, 1 or more")
+    setups = opts.setups.split(",") if opts.setups else (
+        [] if opts.cores_per_end else list(DEFAULT_SETUPS))
+    if opts.cores_per_end:
+        setups += [n for n in cores_group(opts.cores_per_end) if n not in setups]
     if opts.with_tcp_fallback and "riceguard-tcp" not in setups:
         setups.append("riceguard-tcp")
-    bad = [s for s in setups if s not in SETUPS]
+    bad = [s for s in setups if not known_setup(s)]
     if bad or opts.reps < 1 or opts.seconds < 1:
         raise SystemExit(f"bad --setups {bad} or --reps/--seconds")
 
@@ -927,6 +1172,7 @@ def main(argv=None):
     env["loadavg_at_end"] = os.getloadavg()
     doc = {"date": stamp, "reps": opts.reps, "seconds": opts.seconds,
            "environment": env, "results": results,
+           "core_groups": {group_of(n): SETUPS[n].info for n in setups if SETUPS[n].info},
            "elapsed_s": round(time.monotonic() - t0, 1)}
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
