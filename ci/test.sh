@@ -6,6 +6,10 @@
 #   fuzz     each fuzz target for a bounded time
 #   interop  real-peer matrix in network namespaces (wireguard-go, boringtun, riceguard, wg-quick)
 #   fastpath the matrix on every forced data-plane path, pinning, GSO demotion and rest, GRO on/off
+#            (ci/fastpath.sh); one peer spread over every worker keeps each flow in order
+#            under load: sequence-numbered UDP, and a TCP stream's reordering against the
+#            receiver at --workers 1, riceguard and wireguard-go senders, trains handed
+#            off (ci/order.sh)
 #   tcp      TCP-fallback helpers in namespaces
 #   adversarial  the data plane under attack in namespaces: forged responses/cookies,
 #            initiation floods, replays (ci/adversarial.sh), TCP listener floods and
@@ -141,7 +145,7 @@ labs_of() {
                 'env CARGO_TARGET_DIR=target/unit RG_TEST_STRICT=1 cargo test --locked --workspace -- --include-ignored --skip bench_' ;;
         fuzz) echo "ci/fuzz.sh ${FUZZ_SECONDS:-6}" ;;
         interop) echo ci/interop.sh ;;
-        fastpath) echo ci/fastpath.sh ;;
+        fastpath) printf '%s\n' ci/fastpath.sh ci/order.sh ;;
         tcp) printf '%s\n' ci/tcp-helpers.sh ci/tcp-fallback.sh ;;
         adversarial) printf '%s\n' ci/adversarial.sh ci/adversarial-tcp.sh ci/adversarial-uapi.sh ci/keepalive.sh ci/sticky-source.sh ;;
         gateway) printf '%s\n' ci/gateway-lan.sh ci/uplink-guard.sh ci/dhcp.sh ci/firewall.sh ci/pmtu.sh ci/ntp.sh ci/ssh.sh ci/peer-health.sh ci/syslog.sh ci/metrics.sh ci/dns.sh ci/access.sh ci/mss.sh ;;
