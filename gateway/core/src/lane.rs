@@ -22,11 +22,12 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
-/// Trains in flight per lane (taken, not yet written). A UDP GRO train holds at most
-/// 64 datagrams, so at most 960 packets of one peer are in flight: inside boringtun's
-/// 1024-packet replay window, so decrypting trains out of order never rejects one.
-pub const IN_FLIGHT: usize = 15;
-const SLOTS: usize = IN_FLIGHT + 1;
+/// Packets in flight per lane (in trains taken, not yet written): inside boringtun's
+/// 1024-packet replay window, so opening trains out of order never rejects one.
+pub const IN_FLIGHT: usize = 960;
+/// Trains in flight per lane (a UDP GRO train holds 1 to 64 datagrams).
+pub const TRAINS: usize = 63;
+const SLOTS: usize = TRAINS + 1;
 
 /// A train's place in its lane's order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,13 +38,16 @@ pub struct Ticket(u64);
 pub struct LaneStats {
     /// Tickets handed out.
     pub tickets: u64,
-    /// Trains refused because [`IN_FLIGHT`] were in flight.
+    /// Trains refused because [`IN_FLIGHT`] packets or [`TRAINS`] trains were in flight.
     pub full: u64,
 }
 
 struct State<J> {
     next_ticket: u64,
     next_write: u64,
+    /// Packets in the trains taken and not written, and each one's count.
+    packets: usize,
+    counts: [u16; SLOTS],
     /// Completed trains waiting for their turn, at `ticket % SLOTS`.
     done: [Option<J>; SLOTS],
     /// Trains waiting for the decrypt role, with their tickets.
@@ -64,6 +68,8 @@ impl<J> Default for Lane<J> {
             state: Mutex::new(State {
                 next_ticket: 0,
                 next_write: 0,
+                packets: 0,
+                counts: [0; SLOTS],
                 done: std::array::from_fn(|_| None),
                 queued: VecDeque::with_capacity(SLOTS),
                 decrypting: false,
@@ -80,15 +86,19 @@ impl<J> Lane<J> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The next place in the order, or `None` when [`IN_FLIGHT`] trains are in flight
-    /// (the caller drops the train and counts it, as a full socket would).
-    pub fn ticket(&self) -> Option<Ticket> {
+    /// The next place in the order for a train of `packets`, or `None` when that would
+    /// put more than [`IN_FLIGHT`] packets or [`TRAINS`] trains in flight (the caller
+    /// drops the train and counts it, as a full socket would).
+    pub fn ticket(&self, packets: usize) -> Option<Ticket> {
         let mut s = self.st();
-        if s.next_ticket - s.next_write >= IN_FLIGHT as u64 {
+        let packets = packets.clamp(1, IN_FLIGHT);
+        if s.next_ticket - s.next_write >= TRAINS as u64 || s.packets + packets > IN_FLIGHT {
             s.stats.full += 1;
             return None;
         }
         let t = Ticket(s.next_ticket);
+        s.counts[(t.0 % SLOTS as u64) as usize] = packets as u16;
+        s.packets += packets;
         s.next_ticket += 1;
         s.stats.tickets += 1;
         Some(t)
@@ -141,6 +151,7 @@ impl<J> Lane<J> {
         let mut s = self.st();
         let i = (s.next_write % SLOTS as u64) as usize;
         let job = s.done[i].take()?;
+        s.packets -= usize::from(s.counts[i]);
         s.next_write += 1;
         Some(job)
     }

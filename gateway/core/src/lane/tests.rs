@@ -44,7 +44,7 @@ impl Sim {
     fn receive(&mut self, rng: &mut Rng) {
         let n = self.received;
         self.received += 1;
-        let Some(t) = self.lane.ticket() else {
+        let Some(t) = self.lane.ticket(1 + rng.below(64) as usize) else {
             return; // full: dropped, as the driver counts it
         };
         let good = rng.below(5) != 0;
@@ -173,9 +173,20 @@ fn any_schedule_writes_every_train_once_in_order() {
 #[test]
 fn completions_in_reverse_wait_for_the_first() {
     let lane: Lane<u64> = Lane::default();
-    let tickets: Vec<Ticket> = (0..IN_FLIGHT).map(|_| lane.ticket().unwrap()).collect();
-    assert_eq!(lane.ticket(), None, "a full lane refuses the next train");
+    let tickets: Vec<Ticket> = (0..IN_FLIGHT / 64)
+        .map(|_| lane.ticket(64).unwrap())
+        .collect();
+    assert_eq!(
+        lane.ticket(1),
+        None,
+        "960 packets in flight: the next train waits"
+    );
     assert_eq!(lane.stats().full, 1);
+    let small: Lane<()> = Lane::default();
+    for _ in 0..TRAINS {
+        assert!(small.ticket(1).is_some());
+    }
+    assert_eq!(small.ticket(1), None, "and so it does after 63 trains");
     let mut writing = false;
     for (i, t) in tickets.iter().enumerate().skip(1).rev() {
         writing |= lane.complete(*t, i as u64);
@@ -194,9 +205,9 @@ fn completions_in_reverse_wait_for_the_first() {
             break;
         }
     }
-    assert_eq!(out, (0..IN_FLIGHT as u64).collect::<Vec<_>>());
+    assert_eq!(out, (0..(IN_FLIGHT / 64) as u64).collect::<Vec<_>>());
     assert_eq!(lane.in_flight(), 0);
-    assert!(lane.ticket().is_some(), "room again");
+    assert!(lane.ticket(64).is_some(), "room again");
 }
 
 /// A train queued while the holder drains is seen before the role goes, and one
@@ -204,13 +215,13 @@ fn completions_in_reverse_wait_for_the_first() {
 #[test]
 fn queue_never_strands_a_train() {
     let lane: Lane<u32> = Lane::default();
-    let a = lane.ticket().unwrap();
-    let b = lane.ticket().unwrap();
+    let a = lane.ticket(1).unwrap();
+    let b = lane.ticket(1).unwrap();
     assert!(lane.queue(a, 1), "the role was free: the queuer holds it");
     assert!(!lane.queue(b, 2), "held: the holder will take it");
     assert_eq!(lane.next_to_decrypt(), Some((a, 1)));
     assert_eq!(lane.next_to_decrypt(), Some((b, 2)));
     assert_eq!(lane.next_to_decrypt(), None, "empty: role let go");
-    let c = lane.ticket().unwrap();
+    let c = lane.ticket(1).unwrap();
     assert!(lane.queue(c, 3));
 }

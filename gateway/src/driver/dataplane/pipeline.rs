@@ -17,7 +17,7 @@ use crate::core::gso::{finish_checksum, GsoError, Splitter, VIRTIO_NET_HDR_LEN};
 use crate::driver::dataplane::backend::{Backend, Dst};
 use crate::driver::dataplane::outbox::{Outbox, Outlets};
 use crate::driver::dataplane::shared::TcpOut;
-use crate::driver::dataplane::spread::{Job, Opened, Role, Spread, HANDOFF_MIN_BYTES, JOB_BYTES};
+use crate::driver::dataplane::spread::{Job, Opened, Role, Spread, JOB_BYTES};
 use crate::driver::dataplane::sticky::{Sticky, StickyTable};
 use crate::driver::dataplane::tun_batch::{coalesce_options, DirectTun, TunBatch};
 use crate::driver::dataplane::tx_batch::TxBatch;
@@ -111,6 +111,17 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
     }
 }
 
+impl Lanes {
+    /// Write what the coalescer holds to `q`, now (the write role moves on after this).
+    fn flush_to(&mut self, q: &TunQueue) {
+        self.writes.flush(&mut DirectTun {
+            queue: q,
+            buf: &mut self.buf,
+            errors: &mut self.write_errors,
+        });
+    }
+}
+
 /// The device's `Io` sink while it opens a lane's train: sends go to the worker's
 /// batches as usual, decrypted packets into the job (written later, in lane order).
 struct LaneIo<'a, 'j, K: Backend> {
@@ -176,7 +187,6 @@ pub struct Pipeline<B> {
 struct Lanes {
     sp: Arc<Spread>,
     me: usize,
-    tun: TunQueue,
     writes: TunBatch,
     buf: Vec<u8>,
     write_errors: u64,
@@ -200,14 +210,13 @@ impl<B> Pipeline<B> {
         }
     }
 
-    /// Spread the peers' received trains over the workers (worker `me` of `sp`);
-    /// `tun` is another handle on this worker's TUN queue, for the lane writes.
-    pub fn spread(&mut self, sp: Arc<Spread>, me: usize, tun: TunQueue) {
+    /// Spread the peers' received trains over the workers (worker `me` of `sp`, whose
+    /// TUN queue handle it has [`Spread::join`]ed).
+    pub fn spread(&mut self, sp: Arc<Spread>, me: usize) {
         let writes = TunBatch::new(self.tun_writes.options(), self.vnet_hdr);
         self.spread = Some(Lanes {
             sp,
             me,
-            tun,
             writes,
             buf: Vec::new(),
             write_errors: 0,
@@ -338,7 +347,10 @@ impl<B> Pipeline<B> {
         let (sp, me) = (l.sp.clone(), l.me);
         sp.note_trains();
         let Some(id) = sp.take_job() else { return };
-        let Some(t) = peer.lane.ticket() else {
+        let Some(t) = peer
+            .lane
+            .ticket(bytes.len().div_ceil(meta.segment_size.max(1)))
+        else {
             sp.note_full();
             sp.free_job(id);
             return;
@@ -355,7 +367,7 @@ impl<B> Pipeline<B> {
             j.cipher.resize(JOB_BYTES, 0);
             j.cipher[..n].copy_from_slice(&bytes[..n]);
         };
-        if bytes.len() >= HANDOFF_MIN_BYTES && sp.anyone_idle(me) {
+        if bytes.len() >= sp.min_bytes && sp.anyone_idle(me) {
             copy(&mut sp.job(id));
             if peer.lane.queue(t, id) {
                 // The decrypt role was free and is ours: an idle worker takes it.
@@ -444,43 +456,61 @@ impl<B> Pipeline<B> {
         if ok > 0 {
             sticky.learn(m.src, m.dst);
         }
+        let big = m.len >= sp.min_bytes;
         drop(guard);
         if peer.lane.complete(t, id) {
-            if let Err(Role::Write(p) | Role::Decrypt(p)) = sp.hand_off(me, Role::Write(peer)) {
+            // The write role came with it: to an idle worker if this train is worth the
+            // wake-up, else written here.
+            let kept = if big {
+                sp.hand_off(me, Role::Write(peer)).err()
+            } else {
+                Some(Role::Write(peer))
+            };
+            if let Some(Role::Write(p) | Role::Decrypt(p)) = kept {
                 self.write_lane(&p);
             }
         }
     }
 
-    /// Holding `peer`'s write role: write its trains in ticket order, each batch
-    /// flushed to the TUN before the role can move on.
+    /// Holding `peer`'s write role: write its trains in ticket order, each through the
+    /// TUN queue of the worker that received it, flushed before the role can move on.
     fn write_lane(&mut self, peer: &Arc<Peer>) {
         let Some(l) = self.spread.as_mut() else {
             return;
         };
+        let sp = l.sp.clone();
+        // The queue the coalescer's packets go to (flushed before it changes).
+        let mut current: Option<usize> = None;
         loop {
             while let Some(id) = peer.lane.next_to_write() {
                 {
-                    let j = l.sp.job(id);
-                    let mut d = DirectTun {
-                        queue: &l.tun,
-                        buf: &mut l.buf,
-                        errors: &mut l.write_errors,
-                    };
-                    for p in j.opened.packets() {
-                        l.writes.push(&mut d, p);
+                    let j = sp.job(id);
+                    let by = j.received_by;
+                    if current != Some(by) {
+                        if let Some(q) = current.and_then(|c| sp.queue(c)) {
+                            l.flush_to(q);
+                        }
+                        current = Some(by);
                     }
-                    if j.received_by != l.me {
-                        l.sp.note_written_elsewhere();
+                    if let Some(q) = sp.queue(by) {
+                        let mut d = DirectTun {
+                            queue: q,
+                            buf: &mut l.buf,
+                            errors: &mut l.write_errors,
+                        };
+                        for p in j.opened.packets() {
+                            l.writes.push(&mut d, p);
+                        }
+                    }
+                    if by != l.me {
+                        sp.note_written_elsewhere();
                     }
                 }
-                l.sp.free_job(id);
+                sp.free_job(id);
             }
-            l.writes.flush(&mut DirectTun {
-                queue: &l.tun,
-                buf: &mut l.buf,
-                errors: &mut l.write_errors,
-            });
+            if let Some(q) = current.and_then(|c| sp.queue(c)) {
+                l.flush_to(q);
+            }
             if !peer.lane.release_write() {
                 break;
             }

@@ -15,13 +15,14 @@
 //! stay on the worker that received them, as before.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::core::device::{LaneJob, Peer};
 use crate::core::lane::Ticket;
 use crate::sys::cmsg::RecvMeta;
+use crate::sys::tun::TunQueue;
 
 /// Bytes a job holds: a GRO train (at most 64 KiB), and its packets once opened.
 pub const JOB_BYTES: usize = 65536;
@@ -29,9 +30,11 @@ pub const JOB_BYTES: usize = 65536;
 pub const JOB_PACKETS: usize = 128;
 /// A smaller train is opened where it was received unless the lane's role is taken: a
 /// wake-up (an eventfd write, another thread scheduled) costs more than it spreads.
+/// `RG_SPREAD_MIN_BYTES` (read once at start) sets another: the order lab sets 0, so
+/// every train of a stock peer (which sends no GSO trains) is handed over.
 pub const HANDOFF_MIN_BYTES: usize = 16 * 1024;
-/// Jobs per worker in the shared pool (each 128 KiB).
-const JOBS_PER_WORKER: usize = 12;
+/// Jobs per worker in the shared pool (each up to 128 KiB, allocated on first use).
+const JOBS_PER_WORKER: usize = 24;
 
 /// One train between the workers.
 pub struct Job {
@@ -119,7 +122,7 @@ pub struct SpreadStats {
     pub handed_off: AtomicU64,
     /// Trains written to the TUN by a worker other than the one that received them.
     pub written_elsewhere: AtomicU64,
-    /// Trains dropped: the peer had [`crate::core::lane::IN_FLIGHT`] in flight.
+    /// Trains dropped: the peer had [`crate::core::lane::IN_FLIGHT`] packets in flight.
     pub lane_full: AtomicU64,
     /// Trains dropped: every job of the pool was in use.
     pub no_job: AtomicU64,
@@ -130,6 +133,13 @@ pub struct Spread {
     jobs: Vec<Mutex<Job>>,
     free: Mutex<Vec<LaneJob>>,
     inboxes: Vec<Inbox>,
+    /// Each worker's second handle on its TUN queue: a train is written through the
+    /// queue of the worker that received it, whoever writes it. The kernel steers a
+    /// flow's packets from the TUN to the queue its packets were last written to, so
+    /// the flow's other direction stays on one worker (and in order) too.
+    queues: Vec<OnceLock<TunQueue>>,
+    /// Trains below this many bytes stay where they are ([`HANDOFF_MIN_BYTES`]).
+    pub min_bytes: usize,
     next_helper: AtomicUsize,
     pub stats: SpreadStats,
 }
@@ -156,7 +166,12 @@ impl Spread {
         Ok(Spread {
             jobs: (0..jobs).map(|_| Mutex::new(Job::new())).collect(),
             free: Mutex::new((0..jobs as LaneJob).rev().collect()),
+            queues: (0..workers).map(|_| OnceLock::new()).collect(),
             inboxes,
+            min_bytes: std::env::var("RG_SPREAD_MIN_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(HANDOFF_MIN_BYTES),
             next_helper: AtomicUsize::new(0),
             stats: SpreadStats::default(),
         })
@@ -191,6 +206,17 @@ impl Spread {
             j.opened.plain.resize(JOB_BYTES, 0);
         }
         j
+    }
+
+    /// Worker `me` takes part, writing its trains through `tun` (another handle on its
+    /// queue).
+    pub fn join(&self, me: usize, tun: TunQueue) -> bool {
+        self.queues.get(me).is_some_and(|q| q.set(tun).is_ok())
+    }
+
+    /// The TUN queue the trains received by worker `by` are written through.
+    pub fn queue(&self, by: usize) -> Option<&TunQueue> {
+        self.queues.get(by)?.get()
     }
 
     /// Worker `me` is about to sleep (`true`) or woke (`false`).

@@ -111,7 +111,10 @@ pub fn spread_into<B>(
     let sp = shared.spread.clone()?;
     match tun.try_clone() {
         Ok(q) => {
-            p.spread(sp.clone(), index, q);
+            if !sp.join(index, q) {
+                return None;
+            }
+            p.spread(sp.clone(), index);
             Some(sp)
         }
         Err(e) => {
