@@ -412,6 +412,40 @@ fn data_receiver(d: &[u8]) -> Option<u32> {
 /// A handle on one train in a [`Peer::lane`]: the driver's job number.
 pub type LaneJob = u32;
 
+/// See [`Device::tun_burst`].
+pub struct TunBurst<'t> {
+    dev: &'t Device,
+    table: &'t Table,
+    held: Option<(&'t Arc<Peer>, MutexGuard<'t, PeerState>)>,
+}
+
+impl TunBurst<'_> {
+    /// One packet of the burst, as [`Device::handle_tun_packet`] takes it.
+    pub fn packet(&mut self, buf: &mut [u8], len: usize, scratch: &mut [u8], io: &mut impl Io) {
+        let dev = self.dev;
+        let len = len.min(buf.len());
+        let Some(dst) = Tunn::dst_address(&buf[..len]) else {
+            DropCounters::bump(&dev.drops.malformed);
+            return;
+        };
+        let Some(peer) = self.table.route(dst) else {
+            DropCounters::bump(&dev.drops.no_route);
+            return;
+        };
+        if !self
+            .held
+            .as_ref()
+            .is_some_and(|(p, _)| Arc::ptr_eq(p, peer))
+        {
+            self.held = None; // the previous peer's lock first
+            self.held = Some((peer, peer.lock()));
+        }
+        if let Some((_, st)) = &mut self.held {
+            dev.seal(st, buf, len, scratch, io);
+        }
+    }
+}
+
 /// One configured peer.
 pub struct Peer {
     pub public_key: Key,
@@ -919,19 +953,32 @@ impl Device {
         scratch: &mut [u8],
         io: &mut impl Io,
     ) {
-        let len = len.min(buf.len());
-        let Some(dst) = Tunn::dst_address(&buf[..len]) else {
-            DropCounters::bump(&self.drops.malformed);
-            return;
-        };
-        let Some(peer) = table.route(dst) else {
-            DropCounters::bump(&self.drops.no_route);
-            return;
-        };
+        self.tun_burst(table).packet(buf, len, scratch, io);
+    }
+
+    /// A burst of packets read from the TUN (the segments of one TSO super-packet):
+    /// [`Self::handle_tun_packet`] for each, the peer's lock taken once for as long as
+    /// consecutive packets go to the same peer. Drop it to let the lock go.
+    pub fn tun_burst<'t>(&'t self, table: &'t Table) -> TunBurst<'t> {
+        TunBurst {
+            dev: self,
+            table,
+            held: None,
+        }
+    }
+
+    /// Pad, encrypt and send `buf[..len]` under the peer's lock (`st`).
+    fn seal(
+        &self,
+        st: &mut PeerState,
+        buf: &mut [u8],
+        len: usize,
+        scratch: &mut [u8],
+        io: &mut impl Io,
+    ) {
         let padded = padded_len(len, self.mtu.load(Ordering::Relaxed) as usize).min(buf.len());
         buf[len..padded].fill(0);
         let src = &buf[..padded];
-        let mut st = peer.lock();
         let Some(ep) = st.endpoint else {
             // No endpoint: boringtun still queues the packet for when a handshake makes
             // one known; nothing goes out now.
@@ -950,13 +997,13 @@ impl Device {
                 _ => None,
             };
             if let Some((kind, n)) = written {
-                note_sent(&mut st, self.device_now(), ep, kind, n);
+                note_sent(st, self.device_now(), ep, kind, n);
                 io.send_commit(ep, n);
             }
             return;
         }
         match st.tunn.encapsulate(src, scratch) {
-            TunnResult::WriteToNetwork(d) => send_counted(&mut st, self.device_now(), ep, d, io),
+            TunnResult::WriteToNetwork(d) => send_counted(st, self.device_now(), ep, d, io),
             TunnResult::Err(_) => DropCounters::bump(&self.drops.encapsulate),
             _ => {}
         }

@@ -560,10 +560,14 @@ impl<B> Pipeline<B> {
             sticky,
             reply: None,
         };
+        // One lock of the peer for a super-packet's segments (per 64 KiB, not per
+        // packet); the queue goes to the kernel after it, outside the lock.
+        let mut burst = cx.dev.tun_burst(cx.table);
         let r = split_tun_read(frame, n, *vnet_hdr, seg, |p, len| {
-            cx.dev.handle_tun_packet(cx.table, p, len, scratch, &mut io);
-            io.be.relieve();
+            burst.packet(p, len, scratch, &mut io);
         });
+        drop(burst);
+        io.be.relieve();
         match r {
             Ok(k) => k,
             Err(e) => {
