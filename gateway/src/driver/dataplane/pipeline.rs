@@ -376,6 +376,8 @@ impl<B> Pipeline<B> {
                 {
                     self.drain_decrypt(be, cx, &p);
                 }
+            } else {
+                self.help_write(peer);
             }
             return;
         }
@@ -386,7 +388,18 @@ impl<B> Pipeline<B> {
             copy(&mut sp.job(id));
             if peer.lane.queue(t, id) {
                 self.drain_decrypt(be, cx, peer);
+            } else {
+                self.help_write(peer);
             }
+        }
+    }
+
+    /// Another worker is opening `peer`'s trains: write what it finished if nobody is
+    /// writing, so the receiving worker shares the work (it receives and writes, the
+    /// other opens) instead of receiving faster than one worker can open and write.
+    fn help_write(&mut self, peer: &Arc<Peer>) {
+        if peer.lane.try_write() {
+            self.write_lane(peer);
         }
     }
 
@@ -523,6 +536,9 @@ impl<B> Pipeline<B> {
         let Some((sp, me)) = self.spreading().map(|(s, m)| (s.clone(), m)) else {
             return;
         };
+        if !sp.take_wake(me) {
+            return;
+        }
         while let Some(role) = sp.next_role(me) {
             match role {
                 Role::Decrypt(p) => self.drain_decrypt(be, cx, &p),

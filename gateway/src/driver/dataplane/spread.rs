@@ -110,6 +110,8 @@ struct Inbox {
     /// Asleep in its wait with nothing to do: may be handed a role.
     idle: AtomicBool,
     roles: Mutex<heapless::Deque<Role, 32>>,
+    /// A role was handed over since the worker last looked (and `wake` written).
+    woken: AtomicBool,
     wake: EventFd,
 }
 
@@ -157,6 +159,7 @@ impl Spread {
             inboxes.push(Inbox {
                 idle: AtomicBool::new(false),
                 roles: Mutex::new(heapless::Deque::new()),
+                woken: AtomicBool::new(false),
                 wake: EventFd::from_value_and_flags(
                     0,
                     EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC,
@@ -244,6 +247,7 @@ impl Spread {
             if lock(&b.roles).push_back(role).is_err() {
                 unreachable!("an idle worker's inbox is drained before it sleeps");
             }
+            b.woken.store(true, Ordering::Release);
             let _ = b.wake.write(1);
             return Ok(());
         }
@@ -270,10 +274,18 @@ impl Spread {
         self.inboxes.get(me).map(|b| &b.wake)
     }
 
-    pub fn reset_wake(&self, me: usize) {
-        if let Some(b) = self.inboxes.get(me) {
-            let _ = b.wake.read();
+    /// Whether a role was handed to worker `me` since it last asked; if so its wake-up
+    /// file is read (emptied) too, so the portable engine's `poll` does not see it
+    /// readable for ever. A role handed after this writes it again.
+    pub fn take_wake(&self, me: usize) -> bool {
+        let Some(b) = self.inboxes.get(me) else {
+            return false;
+        };
+        if !b.woken.swap(false, Ordering::AcqRel) {
+            return false;
         }
+        let _ = b.wake.read();
+        true
     }
 
     pub fn note_trains(&self) {
