@@ -22,7 +22,7 @@ use crate::driver::dataplane::sticky::{Sticky, StickyTable};
 use crate::driver::dataplane::tun_batch::{coalesce_options, DirectTun, TunBatch};
 use crate::driver::dataplane::tx_batch::TxBatch;
 use crate::sys::cmsg::{PktInfo, RecvMeta};
-use crate::sys::tun::{TunOffload, TunQueue};
+use crate::sys::tun::TunOffload;
 
 /// The device's `Io` sink for a worker: the two batches over a backend.
 pub struct OffloadIo<'a, K: Backend> {
@@ -112,13 +112,75 @@ impl<K: Backend> Io for OffloadIo<'_, K> {
 }
 
 impl Lanes {
-    /// Write what the coalescer holds to `q`, now (the write role moves on after this).
-    fn flush_to(&mut self, q: &TunQueue) {
+    /// Write what the coalescer holds to its queue, now.
+    fn flush_writes(&mut self) {
+        let Some(q) = self.current.and_then(|c| self.sp.queue(c)) else {
+            return;
+        };
         self.writes.flush(&mut DirectTun {
             queue: q,
             buf: &mut self.buf,
             errors: &mut self.write_errors,
         });
+    }
+
+    /// With `peer`'s write role: its finished trains in ticket order into the
+    /// coalescer, each for the TUN queue of the worker that received it (what the
+    /// coalescer held for another queue written first).
+    fn take_ready(&mut self, peer: &Arc<Peer>) {
+        let sp = self.sp.clone();
+        while let Some(id) = peer.lane.next_to_write() {
+            {
+                let j = sp.job(id);
+                let by = j.received_by;
+                if self.current != Some(by) {
+                    self.flush_writes();
+                    self.current = Some(by);
+                }
+                if let Some(q) = sp.queue(by) {
+                    let mut d = DirectTun {
+                        queue: q,
+                        buf: &mut self.buf,
+                        errors: &mut self.write_errors,
+                    };
+                    for p in j.opened.packets() {
+                        self.writes.push(&mut d, p);
+                    }
+                }
+                if by != self.me {
+                    sp.note_written_elsewhere();
+                }
+            }
+            sp.free_job(id);
+        }
+    }
+
+    /// Write what was gathered for `peer` and let its role go (or, if its next train
+    /// finished meanwhile, take that too and try again).
+    fn finish_one(&mut self, peer: Arc<Peer>) {
+        loop {
+            self.flush_writes();
+            if !peer.lane.release_write() {
+                return;
+            }
+            self.take_ready(&peer);
+        }
+    }
+
+    /// End of the round: everything gathered written, every held write role let go
+    /// (each only after its trains reached the TUN).
+    fn finish(&mut self) {
+        while !self.held.is_empty() {
+            self.flush_writes();
+            let held = std::mem::take(&mut self.held);
+            for peer in held {
+                if peer.lane.release_write() {
+                    // Finished meanwhile: taken, and held until the next pass writes it.
+                    self.take_ready(&peer);
+                    let _ = self.held.push(peer);
+                }
+            }
+        }
     }
 }
 
@@ -187,7 +249,11 @@ pub struct Pipeline<B> {
 struct Lanes {
     sp: Arc<Spread>,
     me: usize,
+    /// Finished trains gathered this round, coalesced, for the TUN queue `current`.
     writes: TunBatch,
+    current: Option<usize>,
+    /// The write roles this worker holds until the round's end.
+    held: heapless::Vec<Arc<Peer>, 16>,
     buf: Vec<u8>,
     write_errors: u64,
 }
@@ -218,6 +284,8 @@ impl<B> Pipeline<B> {
             sp,
             me,
             writes,
+            current: None,
+            held: heapless::Vec::new(),
             buf: Vec::new(),
             write_errors: 0,
         });
@@ -485,47 +553,19 @@ impl<B> Pipeline<B> {
         }
     }
 
-    /// Holding `peer`'s write role: write its trains in ticket order, each through the
-    /// TUN queue of the worker that received it, flushed before the role can move on.
+    /// Holding `peer`'s write role: its finished trains, in ticket order, into the
+    /// lane coalescer. The role stays with this worker until the round's end
+    /// ([`Self::flush`]), when what was gathered is written and the role let go — so the
+    /// small trains of a round go out coalesced, in as few writes as the direct path's.
     fn write_lane(&mut self, peer: &Arc<Peer>) {
         let Some(l) = self.spread.as_mut() else {
             return;
         };
-        let sp = l.sp.clone();
-        // The queue the coalescer's packets go to (flushed before it changes).
-        let mut current: Option<usize> = None;
-        loop {
-            while let Some(id) = peer.lane.next_to_write() {
-                {
-                    let j = sp.job(id);
-                    let by = j.received_by;
-                    if current != Some(by) {
-                        if let Some(q) = current.and_then(|c| sp.queue(c)) {
-                            l.flush_to(q);
-                        }
-                        current = Some(by);
-                    }
-                    if let Some(q) = sp.queue(by) {
-                        let mut d = DirectTun {
-                            queue: q,
-                            buf: &mut l.buf,
-                            errors: &mut l.write_errors,
-                        };
-                        for p in j.opened.packets() {
-                            l.writes.push(&mut d, p);
-                        }
-                    }
-                    if by != l.me {
-                        sp.note_written_elsewhere();
-                    }
-                }
-                sp.free_job(id);
-            }
-            if let Some(q) = current.and_then(|c| sp.queue(c)) {
-                l.flush_to(q);
-            }
-            if !peer.lane.release_write() {
-                break;
+        l.take_ready(peer);
+        if !l.held.iter().any(|p| Arc::ptr_eq(p, peer)) {
+            if let Err(p) = l.held.push(peer.clone()) {
+                // Holding as many as it may: this one is written and let go now.
+                l.finish_one(p);
             }
         }
     }
@@ -597,6 +637,9 @@ impl<B> Pipeline<B> {
     /// End of a round: send and write what is queued, hand it to the kernel, then the
     /// TCP-fallback messages. Outside any peer lock.
     pub fn flush<K: Backend<Buf = B>>(&mut self, be: &mut K, cx: &Cx<'_>) {
+        if let Some(l) = &mut self.spread {
+            l.finish();
+        }
         OffloadIo {
             be,
             tcp: cx.tcp,
