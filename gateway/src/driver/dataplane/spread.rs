@@ -7,12 +7,14 @@
 //! idle (asleep in its wait) and the train is worth a wake-up, the train is copied into a
 //! job, queued, and the lane's decrypt role (when free) is handed to that worker; else the
 //! receiving worker opens it itself (without a copy) if the decrypt role is free, or
-//! queues it for the role's holder. Whoever completes a train and finds the write role
-//! free hands that role to an idle worker too, or writes itself: the trains go to the TUN
-//! in ticket order from one thread at a time, each flushed (a plain `write(2)` on the
-//! writer's TUN queue, finished when it returns) before the role moves on. Many peers keep
-//! every worker busy: nobody is idle, nothing is handed over, and each peer's trains
-//! stay on the worker that received them, as before.
+//! queues it for the role's holder (and then writes what that one finished, if nobody
+//! is writing: receiving and writing on one worker, opening on the other). Whoever
+//! completes a train and finds the write role free hands that role to an idle worker
+//! too, or writes itself: the trains go to the TUN in ticket order from one thread at a
+//! time, through the TUN queue of the worker that received them (plain `write(2)`s,
+//! finished when they return), the role held to the end of the writer's round and let
+//! go only after its writes. Many peers keep every worker busy: nobody is idle, nothing
+//! is handed over, and each peer's trains stay on the worker that received them.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -319,3 +321,7 @@ impl Spread {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+#[path = "spread/tests.rs"]
+mod tests;
