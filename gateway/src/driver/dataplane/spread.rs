@@ -246,8 +246,10 @@ impl Spread {
             {
                 continue;
             }
-            if lock(&b.roles).push_back(role).is_err() {
-                unreachable!("an idle worker's inbox is drained before it sleeps");
+            // An idle worker's inbox is drained by its next round; full (a wait that kept
+            // timing out between hand-overs), the sender keeps the role.
+            if let Err(role) = lock(&b.roles).push_back(role) {
+                return Err(role);
             }
             b.woken.store(true, Ordering::Release);
             let _ = b.wake.write(1);
