@@ -525,6 +525,9 @@ impl<B> Pipeline<B> {
             opened,
         };
         let seg = m.segment_size.max(1);
+        // Timed: the peer's lock is held for all of it (the serial part of a peer's
+        // inbound work, which the status line reports).
+        let t_open = std::time::Instant::now();
         let ok = cx.dev.handle_data_train(
             cx.table,
             &peer,
@@ -533,6 +536,7 @@ impl<B> Pipeline<B> {
             scratch,
             &mut io,
         );
+        sp.note_open(t_open.elapsed(), bytes.len());
         io.out.be.relieve();
         if ok > 0 {
             sticky.learn(m.src, m.dst);

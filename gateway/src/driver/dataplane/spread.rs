@@ -130,6 +130,10 @@ pub struct SpreadStats {
     pub lane_full: AtomicU64,
     /// Trains dropped: every job of the pool was in use.
     pub no_job: AtomicU64,
+    /// Time spent opening trains (under the peer's one lock: the serial part of a
+    /// peer's inbound work) and the bytes opened, for the status line's cost per 64 KiB.
+    pub open_ns: AtomicU64,
+    pub opened_bytes: AtomicU64,
 }
 
 /// What the workers share to spread one peer (see the module documentation).
@@ -248,9 +252,7 @@ impl Spread {
             }
             // An idle worker's inbox is drained by its next round; full (a wait that kept
             // timing out between hand-overs), the sender keeps the role.
-            if let Err(role) = lock(&b.roles).push_back(role) {
-                return Err(role);
-            }
+            lock(&b.roles).push_back(role)?;
             b.woken.store(true, Ordering::Release);
             let _ = b.wake.write(1);
             return Ok(());
@@ -292,6 +294,15 @@ impl Spread {
         true
     }
 
+    /// One train of `bytes` opened in `took`.
+    pub fn note_open(&self, took: std::time::Duration, bytes: usize) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.stats.open_ns.fetch_add(ns, Ordering::Relaxed);
+        self.stats
+            .opened_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
     pub fn note_trains(&self) {
         bump(&self.stats.trains);
     }
@@ -309,13 +320,21 @@ impl Spread {
     pub fn status_line(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let s = &self.stats;
+        let (ns, bytes) = (g(&s.open_ns), g(&s.opened_bytes));
+        let per_64k = if bytes > 0 {
+            ns as f64 / 1000.0 * 65536.0 / bytes as f64
+        } else {
+            0.0
+        };
         format!(
-            "spread: on; trains: {}; trains handed off: {}; tun writes by another worker: {}; lane full: {}; no job free: {}",
+            "spread: on; trains: {}; trains handed off: {}; tun writes by another worker: {}; lane full: {}; no job free: {}; opening: {:.1} s, {:.1} us per 64 KiB",
             g(&s.trains),
             g(&s.handed_off),
             g(&s.written_elsewhere),
             g(&s.lane_full),
-            g(&s.no_job)
+            g(&s.no_job),
+            ns as f64 / 1e9,
+            per_64k
         )
     }
 }

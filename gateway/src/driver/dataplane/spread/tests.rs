@@ -34,13 +34,19 @@ fn roles_go_only_to_idle_workers_once_claimed() {
         sp.hand_off(1, Role::Write(p.clone())).is_ok(),
         "worker 0 is idle"
     );
-    assert!(sp.hand_off(1, Role::Write(p.clone())).is_err(), "both claimed");
+    assert!(
+        sp.hand_off(1, Role::Write(p.clone())).is_err(),
+        "both claimed"
+    );
     // Worker 2 wakes: one role, told once; its wake-up file emptied.
     assert!(sp.take_wake(2));
     assert!(matches!(sp.next_role(2), Some(Role::Decrypt(_))));
     assert!(sp.next_role(2).is_none());
     assert!(!sp.take_wake(2), "told once");
-    assert!(sp.wake_fd(2).expect("fd").read().is_err(), "emptied (EAGAIN)");
+    assert!(
+        sp.wake_fd(2).expect("fd").read().is_err(),
+        "emptied (EAGAIN)"
+    );
     assert!(sp.take_wake(0) && matches!(sp.next_role(0), Some(Role::Write(_))));
     assert!(!sp.take_wake(1) && sp.next_role(1).is_none());
 }
@@ -50,7 +56,11 @@ fn jobs_come_back_emptied_and_the_pool_runs_dry() {
     let sp = Spread::new(1).expect("eventfds");
     let ids: Vec<_> = std::iter::from_fn(|| sp.take_job()).collect();
     assert_eq!(ids.len(), JOBS_PER_WORKER);
-    assert_eq!(sp.stats.no_job.load(Ordering::Relaxed), 1, "the dry take counted");
+    assert_eq!(
+        sp.stats.no_job.load(Ordering::Relaxed),
+        1,
+        "the dry take counted"
+    );
     let id = ids[0];
     {
         let mut j = sp.job(id);
