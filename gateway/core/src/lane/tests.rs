@@ -5,19 +5,7 @@
 
 use super::*;
 
-/// A small deterministic generator (xorshift64*), seeded per case.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::testutil::Rng;
 
 /// A job: the train's number and whether anything in it authenticated.
 type Job = (u64, bool);
