@@ -1096,6 +1096,13 @@ impl Device {
         table.peer_by_receiver(data_receiver(datagram)?)
     }
 
+    /// Whether `datagram` is a data message for `peer` (its receiver index names it, as
+    /// the table's index map does): the rest of a train after [`Self::data_peer`]
+    /// found the first one's, without a lookup each.
+    pub fn is_data_for(peer: &Peer, datagram: &[u8]) -> bool {
+        data_receiver(datagram).is_some_and(|r| r >> 8 == peer.index)
+    }
+
     /// The data messages of one received train for `peer` (see [`Self::data_peer`]),
     /// opened under ONE lock of the peer: workers contend per train (up to 64 KiB), not
     /// per packet. A message of another kind or for another receiver is dropped and
@@ -1114,10 +1121,7 @@ impl Device {
         let mut st = peer.lock();
         let (mut ok, mut bytes, mut keepalives_only) = (0usize, 0usize, true);
         for d in datagrams {
-            let ours = data_receiver(d)
-                .and_then(|r| table.peer_by_receiver(r))
-                .is_some_and(|p| Arc::ptr_eq(p, peer));
-            if !ours {
+            if !Self::is_data_for(peer, d) {
                 DropCounters::bump(&self.drops.unknown_index);
                 continue;
             }

@@ -233,7 +233,7 @@ fn run(opts: Opts) -> Result<(), String> {
     // Probe once for the whole process: a kernel without io_uring (or with it disabled by
     // sysctl or seccomp) is said once, and every worker takes the portable loop.
     let use_uring = gw.io_uring && crate::sys::uring::check().is_ok();
-    let report = vec![
+    let mut report = vec![
         format!("interface: {ifname}"),
         format!("mode: {}", if appliance { "appliance" } else { "drop-in" }),
         format!("workers: {workers} on cores {cores:?}"),
@@ -248,7 +248,6 @@ fn run(opts: Opts) -> Result<(), String> {
         ),
         format!("io: {}", io_path(gw.io_uring, use_uring)),
     ];
-    let mut report = report;
     if spread.is_none() {
         report.push(format!(
             "spread: off ({})",

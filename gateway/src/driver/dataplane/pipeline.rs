@@ -385,10 +385,10 @@ impl<B> Pipeline<B> {
             let mut end = at + first.len();
             while end < len {
                 let d = &buf[end..(end + seg).min(len)];
-                match cx.dev.data_peer(cx.table, d) {
-                    Some(p) if Arc::ptr_eq(p, peer) => end += d.len(),
-                    _ => break,
+                if !Device::is_data_for(peer, d) {
+                    break;
                 }
+                end += d.len();
             }
             let run = RecvMeta {
                 len: end - at,
