@@ -246,6 +246,20 @@ class Lab:
         """Start `impl` for `side` in the foreground and wait (bounded) until its UAPI socket
         answers and the TUN interface exists."""
         side.impl = impl
+        try:
+            self.start_once(side, impl, extra_args)
+        except LabError as e:
+            # Debian's wireguard-go (v0.0.20220316) once exited at start in a CI run with
+            # "Failed to listen on uapi socket: no such file or directory" (its socket file
+            # gone before its UAPI listener watched it; the cause was not found, the same
+            # lab passed in every other run): a stock implementation gets one more try.
+            # riceguard gets none: its start failing is what the labs are for.
+            if impl == "riceguard" or "at start" not in str(e):
+                raise
+            log(f"  ({impl} failed at start, once more: {e})")
+            self.start_once(side, impl, extra_args)
+
+    def start_once(self, side, impl, extra_args=()):
         argv = impl_argv(impl, side.ifname, extra_args)
         env = dict(os.environ)
         env.setdefault("WG_PROCESS_FOREGROUND", "1")
